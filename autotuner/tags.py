@@ -1,0 +1,67 @@
+"""Finding and ending an experiment's processes by the tag in their environment.
+
+Every process an experiment starts inherits `AUTOTUNE_TAG=<tag>`; the tag is unique to one attempt of one
+experiment of one sweep. Matching the exact `NAME=value` entry of /proc/PID/environ finds those processes and
+nothing else, unlike `pkill -f <name>`, which hits anything whose command line happens to match.
+The same check runs remotely as a shell snippet (`find_command`), so local and remote clean-up agree.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+from pathlib import Path
+
+TAG_ENV = "AUTOTUNE_TAG"
+_SAFE_TAG = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
+
+
+def check_tag(tag: str) -> str:
+    """A tag is matched literally and goes into shell snippets: keep it to a plain alphabet."""
+    if not _SAFE_TAG.match(tag):
+        raise ValueError(f"unsafe tag {tag!r}")
+    return tag
+
+
+def find_tagged(tag: str, proc: Path = Path("/proc")) -> list[int]:
+    """PIDs of live processes on this machine whose environment carries exactly this tag."""
+    needle = f"{TAG_ENV}={check_tag(tag)}".encode()
+    me = os.getpid()
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def signal_tagged(tag: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Send `sig` to every process carrying the tag; returns the PIDs signalled."""
+    pids = find_tagged(tag)
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def find_command(tag: str) -> str:
+    """A POSIX shell command that prints the PIDs carrying `tag`, one per line, on any Linux host."""
+    needle = shlex.quote(f"{TAG_ENV}={check_tag(tag)}")
+    return (
+        "for e in /proc/[0-9]*/environ; do "
+        f"grep -qxzF -e {needle} \"$e\" 2>/dev/null && p=${{e#/proc/}} && echo ${{p%/environ}}; "
+        "done; true"
+    )
+
+
+def kill_command(tag: str, sig: str = "KILL") -> str:
+    """A POSIX shell command that sends `sig` to every process carrying `tag` and prints their PIDs."""
+    return f"for p in $({find_command(tag)}); do [ \"$p\" != $$ ] && kill -{sig} $p 2>/dev/null && echo $p; done; true"
