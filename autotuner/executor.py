@@ -1,0 +1,183 @@
+"""Running attempts on this machine: one thread per attempt, each in a process group and session of its own.
+
+The thread starts DeepSpeed's launcher, waits on it (with the experiment's timeout), ends whatever of it is
+left, judges the result and posts events to the dispatcher. Ending is always the same sequence: SIGTERM to
+the process group, a grace period, then SIGKILL to the group and to every process still carrying the tag.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import tags
+from .files import write_atomic, write_json_atomic
+from .launch import Command, Launcher, deepspeed_command, with_autotuning
+from .ledger import TIMED_OUT
+from .metrics import Metric
+from .outcome import TIMEOUT, Outcome, judge
+from .scheduler import Finished, Launched, Run
+
+EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json")
+
+
+def free_port(taken: set[int]) -> int:
+    """A TCP port free on this machine now and not handed to another running attempt."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in taken:
+            return port
+
+
+def keep_previous_attempt(directory: Path, attempt: int) -> None:
+    """Move an earlier attempt's files into attempt-N/ so the experiment's directory shows the latest one."""
+    if attempt <= 1 or not directory.exists():
+        return
+    previous = directory / f"attempt-{attempt - 1}"
+    previous.mkdir(exist_ok=True)
+    for name in EXP_FILES:
+        if (directory / name).exists():
+            os.replace(directory / name, previous / name)
+
+
+def end_process_group(pgid: int, tag: str, grace: float, wait: Callable[[float], bool]) -> None:
+    """SIGTERM the group, give it `grace` seconds (`wait` returns True once it is gone), then SIGKILL all."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    if not wait(grace):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    tags.signal_tagged(tag, signal.SIGKILL)
+
+
+@dataclass
+class LocalExecutor:
+    """Runs attempts as local processes through DeepSpeed's launcher."""
+
+    hostfile: str
+    metric: Metric
+    clock: Callable[[], float]
+    launcher: Launcher = field(default_factory=Launcher)
+    env: Mapping[str, str] = field(default_factory=dict)
+    default_timeout: float | None = None
+    grace: float = 10.0
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self._ports: set[int] = set()
+        self._stop_requests: dict[tuple[str, int], tuple[str, str]] = {}
+
+    # --- the Executor interface ---------------------------------------------------------------------------
+    def start(self, run: Run, post: Callable[[object], None]) -> None:
+        threading.Thread(target=self._attempt, args=(run, post), name=f"run-{run.tag}", daemon=True).start()
+
+    def stop(self, run: Run, state: str, detail: str) -> None:
+        with self._lock:
+            self._stop_requests.setdefault(run.key, (state, detail))
+            proc = self._procs.get(run.key)
+        if proc is not None:
+            threading.Thread(target=self._end, args=(proc, run.tag), daemon=True).start()
+
+    def kill_all(self) -> None:
+        """Immediate: SIGKILL every running attempt's group and tagged processes, from any thread."""
+        with self._lock:
+            running = list(self._procs.items())
+        for _, proc in running:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # --- one attempt, on its own thread -------------------------------------------------------------------
+    def command(self, run: Run, port: int) -> tuple[dict, Command]:
+        """The config this attempt runs (autotuning section included) and the command that runs it."""
+        metrics_path = str(run.dir / "metrics.json")
+        config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
+        return config, deepspeed_command(
+            run.experiment, run.reservation, config, hostfile=self.hostfile, master_port=port,
+            metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
+            launcher=self.launcher, env=self.env)
+
+    def _attempt(self, run: Run, post: Callable[[object], None]) -> None:
+        with self._lock:
+            port = free_port(self._ports)
+            self._ports.add(port)
+        try:
+            post(Finished(run, self._execute(run, port, post), self.clock()))
+        except Exception as e:  # our own failure to launch (disk full, ...): recorded, never lost
+            post(Finished(run, Outcome("failed", "launch", f"{type(e).__name__}: {e}"), self.clock()))
+        finally:
+            with self._lock:
+                self._ports.discard(port)
+                self._procs.pop(run.key, None)
+                self._stop_requests.pop(run.key, None)
+
+    def _execute(self, run: Run, port: int, post: Callable[[object], None]) -> Outcome:
+        config, command = self.command(run, port)
+        self._prepare(run, config, command)
+        with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
+            try:
+                proc = subprocess.Popen(command.argv, cwd=command.cwd or None, env={**os.environ, **command.env},
+                                        stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as e:
+                return Outcome("failed", "launch", f"cannot start {command.argv[0]}: {e.strerror}")
+        with self._lock:
+            self._procs[run.key] = proc
+            stop_now = run.key in self._stop_requests
+        post(Launched(run, proc.pid, port, self.clock()))
+        if stop_now:
+            self._end(proc, run.tag)
+        timeout = run.experiment.timeout or self.default_timeout
+        try:
+            exit_code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with self._lock:
+                self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s"))
+            self._end(proc, run.tag)
+            exit_code = proc.wait()
+        end_process_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
+        with self._lock:
+            requested = self._stop_requests.get(run.key)
+        if requested:
+            state, detail = requested
+            return Outcome(state, TIMEOUT if state == TIMED_OUT else state, detail, exit_code)
+        return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
+
+    def _prepare(self, run: Run, config: dict, command: Command) -> None:
+        keep_previous_attempt(run.dir, run.attempt)
+        run.dir.mkdir(parents=True, exist_ok=True)
+        (run.dir / "metrics.json").unlink(missing_ok=True)
+        write_json_atomic(run.dir / "exp.json", {**run.experiment.to_json(), "attempt": run.attempt,
+                                                 "slots": run.reservation.as_dict(), "tag": run.tag})
+        write_json_atomic(run.dir / "ds_config.json", config)
+        write_atomic(run.dir / "cmd.txt", command.shell() + "\n")
+
+    def _end(self, proc: subprocess.Popen, tag: str) -> None:
+        def gone_within(seconds: float) -> bool:
+            try:
+                proc.wait(timeout=seconds)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+
+        end_process_group(proc.pid, tag, self.grace, gone_within)
+
+
+def launcher_for_this_python() -> Launcher:
+    """DeepSpeed's launcher installed beside this Python if there is one, else `deepspeed` from PATH."""
+    beside = Path(sys.executable).parent / "deepspeed"
+    return Launcher(executable=(str(beside),) if beside.exists() else (shutil.which("deepspeed") or "deepspeed",))

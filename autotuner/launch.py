@@ -1,0 +1,132 @@
+"""The DeepSpeed command for one experiment: its config, argv and environment. Pure functions, no I/O.
+
+The ds_config travels urlsafe-base64 as the value of `--deepspeed_config` (DeepSpeed's engine accepts a path,
+a dict or that encoding), so no config file has to exist on the node that runs it. The `autotuning` section
+is injected so that DeepSpeed's engine measures the profile steps, writes metrics.json and ends the run.
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .hostfile import format_include
+from .metrics import METRICS_PATH_ENV
+from .resources import Reservation
+from .spec import Experiment
+from .tags import TAG_ENV
+
+CONFIG_FLAG = "--deepspeed_config"
+START_PROFILE_STEP = 3
+END_PROFILE_STEP = 5
+
+
+@dataclass(frozen=True)
+class Command:
+    """What to execute for one attempt: argv (never a shell string), extra environment, working directory."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str
+
+    def shell(self) -> str:
+        """A copy-pasteable rendering, for cmd.txt and humans; never executed by us."""
+        return (f"cd {shlex.quote(self.cwd)} && " if self.cwd else "") + shell_line(self.argv, self.env)
+
+
+def shell_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    """`K=V ... argv` quoted for a POSIX shell."""
+    exports = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    return " ".join([*exports, shlex.join(argv)])
+
+
+def with_autotuning(ds_config: Mapping, metric_path: str, metric: str) -> dict:
+    """The experiment's config plus the section that makes DeepSpeed write `metric_path` itself."""
+    config = copy.deepcopy(dict(ds_config))
+    section = dict(config.get("autotuning") or {})
+    section.update(enabled=True, metric_path=metric_path, metric=metric)
+    section.setdefault("start_profile_step", START_PROFILE_STEP)
+    section.setdefault("end_profile_step", END_PROFILE_STEP)
+    config["autotuning"] = section
+    return config
+
+
+def without_autotuning(ds_config: Mapping) -> dict:
+    """The config a normal training run uses: the autotuning section removed."""
+    config = copy.deepcopy(dict(ds_config))
+    config.pop("autotuning", None)
+    return config
+
+
+def encode_config(ds_config: Mapping) -> str:
+    return base64.urlsafe_b64encode(json.dumps(ds_config, sort_keys=True).encode()).decode()
+
+
+def decode_config(encoded: str) -> dict:
+    return json.loads(base64.urlsafe_b64decode(encoded.encode()))
+
+
+def with_config_arg(args: Sequence[str], value: str) -> list[str]:
+    """The user's args (a fresh list) with `--deepspeed_config` set to `value`, replaced where present."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == CONFIG_FLAG and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if arg.startswith(CONFIG_FLAG + "="):
+            out[i] = f"{CONFIG_FLAG}={value}"
+            return out
+    return out + [CONFIG_FLAG, value]
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How DeepSpeed's launcher is reached and told where the master is."""
+
+    executable: tuple[str, ...] = ("deepspeed",)
+    master_addr: str = "127.0.0.1"
+    options: tuple[str, ...] = ()  # e.g. ("--launcher", "pdsh", "--ssh_port", "2222")
+
+
+def deepspeed_command(
+    experiment: Experiment,
+    reservation: Reservation,
+    ds_config: Mapping,
+    *,
+    hostfile: str,
+    master_port: int,
+    metric_path: str,
+    tag: str,
+    cwd: str,
+    launcher: Launcher = Launcher(),
+    env: Mapping[str, str] | None = None,
+) -> Command:
+    """The full launch for one attempt on exactly the reserved slots, running `ds_config`."""
+    argv = [
+        *launcher.executable,
+        "--hostfile", hostfile,
+        "--include", format_include(reservation.as_dict()),
+        "--no_ssh_check",
+        "--master_addr", launcher.master_addr,
+        "--master_port", str(master_port),
+        *launcher.options,
+        experiment.script,
+        *with_config_arg(experiment.args, encode_config(ds_config)),
+    ]
+    full_env = {**(env or {}), **experiment.env, TAG_ENV: tag, METRICS_PATH_ENV: metric_path}
+    return Command(tuple(argv), full_env, cwd)
+
+
+def optimal_command(experiment: Experiment, config_path: str, launcher: Launcher = Launcher(),
+                    env: Mapping[str, str] | None = None) -> str:
+    """A runnable training command for the winner: its config file, any slots of the right shape."""
+    argv = [*launcher.executable]
+    if experiment.num_nodes > 1:
+        argv += ["--num_nodes", str(experiment.num_nodes)]
+    argv += ["--num_gpus", str(experiment.num_gpus), experiment.script,
+             *with_config_arg(experiment.args, config_path)]
+    return shell_line(argv, {**(env or {}), **experiment.env})

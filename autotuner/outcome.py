@@ -1,0 +1,82 @@
+"""Judging a finished attempt: its exit status plus its metrics file, never a word found in stderr alone.
+
+Success is exit status 0 and a valid metrics file. A failure gets a class, read from the exit status and the
+log's telling line, so the report can say *why* and the runner knows whether trying again could help:
+`oom`, `config` and `metrics` are deterministic (the same config fails the same way); `launch` (port in use,
+command not found, host unreachable) and `lost` (the host went away) are transient and may be retried.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .ledger import FAILED, SUCCEEDED
+from .metrics import Metric, MetricsError, read_metrics
+
+OOM, CONFIG, LAUNCH, METRICS, EXIT, LOST, TIMEOUT = "oom", "config", "launch", "metrics", "exit", "lost", "timeout"
+TRANSIENT = frozenset({LAUNCH, LOST})
+
+# (class, pattern) in priority order: the first class whose pattern matches any log line wins.
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|Out of memory: Killed process"
+                     r"|Cannot allocate memory|std::bad_alloc", re.I)),
+    (LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found|No such file or directory: '?deepspeed"
+                        r"|Could not resolve hostname|Connection refused|Permission denied \(publickey", re.I)),
+    (CONFIG, re.compile(r"DeepSpeedConfigError|Check batch related parameters|train_batch_size is not equal"
+                        r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
+)
+_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: the ledger state, and for failures a class and the line that tells why."""
+
+    state: str
+    reason: str | None = None
+    detail: str | None = None
+    exit_code: int | None = None
+    metrics: Mapping[str, float] | None = None
+
+    @property
+    def transient(self) -> bool:
+        return self.reason in TRANSIENT
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def classify(exit_code: int | None, logs: list[Path]) -> tuple[str, str | None]:
+    """The failure class of a failed run and its telling log line (None when no line tells)."""
+    lines = [line.strip() for log in logs for line in _tail_lines(log)]
+    for reason, pattern in _PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return reason, line[:300]
+    if exit_code in (127, 126):
+        return LAUNCH, f"exit status {exit_code}: launcher not found or not executable"
+    if exit_code is not None and exit_code < 0 and -exit_code == 9:
+        return OOM, "killed by SIGKILL (the kernel's OOM killer?)"
+    errors = [line for line in lines if re.search(r"Error|error:|Traceback|FAILED", line)]
+    return EXIT, (errors[-1][:300] if errors else None)
+
+
+def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path]) -> Outcome:
+    """Succeeded only with exit status 0 and a valid metrics file; otherwise a classified failure."""
+    if exit_code == 0:
+        try:
+            values = read_metrics(metrics_path, metric)
+        except MetricsError as e:
+            return Outcome(FAILED, METRICS, str(e), exit_code)
+        return Outcome(SUCCEEDED, exit_code=exit_code, metrics=values)
+    reason, line = classify(exit_code, logs)
+    return Outcome(FAILED, reason, line or f"exit status {exit_code}", exit_code)

@@ -1,0 +1,115 @@
+"""A sweep's ranking rendered for people (a rich table, Markdown) and for programs (JSON, CSV)."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from .errors import UserError
+from .ledger import FILENAME, SUCCEEDED, Attempt
+from .report import Snapshot, format_value, snapshot
+
+FORMATS = ("table", "json", "csv", "md")
+COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")
+
+
+def load(directory: Path) -> Snapshot:
+    if not (Path(directory) / FILENAME).exists():
+        raise UserError("no sweep here (no ledger.sqlite)", directory)
+    return snapshot(Path(directory))
+
+
+def rows(snap: Snapshot) -> list[dict]:
+    best = snap.best
+    out = []
+    for rank, a in enumerate(snap.ranked, 1):
+        out.append({
+            "rank": rank if a.state == SUCCEEDED else None,
+            "best": best is not None and a.name == best.name,
+            "name": a.name, "state": a.state, "metric": a.metric,
+            "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
+            "duration_s": round(a.duration, 3) if a.duration is not None else None,
+            "slots": _slots(a),
+        })
+    return out
+
+
+def _slots(a: Attempt) -> str:
+    return "@".join(f"{h}:{','.join(map(str, ids))}" for h, ids in a.slots.items())
+
+
+def render_report(directory: Path, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    snap = load(directory)
+    table = rows(snap)
+    if fmt == "json":
+        best = snap.best
+        return json.dumps({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
+                           "best": best.name if best else None, "counts": snap.counts(), "experiments": table},
+                          indent=2) + "\n"
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+        return buffer.getvalue()
+    if fmt == "md":
+        head = ["", "name", "state", snap.metric.name, "reason"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in table:
+            why = f"{r['reason']}: {r['detail']}" if r["reason"] else ""
+            lines.append(f"| {'**best**' if r['best'] else (r['rank'] or '')} | {r['name']} | {r['state']} | "
+                         f"{format_value(r['metric'])} | {why.replace('|', '/')} |")
+        return "\n".join(lines) + "\n"
+    return _rich_table(snap, table)
+
+
+def _rich_table(snap: Snapshot, table: list[dict]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    direction = "lower is better" if snap.metric.minimize else "higher is better"
+    t = Table(title=f"sweep {snap.name}: {snap.metric.name} ({direction})")
+    for column, justify in (("#", "right"), ("name", "left"), ("state", "left"), (snap.metric.name, "right"),
+                            ("time", "right"), ("slots", "left"), ("why", "left")):
+        t.add_column(column, justify=justify)
+    for r in table:
+        style = "bold green" if r["best"] else ("red" if r["state"] not in (SUCCEEDED, "queued", "running") else None)
+        why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
+        t.add_row("best" if r["best"] else str(r["rank"] or ""), r["name"], r["state"], format_value(r["metric"]),
+                  f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "", r["slots"], why, style=style)
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    console.print(t)
+    return console.file.getvalue()
+
+
+def render_status(directory: Path, as_json: bool) -> str:
+    """Counts, the runner's liveness, what runs where for how long, and the best so far."""
+    import time
+
+    from .lock import holder_pid
+
+    snap = load(directory)
+    pid = holder_pid(Path(directory))
+    now = time.time()
+    running = [a for a in snap.attempts if a.state == "running"]
+    best = snap.best
+    if as_json:
+        return json.dumps({
+            "sweep": snap.name, "runner_pid": pid, "counts": snap.counts(), "total": len(snap.attempts),
+            "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
+                         "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
+            "best": {"name": best.name, "metric": snap.metric.name, "value": best.metric} if best else None,
+        }, indent=2) + "\n"
+    lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
+             f" of {len(snap.attempts)}",
+             f"runner: pid {pid}" if pid else "runner: none (stopped; `autotune resume` finishes it)"
+             if any(a.state in ("queued", "running", "interrupted") for a in snap.attempts) else "runner: done"]
+    for a in running:
+        elapsed = f"{now - a.started_at:.0f}s" if a.started_at else "?"
+        lines.append(f"  running {a.name} (attempt {a.attempt}) on {_slots(a)} for {elapsed}")
+    if best:
+        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(best.metric)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,105 @@
+"""What a sweep found: experiments ranked by the metric, the best one, and the files a user takes away.
+
+Everything here reads the ledger (and nothing else), so it works the same on a running sweep, a finished one
+and one that crashed: `summary.txt`, `ds_config_optimal.json` and `cmd_optimal.txt` can be rewritten any time.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .files import write_atomic, write_json_atomic
+from .launch import Launcher, optimal_command, without_autotuning
+from .ledger import SUCCEEDED, Attempt, Ledger
+from .metrics import Metric, metric_named
+from .spec import Experiment
+
+OPTIMAL_CONFIG = "ds_config_optimal.json"
+OPTIMAL_COMMAND = "cmd_optimal.txt"
+SUMMARY = "summary.txt"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A sweep as its ledger shows it now."""
+
+    directory: Path
+    name: str
+    metric: Metric
+    experiments: Mapping[str, Experiment]
+    attempts: Sequence[Attempt]  # latest attempt of each experiment, in sweep order
+    meta: Mapping[str, object]
+
+    @property
+    def ranked(self) -> list[Attempt]:
+        """Succeeded attempts best first, then every other attempt in sweep order."""
+        done = [a for a in self.attempts if a.state == SUCCEEDED and a.metric is not None]
+        done.sort(key=lambda a: a.metric if self.metric.minimize else -a.metric)
+        return done + [a for a in self.attempts if a not in done]
+
+    @property
+    def best(self) -> Attempt | None:
+        ranked = self.ranked
+        return ranked[0] if ranked and ranked[0].state == SUCCEEDED and ranked[0].metric is not None else None
+
+    def counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for attempt in self.attempts:
+            counts[attempt.state] = counts.get(attempt.state, 0) + 1
+        return counts
+
+
+def snapshot(directory: Path) -> Snapshot:
+    ledger = Ledger.open(directory)
+    try:
+        meta = ledger.meta()
+        experiments = {e.name: e for e in ledger.experiments()}
+        return Snapshot(Path(directory), str(meta["name"]), metric_named(str(meta["metric"])), experiments,
+                        ledger.latest(), meta)
+    finally:
+        ledger.close()
+
+
+def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
+    """summary.txt always; the optimal config and command when there is a best. Returns the config's path."""
+    write_atomic(snap.directory / SUMMARY, summary_text(snap))
+    best = snap.best
+    if best is None:
+        return None
+    experiment = snap.experiments[best.name]
+    config_path = snap.directory / OPTIMAL_CONFIG
+    write_json_atomic(config_path, without_autotuning(experiment.config()))
+    env = {str(k): str(v) for k, v in dict(snap.meta.get("env") or {}).items()}
+    write_atomic(snap.directory / OPTIMAL_COMMAND,
+                 optimal_command(experiment, str(config_path.resolve()), launcher, env) + "\n")
+    return config_path
+
+
+def format_value(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+def summary_text(snap: Snapshot) -> str:
+    """A plain table in the spirit of DeepSpeed's autotuning summary, then one line per experiment."""
+    best = snap.best
+    counts = snap.counts()
+    lines = [
+        f"sweep: {snap.name}    metric: {snap.metric.name} ({'lower' if snap.metric.minimize else 'higher'} is better)",
+        "",
+        f"| {'tuning_space':<12} | {'num_experiments':>15} | {'best_metric_val':>15} | best_exp_name",
+        f"| {snap.name[:12]:<12} | {len(snap.attempts):>15} | {format_value(best.metric if best else None):>15} | "
+        f"{best.name if best else '-'}",
+        "",
+        "states: " + ", ".join(f"{state} {n}" for state, n in sorted(counts.items())),
+        "",
+    ]
+    for attempt in snap.ranked:
+        mark = "*" if best is not None and attempt.name == best.name else " "
+        why = f"  [{attempt.reason}] {attempt.detail or ''}".rstrip() if attempt.state != SUCCEEDED else ""
+        lines.append(f"{mark} {attempt.name:<40} {attempt.state:<11} {format_value(attempt.metric):>12}{why}")
+    if best is not None:
+        lines += ["", f"best: {best.name}", f"config: {OPTIMAL_CONFIG}", f"command: {OPTIMAL_COMMAND}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,297 @@
+"""A sweep from start to finish: the Python API that `autotune run` is a thin face of.
+
+`prepare` checks everything that can be checked before a GPU is touched (each experiment fits the cluster,
+the results directory is not another sweep's) and only then writes the results directory and its ledger.
+`execute` wires ledger, slot pool, executor and scheduler together, runs the sweep to the end and writes the
+files a user takes away.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import tags
+from .errors import UserError
+from .executor import LocalExecutor, launcher_for_this_python
+from .files import write_atomic
+from .hostfile import Host, format_hostfile, load_hostfile, localhost_hosts, select_slots
+from .inventory import local_slots
+from .launch import Launcher
+from .lock import SweepBusy, SweepLock, holder_pid
+from .ledger import CANCELLED, FAILED, FILENAME, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, Ledger
+from .metrics import metric_named
+from .report import Snapshot, snapshot, write_outcome_files
+from .resources import SlotPool
+from .scheduler import CheckRequests, Deadline, Interrupt, Observer, Queued, Scheduler, run_in_thread
+from .spec import Experiment, Sweep
+
+HOSTFILE = "hostfile"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The slots a sweep may use: slot ids per host, and what kind of accelerator they are."""
+
+    slots: Mapping[str, tuple[int, ...]]
+    capacity: Mapping[str, int]  # every slot of each host, for the hostfile handed to DeepSpeed
+    accelerator: str = "cuda"
+
+    @classmethod
+    def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> "Cluster":
+        return cls({h: tuple(ids) for h, ids in selection.items()}, {h: hosts[h].slots for h in selection},
+                   accelerator)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every experiment's environment needs for this kind of slot."""
+        return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
+
+
+def local_or_hostfile_cluster(hostfile: Path | None, include: str = "", exclude: str = "",
+                              cpu_slots: int | None = None) -> Cluster:
+    """The hostfile's slots (GPUs), or with no hostfile this machine's GPUs, or `cpu_slots` CPU slots."""
+    if hostfile is not None:
+        if cpu_slots is not None:
+            raise UserError("--slots is for a run on this machine; a hostfile gives the slots itself", hostfile)
+        hosts = load_hostfile(hostfile)
+        accelerator = "cpu" if all(h.attrs.get("accelerator") == "cpu" for h in hosts.values()) else "cuda"
+    else:
+        count, accelerator = local_slots(cpu_slots)
+        hosts = localhost_hosts(count)
+    return Cluster.of(hosts, select_slots(hosts, include, exclude), accelerator)
+
+
+def check_fits(sweep: Sweep, cluster: Cluster) -> None:
+    """Every experiment must fit on the cluster as given, or nothing is launched."""
+    pool = SlotPool(cluster.slots)
+    for e in sweep.experiments:
+        if not pool.could_fit(e.num_nodes, e.num_gpus):
+            widest = max((len(ids) for ids in cluster.slots.values()), default=0)
+            raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each; "
+                            f"the cluster has {len(cluster.slots)} node(s), at most {widest} slot(s) on one",
+                            e.source)
+
+
+def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequence[str] | None = None,
+            reload: Mapping[str, object] | None = None) -> Path:
+    """Validate, then create the results directory with its hostfile and ledger. Nothing runs yet."""
+    check_fits(sweep, cluster)
+    directory = Path(directory)
+    if (directory / FILENAME).exists():
+        raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
+                        directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
+    ledger = Ledger.create(directory, {
+        "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
+        "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
+        "capacity": dict(cluster.capacity), "accelerator": cluster.accelerator, "env": cluster.env,
+        "launcher": list(launcher or launcher_for_this_python().executable), "reload": dict(reload or {}),
+    })
+    try:
+        ledger.add_experiments(sweep.experiments, time.time())
+    finally:
+        ledger.close()
+    return directory
+
+
+@dataclass
+class Result:
+    """How a sweep ended, for the CLI's exit status and last lines."""
+
+    snapshot: Snapshot
+    interrupted: bool
+    optimal_config: Path | None
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return EXIT_INTERRUPTED
+        states = self.snapshot.counts()
+        all_done = states.get(SUCCEEDED, 0) == len(self.snapshot.attempts)
+        return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
+
+
+@dataclass
+class Options:
+    """How to execute; none of it changes what an experiment is."""
+
+    grace: float = 10.0
+    retries: int = 1
+    timeout: float | None = None  # seconds, for experiments whose spec gives none
+    deadline: float | None = None  # seconds for the whole sweep
+    observers: list[Observer] = field(default_factory=list)
+
+
+def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
+            new_experiments: Sequence[Experiment] = ()) -> Result:
+    """Run the sweep in `directory` to the end, whether it is new or resumed; Ctrl-C stops it cleanly.
+
+    Holding the sweep's lock, it first finishes whatever a dead runner left (ends its processes, records
+    them interrupted), queues what must run again, then dispatches until nothing is left.
+    """
+    directory = Path(directory)
+    try:
+        lock = SweepLock(directory).acquire()
+    except SweepBusy as e:
+        raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
+    try:
+        ledger = Ledger.open(directory)
+        try:
+            recover(ledger, time.time())
+            requeue(ledger, retry_failed)
+            if new_experiments:
+                ledger.add_experiments(new_experiments, time.time())
+            interrupted = _dispatch(directory, ledger, options)
+        finally:
+            ledger.close()
+        snap = snapshot(directory)
+        return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
+    finally:
+        lock.release()
+
+
+def recover(ledger: Ledger, at: float, grace: float = 2.0) -> list[str]:
+    """End every process of the attempts a dead runner left running, then record them interrupted."""
+    left = ledger.in_state(RUNNING)
+    for attempt in left:
+        if attempt.tag:
+            end_tagged(attempt.tag, grace)
+        ledger.finish(attempt.name, attempt.attempt, INTERRUPTED, at, reason="interrupted",
+                      detail="the runner stopped while it ran")
+    return [a.name for a in left]
+
+
+def end_tagged(tag: str, grace: float) -> None:
+    """SIGTERM what carries the tag, wait up to `grace` for it to go, SIGKILL the rest, check none remain."""
+    if not tags.signal_tagged(tag, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace
+    while tags.find_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)  # waiting for processes we do not parent: there is nothing to block on
+    for _ in range(50):
+        if not tags.signal_tagged(tag, signal.SIGKILL):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
+
+
+def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
+    """New attempts for interrupted experiments (and failed or timed-out ones when asked)."""
+    again = {INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
+    return ledger.requeue([a.name for a in ledger.latest() if a.state in again], time.time())
+
+
+def _dispatch(directory: Path, ledger: Ledger, options: Options) -> bool:
+    meta = ledger.meta()
+    metric = metric_named(str(meta["metric"]))
+    slots = {h: tuple(ids) for h, ids in dict(meta["slots"]).items()}
+    executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, Launcher(tuple(meta["launcher"])),
+                             dict(meta.get("env") or {}), options.timeout, options.grace)
+    scheduler = Scheduler(ledger, SlotPool(slots), executor, time.time, str(meta["sweep_id"]), directory.resolve(),
+                          metric.name, retries=options.retries, observers=list(options.observers))
+    experiments = {e.name: e for e in ledger.experiments()}
+    scheduler.submit(Queued(experiments[a.name], a.attempt) for a in ledger.latest() if a.state == QUEUED)
+    return _run_with_signals(scheduler, executor, options.deadline)
+
+
+def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: float | None) -> bool:
+    """First Ctrl-C: stop gracefully. Second: kill at once. SIGUSR1: read requests from the ledger."""
+    presses = 0
+
+    def on_sigint(signum, frame) -> None:
+        nonlocal presses
+        presses += 1
+        if presses == 1:
+            scheduler.post(Interrupt())
+        else:
+            executor.kill_all()
+            raise KeyboardInterrupt
+
+    timer = threading.Timer(deadline, scheduler.post, args=(Deadline(),)) if deadline else None
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
+        handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigint)
+        handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: scheduler.post(CheckRequests()))
+    thread = run_in_thread(scheduler)
+    try:
+        if timer:
+            timer.daemon = True
+            timer.start()
+        thread.join()
+    finally:
+        if timer:
+            timer.cancel()
+        for signum, previous in handlers.items():
+            signal.signal(signum, previous)
+    if thread.errors:  # type: ignore[attr-defined]
+        raise thread.errors[0]  # type: ignore[attr-defined]
+    return scheduler.stopping == INTERRUPTED
+
+
+def cancel(directory: Path, names: Sequence[str]) -> str:
+    """Cancel experiments (all of them when `names` is empty): through the live runner, or in the ledger."""
+    ledger = _open_existing(directory)
+    try:
+        known = {e.name for e in ledger.experiments()}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
+        ledger.request("cancel", names, time.time())
+        pid = holder_pid(directory)
+        if pid is not None:
+            os.kill(pid, signal.SIGUSR1)
+            return f"asked the runner (pid {pid}) to cancel {', '.join(names) or 'the sweep'}"
+        with SweepLock(directory):  # no runner: apply it here, after clearing up what a dead one left
+            ledger.take_requests()
+            recover(ledger, time.time())
+            chosen = set(names) or known
+            done = []
+            for attempt in ledger.latest():
+                if attempt.name in chosen and attempt.state in (QUEUED, INTERRUPTED):
+                    number = attempt.attempt
+                    if attempt.state == INTERRUPTED:
+                        number = ledger.requeue([attempt.name], time.time())[attempt.name]
+                    ledger.finish(attempt.name, number, CANCELLED, time.time(), reason="cancelled",
+                                  detail="cancelled while the sweep was stopped")
+                    done.append(attempt.name)
+            return f"cancelled {len(done)} experiment(s) that had not finished"
+    finally:
+        ledger.close()
+
+
+def sweep_meta(directory: Path) -> dict[str, object]:
+    ledger = _open_existing(directory)
+    try:
+        return ledger.meta()
+    finally:
+        ledger.close()
+
+
+def _open_existing(directory: Path) -> Ledger:
+    try:
+        return Ledger.open(directory)
+    except FileNotFoundError:
+        raise UserError("no sweep here (no ledger.sqlite)", directory) from None
+
+
+def spec_changes(directory: Path, sweep: Sweep) -> tuple[list[str], list[str], list[str]]:
+    """(new, changed, removed) experiment names of `sweep` against what the sweep in `directory` recorded."""
+    ledger = _open_existing(directory)
+    try:
+        recorded = ledger.digests()
+    finally:
+        ledger.close()
+    current = {e.name: e.digest for e in sweep.experiments}
+    new = [n for n in current if n not in recorded]
+    changed = [n for n in current if n in recorded and recorded[n] != current[n]]
+    removed = [n for n in recorded if n not in current]
+    return new, changed, removed

@@ -1,0 +1,247 @@
+"""The dispatcher: one thread, woken only by events, that turns queued experiments into running ones.
+
+Nothing here sleeps or polls. Each running experiment is watched by its executor's own thread, which posts a
+`Launched` and then a `Finished` event; `cancel`, `interrupt` and the sweep deadline arrive as events too.
+After every event the dispatcher fills whatever slots are free at once. The scheduler never reads the time
+or starts a process itself: a clock and an executor are handed to it, so a simulated pair can drive the very
+same code to predict a sweep.
+
+Order of duties for every transition: write it to the ledger, then act on it.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from .ledger import CANCELLED, FAILED, INTERRUPTED, Ledger, TIMED_OUT
+from .outcome import Outcome
+from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
+from .spec import Experiment
+
+
+@dataclass(frozen=True)
+class Run:
+    """One attempt of one experiment, placed on exact slots."""
+
+    experiment: Experiment
+    attempt: int
+    reservation: Reservation
+    tag: str
+    dir: Path
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.experiment.name, self.attempt)
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting attempt, as the queue policy sees it."""
+
+    experiment: Experiment
+    attempt: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.experiment.num_nodes
+
+    @property
+    def num_gpus(self) -> int:
+        return self.experiment.num_gpus
+
+
+# --- events ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launched:
+    run: Run
+    pid: int
+    port: int | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    run: Run
+    outcome: Outcome
+    at: float
+
+
+@dataclass(frozen=True)
+class Cancel:
+    names: tuple[str, ...] = ()  # empty: the whole sweep
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Stop dispatching and end what runs (recorded interrupted); `resume` picks the sweep up again."""
+
+    reason: str = "interrupted by the user"
+
+
+@dataclass(frozen=True)
+class CheckRequests:
+    """Another process left requests in the ledger (e.g. `autotune cancel`): read and apply them."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The sweep's time is up: running experiments are ended as timed out, queued ones stay for resume."""
+
+
+class Executor(Protocol):
+    """Starts and ends runs. `start` returns at once; the run's own thread posts Launched, then Finished."""
+
+    def start(self, run: Run, post: Callable[[object], None]) -> None: ...
+
+    def stop(self, run: Run, state: str, detail: str) -> None:
+        """End the run's processes; its Finished event then carries `state` (cancelled, timed_out, ...)."""
+
+
+Observer = Callable[[str, Run | Queued, "Outcome | None"], None]
+
+
+@dataclass
+class Scheduler:
+    """Runs the queued attempts of one sweep to completion on a pool of slots."""
+
+    ledger: Ledger
+    pool: SlotPool
+    executor: Executor
+    clock: Callable[[], float]
+    sweep_id: str
+    results: Path
+    metric: str
+    placement: Placement = field(default_factory=BestFit)
+    max_bypass: int | None = None
+    retries: int = 1
+    observers: list[Observer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        bypass = self.max_bypass if self.max_bypass is not None else max(1, sum(
+            self.pool.capacity(h) for h in self.pool.hosts))
+        self._queue: BackfillQueue[Queued] = BackfillQueue(bypass)
+        self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._running: dict[tuple[str, int], Run] = {}
+        self._stopping: str | None = None  # why no more work is dispatched, once set
+
+    # --- public face --------------------------------------------------------------------------------------
+    def submit(self, items: Iterable[Queued]) -> None:
+        """Queue attempts that the ledger already holds as queued."""
+        for item in items:
+            self._queue.push(item)
+
+    def post(self, event: object) -> None:
+        """Thread-safe: hand an event to the dispatcher."""
+        self._events.put(event)
+
+    @property
+    def stopping(self) -> str | None:
+        return self._stopping
+
+    def run(self) -> None:
+        """Dispatch until nothing is queued or running (or, once stopping, nothing is running)."""
+        self._dispatch()
+        while self._running or (self._queue and not self._stopping):
+            self._handle(self._events.get())
+            self._dispatch()
+
+    # --- the loop -----------------------------------------------------------------------------------------
+    def _handle(self, event: object) -> None:
+        match event:
+            case Launched(run=run, pid=pid, port=port, at=at):
+                self.ledger.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at)
+            case Finished(run=run, outcome=outcome, at=at):
+                self._finished(run, outcome, at)
+            case Cancel(names=names):
+                self._cancel(set(names))
+            case CheckRequests():
+                for kind, names in self.ledger.take_requests():
+                    if kind == "cancel":
+                        self._cancel(set(names))
+            case Interrupt(reason=reason):
+                self._stop_all(INTERRUPTED, reason)
+            case Deadline():
+                self._stop_all(TIMED_OUT, "the sweep's deadline passed")
+            case _:
+                raise TypeError(f"unknown event {event!r}")
+
+    def _dispatch(self) -> None:
+        if self._stopping:
+            return
+        for item, reservation in self._queue.select(self.pool, self.placement):
+            self._launch(item, reservation)
+        if self._queue and not self._running:
+            self._fail_unplaceable()
+
+    def _launch(self, item: Queued, reservation: Reservation) -> None:
+        name = item.experiment.name
+        run = Run(item.experiment, item.attempt, reservation, f"{self.sweep_id}.{name}.{item.attempt}",
+                  self.results / name)
+        self.ledger.start(name, item.attempt, slots=reservation.as_dict(), tag=run.tag, dir=str(run.dir),
+                          at=self.clock())
+        self._running[run.key] = run
+        self._notify("started", run, None)
+        self.executor.start(run, self.post)
+
+    def _finished(self, run: Run, outcome: Outcome, at: float) -> None:
+        self._running.pop(run.key)
+        self.pool.give_back(run.reservation)
+        self.ledger.finish(run.experiment.name, run.attempt, outcome.state, at, reason=outcome.reason,
+                           detail=outcome.detail, exit_code=outcome.exit_code,
+                           metric=self._metric_value(outcome), metrics=outcome.metrics)
+        self._notify("finished", run, outcome)
+        if outcome.state == FAILED and outcome.transient and run.attempt <= self.retries and not self._stopping:
+            attempt = self.ledger.requeue([run.experiment.name], self.clock())[run.experiment.name]
+            self._queue.push_front(Queued(run.experiment, attempt))
+
+    def _metric_value(self, outcome: Outcome) -> float | None:
+        return outcome.metrics.get(self.metric) if outcome.metrics else None
+
+    def _cancel(self, names: set[str]) -> None:
+        everything = not names
+        if everything:
+            self._stopping = "cancelled"
+        for item in self._queue.remove(lambda q: everything or q.experiment.name in names):
+            self.ledger.finish(item.experiment.name, item.attempt, CANCELLED, self.clock(), reason="cancelled",
+                               detail="cancelled before it started")
+            self._notify("finished", item, None)
+        for run in list(self._running.values()):
+            if everything or run.experiment.name in names:
+                self.executor.stop(run, CANCELLED, "cancelled while running")
+
+    def _stop_all(self, state: str, detail: str) -> None:
+        self._stopping = self._stopping or state
+        for run in list(self._running.values()):
+            self.executor.stop(run, state, detail)
+
+    def _fail_unplaceable(self) -> None:
+        """Nothing runs and nothing queued fits: the pool shrank (hosts down). Fail them, do not hang."""
+        for item in self._queue.remove(lambda q: True):
+            self.ledger.finish(item.experiment.name, item.attempt, FAILED, self.clock(), reason="placement",
+                               detail=f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); "
+                                      "not enough hosts are up")
+            self._notify("finished", item, None)
+
+    def _notify(self, what: str, subject: Run | Queued, outcome: Outcome | None) -> None:
+        for observer in self.observers:
+            observer(what, subject, outcome)
+
+
+def run_in_thread(scheduler: Scheduler) -> threading.Thread:
+    """Run the dispatcher on a thread of its own (the main thread stays free for signals and the display)."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            scheduler.run()
+        except BaseException as e:  # surfaced by the caller through .errors
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="autotune-dispatcher", daemon=True)
+    thread.errors = errors  # type: ignore[attr-defined]
+    thread.start()
+    return thread

@@ -1,0 +1,12 @@
+"""Small builders shared by the unit tests."""
+from __future__ import annotations
+
+from autotuner.spec import Experiment
+
+
+def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str = "/bin/true",
+               args: tuple[str, ...] = (), ds_config: dict | None = None, timeout: float | None = None,
+               env: dict | None = None) -> Experiment:
+    return Experiment(name=name, ds_config=ds_config or {"train_micro_batch_size_per_gpu": 1}, num_gpus=num_gpus,
+                      num_nodes=num_nodes, script=script, args=tuple(args), timeout=timeout, env=env or {},
+                      source="test")

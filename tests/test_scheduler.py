@@ -1,0 +1,122 @@
+"""The dispatcher driven by a hand-operated executor (a stand-in for processes, named as such)."""
+import itertools
+import queue
+import threading
+
+import pytest
+
+from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, Ledger
+from autotuner.outcome import Outcome
+from autotuner.resources import SlotPool
+from autotuner.scheduler import Cancel, Finished, Interrupt, Launched, Queued, Scheduler, run_in_thread
+
+from helpers import experiment
+
+
+class ManualExecutor:
+    """Stand-in executor: records starts; the test decides when and how each run ends."""
+
+    def __init__(self):
+        self.started = queue.Queue()
+        self.stopped = []
+        self.post = None
+        self.pids = itertools.count(1000)
+
+    def start(self, run, post):
+        self.post = post
+        post(Launched(run, next(self.pids), 29500, 0.0))
+        self.started.put(run)
+
+    def stop(self, run, state, detail):
+        self.stopped.append((run.experiment.name, state))
+        self.post(Finished(run, Outcome(state, state, detail), 0.0))
+
+    def next_started(self):
+        return self.started.get(timeout=5)
+
+    def finish(self, run, outcome=None):
+        self.post(Finished(run, outcome or Outcome(SUCCEEDED, metrics={"throughput": 1.0}), 0.0))
+
+
+def make(tmp_path, exps, slots, retries=1):
+    ledger = Ledger.create(tmp_path, {"name": "s", "metric": "throughput"})
+    ledger.add_experiments(exps, at=0.0)
+    executor = ManualExecutor()
+    clock = itertools.count(1).__next__
+    scheduler = Scheduler(ledger, SlotPool(slots), executor, lambda: float(clock()), "sid", tmp_path, "throughput",
+                          retries=retries)
+    scheduler.submit(Queued(e, 1) for e in exps)
+    return ledger, executor, scheduler
+
+
+def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
+    exps = [experiment(f"e{i}") for i in range(5)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
+    thread = run_in_thread(scheduler)
+    first, second = executor.next_started(), executor.next_started()
+    assert {r.reservation.as_dict()["h"][0] for r in (first, second)} == {0, 1}
+    assert executor.started.empty()
+    executor.finish(first)
+    third = executor.next_started()
+    assert third.reservation == first.reservation  # the freed slot, reused at once
+    for run in (second, third, executor.next_started(), executor.next_started()):
+        executor.finish(run)
+    thread.join(5)
+    assert not thread.is_alive() and not thread.errors
+    reader = Ledger.open(tmp_path)
+    assert [a.state for a in reader.latest()] == [SUCCEEDED] * 5
+    assert all(a.pid and a.tag == f"sid.{a.name}.1" for a in reader.latest())
+
+
+def test_transient_failures_are_retried_deterministic_ones_are_not(tmp_path):
+    exps = [experiment("flaky"), experiment("oom")]
+    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]}, retries=1)
+    thread = run_in_thread(scheduler)
+    runs = {r.experiment.name: r for r in (executor.next_started(), executor.next_started())}
+    executor.finish(runs["oom"], Outcome(FAILED, "oom", "CUDA out of memory", 1))
+    executor.finish(runs["flaky"], Outcome(FAILED, "launch", "Address already in use", 1))
+    retry = executor.next_started()
+    assert (retry.experiment.name, retry.attempt) == ("flaky", 2)
+    executor.finish(retry, Outcome(FAILED, "launch", "Address already in use", 1))  # retries used up
+    thread.join(5)
+    reader = Ledger.open(tmp_path)
+    assert [(a.name, a.attempt, a.state, a.reason) for a in reader.attempts()] == [
+        ("flaky", 1, FAILED, "launch"), ("flaky", 2, FAILED, "launch"), ("oom", 1, FAILED, "oom")]
+
+
+def test_cancel_named_experiments_running_and_queued(tmp_path):
+    exps = [experiment(f"e{i}") for i in range(4)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    thread = run_in_thread(scheduler)
+    e0 = executor.next_started()
+    scheduler.post(Cancel(("e0", "e2")))
+    e1 = executor.next_started()
+    assert e1.experiment.name == "e1"
+    executor.finish(e1)
+    executor.finish(executor.next_started())  # e3: e2 was cancelled while queued
+    thread.join(5)
+    assert executor.stopped == [("e0", CANCELLED)]
+    assert {a.name: a.state for a in Ledger.open(tmp_path).latest()} == {
+        "e0": CANCELLED, "e1": SUCCEEDED, "e2": CANCELLED, "e3": SUCCEEDED}
+
+
+def test_interrupt_ends_running_and_leaves_queued_for_resume(tmp_path):
+    exps = [experiment(f"e{i}") for i in range(3)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    thread = run_in_thread(scheduler)
+    executor.next_started()
+    scheduler.post(Interrupt())
+    thread.join(5)
+    assert not thread.is_alive()
+    assert scheduler.stopping == INTERRUPTED
+    assert [a.state for a in Ledger.open(tmp_path).latest()] == [INTERRUPTED, QUEUED, QUEUED]
+
+
+def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path):
+    exps = [experiment("two-nodes", num_nodes=2)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
+    scheduler.pool.mark_down("b")
+    thread = run_in_thread(scheduler)
+    thread.join(5)
+    a = Ledger.open(tmp_path).latest()[0]
+    assert (a.state, a.reason) == (FAILED, "placement")
