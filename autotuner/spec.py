@@ -1,0 +1,523 @@
+"""Experiments, read from hjson: DeepSpeed's own experiment files, or a sweep file with a space to expand.
+
+Each input path of `load_sweep` is a file or a directory of `*.json` / `*.hjson` files (read in name order).
+A file is a sweep file when it has one of the keys `space`, `script`, `args`, `metric`, `timeout`, `env`;
+otherwise it is a DeepSpeed experiment file.
+
+DeepSpeed experiment file (as DeepSpeed's autotuner writes into its exps_dir, or the exp.json of a result):
+    `{"name": .., "ds_config": {..} or "path.json", "num_gpus": N, "num_nodes": N}`, optionally
+    `user_script` (relative to the current directory, as DeepSpeed's launcher got it) and `user_args`, which
+    win over --script / --args. The bookkeeping keys DeepSpeed's scheduler adds (exp_id, result_dir,
+    master_port, launcher_args, hostfile, user, job_id, ds_config_path, ds_config_base64, results) are
+    ignored: the runner decides those itself.
+
+Sweep file:
+    name       prefix of the generated experiment names (default: the file's stem)
+    script     the training script, relative to the sweep file's directory (default: --script)
+    args       list of strings passed to the script (default: --args)
+    metric     throughput | latency | FLOPS_per_gpu | NAME:min | NAME:max (default: --metric, else throughput)
+    num_gpus   GPU slots per node of every experiment (default 1);  num_nodes  nodes (default 1)
+    timeout    seconds an experiment may run (default: --timeout, else none)
+    env        extra environment variables for the script
+    ds_config  the base DeepSpeed config (an object, or a path to a JSON file relative to the sweep file)
+    space      {"dotted.ds_config.key": [values..], ...}: the full grid of these values, in the order written;
+               the keys `num_gpus` and `num_nodes` vary those fields instead of the config.
+Generated names are `<name>_<short><value>_...`, e.g. `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or
+else the last segment of the dotted key.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import hjson
+
+from .errors import UserError
+from .metrics import THROUGHPUT, Metric, metric_named
+
+NAME_MAX = 120
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,%d}" % (NAME_MAX - 1))
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+ABBREVIATIONS = {
+    "zero_optimization.stage": "z",
+    "train_micro_batch_size_per_gpu": "mbs",
+    "gradient_accumulation_steps": "gas",
+    "train_batch_size": "tbs",
+    "num_gpus": "g",
+    "num_nodes": "n",
+}
+FIELD_KEYS = ("num_gpus", "num_nodes")  # space keys that vary the experiment rather than its ds_config
+
+SWEEP_KEYS = ("name", "script", "args", "metric", "num_gpus", "num_nodes", "timeout", "env", "ds_config", "space")
+_SWEEP_ONLY = {"space", "script", "args", "metric", "timeout", "env"}
+DS_KEYS = ("name", "ds_config", "num_gpus", "num_nodes", "user_script", "user_args")
+DS_IGNORED = ("exp_id", "result_dir", "master_port", "launcher_args", "hostfile", "user", "job_id",
+              "ds_config_path", "ds_config_base64", "results")
+
+
+def is_safe_name(name: str) -> bool:
+    """Usable as a directory name: letters, digits, `.`, `_`, `-`; not starting with `.`; at most 120 chars."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
+def _canonical(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One run: a DeepSpeed config on `num_nodes` x `num_gpus` slots of `script`."""
+
+    name: str
+    ds_config: Mapping[str, Any]  # a plain dict, read-only by convention: use config() for a private copy
+    num_gpus: int  # slots per node
+    num_nodes: int
+    script: str  # absolute path
+    args: tuple[str, ...] = ()
+    timeout: float | None = None  # seconds
+    env: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""  # the file it came from
+
+    def __post_init__(self) -> None:
+        if not is_safe_name(self.name):
+            raise ValueError(f"experiment name {self.name!r} is not safe as a directory name")
+        for key in FIELD_KEYS:
+            value = getattr(self, key)
+            if not _positive_int(value):
+                raise ValueError(f"experiment {self.name}: {key} must be a positive integer, not {value!r}")
+        object.__setattr__(self, "ds_config", copy.deepcopy(dict(self.ds_config)))
+        object.__setattr__(self, "args", tuple(str(a) for a in self.args))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
+        object.__setattr__(self, "script", str(self.script))
+        object.__setattr__(self, "source", str(self.source))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.digest))
+
+    def config(self) -> dict:
+        """A deep copy of the ds_config, free to change."""
+        return copy.deepcopy(self.ds_config)
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of what defines the run (not its name, timeout or source): equal digests, equal runs."""
+        defining = {"ds_config": self.ds_config, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
+                    "script": self.script, "args": list(self.args), "env": dict(self.env)}
+        return hashlib.sha256(_canonical(defining).encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
+                "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
+                "timeout": self.timeout, "env": dict(self.env), "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Experiment:
+        return cls(name=data["name"], ds_config=data["ds_config"], num_gpus=data["num_gpus"],
+                   num_nodes=data["num_nodes"], script=data["script"], args=tuple(data.get("args") or ()),
+                   timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    experiments: tuple[Experiment, ...]
+    metric: Metric
+    source: str
+
+
+# --- reading files -------------------------------------------------------------------------------------------
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+@dataclass
+class _Source:
+    """A parsed input file and its text, to point errors at the line of a key."""
+
+    path: Path
+    text: str
+    data: Any
+
+    def _matches(self, key: str) -> list[tuple[int, int]]:
+        pattern = re.compile(r"(?:^|(?<=[{,\[]))[ \t]*([\"']?)" + re.escape(key) + r"\1[ \t]*:", re.M)
+        found = []
+        for m in pattern.finditer(self.text):
+            start = m.start(1)
+            line = self.text.count("\n", 0, start) + 1
+            found.append((line, start - (self.text.rfind("\n", 0, start) + 1) + 1))
+        return found
+
+    def where(self, key: str, after: int | None = None) -> tuple[int | None, int | None]:
+        """(line, col) of `key`: at top level (least indented), or the first one after line `after`."""
+        found = self._matches(key)
+        if after is not None:
+            found = [lc for lc in found if lc[0] >= after] or found
+            return found[0] if found else (None, None)
+        return min(found, key=lambda lc: (lc[1], lc[0])) if found else (None, None)
+
+    def line(self, key: str, after: int | None = None) -> int | None:
+        return self.where(key, after)[0]
+
+    def error(self, message: str, key: str | None = None, after: int | None = None) -> UserError:
+        line, col = self.where(key, after) if key is not None else (None, None)
+        return UserError(message, self.path, line, col)
+
+
+def _read(path: Path) -> _Source:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError("no such file", path) from None
+    except UnicodeDecodeError:
+        raise UserError("not UTF-8 text", path) from None
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror or e}", path) from None
+    try:
+        data = hjson.loads(text, object_pairs_hook=_pairs)
+    except hjson.HjsonDecodeError as e:
+        raise UserError(f"malformed hjson: {e.msg}", path, e.lineno, e.colno) from None
+    except _DuplicateKey as e:
+        src = _Source(path, text, None)
+        spots = src._matches(e.key)
+        line, col = spots[1] if len(spots) > 1 else (None, None)
+        raise UserError(f"duplicate key {e.key!r}", path, line, col) from None
+    except RecursionError:
+        raise UserError("nested too deeply", path) from None
+    return _Source(path, text, data)
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _abspath(path: str | Path, base: Path | None = None) -> str:
+    p = Path(os.path.expanduser(str(path)))
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    return os.path.abspath(p)
+
+
+@dataclass(frozen=True)
+class _Defaults:
+    script: str | None
+    args: tuple[str, ...]
+    timeout: float | None
+
+
+@dataclass
+class _Loaded:
+    """What one file gave: experiments (each with the line that defines it), a metric it asks for, a name."""
+
+    experiments: list[tuple[Experiment, int | None]]
+    name: str
+    metric: tuple[Metric, int | None] | None = None
+
+
+def _script(src: _Source, key: str, value: Any, base: Path | None) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise src.error(f"{key} must be a path (a string)", key)
+    script = _abspath(value, base)
+    if not os.path.isfile(script):
+        raise src.error(f"{key} {value!r}: no such file ({script})", key)
+    return script
+
+
+def _string_list(src: _Source, key: str, value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise src.error(f"{key} must be a list of strings", key)
+    return tuple(value)
+
+
+def _count(src: _Source, key: str, value: Any, after: int | None = None, what: str | None = None) -> int:
+    if not _positive_int(value):
+        raise src.error(f"{what or key} must be a positive integer, not {json.dumps(value)}", key, after)
+    return value
+
+
+def _ds_config(src: _Source, value: Any) -> dict:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str) and value.strip():
+        path = Path(_abspath(value, src.path.parent))
+        if not path.is_file():
+            raise src.error(f"ds_config {value!r}: no such file ({path})", "ds_config")
+        config = _read(path)
+        if not isinstance(config.data, dict):
+            raise UserError("a ds_config must be a JSON object", path, 1)
+        return config.data
+    raise src.error("ds_config must be an object or the path of a JSON file", "ds_config")
+
+
+def _stem_name(path: Path) -> str:
+    name = _UNSAFE.sub("-", path.name if path.is_dir() else path.stem)
+    name = name.strip("-") or "sweep"
+    return ("_" + name if name.startswith(".") else name)[:NAME_MAX]
+
+
+def _load_ds_exp(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
+    for key in data:
+        if key not in DS_KEYS and key not in DS_IGNORED:
+            raise src.error(f"unknown key {key!r} (a DeepSpeed experiment file has {', '.join(DS_KEYS)}; "
+                            f"a sweep file has {', '.join(SWEEP_KEYS)})", key)
+    name = data.get("name", _stem_name(src.path))
+    if not is_safe_name(name):
+        raise src.error(f"experiment name {name!r} is not safe as a directory name "
+                        f"(letters, digits, . _ -; not starting with .; at most {NAME_MAX})", "name")
+    if "ds_config" not in data:
+        raise UserError("a DeepSpeed experiment file needs ds_config", src.path)
+    config = _ds_config(src, data["ds_config"])
+    num_gpus = _count(src, "num_gpus", data.get("num_gpus", 1))
+    num_nodes = _count(src, "num_nodes", data.get("num_nodes", 1))
+    script = defaults.script
+    if data.get("user_script") is not None:
+        script = _script(src, "user_script", data["user_script"], None)
+    args = defaults.args
+    if data.get("user_args") is not None:
+        args = _string_list(src, "user_args", data["user_args"])
+    if script is None:
+        raise src.error(f"experiment {name}: no script to run: give --script (or user_script here)", "name")
+    experiment = Experiment(name=name, ds_config=config, num_gpus=num_gpus, num_nodes=num_nodes, script=script,
+                            args=args, timeout=defaults.timeout, env={}, source=str(src.path))
+    _check_batch(src, experiment)
+    return _Loaded([(experiment, src.line("name"))], _stem_name(src.path))
+
+
+def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
+    """Set config[a][b][c] = value, creating missing objects; the blocking prefix when one is not an object."""
+    node = config
+    for i, segment in enumerate(segments[:-1]):
+        child = node.setdefault(segment, {})
+        if not isinstance(child, dict):
+            return ".".join(segments[:i + 1])
+        node = child
+    node[segments[-1]] = value
+    return None
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        text = json.dumps(value)
+    elif isinstance(value, (int, float, str)):
+        text = str(value)
+    else:
+        text = _canonical(value)
+    return _UNSAFE.sub("-", text).strip("-") or "x"
+
+
+def _experiment_name(prefix: str, parts: list[str]) -> str:
+    name = "_".join([prefix, *parts])
+    if len(name) > NAME_MAX:
+        name = name[:NAME_MAX - 9] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name
+
+
+def _load_sweep_file(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
+    for key in data:
+        if key not in SWEEP_KEYS:
+            raise src.error(f"unknown key {key!r} in a sweep file (keys: {', '.join(SWEEP_KEYS)})", key)
+    prefix = data.get("name", None)
+    if prefix is None:
+        prefix = _stem_name(src.path)
+    elif not is_safe_name(prefix) or len(prefix) > NAME_MAX - 20:
+        raise src.error(f"name {prefix!r} must be safe as a directory name (letters, digits, . _ -; "
+                        f"not starting with .; at most {NAME_MAX - 20} chars)", "name")
+    script = defaults.script
+    if data.get("script") is not None:
+        script = _script(src, "script", data["script"], src.path.parent)
+    if script is None:
+        raise src.error("no script to run: give `script` here or --script", "name" if "name" in data else None)
+    args = _string_list(src, "args", data["args"]) if data.get("args") is not None else defaults.args
+    metric = None
+    if data.get("metric") is not None:
+        line = src.line("metric")
+        if not isinstance(data["metric"], str):
+            raise src.error("metric must be a string", "metric")
+        metric = (metric_named(data["metric"], path=src.path, line=line), line)
+    num_gpus = _count(src, "num_gpus", data.get("num_gpus", 1))
+    num_nodes = _count(src, "num_nodes", data.get("num_nodes", 1))
+    timeout = defaults.timeout
+    if data.get("timeout") is not None:
+        timeout = data["timeout"]
+        if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+            raise src.error(f"timeout must be a positive number of seconds, not {json.dumps(timeout)}", "timeout")
+        timeout = float(timeout)
+    env = _env(src, data.get("env", {}))
+    base = _ds_config(src, data["ds_config"]) if data.get("ds_config") is not None else {}
+    space = data.get("space", {})
+    if not isinstance(space, dict):
+        raise src.error("space must be an object of dotted ds_config keys to lists of values", "space")
+    space_line = src.line("space")
+    axes: list[tuple[str, list[str], list[Any], int | None]] = []
+    for key, values in space.items():
+        key_line = src.line(key, after=space_line)
+        segments = key.split(".")
+        if not key or not all(segments):
+            raise src.error(f"space key {key!r} is not a dotted ds_config key", key, space_line)
+        if not isinstance(values, list) or not values:
+            raise src.error(f"space key {key!r} needs a non-empty list of values", key, space_line)
+        if key in FIELD_KEYS:
+            for value in values:
+                _count(src, key, value, space_line, what=f"every value of space key {key!r}")
+        axes.append((key, segments, values, key_line))
+
+    loaded = _Loaded([], prefix, metric)
+    for combo in itertools.product(*(values for _, _, values, _ in axes)):
+        config = copy.deepcopy(base)
+        fields = {"num_gpus": num_gpus, "num_nodes": num_nodes}
+        parts = []
+        for (key, segments, _, _), value in zip(axes, combo):
+            if key in FIELD_KEYS:
+                fields[key] = value
+            else:
+                blocked = _set_dotted(config, segments, copy.deepcopy(value))
+                if blocked is not None:
+                    raise src.error(f"space key {key!r}: {blocked!r} in ds_config is "
+                                    f"{json.dumps(_get(config, blocked))[:40]}, not an object", key, space_line)
+            parts.append(ABBREVIATIONS.get(key, segments[-1]) + _value_text(value))
+        experiment = Experiment(name=_experiment_name(prefix, parts), ds_config=config, script=script, args=args,
+                                timeout=timeout, env=env, source=str(src.path), **fields)
+        _check_batch(src, experiment)
+        loaded.experiments.append((experiment, space_line or src.line("name")))
+    return loaded
+
+
+def _get(config: dict, dotted: str) -> Any:
+    for segment in dotted.split("."):
+        config = config[segment]
+    return config
+
+
+def _env(src: _Source, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise src.error("env must be an object of variable names to strings", "env")
+    env_line = src.line("env")
+    env = {}
+    for key, v in value.items():
+        if not _ENV_NAME.fullmatch(key):
+            raise src.error(f"env: {key!r} is not a valid environment variable name", key, env_line)
+        if isinstance(v, str) or _number(v):
+            env[key] = str(v)
+        else:
+            raise src.error(f"env: {key} must be a string or a number", key, env_line)
+    return env
+
+
+_BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def _check_batch(src: _Source, e: Experiment) -> None:
+    """What DeepSpeed would refuse only after launch: batch sizes that cannot fit the experiment's GPUs."""
+    values = [e.ds_config.get(k) for k in _BATCH]
+    for key, value in zip(_BATCH, values):
+        if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
+            raise src.error(f"experiment {e.name}: {key} must be positive, not {value}", key)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        return  # "auto", absent, or left for DeepSpeed to compute
+    tbs, mbs, gas = values
+    gpus = e.num_gpus * e.num_nodes
+    product = mbs * gas * gpus
+    # DeepSpeed wants train_batch_size == micro batch * gas * data-parallel size; with model parallelism of
+    # degree m, the data-parallel size is gpus / m. Refuse only what no such m explains.
+    degree = product // tbs
+    if product % tbs or degree == 0 or gpus % degree:
+        raise src.error(f"experiment {e.name}: train_batch_size {tbs} != train_micro_batch_size_per_gpu {mbs} "
+                        f"x gradient_accumulation_steps {gas} x {gpus} GPU(s) = {product}", "train_batch_size")
+
+
+def _load_file(path: Path, defaults: _Defaults) -> _Loaded:
+    src = _read(path)
+    if not isinstance(src.data, dict):
+        raise UserError("expected an object (a sweep file or a DeepSpeed experiment file)", path, 1)
+    if _SWEEP_ONLY & src.data.keys():
+        return _load_sweep_file(src, src.data, defaults)
+    return _load_ds_exp(src, src.data, defaults)
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".hjson") and p.is_file())
+        if not files:
+            raise UserError("directory holds no *.json or *.hjson experiment files", path)
+        return files
+    if not path.exists():
+        raise UserError("no such file or directory", path)
+    return [path]
+
+
+def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: Sequence[str] = (),
+               metric: str | None = None, timeout: float | None = None) -> Sweep:
+    """The experiments of sweep files, DeepSpeed experiment files and directories of them, in order.
+
+    `script` (relative to the current directory), `args`, `metric` and `timeout` are defaults for what the
+    files leave out. UserError, naming the file and line, for anything wrong.
+    """
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    if not paths:
+        raise UserError("no experiment files given")
+    if script is not None:
+        cli_script = _abspath(script)
+        if not os.path.isfile(cli_script):
+            raise UserError(f"--script: no such file ({cli_script})", script)
+        script = cli_script
+    if timeout is not None and (not _number(timeout) or not math.isfinite(timeout) or timeout <= 0):
+        raise UserError(f"--timeout must be a positive number of seconds, not {timeout!r}")
+    chosen = metric_named(metric) if metric else None
+    defaults = _Defaults(script, tuple(str(a) for a in args), None if timeout is None else float(timeout))
+
+    experiments: list[Experiment] = []
+    seen: dict[str, str] = {}
+    names: list[str] = []
+    asked: tuple[Metric, str] | None = None  # the metric a sweep file asks for, and where
+    for given in paths:
+        given = Path(given)
+        files = _files(given)
+        for path in files:
+            loaded = _load_file(path, defaults)
+            if loaded.metric is not None:
+                if asked is not None and asked[0] != loaded.metric[0]:
+                    raise UserError(f"metric {loaded.metric[0].spec} differs from {asked[0].spec} in {asked[1]}; "
+                                    "a sweep has one metric", path, loaded.metric[1])
+                where = f"{path}:{loaded.metric[1]}" if loaded.metric[1] else str(path)
+                asked = asked or (loaded.metric[0], where)
+            for experiment, line in loaded.experiments:
+                here = f"{path}:{line}" if line else str(path)
+                if experiment.name in seen:
+                    raise UserError(f"experiment name {experiment.name!r} is already used by {seen[experiment.name]}",
+                                    path, line)
+                seen[experiment.name] = here
+                experiments.append(experiment)
+        names.append(loaded.name if given.is_file() else _stem_name(given))
+    name = _experiment_name(names[0], names[1:3]) if len(names) > 1 else names[0]
+    if len(names) > 3:
+        name = _experiment_name(name, [f"and{len(names) - 3}more"])
+    return Sweep(name=name, experiments=tuple(experiments), metric=asked[0] if asked else chosen or THROUGHPUT,
+                 source=", ".join(str(p) for p in paths))

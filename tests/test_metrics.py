@@ -1,0 +1,106 @@
+import json
+
+import pytest
+
+from autotuner.errors import UserError
+from autotuner.metrics import FLOPS_PER_GPU, LATENCY, METRICS_PATH_ENV, THROUGHPUT, Metric, MetricsError, \
+    metric_named, read_metrics
+
+DEEPSPEED_METRICS = {"fwd": 1.25, "bwd": 2.5, "step": 0.75, "latency": 4.5, "FLOPS_per_gpu": 1.5e9,
+                     "throughput": 711.1, "rank": 0}
+
+
+def test_known_metrics_and_their_direction():
+    assert metric_named("throughput") == THROUGHPUT == Metric("throughput", minimize=False)
+    assert metric_named("latency") == LATENCY and LATENCY.minimize
+    assert metric_named("FLOPS_per_gpu") == FLOPS_PER_GPU and not FLOPS_PER_GPU.minimize
+    assert metric_named("flops") == FLOPS_PER_GPU  # DeepSpeed's autotuning config word for it
+
+
+def test_better_and_sort_key():
+    assert THROUGHPUT.better(2.0, 1.0) and not THROUGHPUT.better(1.0, 2.0) and not THROUGHPUT.better(1.0, 1.0)
+    assert LATENCY.better(1.0, 2.0) and not LATENCY.better(2.0, 1.0)
+    assert sorted([3.0, 9.0, 1.0], key=THROUGHPUT.sort_key) == [9.0, 3.0, 1.0]
+    assert sorted([3.0, 9.0, 1.0], key=LATENCY.sort_key) == [1.0, 3.0, 9.0]
+
+
+def test_custom_metrics_need_a_direction_and_round_trip_through_spec():
+    loss = metric_named("val_loss:min")
+    assert loss == Metric("val_loss", minimize=True) and loss.spec == "val_loss:min"
+    assert metric_named("tokens_per_s:max") == Metric("tokens_per_s", minimize=False)
+    for metric in (THROUGHPUT, LATENCY, FLOPS_PER_GPU, loss, Metric("acc", False)):
+        assert metric_named(metric.spec) == metric
+    assert THROUGHPUT.spec == "throughput"
+    assert metric_named("throughput:max") == THROUGHPUT  # the right direction on a known name is fine
+
+
+@pytest.mark.parametrize("text", ["loss", "thruput", "loss:lower", ":min", "a b:max", "", "latency:max"])
+def test_bad_metric_names_are_user_errors(text):
+    with pytest.raises(UserError) as info:
+        metric_named(text)
+    assert repr(text) in str(info.value)
+
+
+def test_metric_error_can_be_located():
+    with pytest.raises(UserError) as info:
+        metric_named("loss", path="sweep.hjson", line=7)
+    assert str(info.value).startswith("sweep.hjson:7: unknown metric 'loss'")
+
+
+def test_reads_deepspeed_metrics(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps(DEEPSPEED_METRICS))
+    values = read_metrics(path, THROUGHPUT)
+    assert values == {k: float(v) for k, v in DEEPSPEED_METRICS.items()}
+    assert read_metrics(path, LATENCY)["latency"] == 4.5
+
+
+def test_keeps_only_finite_numbers(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text('{"loss": 0, "note": "x", "ok": true, "bad": NaN, "big": Infinity, "n": null, "l": [1]}')
+    assert read_metrics(path, metric_named("loss:min")) == {"loss": 0.0}
+
+
+@pytest.mark.parametrize("content, reason", [
+    (None, "missing"),
+    ("", "not JSON (empty file)"),
+    ('{"throughput": 1', "not JSON"),
+    (b"\xff\xfe", "not JSON"),
+    ("[1, 2]", "not an object"),
+    ('{"latency": 3}', "metric 'throughput' missing (keys: latency)"),
+    ('{"throughput": "fast"}', "not a finite number"),
+    ('{"throughput": true}', "not a finite number"),
+    ('{"throughput": null}', "not a finite number"),
+    ('{"throughput": NaN}', "not a finite number"),
+    ('{"throughput": Infinity}', "not a finite number"),
+    ('{"throughput": -1.5}', "not a finite number >= 0"),
+    ('{"throughput": 1' + "0" * 400 + "}", "not a finite number"),
+])
+def test_invalid_metrics_files(tmp_path, content, reason):
+    path = tmp_path / "metrics.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(MetricsError) as info:
+        read_metrics(path, THROUGHPUT)
+    assert reason in str(info.value) and str(path) in str(info.value)
+    assert reason in info.value.reason
+
+
+def test_zero_is_a_valid_value(tmp_path):
+    path = tmp_path / "m.json"
+    path.write_text('{"throughput": 0}')
+    assert read_metrics(path, THROUGHPUT) == {"throughput": 0.0}
+
+
+def test_a_directory_is_not_a_metrics_file(tmp_path):
+    with pytest.raises(MetricsError, match="unreadable"):
+        read_metrics(tmp_path, THROUGHPUT)
+
+
+def test_the_environment_contract_is_documented():
+    import autotuner.metrics as module
+
+    assert METRICS_PATH_ENV == "AUTOTUNE_METRICS_PATH"
+    assert METRICS_PATH_ENV in module.__doc__
