@@ -59,8 +59,10 @@ def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
     executor.finish(first)
     third = executor.next_started()
     assert third.reservation == first.reservation  # the freed slot, reused at once
-    for run in (second, third, executor.next_started(), executor.next_started()):
-        executor.finish(run)
+    executor.finish(second)
+    executor.finish(third)
+    executor.finish(executor.next_started())
+    executor.finish(executor.next_started())
     thread.join(5)
     assert not thread.is_alive() and not thread.errors
     reader = Ledger.open(tmp_path)
