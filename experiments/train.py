@@ -38,6 +38,7 @@ def main() -> None:
         engine.step()
     if engine.global_rank == 0:
         print(f"trained {args.steps} steps, final loss {loss.item():.4f}")
+    torch.distributed.destroy_process_group()  # a clean exit for every rank (gloo threads joined)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,68 @@
+"""The real thing on CPU: DeepSpeed's launcher, its engine writing metrics.json, the best read back from disk."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+BASE = """{{
+  name: {name}
+  script: {script}
+  args: ["--steps", "7", "--hidden", "64"]
+  metric: throughput
+  num_gpus: {gpus}
+  timeout: 300
+  ds_config: {{
+    gradient_accumulation_steps: 1
+    steps_per_print: 1000
+    optimizer: {{type: "Adam", params: {{lr: 0.001, torch_adam: true}}}}
+  }}
+  space: {space}
+}}
+"""
+
+
+def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
+    script = ROOT / "experiments" / "train.py"
+    single = tmp_path / "single.hjson"
+    single.write_text(BASE.format(name="one", script=script, gpus=1,
+                                  space='{"zero_optimization.stage": [1, 2], "train_micro_batch_size_per_gpu": [2, 8]}'))
+    double = tmp_path / "double.hjson"
+    double.write_text(BASE.format(name="two", script=script, gpus=2,
+                                  space='{"zero_optimization.stage": [2], "train_micro_batch_size_per_gpu": [8]}'))
+    results = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "autotuner.cli", "run", str(single), str(double), "--slots", "2",
+                          "-o", str(results)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    names = ["one_z1_mbs2", "one_z1_mbs8", "one_z2_mbs2", "one_z2_mbs8", "two_z2_mbs8"]
+    on_disk = {}
+    for name in names:
+        directory = results / name
+        for file in ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json"):
+            assert (directory / file).is_file(), f"{name}/{file} missing"
+        metrics = json.loads((directory / "metrics.json").read_text())
+        assert metrics["throughput"] > 0 and metrics["latency"] > 0
+        on_disk[name] = metrics["throughput"]
+        config = json.loads((directory / "ds_config.json").read_text())
+        assert config["autotuning"]["metric_path"] == str(directory / "metrics.json")
+        assert "--include" in (directory / "cmd.txt").read_text()
+    assert json.loads((results / "two_z2_mbs8" / "exp.json").read_text())["slots"] == {"localhost": [0, 1]}
+
+    best = max(on_disk, key=on_disk.get)
+    assert f"best: {best} with throughput" in run.stdout
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    expected = json.loads((results / best / "ds_config.json").read_text())
+    del expected["autotuning"]
+    assert optimal == expected
+    summary = (results / "summary.txt").read_text()
+    assert f"best: {best}" in summary
+
+    # cmd_optimal.txt trains with the winner as a normal run: no autotuning section, no pinned slots
+    command = (results / "cmd_optimal.txt").read_text().strip()
+    assert "--include" not in command and "ds_config_optimal.json" in command
+    train = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert "trained 7 steps" in train.stdout
