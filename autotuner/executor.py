@@ -128,17 +128,22 @@ class LocalExecutor:
 
     def _execute(self, run: Run, port: int, post: Callable[[object], None]) -> Outcome:
         config, command = self.command(run, port)
-        self._prepare(run, config, command)
+        keep_previous_attempt(run.dir, run.attempt)
+        run.dir.mkdir(parents=True, exist_ok=True)
+        (run.dir / "metrics.json").unlink(missing_ok=True)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
             try:
                 proc = subprocess.Popen(command.argv, cwd=command.cwd or None, env={**os.environ, **command.env},
                                         stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as e:
+                self._record(run, config, command)
                 return Outcome("failed", "launch", f"cannot start {command.argv[0]}: {e.strerror}")
         with self._lock:
             self._procs[run.key] = proc
             stop_now = run.key in self._stop_requests
         post(Launched(run, proc.pid, port, self.clock()))
+        # The ledger already holds the attempt; these files document it, so they need not delay the start.
+        self._record(run, config, command)
         if stop_now:
             self._end(proc, run.tag)
         timeout = run.experiment.timeout or self.default_timeout
@@ -157,10 +162,8 @@ class LocalExecutor:
             return Outcome(state, TIMEOUT if state == TIMED_OUT else state, detail, exit_code)
         return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
 
-    def _prepare(self, run: Run, config: dict, command: Command) -> None:
-        keep_previous_attempt(run.dir, run.attempt)
-        run.dir.mkdir(parents=True, exist_ok=True)
-        (run.dir / "metrics.json").unlink(missing_ok=True)
+    def _record(self, run: Run, config: dict, command: Command) -> None:
+        """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how."""
         write_json_atomic(run.dir / "exp.json", {**run.experiment.to_json(), "attempt": run.attempt,
                                                  "slots": run.reservation.as_dict(), "tag": run.tag})
         write_json_atomic(run.dir / "ds_config.json", config)

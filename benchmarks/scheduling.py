@@ -6,6 +6,7 @@ path: ledger (SQLite, synced), slot pool, dispatcher, one thread and one process
   python benchmarks/scheduling.py --experiments 500 --seconds 0.2 --slots 8
 
 makespan/ideal: wall time of the sweep over (experiments x seconds / slots).
+run overhead: mean time an attempt held its slot beyond its sleep (process start and exit, clean-up, judging).
 dispatch latency: on each slot, from the moment the runner saw a process exit to the moment the next one on
 that slot was started (process spawned), median and p99.
 """
@@ -61,7 +62,8 @@ def one_round(n: int, seconds: float, slots: int) -> dict[str, float]:
         runs.sort(key=lambda a: a.launched_at)
         gaps += [(b.launched_at - a.finished_at) * 1000 for a, b in zip(runs, runs[1:])]
     ideal = n * seconds / slots
-    return {"wall_s": wall, "ideal_s": ideal, "ratio": wall / ideal,
+    busy = statistics.mean(a.finished_at - a.launched_at for a in attempts) - seconds
+    return {"wall_s": wall, "ideal_s": ideal, "ratio": wall / ideal, "run_overhead_ms": busy * 1000,
             "latency_median_ms": statistics.median(gaps), "latency_p99_ms": percentile(gaps, 0.99),
             "latency_max_ms": max(gaps)}
 
