@@ -79,15 +79,15 @@ class LocalExecutor:
         self._lock = threading.Lock()
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
         self._ports: set[int] = set()
-        self._stop_requests: dict[tuple[str, int], tuple[str, str]] = {}
+        self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
         threading.Thread(target=self._attempt, args=(run, post), name=f"run-{run.tag}", daemon=True).start()
 
-    def stop(self, run: Run, state: str, detail: str) -> None:
+    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
         with self._lock:
-            self._stop_requests.setdefault(run.key, (state, detail))
+            self._stop_requests.setdefault(run.key, (state, detail, reason))
             proc = self._procs.get(run.key)
         if proc is not None:
             threading.Thread(target=self._end, args=(proc, run.tag), daemon=True).start()
@@ -151,15 +151,15 @@ class LocalExecutor:
             exit_code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             with self._lock:
-                self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s"))
+                self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT))
             self._end(proc, run.tag)
             exit_code = proc.wait()
         end_process_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
         with self._lock:
             requested = self._stop_requests.get(run.key)
         if requested:
-            state, detail = requested
-            return Outcome(state, TIMEOUT if state == TIMED_OUT else state, detail, exit_code)
+            state, detail, reason = requested
+            return Outcome(state, reason or state, detail, exit_code)
         return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
 
     def _record(self, run: Run, config: dict, command: Command) -> None:

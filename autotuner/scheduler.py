@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .ledger import CANCELLED, FAILED, INTERRUPTED, Ledger, TIMED_OUT
-from .outcome import Outcome
+from .outcome import LOST, Outcome
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
 from .spec import Experiment
 
@@ -88,6 +88,21 @@ class CheckRequests:
 
 
 @dataclass(frozen=True)
+class HostLost:
+    """A host stopped answering: no new work goes there; what ran there is ended and queued again."""
+
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HostBack:
+    """A lost host answers again: its slots are offered again."""
+
+    host: str
+
+
+@dataclass(frozen=True)
 class Deadline:
     """The sweep's time is up: running experiments are ended as timed out, queued ones stay for resume."""
 
@@ -97,8 +112,9 @@ class Executor(Protocol):
 
     def start(self, run: Run, post: Callable[[object], None]) -> None: ...
 
-    def stop(self, run: Run, state: str, detail: str) -> None:
-        """End the run's processes; its Finished event then carries `state` (cancelled, timed_out, ...)."""
+    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+        """End the run's processes; its Finished event then carries `state` (cancelled, timed_out, ...)
+        and `reason` (default: the state's own class)."""
 
 
 Observer = Callable[[str, Run | Queued, "Outcome | None"], None]
@@ -164,6 +180,10 @@ class Scheduler:
                         self._cancel(set(names))
             case Interrupt(reason=reason):
                 self._stop_all(INTERRUPTED, reason)
+            case HostLost(host=host, reason=reason):
+                self._host_lost(host, reason)
+            case HostBack(host=host):
+                self.pool.mark_up(host)
             case Deadline():
                 self._stop_all(TIMED_OUT, "the sweep's deadline passed")
             case _:
@@ -194,7 +214,10 @@ class Scheduler:
                            detail=outcome.detail, exit_code=outcome.exit_code,
                            metric=self._metric_value(outcome), metrics=outcome.metrics)
         self._notify("finished", run, outcome)
-        if outcome.state == FAILED and outcome.transient and run.attempt <= self.retries and not self._stopping:
+        if self._stopping:
+            return
+        lost = outcome.state == INTERRUPTED and outcome.reason == LOST
+        if lost or (outcome.state == FAILED and outcome.transient and run.attempt <= self.retries):
             attempt = self.ledger.requeue([run.experiment.name], self.clock())[run.experiment.name]
             self._queue.push_front(Queued(run.experiment, attempt))
 
@@ -212,6 +235,12 @@ class Scheduler:
         for run in list(self._running.values()):
             if everything or run.experiment.name in names:
                 self.executor.stop(run, CANCELLED, "cancelled while running")
+
+    def _host_lost(self, host: str, reason: str) -> None:
+        self.pool.mark_down(host)
+        for run in list(self._running.values()):
+            if host in run.reservation.hosts:
+                self.executor.stop(run, INTERRUPTED, f"host {host} lost: {reason}", LOST)
 
     def _stop_all(self, state: str, detail: str) -> None:
         self._stopping = self._stopping or state

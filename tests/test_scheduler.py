@@ -2,13 +2,15 @@
 import itertools
 import queue
 import threading
+import time
 
 import pytest
 
 from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, Ledger
 from autotuner.outcome import Outcome
 from autotuner.resources import SlotPool
-from autotuner.scheduler import Cancel, Finished, Interrupt, Launched, Queued, Scheduler, run_in_thread
+from autotuner.scheduler import (Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler,
+                                 run_in_thread)
 
 from helpers import experiment
 
@@ -27,15 +29,23 @@ class ManualExecutor:
         post(Launched(run, next(self.pids), 29500, 0.0))
         self.started.put(run)
 
-    def stop(self, run, state, detail):
+    def stop(self, run, state, detail, reason=None):
         self.stopped.append((run.experiment.name, state))
-        self.post(Finished(run, Outcome(state, state, detail), 0.0))
+        self.post(Finished(run, Outcome(state, reason or state, detail), 0.0))
 
     def next_started(self):
         return self.started.get(timeout=5)
 
     def finish(self, run, outcome=None):
         self.post(Finished(run, outcome or Outcome(SUCCEEDED, metrics={"throughput": 1.0}), 0.0))
+
+
+def wait_for(condition, timeout=5.0):
+    """The dispatcher works on its own thread: give it a moment to get there."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.01)
 
 
 def make(tmp_path, exps, slots, retries=1):
@@ -122,3 +132,25 @@ def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path)
     thread.join(5)
     a = Ledger.open(tmp_path).latest()[0]
     assert (a.state, a.reason) == (FAILED, "placement")
+
+
+def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_again_when_back(tmp_path):
+    exps = [experiment(f"e{i}") for i in range(3)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
+    thread = run_in_thread(scheduler)
+    runs = {r.reservation.hosts[0]: r for r in (executor.next_started(), executor.next_started())}
+    scheduler.post(HostLost("a", "no answer"))
+    wait_for(lambda: executor.stopped)
+    assert executor.stopped == [(runs["a"].experiment.name, INTERRUPTED)]
+    executor.finish(runs["b"])  # b frees up: the lost run goes first, on b
+    again = executor.next_started()
+    assert (again.experiment.name, again.attempt, again.reservation.hosts) == (runs["a"].experiment.name, 2, ("b",))
+    scheduler.post(HostBack("a"))
+    last = executor.next_started()
+    assert last.reservation.hosts == ("a",)
+    executor.finish(again)
+    executor.finish(last)
+    thread.join(5)
+    attempts = [(a.name, a.attempt, a.state, a.reason) for a in Ledger.open(tmp_path).attempts()]
+    assert (runs["a"].experiment.name, 1, INTERRUPTED, "lost") in attempts
+    assert [a.state for a in Ledger.open(tmp_path).latest()] == [SUCCEEDED] * 3
