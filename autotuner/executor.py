@@ -78,6 +78,7 @@ class LocalExecutor:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self._tags: dict[tuple[str, int], str] = {}
         self._ports: set[int] = set()
         self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
 
@@ -95,12 +96,9 @@ class LocalExecutor:
     def kill_all(self) -> None:
         """Immediate: SIGKILL every running attempt's group and tagged processes, from any thread."""
         with self._lock:
-            running = list(self._procs.items())
-        for _, proc in running:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            running = [(self._tags[key], proc) for key, proc in self._procs.items()]
+        for tag, proc in running:
+            end_process_group(proc.pid, tag, 0, lambda _: False)
 
     # --- one attempt, on its own thread -------------------------------------------------------------------
     def command(self, run: Run, port: int) -> tuple[dict, Command]:
@@ -124,6 +122,7 @@ class LocalExecutor:
             with self._lock:
                 self._ports.discard(port)
                 self._procs.pop(run.key, None)
+                self._tags.pop(run.key, None)
                 self._stop_requests.pop(run.key, None)
 
     def _execute(self, run: Run, port: int, post: Callable[[object], None]) -> Outcome:
@@ -140,6 +139,7 @@ class LocalExecutor:
                 return Outcome("failed", "launch", f"cannot start {command.argv[0]}: {e.strerror}")
         with self._lock:
             self._procs[run.key] = proc
+            self._tags[run.key] = run.tag
             stop_now = run.key in self._stop_requests
         post(Launched(run, proc.pid, port, self.clock()))
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
