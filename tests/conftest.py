@@ -1,0 +1,33 @@
+"""Shared pytest fixtures."""
+from __future__ import annotations
+
+import pytest
+
+
+# --- real sshd nodes on loopback (tests/sshnodes.py) -------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def _ssh_nodes_session(tmp_path_factory):
+    import sshnodes
+
+    reason = sshnodes.unavailable_reason()
+    if reason:
+        pytest.skip(f"no sshd test nodes: {reason} (.ci/setup installs them)")
+    nodes = sshnodes.start_nodes(3, tmp_path_factory.mktemp("sshnodes"))
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+@pytest.fixture
+def ssh_nodes(_ssh_nodes_session):
+    """Three real sshd nodes, `node-1`..`node-3` on 127.0.0.2..4 (port 22 unless taken), started once per session
+    and all up again at the start of every test (a test may `stop()` one to simulate a lost node).
+
+    `ssh_nodes.config_path` is an ssh config naming them (use with `ssh -F`, `SSHPool(ssh_nodes.config_path)`,
+    or pdsh with `ssh_nodes.pdsh_env()`); `ssh_nodes.known_hosts_path` holds their host keys;
+    `ssh_nodes["node-2"]` / `ssh_nodes[1]` is a `sshnodes.Node` with `.stop()`, `.start()`, `.address`, `.port`.
+    """
+    _ssh_nodes_session.start()
+    return _ssh_nodes_session
