@@ -97,8 +97,8 @@ class Ledger:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: Path, meta: Mapping[str, object]) -> "Ledger":
-        path = Path(directory) / FILENAME
+    def create(cls, directory: Path, meta: Mapping[str, object], filename: str = FILENAME) -> "Ledger":
+        path = Path(directory) / filename
         if path.exists():
             raise FileExistsError(path)
         ledger = cls._connect(path)

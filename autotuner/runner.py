@@ -89,16 +89,27 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequen
                         directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
+    # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
+    # ledger (`run` again) or a whole one (`resume`), never one without its experiments.
+    staging = f".{FILENAME}.new"
+    for suffix in ("", "-wal", "-shm", "-journal"):  # what an earlier killed `run` left
+        (directory / (staging + suffix)).unlink(missing_ok=True)
     ledger = Ledger.create(directory, {
         "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
         "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
         "capacity": dict(cluster.capacity), "accelerator": cluster.accelerator, "env": cluster.env,
         "launcher": list(launcher or launcher_for_this_python().executable), "reload": dict(reload or {}),
-    })
+    }, filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())
     finally:
-        ledger.close()
+        ledger.close()  # the last connection: its WAL is checkpointed into the file and removed
+    os.replace(directory / staging, directory / FILENAME)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     return directory
 
 

@@ -1,0 +1,200 @@
+"""End-to-end rig: the `autotune` CLI as a subprocess, stand-in launchers written as small sh scripts, and a
+look at what a sweep left behind (its ledger, its launches, and any process still carrying its tag).
+
+A stand-in launcher is started by the runner in place of DeepSpeed's launcher, with the runner's environment
+plus AUTOTUNE_TAG and AUTOTUNE_METRICS_PATH. The stand-ins here append their tag to $LAUNCH_LOG, so a test can
+count launches per attempt, and derive what they do from the experiment's name (the metrics file's directory).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from autotuner.ledger import Attempt, Ledger
+from autotuner.lock import holder_pid
+from autotuner.tags import TAG_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Preamble of every stand-in: log the launch, find the experiment's name and a number derived from it.
+PREAMBLE = """\
+#!/bin/sh
+echo "$AUTOTUNE_TAG" >> "$LAUNCH_LOG"
+name=$(basename "$(dirname "$AUTOTUNE_METRICS_PATH")")
+ck=$(printf %s "$name" | cksum | cut -d' ' -f1)
+"""
+# Writes metrics: throughput is a pure function of the experiment's name.
+WRITE_METRICS = """\
+printf '{"throughput": %s, "latency": 1.0}\\n' "$((ck % 100000 + 1))" > "$AUTOTUNE_METRICS_PATH"
+"""
+# Sleeps $STANDIN_SECONDS, then succeeds.
+SLEEP_THEN_SUCCEED = PREAMBLE + 'sleep "${STANDIN_SECONDS:-0.1}"\n' + WRITE_METRICS
+
+
+def expected_throughput(name: str) -> float:
+    """What the stand-ins write as throughput for `name` (POSIX cksum of the name)."""
+    out = subprocess.run(["cksum"], input=name.encode(), capture_output=True, check=True).stdout
+    return float(int(out.split()[0]) % 100000 + 1)
+
+
+def write_launcher(directory: Path, body: str, name: str = "launcher.sh") -> str:
+    """A stand-in launcher script; returns the --launcher value that runs it."""
+    path = Path(directory) / name
+    path.write_text(body)
+    return f"sh {path}"
+
+
+def write_sweep(directory: Path, values: Iterable[object], *, name: str = "s", extra: str = "",
+                filename: str = "sweep.hjson") -> Path:
+    """A sweep file of experiments NAME_x<value> (one per value); `extra` adds top-level keys."""
+    directory = Path(directory)
+    (directory / "train.py").touch()
+    listed = ", ".join(str(v) for v in values)
+    path = directory / filename
+    path.write_text(f"""{{
+  name: {name}
+  script: train.py
+  ds_config: {{train_micro_batch_size_per_gpu: 1}}
+{extra}
+  space: {{"x": [{listed}]}}
+}}
+""")
+    return path
+
+
+def env(**extra: object) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if k != TAG_ENV}
+    return base | {k: str(v) for k, v in extra.items()}
+
+
+def cli(*args: object) -> list[str]:
+    return [sys.executable, "-m", "autotuner.cli", *map(str, args)]
+
+
+def autotune(*args: object, environ: Mapping[str, str] | None = None, timeout: float = 120,
+             cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI to the end (the timeout only guards against a hang)."""
+    return subprocess.run(cli(*args), env=dict(environ or env()), capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd or ROOT)
+
+
+class Runners:
+    """Background `autotune` processes of one test; whatever is left of them is killed at teardown."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.directories: list[Path] = []
+
+    def start(self, *args: object, environ: Mapping[str, str] | None = None, directory: Path | None = None
+              ) -> subprocess.Popen:
+        proc = subprocess.Popen(cli(*args), env=dict(environ or env()), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.procs.append(proc)
+        if directory is not None and directory not in self.directories:
+            self.directories.append(Path(directory))
+        return proc
+
+    def cleanup(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+        for directory in self.directories:
+            sid = sweep_id(directory)
+            if sid:
+                for pid in tagged_pids(sid):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def wait_until(what: Callable[[], object], timeout: float = 30, message: str = "") -> object:
+    """Poll `what` until it is truthy; the timeout only guards against a hang."""
+    end = time.monotonic() + timeout
+    while True:
+        value = what()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting: {message or what}")
+        time.sleep(0.02)
+
+
+# --- what a sweep left behind ------------------------------------------------------------------------------
+def sweep_id(directory: Path) -> str | None:
+    if not (Path(directory) / "ledger.sqlite").exists():
+        return None
+    ledger = Ledger.open(directory)
+    try:
+        return str(ledger.meta().get("sweep_id") or "") or None
+    except Exception:  # a ledger a killed `run` never finished writing
+        return None
+    finally:
+        ledger.close()
+
+
+def attempts(directory: Path) -> list[Attempt]:
+    ledger = Ledger.open(directory)
+    try:
+        return ledger.attempts()
+    finally:
+        ledger.close()
+
+
+def latest(directory: Path) -> dict[str, Attempt]:
+    ledger = Ledger.open(directory)
+    try:
+        return {a.name: a for a in ledger.latest()}
+    finally:
+        ledger.close()
+
+
+def states(directory: Path) -> dict[str, str]:
+    return {name: a.state for name, a in latest(directory).items()}
+
+
+def launched(directory: Path, state: str = "running") -> list[str]:
+    """Names whose latest attempt is in `state` and whose process exists (its launch is recorded)."""
+    return [n for n, a in latest(directory).items() if a.state == state and a.launched_at is not None]
+
+
+def tagged_pids(sweep: str) -> list[int]:
+    """Live processes whose AUTOTUNE_TAG belongs to the sweep (zombies have no environment: they are gone)."""
+    prefix = f"{TAG_ENV}={sweep}.".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if any(item.startswith(prefix) for item in environ.split(b"\0")):
+            found.append(int(entry.name))
+    return found
+
+
+def launches(log: Path) -> list[tuple[str, int]]:
+    """(experiment, attempt) per launch the stand-ins logged, in order."""
+    if not log.exists():
+        return []
+    out = []
+    for line in log.read_text().split():
+        name, attempt = line.split(".", 1)[1].rsplit(".", 1)  # the tag is SWEEP_ID.NAME.ATTEMPT
+        out.append((name, int(attempt)))
+    return out
+
+
+def runner_alive(directory: Path) -> int | None:
+    return holder_pid(Path(directory))
