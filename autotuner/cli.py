@@ -18,6 +18,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Run a space of DeepSpeed configurations across GPU slots and keep the fastest.")
 
 
+EVENTS_HELP = ("Append one JSON line per event (started, finished: name, attempt, slots, state, reason, metric, "
+               "timestamp) to this file, for scripts.")
+
+
 def fail(error: UserError | str) -> "typer.Exit":
     typer.echo(f"autotune: error: {error}", err=True)
     return typer.Exit(2)
@@ -30,7 +34,7 @@ def run(
     include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
     exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
     slots: Optional[int] = typer.Option(None, "--slots", min=1, help="Run on this many CPU slots of this machine (no GPU needed)."),
-    results: Optional[Path] = typer.Option(None, "--results", "-o", help="Results directory [default: results/NAME-TIME]."),
+    results: Optional[Path] = typer.Option(None, "--results", "-o", help="Results directory \\[default: results/NAME-TIME]."),
     script: Optional[str] = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
     metric: Optional[str] = typer.Option(None, "--metric", help="throughput, latency, FLOPS_per_gpu, or NAME:min|max."),
@@ -38,8 +42,12 @@ def run(
     deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the whole sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
     grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run."),
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher [default: deepspeed]."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config."),
+    accept_new_hosts: bool = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts."),
+    remote_dir: Optional[str] = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the outcome."),
+    events: Optional[Path] = typer.Option(None, "--events", help=EVENTS_HELP),
 ) -> None:
     """Run a sweep and report the best configuration."""
     from . import runner
@@ -48,6 +56,10 @@ def run(
     reload = {"specs": [str(p.resolve()) for p in specs], "script": script, "args": args, "metric": metric,
               "timeout": timeout}
     try:
+        if events is not None:
+            from .live import check_events_path
+
+            check_events_path(events)
         sweep = _load(reload)
         cluster = runner.local_or_hostfile_cluster(hostfile, include, exclude, slots)
         directory = results or Path("results") / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -59,7 +71,17 @@ def run(
         typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on "
                    f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
                    f"{len(cluster.slots)} host(s); results in {directory}")
-    _execute(directory, runner.Options(grace=grace, retries=retries, deadline=deadline), quiet)
+    _execute(directory, runner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                       retries=retries, deadline=deadline), quiet, events)
+
+
+def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None):
+    """SSH settings given on the command line, or None to keep the sweep's own."""
+    from .runner import Ssh
+
+    if config is None and not accept_new_hosts and remote_dir is None:
+        return None
+    return Ssh(str(config.resolve()) if config else None, accept_new_hosts, remote_dir)
 
 
 def _load(reload: dict):
@@ -70,13 +92,18 @@ def _load(reload: dict):
                       timeout=reload.get("timeout"))
 
 
-def _execute(directory: Path, options, quiet: bool, **kwargs) -> None:
+def _execute(directory: Path, options, quiet: bool, events: Optional[Path] = None, **kwargs) -> None:
+    """Run it, watched: a live view on a terminal, one plain line per event otherwise, nothing with --quiet."""
     from . import runner
+    from .live import watching
 
-    if not quiet:
-        options.observers.append(_print_event)
+    options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
     try:
-        result = runner.execute(directory, options, **kwargs)
+        with watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
+                      plain=None if quiet else _print_event, events=events, default_timeout=options.timeout,
+                      retries=options.retries, retry_failed=kwargs.get("retry_failed", False),
+                      added=kwargs.get("new_experiments", ())):
+            result = runner.execute(directory, options, **kwargs)
     except UserError as e:
         raise fail(e)
     except KeyboardInterrupt:
@@ -95,12 +122,20 @@ def resume(
     deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
     grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run."),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config."),
+    accept_new_hosts: bool = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts."),
+    remote_dir: Optional[str] = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the outcome."),
+    events: Optional[Path] = typer.Option(None, "--events", help=EVENTS_HELP),
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     from . import runner
 
     try:
+        if events is not None:
+            from .live import check_events_path
+
+            check_events_path(events)
         meta = runner.sweep_meta(directory)
         new: list = []
         if meta.get("reload"):
@@ -114,8 +149,9 @@ def resume(
             new = [e for e in sweep.experiments if e.name in set(added)] if only_new else []
     except UserError as e:
         raise fail(e)
-    _execute(directory, runner.Options(grace=grace, retries=retries, deadline=deadline, timeout=timeout), quiet,
-             retry_failed=retry_failed, new_experiments=new)
+    _execute(directory, runner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                       retries=retries, deadline=deadline, timeout=timeout), quiet,
+             events, retry_failed=retry_failed, new_experiments=new)
 
 
 @app.command()
@@ -184,18 +220,106 @@ def _print_outcome(result) -> None:
 def report(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or md."),
+    plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "
+                                                    "(needs matplotlib: pip install 'autotuner\\[plots]')."),
+    x: Optional[str] = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
+                                                      "\\[default: train_micro_batch_size_per_gpu]."),
+    lines: Optional[str] = typer.Option(None, "--lines", help="Dotted ds_config key: one line per value "
+                                                              "\\[default: zero_optimization.stage]."),
+    html: Optional[str] = typer.Option(None, "--html", metavar="[FILE]", help="Also write one self-contained "
+                                       "HTML page: table, best config, command, plots \\[FILE: DIR/report.html]."),
 ) -> None:
     """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason."""
     from . import render
 
     try:
+        if (x or lines) and not (plot or html is not None):
+            raise UserError("--x and --lines shape the plots: add --plot or --html")
         text = render.render_report(directory, fmt)
+        sys.stdout.write(text)
+        if plot:
+            from .plots import write_plots
+
+            paths = write_plots(render.load(directory), x, lines)
+            typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
+        if html is not None:
+            from .htmlreport import write_html
+
+            page, note = write_html(directory, Path(html) if html else None, x=x, lines=lines)
+            typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
     except UserError as e:
         raise fail(e)
-    sys.stdout.write(text)
+
+
+@app.command()
+def compare(
+    dir_a: Path = typer.Argument(..., help="A sweep's results directory (A)."),
+    dir_b: Path = typer.Argument(..., help="Another sweep's results directory (B)."),
+    fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+) -> None:
+    """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
+    from .compare import render_compare
+
+    try:
+        sys.stdout.write(render_compare(dir_a, dir_b, fmt))
+    except UserError as e:
+        raise fail(e)
+
+
+def optional_html_value(argv: list[str]) -> list[str]:
+    """`--html` takes an optional FILE: a bare `--html` (not followed by a name ending in .html or .htm)
+    becomes `--html=`, which means DIR/report.html."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--":
+            break
+        if arg == "--html" and not (i + 1 < len(out) and out[i + 1].lower().endswith((".html", ".htm"))):
+            out[i] = "--html="
+    return out
+
+
+@app.command()
+def hosts(
+    hostfile: Path = typer.Option(Path("hostfile"), "--hostfile", "-H", help="DeepSpeed hostfile."),
+    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config."),
+    accept_new_hosts: bool = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
+) -> None:
+    """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
+    import json
+
+    from .hostfile import load_hostfile
+    from .probe import probe_hosts
+    from .transport import SSHPool
+
+    try:
+        listed = load_hostfile(hostfile)
+    except UserError as e:
+        raise fail(e)
+    with SSHPool(str(ssh_config) if ssh_config else None, accept_new_hosts=accept_new_hosts) as pool:
+        reports = probe_hosts(list(listed), pool)
+    if as_json:
+        typer.echo(json.dumps([dict(r.to_json(), slots=listed[r.host].slots) for r in reports], indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"hosts of {hostfile}")
+        for column in ("host", "slots", "state", "GPUs", "python", "deepspeed", "load"):
+            table.add_column(column)
+        for r in reports:
+            gpus = ", ".join(f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
+                             for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
+            table.add_row(r.host, str(listed[r.host].slots), "up" if r.reachable else f"down: {r.reason}",
+                          gpus if r.reachable else "", r.python or "", r.deepspeed or "", " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else "",
+                          style=None if r.reachable else "red")
+        Console().print(table)
+    raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
 
 
 def main() -> None:
+    if "--html" in sys.argv:
+        sys.argv[1:] = optional_html_value(sys.argv[1:])
     app()
 
 

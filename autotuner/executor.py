@@ -49,6 +49,21 @@ def keep_previous_attempt(directory: Path, attempt: int) -> None:
             os.replace(directory / name, previous / name)
 
 
+def prepare_directory(run: Run) -> None:
+    """The attempt's own directory, with an earlier attempt's files moved aside and no stale metrics."""
+    keep_previous_attempt(run.dir, run.attempt)
+    run.dir.mkdir(parents=True, exist_ok=True)
+    (run.dir / "metrics.json").unlink(missing_ok=True)
+
+
+def record_attempt(run: Run, config: dict, command: Command) -> None:
+    """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how."""
+    write_json_atomic(run.dir / "exp.json", {**run.experiment.to_json(), "attempt": run.attempt,
+                                             "slots": run.reservation.as_dict(), "tag": run.tag})
+    write_json_atomic(run.dir / "ds_config.json", config)
+    write_atomic(run.dir / "cmd.txt", command.shell() + "\n")
+
+
 def end_process_group(pgid: int, tag: str, grace: float, wait: Callable[[float], bool]) -> None:
     """SIGTERM the group, give it `grace` seconds (`wait` returns True once it is gone), then SIGKILL all."""
     try:
@@ -127,15 +142,13 @@ class LocalExecutor:
 
     def _execute(self, run: Run, port: int, post: Callable[[object], None]) -> Outcome:
         config, command = self.command(run, port)
-        keep_previous_attempt(run.dir, run.attempt)
-        run.dir.mkdir(parents=True, exist_ok=True)
-        (run.dir / "metrics.json").unlink(missing_ok=True)
+        prepare_directory(run)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
             try:
                 proc = subprocess.Popen(command.argv, cwd=command.cwd or None, env={**os.environ, **command.env},
                                         stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
             except OSError as e:
-                self._record(run, config, command)
+                record_attempt(run, config, command)
                 return Outcome("failed", "launch", f"cannot start {command.argv[0]}: {e.strerror}")
         with self._lock:
             self._procs[run.key] = proc
@@ -143,7 +156,7 @@ class LocalExecutor:
             stop_now = run.key in self._stop_requests
         post(Launched(run, proc.pid, port, self.clock()))
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
-        self._record(run, config, command)
+        record_attempt(run, config, command)
         if stop_now:
             self._end(proc, run.tag)
         timeout = run.experiment.timeout or self.default_timeout
@@ -161,13 +174,6 @@ class LocalExecutor:
             state, detail, reason = requested
             return Outcome(state, reason or state, detail, exit_code)
         return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
-
-    def _record(self, run: Run, config: dict, command: Command) -> None:
-        """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how."""
-        write_json_atomic(run.dir / "exp.json", {**run.experiment.to_json(), "attempt": run.attempt,
-                                                 "slots": run.reservation.as_dict(), "tag": run.tag})
-        write_json_atomic(run.dir / "ds_config.json", config)
-        write_atomic(run.dir / "cmd.txt", command.shell() + "\n")
 
     def _end(self, proc: subprocess.Popen, tag: str) -> None:
         def gone_within(seconds: float) -> bool:

@@ -26,6 +26,7 @@ from .launch import Launcher
 from .lock import SweepBusy, SweepLock, holder_pid
 from .ledger import CANCELLED, FAILED, FILENAME, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, Ledger
 from .metrics import metric_named
+from .remote import is_local
 from .report import Snapshot, snapshot, write_outcome_files
 from .resources import SlotPool
 from .scheduler import CheckRequests, Deadline, Interrupt, Observer, Queued, Scheduler, run_in_thread
@@ -131,9 +132,23 @@ class Result:
 
 
 @dataclass
+class Ssh:
+    """How other hosts are reached (kept in the ledger, so `resume` reaches them the same way)."""
+
+    config: str | None = None  # ssh config file used instead of ~/.ssh/config
+    accept_new_hosts: bool = False
+    remote_root: str | None = None  # where logs go on hosts that do not share our filesystem
+
+    def to_json(self) -> dict:
+        return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
+
+
+@dataclass
 class Options:
     """How to execute; none of it changes what an experiment is."""
 
+    ssh: Ssh | None = None  # None: as the sweep was started
+    log: Callable[[str], None] = lambda line: None  # notes for the user (hosts down, ...)
     grace: float = 10.0
     retries: int = 1
     timeout: float | None = None  # seconds, for experiments whose spec gives none
@@ -155,13 +170,17 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
         raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
     try:
         ledger = Ledger.open(directory)
+        pool = None
         try:
-            recover(ledger, time.time())
+            pool = _ssh_pool(ledger, options)
+            recover(ledger, time.time(), pool=pool)
             requeue(ledger, retry_failed)
             if new_experiments:
                 ledger.add_experiments(new_experiments, time.time())
-            interrupted = _dispatch(directory, ledger, options)
+            interrupted = _dispatch(directory, ledger, options, pool)
         finally:
+            if pool is not None:
+                pool.close()
             ledger.close()
         snap = snapshot(directory)
         return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
@@ -169,12 +188,18 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
         lock.release()
 
 
-def recover(ledger: Ledger, at: float, grace: float = 2.0) -> list[str]:
-    """End every process of the attempts a dead runner left running, then record them interrupted."""
+def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[str]:
+    """End every process of the attempts a dead runner left running, then record them interrupted.
+
+    Processes are found by their tag on this machine and, over `pool`, on every other host the attempt used.
+    """
     left = ledger.in_state(RUNNING)
     for attempt in left:
         if attempt.tag:
             end_tagged(attempt.tag, grace)
+            for host in attempt.slots:
+                if pool is not None and not is_local(host):
+                    end_tagged_remote(pool, host, attempt.tag)
         ledger.finish(attempt.name, attempt.attempt, INTERRUPTED, at, reason="interrupted",
                       detail="the runner stopped while it ran")
     return [a.name for a in left]
@@ -194,23 +219,86 @@ def end_tagged(tag: str, grace: float) -> None:
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
 
 
+def end_tagged_remote(pool, host: str, tag: str) -> None:
+    """SIGKILL what carries the tag on `host` until nothing does; a host that is down is left alone."""
+    from .transport import HostDown
+
+    for _ in range(50):
+        try:
+            if not pool.signal_tagged(host, tag, signal.SIGKILL, timeout=30):
+                return
+        except HostDown:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {host}")
+
+
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     """New attempts for interrupted experiments (and failed or timed-out ones when asked)."""
     again = {INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
     return ledger.requeue([a.name for a in ledger.latest() if a.state in again], time.time())
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options) -> bool:
+def _ssh_pool(ledger: Ledger, options: Options):
+    """A pool of SSH connections when the sweep has hosts other than this machine, else None."""
+    meta = ledger.meta()
+    if all(is_local(h) for h in dict(meta["slots"])):
+        return None
+    from .transport import SSHPool
+
+    ssh = options.ssh or Ssh(**dict(meta.get("ssh") or {}))
+    ledger.set_meta("ssh", ssh.to_json())
+    return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
+
+
+def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> bool:
     meta = ledger.meta()
     metric = metric_named(str(meta["metric"]))
     slots = {h: tuple(ids) for h, ids in dict(meta["slots"]).items()}
-    executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, Launcher(tuple(meta["launcher"])),
-                             dict(meta.get("env") or {}), options.timeout, options.grace)
-    scheduler = Scheduler(ledger, SlotPool(slots), executor, time.time, str(meta["sweep_id"]), directory.resolve(),
+    launcher = Launcher(tuple(meta["launcher"]))
+    env = dict(meta.get("env") or {})
+    executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env, options.timeout,
+                             options.grace)
+    slot_pool = SlotPool(slots)
+    scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
                           metric.name, retries=options.retries, observers=list(options.observers))
+    watcher = None
+    if pool is not None:
+        from .remote import HostWatcher, Router, SshExecutor, master_address
+
+        watcher = HostWatcher(pool, scheduler.post)
+        remote_hosts = [h for h in slots if not is_local(h)]
+        for host, up in zip(remote_hosts, _probe_up(pool, remote_hosts)):
+            if not up:
+                options.log(f"host {host} does not answer: left out until it does")
+                slot_pool.mark_down(host)
+                watcher.watch(host)
+        if all(slot_pool.is_down(h) for h in slots):
+            watcher.close()
+            raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
+        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
+        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher,
+                             {h: master_address(pool, h) for h in remote_hosts if not slot_pool.is_down(h)}, env,
+                             options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
+        executor = Router(executor, remote)
+        scheduler.executor = executor
     experiments = {e.name: e for e in ledger.experiments()}
     scheduler.submit(Queued(experiments[a.name], a.attempt) for a in ledger.latest() if a.state == QUEUED)
-    return _run_with_signals(scheduler, executor, options.deadline)
+    try:
+        return _run_with_signals(scheduler, executor, options.deadline)
+    finally:
+        if watcher is not None:
+            watcher.close()
+
+
+def _probe_up(pool, hosts: Sequence[str]) -> list[bool]:
+    """Which hosts answer, asked in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as workers:
+        return list(workers.map(lambda h: pool.is_up(h, timeout=10), hosts))
 
 
 def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: float | None) -> bool:

@@ -1,0 +1,263 @@
+"""Running attempts on other hosts over SSH, and keeping track of which hosts answer.
+
+DeepSpeed's launcher runs on the first host of the reservation, started over the pooled SSH connection in a
+session of its own. For one node it launches the ranks there; for several it uses its own multi-node launcher
+(pdsh by default) with the sweep's hostfile and `--include` for exactly the reserved slots, reaching the other
+nodes the way DeepSpeed users already set up (node-to-node SSH). The experiment's environment reaches every
+rank through DeepSpeed's env file (`DS_ENV_FILE`), so every process on every node carries the attempt's tag:
+clean-up ends exactly those processes on each node and checks that none remain.
+
+Logs and metrics are written on the first host: straight into the results directory when that host shares
+our filesystem, else under `remote_root` and copied back over SFTP when the attempt ends.
+"""
+from __future__ import annotations
+
+import random
+import shlex
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .executor import prepare_directory, record_attempt
+from .launch import Launcher, deepspeed_command, with_autotuning
+from .ledger import INTERRUPTED, TIMED_OUT
+from .metrics import Metric
+from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
+from .scheduler import Finished, HostBack, HostLost, Launched, Run
+from .tags import TAG_ENV
+from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
+
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+PORTS = (20000, 40000)  # master ports are drawn here: a port taken on the node fails fast and is retried
+
+
+def is_local(host: str) -> bool:
+    return host in LOCAL_NAMES
+
+
+def env_file_text(env: Mapping[str, str]) -> str:
+    """DeepSpeed's env file: `KEY=VALUE` lines that its multi-node launcher exports on every node.
+
+    The launcher pastes each value into `export KEY=VALUE;` unquoted, so values are shell-quoted here.
+    """
+    return "".join(f"{k}={shlex.quote(str(v))}\n" for k, v in env.items())
+
+
+def write_file_command(path: str, text: str) -> str:
+    """A shell command that creates `path` (and its directory) holding exactly `text`."""
+    directory = shlex.quote(str(Path(path).parent))
+    return f"mkdir -p -- {directory} && printf %s {shlex.quote(text)} > {shlex.quote(path)}"
+
+
+@dataclass
+class SshExecutor:
+    """Runs attempts whose first host is not this machine; same interface as LocalExecutor."""
+
+    pool: SSHPool
+    hostfile_text: str
+    metric: Metric
+    clock: Callable[[], float]
+    launcher: Launcher
+    addresses: Mapping[str, str]  # host -> address the other nodes reach it at (the master address)
+    env: Mapping[str, str] = field(default_factory=dict)
+    default_timeout: float | None = None
+    grace: float = 10.0
+    remote_root: str | None = None  # None: write into the results directory (a shared filesystem)
+    on_lost: Callable[[str], None] = lambda host: None
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[tuple[str, int], RemoteProcess] = {}
+        self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
+
+    # --- the Executor interface ---------------------------------------------------------------------------
+    def start(self, run: Run, post: Callable[[object], None]) -> None:
+        threading.Thread(target=self._attempt, args=(run, post), name=f"ssh-{run.tag}", daemon=True).start()
+
+    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+        with self._lock:
+            self._stop_requests.setdefault(run.key, (state, detail, reason))
+            proc = self._procs.get(run.key)
+        if proc is not None:
+            threading.Thread(target=self._end, args=(run, proc), daemon=True).start()
+
+    def kill_all(self) -> None:
+        with self._lock:
+            running = list(self._procs.items())
+        for _, proc in running:
+            try:
+                proc.signal(signal.SIGKILL)
+            except HostDown:
+                pass
+
+    # --- one attempt --------------------------------------------------------------------------------------
+    def workdir(self, run: Run) -> str:
+        """Where the attempt's logs and metrics are written on its first host."""
+        if self.remote_root is None:
+            return str(run.dir)
+        return f"{self.remote_root.rstrip('/')}/{run.tag.split('.')[0]}/{run.dir.name}"
+
+    def _attempt(self, run: Run, post: Callable[[object], None]) -> None:
+        try:
+            outcome = self._execute(run, post)
+        except HostDown as e:
+            self._lost(run, e.host, post)
+            outcome = Outcome(INTERRUPTED, LOST, str(e))
+        except Exception as e:  # our own failure to launch: recorded, never lost
+            outcome = Outcome("failed", LAUNCH, f"{type(e).__name__}: {e}")
+        finally:
+            with self._lock:
+                self._procs.pop(run.key, None)
+                requested = self._stop_requests.pop(run.key, None)
+        if requested and outcome.reason != LOST:
+            state, detail, reason = requested
+            outcome = Outcome(state, reason or state, detail, outcome.exit_code)
+        post(Finished(run, outcome, self.clock()))
+
+    def _execute(self, run: Run, post: Callable[[object], None]) -> Outcome:
+        first = run.reservation.hosts[0]
+        workdir = self.workdir(run)
+        prepare_directory(run)
+        metrics_path = f"{workdir}/metrics.json"
+        config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
+        multi = len(run.reservation.hosts) > 1
+        launcher = Launcher(self.launcher.executable, self.addresses.get(first, first) if multi else "127.0.0.1",
+                            self.launcher.options)
+        env = dict(self.env)
+        if multi:
+            env["DS_ENV_FILE"] = f"{workdir}/deepspeed_env"
+        command = deepspeed_command(
+            run.experiment, run.reservation, config, hostfile=f"{workdir}/hostfile",
+            master_port=random.randint(*PORTS), metric_path=metrics_path, tag=run.tag,
+            cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env)
+        setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text), f"rm -f -- {shlex.quote(metrics_path)}"]
+        if multi:
+            exported = {k: v for k, v in command.env.items() if k != "DS_ENV_FILE"}
+            setup.append(write_file_command(env["DS_ENV_FILE"], env_file_text(exported)))
+        prepared = self.pool.run(first, " && ".join(setup), timeout=60)
+        if not prepared.ok:
+            return Outcome("failed", LAUNCH, f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
+        try:
+            proc = self.pool.start(first, command.argv, command.env, command.cwd, f"{workdir}/stdout.log",
+                                   f"{workdir}/stderr.log", timeout=60)
+        except RemoteStartError as e:
+            record_attempt(run, config, command)
+            return Outcome("failed", LAUNCH, f"{first}: {str(e)[:300]}")
+        with self._lock:
+            self._procs[run.key] = proc
+            stop_now = run.key in self._stop_requests
+        post(Launched(run, proc.pid, None, self.clock()))
+        record_attempt(run, config, command)
+        if stop_now:
+            self._end(run, proc)
+        timeout = run.experiment.timeout or self.default_timeout
+        try:
+            exit_code = proc.wait(timeout)
+        except TimeoutError:
+            with self._lock:
+                self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT))
+            self._end(run, proc)
+            exit_code = proc.wait()
+        if exit_code is None:
+            raise HostDown(first, "connection lost while the experiment ran")
+        self._clean(run)
+        if self.remote_root is not None:
+            self.pool.get_dir(first, workdir, run.dir)
+        down = [h for h in run.reservation.hosts[1:] if exit_code != 0 and not self.pool.is_up(h)]
+        if down:
+            raise HostDown(down[0], "stopped answering while the experiment ran")
+        return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
+
+    def _end(self, run: Run, proc: RemoteProcess) -> None:
+        """SIGTERM the launcher's group, a grace period, then SIGKILL everything tagged on every node."""
+        try:
+            proc.signal(signal.SIGTERM)
+            proc.wait(self.grace)
+        except (HostDown, TimeoutError):
+            pass
+        self._clean(run)
+
+    def _clean(self, run: Run) -> None:
+        """SIGKILL every process carrying the attempt's tag on each of its hosts, until none is left."""
+        for host in run.reservation.hosts:
+            for _ in range(20):
+                try:
+                    if not self.pool.signal_tagged(host, run.tag, signal.SIGKILL, timeout=30):
+                        break
+                except HostDown:
+                    break  # a lost host: what ran there is gone with it, or is ended when it returns
+                time.sleep(0.1)
+
+    def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
+        post(HostLost(host, "stopped answering"))
+        self.on_lost(host)
+
+
+def master_address(pool: SSHPool, host: str) -> str:
+    """The address other nodes reach `host` at: its HostName in the ssh config, else its name."""
+    try:
+        return str(pool.connection(host).host)
+    except HostDown:
+        return host
+
+
+class HostWatcher:
+    """Probes hosts that were lost, and posts HostBack when one answers again.
+
+    Only lost hosts are probed, every `interval` seconds: a host coming back is the one thing here that no
+    event announces.
+    """
+
+    def __init__(self, pool: SSHPool, post: Callable[[object], None], interval: float = 10.0):
+        self._pool = pool
+        self._post = post
+        self._interval = interval
+        self._down: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="autotune-hostwatch", daemon=True)
+        self._thread.start()
+
+    def watch(self, host: str) -> None:
+        with self._lock:
+            self._down.add(host)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._wake.wait(self._interval) and not self._closed:
+            with self._lock:
+                down = sorted(self._down)
+            for host in down:
+                if self._pool.is_up(host, timeout=5):
+                    with self._lock:
+                        self._down.discard(host)
+                    self._post(HostBack(host))
+
+
+@dataclass
+class Router:
+    """One executor for a sweep on several hosts: this machine's attempts locally, the others over SSH."""
+
+    local: object
+    remote: SshExecutor
+
+    def _for(self, run: Run):
+        hosts = run.reservation.hosts
+        return self.local if len(hosts) == 1 and is_local(hosts[0]) else self.remote
+
+    def start(self, run: Run, post: Callable[[object], None]) -> None:
+        self._for(run).start(run, post)
+
+    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+        self._for(run).stop(run, state, detail, reason)
+
+    def kill_all(self) -> None:
+        self.local.kill_all()
+        self.remote.kill_all()
