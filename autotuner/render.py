@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import UserError
 from .ledger import FILENAME, SUCCEEDED, Attempt
-from .report import Snapshot, format_value, snapshot
+from .report import OPTIMAL_COMMAND, OPTIMAL_CONFIG, Snapshot, format_value, optimal, snapshot
 
 FORMATS = ("table", "json", "csv", "md")
 COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")
@@ -46,8 +46,10 @@ def render_report(directory: Path, fmt: str) -> str:
     table = rows(snap)
     if fmt == "json":
         best = snap.best
+        found = optimal(snap)
         return json.dumps({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
-                           "best": best.name if best else None, "counts": snap.counts(), "experiments": table},
+                           "best": best.name if best else None, "counts": snap.counts(), "experiments": table,
+                           "optimal": {"config": found[0], "command": found[1]} if found else None},
                           indent=2) + "\n"
     if fmt == "csv":
         buffer = io.StringIO()
@@ -68,6 +70,7 @@ def render_report(directory: Path, fmt: str) -> str:
 
 def _rich_table(snap: Snapshot, table: list[dict]) -> str:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     direction = "lower is better" if snap.metric.minimize else "higher is better"
@@ -77,11 +80,19 @@ def _rich_table(snap: Snapshot, table: list[dict]) -> str:
         t.add_column(column, justify=justify)
     for r in table:
         style = "bold green" if r["best"] else ("red" if r["state"] not in (SUCCEEDED, "queued", "running") else None)
-        why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
+        why = escape(f"[{r['reason']}] {r['detail'] or ''}") if r["reason"] else ""  # not rich markup
         t.add_row("best" if r["best"] else str(r["rank"] or ""), r["name"], r["state"], format_value(r["metric"]),
                   f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "", r["slots"], why, style=style)
     console = Console(file=io.StringIO(), width=160, force_terminal=False)
     console.print(t)
+    found = optimal(snap)
+    if found is not None:
+        config, command = found
+        later = "" if (snap.directory / OPTIMAL_CONFIG).exists() else " (the file is written when the sweep ends)"
+        console.print(f"\nbest config, {OPTIMAL_CONFIG}{later}:", markup=False)
+        console.print(json.dumps(config, indent=2, sort_keys=True), markup=False, highlight=False, soft_wrap=True)
+        console.print(f"\ncommand, {OPTIMAL_COMMAND}:", markup=False)
+        console.print(command, markup=False, highlight=False, soft_wrap=True)
     return console.file.getvalue()
 
 

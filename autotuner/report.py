@@ -61,18 +61,28 @@ def snapshot(directory: Path) -> Snapshot:
         ledger.close()
 
 
-def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
-    """summary.txt always; the optimal config and command when there is a best. Returns the config's path."""
-    write_atomic(snap.directory / SUMMARY, summary_text(snap))
+def optimal(snap: Snapshot, launcher: Launcher = Launcher()) -> tuple[dict, str] | None:
+    """The best config (autotuning section removed) and a runnable command for it, as the files hold them;
+    computed from the ledger, so it is there for a sweep that still runs, before the files are written."""
     best = snap.best
     if best is None:
         return None
     experiment = snap.experiments[best.name]
-    config_path = snap.directory / OPTIMAL_CONFIG
-    write_json_atomic(config_path, without_autotuning(experiment.config()))
     env = {str(k): str(v) for k, v in dict(snap.meta.get("env") or {}).items()}
-    write_atomic(snap.directory / OPTIMAL_COMMAND,
-                 optimal_command(experiment, str(config_path.resolve()), launcher, env) + "\n")
+    config_path = (snap.directory / OPTIMAL_CONFIG).resolve()
+    return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, env)
+
+
+def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
+    """summary.txt always; the optimal config and command when there is a best. Returns the config's path."""
+    write_atomic(snap.directory / SUMMARY, summary_text(snap))
+    found = optimal(snap, launcher)
+    if found is None:
+        return None
+    config, command = found
+    config_path = snap.directory / OPTIMAL_CONFIG
+    write_json_atomic(config_path, config)
+    write_atomic(snap.directory / OPTIMAL_COMMAND, command + "\n")
     return config_path
 
 

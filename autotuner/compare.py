@@ -1,0 +1,133 @@
+"""Two sweeps side by side: the same experiments (by name), their metric in each and the ratio B / A.
+
+Typical use: the same space before and after a change (a DeepSpeed upgrade, another node type, a code
+change). Experiments that only one sweep has are listed apart. The metric is sweep A's; B's value is read from
+B's metrics under that name, so two sweeps ranked by different metrics still compare where B recorded A's.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+from .ledger import SUCCEEDED, Attempt
+from .report import Snapshot, format_value
+
+FORMATS = ("table", "json")
+SAME = 0.02  # ratios within 2% of 1 count as the same
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Snapshot
+    b: Snapshot
+    rows: list[dict]
+    only_a: list[str]
+    only_b: list[str]
+
+    @property
+    def metric(self) -> str:
+        return self.a.metric.name
+
+    @property
+    def minimize(self) -> bool:
+        return self.a.metric.minimize
+
+    def geomean_ratio(self) -> float | None:
+        ratios = [r["ratio"] for r in self.rows if r["ratio"] is not None and r["ratio"] > 0]
+        return math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
+
+    def verdict(self, ratio: float | None) -> str:
+        if ratio is None:
+            return ""
+        if abs(ratio - 1) <= SAME:
+            return "same"
+        return "better" if (ratio < 1) == self.minimize else "worse"
+
+
+def _value(attempt: Attempt | None, metric: str, own_metric: str) -> float | None:
+    if attempt is None or attempt.state != SUCCEEDED:
+        return None
+    if metric == own_metric and attempt.metric is not None:
+        return attempt.metric
+    value = attempt.metrics.get(metric)
+    return float(value) if value is not None else None
+
+
+def compare(a: Snapshot, b: Snapshot) -> Comparison:
+    metric = a.metric.name
+    by_name_b = {x.name: x for x in b.attempts}
+    names_a = [x.name for x in a.attempts]
+    rows = []
+    for x in a.attempts:
+        y = by_name_b.get(x.name)
+        if y is None:
+            continue
+        va, vb = _value(x, metric, a.metric.name), _value(y, metric, b.metric.name)
+        rows.append({"name": x.name, "a_state": x.state, "a_metric": va, "a_reason": x.reason,
+                     "b_state": y.state, "b_metric": vb, "b_reason": y.reason,
+                     "ratio": vb / va if va and vb is not None else None})
+    only_a = [n for n in names_a if n not in by_name_b]
+    only_b = [y.name for y in b.attempts if y.name not in set(names_a)]
+    return Comparison(a, b, rows, only_a, only_b)
+
+
+def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
+    from .render import load
+
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    c = compare(load(Path(dir_a)), load(Path(dir_b)))
+    for row in c.rows:
+        row["verdict"] = c.verdict(row["ratio"])
+    if fmt == "json":
+        best_a, best_b = c.a.best, c.b.best
+        return json.dumps({
+            "a": {"directory": str(dir_a), "sweep": c.a.name, "metric": c.a.metric.name,
+                  "best": best_a.name if best_a else None},
+            "b": {"directory": str(dir_b), "sweep": c.b.name, "metric": c.b.metric.name,
+                  "best": best_b.name if best_b else None},
+            "metric": c.metric, "minimize": c.minimize, "geomean_ratio": c.geomean_ratio(),
+            "experiments": c.rows, "only_a": c.only_a, "only_b": c.only_b}, indent=2) + "\n"
+    return _table(c, Path(dir_a), Path(dir_b))
+
+
+def _state(state: str, reason: str | None) -> str:
+    return state if state == SUCCEEDED or not reason else f"{state} ({reason})"
+
+
+def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    direction = "lower is better" if c.minimize else "higher is better"
+    t = Table(title=f"{c.metric} ({direction}): A = {c.a.name} ({dir_a}), B = {c.b.name} ({dir_b})")
+    for column, justify in (("name", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"), ("", "left")):
+        t.add_column(column, justify=justify)
+    for r in c.rows:
+        a = format_value(r["a_metric"]) if r["a_metric"] is not None else _state(r["a_state"], r["a_reason"])
+        b = format_value(r["b_metric"]) if r["b_metric"] is not None else _state(r["b_state"], r["b_reason"])
+        style = {"better": "green", "worse": "red"}.get(r["verdict"])
+        t.add_row(r["name"], a, b, f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"],
+                  style=style)
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    console.print(t)
+    both = sum(1 for r in c.rows if r["ratio"] is not None)
+    mean = c.geomean_ratio()
+    lines = [f"{len(c.rows)} experiment(s) in both, {both} succeeded in both"
+             + (f"; geometric mean B/A {mean:.3f}" if mean is not None else "")]
+    for label, snap in (("A", c.a), ("B", c.b)):
+        best = snap.best
+        lines.append(f"best in {label}: " + (f"{best.name} {snap.metric.name} {format_value(best.metric)}"
+                                             if best else "none"))
+    if c.a.metric.name != c.b.metric.name:
+        lines.append(f"note: B ranks by {c.b.metric.name}; compared on A's {c.metric} where B recorded it")
+    if c.only_a:
+        lines.append(f"only in A ({len(c.only_a)}): {', '.join(c.only_a)}")
+    if c.only_b:
+        lines.append(f"only in B ({len(c.only_b)}): {', '.join(c.only_b)}")
+    console.print("\n".join(lines), markup=False, highlight=False)
+    return console.file.getvalue()

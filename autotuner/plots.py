@@ -1,0 +1,386 @@
+"""Pictures of a sweep, drawn from its ledger: the metric against two swept keys, and the slot timeline.
+
+matplotlib is an optional extra (`pip install 'autotuner[plots]'`): it is imported only here, only when a plot
+is asked for, and its absence is a one-line error that says how to install it. Figures are built with the
+object-oriented API (no pyplot, no GUI backend), so drawing works on a headless machine and in threads.
+
+- `metric_figure`: the metric against one swept ds_config key (default: the micro-batch size), one line per
+  value of another (default: the ZeRO stage). Where other keys vary too, each point is the best over them.
+  Failed experiments are marked on the x axis, the best one with a star.
+- `timeline_figure`: every slot of every node over the sweep, a bar per attempt on the slots it held (from
+  the ledger's started_at / finished_at / slots), so idle gaps show as white space; utilisation (busy
+  slot-seconds / (slots x makespan)) for the sweep and per node.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, Attempt, Ledger
+from .report import Snapshot, format_value
+from .spec import ABBREVIATIONS, FIELD_KEYS, Experiment
+
+METRIC_PNG = "plot_metric.png"
+TIMELINE_PNG = "plot_timeline.png"
+DEFAULT_X = "train_micro_batch_size_per_gpu"
+DEFAULT_LINES = "zero_optimization.stage"
+INSTALL_HINT = "plots need matplotlib, which is not installed: pip install 'autotuner[plots]' (or pip install matplotlib)"
+
+STATE_COLORS = {SUCCEEDED: "#4c9a5f", FAILED: "#c8453c", TIMED_OUT: "#e08a2c", CANCELLED: "#9a9a9a",
+                INTERRUPTED: "#b3a16b", RUNNING: "#3b7dd8", QUEUED: "#dddddd"}
+_MISSING = object()
+
+
+def require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+
+
+# --- swept keys ----------------------------------------------------------------------------------------------
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Leaf values of a nested ds_config under their dotted keys."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def value_of(experiment: Experiment, key: str) -> Any:
+    if key in FIELD_KEYS:
+        return getattr(experiment, key)
+    node: Any = experiment.ds_config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def swept_keys(experiments: Iterable[Experiment]) -> list[str]:
+    """Dotted keys (and num_gpus / num_nodes) whose value differs between experiments, in first-seen order."""
+    seen: dict[str, set[str]] = {}
+    experiments = list(experiments)
+    for e in experiments:
+        leaves = flatten(e.ds_config) | {k: getattr(e, k) for k in FIELD_KEYS}
+        for key, value in leaves.items():
+            seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True))
+    keys = [k for k, values in seen.items() if len(values) > 1]
+    # a key some experiments lack also varies
+    keys += [k for k in seen if k not in keys and any(value_of(e, k) is _MISSING for e in experiments)]
+    return keys
+
+
+def _label(key: str) -> str:
+    return {"train_micro_batch_size_per_gpu": "micro-batch size per GPU", "zero_optimization.stage": "ZeRO stage",
+            "gradient_accumulation_steps": "gradient accumulation steps"}.get(key, key)
+
+
+def _short(key: str) -> str:
+    return {"zero_optimization.stage": "ZeRO"}.get(key) or ABBREVIATIONS.get(key) or key.rsplit(".", 1)[-1]
+
+
+def choose_axes(experiments: Sequence[Experiment], x: str | None, lines: str | None) -> tuple[str, str | None]:
+    """The x key and the lines key: as named (each must exist in some experiment), else sensible defaults."""
+    present = set()
+    for e in experiments:
+        present |= set(flatten(e.ds_config)) | set(FIELD_KEYS)
+    swept = swept_keys(experiments)
+    for key, option in ((x, "--x"), (lines, "--lines")):
+        if key is not None and key not in present:
+            raise UserError(f"{option} {key}: no experiment of this sweep has that ds_config key; swept keys: "
+                            f"{', '.join(swept) or 'none'}")
+    if x is None:
+        numeric = [k for k in swept if all(isinstance(value_of(e, k), (int, float)) for e in experiments)]
+        x = DEFAULT_X if DEFAULT_X in swept or DEFAULT_X in present and not numeric else (
+            numeric[0] if numeric else (swept[0] if swept else DEFAULT_X))
+    if lines is None:
+        if DEFAULT_LINES in swept and DEFAULT_LINES != x:
+            lines = DEFAULT_LINES
+        else:
+            lines = next((k for k in swept if k != x), None)
+    if lines == x:
+        raise UserError(f"--x and --lines name the same key {x}")
+    return x, lines
+
+
+# --- the metric plot -----------------------------------------------------------------------------------------
+def _sort_key(value: Any) -> tuple:
+    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+
+
+def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None):
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    experiments = list(snap.experiments.values())
+    x, lines = choose_axes(experiments, x, lines)
+    others = [k for k in swept_keys(experiments) if k not in (x, lines)]
+    better = min if snap.metric.minimize else max
+    points: dict[Any, dict[Any, list[tuple[float, str]]]] = {}
+    failures: list[tuple[Any, str]] = []
+    broken: dict[Any, set] = {}  # line -> x values where it has only failures: the line has a gap there
+    for a in snap.attempts:
+        e = snap.experiments.get(a.name)
+        if e is None:
+            continue
+        xv, lv = value_of(e, x), (value_of(e, lines) if lines else None)
+        if xv is _MISSING:
+            continue
+        lv = None if lv is _MISSING else lv
+        if a.state == SUCCEEDED and a.metric is not None:
+            points.setdefault(_freeze(lv), {}).setdefault(_freeze(xv), []).append((a.metric, a.name))
+        elif a.state in (FAILED, TIMED_OUT):
+            failures.append((_freeze(xv), a.reason or a.state))
+            broken.setdefault(_freeze(lv), set()).add(_freeze(xv))
+
+    xs = sorted({xv for by_x in points.values() for xv in by_x} | {xv for xv, _ in failures}, key=_sort_key)
+    numeric = bool(xs) and all(_sort_key(v)[0] == 0 for v in xs)
+    position = (lambda v: float(v)) if numeric else {v: i for i, v in enumerate(xs)}.__getitem__
+    log2 = numeric and min(xs) > 0 and max(xs) / min(xs) >= 8
+
+    fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
+    ax = fig.add_subplot()
+    best = snap.best
+    best_point = None
+    for lv in sorted(points, key=_sort_key):
+        by_x = points[lv]
+        order = sorted(by_x, key=_sort_key)
+        gaps = sorted(broken.get(lv, set()) - set(by_x), key=_sort_key)
+        drawn = sorted(order + gaps, key=_sort_key)
+        ys = [better(by_x[xv])[0] if xv in by_x else float("nan") for xv in drawn]
+        label = f"{_short(lines)} {lv}" if lines else snap.metric.name
+        ax.plot([position(v) for v in drawn], ys, marker="o", linewidth=2, markersize=6, label=label)
+        for xv in order:
+            if best is not None and any(name == best.name for _, name in by_x[xv]):
+                best_point = (position(xv), best.metric, best.name)
+    if failures:
+        seen_reasons = sorted({r for _, r in failures})
+        for xv, reason in failures:
+            ax.plot([position(xv)], [0.02], marker="x", color="#c8453c", markersize=9, markeredgewidth=2,
+                    linestyle="none", transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.plot([], [], marker="x", color="#c8453c", linestyle="none", markeredgewidth=2,
+                label=f"failed ({', '.join(seen_reasons)})")
+    if best_point is not None:
+        bx, by, name = best_point
+        ax.plot([bx], [by], marker="*", markersize=20, color="#f2b705", markeredgecolor="black", linestyle="none",
+                zorder=5, label=f"best: {name}")
+        ax.annotate(f"{format_value(by)}", (bx, by), textcoords="offset points", xytext=(0, 12), ha="center",
+                    fontsize=9, fontweight="bold")
+    if not points:
+        ax.text(0.5, 0.5, "no experiment has succeeded yet", transform=ax.transAxes, ha="center", va="center",
+                fontsize=13, color="#777777")
+    if log2:
+        ax.set_xscale("log", base=2)
+    if xs:
+        ax.xaxis.set_major_locator(FixedLocator([position(v) for v in xs]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(v) for v in xs])
+    ax.set_xlabel(_label(x) + (f"\n(each point: the best over {', '.join(others)})" if others else ""))
+    direction = "lower is better" if snap.metric.minimize else "higher is better"
+    ax.set_ylabel(f"{snap.metric.name} ({direction})")
+    ax.set_ylim(bottom=0)
+    if points:
+        top = max(v for by_x in points.values() for values in by_x.values() for v, _ in values)
+        ax.set_ylim(top=top * 1.12 if top > 0 else None)  # room for the best's label
+    ax.grid(True, alpha=0.3)
+    title = f"{snap.name}: {snap.metric.name} by {_label(x)}" + (f", one line per {_label(lines)}" if lines else "")
+    ax.set_title(title, fontsize=12)
+    if points or failures:
+        ax.legend(loc="best", fontsize=9, framealpha=0.85)
+    return fig
+
+
+def _freeze(value: Any) -> Any:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
+
+
+# --- the timeline --------------------------------------------------------------------------------------------
+def utilisation(attempts: Sequence[Attempt], slots: Mapping[str, Sequence[int]], now: float) -> dict[str, Any]:
+    """Busy slot-seconds / (slots x makespan), for the sweep and for each host; makespan from the first
+    start to the last end (now, for attempts still running)."""
+    spans = [(a, a.started_at, a.finished_at if a.finished_at is not None else now)
+             for a in attempts if a.started_at is not None]
+    if not spans:
+        return {"makespan_s": 0.0, "busy_slot_s": 0.0, "slots": sum(len(v) for v in slots.values()),
+                "utilisation": None, "per_host": {h: None for h in slots}}
+    start = min(s for _, s, _ in spans)
+    end = max(e for _, _, e in spans)
+    makespan = max(end - start, 1e-9)
+    busy: dict[str, float] = {h: 0.0 for h in slots}
+    for a, s, e in spans:
+        for host, ids in a.slots.items():
+            busy[host] = busy.get(host, 0.0) + max(e - s, 0.0) * len(ids)
+    count = {h: len(slots.get(h, ())) for h in busy}
+    total = sum(count.values())
+    return {"start": start, "end": end, "makespan_s": end - start, "busy_slot_s": sum(busy.values()),
+            "slots": total, "utilisation": sum(busy.values()) / (total * makespan) if total else None,
+            "per_host": {h: (busy[h] / (count[h] * makespan) if count[h] else None) for h in busy}}
+
+
+def _rows(slots: Mapping[str, Sequence[int]], attempts: Sequence[Attempt]) -> list[tuple[str, int]]:
+    rows = [(h, i) for h, ids in slots.items() for i in sorted(ids)]
+    known = set(rows)
+    for a in attempts:
+        for h, ids in a.slots.items():
+            for i in ids:
+                if (h, i) not in known:
+                    known.add((h, i))
+                    rows.append((h, i))
+    return rows
+
+
+def _labels(a: Attempt, sweep: str, is_best: bool) -> list[str]:
+    """A bar's label, longest first: the name, then the name without the sweep's prefix."""
+    suffix = (f" #{a.attempt}" if a.attempt > 1 else "") + (" \u2605" if is_best else "")
+    names = [a.name]
+    if a.name.startswith(sweep + "_") and len(a.name) > len(sweep) + 1:
+        names.append(a.name[len(sweep) + 1:])
+    labels = [n + suffix for n in names]
+    if is_best:
+        labels.append("\u2605 best")
+    elif a.state in (FAILED, TIMED_OUT):
+        labels.append(a.reason or a.state)
+    return labels
+
+
+def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | None = None):
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    now = time.time() if now is None else now
+    slots = {h: list(ids) for h, ids in dict(snap.meta.get("slots") or {}).items()}
+    rows = _rows(slots, attempts)
+    for h, i in rows:
+        slots.setdefault(h, [])
+        if i not in slots[h]:
+            slots[h].append(i)
+    index = {row: n for n, row in enumerate(rows)}
+    use = utilisation(attempts, slots, now)
+    height = min(1.8 + 0.32 * len(rows), 60)
+    fig = Figure(figsize=(12, height), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    start = use.get("start", now)
+    span = max(use["makespan_s"], 1e-6)
+    width_px = 12 * 100 * 0.78
+    best = snap.best
+    for a in attempts:
+        if a.started_at is None:
+            continue
+        s = a.started_at - start
+        e = (a.finished_at if a.finished_at is not None else now) - start
+        color = STATE_COLORS.get(a.state, "#999999")
+        is_best = best is not None and a.name == best.name and a.attempt == best.attempt
+        for host, ids in a.slots.items():
+            for i in ids:
+                y = index[(host, i)]
+                ax.barh(y, max(e - s, span * 0.002), left=s, height=0.78, color=color,
+                        edgecolor="black" if is_best else "white", linewidth=2 if is_best else 0.8,
+                        hatch="//" if a.state == RUNNING else None, alpha=0.95)
+                room = (e - s) / span * width_px / 6.3  # characters that fit in the bar
+                label = next((t for t in _labels(a, snap.name, is_best) if len(t) <= room), None)
+                if len(rows) <= 120 and label:
+                    ax.text(s + (e - s) / 2, y, label, ha="center", va="center", fontsize=7.5,
+                            color="white" if a.state != QUEUED else "black", clip_on=True)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([f"{h}:{i}" for h, i in rows], fontsize=8 if len(rows) <= 60 else 5)
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlim(0, span * 1.01)
+    ax.set_xlabel("seconds since the first start")
+    ax.grid(True, axis="x", alpha=0.3)
+    # a line between nodes, and each node's utilisation at the right
+    first = 0
+    for host in slots:
+        count = sum(1 for h, _ in rows if h == host)
+        if first:
+            ax.axhline(first - 0.5, color="#444444", linewidth=0.8)
+        share = use["per_host"].get(host)
+        if count:
+            ax.text(1.005, 1 - (first + count / 2) / len(rows), f"{host}\n{share:.0%}" if share is not None else host,
+                    transform=ax.transAxes, fontsize=8, va="center", ha="left")
+        first += count
+    total = use["utilisation"]
+    ax.set_title(f"{snap.name}: slot timeline    utilisation {total:.0%} "
+                 f"({use['busy_slot_s']:,.0f} busy slot-s of {use['slots']} slots x {use['makespan_s']:,.0f} s "
+                 f"makespan)" if total is not None else f"{snap.name}: slot timeline (nothing has started yet)",
+                 fontsize=11, loc="left")
+    present = {a.state for a in attempts if a.started_at is not None}
+    handles = [Patch(facecolor=STATE_COLORS[s], label=s, hatch="//" if s == RUNNING else None)
+               for s in STATE_COLORS if s in present]
+    if best is not None:
+        handles.append(Patch(facecolor=STATE_COLORS[SUCCEEDED], edgecolor="black", linewidth=2,
+                             label=f"best: {best.name}"))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8,
+                   frameon=False)
+    return fig
+
+
+# --- files ---------------------------------------------------------------------------------------------------
+def all_attempts(directory: Path) -> list[Attempt]:
+    ledger = Ledger.open(directory)
+    try:
+        return ledger.attempts()
+    finally:
+        ledger.close()
+
+
+def png_bytes(fig) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def timeline_end(directory: Path, attempts: Sequence[Attempt]) -> float:
+    """Where running attempts end on the timeline: now while a runner holds the sweep; else (the runner died,
+    `resume` will record them interrupted) the last time the ledger knows of."""
+    from .lock import holder_pid
+
+    if holder_pid(Path(directory)) is not None:
+        return time.time()
+    known = [t for a in attempts for t in (a.started_at, a.launched_at, a.finished_at) if t is not None]
+    return max(known, default=time.time())
+
+
+def render_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
+                 now: float | None = None) -> dict[str, bytes]:
+    """{file name: PNG bytes} of both plots."""
+    require_matplotlib()
+    attempts = all_attempts(snap.directory)
+    now = timeline_end(snap.directory, attempts) if now is None else now
+    return {METRIC_PNG: png_bytes(metric_figure(snap, x, lines)),
+            TIMELINE_PNG: png_bytes(timeline_figure(snap, attempts, now))}
+
+
+def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None) -> list[Path]:
+    """Draw both plots into the sweep's directory; returns their paths."""
+    paths = []
+    for name, data in render_plots(snap, x, lines).items():
+        write_bytes_atomic(snap.directory / name, data)
+        paths.append(snap.directory / name)
+    return paths
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """A reader sees the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # a picture or a page to share, not a secret (mkstemp makes it 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
