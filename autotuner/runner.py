@@ -164,16 +164,18 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     them interrupted), queues what must run again, then dispatches until nothing is left.
     """
     directory = Path(directory)
+    previous_usr1 = _listen_for_requests()
     try:
         lock = SweepLock(directory).acquire()
     except SweepBusy as e:
+        _restore(signal.SIGUSR1, previous_usr1)
         raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
     try:
         ledger = Ledger.open(directory)
         pool = None
         try:
             pool = _ssh_pool(ledger, options)
-            recover(ledger, time.time(), pool=pool)
+            recover(ledger, time.time(), options.grace, pool=pool)
             requeue(ledger, retry_failed)
             if new_experiments:
                 ledger.add_experiments(new_experiments, time.time())
@@ -186,6 +188,24 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
         return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
     finally:
         lock.release()
+        _restore(signal.SIGUSR1, previous_usr1)
+
+
+def _listen_for_requests():
+    """From before the lock is taken until after it is released, SIGUSR1 must not kill the runner.
+
+    `autotune cancel` signals whoever holds the lock, and SIGUSR1's default action ends a process: a cancel
+    sent while the runner still cleared up (or wrote its outcome files) killed it. The request waits in the
+    ledger; the dispatcher reads pending requests when it starts, and on each SIGUSR1 while it runs.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGUSR1, lambda *_: None)
+
+
+def _restore(signum: int, previous) -> None:
+    if previous is not None:
+        signal.signal(signum, previous)
 
 
 def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[str]:
@@ -268,9 +288,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
 
         watcher = HostWatcher(pool, scheduler.post)
         remote_hosts = [h for h in slots if not is_local(h)]
-        for host, up in zip(remote_hosts, _probe_up(pool, remote_hosts)):
-            if not up:
-                options.log(f"host {host} does not answer: left out until it does")
+        for host, trouble in zip(remote_hosts, _probe(pool, remote_hosts)):
+            if trouble:
+                options.log(f"{trouble}: left out until it answers")
                 slot_pool.mark_down(host)
                 watcher.watch(host)
         if all(slot_pool.is_down(h) for h in slots):
@@ -291,14 +311,22 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
             watcher.close()
 
 
-def _probe_up(pool, hosts: Sequence[str]) -> list[bool]:
-    """Which hosts answer, asked in parallel."""
+def _probe(pool, hosts: Sequence[str]) -> list[str | None]:
+    """Why each host cannot be used (None: it answers), asked in parallel."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from .transport import HostDown
+
+    def trouble(host: str) -> str | None:
+        try:
+            return None if pool.run(host, "true", timeout=10).ok else f"host {host}: `true` failed"
+        except HostDown as e:
+            return str(e)
 
     if not hosts:
         return []
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as workers:
-        return list(workers.map(lambda h: pool.is_up(h, timeout=10), hosts))
+        return list(workers.map(trouble, hosts))
 
 
 def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: float | None) -> bool:
@@ -320,6 +348,7 @@ def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: f
         handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
         handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigint)
         handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: scheduler.post(CheckRequests()))
+    scheduler.post(CheckRequests())  # requests that came before we listened (handled before the first launch)
     thread = run_in_thread(scheduler)
     try:
         if timer:
@@ -349,7 +378,13 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
         if pid is not None:
             os.kill(pid, signal.SIGUSR1)
             return f"asked the runner (pid {pid}) to cancel {', '.join(names) or 'the sweep'}"
-        with SweepLock(directory):  # no runner: apply it here, after clearing up what a dead one left
+        try:
+            lock = SweepLock(directory).acquire()
+        except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
+            if e.pid is not None:
+                os.kill(e.pid, signal.SIGUSR1)
+            return f"asked the runner (pid {e.pid}) to cancel {', '.join(names) or 'the sweep'}"
+        try:  # no runner: apply it here, after clearing up what a dead one left
             ledger.take_requests()
             recover(ledger, time.time())
             chosen = set(names) or known
@@ -363,6 +398,8 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
                                   detail="cancelled while the sweep was stopped")
                     done.append(attempt.name)
             return f"cancelled {len(done)} experiment(s) that had not finished"
+        finally:
+            lock.release()
     finally:
         ledger.close()
 

@@ -1,0 +1,161 @@
+"""Sweeps across real sshd nodes on loopback (tests/sshnodes.py): remote launches, multi-node DeepSpeed, a lost
+node, a hung remote run, host keys. Every node is this machine under another address, so "nothing left on any
+node" is checked once, on the process table here."""
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from autotuner import tags
+from autotuner.ledger import Ledger
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "benchmarks" / "standin.sh"
+TRAIN = ROOT / "experiments" / "train.py"
+
+
+def autotune(*args, timeout=600, env=None):
+    return subprocess.run([sys.executable, "-m", "autotuner.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def hostfile(tmp_path, *nodes_and_slots) -> Path:
+    path = tmp_path / "hostfile"
+    path.write_text("".join(f"{name} slots={slots} accelerator=cpu\n" for name, slots in nodes_and_slots))
+    return path
+
+
+def sweep(tmp_path, *, n=4, script=STANDIN, extra="", args='["--steps", "7", "--hidden", "64"]') -> Path:
+    path = tmp_path / "sweep.hjson"
+    path.write_text(f"""{{
+  name: s
+  script: {script}
+  args: {args}
+  {extra}
+  ds_config: {{train_micro_batch_size_per_gpu: 4, optimizer: {{type: "Adam", params: {{lr: 0.001, torch_adam: true}}}}}}
+  space: {{"gradient_accumulation_steps": {list(range(1, n + 1))}}}
+}}""")
+    return path
+
+
+def latest(results):
+    ledger = Ledger.open(results)
+    try:
+        return ledger.latest(), ledger.attempts(), ledger.meta()["sweep_id"]
+    finally:
+        ledger.close()
+
+
+def leftovers(sweep_id: str) -> list[int]:
+    """Processes of this sweep anywhere on this machine (so on every test node)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(e.startswith(f"{tags.TAG_ENV}={sweep_id}.".encode()) for e in environ):
+                found.append(int(entry.name))
+    return found
+
+
+def test_single_node_experiments_run_on_both_nodes(ssh_nodes, tmp_path):
+    results = tmp_path / "r"
+    out = autotune("run", sweep(tmp_path, n=4), "-H", hostfile(tmp_path, ("node-1", 2), ("node-2", 2)),
+                   "--ssh-config", ssh_nodes.config_path, "--launcher", f"sh {STANDIN}", "-o", results)
+    assert out.returncode == 0, out.stdout + out.stderr
+    attempts, _, sweep_id = latest(results)
+    assert {a.state for a in attempts} == {"succeeded"}
+    assert {host for a in attempts for host in a.slots} == {"node-1", "node-2"}
+    assert leftovers(sweep_id) == []
+
+
+def test_logs_come_back_over_sftp_from_a_remote_directory(ssh_nodes, tmp_path):
+    results, remote = tmp_path / "r", tmp_path / "remote-side"
+    out = autotune("run", sweep(tmp_path, n=2), "-H", hostfile(tmp_path, ("node-1", 2)), "--ssh-config",
+                   ssh_nodes.config_path, "--launcher", f"sh {STANDIN}", "--remote-dir", remote, "-o", results)
+    assert out.returncode == 0, out.stdout + out.stderr
+    attempts, _, sweep_id = latest(results)
+    for a in attempts:
+        copied = json.loads((results / a.name / "metrics.json").read_text())
+        assert copied["throughput"] == 1.0
+        assert (remote / sweep_id / a.name / "metrics.json").is_file()  # written there, copied here
+        assert (results / a.name / "stdout.log").is_file()
+
+
+def test_a_real_multi_node_deepspeed_run(ssh_nodes, tmp_path):
+    results = tmp_path / "r"
+    extra = f'num_nodes: 2\n  env: {{GLOO_SOCKET_IFNAME: "lo", PDSH_SSH_ARGS_APPEND: "-F {ssh_nodes.config_path}"}}'
+    out = autotune("run", sweep(tmp_path, n=1, script=TRAIN, extra=extra), "-H",
+                   hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
+                   "--timeout", "300", "-o", results)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (attempt,), _, sweep_id = latest(results)
+    assert attempt.slots == {"node-1": [0], "node-2": [0]}
+    log = (results / attempt.name / "stdout.log").read_text() + (results / attempt.name / "stderr.log").read_text()
+    # pdsh prefixes each node's lines: both nodes ran a rank of the same job (world size 2)
+    assert "node-1: " in log and "node-2: " in log
+    assert log.count("exits successfully") == 2
+    assert json.loads((results / attempt.name / "metrics.json").read_text())["throughput"] > 0
+    assert leftovers(sweep_id) == []
+
+
+def test_a_node_lost_mid_sweep_its_work_moves_and_the_sweep_completes(ssh_nodes, tmp_path):
+    results = tmp_path / "r"
+    env = {**__import__("os").environ, "STANDIN_SECONDS": "3"}
+    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=4), "-H",
+                             hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
+                             "--launcher", f"sh {STANDIN}", "-o", results], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait until node-2 runs something
+        if (results / "ledger.sqlite").exists():
+            running = [a for a in latest(results)[0] if a.state == "running" and "node-2" in a.slots and a.pid]
+            if running:
+                break
+        time.sleep(0.2)
+    ssh_nodes["node-2"].stop()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    final, attempts, sweep_id = latest(results)
+    assert {a.state for a in final} == {"succeeded"}
+    lost = [a for a in attempts if a.state == "interrupted"]
+    assert lost and all(a.reason == "lost" and "node-2" in a.slots for a in lost)
+    assert all(a.slots == {"node-1": [0]} for a in final if a.name in {x.name for x in lost})
+    assert leftovers(sweep_id) == []
+
+
+def test_a_hung_remote_experiment_is_ended_by_timeout_with_nothing_left(ssh_nodes, tmp_path):
+    hang = tmp_path / "hang.sh"
+    hang.write_text("#!/bin/sh\nsleep 1000 &\nsleep 1000\n")  # a child too: the whole tree must go
+    results = tmp_path / "r"
+    out = autotune("run", sweep(tmp_path, n=1), "-H", hostfile(tmp_path, ("node-2", 1)), "--ssh-config",
+                   ssh_nodes.config_path, "--launcher", f"sh {hang}", "--timeout", "3", "--grace", "1",
+                   "-o", results, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    (attempt,), _, sweep_id = latest(results)
+    assert (attempt.state, attempt.reason) == ("timed_out", "timeout")
+    assert leftovers(sweep_id) == []
+
+
+def test_an_unknown_host_key_is_refused_unless_accepted(ssh_nodes, tmp_path):
+    config, known_hosts = ssh_nodes.client_files(tmp_path / "client", known=[ssh_nodes["node-1"]])
+    hosts = hostfile(tmp_path, ("node-2", 1))
+    probe = autotune("hosts", "-H", hosts, "--ssh-config", config, "--json")
+    assert probe.returncode == 1
+    (report,) = json.loads(probe.stdout)
+    assert not report["reachable"] and "unknown host key" in report["reason"]
+
+    refused = autotune("run", sweep(tmp_path, n=1), "-H", hosts, "--ssh-config", config, "--launcher",
+                       f"sh {STANDIN}", "-o", tmp_path / "r1")
+    assert refused.returncode == 2 and "no host of the sweep answers" in refused.stderr
+    assert "node-2: unknown host key" in refused.stderr
+    assert "node-2" not in known_hosts.read_text()
+
+    accepted = autotune("run", sweep(tmp_path, n=1), "-H", hosts, "--ssh-config", config, "--accept-new-hosts",
+                        "--launcher", f"sh {STANDIN}", "-o", tmp_path / "r2")
+    assert accepted.returncode == 0, accepted.stdout + accepted.stderr
+    assert known_hosts.read_text().count("\n") == 2  # node-2's key recorded
