@@ -159,3 +159,61 @@ def test_an_unknown_host_key_is_refused_unless_accepted(ssh_nodes, tmp_path):
                         "--launcher", f"sh {STANDIN}", "-o", tmp_path / "r2")
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     assert known_hosts.read_text().count("\n") == 2  # node-2's key recorded
+
+
+def test_a_node_down_at_start_is_reported_and_left_out(ssh_nodes, tmp_path):
+    ssh_nodes["node-3"].stop()
+    results = tmp_path / "r"
+    out = autotune("run", sweep(tmp_path, n=3), "-H", hostfile(tmp_path, ("node-1", 1), ("node-3", 1)),
+                   "--ssh-config", ssh_nodes.config_path, "--launcher", f"sh {STANDIN}", "-o", results)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "host node-3" in out.stderr and "left out" in out.stderr
+    attempts, _, _ = latest(results)
+    assert all(a.state == "succeeded" and list(a.slots) == ["node-1"] for a in attempts)
+
+
+def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
+    from autotuner.remote import HostWatcher
+    from autotuner.scheduler import HostBack
+    from autotuner.transport import SSHPool
+
+    posted = []
+    came_back = threading.Event()
+    with SSHPool(ssh_nodes.config_path) as pool:
+        ssh_nodes["node-2"].stop()
+        watcher = HostWatcher(pool, lambda event: (posted.append(event), came_back.set()), interval=0.5)
+        watcher.watch("node-2")
+        time.sleep(1.5)
+        assert posted == []  # still down: nothing announced
+        ssh_nodes["node-2"].start()
+        assert came_back.wait(30)
+        watcher.close()
+    assert posted == [HostBack("node-2")]
+
+
+def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nodes, tmp_path):
+    import os
+    import signal
+
+    results = tmp_path / "r"
+    env = {**os.environ, "STANDIN_SECONDS": "60"}
+    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=2), "-H",
+                             hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
+                             "--launcher", f"sh {STANDIN}", "-o", results, "-q"], env=env)
+    deadline = time.monotonic() + 60
+    sweep_id = None
+    while time.monotonic() < deadline:
+        if (results / "ledger.sqlite").exists():
+            attempts, _, sweep_id = latest(results)
+            if sum(1 for a in attempts if a.state == "running" and a.pid) == 2 and len(leftovers(sweep_id)) >= 2:
+                break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert leftovers(sweep_id), "the killed runner's experiments keep running on the nodes"
+    out = autotune("resume", results, "-q", env={**os.environ, "STANDIN_SECONDS": "0.2"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    final, attempts, _ = latest(results)
+    assert {a.state for a in final} == {"succeeded"}
+    assert sorted(a.state for a in attempts) == ["interrupted", "interrupted", "succeeded", "succeeded"]
+    assert leftovers(sweep_id) == []
