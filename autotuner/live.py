@@ -149,6 +149,7 @@ class LiveView:
         self._running: dict[tuple[str, int], Running] = {}
         self._down: set[str] = set()
         self._durations: list[float] = []
+        self._retried: dict[str, int] = {}
         pending = set(pending)
         for a in snap.attempts:
             if a.state in pending:
@@ -201,9 +202,12 @@ class LiveView:
         state = outcome.state
         if started is not None and state in _TIMED_STATES:
             self._durations.append(max(now - started.started_at, 0.0))
-        if started is not None and (state == FAILED and outcome.transient and subject.attempt <= self._retries
-                                    or state == INTERRUPTED and outcome.reason == LOST):
-            state = QUEUED  # the scheduler queues it again at once
+        # What the scheduler queues again at once: a run of a lost host, and a transient failure while the
+        # experiment has retries left (counted per experiment, as the scheduler counts them).
+        retry = state == FAILED and outcome.transient and self._retried.get(name, 0) < self._retries
+        if started is not None and (retry or state == INTERRUPTED and outcome.reason == LOST):
+            self._retried[name] = self._retried.get(name, 0) + retry
+            state = QUEUED
         self._states[name] = state
         value = outcome.metrics.get(self._metric) if outcome.state == SUCCEEDED and outcome.metrics else None
         if value is not None and (self._best is None or self._better(name, float(value), *self._best)):
