@@ -312,6 +312,9 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
                     transform=ax.transAxes, fontsize=8, va="center", ha="left")
         first += count
     total = use["utilisation"]
+    if total is None:  # nothing has started: an empty chart of the slots, without a time scale
+        ax.set_xlim(0, 1)
+        ax.set_xticks([])
     ax.set_title(f"{snap.name}: slot timeline    utilisation {total:.0%} "
                  f"({use['busy_slot_s']:,.0f} busy slot-s of {use['slots']} slots x {use['makespan_s']:,.0f} s "
                  f"makespan)" if total is not None else f"{snap.name}: slot timeline (nothing has started yet)",
