@@ -4,6 +4,7 @@ Start-up stays fast: nothing here imports torch, deepspeed or the SSH stack on t
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -53,8 +54,10 @@ def run(
     from . import runner
     from .spec import load_sweep
 
-    reload = {"specs": [str(p.resolve()) for p in specs], "script": script, "args": args, "metric": metric,
-              "timeout": timeout}
+    # What `resume` reloads the spec from: paths absolute, so it may run from any directory.
+    reload = {"specs": [str(p.resolve()) for p in specs],
+              "script": script and os.path.abspath(os.path.expanduser(script)),
+              "args": args, "metric": metric, "timeout": timeout}
     try:
         if events is not None:
             from .live import check_events_path

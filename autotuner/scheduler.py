@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .ledger import CANCELLED, FAILED, INTERRUPTED, Ledger, TIMED_OUT
-from .outcome import LOST, Outcome
+from .outcome import LOST, TIMEOUT, Outcome
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
 from .spec import Experiment
 
@@ -143,6 +143,7 @@ class Scheduler:
         self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._running: dict[tuple[str, int], Run] = {}
         self._stopping: str | None = None  # why no more work is dispatched, once set
+        self._retried: dict[str, int] = {}  # transient failures retried, per experiment, by this dispatcher
 
     # --- public face --------------------------------------------------------------------------------------
     def submit(self, items: Iterable[Queued]) -> None:
@@ -159,7 +160,17 @@ class Scheduler:
         return self._stopping
 
     def run(self) -> None:
-        """Dispatch until nothing is queued or running (or, once stopping, nothing is running)."""
+        """Dispatch until nothing is queued or running (or, once stopping, nothing is running).
+
+        Events posted before the start (e.g. a cancel request that came first) are handled before anything
+        is launched.
+        """
+        while True:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            self._handle(event)
         self._dispatch()
         while self._running or (self._queue and not self._stopping):
             self._handle(self._events.get())
@@ -185,7 +196,7 @@ class Scheduler:
             case HostBack(host=host):
                 self.pool.mark_up(host)
             case Deadline():
-                self._stop_all(TIMED_OUT, "the sweep's deadline passed")
+                self._stop_all(TIMED_OUT, "the sweep's deadline passed", TIMEOUT)
             case _:
                 raise TypeError(f"unknown event {event!r}")
 
@@ -217,7 +228,13 @@ class Scheduler:
         if self._stopping:
             return
         lost = outcome.state == INTERRUPTED and outcome.reason == LOST
-        if lost or (outcome.state == FAILED and outcome.transient and run.attempt <= self.retries):
+        name = run.experiment.name
+        # Retries are counted per experiment, not read off the attempt number: attempts that were interrupted
+        # (Ctrl-C, a crash, a lost host) are not failures and use up no retry.
+        retry = outcome.state == FAILED and outcome.transient and self._retried.get(name, 0) < self.retries
+        if retry:
+            self._retried[name] = self._retried.get(name, 0) + 1
+        if lost or retry:
             attempt = self.ledger.requeue([run.experiment.name], self.clock())[run.experiment.name]
             self._queue.push_front(Queued(run.experiment, attempt))
 
@@ -242,10 +259,10 @@ class Scheduler:
             if host in run.reservation.hosts:
                 self.executor.stop(run, INTERRUPTED, f"host {host} lost: {reason}", LOST)
 
-    def _stop_all(self, state: str, detail: str) -> None:
+    def _stop_all(self, state: str, detail: str, reason: str | None = None) -> None:
         self._stopping = self._stopping or state
         for run in list(self._running.values()):
-            self.executor.stop(run, state, detail)
+            self.executor.stop(run, state, detail, reason)
 
     def _fail_unplaceable(self) -> None:
         """Nothing runs and nothing queued fits: the pool shrank (hosts down). Fail them, do not hang."""

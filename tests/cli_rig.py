@@ -90,10 +90,10 @@ class Runners:
         self.procs: list[subprocess.Popen] = []
         self.directories: list[Path] = []
 
-    def start(self, *args: object, environ: Mapping[str, str] | None = None, directory: Path | None = None
-              ) -> subprocess.Popen:
+    def start(self, *args: object, environ: Mapping[str, str] | None = None, directory: Path | None = None,
+              cwd: Path | None = None) -> subprocess.Popen:
         proc = subprocess.Popen(cli(*args), env=dict(environ or env()), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                                stderr=subprocess.PIPE, text=True, cwd=cwd or ROOT)
         self.procs.append(proc)
         if directory is not None and directory not in self.directories:
             self.directories.append(Path(directory))
@@ -153,6 +153,8 @@ def attempts(directory: Path) -> list[Attempt]:
 
 
 def latest(directory: Path) -> dict[str, Attempt]:
+    if not (Path(directory) / "ledger.sqlite").exists():
+        return {}  # not recorded yet
     ledger = Ledger.open(directory)
     try:
         return {a.name: a for a in ledger.latest()}
