@@ -403,7 +403,7 @@ def watching(directory: Path, observers: list, *, live: bool = False, plain=None
     from .report import snapshot
 
     directory = Path(directory)
-    snap = snapshot(directory)
+    snap = snapshot(directory) if live or events is not None else None
     resolve = LedgerLookup(directory)
     log = EventLog(Path(events), snap.metric.name, resolve=resolve) if events is not None else None
     display = None
