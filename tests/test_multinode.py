@@ -196,7 +196,7 @@ def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nod
     import signal
 
     results = tmp_path / "r"
-    env = {**os.environ, "STANDIN_SECONDS": "60"}
+    env = {**os.environ, "STANDIN_SECONDS": "300"}  # far longer than the test: only resume may end them
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=2), "-H",
                              hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
                              "--launcher", f"sh {STANDIN}", "-o", results, "-q"], env=env)
@@ -208,6 +208,9 @@ def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nod
             if sum(1 for a in attempts if a.state == "running" and a.pid) == 2 and len(leftovers(sweep_id)) >= 2:
                 break
         time.sleep(0.2)
+    else:
+        proc.kill()
+        raise AssertionError(f"the two experiments never ran together: {[(a.name, a.state) for a in attempts]}")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert leftovers(sweep_id), "the killed runner's experiments keep running on the nodes"
