@@ -187,19 +187,20 @@ def status(
 
 def _print_event(what: str, subject, outcome) -> None:
     stamp = time.strftime("%H:%M:%S")
+    if what in ("host_down", "host_up"):
+        typer.echo(f"{stamp} {'lost' if what == 'host_down' else 'back':<9} host {subject}")
+        return
     name = subject.experiment.name
     if what == "started":
         where = " ".join(f"{h}:{','.join(map(str, ids))}" for h, ids in subject.reservation.slots)
         typer.echo(f"{stamp} {'start':<9} {name} (attempt {subject.attempt}) on {where}")
-    elif outcome is not None:
+    else:
         value = ""
         if outcome.metrics:
             value = " " + ", ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items()
                                     if k in ("throughput", "latency", "FLOPS_per_gpu"))
         why = f" [{outcome.reason}] {outcome.detail}" if outcome.state != "succeeded" and outcome.reason else ""
         typer.echo(f"{stamp} {outcome.state:<9} {name}{value}{why}")
-    else:
-        typer.echo(f"{stamp} {'cancelled':<9} {name} (never started)")
 
 
 def _print_outcome(result) -> None:

@@ -34,31 +34,6 @@ MAX_NODE_ROWS = 32
 # Host events an observer may also be called with (subject: the host's name), for a scheduler that reports them.
 HOST_DOWN, HOST_UP = "host_down", "host_up"
 
-Resolve = Callable[[str, int], Outcome]
-
-
-def never_started(name: str, attempt: int) -> Outcome:
-    """What an attempt that ended unstarted most often is, when nothing better is known."""
-    return Outcome(CANCELLED, "cancelled", "cancelled before it started")
-
-
-class LedgerLookup:
-    """How an unstarted attempt ended, read from the ledger (the scheduler records it before it tells us)."""
-
-    def __init__(self, directory: Path):
-        self.directory = Path(directory)
-
-    def __call__(self, name: str, attempt: int) -> Outcome:
-        ledger = Ledger.open(self.directory)
-        try:
-            for a in ledger.attempts(name):
-                if a.attempt == attempt and a.terminal:
-                    return Outcome(a.state, a.reason, a.detail, a.exit_code, dict(a.metrics) or None)
-        finally:
-            ledger.close()
-        return never_started(name, attempt)
-
-
 def _slots_of(subject) -> dict[str, list[int]]:
     reservation = getattr(subject, "reservation", None)
     return reservation.as_dict() if reservation is not None else {}
@@ -135,10 +110,9 @@ class LiveView:
 
     def __init__(self, snap: Snapshot, *, default_timeout: float | None = None, retries: int = 1,
                  pending: Iterable[str] = (), added: Sequence = (),
-                 resolve: Resolve = never_started, clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time):
         self._lock = threading.Lock()
         self._clock = clock
-        self._resolve = resolve
         self._default_timeout = default_timeout
         self._retries = retries
         self._sweep, self._metric, self._minimize = snap.name, snap.metric.name, snap.metric.minimize
@@ -176,8 +150,6 @@ class LiveView:
     # --- fed by the scheduler --------------------------------------------------------------------------------
     def __call__(self, what: str, subject, outcome: Outcome | None) -> None:
         now = self._clock()
-        if what == "finished" and outcome is None:
-            outcome = self._resolve(subject.experiment.name, subject.attempt)
         with self._lock:
             if what == "started":
                 self._started(subject, now)
@@ -356,11 +328,9 @@ def event_record(what: str, subject, outcome: Outcome | None, metric: str, at: f
 class EventLog:
     """A scheduler observer that appends one JSON line per event to a file, flushed at once."""
 
-    def __init__(self, path: Path, metric: str, *, resolve: Resolve = never_started,
-                 clock: Callable[[], float] = time.time):
+    def __init__(self, path: Path, metric: str, *, clock: Callable[[], float] = time.time):
         self.path = Path(path)
         self._metric = metric
-        self._resolve = resolve
         self._clock = clock
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")
 
@@ -369,8 +339,6 @@ class EventLog:
             at = self._clock()
             record = {"event": what, "timestamp": round(at, 6), "host": str(subject)}
         else:
-            if what == "finished" and outcome is None:
-                outcome = self._resolve(subject.experiment.name, subject.attempt)
             record = event_record(what, subject, outcome, self._metric, self._clock())
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
         self._file.flush()
@@ -404,8 +372,7 @@ def watching(directory: Path, observers: list, *, live: bool = False, plain=None
 
     directory = Path(directory)
     snap = snapshot(directory) if live or events is not None else None
-    resolve = LedgerLookup(directory)
-    log = EventLog(Path(events), snap.metric.name, resolve=resolve) if events is not None else None
+    log = EventLog(Path(events), snap.metric.name) if events is not None else None
     display = None
     if log is not None:
         observers.append(log)
@@ -413,8 +380,7 @@ def watching(directory: Path, observers: list, *, live: bool = False, plain=None
         from rich.live import Live
 
         pending = {RUNNING, INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
-        view = LiveView(snap, default_timeout=default_timeout, retries=retries, pending=pending, added=added,
-                        resolve=resolve)
+        view = LiveView(snap, default_timeout=default_timeout, retries=retries, pending=pending, added=added)
         observers.append(view)
         display = Live(view, console=console, refresh_per_second=4, transient=False, redirect_stderr=False)
         display.start()

@@ -117,7 +117,9 @@ class Executor(Protocol):
         and `reason` (default: the state's own class)."""
 
 
-Observer = Callable[[str, Run | Queued, "Outcome | None"], None]
+Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
+"""Told of ("started", Run, None), ("finished", Run or an unstarted Queued, Outcome), and ("host_down" |
+"host_up", host name, None), on the dispatcher's thread, after the ledger has recorded the fact."""
 
 
 @dataclass
@@ -195,6 +197,7 @@ class Scheduler:
                 self._host_lost(host, reason)
             case HostBack(host=host):
                 self.pool.mark_up(host)
+                self._notify("host_up", host, None)
             case Deadline():
                 self._stop_all(TIMED_OUT, "the sweep's deadline passed", TIMEOUT)
             case _:
@@ -246,15 +249,17 @@ class Scheduler:
         if everything:
             self._stopping = "cancelled"
         for item in self._queue.remove(lambda q: everything or q.experiment.name in names):
-            self.ledger.finish(item.experiment.name, item.attempt, CANCELLED, self.clock(), reason="cancelled",
-                               detail="cancelled before it started")
-            self._notify("finished", item, None)
+            outcome = Outcome(CANCELLED, "cancelled", "cancelled before it started")
+            self.ledger.finish(item.experiment.name, item.attempt, CANCELLED, self.clock(), reason=outcome.reason,
+                               detail=outcome.detail)
+            self._notify("finished", item, outcome)
         for run in list(self._running.values()):
             if everything or run.experiment.name in names:
                 self.executor.stop(run, CANCELLED, "cancelled while running")
 
     def _host_lost(self, host: str, reason: str) -> None:
         self.pool.mark_down(host)
+        self._notify("host_down", host, None)
         for run in list(self._running.values()):
             if host in run.reservation.hosts:
                 self.executor.stop(run, INTERRUPTED, f"host {host} lost: {reason}", LOST)
@@ -267,10 +272,11 @@ class Scheduler:
     def _fail_unplaceable(self) -> None:
         """Nothing runs and nothing queued fits: the pool shrank (hosts down). Fail them, do not hang."""
         for item in self._queue.remove(lambda q: True):
-            self.ledger.finish(item.experiment.name, item.attempt, FAILED, self.clock(), reason="placement",
-                               detail=f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); "
-                                      "not enough hosts are up")
-            self._notify("finished", item, None)
+            outcome = Outcome(FAILED, "placement", f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); "
+                                                   "not enough hosts are up")
+            self.ledger.finish(item.experiment.name, item.attempt, FAILED, self.clock(), reason=outcome.reason,
+                               detail=outcome.detail)
+            self._notify("finished", item, outcome)
 
     def _notify(self, what: str, subject: Run | Queued, outcome: Outcome | None) -> None:
         for observer in self.observers:

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from autotuner import cli
 from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, Ledger
-from autotuner.live import EventLog, LedgerLookup, LiveView, event_record, render, seconds
+from autotuner.live import EventLog, LiveView, event_record, render, seconds
 from autotuner.outcome import Outcome
 from autotuner.report import snapshot
 from autotuner.resources import Reservation
@@ -104,7 +104,7 @@ def test_a_fresh_sweep_has_no_eta_and_no_best(tmp_path):
 def test_observer_calls_move_the_view(midway):
     snap = snapshot(midway)
     clock = [T0 + 40]
-    view = LiveView(snap, retries=1, clock=lambda: clock[0], resolve=LedgerLookup(midway))
+    view = LiveView(snap, retries=1, clock=lambda: clock[0])
     running = {r.name: r for r in view.state().running}
     # one running experiment ends with a new best
     done = run_of(snap, "zm_z1_mbs8", 1, running["zm_z1_mbs8"].slots)
@@ -142,18 +142,13 @@ def test_observer_calls_move_the_view(midway):
     assert "down" not in node_row(text_of(view, T0 + 41), "node-a")
 
 
-def test_unstarted_attempts_are_looked_up_in_the_ledger(midway):
-    """The scheduler reports a never-started attempt with no outcome; the ledger says how it ended."""
+def test_unstarted_attempts_end_with_the_outcome_the_scheduler_gives(midway):
     snap = snapshot(midway)
-    ledger = Ledger.open(midway)
-    try:
-        ledger.finish("zm_z2_mbs4", 1, FAILED, T0 + 50, reason="placement", detail="not enough hosts are up")
-        ledger.finish("zm_z2_mbs8", 1, CANCELLED, T0 + 50, reason="cancelled", detail="cancelled before it started")
-    finally:
-        ledger.close()
-    view = LiveView(snap, clock=lambda: T0 + 50, resolve=LedgerLookup(midway))
-    view("finished", Queued(snap.experiments["zm_z2_mbs4"], 1), None)
-    view("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), None)
+    view = LiveView(snap, clock=lambda: T0 + 50)
+    view("finished", Queued(snap.experiments["zm_z2_mbs4"], 1),
+         Outcome(FAILED, "placement", "not enough hosts are up"))
+    view("finished", Queued(snap.experiments["zm_z2_mbs8"], 1),
+         Outcome(CANCELLED, "cancelled", "cancelled before it started"))
     states = view.state().states
     assert states["zm_z2_mbs4"] == FAILED and states["zm_z2_mbs8"] == CANCELLED
     assert "1 cancelled" in text_of(view, T0 + 50)
@@ -179,14 +174,19 @@ def test_plain_event_lines_are_stable(midway, capsys):
     cli._print_event("finished", run, Outcome(SUCCEEDED, exit_code=0, metrics={"throughput": 1234.5678, "loss": 2.0}))
     cli._print_event("finished", run, Outcome(FAILED, "oom", "CUDA out of memory", 1))
     cli._print_event("finished", run, Outcome(TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
-    cli._print_event("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), None)
+    cli._print_event("finished", Queued(snap.experiments["zm_z2_mbs8"], 1),
+                     Outcome(CANCELLED, "cancelled", "cancelled before it started"))
+    cli._print_event("host_down", "node-b", None)
+    cli._print_event("host_up", "node-b", None)
     lines = capsys.readouterr().out.splitlines()
     expected = [
         "start     zm_z2_mbs4 (attempt 2) on node-a:1 node-b:0,2",
         "succeeded zm_z2_mbs4 throughput=1235",
         "failed    zm_z2_mbs4 [oom] CUDA out of memory",
         "timed_out zm_z2_mbs4 [timeout] ran past its timeout of 300 s",
-        "cancelled zm_z2_mbs8 (never started)",
+        "cancelled zm_z2_mbs8 [cancelled] cancelled before it started",
+        "lost      host node-b",
+        "back      host node-b",
     ]
     assert len(lines) == len(expected)
     for line, tail in zip(lines, expected):
@@ -202,7 +202,7 @@ def test_event_records_carry_what_scripts_need(midway, tmp_path):
     log = EventLog(path, "throughput", clock=lambda: next(ticks))
     log("started", run, None)
     log("finished", run, Outcome(FAILED, "oom", "CUDA out of memory", 1))
-    log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), None)
+    log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), Outcome(CANCELLED, "cancelled", "before it started"))
     log("host_down", "node-b", None)
     log.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
