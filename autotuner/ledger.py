@@ -146,9 +146,11 @@ class Ledger:
                  for i, e in enumerate(experiments)])
             self._insert_queued([(e.name, 1) for e in experiments], at)
 
-    def experiments(self) -> list[Experiment]:
-        rows = self._db.execute("SELECT spec FROM experiments ORDER BY position")
-        return [Experiment.from_json(json.loads(r["spec"])) for r in rows]
+    def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
+        """Every experiment in the sweep's order, or only those named (only their specs are decoded)."""
+        rows = self._db.execute("SELECT name, spec FROM experiments ORDER BY position")
+        wanted = None if names is None else set(names)
+        return [Experiment.from_json(json.loads(r["spec"])) for r in rows if wanted is None or r["name"] in wanted]
 
     def digests(self) -> dict[str, str]:
         return {r["name"]: r["digest"] for r in self._db.execute("SELECT name, digest FROM experiments")}
@@ -156,13 +158,13 @@ class Ledger:
     # --- transitions ---------------------------------------------------------------------------------------
     def requeue(self, names: Iterable[str], at: float) -> dict[str, int]:
         """A new attempt for each experiment whose latest attempt is terminal; returns name -> attempt."""
-        latest = {a.name: a for a in self.latest()}
+        latest = self.states()
         todo = []
         for name in names:
-            current = latest[name]
-            if not current.terminal:
-                raise TransitionError(f"{name} attempt {current.attempt} is still {current.state}")
-            todo.append((name, current.attempt + 1))
+            attempt, state = latest[name]
+            if state not in TERMINAL:
+                raise TransitionError(f"{name} attempt {attempt} is still {state}")
+            todo.append((name, attempt + 1))
         with self._db:
             self._insert_queued(todo, at)
         return dict(todo)
@@ -234,6 +236,14 @@ class Ledger:
             "SELECT a.* FROM attempts a JOIN experiments e ON e.name = a.name "
             "WHERE a.attempt = (SELECT MAX(attempt) FROM attempts b WHERE b.name = a.name) ORDER BY e.position")
         return [_row_to_attempt(r) for r in rows]
+
+    def states(self) -> dict[str, tuple[int, str]]:
+        """name -> (number, state) of every experiment's latest attempt, in the sweep's order. Cheap: what
+        `latest()` costs on a large sweep is building its Attempts, not the query."""
+        rows = self._db.execute(
+            "SELECT a.name, a.attempt, a.state FROM attempts a JOIN experiments e ON e.name = a.name "
+            "WHERE a.attempt = (SELECT MAX(attempt) FROM attempts b WHERE b.name = a.name) ORDER BY e.position")
+        return {name: (attempt, state) for name, attempt, state in rows}
 
     def attempts(self, name: str | None = None) -> list[Attempt]:
         query = "SELECT a.* FROM attempts a JOIN experiments e ON e.name = a.name"

@@ -184,7 +184,7 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
             if pool is not None:
                 pool.close()
             ledger.close()
-        snap = snapshot(directory)
+        snap = snapshot(directory, every_experiment=False)  # the outcome files need only the best's spec
         return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
     finally:
         lock.release()
@@ -256,7 +256,7 @@ def end_tagged_remote(pool, host: str, tag: str) -> None:
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     """New attempts for interrupted experiments (and failed or timed-out ones when asked)."""
     again = {INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
-    return ledger.requeue([a.name for a in ledger.latest() if a.state in again], time.time())
+    return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
 def _ssh_pool(ledger: Ledger, options: Options):
@@ -302,8 +302,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
                              options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = Router(executor, remote)
         scheduler.executor = executor
-    experiments = {e.name: e for e in ledger.experiments()}
-    scheduler.submit(Queued(experiments[a.name], a.attempt) for a in ledger.latest() if a.state == QUEUED)
+    # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
+    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
+    scheduler.submit(Queued(e, queued[e.name]) for e in ledger.experiments(queued))
     try:
         return _run_with_signals(scheduler, executor, options.deadline)
     finally:

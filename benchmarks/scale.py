@@ -1,0 +1,185 @@
+"""The CLI on a sweep of 10,000 recorded experiments: resume until the first launch, status, report.
+
+The sweep is made through the Python API (runner.prepare, then ledger transitions): most experiments
+succeeded with metrics, some failed, some were interrupted, some are still queued, and a few were left
+`running` by a runner that died (no process of theirs exists any more). Then, each as a subprocess:
+
+  resume -> first launch   from just before `autotune resume` is started to the first `launched_at` the new
+                           runner writes to the ledger (benchmarks/standin.sh as launcher); the runner is then
+                           stopped with `autotune cancel`. Each round works on a fresh copy of the sweep.
+  status, status --json,   wall time of the whole command
+  report (table, json, csv, md), --help
+
+  python benchmarks/scale.py --experiments 10000 --rounds 5
+
+Targets (DESIGN.md): resume to first launch < 2 s; status and report well under 1 s each.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotuner import runner  # noqa: E402
+from autotuner.hostfile import localhost_hosts  # noqa: E402
+from autotuner.ledger import FAILED, INTERRUPTED, SUCCEEDED, Ledger  # noqa: E402
+from autotuner.metrics import metric_named  # noqa: E402
+from autotuner.spec import Experiment, Sweep  # noqa: E402
+from autotuner.tags import find_tagged  # noqa: E402
+
+STANDIN = ROOT / "benchmarks" / "standin.sh"
+SLOTS = 8
+
+
+def build(directory: Path, n: int) -> dict[str, int]:
+    """A sweep of `n` experiments in `directory`, recorded as a long sweep would have left it."""
+    experiments = tuple(
+        Experiment(name=f"scale_z{i % 3}_mbs{2 ** (i % 6)}_i{i:05d}",
+                   ds_config={"train_micro_batch_size_per_gpu": 2 ** (i % 6), "zero_optimization": {"stage": i % 3},
+                              "gradient_accumulation_steps": 1 + i % 4},
+                   num_gpus=1, num_nodes=1, script=str(STANDIN), args=("--steps", "10"), timeout=None, env={},
+                   source="benchmarks/scale.py")
+        for i in range(n))
+    sweep = Sweep(name="scale", experiments=experiments, metric=metric_named("throughput"), source="scale")
+    hosts = localhost_hosts(SLOTS)
+    cluster = runner.Cluster.of(hosts, {h: list(range(SLOTS)) for h in hosts}, "cpu")
+    runner.prepare(sweep, cluster, directory, launcher=["sh", str(STANDIN)])
+
+    ledger = Ledger.open(directory)
+    # Setting up is not what is measured: one fsync per transition would take minutes for 10k experiments.
+    ledger._db.execute("PRAGMA synchronous=OFF")
+    counts: dict[str, int] = {}
+    now = time.time() - n  # as if the sweep had run for a while
+    for i, e in enumerate(experiments):
+        slot = i % SLOTS
+        if i % 500 == 7:
+            kind = "queued"
+        elif i % 200 == 3:
+            kind = INTERRUPTED
+        elif i % 150 == 1:
+            kind = FAILED
+        elif i % 2500 == 11:
+            kind = "running"  # left by a runner that was killed; its processes are gone
+        else:
+            kind = SUCCEEDED
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind == "queued":
+            continue
+        at = now + i
+        ledger.start(e.name, 1, slots={"localhost": [slot]}, tag=f"deadbeef.{e.name}.1", dir=str(directory / e.name),
+                     at=at)
+        ledger.launched(e.name, 1, pid=1, port=29500 + slot, at=at + 0.01)
+        if kind == SUCCEEDED:
+            value = 1000.0 + (i * 7919) % 5000
+            ledger.finish(e.name, 1, SUCCEEDED, at + 0.9, exit_code=0, metric=value,
+                          metrics={"throughput": value, "latency": 1.0 / value, "FLOPS_per_gpu": value * 1e9})
+        elif kind == FAILED:
+            ledger.finish(e.name, 1, FAILED, at + 0.5, reason="oom", exit_code=1,
+                          detail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        elif kind == INTERRUPTED:
+            ledger.finish(e.name, 1, INTERRUPTED, at + 0.5, reason="interrupted", detail="interrupted by the user")
+    ledger.close()
+    return counts
+
+
+def cli(*args: object) -> list[str]:
+    return [sys.executable, "-m", "autotuner.cli", *map(str, args)]
+
+
+def wall(*args: object) -> float:
+    started = time.perf_counter()
+    done = subprocess.run(cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    took = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"autotune {' '.join(map(str, args))} failed: {done.stderr}")
+    return took
+
+
+def first_launch(template: Path, workdir: Path, round_: int) -> float:
+    """Seconds from starting `autotune resume` on a fresh copy of the sweep to its first launch."""
+    directory = workdir / f"resume{round_}"
+    directory.mkdir()
+    for name in ("ledger.sqlite", "hostfile"):
+        shutil.copy2(template / name, directory / name)
+    db = sqlite3.connect(directory / "ledger.sqlite")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'sweep_id'", (f'"r{round_}{os.getpid()}"',))
+    db.commit()
+    db.close()
+    env = {**os.environ, "STANDIN_SECONDS": "5"}
+    started = time.time()
+    proc = subprocess.Popen(cli("resume", directory, "-q", "--grace", "1"), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        seen = None
+        while seen is None:
+            if proc.poll() is not None:
+                raise SystemExit(f"resume ended before launching anything: {proc.stderr.read()}")
+            db = sqlite3.connect(f"file:{directory / 'ledger.sqlite'}?mode=ro", uri=True, timeout=30)
+            try:
+                seen = db.execute("SELECT MIN(launched_at) FROM attempts WHERE launched_at >= ?",
+                                  (started,)).fetchone()[0]
+            finally:
+                db.close()
+            if seen is None:
+                time.sleep(0.005)
+        took = seen - started
+        stop = subprocess.run(cli("cancel", directory), capture_output=True, text=True)
+        if stop.returncode != 0:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    sweep_id = f"r{round_}{os.getpid()}"
+    db = sqlite3.connect(directory / "ledger.sqlite")
+    tags = [r[0] for r in db.execute("SELECT tag FROM attempts WHERE tag LIKE ?", (f"{sweep_id}.%",))]
+    db.close()
+    for tag in tags:  # nothing of the benchmark may outlive it
+        for pid in find_tagged(tag):
+            os.kill(pid, signal.SIGKILL)
+    return took
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiments", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--keep", type=Path, help="build the sweep here and keep it (default: a temp dir)")
+    opts = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        template = opts.keep or workdir / "sweep"
+        started = time.perf_counter()
+        counts = build(template, opts.experiments)
+        print(f"built {opts.experiments} experiments in {time.perf_counter() - started:.1f} s: "
+              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), flush=True)
+        figures: dict[str, list[float]] = {}
+        for round_ in range(opts.rounds):
+            figures.setdefault("resume -> first launch", []).append(first_launch(template, workdir, round_))
+            for label, args in (("status", ("status", template)), ("status --json", ("status", template, "--json")),
+                                ("report", ("report", template)),
+                                ("report --format json", ("report", template, "--format", "json")),
+                                ("report --format csv", ("report", template, "--format", "csv")),
+                                ("report --format md", ("report", template, "--format", "md")),
+                                ("--help", ("--help",))):
+                figures.setdefault(label, []).append(wall(*args))
+        print(f"median of {opts.rounds} rounds, seconds (min-max):")
+        for label, values in figures.items():
+            print(f"  {label:<24} {statistics.median(values):6.3f}   ({min(values):.3f}-{max(values):.3f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""A large recorded sweep (more rows than the report draws with rich): report, status and resume read it right.
+
+The timings of these commands on 10,000 experiments are benchmarks/scale.py's business; here only what they
+show and what resume runs.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from autotuner import runner
+from autotuner.hostfile import localhost_hosts
+from autotuner.ledger import FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
+from autotuner.metrics import metric_named
+from autotuner.render import RICH_ROWS
+from autotuner.spec import Experiment, Sweep
+
+from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, launches, states, sweep_id, tagged_pids, write_launcher
+
+N = RICH_ROWS + 200
+
+
+def build(tmp_path):
+    """N experiments: most succeeded (throughput (i * 37) % 1009 + 1), a few failed, interrupted or queued."""
+    launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)
+    (tmp_path / "train.py").touch()
+    experiments = tuple(Experiment(name=f"big_i{i:04d}", ds_config={"train_micro_batch_size_per_gpu": 1 + i % 8,
+                                                                     "seed": i},
+                                   num_gpus=1, num_nodes=1, script=str(tmp_path / "train.py"))
+                        for i in range(N))
+    sweep = Sweep(name="big", experiments=experiments, metric=metric_named("throughput"), source="test")
+    hosts = localhost_hosts(4)
+    directory = tmp_path / "out"
+    runner.prepare(sweep, runner.Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
+                   launcher=launcher.split())
+    kinds = {}
+    ledger = Ledger.open(directory)
+    ledger._db.execute("PRAGMA synchronous=OFF")  # setting up, not what is tested: no fsync per transition
+    for i, e in enumerate(experiments):
+        kind = QUEUED if i % 300 == 5 else INTERRUPTED if i % 300 == 6 else FAILED if i % 300 == 7 else SUCCEEDED
+        kinds[e.name] = kind
+        if kind == QUEUED:
+            continue
+        ledger.start(e.name, 1, slots={"localhost": [i % 4]}, tag=f"old.{e.name}.1", dir=str(directory / e.name),
+                     at=time.time())
+        value = float((i * 37) % 1009 + 1)
+        ledger.finish(e.name, 1, kind, time.time(), reason={SUCCEEDED: None, FAILED: "oom"}.get(kind, "interrupted"),
+                      detail="CUDA out of memory" if kind == FAILED else None,
+                      metric=value if kind == SUCCEEDED else None,
+                      metrics={"throughput": value} if kind == SUCCEEDED else None)
+    ledger.close()
+    return directory, kinds
+
+
+def test_report_status_and_resume_of_a_large_sweep(tmp_path):
+    directory, kinds = build(tmp_path)
+    values = {f"big_i{i:04d}": float((i * 37) % 1009 + 1) for i in range(N)}
+    succeeded = sorted((n for n, k in kinds.items() if k == SUCCEEDED), key=lambda n: -values[n])
+
+    shown = autotune("report", directory)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == "sweep big: throughput (higher is better)"
+    assert lines[1].split() == ["#", "name", "state", "throughput", "time", "slots", "why"]
+    body = [line.split() for line in lines[3:3 + N]]
+    assert [next(t for t in row if t.startswith("big_i")) for row in body] == succeeded + [n for n in kinds if kinds[n] != SUCCEEDED]
+    assert body[0][0] == "best" and body[1][0] == "2"
+    failed = next(line for line in lines if "big_i0007" in line)
+    assert "failed" in failed and "[oom] CUDA out of memory" in failed
+    assert "best config, ds_config_optimal.json" in shown.stdout
+
+    status = json.loads(autotune("status", directory, "--json").stdout)
+    expected = {}
+    for kind in kinds.values():
+        expected[kind] = expected.get(kind, 0) + 1
+    assert status["counts"] == expected and status["total"] == N
+    assert status["best"]["name"] == succeeded[0]
+
+    log = tmp_path / "launches.log"
+    done = autotune("resume", directory, "-q", environ=env(LAUNCH_LOG=log, STANDIN_SECONDS=0.01))
+    assert done.returncode == 1, done.stderr  # the failed ones stay failed
+    again = {n for n, k in kinds.items() if k in (QUEUED, INTERRUPTED)}
+    assert sorted(n for n, _ in launches(log)) == sorted(again)
+    now = states(directory)
+    assert {n for n, s in now.items() if s == SUCCEEDED} == set(succeeded) | again
+    assert tagged_pids(sweep_id(directory)) == []
