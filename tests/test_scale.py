@@ -84,3 +84,26 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     now = states(directory)
     assert {n for n, s in now.items() if s == SUCCEEDED} == set(succeeded) | again
     assert tagged_pids(sweep_id(directory)) == []
+
+
+def test_a_long_queue_is_not_scanned_once_every_slot_is_taken():
+    """With 10,000 queued, each dispatch tried to place every one of them (17 ms an event) though none fit."""
+    from autotuner.resources import BackfillQueue, BestFit, SlotPool
+    from autotuner.scheduler import Queued
+
+    class Counting(BestFit):
+        calls = 0
+
+        def place(self, free, num_nodes, num_gpus):
+            Counting.calls += 1
+            return super().place(free, num_nodes, num_gpus)
+
+    pool = SlotPool({"localhost": range(8)})
+    queue = BackfillQueue(8)
+    for i in range(1000):
+        queue.push(Queued(Experiment(name=f"e{i}", ds_config={}, num_gpus=1, num_nodes=1, script="/bin/true"), 1))
+    started = queue.select(pool, Counting())
+    assert len(started) == 8 and Counting.calls == 8
+    pool.give_back(started[0][1])
+    assert len(queue.select(pool, Counting())) == 1 and Counting.calls == 9
+    assert queue.select(pool, Counting()) == [] and Counting.calls == 9
