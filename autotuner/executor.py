@@ -20,7 +20,7 @@ from pathlib import Path
 from . import tags
 from .files import write_atomic, write_json_atomic
 from .launch import Command, Launcher, deepspeed_command, with_autotuning
-from .ledger import TIMED_OUT
+from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
 from .outcome import TIMEOUT, Outcome, judge
 from .scheduler import Finished, Launched, Run
@@ -96,6 +96,7 @@ class LocalExecutor:
         self._tags: dict[tuple[str, int], str] = {}
         self._ports: set[int] = set()
         self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
+        self._killing = False  # kill_all was called: no grace period any more
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
@@ -109,8 +110,15 @@ class LocalExecutor:
             threading.Thread(target=self._end, args=(proc, run.tag), daemon=True).start()
 
     def kill_all(self) -> None:
-        """Immediate: SIGKILL every running attempt's group and tagged processes, from any thread."""
+        """Immediate: SIGKILL every running attempt's group and tagged processes, from any thread.
+
+        Each is recorded interrupted (not judged by its exit status: -9 would read as the OOM killer), and an
+        attempt still being started is killed as soon as it exists.
+        """
         with self._lock:
+            self._killing = True
+            for key in self._procs:
+                self._stop_requests.setdefault(key, (INTERRUPTED, "killed at once (interrupted twice)", None))
             running = [(self._tags[key], proc) for key, proc in self._procs.items()]
         for tag, proc in running:
             end_process_group(proc.pid, tag, 0, lambda _: False)
@@ -153,6 +161,8 @@ class LocalExecutor:
         with self._lock:
             self._procs[run.key] = proc
             self._tags[run.key] = run.tag
+            if self._killing:
+                self._stop_requests.setdefault(run.key, (INTERRUPTED, "killed at once (interrupted twice)", None))
             stop_now = run.key in self._stop_requests
         post(Launched(run, proc.pid, port, self.clock()))
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
@@ -183,7 +193,7 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 return False
 
-        end_process_group(proc.pid, tag, self.grace, gone_within)
+        end_process_group(proc.pid, tag, 0 if self._killing else self.grace, gone_within)
 
 
 def launcher_for_this_python() -> Launcher:

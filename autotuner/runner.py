@@ -339,8 +339,11 @@ def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: f
         presses += 1
         if presses == 1:
             scheduler.post(Interrupt())
-        else:
+        elif presses == 2:
+            # At once: SIGKILL them all; the dispatcher records each interrupted as it is reaped and ends.
+            # (Raising KeyboardInterrupt here closed the ledger under the dispatcher's feet: SIGSEGV.)
             executor.kill_all()
+        else:
             raise KeyboardInterrupt
 
     timer = threading.Timer(deadline, scheduler.post, args=(Deadline(),)) if deadline else None

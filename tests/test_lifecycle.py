@@ -217,8 +217,12 @@ def test_second_ctrl_c_kills_at_once(tmp_path, runners):
     proc.send_signal(signal.SIGINT)
     code, out, err = finish(proc, timeout=60)  # well before the 600 s grace period
     assert code == 130, (out, err)
+    no_traceback(out, err)
     assert s.leftovers() == []
     assert runner_alive(s.dir) is None
+    now = latest(s.dir)  # recorded interrupted, not judged by their exit status (-9 reads as the OOM killer)
+    assert {n for n, a in now.items() if a.state == INTERRUPTED} == set(running), now
+    assert {n for n, a in now.items() if a.state == QUEUED} == set(s.names) - set(running)
 
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 0, (out, err)
@@ -483,3 +487,14 @@ def test_resume_from_another_directory_finds_a_relative_script(tmp_path, runners
     resumed = autotune("resume", directory, "-q", environ=env(LAUNCH_LOG=log, STANDIN_SECONDS=0.1), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert states(directory) == {"e0": SUCCEEDED, "e1": SUCCEEDED}
+
+
+def test_sigterm_to_the_runner_stops_it_like_ctrl_c(tmp_path, runners):
+    s = Sweep(tmp_path, range(3))
+    proc = s.start(runners, 2, "--grace", 1, STANDIN_SECONDS=60, SPAWN=1)
+    running = s.wait_running(2, processes_each=3)
+    proc.terminate()
+    code, out, err = finish(proc)
+    assert code == 130, (out, err)
+    assert sorted(n for n, st in states(s.dir).items() if st == INTERRUPTED) == sorted(running)
+    assert s.leftovers() == []
