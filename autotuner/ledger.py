@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,7 @@ class Ledger:
     def __init__(self, connection: sqlite3.Connection, path: Path):
         self._db = connection
         self.path = path
+        self._batching = False
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     @classmethod
@@ -128,18 +130,34 @@ class Ledger:
     def close(self) -> None:
         self._db.close()
 
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group the transitions made inside into one transaction: one commit, one sync, all or nothing."""
+        if self._batching:
+            yield
+            return
+        self._batching = True
+        try:
+            with self._db:
+                yield
+        finally:
+            self._batching = False
+
+    def _transaction(self):
+        return nullcontext() if self._batching else self._db
+
     # --- the sweep -----------------------------------------------------------------------------------------
     def meta(self) -> dict[str, object]:
         return {r["key"]: json.loads(r["value"]) for r in self._db.execute("SELECT key, value FROM meta")}
 
     def set_meta(self, key: str, value: object) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None:
         """Record new experiments, each with a first attempt queued, in one transaction."""
         start = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM experiments").fetchone()[0]
-        with self._db:
+        with self._transaction():
             self._db.executemany(
                 "INSERT INTO experiments VALUES (?, ?, ?, ?)",
                 [(e.name, start + i, e.digest, json.dumps(e.to_json(), sort_keys=True))
@@ -165,7 +183,7 @@ class Ledger:
             if state not in TERMINAL:
                 raise TransitionError(f"{name} attempt {attempt} is still {state}")
             todo.append((name, attempt + 1))
-        with self._db:
+        with self._transaction():
             self._insert_queued(todo, at)
         return dict(todo)
 
@@ -179,14 +197,14 @@ class Ledger:
               at: float) -> None:
         """queued -> running, committed before the process is started."""
         slots_json = json.dumps({h: list(ids) for h, ids in slots.items()})
-        with self._db:
+        with self._transaction():
             self._move(name, attempt, (QUEUED,), RUNNING, at,
                        "started_at = ?, slots = ?, tag = ?, dir = ?", (at, slots_json, tag, dir),
                        slots_json, None)
 
     def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float) -> None:
         """The process exists: its pid (its process group) and master port, for clean-up and the record."""
-        with self._db:
+        with self._transaction():
             self._db.execute("UPDATE attempts SET pid = ?, port = ?, launched_at = ? WHERE name = ? AND attempt = ?",
                              (pid, port, at, name, attempt))
 
@@ -196,7 +214,7 @@ class Ledger:
         """queued|running -> a terminal state (queued ones can be cancelled or interrupted unstarted)."""
         if state not in TERMINAL:
             raise TransitionError(f"{state} is not a terminal state")
-        with self._db:
+        with self._transaction():
             self._move(name, attempt, (QUEUED, RUNNING), state, at,
                        "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?",
                        (at, reason, detail, exit_code, metric, json.dumps(dict(metrics)) if metrics else None),
@@ -219,12 +237,12 @@ class Ledger:
 
     # --- requests from other processes (`autotune cancel`) ----------------------------------------------------
     def request(self, kind: str, names: Sequence[str], at: float) -> None:
-        with self._db:
+        with self._transaction():
             self._db.execute("INSERT INTO requests (kind, names, at) VALUES (?, ?, ?)", (kind, json.dumps(list(names)), at))
 
     def take_requests(self) -> list[tuple[str, list[str]]]:
         """Pending requests, oldest first, marked handled in the same transaction."""
-        with self._db:
+        with self._transaction():
             rows = self._db.execute("SELECT seq, kind, names FROM requests WHERE handled = 0 ORDER BY seq").fetchall()
             self._db.execute("UPDATE requests SET handled = 1 WHERE handled = 0")
         return [(r["kind"], json.loads(r["names"])) for r in rows]

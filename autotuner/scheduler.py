@@ -145,6 +145,7 @@ class Scheduler:
         self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._running: dict[tuple[str, int], Run] = {}
         self._stopping: str | None = None  # why no more work is dispatched, once set
+        self._notes: list[tuple[str, Run | Queued | str, Outcome | None]] = []  # for observers, after commit
         self._retried: dict[str, int] = {}  # transient failures retried, per experiment, by this dispatcher
 
     # --- public face --------------------------------------------------------------------------------------
@@ -167,16 +168,31 @@ class Scheduler:
         Events posted before the start (e.g. a cancel request that came first) are handled before anything
         is launched.
         """
+        self._step(self._pending_events())
+        while self._running or (self._queue and not self._stopping):
+            self._step([self._events.get(), *self._pending_events()])
+
+    def _pending_events(self) -> list[object]:
+        events = []
         while True:
             try:
-                event = self._events.get_nowait()
+                events.append(self._events.get_nowait())
             except queue.Empty:
-                break
-            self._handle(event)
-        self._dispatch()
-        while self._running or (self._queue and not self._stopping):
-            self._handle(self._events.get())
-            self._dispatch()
+                return events
+
+    def _step(self, events: list[object]) -> None:
+        """Handle every event at hand and fill the free slots, recording all of it in one transaction; only
+        once it is committed are observers told and the new runs started."""
+        with self.ledger.batch():
+            for event in events:
+                self._handle(event)
+            runs = self._dispatch()
+        notes, self._notes = self._notes, []
+        for note in notes:
+            for observer in self.observers:
+                observer(*note)
+        for run in runs:
+            self.executor.start(run, self.post)
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _handle(self, event: object) -> None:
@@ -203,15 +219,16 @@ class Scheduler:
             case _:
                 raise TypeError(f"unknown event {event!r}")
 
-    def _dispatch(self) -> None:
+    def _dispatch(self) -> list[Run]:
+        """Place what fits now; returns the runs to start (recorded, not yet started)."""
         if self._stopping:
-            return
-        for item, reservation in self._queue.select(self.pool, self.placement):
-            self._launch(item, reservation)
+            return []
+        runs = [self._place(item, reservation) for item, reservation in self._queue.select(self.pool, self.placement)]
         if self._queue and not self._running:
             self._fail_unplaceable()
+        return runs
 
-    def _launch(self, item: Queued, reservation: Reservation) -> None:
+    def _place(self, item: Queued, reservation: Reservation) -> Run:
         name = item.experiment.name
         run = Run(item.experiment, item.attempt, reservation, f"{self.sweep_id}.{name}.{item.attempt}",
                   self.results / name)
@@ -219,7 +236,7 @@ class Scheduler:
                           at=self.clock())
         self._running[run.key] = run
         self._notify("started", run, None)
-        self.executor.start(run, self.post)
+        return run
 
     def _finished(self, run: Run, outcome: Outcome, at: float) -> None:
         self._running.pop(run.key)
@@ -278,9 +295,9 @@ class Scheduler:
                                detail=outcome.detail)
             self._notify("finished", item, outcome)
 
-    def _notify(self, what: str, subject: Run | Queued, outcome: Outcome | None) -> None:
-        for observer in self.observers:
-            observer(what, subject, outcome)
+    def _notify(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
+        """Observers are told once the step's transaction is committed (see `_step`)."""
+        self._notes.append((what, subject, outcome))
 
 
 def run_in_thread(scheduler: Scheduler) -> threading.Thread:

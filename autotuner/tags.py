@@ -25,20 +25,38 @@ def check_tag(tag: str) -> str:
 
 
 def find_tagged(tag: str, proc: Path = Path("/proc")) -> list[int]:
-    """PIDs of live processes on this machine whose environment carries exactly this tag."""
+    """PIDs of live processes on this machine whose environment carries exactly this tag.
+
+    Runs after every attempt, so it reads each environ with plain os calls and splits only the few that
+    contain the tag's bytes at all.
+    """
     needle = f"{TAG_ENV}={check_tag(tag)}".encode()
-    me = os.getpid()
+    me = str(os.getpid())
     found = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit() or entry.name == me:
             continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:  # gone, or not ours to read
-            continue
-        if needle in environ.split(b"\0"):
+        environ = _read(os.path.join(entry.path, "environ"))
+        if needle in environ and needle in environ.split(b"\0"):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def _read(path: str) -> bytes:
+    """The whole file, or b"" when it is gone or not ours to read."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return b""
+    chunks = []
+    try:
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def signal_tagged(tag: str, sig: int = signal.SIGKILL) -> list[int]:

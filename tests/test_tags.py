@@ -1,0 +1,56 @@
+"""Finding an attempt's processes by the exact tag in their environment, here and through the shell snippets."""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from autotuner import tags
+
+
+@pytest.fixture
+def tagged():
+    """Two sleepers tagged s.e.1 (one in a new session, as a daemonizing child would be) and one tagged s.e.10."""
+    procs = []
+
+    def start(tag, **kw):
+        proc = subprocess.Popen(["sleep", "60"], env={**os.environ, tags.TAG_ENV: tag}, **kw)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_exact_tag_only(tagged):
+    a, b = tagged("s.e.1"), tagged("s.e.1", start_new_session=True)
+    other = tagged("s.e.10")
+    assert tags.find_tagged("s.e.1") == sorted([a.pid, b.pid])
+    assert tags.find_tagged("s.e.10") == [other.pid]
+    assert tags.find_tagged("s.e") == []
+
+
+def test_shell_snippets_agree_with_the_local_scan(tagged):
+    a = tagged("s.x.1")
+    tagged("s.x.11")
+    found = subprocess.run(["sh", "-c", tags.find_command("s.x.1")], capture_output=True, text=True).stdout
+    assert found.split() == [str(a.pid)]
+    killed = subprocess.run(["sh", "-c", tags.kill_command("s.x.1")], capture_output=True, text=True).stdout
+    assert killed.split() == [str(a.pid)]
+    assert a.wait(5) == -signal.SIGKILL
+    assert tags.find_tagged("s.x.1") == [] and len(tags.find_tagged("s.x.11")) == 1
+
+
+def test_signal_tagged_reaches_processes_outside_the_group(tagged):
+    escaped = tagged("s.y.1", start_new_session=True)
+    assert tags.signal_tagged("s.y.1", signal.SIGTERM) == [escaped.pid]
+    assert escaped.wait(5) == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("bad", ["a b", "x;rm -rf /", "$(id)", "", "a'b"])
+def test_tags_that_would_need_quoting_are_refused(bad):
+    with pytest.raises(ValueError):
+        tags.check_tag(bad)
