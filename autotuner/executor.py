@@ -100,7 +100,24 @@ class LocalExecutor:
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
-        threading.Thread(target=self._attempt, args=(run, post), name=f"run-{run.tag}", daemon=True).start()
+        """Spawn the launcher here, on the dispatcher's thread (a fork and exec: about a millisecond), then
+        leave the attempt to a thread of its own. Spawning here rather than on the new thread keeps a freed
+        slot from waiting on thread start-up when many runs end at once."""
+        with self._lock:
+            port = free_port(self._ports)
+            self._ports.add(port)
+        try:
+            config, command = self.command(run, port)
+            prepare_directory(run)
+            proc = self._spawn(run, command)
+        except Exception as e:  # our own failure to launch (command missing, disk full, ...): recorded, never lost
+            self._forget(run, port)
+            why = f"cannot start {run.experiment.name}: {e.strerror if isinstance(e, OSError) else e}"
+            post(Finished(run, Outcome("failed", "launch", why), self.clock()))
+            return
+        post(Launched(run, proc.pid, port, self.clock()))
+        threading.Thread(target=self._attempt, args=(run, proc, port, config, command, post), name=f"run-{run.tag}",
+                         daemon=True).start()
 
     def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
         with self._lock:
@@ -133,40 +150,41 @@ class LocalExecutor:
             metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
             launcher=self.launcher, env=self.env)
 
-    def _attempt(self, run: Run, post: Callable[[object], None]) -> None:
-        with self._lock:
-            port = free_port(self._ports)
-            self._ports.add(port)
-        try:
-            post(Finished(run, self._execute(run, port, post), self.clock()))
-        except Exception as e:  # our own failure to launch (disk full, ...): recorded, never lost
-            post(Finished(run, Outcome("failed", "launch", f"{type(e).__name__}: {e}"), self.clock()))
-        finally:
-            with self._lock:
-                self._ports.discard(port)
-                self._procs.pop(run.key, None)
-                self._tags.pop(run.key, None)
-                self._stop_requests.pop(run.key, None)
-
-    def _execute(self, run: Run, port: int, post: Callable[[object], None]) -> Outcome:
-        config, command = self.command(run, port)
-        prepare_directory(run)
+    def _spawn(self, run: Run, command: Command) -> subprocess.Popen:
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
-            try:
-                proc = subprocess.Popen(command.argv, cwd=command.cwd or None, env={**os.environ, **command.env},
-                                        stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
-            except OSError as e:
-                record_attempt(run, config, command)
-                return Outcome("failed", "launch", f"cannot start {command.argv[0]}: {e.strerror}")
+            proc = subprocess.Popen(command.argv, cwd=command.cwd or None, env={**os.environ, **command.env},
+                                    stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
         with self._lock:
             self._procs[run.key] = proc
             self._tags[run.key] = run.tag
             if self._killing:
                 self._stop_requests.setdefault(run.key, (INTERRUPTED, "killed at once (interrupted twice)", None))
-            stop_now = run.key in self._stop_requests
-        post(Launched(run, proc.pid, port, self.clock()))
+        return proc
+
+    def _forget(self, run: Run, port: int) -> None:
+        with self._lock:
+            self._ports.discard(port)
+            self._procs.pop(run.key, None)
+            self._tags.pop(run.key, None)
+            self._stop_requests.pop(run.key, None)
+
+    def _attempt(self, run: Run, proc: subprocess.Popen, port: int, config: dict, command: Command,
+                 post: Callable[[object], None]) -> None:
+        """The attempt's own thread: document it, wait for it (with its timeout), end what is left, judge."""
+        try:
+            outcome = self._watch(run, proc, config, command)
+        except Exception as e:  # e.g. the results disk filled up: recorded, never lost
+            end_process_group(proc.pid, run.tag, 0, lambda _: False)
+            outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
+        finally:
+            self._forget(run, port)
+        post(Finished(run, outcome, self.clock()))
+
+    def _watch(self, run: Run, proc: subprocess.Popen, config: dict, command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
+        with self._lock:
+            stop_now = run.key in self._stop_requests
         if stop_now:
             self._end(proc, run.tag)
         timeout = run.experiment.timeout or self.default_timeout
