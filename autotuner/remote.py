@@ -85,9 +85,12 @@ class SshExecutor:
             threading.Thread(target=self._end, args=(run, proc), daemon=True).start()
 
     def kill_all(self) -> None:
+        """Immediate: SIGKILL each running attempt's process group; each is then recorded interrupted."""
         with self._lock:
-            running = list(self._procs.items())
-        for _, proc in running:
+            for key in self._procs:
+                self._stop_requests.setdefault(key, (INTERRUPTED, "killed at once (interrupted twice)", None))
+            running = list(self._procs.values())
+        for proc in running:
             try:
                 proc.signal(signal.SIGKILL)
             except HostDown:

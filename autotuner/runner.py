@@ -390,7 +390,12 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
             return f"asked the runner (pid {e.pid}) to cancel {', '.join(names) or 'the sweep'}"
         try:  # no runner: apply it here, after clearing up what a dead one left
             ledger.take_requests()
-            recover(ledger, time.time())
+            pool = _ssh_pool(ledger, Options())
+            try:
+                recover(ledger, time.time(), pool=pool)
+            finally:
+                if pool is not None:
+                    pool.close()
             chosen = set(names) or known
             done = []
             for attempt in ledger.latest():

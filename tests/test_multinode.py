@@ -105,11 +105,10 @@ def test_a_real_multi_node_deepspeed_run(ssh_nodes, tmp_path):
 
 def test_a_node_lost_mid_sweep_its_work_moves_and_the_sweep_completes(ssh_nodes, tmp_path):
     results = tmp_path / "r"
-    env = {**__import__("os").environ, "STANDIN_SECONDS": "3"}
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=4), "-H",
                              hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
-                             "--launcher", f"sh {STANDIN}", "-o", results], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                             "--launcher", f"sh {timed_standin(tmp_path, 3)}", "-o", results],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait until node-2 runs something
         if (results / "ledger.sqlite").exists():
@@ -191,17 +190,24 @@ def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
     assert posted == [HostBack("node-2")]
 
 
-def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nodes, tmp_path):
-    import os
+def timed_standin(tmp_path, seconds: float) -> Path:
+    """A stand-in launcher whose duration is read from a file when it starts: remote runs do not inherit the
+    runner's environment, so this is how a test changes it between a run and its resume."""
+    (tmp_path / "seconds").write_text(str(seconds))
+    script = tmp_path / "timed-standin.sh"
+    script.write_text(f"STANDIN_SECONDS=$(cat {tmp_path / 'seconds'}) exec sh {STANDIN}\n")
+    return script
+
+
+def start_then_kill_9(ssh_nodes, tmp_path, results):
+    """A sweep of two long experiments, one on each node, whose runner is then killed with SIGKILL."""
     import signal
 
-    results = tmp_path / "r"
-    env = {**os.environ, "STANDIN_SECONDS": "300"}  # far longer than the test: only resume may end them
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=2), "-H",
                              hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
-                             "--launcher", f"sh {STANDIN}", "-o", results, "-q"], env=env)
+                             "--launcher", f"sh {timed_standin(tmp_path, 300)}", "-o", results, "-q"])
     deadline = time.monotonic() + 60
-    sweep_id = None
+    attempts, sweep_id = [], None
     while time.monotonic() < deadline:
         if (results / "ledger.sqlite").exists():
             attempts, _, sweep_id = latest(results)
@@ -214,9 +220,26 @@ def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nod
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert leftovers(sweep_id), "the killed runner's experiments keep running on the nodes"
-    out = autotune("resume", results, "-q", env={**os.environ, "STANDIN_SECONDS": "0.2"})
+    return sweep_id
+
+
+def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nodes, tmp_path):
+    results = tmp_path / "r"
+    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
+    timed_standin(tmp_path, 0.2)
+    out = autotune("resume", results, "-q")
     assert out.returncode == 0, out.stdout + out.stderr
     final, attempts, _ = latest(results)
     assert {a.state for a in final} == {"succeeded"}
     assert sorted(a.state for a in attempts) == ["interrupted", "interrupted", "succeeded", "succeeded"]
     assert leftovers(sweep_id) == []
+
+
+def test_cancel_with_no_runner_ends_what_a_dead_one_left_on_the_nodes(ssh_nodes, tmp_path):
+    results = tmp_path / "r"
+    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
+    out = autotune("cancel", results)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert leftovers(sweep_id) == []
+    final, _, _ = latest(results)
+    assert {a.state for a in final} == {"cancelled"}
