@@ -22,6 +22,14 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 EVENTS_HELP = ("Append one JSON line per event (started, finished: name, attempt, slots, state, reason, metric, "
                "timestamp) to this file, for scripts.")
 
+# Options that several commands share.
+GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run.")
+SSH_CONFIG = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config.")
+ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts.")
+REMOTE_DIR = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP.")
+QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
+EVENTS = typer.Option(None, "--events", help=EVENTS_HELP)
+
 
 def fail(error: UserError | str) -> "typer.Exit":
     typer.echo(f"autotune: error: {error}", err=True)
@@ -42,17 +50,16 @@ def run(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds an experiment may run, unless its spec says."),
     deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the whole sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
-    grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run."),
+    grace: float = GRACE,
     launcher: Optional[str] = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
-    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config."),
-    accept_new_hosts: bool = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts."),
-    remote_dir: Optional[str] = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the outcome."),
-    events: Optional[Path] = typer.Option(None, "--events", help=EVENTS_HELP),
+    ssh_config: Optional[Path] = SSH_CONFIG,
+    accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
+    remote_dir: Optional[str] = REMOTE_DIR,
+    quiet: bool = QUIET,
+    events: Optional[Path] = EVENTS,
 ) -> None:
     """Run a sweep and report the best configuration."""
     from . import runner
-    from .spec import load_sweep
 
     # What `resume` reloads the spec from: paths absolute, so it may run from any directory.
     reload = {"specs": [str(p.resolve()) for p in specs],
@@ -124,12 +131,12 @@ def resume(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds an experiment may run, unless its spec says."),
     deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
-    grace: float = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run."),
-    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config."),
-    accept_new_hosts: bool = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts."),
-    remote_dir: Optional[str] = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the outcome."),
-    events: Optional[Path] = typer.Option(None, "--events", help=EVENTS_HELP),
+    grace: float = GRACE,
+    ssh_config: Optional[Path] = SSH_CONFIG,
+    accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
+    remote_dir: Optional[str] = REMOTE_DIR,
+    quiet: bool = QUIET,
+    events: Optional[Path] = EVENTS,
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     from . import runner
@@ -285,8 +292,8 @@ def optional_html_value(argv: list[str]) -> list[str]:
 @app.command()
 def hosts(
     hostfile: Path = typer.Option(Path("hostfile"), "--hostfile", "-H", help="DeepSpeed hostfile."),
-    ssh_config: Optional[Path] = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config."),
-    accept_new_hosts: bool = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts."),
+    ssh_config: Optional[Path] = SSH_CONFIG,
+    accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""

@@ -21,3 +21,15 @@ class UserError(Exception):
             if self.col is not None:
                 where.append(str(self.col))
         return ":".join(where) + (": " if where else "") + self.message
+
+
+def read_user_file(path: str | Path, what: str) -> str:
+    """The text of a file the user named (`what` says which, e.g. "hostfile"); any failure is a UserError."""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise UserError(f"{what}: no such file", path) from None
+    except UnicodeDecodeError:
+        raise UserError(f"{what} is not UTF-8 text", path) from None
+    except OSError as e:
+        raise UserError(f"cannot read {what}: {e.strerror or e}", path) from None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from .errors import UserError
+from .errors import UserError, read_user_file
 
 # `slots = 4` with spaces is accepted because DeepSpeed accepts it.
 _LINE = re.compile(r"(?P<name>\S+)\s+slots\s*=\s*(?P<slots>\S+)(?P<rest>.*)")
@@ -73,15 +73,7 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
 
 def load_hostfile(path: str | Path) -> dict[str, Host]:
     """Read and parse; a file that cannot be read is the user's problem to fix, not a traceback."""
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise _fail("hostfile not found", path) from None
-    except UnicodeDecodeError:
-        raise _fail("hostfile is not UTF-8 text", path) from None
-    except OSError as e:
-        raise _fail(f"cannot read hostfile: {e.strerror or e}", path) from None
-    return parse_hostfile(text, path)
+    return parse_hostfile(read_user_file(path, "hostfile"), path)
 
 
 def _parse_filter(spec: str, hosts: Mapping[str, Host], option: str) -> dict[str, set[int] | None]:

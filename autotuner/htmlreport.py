@@ -11,7 +11,6 @@ import time
 from html import escape
 from pathlib import Path
 
-from .ledger import SUCCEEDED
 from .report import OPTIMAL_COMMAND, OPTIMAL_CONFIG, Snapshot, format_value, optimal
 
 REPORT_HTML = "report.html"

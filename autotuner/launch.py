@@ -12,7 +12,6 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from .hostfile import format_include
 from .metrics import METRICS_PATH_ENV

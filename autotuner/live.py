@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, Ledger
+from .ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT
 from .outcome import LOST, Outcome
 from .report import Snapshot, format_value
 

@@ -27,7 +27,6 @@ from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
 from .scheduler import Finished, HostBack, HostLost, Launched, Run
-from .tags import TAG_ENV
 from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
 
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})

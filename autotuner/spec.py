@@ -42,7 +42,7 @@ from typing import Any
 
 import hjson
 
-from .errors import UserError
+from .errors import UserError, read_user_file
 from .metrics import THROUGHPUT, Metric, metric_named
 
 NAME_MAX = 120
@@ -188,14 +188,7 @@ class _Source:
 
 
 def _read(path: Path) -> _Source:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError("no such file", path) from None
-    except UnicodeDecodeError:
-        raise UserError("not UTF-8 text", path) from None
-    except OSError as e:
-        raise UserError(f"cannot read: {e.strerror or e}", path) from None
+    text = read_user_file(path, "experiment file")
     try:
         data = hjson.loads(text, object_pairs_hook=_pairs)
     except hjson.HjsonDecodeError as e:

@@ -3,9 +3,7 @@ ends exactly as a clean run does: nothing lost, nothing that succeeded run again
 """
 from __future__ import annotations
 
-import os
 import random
-import signal
 import time
 from collections import Counter
 from pathlib import Path

@@ -100,7 +100,7 @@ def test_load_hostfile_missing_or_unreadable(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(UserError) as info:
         load_hostfile(missing)
-    assert str(info.value) == f"{missing}: hostfile not found"
+    assert str(info.value) == f"{missing}: hostfile: no such file"
     with pytest.raises(UserError) as info:
         load_hostfile(tmp_path)  # a directory
     assert str(info.value).startswith(f"{tmp_path}: cannot read hostfile")

@@ -1,6 +1,5 @@
 """The real thing on CPU: DeepSpeed's launcher, its engine writing metrics.json, the best read back from disk."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

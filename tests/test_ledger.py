@@ -1,5 +1,3 @@
-import sqlite3
-import threading
 
 import pytest
 

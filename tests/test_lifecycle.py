@@ -6,7 +6,6 @@ Every test checks what the ledger recorded, what was launched, and that no proce
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from pathlib import Path

@@ -17,14 +17,14 @@ import pytest
 from rich.console import Console
 
 from autotuner import cli
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT, Ledger
+from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT
 from autotuner.live import EventLog, LiveView, event_record, render, seconds
 from autotuner.outcome import Outcome
 from autotuner.report import snapshot
 from autotuner.resources import Reservation
 from autotuner.scheduler import Queued, Run
 
-from recorded import T0, grid_sweep, record, throughput, two_nodes
+from recorded import T0, grid_sweep, record, two_nodes
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "benchmarks" / "standin.sh"

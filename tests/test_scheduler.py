@@ -1,12 +1,10 @@
 """The dispatcher driven by a hand-operated executor (a stand-in for processes, named as such)."""
 import itertools
 import queue
-import threading
 import time
 
-import pytest
 
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, Ledger
+from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
 from autotuner.outcome import Outcome
 from autotuner.resources import SlotPool
 from autotuner.scheduler import (Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler,
@@ -100,7 +98,7 @@ def test_cancel_named_experiments_running_and_queued(tmp_path):
     exps = [experiment(f"e{i}") for i in range(4)]
     ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
     thread = run_in_thread(scheduler)
-    e0 = executor.next_started()
+    executor.next_started()  # e0
     scheduler.post(Cancel(("e0", "e2")))
     e1 = executor.next_started()
     assert e1.experiment.name == "e1"
