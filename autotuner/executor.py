@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tags
+from .cleanup import end_group
 from .files import write_atomic, write_json_atomic
 from .launch import Command, Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, TIMED_OUT
@@ -62,20 +61,6 @@ def record_attempt(run: Run, config: dict, command: Command) -> None:
                                              "slots": run.reservation.as_dict(), "tag": run.tag})
     write_json_atomic(run.dir / "ds_config.json", config)
     write_atomic(run.dir / "cmd.txt", command.shell() + "\n")
-
-
-def end_process_group(pgid: int, tag: str, grace: float, wait: Callable[[float], bool]) -> None:
-    """SIGTERM the group, give it `grace` seconds (`wait` returns True once it is gone), then SIGKILL all."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    if not wait(grace):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    tags.signal_tagged(tag, signal.SIGKILL)
 
 
 @dataclass
@@ -138,7 +123,7 @@ class LocalExecutor:
                 self._stop_requests.setdefault(key, (INTERRUPTED, "killed at once (interrupted twice)", None))
             running = [(self._tags[key], proc) for key, proc in self._procs.items()]
         for tag, proc in running:
-            end_process_group(proc.pid, tag, 0, lambda _: False)
+            end_group(proc.pid, tag, 0, lambda _: False)
 
     # --- one attempt, on its own thread -------------------------------------------------------------------
     def command(self, run: Run, port: int) -> tuple[dict, Command]:
@@ -174,7 +159,7 @@ class LocalExecutor:
         try:
             outcome = self._watch(run, proc, config, command)
         except Exception as e:  # e.g. the results disk filled up: recorded, never lost
-            end_process_group(proc.pid, run.tag, 0, lambda _: False)
+            end_group(proc.pid, run.tag, 0, lambda _: False)
             outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)
@@ -195,7 +180,7 @@ class LocalExecutor:
                 self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT))
             self._end(proc, run.tag)
             exit_code = proc.wait()
-        end_process_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
+        end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
         with self._lock:
             requested = self._stop_requests.get(run.key)
         if requested:
@@ -211,7 +196,7 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 return False
 
-        end_process_group(proc.pid, tag, 0 if self._killing else self.grace, gone_within)
+        end_group(proc.pid, tag, 0 if self._killing else self.grace, gone_within)
 
 
 def launcher_for_this_python() -> Launcher:

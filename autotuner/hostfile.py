@@ -159,6 +159,14 @@ def format_hostfile(hosts: Mapping[str, int]) -> str:
     return "".join(lines)
 
 
+LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def is_local(host: str) -> bool:
+    """Whether a host is this machine: reached without SSH, its processes started and ended directly."""
+    return host in LOCAL_NAMES
+
+
 def localhost_hosts(slots: int) -> dict[str, Host]:
     """This machine as a one-host cluster; `localhost` is the name DeepSpeed's launcher uses with no hostfile."""
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:

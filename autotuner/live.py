@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT
+from .ledger import (
+    CANCELLED,
+    FAILED,
+    INTERRUPTED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    TIMED_OUT,
+)
 from .outcome import LOST, Outcome
 from .report import Snapshot, format_value
 

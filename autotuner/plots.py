@@ -23,7 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, Attempt, Ledger
+from .ledger import (
+    CANCELLED,
+    FAILED,
+    INTERRUPTED,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    TIMED_OUT,
+    Attempt,
+    Ledger,
+)
 from .report import Snapshot, format_value
 from .spec import ABBREVIATIONS, FIELD_KEYS, Experiment
 

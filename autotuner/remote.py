@@ -16,12 +16,13 @@ import random
 import shlex
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cleanup import end_tagged_remote
 from .executor import prepare_directory, record_attempt
+from .hostfile import is_local
 from .launch import Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
@@ -29,12 +30,7 @@ from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
 from .scheduler import Finished, HostBack, HostLost, Launched, Run
 from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
 
-LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 PORTS = (20000, 40000)  # master ports are drawn here: a port taken on the node fails fast and is retried
-
-
-def is_local(host: str) -> bool:
-    return host in LOCAL_NAMES
 
 
 def env_file_text(env: Mapping[str, str]) -> str:
@@ -183,15 +179,9 @@ class SshExecutor:
         self._clean(run)
 
     def _clean(self, run: Run) -> None:
-        """SIGKILL every process carrying the attempt's tag on each of its hosts, until none is left."""
+        """End every process carrying the attempt's tag on each of its hosts, until none is left."""
         for host in run.reservation.hosts:
-            for _ in range(20):
-                try:
-                    if not self.pool.signal_tagged(host, run.tag, signal.SIGKILL, timeout=30):
-                        break
-                except HostDown:
-                    break  # a lost host: what ran there is gone with it, or is ended when it returns
-                time.sleep(0.1)
+            end_tagged_remote(self.pool, host, run.tag)
 
     def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
         post(HostLost(host, "stopped answering"))

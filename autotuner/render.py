@@ -8,7 +8,14 @@ from pathlib import Path
 
 from .errors import UserError
 from .ledger import FILENAME, SUCCEEDED, Attempt
-from .report import OPTIMAL_COMMAND, OPTIMAL_CONFIG, Snapshot, format_value, optimal, snapshot
+from .report import (
+    OPTIMAL_COMMAND,
+    OPTIMAL_CONFIG,
+    Snapshot,
+    format_value,
+    optimal,
+    snapshot,
+)
 
 FORMATS = ("table", "json", "csv", "md")
 COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")

@@ -16,20 +16,43 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tags
+from .cleanup import recover
 from .errors import UserError
 from .executor import LocalExecutor, launcher_for_this_python
 from .files import write_atomic
-from .hostfile import Host, format_hostfile, load_hostfile, localhost_hosts, select_slots
+from .hostfile import (
+    Host,
+    format_hostfile,
+    is_local,
+    load_hostfile,
+    localhost_hosts,
+    select_slots,
+)
 from .inventory import local_slots
 from .launch import Launcher
+from .ledger import (
+    CANCELLED,
+    FAILED,
+    FILENAME,
+    INTERRUPTED,
+    QUEUED,
+    SUCCEEDED,
+    TIMED_OUT,
+    Ledger,
+)
 from .lock import SweepBusy, SweepLock, holder_pid
-from .ledger import CANCELLED, FAILED, FILENAME, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT, Ledger
 from .metrics import metric_named
-from .remote import is_local
 from .report import Snapshot, snapshot, write_outcome_files
 from .resources import SlotPool
-from .scheduler import CheckRequests, Deadline, Interrupt, Observer, Queued, Scheduler, run_in_thread
+from .scheduler import (
+    CheckRequests,
+    Deadline,
+    Interrupt,
+    Observer,
+    Queued,
+    Scheduler,
+    run_in_thread,
+)
 from .spec import Experiment, Sweep
 
 HOSTFILE = "hostfile"
@@ -206,51 +229,6 @@ def _listen_for_requests():
 def _restore(signum: int, previous) -> None:
     if previous is not None:
         signal.signal(signum, previous)
-
-
-def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[str]:
-    """End every process of the attempts a dead runner left running, then record them interrupted.
-
-    Processes are found by their tag on this machine and, over `pool`, on every other host the attempt used.
-    """
-    left = ledger.in_state(RUNNING)
-    for attempt in left:
-        if attempt.tag:
-            end_tagged(attempt.tag, grace)
-            for host in attempt.slots:
-                if pool is not None and not is_local(host):
-                    end_tagged_remote(pool, host, attempt.tag)
-        ledger.finish(attempt.name, attempt.attempt, INTERRUPTED, at, reason="interrupted",
-                      detail="the runner stopped while it ran")
-    return [a.name for a in left]
-
-
-def end_tagged(tag: str, grace: float) -> None:
-    """SIGTERM what carries the tag, wait up to `grace` for it to go, SIGKILL the rest, check none remain."""
-    if not tags.signal_tagged(tag, signal.SIGTERM):
-        return
-    deadline = time.monotonic() + grace
-    while tags.find_tagged(tag) and time.monotonic() < deadline:
-        time.sleep(0.05)  # waiting for processes we do not parent: there is nothing to block on
-    for _ in range(50):
-        if not tags.signal_tagged(tag, signal.SIGKILL):
-            return
-        time.sleep(0.02)
-    raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
-
-
-def end_tagged_remote(pool, host: str, tag: str) -> None:
-    """SIGKILL what carries the tag on `host` until nothing does; a host that is down is left alone."""
-    from .transport import HostDown
-
-    for _ in range(50):
-        try:
-            if not pool.signal_tagged(host, tag, signal.SIGKILL, timeout=30):
-                return
-        except HostDown:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {host}")
 
 
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .ledger import CANCELLED, FAILED, INTERRUPTED, Ledger, TIMED_OUT
+from .ledger import CANCELLED, FAILED, INTERRUPTED, TIMED_OUT, Ledger
 from .outcome import LOST, TIMEOUT, Outcome
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
 from .spec import Experiment

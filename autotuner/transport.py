@@ -326,8 +326,8 @@ class SSHPool:
             name = getattr(hop, "original_host", name)
 
     def _open(self, host: str, timeout: float | None) -> Any:
-        from fabric import Connection
         import paramiko
+        from fabric import Connection
 
         config = self._fabric_config()
         wait = timeout if timeout is not None else self.connect_timeout

@@ -1,0 +1,78 @@
+"""Ending an attempt's processes, on every host it used, until none is left.
+
+The process group goes first (it holds the launcher and the ranks it started); then every process that carries
+the attempt's tag, which also finds ranks that left the group and processes on other nodes. Used after every
+attempt, on cancel, timeout and Ctrl-C, and when a resumed sweep finds what a dead runner left running.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from . import tags
+from .hostfile import is_local
+from .ledger import INTERRUPTED, RUNNING, Ledger
+
+
+def end_group(pgid: int, tag: str, grace: float, gone_within: Callable[[float], bool]) -> None:
+    """SIGTERM the group, give it `grace` seconds (`gone_within` says when it is gone), SIGKILL it, then
+    end whatever else carries the tag."""
+    _killpg(pgid, signal.SIGTERM)
+    if not gone_within(grace):
+        _killpg(pgid, signal.SIGKILL)
+    end_tagged(tag, 0)
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def end_tagged(tag: str, grace: float) -> None:
+    """SIGTERM what carries the tag here, wait up to `grace` for it to go, SIGKILL the rest, check none remain."""
+    if not tags.signal_tagged(tag, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace
+    while tags.find_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)  # processes we do not parent: there is nothing to block on
+    for _ in range(50):
+        if not tags.signal_tagged(tag, signal.SIGKILL):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
+
+
+def end_tagged_remote(pool, host: str, tag: str) -> None:
+    """SIGKILL what carries the tag on `host` until nothing does; a host that is down is left alone (what ran
+    there is gone with it, or is ended when a later resume finds it)."""
+    from .transport import HostDown
+
+    for _ in range(50):
+        try:
+            if not pool.signal_tagged(host, tag, signal.SIGKILL, timeout=30):
+                return
+        except HostDown:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {host}")
+
+
+def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[str]:
+    """End every process of the attempts a dead runner left running, then record them interrupted.
+
+    Processes are found by their tag on this machine and, over `pool`, on every other host the attempt used.
+    """
+    left = ledger.in_state(RUNNING)
+    for attempt in left:
+        if attempt.tag:
+            end_tagged(attempt.tag, grace)
+            for host in attempt.slots:
+                if pool is not None and not is_local(host):
+                    end_tagged_remote(pool, host, attempt.tag)
+        ledger.finish(attempt.name, attempt.attempt, INTERRUPTED, at, reason="interrupted",
+                      detail="the runner stopped while it ran")
+    return [a.name for a in left]
