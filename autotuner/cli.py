@@ -60,6 +60,7 @@ def run(
 ) -> None:
     """Run a sweep and report the best configuration."""
     from . import runner
+    from .cluster import local_or_hostfile_cluster
 
     # What `resume` reloads the spec from: paths absolute, so it may run from any directory.
     reload = {"specs": [str(p.resolve()) for p in specs],
@@ -71,7 +72,7 @@ def run(
 
             check_events_path(events)
         sweep = _load(reload)
-        cluster = runner.local_or_hostfile_cluster(hostfile, include, exclude, slots)
+        cluster = local_or_hostfile_cluster(hostfile, include, exclude, slots)
         directory = results or Path("results") / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         runner.prepare(sweep, cluster, directory, launcher=shlex.split(launcher) if launcher else None,
                        reload=reload)

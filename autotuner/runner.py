@@ -17,18 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cleanup import recover
+from .cluster import Cluster, check_fits
 from .errors import UserError
 from .executor import LocalExecutor, launcher_for_this_python
 from .files import write_atomic
 from .hostfile import (
-    Host,
     format_hostfile,
     is_local,
-    load_hostfile,
-    localhost_hosts,
-    select_slots,
 )
-from .inventory import local_slots
 from .launch import Launcher
 from .ledger import (
     CANCELLED,
@@ -57,50 +53,6 @@ from .spec import Experiment, Sweep
 
 HOSTFILE = "hostfile"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-@dataclass(frozen=True)
-class Cluster:
-    """The slots a sweep may use: slot ids per host, and what kind of accelerator they are."""
-
-    slots: Mapping[str, tuple[int, ...]]
-    capacity: Mapping[str, int]  # every slot of each host, for the hostfile handed to DeepSpeed
-    accelerator: str = "cuda"
-
-    @classmethod
-    def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> "Cluster":
-        return cls({h: tuple(ids) for h, ids in selection.items()}, {h: hosts[h].slots for h in selection},
-                   accelerator)
-
-    @property
-    def env(self) -> dict[str, str]:
-        """What every experiment's environment needs for this kind of slot."""
-        return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
-
-
-def local_or_hostfile_cluster(hostfile: Path | None, include: str = "", exclude: str = "",
-                              cpu_slots: int | None = None) -> Cluster:
-    """The hostfile's slots (GPUs), or with no hostfile this machine's GPUs, or `cpu_slots` CPU slots."""
-    if hostfile is not None:
-        if cpu_slots is not None:
-            raise UserError("--slots is for a run on this machine; a hostfile gives the slots itself", hostfile)
-        hosts = load_hostfile(hostfile)
-        accelerator = "cpu" if all(h.attrs.get("accelerator") == "cpu" for h in hosts.values()) else "cuda"
-    else:
-        count, accelerator = local_slots(cpu_slots)
-        hosts = localhost_hosts(count)
-    return Cluster.of(hosts, select_slots(hosts, include, exclude), accelerator)
-
-
-def check_fits(sweep: Sweep, cluster: Cluster) -> None:
-    """Every experiment must fit on the cluster as given, or nothing is launched."""
-    pool = SlotPool(cluster.slots)
-    for e in sweep.experiments:
-        if not pool.could_fit(e.num_nodes, e.num_gpus):
-            widest = max((len(ids) for ids in cluster.slots.values()), default=0)
-            raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each; "
-                            f"the cluster has {len(cluster.slots)} node(s), at most {widest} slot(s) on one",
-                            e.source)
 
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequence[str] | None = None,

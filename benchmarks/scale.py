@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotuner import runner  # noqa: E402
+from autotuner.cluster import Cluster  # noqa: E402
 from autotuner.hostfile import localhost_hosts  # noqa: E402
 from autotuner.ledger import FAILED, INTERRUPTED, SUCCEEDED, Ledger  # noqa: E402
 from autotuner.metrics import metric_named  # noqa: E402
@@ -53,7 +54,7 @@ def build(directory: Path, n: int) -> dict[str, int]:
         for i in range(n))
     sweep = Sweep(name="scale", experiments=experiments, metric=metric_named("throughput"), source="scale")
     hosts = localhost_hosts(SLOTS)
-    cluster = runner.Cluster.of(hosts, {h: list(range(SLOTS)) for h in hosts}, "cpu")
+    cluster = Cluster.of(hosts, {h: list(range(SLOTS)) for h in hosts}, "cpu")
     runner.prepare(sweep, cluster, directory, launcher=["sh", str(STANDIN)])
 
     ledger = Ledger.open(directory)

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotuner import runner  # noqa: E402
+from autotuner.cluster import Cluster  # noqa: E402
 from autotuner.hostfile import localhost_hosts  # noqa: E402
 from autotuner.ledger import SUCCEEDED, Ledger  # noqa: E402
 from autotuner.metrics import metric_named  # noqa: E402
@@ -43,7 +44,7 @@ def one_round(n: int, seconds: float, slots: int) -> dict[str, float]:
         for i in range(n))
     sweep = Sweep(name="bench", experiments=experiments, metric=metric_named("throughput"), source="bench")
     hosts = localhost_hosts(slots)
-    cluster = runner.Cluster.of(hosts, {h: list(range(slots)) for h in hosts}, "cpu")
+    cluster = Cluster.of(hosts, {h: list(range(slots)) for h in hosts}, "cpu")
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "sweep"
         runner.prepare(sweep, cluster, directory, launcher=["sh", str(ROOT / "benchmarks" / "standin.sh")])

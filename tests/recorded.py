@@ -5,7 +5,8 @@ from pathlib import Path
 
 from autotuner.ledger import FAILED, SUCCEEDED, Ledger
 from autotuner.metrics import metric_named
-from autotuner.runner import Cluster, prepare
+from autotuner.cluster import Cluster
+from autotuner.runner import prepare
 from autotuner.spec import Sweep
 
 from helpers import experiment

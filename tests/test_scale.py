@@ -9,6 +9,7 @@ import json
 import time
 
 from autotuner import runner
+from autotuner.cluster import Cluster
 from autotuner.hostfile import localhost_hosts
 from autotuner.ledger import FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
 from autotuner.metrics import metric_named
@@ -31,7 +32,7 @@ def build(tmp_path):
     sweep = Sweep(name="big", experiments=experiments, metric=metric_named("throughput"), source="test")
     hosts = localhost_hosts(4)
     directory = tmp_path / "out"
-    runner.prepare(sweep, runner.Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
+    runner.prepare(sweep, Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
                    launcher=launcher.split())
     kinds = {}
     ledger = Ledger.open(directory)

@@ -1,0 +1,60 @@
+"""The cluster a sweep runs on: which slot ids of which hosts it may use, and what kind of slots they are.
+
+From a hostfile (filtered by --include / --exclude), or with no hostfile this machine: its GPUs as NVML finds
+them, or `--slots N` CPU slots where there is none.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import UserError
+from .hostfile import Host, load_hostfile, localhost_hosts, select_slots
+from .inventory import local_slots
+from .resources import SlotPool
+from .spec import Sweep
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The slots a sweep may use: slot ids per host, and what kind of accelerator they are."""
+
+    slots: Mapping[str, tuple[int, ...]]
+    capacity: Mapping[str, int]  # every slot of each host, for the hostfile handed to DeepSpeed
+    accelerator: str = "cuda"
+
+    @classmethod
+    def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> "Cluster":
+        return cls({h: tuple(ids) for h, ids in selection.items()}, {h: hosts[h].slots for h in selection},
+                   accelerator)
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every experiment's environment needs for this kind of slot."""
+        return {"DS_ACCELERATOR": "cpu"} if self.accelerator == "cpu" else {}
+
+
+def local_or_hostfile_cluster(hostfile: Path | None, include: str = "", exclude: str = "",
+                              cpu_slots: int | None = None) -> Cluster:
+    """The hostfile's slots (GPUs), or with no hostfile this machine's GPUs, or `cpu_slots` CPU slots."""
+    if hostfile is not None:
+        if cpu_slots is not None:
+            raise UserError("--slots is for a run on this machine; a hostfile gives the slots itself", hostfile)
+        hosts = load_hostfile(hostfile)
+        accelerator = "cpu" if all(h.attrs.get("accelerator") == "cpu" for h in hosts.values()) else "cuda"
+    else:
+        count, accelerator = local_slots(cpu_slots)
+        hosts = localhost_hosts(count)
+    return Cluster.of(hosts, select_slots(hosts, include, exclude), accelerator)
+
+
+def check_fits(sweep: Sweep, cluster: Cluster) -> None:
+    """Every experiment must fit on the cluster as given, or nothing is launched."""
+    pool = SlotPool(cluster.slots)
+    for e in sweep.experiments:
+        if not pool.could_fit(e.num_nodes, e.num_gpus):
+            widest = max((len(ids) for ids in cluster.slots.values()), default=0)
+            raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each; "
+                            f"the cluster has {len(cluster.slots)} node(s), at most {widest} slot(s) on one",
+                            e.source)
