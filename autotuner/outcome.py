@@ -18,14 +18,16 @@ from .metrics import Metric, MetricsError, read_metrics
 OOM, CONFIG, LAUNCH, METRICS, EXIT, LOST, TIMEOUT = "oom", "config", "launch", "metrics", "exit", "lost", "timeout"
 TRANSIENT = frozenset({LAUNCH, LOST})
 
-# (class, pattern) in priority order: the first class whose pattern matches any log line wins.
+# (class, pattern) in priority order: the first class whose pattern matches any log line wins. OOM first, then
+# CONFIG: a deterministic cause beats a transient-looking line printed on the way to it.
 _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     (OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|Out of memory: Killed process"
                      r"|Cannot allocate memory|std::bad_alloc", re.I)),
-    (LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found|No such file or directory: '?deepspeed"
-                        r"|Could not resolve hostname|Connection refused|Permission denied \(publickey", re.I)),
     (CONFIG, re.compile(r"DeepSpeedConfigError|Check batch related parameters|train_batch_size is not equal"
                         r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
+    # No bare "Connection refused": torch's c10d prints it as a harmless warning while a rendezvous retries.
+    (LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found|No such file or directory: '?deepspeed"
+                        r"|Could not resolve hostname|ssh: .*Connection refused|Permission denied \(publickey", re.I)),
 )
 _TAIL_BYTES = 256 * 1024
 

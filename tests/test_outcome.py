@@ -51,3 +51,13 @@ def test_unknown_failures_keep_the_last_error_line(tmp_path):
     log = write(tmp_path / "stderr.log", "ok\nValueError: something odd\nbye\n")
     assert classify(3, [log]) == (EXIT, "ValueError: something odd")
     assert classify(127, [tmp_path / "missing.log"])[0] == LAUNCH
+
+
+def test_a_c10d_connection_warning_does_not_hide_a_config_error(tmp_path):
+    warning = ("[W socket.cpp:697] [c10d] The client socket has failed to connect to [localhost]:29500 "
+               "(errno: 111 - Connection refused).")
+    error = "deepspeed.runtime.config.DeepSpeedConfigError: train_micro_batch_size_per_gpu must be positive"
+    log = write(tmp_path / "stderr.log", f"{warning}\nTraceback (most recent call last):\n{error}\n{warning}\n")
+    assert classify(1, [log]) == (CONFIG, error)
+    only_warning = write(tmp_path / "warning.log", f"{warning}\nValueError: bad\n")
+    assert classify(1, [only_warning]) == (EXIT, "ValueError: bad")  # a c10d warning alone is no launch failure
