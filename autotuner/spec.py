@@ -15,7 +15,8 @@ Sweep file:
     name       prefix of the generated experiment names (default: the file's stem)
     script     the training script, relative to the sweep file's directory (default: --script)
     args       list of strings passed to the script (default: --args)
-    metric     throughput | latency | FLOPS_per_gpu | NAME:min | NAME:max (default: --metric, else throughput)
+    metric     throughput | latency | FLOPS_per_gpu | NAME:min | NAME:max (default throughput); an explicit
+               --metric wins over it
     num_gpus   GPU slots per node of every experiment (default 1);  num_nodes  nodes (default 1)
     timeout    seconds an experiment may run (default: --timeout, else none)
     env        extra environment variables for the script
@@ -200,7 +201,23 @@ def _read(path: Path) -> _Source:
         raise UserError(f"duplicate key {e.key!r}", path, line, col) from None
     except RecursionError:
         raise UserError("nested too deeply", path) from None
+    except (OverflowError, ValueError):  # hjson turns 1e400 into inf, then int(inf); or a 5000-digit integer
+        line, col = _bad_number(text)
+        raise UserError("number out of range", path, line, col) from None
     return _Source(path, text, data)
+
+
+_NUMBER = re.compile(r"(?<![\w.\"'])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _bad_number(text: str) -> tuple[int | None, int | None]:
+    """(line, col) of the first number that Python cannot hold (infinite as a float, or too many digits)."""
+    for m in _NUMBER.finditer(text):
+        token = m.group()
+        if len(token) > 4000 or math.isinf(float(token)):
+            start = m.start()
+            return text.count("\n", 0, start) + 1, start - (text.rfind("\n", 0, start) + 1) + 1
+    return None, None
 
 
 def _positive_int(value: Any) -> bool:
@@ -469,8 +486,10 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
                metric: str | None = None, timeout: float | None = None) -> Sweep:
     """The experiments of sweep files, DeepSpeed experiment files and directories of them, in order.
 
-    `script` (relative to the current directory), `args`, `metric` and `timeout` are defaults for what the
-    files leave out. UserError, naming the file and line, for anything wrong.
+    `script` (relative to the current directory), `args` and `timeout` are defaults for what the files leave
+    out. `metric` is different: given (an explicit --metric), it wins over the files' `metric`, which would
+    otherwise rank the sweep by something else than the user just asked for. UserError, naming the file and
+    line, for anything wrong.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -495,7 +514,7 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
         files = _files(given)
         for path in files:
             loaded = _load_file(path, defaults)
-            if loaded.metric is not None:
+            if loaded.metric is not None and chosen is None:
                 if asked is not None and asked[0] != loaded.metric[0]:
                     raise UserError(f"metric {loaded.metric[0].spec} differs from {asked[0].spec} in {asked[1]}; "
                                     "a sweep has one metric", path, loaded.metric[1])
@@ -512,5 +531,5 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
     name = _experiment_name(names[0], names[1:3]) if len(names) > 1 else names[0]
     if len(names) > 3:
         name = _experiment_name(name, [f"and{len(names) - 3}more"])
-    return Sweep(name=name, experiments=tuple(experiments), metric=asked[0] if asked else chosen or THROUGHPUT,
+    return Sweep(name=name, experiments=tuple(experiments), metric=chosen or (asked[0] if asked else THROUGHPUT),
                  source=", ".join(str(p) for p in paths))

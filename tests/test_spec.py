@@ -154,9 +154,24 @@ def test_cli_values_are_defaults_the_sweep_file_overrides(tmp_path, script):
     assert (e.script, e.args, e.timeout, sweep.metric) == (str(other), ("--x", "1"), 5.0, Metric("val_loss", True))
 
     full = write(tmp_path, "full.hjson", SWEEP)
-    sweep = load_sweep([full], script=str(other), args=["--x", "1"], metric="throughput", timeout=5)
+    sweep = load_sweep([full], script=str(other), args=["--x", "1"], timeout=5)
     e = sweep.experiments[0]
     assert (e.script, e.args, e.timeout, sweep.metric) == (str(script), ("--steps", "10"), 60.0, LATENCY)
+
+
+def test_an_explicit_metric_wins_over_the_sweep_files(tmp_path, script):
+    full = write(tmp_path, "full.hjson", SWEEP)  # metric: latency
+    assert load_sweep([full], metric="throughput").metric == THROUGHPUT
+    other = write(tmp_path, "other.hjson", "script: train.py\nmetric: throughput\n")
+    assert load_sweep([full, other], metric="val_loss:min").metric == Metric("val_loss", True)  # no conflict
+
+
+@pytest.mark.parametrize("entry", ["timeout: 1e400", "num_gpus: 1e400", "num_nodes: -1e400",
+                                   "env: {A: " + "9" * 5000 + "}"], ids=["timeout", "gpus", "nodes", "digits"])
+def test_numbers_out_of_range_are_located(tmp_path, script, entry):
+    path = write(tmp_path, "s.hjson", f"{{\n  script: train.py\n  {entry}\n}}\n")
+    err = user_error([path])
+    assert (err.path, err.line) == (path, 3) and "out of range" in err.message
 
 
 def test_cli_script_is_relative_to_the_current_directory(tmp_path, script, monkeypatch):
