@@ -36,6 +36,32 @@ def fail(error: UserError | str) -> "typer.Exit":
     return typer.Exit(2)
 
 
+def _split(text: str, option: str) -> list[str]:
+    """A shell-quoted option value as words; unbalanced quotes are bad input, named by their option."""
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise UserError(f"{option} {text!r}: {e}") from None
+
+
+def _seconds(value: float | None, option: str, *, positive: bool = False) -> None:
+    """A number of seconds given on the command line: finite, not negative (with `positive`, above 0)."""
+    if value is not None and (value != value or value in (float("inf"), float("-inf")) or value < 0
+                              or (positive and value == 0)):
+        raise UserError(f"{option} must be a {'positive' if positive else 'non-negative'} number of seconds, "
+                        f"not {value:g}")
+
+
+def _check_ssh_config(path: Path | None) -> None:
+    """An ssh config file named on the command line must be there before anything is created or launched."""
+    if path is None:
+        return
+    if not path.is_file():
+        raise UserError("--ssh-config: no such file" if not path.exists() else "--ssh-config: not a file", path)
+    if not os.access(path, os.R_OK):
+        raise UserError("--ssh-config: cannot read this file", path)
+
+
 @app.command()
 def run(
     specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories of them."),
@@ -67,6 +93,11 @@ def run(
               "script": script and os.path.abspath(os.path.expanduser(script)),
               "args": args, "metric": metric, "timeout": timeout}
     try:
+        _seconds(timeout, "--timeout", positive=True)
+        _seconds(deadline, "--deadline")
+        _seconds(grace, "--grace")
+        _check_ssh_config(ssh_config)
+        launch = _split(launcher, "--launcher") if launcher else None
         if events is not None:
             from .live import check_events_path
 
@@ -74,8 +105,7 @@ def run(
         sweep = _load(reload)
         cluster = local_or_hostfile_cluster(hostfile, include, exclude, slots)
         directory = results or Path("results") / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        runner.prepare(sweep, cluster, directory, launcher=shlex.split(launcher) if launcher else None,
-                       reload=reload)
+        runner.prepare(sweep, cluster, directory, launcher=launch, reload=reload)
     except UserError as e:
         raise fail(e)
     if not quiet:
@@ -99,7 +129,7 @@ def _load(reload: dict):
     from .spec import load_sweep
 
     return load_sweep([Path(p) for p in reload["specs"]], script=reload.get("script"),
-                      args=shlex.split(reload.get("args") or ""), metric=reload.get("metric"),
+                      args=_split(reload.get("args") or "", "--args"), metric=reload.get("metric"),
                       timeout=reload.get("timeout"))
 
 
@@ -143,14 +173,23 @@ def resume(
     from . import runner
 
     try:
+        _seconds(timeout, "--timeout", positive=True)
+        _seconds(deadline, "--deadline")
+        _seconds(grace, "--grace")
+        _check_ssh_config(ssh_config)
         if events is not None:
             from .live import check_events_path
 
             check_events_path(events)
         meta = runner.sweep_meta(directory)
         new: list = []
-        if meta.get("reload"):
-            sweep = _load(dict(meta["reload"]))
+        reload = dict(meta.get("reload") or {})
+        gone = [p for p in reload.get("specs") or () if not os.path.exists(p)]
+        if gone:  # e.g. /tmp wiped by a reboot: the ledger holds every experiment's spec, so finish those
+            typer.echo(f"autotune: note: {gone[0]} is gone: resuming the experiments recorded in the ledger",
+                       err=True)
+        elif reload:
+            sweep = _load(reload)
             added, changed, removed = runner.spec_changes(directory, sweep)
             if (added or changed or removed) and not only_new:
                 parts = [f"{label}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
@@ -305,11 +344,12 @@ def hosts(
     from .transport import SSHPool
 
     try:
+        _check_ssh_config(ssh_config)
         listed = load_hostfile(hostfile)
+        with SSHPool(str(ssh_config) if ssh_config else None, accept_new_hosts=accept_new_hosts) as pool:
+            reports = probe_hosts(list(listed), pool)
     except UserError as e:
         raise fail(e)
-    with SSHPool(str(ssh_config) if ssh_config else None, accept_new_hosts=accept_new_hosts) as pool:
-        reports = probe_hosts(list(listed), pool)
     if as_json:
         typer.echo(json.dumps([dict(r.to_json(), slots=listed[r.host].slots) for r in reports], indent=2))
     else:

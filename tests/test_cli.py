@@ -125,3 +125,104 @@ def test_run_prints_the_best_and_where_its_files_are(tmp_path):
     report = json.loads(autotune("report", results, "--format", "json").stdout)
     assert [r["state"] for r in report["experiments"]] == ["succeeded"] * 3
     assert sum(r["best"] for r in report["experiments"]) == 1
+
+
+def snapshot_of(directory: Path) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in directory.rglob("*")}
+
+
+def test_a_results_path_that_is_a_file_or_lies_under_one(tmp_path):
+    path = sweep_file(tmp_path, GOOD)
+    taken = tmp_path / "taken"
+    taken.write_text("mine\n")
+    before = snapshot_of(tmp_path)
+    assert_one_line_error(autotune("run", path, "--slots", "1", "-o", taken), str(taken), "not a directory")
+    assert_one_line_error(autotune("run", path, "--slots", "1", "-o", taken / "sub" / "r"),
+                          str(taken / "sub" / "r"), f"{taken} is a file")
+    assert snapshot_of(tmp_path) == before
+
+
+def test_unbalanced_quotes_name_their_option(tmp_path):
+    path = sweep_file(tmp_path, GOOD)
+    results = tmp_path / "r"
+    assert_one_line_error(autotune("run", path, "--slots", "1", "--args", "'abc", "-o", results), "--args", "quotation")
+    assert_one_line_error(autotune("run", path, "--slots", "1", "--launcher", "'x", "-o", results), "--launcher")
+    assert not results.exists()
+
+
+def test_numbers_out_of_range_in_a_sweep_file(tmp_path):
+    for entry in ("timeout: 1e400", "num_gpus: 1e400"):
+        path = sweep_file(tmp_path, GOOD.replace("metric: throughput", f"metric: throughput\n  {entry}"))
+        assert_one_line_error(autotune("run", path, "--slots", "1", "-o", tmp_path / "r"), f"{path}:4:",
+                              "out of range")
+        assert not (tmp_path / "r").exists()
+
+
+def test_hosts_with_a_missing_ssh_config(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-0 slots=1\n")
+    assert_one_line_error(autotune("hosts", "-H", hostfile, "--ssh-config", tmp_path / "nope"),
+                          str(tmp_path / "nope"), "--ssh-config")
+
+
+def test_a_corrupt_ledger_is_one_line_and_left_alone(tmp_path):
+    results = tmp_path / "r"
+    results.mkdir()
+    ledger = results / "ledger.sqlite"
+    ledger.write_bytes(b"this is not a database, just garbage " * 100)
+    before = snapshot_of(results)
+    for command in (["status", results], ["report", results], ["resume", results, "-q"], ["cancel", results]):
+        assert_one_line_error(autotune(*command), str(ledger), "not a sweep ledger")
+    assert snapshot_of(results) == before
+
+
+def test_a_missing_ssh_config_creates_nothing(tmp_path):
+    path = sweep_file(tmp_path, GOOD)
+    results = tmp_path / "r"
+    assert_one_line_error(autotune("run", path, "--slots", "1", "--ssh-config", tmp_path / "nope", "-o", results),
+                          str(tmp_path / "nope"))
+    assert not results.exists()
+
+
+def test_negative_seconds_are_refused(tmp_path):
+    path = sweep_file(tmp_path, GOOD)
+    results = tmp_path / "r"
+    for option in ("--deadline", "--grace", "--timeout"):
+        assert_one_line_error(autotune("run", path, "--slots", "1", option, "-5", "-o", results), option)
+        assert not results.exists()
+    assert_one_line_error(autotune("resume", results, "--deadline", "-1"), "--deadline")
+
+
+def test_resume_after_the_sweep_file_is_gone(tmp_path):
+    import os
+
+    path = sweep_file(tmp_path, GOOD)
+    results = tmp_path / "r"
+    slow = dict(os.environ, STANDIN_SECONDS="60")
+    first = autotune("run", path, "--slots", "1", "--launcher", f"sh {STANDIN}", "--deadline", "1", "--grace", "1",
+                     "-o", results, "-q", env=slow)
+    assert first.returncode != 0, first
+    path.unlink()
+    out = autotune("resume", results, "--retry-failed", "-q")  # the deadline left one timed_out, two queued
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"autotune: note: {path} is gone: resuming the experiments recorded in the ledger"]
+    assert "3 experiments: 3 succeeded" in out.stdout
+
+
+def test_resume_refuses_a_sweep_file_now_malformed(tmp_path):
+    path = sweep_file(tmp_path, GOOD)
+    results = tmp_path / "r"
+    first = autotune("run", path, "--slots", "3", "--launcher", f"sh {STANDIN}", "-o", results, "-q")
+    assert first.returncode == 0, first.stderr
+    path.write_text("{\n  script: train.py\n  space: {\"a\": [1, 2}\n}\n")
+    assert_one_line_error(autotune("resume", results), f"{path}:3:")
+
+
+def test_an_explicit_metric_wins_over_the_sweep_file(tmp_path):
+    path = sweep_file(tmp_path, GOOD)  # metric: throughput
+    results = tmp_path / "r"
+    out = autotune("run", path, "--slots", "3", "--launcher", f"sh {STANDIN}", "--metric", "latency", "-o", results)
+    assert out.returncode == 0, out.stderr
+    assert "with latency" in out.stdout
+    assert json.loads(autotune("report", results, "--format", "json").stdout)["metric"] == "latency"
