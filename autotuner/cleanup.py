@@ -61,6 +61,24 @@ def end_tagged_remote(pool, host: str, tag: str) -> None:
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {host}")
 
 
+def end_tagged_everywhere(pool, hosts, tag: str) -> None:
+    """SIGKILL what carries the tag on all `hosts` at once (one pdsh fan-out when pdsh is installed, the pooled
+    connections otherwise), again until none is left; hosts that are down are left alone."""
+    import shutil
+
+    from .transport import HostDown
+
+    fanout = "pdsh" if shutil.which("pdsh") else "pool"
+    todo = list(hosts)
+    for _ in range(50):
+        signalled = pool.signal_tagged_many(todo, tag, signal.SIGKILL, timeout=30, fanout=fanout)
+        todo = [h for h, pids in signalled.items() if not isinstance(pids, HostDown) and pids]
+        if not todo:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {', '.join(todo)}")
+
+
 def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[str]:
     """End every process of the attempts a dead runner left running, then record them interrupted.
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from .cleanup import end_group
 from .files import write_atomic, write_json_atomic
 from .launch import Command, Launcher, deepspeed_command, with_autotuning
-from .ledger import INTERRUPTED, TIMED_OUT
+from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
 from .metrics import Metric
 from .outcome import TIMEOUT, Outcome, judge
 from .scheduler import Finished, Launched, Run
@@ -158,8 +158,11 @@ class LocalExecutor:
         """The attempt's own thread: document it, wait for it (with its timeout), end what is left, judge."""
         try:
             outcome = self._watch(run, proc, config, command)
-        except Exception as e:  # e.g. the results disk filled up: recorded, never lost
-            end_group(proc.pid, run.tag, 0, lambda _: False)
+        except Exception as e:  # e.g. the results disk filled up, or a process SIGKILL does not end
+            try:
+                end_group(proc.pid, run.tag, 0, lambda _: False)
+            except Exception:
+                pass  # the outcome is posted whatever is left: the slot must not be lost with it
             outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)
@@ -183,10 +186,11 @@ class LocalExecutor:
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
         with self._lock:
             requested = self._stop_requests.get(run.key)
-        if requested:
+        judged = judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
+        if requested and judged.state != SUCCEEDED:  # one that succeeded before the stop reached it keeps its result
             state, detail, reason = requested
             return Outcome(state, reason or state, detail, exit_code)
-        return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
+        return judged
 
     def _end(self, proc: subprocess.Popen, tag: str) -> None:
         def gone_within(seconds: float) -> bool:

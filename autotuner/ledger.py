@@ -14,6 +14,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import UserError
 from .spec import Experiment
 
 FILENAME = "ledger.sqlite"
@@ -115,13 +116,23 @@ class Ledger:
         path = Path(directory) / FILENAME
         if not path.exists():
             raise FileNotFoundError(path)
-        return cls._connect(path)
+        return cls._connect(path, verify=True)
 
     @classmethod
-    def _connect(cls, path: Path) -> "Ledger":
+    def _connect(cls, path: Path, verify: bool = False) -> "Ledger":
+        """`verify`: the file must already be a ledger (a cheap read first, before anything is written to it);
+        a corrupt or foreign file is a UserError, not sqlite3's traceback."""
         db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            if verify:
+                db.execute("SELECT key, value FROM meta LIMIT 1").fetchall()
+            db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as e:
+            db.close()
+            if not verify:
+                raise
+            raise UserError(f"not a sweep ledger ({e})", path) from None
         db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before we act on it
         db.execute("PRAGMA busy_timeout=30000")
         db.isolation_level = "DEFERRED"
@@ -244,7 +255,8 @@ class Ledger:
         """Pending requests, oldest first, marked handled in the same transaction."""
         with self._transaction():
             rows = self._db.execute("SELECT seq, kind, names FROM requests WHERE handled = 0 ORDER BY seq").fetchall()
-            self._db.execute("UPDATE requests SET handled = 1 WHERE handled = 0")
+            if rows:  # only what was read: a request written since stays pending for the next call
+                self._db.execute("UPDATE requests SET handled = 1 WHERE handled = 0 AND seq <= ?", (rows[-1]["seq"],))
         return [(r["kind"], json.loads(r["names"])) for r in rows]
 
     # --- reading -------------------------------------------------------------------------------------------

@@ -16,15 +16,15 @@ import random
 import shlex
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cleanup import end_tagged_remote
+from .cleanup import end_tagged_everywhere, end_tagged_remote
 from .executor import prepare_directory, record_attempt
 from .hostfile import is_local
 from .launch import Launcher, deepspeed_command, with_autotuning
-from .ledger import INTERRUPTED, TIMED_OUT
+from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
 from .scheduler import Finished, HostBack, HostLost, Launched, Run
@@ -56,7 +56,6 @@ class SshExecutor:
     metric: Metric
     clock: Callable[[], float]
     launcher: Launcher
-    addresses: Mapping[str, str]  # host -> address the other nodes reach it at (the master address)
     env: Mapping[str, str] = field(default_factory=dict)
     default_timeout: float | None = None
     grace: float = 10.0
@@ -67,6 +66,7 @@ class SshExecutor:
         self._lock = threading.Lock()
         self._procs: dict[tuple[str, int], RemoteProcess] = {}
         self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
+        self._addresses: dict[str, str] = {}
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
@@ -92,6 +92,16 @@ class SshExecutor:
                 pass
 
     # --- one attempt --------------------------------------------------------------------------------------
+    def _address(self, host: str) -> str:
+        """The address the other nodes reach `host` at (the master address), looked up when first needed:
+        a host that was down at the start has one too once it is back."""
+        if host in self._addresses:
+            return self._addresses[host]
+        address = master_address(self.pool, host)
+        if address != host:  # the name itself is only a fallback: ask again next time
+            self._addresses[host] = address
+        return address
+
     def workdir(self, run: Run) -> str:
         """Where the attempt's logs and metrics are written on its first host."""
         if self.remote_root is None:
@@ -104,16 +114,25 @@ class SshExecutor:
         except HostDown as e:
             self._lost(run, e.host, post)
             outcome = Outcome(INTERRUPTED, LOST, str(e))
-        except Exception as e:  # our own failure to launch: recorded, never lost
+            self._clean_quietly(run, [h for h in run.reservation.hosts if h != e.host])  # ranks on the others
+        except Exception as e:  # our own failure to launch, or a clean-up that failed: recorded, never lost
             outcome = Outcome("failed", LAUNCH, f"{type(e).__name__}: {e}")
+            self._clean_quietly(run)
         finally:
             with self._lock:
                 self._procs.pop(run.key, None)
                 requested = self._stop_requests.pop(run.key, None)
-        if requested and outcome.reason != LOST:
-            state, detail, reason = requested
+        if requested and outcome.reason != LOST and outcome.state != SUCCEEDED:
+            state, detail, reason = requested  # (one that succeeded before the stop reached it keeps its result)
             outcome = Outcome(state, reason or state, detail, outcome.exit_code)
         post(Finished(run, outcome, self.clock()))
+
+    def _clean_quietly(self, run: Run, hosts: Sequence[str] | None = None) -> None:
+        """Best effort, for paths that are already failing: the outcome must still be posted."""
+        try:
+            self._clean(run, hosts)
+        except Exception:
+            pass
 
     def _execute(self, run: Run, post: Callable[[object], None]) -> Outcome:
         first = run.reservation.hosts[0]
@@ -122,7 +141,7 @@ class SshExecutor:
         metrics_path = f"{workdir}/metrics.json"
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
         multi = len(run.reservation.hosts) > 1
-        launcher = Launcher(self.launcher.executable, self.addresses.get(first, first) if multi else "127.0.0.1",
+        launcher = Launcher(self.launcher.executable, self._address(first) if multi else "127.0.0.1",
                             self.launcher.options)
         env = dict(self.env)
         if multi:
@@ -178,10 +197,13 @@ class SshExecutor:
             pass
         self._clean(run)
 
-    def _clean(self, run: Run) -> None:
+    def _clean(self, run: Run, hosts: Sequence[str] | None = None) -> None:
         """End every process carrying the attempt's tag on each of its hosts, until none is left."""
-        for host in run.reservation.hosts:
-            end_tagged_remote(self.pool, host, run.tag)
+        hosts = list(run.reservation.hosts if hosts is None else hosts)
+        if len(hosts) == 1:
+            end_tagged_remote(self.pool, hosts[0], run.tag)
+        elif hosts:
+            end_tagged_everywhere(self.pool, hosts, run.tag)
 
     def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
         post(HostLost(host, "stopped answering"))

@@ -9,7 +9,8 @@ The queue policy, in full: experiments start in queue order. One that does not f
 so that smaller ones behind it can use slots that would otherwise sit idle (backfill). Each time a waiting
 experiment is overtaken by one behind it, its bypass count grows; once it reaches `max_bypass`, nothing behind
 it may start until it has started. Running experiments always finish, so the slots it needs come free and it
-cannot starve; small experiments keep the rest of the machine busy meanwhile.
+cannot starve; small experiments keep the rest of the machine busy meanwhile. An experiment that needs more
+than the hosts now up could give (some are down) holds nothing: it waits for a host to come back.
 """
 from __future__ import annotations
 
@@ -165,6 +166,8 @@ class BackfillQueue(Generic[D]):
                 break  # nothing more can start: no need to try the rest (10,000 queued cost 17 ms an event)
             item = waiting.item
             reservation = placement.place(free, item.num_nodes, item.num_gpus)
+            if reservation is None and not pool.could_fit(item.num_nodes, item.num_gpus, up_only=True):
+                continue  # it needs hosts that are down: it waits for them and holds nothing meanwhile
             if reservation is None:
                 blocked.append(waiting)
                 if waiting.bypassed >= self.max_bypass:

@@ -63,7 +63,16 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequen
     if (directory / FILENAME).exists():
         raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
                         directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    for existing in (directory, *directory.parents):  # refused before anything is written
+        if existing.exists():
+            if not existing.is_dir():
+                raise UserError("is a file, not a directory" if existing == directory else
+                                f"cannot be a results directory: {existing} is a file", directory)
+            break
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"cannot create the results directory: {e.strerror or e}", directory) from None
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
     # ledger (`run` again) or a whole one (`resume`), never one without its experiments.
@@ -214,7 +223,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
                           metric.name, retries=options.retries, observers=list(options.observers))
     watcher = None
     if pool is not None:
-        from .remote import HostWatcher, Router, SshExecutor, master_address
+        from .remote import HostWatcher, Router, SshExecutor
 
         watcher = HostWatcher(pool, scheduler.post)
         remote_hosts = [h for h in slots if not is_local(h)]
@@ -227,8 +236,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
             watcher.close()
             raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
         ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
-        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher,
-                             {h: master_address(pool, h) for h in remote_hosts if not slot_pool.is_down(h)}, env,
+        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = Router(executor, remote)
         scheduler.executor = executor
@@ -312,21 +320,24 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
         if pid is not None:
             os.kill(pid, signal.SIGUSR1)
             return f"asked the runner (pid {pid}) to cancel {', '.join(names) or 'the sweep'}"
+        previous_usr1 = _listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
         try:
             lock = SweepLock(directory).acquire()
         except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
+            _restore(signal.SIGUSR1, previous_usr1)
             if e.pid is not None:
                 os.kill(e.pid, signal.SIGUSR1)
             return f"asked the runner (pid {e.pid}) to cancel {', '.join(names) or 'the sweep'}"
         try:  # no runner: apply it here, after clearing up what a dead one left
-            ledger.take_requests()
             pool = _ssh_pool(ledger, Options())
             try:
                 recover(ledger, time.time(), pool=pool)
             finally:
                 if pool is not None:
                     pool.close()
-            chosen = set(names) or known
+            # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
+            asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
+            chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)
             done = []
             for attempt in ledger.latest():
                 if attempt.name in chosen and attempt.state in (QUEUED, INTERRUPTED):
@@ -339,6 +350,7 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
             return f"cancelled {len(done)} experiment(s) that had not finished"
         finally:
             lock.release()
+            _restore(signal.SIGUSR1, previous_usr1)
     finally:
         ledger.close()
 

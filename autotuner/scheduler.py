@@ -287,8 +287,9 @@ class Scheduler:
             self.executor.stop(run, state, detail, reason)
 
     def _fail_unplaceable(self) -> None:
-        """Nothing runs and nothing queued fits: the pool shrank (hosts down). Fail them, do not hang."""
-        for item in self._queue.remove(lambda q: True):
+        """Nothing runs, yet something waits: what needs more than the hosts still up could give (the pool
+        shrank: hosts down) is failed rather than left to hang the sweep. What fits was placed already."""
+        for item in self._queue.remove(lambda q: not self.pool.could_fit(q.num_nodes, q.num_gpus, up_only=True)):
             outcome = Outcome(FAILED, "placement", f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); "
                                                    "not enough hosts are up")
             self.ledger.finish(item.experiment.name, item.attempt, FAILED, self.clock(), reason=outcome.reason,

@@ -67,3 +67,22 @@ def test_create_refuses_an_existing_ledger(ledger, tmp_path):
 def test_wal_mode_and_full_sync(ledger):
     assert ledger._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert ledger._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+def test_a_request_written_while_requests_are_taken_stays_pending(ledger, tmp_path):
+    """The taker marks handled only what it read: a request that lands in between is not lost."""
+    other = Ledger.open(tmp_path)
+    ledger.request("cancel", ["a"], 1.0)
+    sneaked = []
+
+    def between(statement):  # the taker has read the pending requests and is about to mark them
+        if statement.startswith("BEGIN") and not sneaked:
+            sneaked.append(True)
+            other.request("cancel", ["b"], 2.0)
+
+    ledger._db.set_trace_callback(between)
+    assert ledger.take_requests() == [("cancel", ["a"])]
+    ledger._db.set_trace_callback(None)
+    assert sneaked and ledger.take_requests() == [("cancel", ["b"])]
+    assert ledger.take_requests() == []
+    other.close()

@@ -177,6 +177,24 @@ def test_cancel_reaching_a_runner_that_is_still_clearing_up_is_applied_not_fatal
     assert s.leftovers() == []
 
 
+def test_a_second_cancel_does_not_kill_a_first_one_that_is_clearing_up(tmp_path, runners):
+    """With no runner alive, the first `cancel` holds the sweep while it ends what the dead runner left; a second
+    `cancel` finds it holding the lock and signals it (SIGUSR1), which used to kill it halfway."""
+    s = Sweep(tmp_path, range(2))
+    proc = s.start(runners, 2, STANDIN_SECONDS=60, IGNORE_TERM=1)
+    s.wait_running(2)
+    proc.kill()
+    proc.wait()
+    first = runners.start("cancel", s.dir, "s_x0", environ=s.env(), directory=s.dir)
+    wait_until(lambda: runner_alive(s.dir) == first.pid)  # it holds the lock: clearing up (SIGTERM ignored)
+    second = autotune("cancel", s.dir, "s_x1", environ=s.env())
+    assert second.returncode == 0, second.stderr
+    code, out, err = finish(first)
+    assert code == 0, (code, out, err)
+    assert s.leftovers() == []
+    assert states(s.dir) == {"s_x0": CANCELLED, "s_x1": CANCELLED}  # the second's request applied too
+
+
 # --- Ctrl-C --------------------------------------------------------------------------------------------------
 def test_ctrl_c_interrupts_cleanly_and_resume_completes(tmp_path, runners):
     s = Sweep(tmp_path, range(5))

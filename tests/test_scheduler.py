@@ -152,3 +152,22 @@ def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_aga
     attempts = [(a.name, a.attempt, a.state, a.reason) for a in Ledger.open(tmp_path).attempts()]
     assert (runs["a"].experiment.name, 1, INTERRUPTED, "lost") in attempts
     assert [a.state for a in Ledger.open(tmp_path).latest()] == [SUCCEEDED] * 3
+
+
+def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_path):
+    """A 2-node experiment that was overtaken to its limit must not hold the queue once a host is lost."""
+    exps = [experiment("big", num_nodes=2)] + [experiment(f"s{i}") for i in range(4)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
+    scheduler._queue.max_bypass = 1
+    thread = run_in_thread(scheduler)
+    first = executor.next_started()  # big: both slots
+    assert first.experiment.name == "big"
+    scheduler.post(HostLost("b", "no answer"))
+    wait_for(lambda: executor.stopped)
+    for _ in range(4):  # big is queued again first, cannot fit on a alone: the small ones run there
+        executor.finish(executor.next_started())
+    thread.join(5)
+    assert not thread.is_alive()
+    latest = {a.name: (a.state, a.reason) for a in Ledger.open(tmp_path).latest()}
+    assert latest == {"big": (FAILED, "placement"), "s0": (SUCCEEDED, None), "s1": (SUCCEEDED, None),
+                      "s2": (SUCCEEDED, None), "s3": (SUCCEEDED, None)}

@@ -8,6 +8,10 @@ import pytest
 from autotuner import tags
 
 
+# Tags unique to this test process: another test run on the machine must not see our processes, nor we its.
+P = f"t{os.getpid()}"
+
+
 @pytest.fixture
 def tagged():
     """Two sleepers tagged s.e.1 (one in a new session, as a daemonizing child would be) and one tagged s.e.10."""
@@ -25,27 +29,27 @@ def tagged():
 
 
 def test_exact_tag_only(tagged):
-    a, b = tagged("s.e.1"), tagged("s.e.1", start_new_session=True)
-    other = tagged("s.e.10")
-    assert tags.find_tagged("s.e.1") == sorted([a.pid, b.pid])
-    assert tags.find_tagged("s.e.10") == [other.pid]
-    assert tags.find_tagged("s.e") == []
+    a, b = tagged(f"{P}.e.1"), tagged(f"{P}.e.1", start_new_session=True)
+    other = tagged(f"{P}.e.10")
+    assert tags.find_tagged(f"{P}.e.1") == sorted([a.pid, b.pid])
+    assert tags.find_tagged(f"{P}.e.10") == [other.pid]
+    assert tags.find_tagged(f"{P}.e") == []
 
 
 def test_shell_snippets_agree_with_the_local_scan(tagged):
-    a = tagged("s.x.1")
-    tagged("s.x.11")
-    found = subprocess.run(["sh", "-c", tags.find_command("s.x.1")], capture_output=True, text=True).stdout
+    a = tagged(f"{P}.x.1")
+    tagged(f"{P}.x.11")
+    found = subprocess.run(["sh", "-c", tags.find_command(f"{P}.x.1")], capture_output=True, text=True).stdout
     assert found.split() == [str(a.pid)]
-    killed = subprocess.run(["sh", "-c", tags.kill_command("s.x.1")], capture_output=True, text=True).stdout
+    killed = subprocess.run(["sh", "-c", tags.kill_command(f"{P}.x.1")], capture_output=True, text=True).stdout
     assert killed.split() == [str(a.pid)]
     assert a.wait(5) == -signal.SIGKILL
-    assert tags.find_tagged("s.x.1") == [] and len(tags.find_tagged("s.x.11")) == 1
+    assert tags.find_tagged(f"{P}.x.1") == [] and len(tags.find_tagged(f"{P}.x.11")) == 1
 
 
 def test_signal_tagged_reaches_processes_outside_the_group(tagged):
-    escaped = tagged("s.y.1", start_new_session=True)
-    assert tags.signal_tagged("s.y.1", signal.SIGTERM) == [escaped.pid]
+    escaped = tagged(f"{P}.y.1", start_new_session=True)
+    assert tags.signal_tagged(f"{P}.y.1", signal.SIGTERM) == [escaped.pid]
     assert escaped.wait(5) == -signal.SIGTERM
 
 
