@@ -243,3 +243,22 @@ def test_cancel_with_no_runner_ends_what_a_dead_one_left_on_the_nodes(ssh_nodes,
     assert leftovers(sweep_id) == []
     final, _, _ = latest(results)
     assert {a.state for a in final} == {"cancelled"}
+
+
+def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
+    import shutil
+
+    from autotuner.cleanup import end_tagged_everywhere
+    from autotuner.transport import SSHPool
+
+    assert shutil.which("pdsh"), ".ci/setup installs pdsh"
+    tag = f"fanout{time.time_ns()}.e.1"
+    with SSHPool(ssh_nodes.config_path) as pool:
+        for host in ("node-1", "node-2"):
+            pool.start(host, ["sleep", "300"], {tags.TAG_ENV: tag}, "/")
+        deadline = time.monotonic() + 10
+        while len(tags.find_tagged(tag)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(tags.find_tagged(tag)) >= 2
+        end_tagged_everywhere(pool, ["node-1", "node-2"], tag)
+    assert tags.find_tagged(tag) == []
