@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from .files import write_atomic, write_json_atomic
 from .launch import Command, Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
 from .metrics import Metric
-from .outcome import TIMEOUT, Outcome, judge
+from .outcome import LOST, TIMEOUT, Outcome, judge
 from .scheduler import Finished, Launched, Run
 
 EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json")
@@ -63,6 +63,46 @@ def record_attempt(run: Run, config: dict, command: Command) -> None:
     write_atomic(run.dir / "cmd.txt", command.shell() + "\n")
 
 
+Key = tuple[str, int]  # Run.key: (experiment, attempt)
+
+
+class Stops:
+    """Stop requests for running attempts (cancel, Ctrl-C, timeout, a lost host) and how an attempt's outcome
+    reads once one was made. Shared by the local and the SSH executor; thread-safe."""
+
+    KILLED = (INTERRUPTED, "killed at once (interrupted twice)", None)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._asked: dict[Key, tuple[str, str, str | None]] = {}
+        self.killing = False  # kill_all was called: no grace period any more, and late starts are killed too
+
+    def ask(self, key: Key, state: str, detail: str, reason: str | None = None) -> None:
+        """The first request wins: a cancel is not turned into a timeout by the timer that fires after it."""
+        with self._lock:
+            self._asked.setdefault(key, (state, detail, reason))
+
+    def asked(self, key: Key) -> bool:
+        with self._lock:
+            return key in self._asked
+
+    def kill_all(self, keys: Iterable[Key]) -> None:
+        with self._lock:
+            self.killing = True
+            for key in keys:
+                self._asked.setdefault(key, self.KILLED)
+
+    def settle(self, key: Key, outcome: Outcome) -> Outcome:
+        """The outcome to record: the stop's, unless the attempt succeeded before the stop reached it, or its
+        host was lost (then it runs again elsewhere)."""
+        with self._lock:
+            request = self._asked.pop(key, None)
+        if request is None or outcome.state == SUCCEEDED or outcome.reason == LOST:
+            return outcome
+        state, detail, reason = request
+        return Outcome(state, reason or state, detail, outcome.exit_code)
+
+
 @dataclass
 class LocalExecutor:
     """Runs attempts as local processes through DeepSpeed's launcher."""
@@ -80,8 +120,7 @@ class LocalExecutor:
         self._procs: dict[tuple[str, int], subprocess.Popen] = {}
         self._tags: dict[tuple[str, int], str] = {}
         self._ports: set[int] = set()
-        self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
-        self._killing = False  # kill_all was called: no grace period any more
+        self._stops = Stops()
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
@@ -98,15 +137,15 @@ class LocalExecutor:
         except Exception as e:  # our own failure to launch (command missing, disk full, ...): recorded, never lost
             self._forget(run, port)
             why = f"cannot start {run.experiment.name}: {e.strerror if isinstance(e, OSError) else e}"
-            post(Finished(run, Outcome("failed", "launch", why), self.clock()))
+            post(Finished(run, self._stops.settle(run.key, Outcome("failed", "launch", why)), self.clock()))
             return
         post(Launched(run, proc.pid, port, self.clock()))
         threading.Thread(target=self._attempt, args=(run, proc, port, config, command, post), name=f"run-{run.tag}",
                          daemon=True).start()
 
     def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+        self._stops.ask(run.key, state, detail, reason)
         with self._lock:
-            self._stop_requests.setdefault(run.key, (state, detail, reason))
             proc = self._procs.get(run.key)
         if proc is not None:
             threading.Thread(target=self._end, args=(proc, run.tag), daemon=True).start()
@@ -118,9 +157,7 @@ class LocalExecutor:
         attempt still being started is killed as soon as it exists.
         """
         with self._lock:
-            self._killing = True
-            for key in self._procs:
-                self._stop_requests.setdefault(key, (INTERRUPTED, "killed at once (interrupted twice)", None))
+            self._stops.kill_all(self._procs)
             running = [(self._tags[key], proc) for key, proc in self._procs.items()]
         for tag, proc in running:
             end_group(proc.pid, tag, 0, lambda _: False)
@@ -142,8 +179,8 @@ class LocalExecutor:
         with self._lock:
             self._procs[run.key] = proc
             self._tags[run.key] = run.tag
-            if self._killing:
-                self._stop_requests.setdefault(run.key, (INTERRUPTED, "killed at once (interrupted twice)", None))
+        if self._stops.killing:
+            self._stops.ask(run.key, *Stops.KILLED)
         return proc
 
     def _forget(self, run: Run, port: int) -> None:
@@ -151,7 +188,6 @@ class LocalExecutor:
             self._ports.discard(port)
             self._procs.pop(run.key, None)
             self._tags.pop(run.key, None)
-            self._stop_requests.pop(run.key, None)
 
     def _attempt(self, run: Run, proc: subprocess.Popen, port: int, config: dict, command: Command,
                  post: Callable[[object], None]) -> None:
@@ -166,31 +202,22 @@ class LocalExecutor:
             outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)
-        post(Finished(run, outcome, self.clock()))
+        post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
 
     def _watch(self, run: Run, proc: subprocess.Popen, config: dict, command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
-        with self._lock:
-            stop_now = run.key in self._stop_requests
-        if stop_now:
+        if self._stops.asked(run.key):
             self._end(proc, run.tag)
         timeout = run.experiment.timeout or self.default_timeout
         try:
             exit_code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            with self._lock:
-                self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT))
+            self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
             self._end(proc, run.tag)
             exit_code = proc.wait()
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
-        with self._lock:
-            requested = self._stop_requests.get(run.key)
-        judged = judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
-        if requested and judged.state != SUCCEEDED:  # one that succeeded before the stop reached it keeps its result
-            state, detail, reason = requested
-            return Outcome(state, reason or state, detail, exit_code)
-        return judged
+        return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
 
     def _end(self, proc: subprocess.Popen, tag: str) -> None:
         def gone_within(seconds: float) -> bool:
@@ -200,7 +227,7 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 return False
 
-        end_group(proc.pid, tag, 0 if self._killing else self.grace, gone_within)
+        end_group(proc.pid, tag, 0 if self._stops.killing else self.grace, gone_within)
 
 
 def launcher_for_this_python() -> Launcher:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .cleanup import end_tagged_everywhere, end_tagged_remote
-from .executor import prepare_directory, record_attempt
+from .executor import Stops, prepare_directory, record_attempt
 from .hostfile import is_local
 from .launch import Launcher, deepspeed_command, with_autotuning
-from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
+from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
 from .scheduler import Finished, HostBack, HostLost, Launched, Run
@@ -65,7 +65,7 @@ class SshExecutor:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: dict[tuple[str, int], RemoteProcess] = {}
-        self._stop_requests: dict[tuple[str, int], tuple[str, str, str | None]] = {}
+        self._stops = Stops()
         self._addresses: dict[str, str] = {}
 
     # --- the Executor interface ---------------------------------------------------------------------------
@@ -73,8 +73,8 @@ class SshExecutor:
         threading.Thread(target=self._attempt, args=(run, post), name=f"ssh-{run.tag}", daemon=True).start()
 
     def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+        self._stops.ask(run.key, state, detail, reason)
         with self._lock:
-            self._stop_requests.setdefault(run.key, (state, detail, reason))
             proc = self._procs.get(run.key)
         if proc is not None:
             threading.Thread(target=self._end, args=(run, proc), daemon=True).start()
@@ -82,8 +82,7 @@ class SshExecutor:
     def kill_all(self) -> None:
         """Immediate: SIGKILL each running attempt's process group; each is then recorded interrupted."""
         with self._lock:
-            for key in self._procs:
-                self._stop_requests.setdefault(key, (INTERRUPTED, "killed at once (interrupted twice)", None))
+            self._stops.kill_all(self._procs)
             running = list(self._procs.values())
         for proc in running:
             try:
@@ -121,11 +120,7 @@ class SshExecutor:
         finally:
             with self._lock:
                 self._procs.pop(run.key, None)
-                requested = self._stop_requests.pop(run.key, None)
-        if requested and outcome.reason != LOST and outcome.state != SUCCEEDED:
-            state, detail, reason = requested  # (one that succeeded before the stop reached it keeps its result)
-            outcome = Outcome(state, reason or state, detail, outcome.exit_code)
-        post(Finished(run, outcome, self.clock()))
+        post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
 
     def _clean_quietly(self, run: Run, hosts: Sequence[str] | None = None) -> None:
         """Best effort, for paths that are already failing: the outcome must still be posted."""
@@ -165,17 +160,17 @@ class SshExecutor:
             return Outcome("failed", LAUNCH, f"{first}: {str(e)[:300]}")
         with self._lock:
             self._procs[run.key] = proc
-            stop_now = run.key in self._stop_requests
+        if self._stops.killing:
+            self._stops.ask(run.key, *Stops.KILLED)
         post(Launched(run, proc.pid, None, self.clock()))
         record_attempt(run, config, command)
-        if stop_now:
+        if self._stops.asked(run.key):
             self._end(run, proc)
         timeout = run.experiment.timeout or self.default_timeout
         try:
             exit_code = proc.wait(timeout)
         except TimeoutError:
-            with self._lock:
-                self._stop_requests.setdefault(run.key, (TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT))
+            self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
             self._end(run, proc)
             exit_code = proc.wait()
         if exit_code is None:
@@ -192,7 +187,7 @@ class SshExecutor:
         """SIGTERM the launcher's group, a grace period, then SIGKILL everything tagged on every node."""
         try:
             proc.signal(signal.SIGTERM)
-            proc.wait(self.grace)
+            proc.wait(0 if self._stops.killing else self.grace)
         except (HostDown, TimeoutError):
             pass
         self._clean(run)
