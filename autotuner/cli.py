@@ -337,35 +337,15 @@ def hosts(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
-    import json
-
-    from .hostfile import load_hostfile
-    from .probe import probe_hosts
-    from .transport import SSHPool
+    from .probe import check_hostfile
+    from .render import render_hosts
 
     try:
         _check_ssh_config(ssh_config)
-        listed = load_hostfile(hostfile)
-        with SSHPool(str(ssh_config) if ssh_config else None, accept_new_hosts=accept_new_hosts) as pool:
-            reports = probe_hosts(list(listed), pool)
+        listed, reports = check_hostfile(hostfile, str(ssh_config) if ssh_config else None, accept_new_hosts)
     except UserError as e:
         raise fail(e)
-    if as_json:
-        typer.echo(json.dumps([dict(r.to_json(), slots=listed[r.host].slots) for r in reports], indent=2))
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"hosts of {hostfile}")
-        for column in ("host", "slots", "state", "GPUs", "python", "deepspeed", "load"):
-            table.add_column(column)
-        for r in reports:
-            gpus = ", ".join(f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
-                             for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
-            table.add_row(r.host, str(listed[r.host].slots), "up" if r.reachable else f"down: {r.reason}",
-                          gpus if r.reachable else "", r.python or "", r.deepspeed or "", " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else "",
-                          style=None if r.reachable else "red")
-        Console().print(table)
+    sys.stdout.write(render_hosts(f"hosts of {hostfile}", listed, reports, as_json))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
 
 

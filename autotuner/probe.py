@@ -166,3 +166,13 @@ def probe_hosts(hosts: Sequence[str], transport: "SSHPool", timeout: float = 30.
 
     with ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="probe") as pool:
         return list(pool.map(lambda h: probe_host(h, transport, timeout, python), hosts))
+
+
+def check_hostfile(hostfile, ssh_config: str | None = None, accept_new_hosts: bool = False):
+    """The hosts of a hostfile and, probed in parallel over fresh pooled connections, a report on each."""
+    from .hostfile import load_hostfile
+    from .transport import SSHPool
+
+    listed = load_hostfile(hostfile)
+    with SSHPool(ssh_config, accept_new_hosts=accept_new_hosts) as pool:
+        return listed, probe_hosts(list(listed), pool)

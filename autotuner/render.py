@@ -161,3 +161,25 @@ def render_status(directory: Path, as_json: bool) -> str:
     if best:
         lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(best.metric)}")
     return "\n".join(lines) + "\n"
+
+
+def render_hosts(title: str, listed, reports, as_json: bool) -> str:
+    """`autotune hosts`: one row per host (reachable or why not, slots, GPUs with free memory, versions, load)."""
+    if as_json:
+        return json.dumps([dict(r.to_json(), slots=listed[r.host].slots) for r in reports], indent=2) + "\n"
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("host", "slots", "state", "GPUs", "python", "deepspeed", "load"):
+        table.add_column(column)
+    for r in reports:
+        gpus = ", ".join(f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
+                         for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
+        load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
+        table.add_row(r.host, str(listed[r.host].slots), "up" if r.reachable else f"down: {r.reason}",
+                      gpus if r.reachable else "", r.python or "", r.deepspeed or "", load,
+                      style=None if r.reachable else "red")
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    console.print(table)
+    return console.file.getvalue()

@@ -262,3 +262,14 @@ def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
         assert len(tags.find_tagged(tag)) >= 2
         end_tagged_everywhere(pool, ["node-1", "node-2"], tag)
     assert tags.find_tagged(tag) == []
+
+
+def test_hosts_table_shows_each_node_up_or_why_not(ssh_nodes, tmp_path):
+    ssh_nodes["node-3"].stop()
+    out = autotune("hosts", "-H", hostfile(tmp_path, ("node-1", 2), ("node-3", 4)), "--ssh-config",
+                   ssh_nodes.config_path)
+    assert out.returncode == 1, out.stdout + out.stderr  # not every host answers
+    rows = {line.split("│")[1].strip(): line for line in out.stdout.splitlines() if line.count("│") > 3}
+    assert "up" in rows["node-1"] and "none" in rows["node-1"]  # a CPU host: no GPU, not an error
+    assert "down" in rows["node-3"]
+    assert rows["node-1"].split("│")[2].strip() == "2" and rows["node-3"].split("│")[2].strip() == "4"
