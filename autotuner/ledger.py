@@ -141,6 +141,12 @@ class Ledger:
     def close(self) -> None:
         self._db.close()
 
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Group the transitions made inside into one transaction: one commit, one sync, all or nothing."""

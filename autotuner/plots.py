@@ -343,11 +343,8 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
 
 # --- files ---------------------------------------------------------------------------------------------------
 def all_attempts(directory: Path) -> list[Attempt]:
-    ledger = Ledger.open(directory)
-    try:
+    with Ledger.open(directory) as ledger:
         return ledger.attempts()
-    finally:
-        ledger.close()
 
 
 def png_bytes(fig) -> bytes:

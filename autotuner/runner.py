@@ -356,11 +356,8 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
 
 
 def sweep_meta(directory: Path) -> dict[str, object]:
-    ledger = _open_existing(directory)
-    try:
+    with _open_existing(directory) as ledger:
         return ledger.meta()
-    finally:
-        ledger.close()
 
 
 def _open_existing(directory: Path) -> Ledger:
@@ -372,11 +369,8 @@ def _open_existing(directory: Path) -> Ledger:
 
 def spec_changes(directory: Path, sweep: Sweep) -> tuple[list[str], list[str], list[str]]:
     """(new, changed, removed) experiment names of `sweep` against what the sweep in `directory` recorded."""
-    ledger = _open_existing(directory)
-    try:
+    with _open_existing(directory) as ledger:
         recorded = ledger.digests()
-    finally:
-        ledger.close()
     current = {e.name: e.digest for e in sweep.experiments}
     new = [n for n in current if n not in recorded]
     changed = [n for n in current if n in recorded and recorded[n] != current[n]]

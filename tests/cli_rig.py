@@ -145,21 +145,15 @@ def sweep_id(directory: Path) -> str | None:
 
 
 def attempts(directory: Path) -> list[Attempt]:
-    ledger = Ledger.open(directory)
-    try:
+    with Ledger.open(directory) as ledger:
         return ledger.attempts()
-    finally:
-        ledger.close()
 
 
 def latest(directory: Path) -> dict[str, Attempt]:
     if not (Path(directory) / "ledger.sqlite").exists():
         return {}  # not recorded yet
-    ledger = Ledger.open(directory)
-    try:
+    with Ledger.open(directory) as ledger:
         return {a.name: a for a in ledger.latest()}
-    finally:
-        ledger.close()
 
 
 def states(directory: Path) -> dict[str, str]:
