@@ -43,7 +43,7 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
         for file in ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json"):
             assert (directory / file).is_file(), f"{name}/{file} missing"
         metrics = json.loads((directory / "metrics.json").read_text())
-        assert metrics["throughput"] > 0 and metrics["latency"] > 0
+        assert metrics["throughput"] > 0 and metrics["latency"] > 0, (name, metrics)
         on_disk[name] = metrics["throughput"]
         config = json.loads((directory / "ds_config.json").read_text())
         assert config["autotuning"]["metric_path"] == str(directory / "metrics.json")
@@ -51,7 +51,7 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     assert json.loads((results / "two_z2_mbs8" / "exp.json").read_text())["slots"] == {"localhost": [0, 1]}
 
     best = max(on_disk, key=on_disk.get)
-    assert f"best: {best} with throughput" in run.stdout
+    assert f"best: {best} with throughput" in run.stdout, (on_disk, run.stdout)
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     expected = json.loads((results / best / "ds_config.json").read_text())
     del expected["autotuning"]
@@ -63,5 +63,5 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     command = (results / "cmd_optimal.txt").read_text().strip()
     assert "--include" not in command and "ds_config_optimal.json" in command
     train = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert train.returncode == 0, train.stderr[-2000:]
+    assert train.returncode == 0, (command, train.stdout[-2000:], train.stderr[-3000:])
     assert "trained 7 steps" in train.stdout
