@@ -7,6 +7,7 @@ the process group, a grace period, then SIGKILL to the group and to every proces
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from .cleanup import end_group
 from .files import write_atomic, write_json_atomic
-from .launch import Command, Launcher, deepspeed_command, with_autotuning
+from .launch import MASTER_PORTS, Command, Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LOST, TIMEOUT, Outcome, judge
@@ -28,13 +29,18 @@ EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log"
 
 
 def free_port(taken: set[int]) -> int:
-    """A TCP port free on this machine now and not handed to another running attempt."""
+    """A master port free on this machine now, not handed to another running attempt, and outside the
+    ephemeral range (see launch.MASTER_PORTS), so nothing else is given it before the launcher binds it."""
     while True:
+        port = random.randint(*MASTER_PORTS)
+        if port in taken:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in taken:
-            return port
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        return port
 
 
 def keep_previous_attempt(directory: Path, attempt: int) -> None:

@@ -20,6 +20,9 @@ from .spec import Experiment
 from .tags import TAG_ENV
 
 CONFIG_FLAG = "--deepspeed_config"
+# Master ports are drawn below Linux's default ephemeral range (32768-60999): between the moment a port is
+# chosen and the moment DeepSpeed's rank 0 binds it (seconds later), no outgoing connection can take it.
+MASTER_PORTS = (20000, 32767)
 START_PROFILE_STEP = 3
 END_PROFILE_STEP = 5
 

@@ -23,14 +23,12 @@ from pathlib import Path
 from .cleanup import end_tagged_everywhere, end_tagged_remote
 from .executor import Stops, prepare_directory, record_attempt
 from .hostfile import is_local
-from .launch import Launcher, deepspeed_command, with_autotuning
+from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
 from .scheduler import Finished, HostBack, HostLost, Launched, Run
 from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
-
-PORTS = (20000, 40000)  # master ports are drawn here: a port taken on the node fails fast and is retried
 
 
 def env_file_text(env: Mapping[str, str]) -> str:
@@ -143,7 +141,7 @@ class SshExecutor:
             env["DS_ENV_FILE"] = f"{workdir}/deepspeed_env"
         command = deepspeed_command(
             run.experiment, run.reservation, config, hostfile=f"{workdir}/hostfile",
-            master_port=random.randint(*PORTS), metric_path=metrics_path, tag=run.tag,
+            master_port=random.randint(*MASTER_PORTS),  # taken on the node: fails fast, retried metric_path=metrics_path, tag=run.tag,
             cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env)
         setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text), f"rm -f -- {shlex.quote(metrics_path)}"]
         if multi:

@@ -1,0 +1,25 @@
+import socket
+
+from autotuner import executor
+from autotuner.executor import free_port
+from autotuner.launch import MASTER_PORTS
+
+
+def test_master_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice():
+    taken: set[int] = set()
+    for _ in range(50):
+        port = free_port(taken)
+        assert MASTER_PORTS[0] <= port <= MASTER_PORTS[1] and port not in taken
+        taken.add(port)
+    low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    assert MASTER_PORTS[1] < low  # outgoing connections are never given one of them
+
+
+def test_a_port_in_use_or_already_handed_out_is_skipped(monkeypatch):
+    busy_port, handed_out, good = free_port(set()), free_port(set()), free_port(set())
+    draws = iter([busy_port, handed_out, good])
+    monkeypatch.setattr(executor.random, "randint", lambda a, b: next(draws))
+    with socket.socket() as busy:
+        busy.bind(("", busy_port))
+        busy.listen()
+        assert free_port({handed_out}) == good
