@@ -139,9 +139,10 @@ class SshExecutor:
         env = dict(self.env)
         if multi:
             env["DS_ENV_FILE"] = f"{workdir}/deepspeed_env"
+        # A master port taken on the node fails the launch fast, and the launch is retried.
         command = deepspeed_command(
             run.experiment, run.reservation, config, hostfile=f"{workdir}/hostfile",
-            master_port=random.randint(*MASTER_PORTS),  # taken on the node: fails fast, retried metric_path=metrics_path, tag=run.tag,
+            master_port=random.randint(*MASTER_PORTS), metric_path=metrics_path, tag=run.tag,
             cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env)
         setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text), f"rm -f -- {shlex.quote(metrics_path)}"]
         if multi:
