@@ -66,7 +66,7 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
                 runner_pid: int | None, now: float | None = None) -> str:
     """The page, from a snapshot, its report rows (render.rows), PNGs by file name (or None and a note)."""
     now = time.time() if now is None else now
-    direction = "lower is better" if snap.metric.minimize else "higher is better"
+    direction = snap.metric.direction
     best = snap.best
     counts = snap.counts()
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

@@ -42,6 +42,11 @@ class Metric:
         """True when value `a` is strictly better than value `b`."""
         return a < b if self.minimize else a > b
 
+    @property
+    def direction(self) -> str:
+        """How people read it: "lower is better" or "higher is better"."""
+        return "lower is better" if self.minimize else "higher is better"
+
     def sort_key(self, value: float) -> float:
         """Ascending order of this key puts the best value first."""
         return value if self.minimize else -value

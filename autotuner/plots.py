@@ -199,7 +199,7 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xticklabels([str(v) for v in xs])
     ax.set_xlabel(_label(x) + (f"\n(each point: the best over {', '.join(others)})" if others else ""))
-    direction = "lower is better" if snap.metric.minimize else "higher is better"
+    direction = snap.metric.direction
     ax.set_ylabel(f"{snap.metric.name} ({direction})")
     ax.set_ylim(bottom=0)
     if points:

@@ -89,7 +89,7 @@ def _cells(r: dict) -> tuple[str, ...]:
 
 
 def _title(snap: Snapshot) -> str:
-    return f"sweep {snap.name}: {snap.metric.name} ({'lower' if snap.metric.minimize else 'higher'} is better)"
+    return f"sweep {snap.name}: {snap.metric.name} ({snap.metric.direction})"
 
 
 def _plain_table(snap: Snapshot, table: list[dict]) -> str:

@@ -36,7 +36,7 @@ class Snapshot:
     def ranked(self) -> list[Attempt]:
         """Succeeded attempts best first, then every other attempt in sweep order (computed once)."""
         done = [a for a in self.attempts if a.state == SUCCEEDED and a.metric is not None]
-        done.sort(key=lambda a: a.metric if self.metric.minimize else -a.metric)
+        done.sort(key=lambda a: self.metric.sort_key(a.metric))
         chosen = {id(a) for a in done}  # not `a not in done`: that compared dataclasses, O(n^2) on 10k
         return done + [a for a in self.attempts if id(a) not in chosen]
 
@@ -105,7 +105,7 @@ def summary_text(snap: Snapshot) -> str:
     best = snap.best
     counts = snap.counts()
     lines = [
-        f"sweep: {snap.name}    metric: {snap.metric.name} ({'lower' if snap.metric.minimize else 'higher'} is better)",
+        f"sweep: {snap.name}    metric: {snap.metric.name} ({snap.metric.direction})",
         "",
         f"| {'tuning_space':<12} | {'num_experiments':>15} | {'best_metric_val':>15} | best_exp_name",
         f"| {snap.name[:12]:<12} | {len(snap.attempts):>15} | {format_value(best.metric if best else None):>15} | "
