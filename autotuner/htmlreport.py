@@ -145,7 +145,7 @@ def write_html(directory: Path, path: Path | None = None, *, x: str | None = Non
                 raise
             note = str(e)
     target = Path(path) if path else directory / REPORT_HTML
-    from .plots import write_bytes_atomic
+    from .files import write_atomic
 
-    write_bytes_atomic(target, render_html(snap, rows(snap), plots, note, holder_pid(directory)).encode("utf-8"))
+    write_atomic(target, render_html(snap, rows(snap), plots, note, holder_pid(directory)).encode("utf-8"))
     return target, note

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .files import write_atomic
 from .ledger import (
     CANCELLED,
     FAILED,
@@ -378,19 +377,6 @@ def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None) 
     """Draw both plots into the sweep's directory; returns their paths."""
     paths = []
     for name, data in render_plots(snap, x, lines).items():
-        write_bytes_atomic(snap.directory / name, data)
+        write_atomic(snap.directory / name, data)
         paths.append(snap.directory / name)
     return paths
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # a picture or a page to share, not a secret (mkstemp makes it 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
