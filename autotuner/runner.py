@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -57,28 +58,80 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequence[str] | None = None,
             reload: Mapping[str, object] | None = None) -> Path:
-    """Validate, then create the results directory with its hostfile and ledger. Nothing runs yet."""
+    """Validate, then create the results directory with its hostfile and ledger. Nothing runs yet.
+
+    A directory that cannot be used (read-only, full, under /proc, a name too long) is a UserError, and
+    whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
+    """
     check_fits(sweep, cluster)
     directory = Path(directory)
-    if (directory / FILENAME).exists():
-        raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
-                        directory)
-    for existing in (directory, *directory.parents):  # refused before anything is written
-        if existing.exists():
-            if not existing.is_dir():
-                raise UserError("is a file, not a directory" if existing == directory else
-                                f"cannot be a results directory: {existing} is a file", directory)
-            break
+    made = _make_results_directory(directory)
+    ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
     try:
+        _write_sweep(sweep, cluster, directory, launcher, reload)
+    except BaseException as e:
+        for path in [*ours, *_staging(directory)]:  # what this call made; a file there before is not ours
+            _unlink_quietly(path)
+        _remove_directories(made)
+        if isinstance(e, (OSError, sqlite3.Error)):  # read-only, full, a place that takes no files
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise UserError(f"cannot write the results directory: {reason}", directory) from None
+        raise
+    return directory
+
+
+def _make_results_directory(directory: Path) -> list[Path]:
+    """Create `directory` (and missing parents) after checking it is no other sweep's; returns the directories
+    this made, deepest first."""
+    missing: list[Path] = []
+    try:
+        if (directory / FILENAME).exists():
+            raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
+                            directory)
+        for existing in (directory, *directory.parents):  # refused before anything is written
+            if existing.exists():
+                if not existing.is_dir():
+                    raise UserError("is a file, not a directory" if existing == directory else
+                                    f"cannot be a results directory: {existing} is a file", directory)
+                break
+            missing.append(existing)
         directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    except OSError as e:  # a name too long, a loop of links, a place we may not look into or write
+        _remove_directories(missing)  # the parents made before a deeper one failed
         raise UserError(f"cannot create the results directory: {e.strerror or e}", directory) from None
+    return missing
+
+
+def _remove_directories(made: Sequence[Path]) -> None:
+    """Remove directories this process made, deepest first; rmdir only, so nothing anyone put there goes."""
+    for created in made:
+        try:
+            created.rmdir()
+        except OSError:
+            pass  # not there (never made, or a name too long), or not empty: not ours to clear
+
+
+def _unlink_quietly(path: Path) -> None:
+    """Clearing up after a failure: what cannot be removed (a read-only place) stays, and the failure is told."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _staging(directory: Path) -> list[Path]:
+    """The ledger built aside, and the files SQLite keeps beside it."""
+    return [directory / (f".{FILENAME}.new" + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
+
+
+def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
+                 reload: Mapping[str, object] | None) -> None:
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
     # ledger (`run` again) or a whole one (`resume`), never one without its experiments.
     staging = f".{FILENAME}.new"
-    for suffix in ("", "-wal", "-shm", "-journal"):  # what an earlier killed `run` left
-        (directory / (staging + suffix)).unlink(missing_ok=True)
+    for path in _staging(directory):  # what an earlier killed `run` left
+        path.unlink(missing_ok=True)
     ledger = Ledger.create(directory, {
         "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
         "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
@@ -95,7 +148,6 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequen
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return directory
 
 
 @dataclass
