@@ -40,7 +40,7 @@ from .ledger import (
 from .lock import SweepBusy, SweepLock, holder_pid
 from .metrics import metric_named
 from .report import Snapshot, snapshot, write_outcome_files
-from .resources import SlotPool
+from .resources import Placement, Reservation, SlotPool
 from .scheduler import (
     CheckRequests,
     Deadline,
@@ -250,10 +250,10 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
-def _ssh_pool(ledger: Ledger, options: Options):
-    """A pool of SSH connections when the sweep has hosts other than this machine, else None."""
+def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
+    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
-    if all(is_local(h) for h in dict(meta["slots"])):
+    if not even_local and all(is_local(h) for h in dict(meta["slots"])):
         return None
     from .transport import SSHPool
 
@@ -273,6 +273,10 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
     slot_pool = SlotPool(slots)
     scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
                           metric.name, retries=options.retries, observers=list(options.observers))
+    # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
+    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
+    waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
+    waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
     watcher = None
     if pool is not None:
         from .remote import HostWatcher, Router, SshExecutor
@@ -292,14 +296,64 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
                              options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = Router(executor, remote)
         scheduler.executor = executor
-    # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
-    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
-    scheduler.submit(Queued(e, queued[e.name]) for e in ledger.experiments(queued))
+    scheduler.submit(waiting)
     try:
         return _run_with_signals(scheduler, executor, options.deadline)
     finally:
         if watcher is not None:
             watcher.close()
+
+
+def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options, pool,
+                                            scheduler: Scheduler, waiting: list[Queued]) -> list[Queued]:
+    """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
+
+    DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
+    answering here, every multi-node launch on it fails and is retried. Such names stay usable for single-node
+    experiments (run directly) but are kept out of multi-node placements; a multi-node experiment that then
+    cannot fit stays queued for `resume`. Nothing at all can run: a UserError.
+    """
+    local = [h for h in scheduler.pool.hosts if is_local(h)]
+    if not local or not any(item.num_nodes > 1 for item in waiting):
+        return waiting
+    probing = pool or _ssh_pool(ledger, options, even_local=True)
+    try:
+        silent = {host: trouble for host, trouble in zip(local, _probe(probing, local)) if trouble}
+    finally:
+        if probing is not pool:
+            probing.close()
+    if not silent:
+        return waiting
+    answering = [h for h in scheduler.pool.hosts if h not in silent]
+
+    def can_run(item: Queued) -> bool:
+        return item.num_nodes == 1 or sum(
+            1 for h in answering if scheduler.pool.capacity(h) >= item.num_gpus) >= item.num_nodes
+
+    runnable = [item for item in waiting if can_run(item)]
+    held = len(waiting) - len(runnable)
+    why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
+        "machine's names too)"
+    if not runnable:
+        raise UserError(f"no experiment can run: {why}; see `autotune hosts`", directory / HOSTFILE)
+    scheduler.placement = _SingleNodeOn(frozenset(silent), scheduler.placement)
+    if held:
+        options.log(f"{why}: {held} multi-node experiment(s) left queued; `autotune resume {directory}` "
+                    "runs them once it answers")
+    return runnable
+
+
+@dataclass(frozen=True)
+class _SingleNodeOn:
+    """A placement that puts only single-node experiments on `hosts` (see the function above)."""
+
+    hosts: frozenset[str]
+    placement: Placement
+
+    def place(self, free: Mapping[str, frozenset[int]], num_nodes: int, num_gpus: int) -> Reservation | None:
+        if num_nodes > 1:
+            free = {host: ids for host, ids in free.items() if host not in self.hosts}
+        return self.placement.place(free, num_nodes, num_gpus)
 
 
 def _probe(pool, hosts: Sequence[str]) -> list[str | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -281,3 +282,57 @@ def test_a_good_run_still_succeeds(tmp_path):
     result = rig.run("--results", tmp_path / "results")
     assert result.returncode == 0, result.stderr
     assert {a.state for a in attempts(tmp_path / "results")} == {SUCCEEDED}
+
+
+# --- multi-node experiments on this machine's own names: probed over ssh before anything is launched ------
+@pytest.fixture
+def silent_ssh(tmp_path):
+    """An ssh config that sends localhost and 127.0.0.1 to a port where nothing listens (a bound socket that
+    never listens refuses every connection), so no test depends on this machine's own sshd."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host localhost 127.0.0.1\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
+                          "  ConnectTimeout 5\n")
+        yield config
+
+
+def multi_node_sweep(tmp_path: Path, nodes: list[int], steps: list[int] = [1]) -> Path:
+    """Experiments m_n<nodes>_gas<steps>: every combination of the node counts and accumulation steps."""
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text(f"""{{
+  name: m
+  script: train.py
+  ds_config: {{train_micro_batch_size_per_gpu: 1}}
+  space: {{"num_nodes": {nodes}, "gradient_accumulation_steps": {steps}}}
+}}
+""")
+    return path
+
+
+def test_a_multi_node_sweep_on_local_names_without_sshd_is_refused_before_launching(tmp_path, silent_ssh):
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    log = tmp_path / "launches.log"
+    result = autotune("run", multi_node_sweep(tmp_path, [2], [1, 2]), "-H", hosts, "--ssh-config", silent_ssh,
+                      "--launcher", write_launcher(tmp_path, SLEEP_THEN_SUCCEED), "-q", "--results",
+                      tmp_path / "results", environ=env(LAUNCH_LOG=log), cwd=tmp_path)
+    line = assert_one_line_error(result, str(tmp_path / "results" / "hostfile"), "no experiment can run",
+                                 "host localhost", "over ssh")
+    assert "autotune hosts" in line
+    assert launches(log) == []
+    assert {a.state for a in attempts(tmp_path / "results")} == {"queued"}  # `resume` runs them later
+
+
+def test_single_node_experiments_still_run_there_and_multi_node_ones_wait(tmp_path, silent_ssh):
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    log = tmp_path / "launches.log"
+    result = autotune("run", multi_node_sweep(tmp_path, [1, 2]), "-H", hosts, "--ssh-config", silent_ssh,
+                      "--launcher", write_launcher(tmp_path, SLEEP_THEN_SUCCEED), "--results", tmp_path / "results",
+                      environ=env(LAUNCH_LOG=log), cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert "1 multi-node experiment(s) left queued" in result.stderr and "host localhost" in result.stderr
+    assert launches(log) == [("m_n1_gas1", 1)]  # the two-node one was never launched (to fail and be retried)
+    assert {a.name: a.state for a in attempts(tmp_path / "results")} == {"m_n1_gas1": SUCCEEDED, "m_n2_gas1": "queued"}
