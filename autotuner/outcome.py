@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .ledger import FAILED, SUCCEEDED
-from .metrics import KNOWN, METRICS_PATH_ENV, MISSING, Metric, MetricsError, read_metrics
+from .metrics import (
+    KNOWN,
+    METRICS_PATH_ENV,
+    MISSING,
+    Metric,
+    MetricsError,
+    read_metrics,
+)
 
 OOM, CONFIG, LAUNCH, METRICS, EXIT, LOST, TIMEOUT = "oom", "config", "launch", "metrics", "exit", "lost", "timeout"
 TRANSIENT = frozenset({LAUNCH, LOST})

@@ -41,7 +41,7 @@ def tmpfs(path: Path, *options: str) -> Iterator[Path]:
     """A tmpfs mounted at `path` for the test (read-only with "ro", tiny with "size=64k")."""
     path.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options or ("size=64k",)), "tmpfs", str(path)],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True, check=False)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -251,8 +251,10 @@ def test_each_bad_metrics_file_is_a_metrics_failure_naming_the_file_launched_onc
 EXIT_WITHOUT_METRICS = PREAMBLE + "exit 0\n"
 
 
-@pytest.mark.parametrize("extra, steps", [("", 5), ("  ds_config: {train_micro_batch_size_per_gpu: 1, "
-                                                    "autotuning: {end_profile_step: 9}}", 9)],
+OWN_WINDOW = "  ds_config: {train_micro_batch_size_per_gpu: 1, autotuning: {end_profile_step: 9}}"
+
+
+@pytest.mark.parametrize("extra, steps", [("", 5), (OWN_WINDOW, 9)],
                          ids=["default-window", "own-window"])
 def test_exit_zero_before_the_profile_window_ends_says_so(tmp_path, extra, steps):
     rig = Rig(tmp_path, EXIT_WITHOUT_METRICS, values=[1], extra=extra)
@@ -264,7 +266,8 @@ def test_exit_zero_before_the_profile_window_ends_says_so(tmp_path, extra, steps
     assert (attempt.state, attempt.reason) == (FAILED, "metrics")
     assert "metrics file missing" in attempt.detail
     assert "before DeepSpeed's profile window did" in attempt.detail
-    assert f"end_profile_step ({steps})" in attempt.detail and f"run more than {steps} optimizer steps" in attempt.detail
+    assert f"end_profile_step ({steps})" in attempt.detail
+    assert f"run more than {steps} optimizer steps" in attempt.detail
     assert "lower autotuning.end_profile_step" in attempt.detail
 
 
@@ -297,7 +300,7 @@ def silent_ssh(tmp_path):
         yield config
 
 
-def multi_node_sweep(tmp_path: Path, nodes: list[int], steps: list[int] = [1]) -> Path:
+def multi_node_sweep(tmp_path: Path, nodes: list[int], steps: tuple[int, ...] = (1,)) -> Path:
     """Experiments m_n<nodes>_gas<steps>: every combination of the node counts and accumulation steps."""
     (tmp_path / "train.py").touch()
     path = tmp_path / "sweep.hjson"
@@ -305,7 +308,7 @@ def multi_node_sweep(tmp_path: Path, nodes: list[int], steps: list[int] = [1]) -
   name: m
   script: train.py
   ds_config: {{train_micro_batch_size_per_gpu: 1}}
-  space: {{"num_nodes": {nodes}, "gradient_accumulation_steps": {steps}}}
+  space: {{"num_nodes": {nodes}, "gradient_accumulation_steps": {list(steps)}}}
 }}
 """)
     return path
@@ -315,7 +318,7 @@ def test_a_multi_node_sweep_on_local_names_without_sshd_is_refused_before_launch
     hosts = tmp_path / "hostfile"
     hosts.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     log = tmp_path / "launches.log"
-    result = autotune("run", multi_node_sweep(tmp_path, [2], [1, 2]), "-H", hosts, "--ssh-config", silent_ssh,
+    result = autotune("run", multi_node_sweep(tmp_path, [2], (1, 2)), "-H", hosts, "--ssh-config", silent_ssh,
                       "--launcher", write_launcher(tmp_path, SLEEP_THEN_SUCCEED), "-q", "--results",
                       tmp_path / "results", environ=env(LAUNCH_LOG=log), cwd=tmp_path)
     line = assert_one_line_error(result, str(tmp_path / "results" / "hostfile"), "no experiment can run",
