@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .cleanup import end_group
 from .files import write_atomic, write_json_atomic
-from .launch import MASTER_PORTS, Command, Launcher, deepspeed_command, with_autotuning
+from .launch import MASTER_PORTS, Command, Launcher, deepspeed_command, end_profile_step, with_autotuning
 from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LOST, TIMEOUT, Outcome, judge
@@ -223,7 +223,8 @@ class LocalExecutor:
             self._end(proc, run.tag)
             exit_code = proc.wait()
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
-        return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
+        logs = [run.dir / "stderr.log", run.dir / "stdout.log"]
+        return judge(exit_code, run.dir / "metrics.json", self.metric, logs, end_profile_step(config))
 
     def _end(self, proc: subprocess.Popen, tag: str) -> None:
         def gone_within(seconds: float) -> bool:

@@ -57,6 +57,15 @@ def with_autotuning(ds_config: Mapping, metric_path: str, metric: str) -> dict:
     return config
 
 
+def end_profile_step(ds_config: Mapping) -> int | None:
+    """After how many optimizer steps DeepSpeed's engine writes the metrics (None: its autotuning is off)."""
+    section = ds_config.get("autotuning")
+    if not isinstance(section, Mapping) or not section.get("enabled"):
+        return None
+    step = section.get("end_profile_step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def without_autotuning(ds_config: Mapping) -> dict:
     """The config a normal training run uses: the autotuning section removed."""
     config = copy.deepcopy(dict(ds_config))

@@ -357,17 +357,55 @@ class EventLog:
 
 # --- wiring for `autotune run` / `resume` ---------------------------------------------------------------------
 def check_events_path(path: Path) -> None:
-    """Fail before anything runs when the events file cannot be written."""
+    """Fail before anything is created when the events file cannot be written.
+
+    Proven by writing, since permission bits say nothing to root and /dev/full or a full disk open fine and
+    fail on write: a regular file takes one byte that is then truncated away (a file made for the test is
+    removed again); a device or terminal takes an empty write. A FIFO or socket is left alone: opening it
+    would wait for a reader, and closing it could end that reader's input.
+    """
+    import stat
+
     from .errors import UserError
 
     path = Path(path)
-    if path.is_dir():
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise UserError(f"cannot write the --events file: {e.strerror or e}", path) from None
+    if mode is not None and stat.S_ISDIR(mode):
         raise UserError("is a directory; --events wants a file", path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if mode is None and not (path.parent if str(path.parent) else Path(".")).is_dir():
         raise UserError("no such directory for the --events file", path)
-    if path.exists() and not os.access(path, os.W_OK) or not path.exists() and not os.access(parent, os.W_OK):
-        raise UserError("cannot write the --events file here", path)
+    if mode is not None and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        if not os.access(path, os.W_OK):
+            raise UserError("cannot write the --events file here", path)
+        return
+    try:
+        _write_probe(path, regular=mode is None or stat.S_ISREG(mode), created=mode is None)
+    except OSError as e:
+        raise UserError(f"cannot write the --events file: {e.strerror or e}", path) from None
+
+
+def _write_probe(path: Path, *, regular: bool, created: bool) -> None:
+    """Write to `path` and take the write back (see `check_events_path`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK, 0o666)
+    try:
+        if not regular:
+            os.write(fd, b"")
+            return
+        size = os.fstat(fd).st_size
+        try:
+            os.write(fd, b"\n")
+            os.fsync(fd)  # a full disk may take the byte into the page cache and refuse it here
+        finally:
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+        if created:
+            path.unlink(missing_ok=True)
 
 
 @contextmanager

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,12 @@ from .errors import UserError
 METRICS_PATH_ENV = "AUTOTUNE_METRICS_PATH"
 
 _CUSTOM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
+
+# What a run may hand us is bounded: DeepSpeed writes one flat object of a few hundred bytes. A bigger or deeper
+# file is a broken script, and reading it whole (or recursing through it) must not take the runner down.
+MAX_BYTES = 1024 * 1024
+MISSING = "metrics file missing"  # the run wrote none: `outcome.judge` says why that may be
+MAX_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -117,25 +125,90 @@ def _finite(value: object) -> float | None:
 
 
 def read_metrics(path: str | Path, metric: Metric) -> dict[str, float]:
-    """The numeric entries of a metrics file whose `metric` key is a finite number >= 0; else MetricsError."""
+    """The numeric entries of a metrics file whose `metric` key is a finite number >= 0; else MetricsError.
+
+    The only reader of metrics files. Bounded: at most MAX_BYTES are read and at most MAX_DEPTH levels of
+    nesting are parsed, and only a regular file is opened for reading (a FIFO would block, a device never end).
+    """
+    raw = _read_bounded(Path(path))
     try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise MetricsError("metrics file missing", path) from None
-    except OSError as e:
-        raise MetricsError(f"metrics file unreadable: {e.strerror or e}", path) from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MetricsError(f"metrics file is not JSON (not UTF-8 text: byte {e.start})", path) from None
+    depth = _nesting(text)
+    if depth > MAX_DEPTH:
+        raise MetricsError(f"metrics file nests {depth} levels deep (at most {MAX_DEPTH} are read)", path)
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        detail = "empty file" if not raw.strip() else str(e)
+        data = json.loads(text)
+    except ValueError as e:
+        detail = "empty file" if not text.strip() else str(e)[:200]
         raise MetricsError(f"metrics file is not JSON ({detail})", path) from None
     if not isinstance(data, dict):
         raise MetricsError(f"metrics file holds a JSON {type(data).__name__}, not an object", path)
     if metric.name not in data:
-        present = ", ".join(sorted(map(str, data))) or "none"
+        present = ", ".join(sorted(map(str, data)))
+        present = (present[:200] + " ...") if len(present) > 200 else present or "none"
         raise MetricsError(f"metric {metric.name!r} missing (keys: {present})", path)
     value = _finite(data[metric.name])
     if value is None or value < 0:
-        shown = json.dumps(data[metric.name])
-        raise MetricsError(f"metric {metric.name!r} is {shown[:60]}, not a finite number >= 0", path)
+        shown = _shown(data[metric.name])
+        raise MetricsError(f"metric {metric.name!r} is {shown}, not a finite number >= 0", path)
     return {str(k): v for k, v in ((k, _finite(v)) for k, v in data.items()) if v is not None}
+
+
+def _read_bounded(path: Path) -> bytes:
+    """At most MAX_BYTES of a regular file; MetricsError for anything else (missing, a directory, a FIFO...)."""
+    try:
+        # O_NONBLOCK: opening a FIFO with no writer returns at once instead of waiting for one.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise MetricsError(MISSING, path) from None
+    except OSError as e:
+        raise MetricsError(f"metrics file unreadable: {e.strerror or e}", path) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else \
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket"
+            raise MetricsError(f"metrics file unreadable: {kind}, not a regular file", path)
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise MetricsError(f"metrics file unreadable: {e.strerror or e}", path) from None
+    finally:
+        os.close(fd)
+    if size > MAX_BYTES:
+        raise MetricsError(f"metrics file is larger than {MAX_BYTES // (1024 * 1024)} MiB", path)
+    return b"".join(chunks)
+
+
+_STRINGS_AND_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+
+
+def _nesting(text: str) -> int:
+    """How deeply arrays and objects nest in JSON `text` (strings skipped), counted without recursion."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return 0  # cannot be deeper than that: the usual case costs two counts
+    depth = deepest = 0
+    for match in _STRINGS_AND_BRACKETS.finditer(text):
+        token = match.group()
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth -= 1
+    return deepest
+
+
+def _shown(value: object) -> str:
+    """A short rendering of a JSON value for a message (a huge number or string is cut)."""
+    try:
+        text = json.dumps(value)
+    except (ValueError, OverflowError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .ledger import FAILED, SUCCEEDED
-from .metrics import Metric, MetricsError, read_metrics
+from .metrics import (
+    KNOWN,
+    METRICS_PATH_ENV,
+    MISSING,
+    Metric,
+    MetricsError,
+    read_metrics,
+)
 
 OOM, CONFIG, LAUNCH, METRICS, EXIT, LOST, TIMEOUT = "oom", "config", "launch", "metrics", "exit", "lost", "timeout"
 TRANSIENT = frozenset({LAUNCH, LOST})
@@ -72,13 +79,30 @@ def classify(exit_code: int | None, logs: list[Path]) -> tuple[str, str | None]:
     return EXIT, (errors[-1][:300] if errors else None)
 
 
-def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path]) -> Outcome:
-    """Succeeded only with exit status 0 and a valid metrics file; otherwise a classified failure."""
+def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
+          end_profile_step: int | None = None) -> Outcome:
+    """Succeeded only with exit status 0 and a valid metrics file; otherwise a classified failure.
+
+    `end_profile_step`: the run's config has the injected autotuning section, so DeepSpeed's engine writes the
+    metrics file itself once that many optimizer steps are done; a missing file then says what to change.
+    """
     if exit_code == 0:
         try:
             values = read_metrics(metrics_path, metric)
         except MetricsError as e:
-            return Outcome(FAILED, METRICS, str(e), exit_code)
+            detail = str(e)
+            if e.reason == MISSING:
+                detail += _why_missing(metric, end_profile_step)
+            return Outcome(FAILED, METRICS, detail, exit_code)
         return Outcome(SUCCEEDED, exit_code=exit_code, metrics=values)
     reason, line = classify(exit_code, logs)
     return Outcome(FAILED, reason, line or f"exit status {exit_code}", exit_code)
+
+
+def _why_missing(metric: Metric, end_profile_step: int | None) -> str:
+    """Why a run that exited 0 left no metrics file, and what to change."""
+    if metric.name in KNOWN and end_profile_step is not None:
+        return (f": the script ended before DeepSpeed's profile window did; DeepSpeed's engine writes the "
+                f"metrics only after end_profile_step ({end_profile_step}) optimizer steps: run more than "
+                f"{end_profile_step} optimizer steps, or lower autotuning.end_profile_step in the ds_config")
+    return f": the script exited 0 without writing its metric {metric.name!r} to ${METRICS_PATH_ENV}"

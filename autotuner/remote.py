@@ -23,7 +23,7 @@ from pathlib import Path
 from .cleanup import end_tagged_everywhere, end_tagged_remote
 from .executor import Stops, prepare_directory, record_attempt
 from .hostfile import is_local
-from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
+from .launch import MASTER_PORTS, Launcher, deepspeed_command, end_profile_step, with_autotuning
 from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
 from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
@@ -180,7 +180,8 @@ class SshExecutor:
         down = [h for h in run.reservation.hosts[1:] if exit_code != 0 and not self.pool.is_up(h)]
         if down:
             raise HostDown(down[0], "stopped answering while the experiment ran")
-        return judge(exit_code, run.dir / "metrics.json", self.metric, [run.dir / "stderr.log", run.dir / "stdout.log"])
+        logs = [run.dir / "stderr.log", run.dir / "stdout.log"]
+        return judge(exit_code, run.dir / "metrics.json", self.metric, logs, end_profile_step(config))
 
     def _end(self, run: Run, proc: RemoteProcess) -> None:
         """SIGTERM the launcher's group, a grace period, then SIGKILL everything tagged on every node."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,7 @@ from .ledger import (
 from .lock import SweepBusy, SweepLock, holder_pid
 from .metrics import metric_named
 from .report import Snapshot, snapshot, write_outcome_files
-from .resources import SlotPool
+from .resources import Placement, Reservation, SlotPool
 from .scheduler import (
     CheckRequests,
     Deadline,
@@ -57,28 +58,80 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequence[str] | None = None,
             reload: Mapping[str, object] | None = None) -> Path:
-    """Validate, then create the results directory with its hostfile and ledger. Nothing runs yet."""
+    """Validate, then create the results directory with its hostfile and ledger. Nothing runs yet.
+
+    A directory that cannot be used (read-only, full, under /proc, a name too long) is a UserError, and
+    whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
+    """
     check_fits(sweep, cluster)
     directory = Path(directory)
-    if (directory / FILENAME).exists():
-        raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
-                        directory)
-    for existing in (directory, *directory.parents):  # refused before anything is written
-        if existing.exists():
-            if not existing.is_dir():
-                raise UserError("is a file, not a directory" if existing == directory else
-                                f"cannot be a results directory: {existing} is a file", directory)
-            break
+    made = _make_results_directory(directory)
+    ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
     try:
+        _write_sweep(sweep, cluster, directory, launcher, reload)
+    except BaseException as e:
+        for path in [*ours, *_staging(directory)]:  # what this call made; a file there before is not ours
+            _unlink_quietly(path)
+        _remove_directories(made)
+        if isinstance(e, (OSError, sqlite3.Error)):  # read-only, full, a place that takes no files
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise UserError(f"cannot write the results directory: {reason}", directory) from None
+        raise
+    return directory
+
+
+def _make_results_directory(directory: Path) -> list[Path]:
+    """Create `directory` (and missing parents) after checking it is no other sweep's; returns the directories
+    this made, deepest first."""
+    missing: list[Path] = []
+    try:
+        if (directory / FILENAME).exists():
+            raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
+                            directory)
+        for existing in (directory, *directory.parents):  # refused before anything is written
+            if existing.exists():
+                if not existing.is_dir():
+                    raise UserError("is a file, not a directory" if existing == directory else
+                                    f"cannot be a results directory: {existing} is a file", directory)
+                break
+            missing.append(existing)
         directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    except OSError as e:  # a name too long, a loop of links, a place we may not look into or write
+        _remove_directories(missing)  # the parents made before a deeper one failed
         raise UserError(f"cannot create the results directory: {e.strerror or e}", directory) from None
+    return missing
+
+
+def _remove_directories(made: Sequence[Path]) -> None:
+    """Remove directories this process made, deepest first; rmdir only, so nothing anyone put there goes."""
+    for created in made:
+        try:
+            created.rmdir()
+        except OSError:
+            pass  # not there (never made, or a name too long), or not empty: not ours to clear
+
+
+def _unlink_quietly(path: Path) -> None:
+    """Clearing up after a failure: what cannot be removed (a read-only place) stays, and the failure is told."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _staging(directory: Path) -> list[Path]:
+    """The ledger built aside, and the files SQLite keeps beside it."""
+    return [directory / (f".{FILENAME}.new" + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
+
+
+def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
+                 reload: Mapping[str, object] | None) -> None:
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
     # ledger (`run` again) or a whole one (`resume`), never one without its experiments.
     staging = f".{FILENAME}.new"
-    for suffix in ("", "-wal", "-shm", "-journal"):  # what an earlier killed `run` left
-        (directory / (staging + suffix)).unlink(missing_ok=True)
+    for path in _staging(directory):  # what an earlier killed `run` left
+        path.unlink(missing_ok=True)
     ledger = Ledger.create(directory, {
         "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
         "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
@@ -95,7 +148,6 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequen
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return directory
 
 
 @dataclass
@@ -198,10 +250,10 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
-def _ssh_pool(ledger: Ledger, options: Options):
-    """A pool of SSH connections when the sweep has hosts other than this machine, else None."""
+def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
+    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
-    if all(is_local(h) for h in dict(meta["slots"])):
+    if not even_local and all(is_local(h) for h in dict(meta["slots"])):
         return None
     from .transport import SSHPool
 
@@ -221,6 +273,10 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
     slot_pool = SlotPool(slots)
     scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
                           metric.name, retries=options.retries, observers=list(options.observers))
+    # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
+    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
+    waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
+    waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
     watcher = None
     if pool is not None:
         from .remote import HostWatcher, Router, SshExecutor
@@ -240,14 +296,64 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
                              options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = Router(executor, remote)
         scheduler.executor = executor
-    # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
-    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
-    scheduler.submit(Queued(e, queued[e.name]) for e in ledger.experiments(queued))
+    scheduler.submit(waiting)
     try:
         return _run_with_signals(scheduler, executor, options.deadline)
     finally:
         if watcher is not None:
             watcher.close()
+
+
+def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options, pool,
+                                            scheduler: Scheduler, waiting: list[Queued]) -> list[Queued]:
+    """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
+
+    DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
+    answering here, every multi-node launch on it fails and is retried. Such names stay usable for single-node
+    experiments (run directly) but are kept out of multi-node placements; a multi-node experiment that then
+    cannot fit stays queued for `resume`. Nothing at all can run: a UserError.
+    """
+    local = [h for h in scheduler.pool.hosts if is_local(h)]
+    if not local or not any(item.num_nodes > 1 for item in waiting):
+        return waiting
+    probing = pool or _ssh_pool(ledger, options, even_local=True)
+    try:
+        silent = {host: trouble for host, trouble in zip(local, _probe(probing, local)) if trouble}
+    finally:
+        if probing is not pool:
+            probing.close()
+    if not silent:
+        return waiting
+    answering = [h for h in scheduler.pool.hosts if h not in silent]
+
+    def can_run(item: Queued) -> bool:
+        return item.num_nodes == 1 or sum(
+            1 for h in answering if scheduler.pool.capacity(h) >= item.num_gpus) >= item.num_nodes
+
+    runnable = [item for item in waiting if can_run(item)]
+    held = len(waiting) - len(runnable)
+    why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
+        "machine's names too)"
+    if not runnable:
+        raise UserError(f"no experiment can run: {why}; see `autotune hosts`", directory / HOSTFILE)
+    scheduler.placement = _SingleNodeOn(frozenset(silent), scheduler.placement)
+    if held:
+        options.log(f"{why}: {held} multi-node experiment(s) left queued; `autotune resume {directory}` "
+                    "runs them once it answers")
+    return runnable
+
+
+@dataclass(frozen=True)
+class _SingleNodeOn:
+    """A placement that puts only single-node experiments on `hosts` (see the function above)."""
+
+    hosts: frozenset[str]
+    placement: Placement
+
+    def place(self, free: Mapping[str, frozenset[int]], num_nodes: int, num_gpus: int) -> Reservation | None:
+        if num_nodes > 1:
+            free = {host: ids for host, ids in free.items() if host not in self.hosts}
+        return self.placement.place(free, num_nodes, num_gpus)
 
 
 def _probe(pool, hosts: Sequence[str]) -> list[str | None]:

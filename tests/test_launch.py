@@ -55,3 +55,11 @@ def test_optimal_command_is_not_pinned_to_slots():
     assert line == ("DS_ACCELERATOR=cpu deepspeed --num_nodes 2 --num_gpus 2 /w/train.py --steps 3 "
                     "--deepspeed_config /r/ds_config_optimal.json")
     assert "--include" not in line
+
+
+def test_end_profile_step_is_read_from_the_injected_section():
+    from autotuner.launch import END_PROFILE_STEP, end_profile_step, with_autotuning
+
+    assert end_profile_step(with_autotuning({}, "/m.json", "throughput")) == END_PROFILE_STEP
+    assert end_profile_step(with_autotuning({"autotuning": {"end_profile_step": 9}}, "/m.json", "throughput")) == 9
+    assert end_profile_step({}) is None and end_profile_step({"autotuning": {"enabled": False}}) is None

@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -104,3 +105,56 @@ def test_the_environment_contract_is_documented():
 
     assert METRICS_PATH_ENV == "AUTOTUNE_METRICS_PATH"
     assert METRICS_PATH_ENV in module.__doc__
+
+
+# --- files that used to crash or hang the reader: each is a MetricsError naming the file and the problem ----
+@pytest.mark.parametrize("content, reason", [
+    ("[" * 100_000 + "]" * 100_000, "nests 100000 levels deep (at most 32 are read)"),
+    ('{"throughput": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}", "nests 5001 levels deep"),
+    ('{"throughput": 1e400}', "is Infinity, not a finite number"),
+    ('{"throughput": -Infinity}', "not a finite number"),
+    ('{"throughput": 1' + "0" * 5000 + "}", "not JSON (Exceeds the limit"),
+    ('{"throughput": "' + "f" * 10_000 + '"}', "is \"ffff"),
+    ('"throughput"', "holds a JSON str, not an object"),
+    ("3.5", "holds a JSON float, not an object"),
+    ('{"throughput": {"value": 3}}', "not a finite number"),
+    (b"\x00\x01\x89PNG\r\n\x1a\n" * 100, "not JSON"),
+    (b"\xc3\x28", "not JSON (not UTF-8 text: byte 0)"),
+    (" " * (1024 * 1024 + 1), "larger than 1 MiB"),
+], ids=["deep-100000", "deep-value", "1e400", "-Infinity", "5000-digits", "long-string", "a-string", "a-float",
+        "an-object", "binary", "bad-utf8", "over-1MiB"])
+def test_bounded_reader_refuses_what_would_crash_it(tmp_path, content, reason):
+    path = tmp_path / "metrics.json"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(MetricsError) as info:
+        read_metrics(path, THROUGHPUT)
+    message = str(info.value)
+    assert reason in message and message.startswith(f"{path}: ")
+    assert len(message) < len(str(path)) + 300  # a huge value is not echoed whole
+
+
+def test_strings_holding_brackets_are_not_nesting(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"note": "[" * 1000 + '"{' * 100, "throughput": 2.5}))
+    assert read_metrics(path, THROUGHPUT) == {"throughput": 2.5}
+
+
+def test_shallow_nesting_is_read(tmp_path):
+    path = tmp_path / "metrics.json"
+    path.write_text(json.dumps({"throughput": 4, "detail": [[[[{"a": [1]}]]]]}))
+    assert read_metrics(path, THROUGHPUT) == {"throughput": 4.0}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_only_a_regular_file_is_read(tmp_path, kind):
+    """A FIFO used to block the reader for ever, /dev/zero to fill the memory."""
+    path = tmp_path / "metrics.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    with pytest.raises(MetricsError) as info:
+        read_metrics(path, THROUGHPUT)
+    assert f"{path}: metrics file unreadable: a " in str(info.value) and "not a regular file" in str(info.value)
