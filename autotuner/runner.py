@@ -148,7 +148,12 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     them interrupted), queues what must run again, then dispatches until nothing is left.
     """
     directory = Path(directory)
-    ledger = _open_existing(directory)  # checked before anything is written, the lock's files included
+    ledger = _open_existing(directory)
+    try:  # a damaged ledger is refused before anything is written, the lock's files included
+        ledger.check_whole()
+    except BaseException:
+        ledger.close()
+        raise
     previous_usr1 = _listen_for_requests()
     try:
         lock = SweepLock(directory).acquire()
@@ -159,7 +164,7 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     try:
         pool = None
         try:
-            ledger.upgrade()  # only the runner, holding the lock, writes a new schema version
+            ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             pool = _ssh_pool(ledger, options)
             recover(ledger, time.time(), options.grace, pool=pool)
             requeue(ledger, retry_failed)
@@ -316,6 +321,7 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
         unknown = [n for n in names if n not in known]
         if unknown:
             raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
+        ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
         ledger.request("cancel", names, time.time())
         pid = holder_pid(directory)
         if pid is not None:
