@@ -299,8 +299,6 @@ class Ledger:
             raise self._corrupt(f"{where} is not a JSON {'object' if kind is dict else kind.__name__}")
         return value
 
-    # Readers fetch all rows before decoding them: a cursor left open by an error keeps the connection (and its
-    # -wal and -shm files) alive after close().
     def _attempt(self, row: sqlite3.Row) -> Attempt:
         data = dict(row)
         data["slots"] = self._json(data["slots"], "attempts.slots", dict) if data["slots"] else {}
@@ -447,6 +445,8 @@ class Ledger:
         return [(r["kind"], self._json(r["names"], "requests.names", list)) for r in rows]
 
     # --- reading -------------------------------------------------------------------------------------------
+    # Rows are fetched whole before they are decoded: a cursor left open by a decoding error kept the
+    # connection (and its -wal and -shm files) alive after close().
     def latest(self) -> list[Attempt]:
         """The latest attempt of every experiment, in the sweep's order."""
         rows = self._db.execute(

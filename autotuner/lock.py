@@ -41,11 +41,9 @@ class SweepLock:
     def acquire(self) -> "SweepLock":
         fds: list[int] = []
         try:
-            directory_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-            fds.append(directory_fd)
-            if not self._take(directory_fd, optional=True):
-                fds.remove(directory_fd)
-                os.close(directory_fd)
+            fds.append(os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY))
+            if not self._take(fds[-1], optional=True):
+                os.close(fds.pop())
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             fds.append(fd)
             self._take(fd, optional=False)  # also excludes a runner of an autotuner that locked only the file
@@ -64,7 +62,7 @@ class SweepLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SweepBusy(holder_pid(self.directory)) from None
+            raise SweepBusy(_locker(fd) or _pid_in(self.path)) from None
         except OSError as e:
             if optional and e.errno in _CANNOT_LOCK:
                 return False

@@ -326,3 +326,26 @@ def test_where_a_directory_cannot_be_locked_runner_lock_excludes(tmp_path, monke
     finally:
         lock.release()
     assert holder_pid(tmp_path) is None
+
+
+def test_a_runner_of_the_previous_version_which_locked_only_runner_lock_still_excludes(tmp_path):
+    """The previous autotuner flocked runner.lock alone: while one runs, this one does not start beside it."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(tmp_path / LOCKFILE)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        with pytest.raises(SweepBusy) as busy:
+            SweepLock(tmp_path).acquire()
+        assert busy.value.pid == holder.pid
+        assert holder_pid(tmp_path) == holder.pid
+    finally:
+        holder.communicate("")
+    SweepLock(tmp_path).acquire().release()
