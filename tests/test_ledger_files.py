@@ -195,9 +195,9 @@ def test_damage_met_mid_read_is_found_only_by_the_query_that_reaches_it(pristine
     results = bad_copy(pristine, tmp_path, overwrite_pages)
     with Ledger.open(results) as ledger:
         assert ledger.meta()["name"] == "s"
-    with pytest.raises(UserError, match="corrupt sweep ledger: database disk image is malformed"):
-        with Ledger.open(results) as ledger:
-            ledger.attempts()
+    with pytest.raises(UserError, match="corrupt sweep ledger: database disk image is malformed"), \
+            Ledger.open(results) as ledger:
+        ledger.attempts()
 
 
 def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_not_know(pristine, tmp_path):
