@@ -4,9 +4,14 @@ Every experiment has numbered attempts; each attempt moves queued -> running -> 
 terminal state is final. Each transition is committed (and synced) before the runner acts on it, so whatever
 instant the runner dies at, the ledger says what may be running and where: `resume` can finish from there.
 One writer (the runner's dispatcher thread); any number of readers (`status`, `report`) at any time.
+
+The file carries its schema version in SQLite's `user_version`. Opening checks the version and the tables
+once, so a file that is not what this code expects (damaged, foreign, from a newer autotuner) is one clear
+error naming it, never a traceback from deep inside a query.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -18,6 +23,10 @@ from .errors import UserError
 from .spec import Experiment
 
 FILENAME = "ledger.sqlite"
+
+# PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
+# tables), read as it is and migrated by the next runner.
+SCHEMA_VERSION = 1
 
 QUEUED, RUNNING = "queued", "running"
 SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, INTERRUPTED = "succeeded", "failed", "timed_out", "cancelled", "interrupted"
@@ -40,6 +49,19 @@ CREATE TABLE IF NOT EXISTS requests (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL
     at REAL NOT NULL, handled INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
 """
+_TABLES = ("meta", "experiments", "attempts", "transitions", "requests")
+
+# The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
+# that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = ((),)
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+# What `prepare` records that every command relies on, with its JSON type.
+_META = {"name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list}
+
+# SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,
+# SQLITE_FORMAT, SQLITE_NOTADB. A full disk or a lock is something else, and is not reported as damage.
+_DAMAGE_CODES = (11, 24, 26)
 
 
 class TransitionError(Exception):
@@ -83,11 +105,56 @@ class Attempt:
             "slots": dict(self.slots), "metrics": dict(self.metrics)}
 
 
-def _row_to_attempt(row: sqlite3.Row) -> Attempt:
-    data = dict(row)
-    data["slots"] = json.loads(data["slots"]) if data["slots"] else {}
-    data["metrics"] = json.loads(data["metrics"]) if data["metrics"] else {}
-    return Attempt(**data)
+def _damaged(error: BaseException | None) -> bool:
+    """sqlite3 saying the file is damaged or no database (as opposed to, say, a full disk)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return isinstance(error, sqlite3.DatabaseError) and code is not None and code & 0xFF in _DAMAGE_CODES
+
+
+def _refusal(error: sqlite3.DatabaseError, path: Path) -> UserError:
+    """What sqlite3 said while a ledger was opened and checked, as one line naming the file."""
+    code = (getattr(error, "sqlite_errorcode", None) or 0) & 0xFF
+    if code == 26:  # SQLITE_NOTADB
+        return UserError(f"not a sweep ledger ({error})", path)
+    if _damaged(error):
+        return UserError(f"corrupt sweep ledger: {error}", path)
+    return UserError(f"cannot read the ledger: {error}", path)
+
+
+def _columns(db: sqlite3.Connection) -> dict[str, list[tuple]]:
+    """The columns of each ledger table as PRAGMA table_info gives them (none: the table is missing)."""
+    return {table: [tuple(c) for c in db.execute(f"PRAGMA table_info({table})")] for table in _TABLES}
+
+
+@functools.cache
+def _expected_columns() -> dict[str, list[tuple]]:
+    """The columns of this version's tables, from the schema itself (not a second copy to keep in step)."""
+    db = sqlite3.connect(":memory:")
+    try:
+        db.executescript(_SCHEMA)
+        return _columns(db)
+    finally:
+        db.close()
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 40 else name[:37] + "..."
+
+
+def _table_problem(table: str, found: list[tuple], expected: list[tuple]) -> str | None:
+    """How a table differs from what this version declares, in words; None when it does not."""
+    if found == expected:
+        return None
+    if not found:
+        return f"no table {table}"
+    have, want = [c[1] for c in found], [c[1] for c in expected]
+    missing = [c for c in want if c not in have]
+    unknown = [c for c in have if c not in want]
+    if not missing and not unknown:
+        return f"the columns of table {table} are not declared as this version declares them"
+    return f"table {table}: " + "; ".join(
+        f"{label} column{'s' if len(names) > 1 else ''} {', '.join(map(_short, names[:3]))}"
+        f"{' ...' if len(names) > 3 else ''}" for label, names in (("no", missing), ("unknown", unknown)) if names)
 
 
 class Ledger:
@@ -106,37 +173,144 @@ class Ledger:
             raise FileExistsError(path)
         ledger = cls._connect(path)
         with ledger._db:
-            ledger._db.executescript(_SCHEMA)
+            ledger._db.executescript(_SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
             ledger._db.executemany("INSERT INTO meta VALUES (?, ?)",
                                    [(k, json.dumps(v)) for k, v in meta.items()])
         return ledger
 
     @classmethod
     def open(cls, directory: Path) -> "Ledger":
+        """A ledger to read, checked first; it is left as it is (only the runner's `upgrade` writes a version)."""
         path = Path(directory) / FILENAME
         if not path.exists():
             raise FileNotFoundError(path)
-        return cls._connect(path, verify=True)
+        if not path.is_file():  # a directory, a FIFO, a device: sqlite3 would fail, block or read forever
+            raise UserError(f"not a sweep ledger ({'a directory' if path.is_dir() else 'not a regular file'})", path)
+        ledger = None
+        try:
+            ledger = cls._connect(path, verify=True)
+            ledger._check()
+            return ledger
+        except BaseException as e:
+            if ledger is not None:
+                ledger.close()
+            if isinstance(e, sqlite3.DatabaseError):
+                raise _refusal(e, path) from None
+            raise
 
     @classmethod
     def _connect(cls, path: Path, verify: bool = False) -> "Ledger":
-        """`verify`: the file must already be a ledger (a cheap read first, before anything is written to it);
-        a corrupt or foreign file is a UserError, not sqlite3's traceback."""
+        """`verify`: the file must already be a database (a cheap read first, before anything is written to it).
+        Only a new ledger is put in WAL mode here: a reader writes nothing, and the runner's `upgrade` does."""
         db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
         try:
             if verify:
-                db.execute("SELECT key, value FROM meta LIMIT 1").fetchall()
-            db.execute("PRAGMA journal_mode=WAL")
-        except sqlite3.DatabaseError as e:
+                db.execute("PRAGMA user_version").fetchone()
+            else:
+                db.execute("PRAGMA journal_mode=WAL")
+        except BaseException:
             db.close()
-            if not verify:
-                raise
-            raise UserError(f"not a sweep ledger ({e})", path) from None
+            raise
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before we act on it
         db.execute("PRAGMA busy_timeout=30000")
         db.isolation_level = "DEFERRED"
         return cls(db, path)
+
+    def version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _check(self) -> None:
+        """A version this code reads, with that version's tables and columns (checked here once, rather than a
+        guard around every query), and the meta every command relies on."""
+        version = self.version()
+        if version > SCHEMA_VERSION:
+            raise UserError(f"written by a newer autotuner (ledger schema {version}; this one reads up to "
+                            f"{SCHEMA_VERSION}): upgrade autotuner", self.path)
+        if version < 0:
+            raise self._corrupt(f"schema version {version}")
+        found = _columns(self._db)
+        if version == 0 and not any(found.values()):
+            raise UserError("not a sweep ledger (it has none of a ledger's tables)", self.path)
+        for table, expected in _expected_columns().items():  # version 0's tables are version 1's
+            problem = _table_problem(table, found[table], expected)
+            if problem:
+                raise self._corrupt(problem)
+        meta = self.meta()
+        for key, kind in _META.items():
+            if not isinstance(meta.get(key), kind):
+                raise self._corrupt(f"meta {key!r} is {'missing' if key not in meta else 'not a ' + kind.__name__}")
+
+    def check_whole(self) -> None:
+        """Every page and every JSON value read: what a writer (the runner, `cancel`) does before it writes or
+        takes the sweep, so a damaged ledger is refused with nothing changed. A reader finds damage where it
+        reads, and says so then."""
+        try:
+            problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise self._corrupt(problems[0])
+            for table, column, kind in (("experiments", "spec", dict), ("attempts", "slots", dict),
+                                        ("attempts", "metrics", dict), ("requests", "names", list)):
+                self._check_json(table, column, kind)
+        except sqlite3.DatabaseError as e:
+            if _damaged(e):
+                raise self._corrupt(str(e)) from None
+            raise
+
+    def _check_json(self, table: str, column: str, kind: type) -> None:
+        """Every value of a JSON column decodes to a `kind`. SQLite's json_valid picks the suspects (10,000
+        specs decoded in Python took a tenth of a second); Python judges them, since it also reads NaN, which
+        SQLite does not. An SQLite without JSON functions sends every value to Python."""
+        where = f"{column} IS NOT NULL" + (" AND " + column + " != ''" if table == "attempts" else "")
+        try:
+            rows = self._db.execute(f"SELECT {column} FROM {table} WHERE {where} AND NOT "
+                                    f"(json_valid({column}) AND json_type({column}) = ?)",
+                                    ("object" if kind is dict else "array",)).fetchall()
+        except sqlite3.OperationalError as e:
+            if "no such function" not in str(e):
+                raise
+            rows = self._db.execute(f"SELECT {column} FROM {table} WHERE {where}").fetchall()
+        for (text,) in rows:
+            self._json(text, f"{table}.{column}", kind)
+
+    def upgrade(self) -> None:
+        """An older ledger migrated to this version in one transaction, and WAL mode: by the runner, the one
+        writer, holding the sweep's lock. Readers never call it: they read an older version as it is."""
+        self._db.execute("PRAGMA journal_mode=WAL")
+        if self.version() == SCHEMA_VERSION:
+            return
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            for step in _MIGRATIONS[self.version():]:
+                for statement in step:
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _corrupt(self, detail: str) -> UserError:
+        return UserError(f"corrupt sweep ledger: {detail}", self.path)
+
+    def _json(self, text: str, where: str, kind: type = object):
+        """A JSON value the ledger holds. One that does not decode (or is not a `kind`) was not written by us."""
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError, RecursionError):
+            raise self._corrupt(f"{where} is not JSON") from None
+        if not isinstance(value, kind):
+            raise self._corrupt(f"{where} is not a JSON {'object' if kind is dict else kind.__name__}")
+        return value
+
+    def _attempt(self, row: sqlite3.Row) -> Attempt:
+        data = dict(row)
+        data["slots"] = self._json(data["slots"], "attempts.slots", dict) if data["slots"] else {}
+        data["metrics"] = self._json(data["metrics"], "attempts.metrics", dict) if data["metrics"] else {}
+        return Attempt(**data)
+
+    def _experiment(self, spec: str) -> Experiment:
+        data = self._json(spec, "experiments.spec", dict)
+        try:
+            return Experiment.from_json(data)
+        except (KeyError, TypeError, ValueError):
+            raise self._corrupt("experiments.spec lacks what an experiment needs") from None
 
     def close(self) -> None:
         self._db.close()
@@ -144,8 +318,12 @@ class Ledger:
     def __enter__(self) -> "Ledger":
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
+        """The one place where damage found mid-read (pages a query reaches, not the ones checked at open)
+        becomes the same one-line error as damage found at open."""
         self.close()
+        if _damaged(error):
+            raise self._corrupt(str(error)) from None
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -165,7 +343,8 @@ class Ledger:
 
     # --- the sweep -----------------------------------------------------------------------------------------
     def meta(self) -> dict[str, object]:
-        return {r["key"]: json.loads(r["value"]) for r in self._db.execute("SELECT key, value FROM meta")}
+        return {r["key"]: self._json(r["value"], f"meta {_short(str(r['key']))!r}")
+                for r in self._db.execute("SELECT key, value FROM meta").fetchall()}
 
     def set_meta(self, key: str, value: object) -> None:
         with self._transaction():
@@ -183,9 +362,9 @@ class Ledger:
 
     def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
         """Every experiment in the sweep's order, or only those named (only their specs are decoded)."""
-        rows = self._db.execute("SELECT name, spec FROM experiments ORDER BY position")
+        rows = self._db.execute("SELECT name, spec FROM experiments ORDER BY position").fetchall()
         wanted = None if names is None else set(names)
-        return [Experiment.from_json(json.loads(r["spec"])) for r in rows if wanted is None or r["name"] in wanted]
+        return [self._experiment(r["spec"]) for r in rows if wanted is None or r["name"] in wanted]
 
     def digests(self) -> dict[str, str]:
         return {r["name"]: r["digest"] for r in self._db.execute("SELECT name, digest FROM experiments")}
@@ -263,15 +442,18 @@ class Ledger:
             rows = self._db.execute("SELECT seq, kind, names FROM requests WHERE handled = 0 ORDER BY seq").fetchall()
             if rows:  # only what was read: a request written since stays pending for the next call
                 self._db.execute("UPDATE requests SET handled = 1 WHERE handled = 0 AND seq <= ?", (rows[-1]["seq"],))
-        return [(r["kind"], json.loads(r["names"])) for r in rows]
+        return [(r["kind"], self._json(r["names"], "requests.names", list)) for r in rows]
 
     # --- reading -------------------------------------------------------------------------------------------
+    # Rows are fetched whole before they are decoded: a cursor left open by a decoding error kept the
+    # connection (and its -wal and -shm files) alive after close().
     def latest(self) -> list[Attempt]:
         """The latest attempt of every experiment, in the sweep's order."""
         rows = self._db.execute(
             "SELECT a.* FROM attempts a JOIN experiments e ON e.name = a.name "
-            "WHERE a.attempt = (SELECT MAX(attempt) FROM attempts b WHERE b.name = a.name) ORDER BY e.position")
-        return [_row_to_attempt(r) for r in rows]
+            "WHERE a.attempt = (SELECT MAX(attempt) FROM attempts b WHERE b.name = a.name) ORDER BY e.position"
+        ).fetchall()
+        return [self._attempt(r) for r in rows]
 
     def states(self) -> dict[str, tuple[int, str]]:
         """name -> (number, state) of every experiment's latest attempt, in the sweep's order. Cheap: what
@@ -284,13 +466,13 @@ class Ledger:
     def attempts(self, name: str | None = None) -> list[Attempt]:
         query = "SELECT a.* FROM attempts a JOIN experiments e ON e.name = a.name"
         rows = self._db.execute(query + (" WHERE a.name = ?" if name else "") + " ORDER BY e.position, a.attempt",
-                                (name,) if name else ())
-        return [_row_to_attempt(r) for r in rows]
+                                (name,) if name else ()).fetchall()
+        return [self._attempt(r) for r in rows]
 
     def in_state(self, *states: str) -> list[Attempt]:
         marks = ",".join("?" * len(states))
-        rows = self._db.execute(f"SELECT * FROM attempts WHERE state IN ({marks})", states)
-        return [_row_to_attempt(r) for r in rows]
+        rows = self._db.execute(f"SELECT * FROM attempts WHERE state IN ({marks})", states).fetchall()
+        return [self._attempt(r) for r in rows]
 
     def transitions(self) -> list[dict]:
         return [dict(r) for r in self._db.execute("SELECT * FROM transitions ORDER BY seq")]

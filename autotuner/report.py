@@ -55,8 +55,7 @@ class Snapshot:
 def snapshot(directory: Path, *, every_experiment: bool = True) -> Snapshot:
     """The sweep now. `every_experiment=False` reads only the best experiment's spec (enough for status,
     the report and the optimal files): decoding 10,000 specs took most of `autotune status`'s time."""
-    ledger = Ledger.open(directory)
-    try:
+    with Ledger.open(directory) as ledger:  # damage found mid-read ends as one line too
         meta = ledger.meta()
         name, metric, attempts = str(meta["name"]), metric_named(str(meta["metric"])), ledger.latest()
         if every_experiment:
@@ -65,8 +64,6 @@ def snapshot(directory: Path, *, every_experiment: bool = True) -> Snapshot:
             best = Snapshot(Path(directory), name, metric, {}, attempts, meta).best
             experiments = {e.name: e for e in ledger.experiments([best.name] if best else [])}
         return Snapshot(Path(directory), name, metric, experiments, attempts, meta)
-    finally:
-        ledger.close()
 
 
 def optimal(snap: Snapshot, launcher: Launcher = Launcher()) -> tuple[dict, str] | None:

@@ -200,16 +200,23 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     them interrupted), queues what must run again, then dispatches until nothing is left.
     """
     directory = Path(directory)
+    ledger = _open_existing(directory)
+    try:  # a damaged ledger is refused before anything is written, the lock's files included
+        ledger.check_whole()
+    except BaseException:
+        ledger.close()
+        raise
     previous_usr1 = _listen_for_requests()
     try:
         lock = SweepLock(directory).acquire()
     except SweepBusy as e:
+        ledger.close()
         _restore(signal.SIGUSR1, previous_usr1)
         raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
     try:
-        ledger = Ledger.open(directory)
         pool = None
         try:
+            ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             pool = _ssh_pool(ledger, options)
             recover(ledger, time.time(), options.grace, pool=pool)
             requeue(ledger, retry_failed)
@@ -415,12 +422,12 @@ def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: f
 
 def cancel(directory: Path, names: Sequence[str]) -> str:
     """Cancel experiments (all of them when `names` is empty): through the live runner, or in the ledger."""
-    ledger = _open_existing(directory)
-    try:
+    with _open_existing(directory) as ledger:
         known = {e.name for e in ledger.experiments()}
         unknown = [n for n in names if n not in known]
         if unknown:
             raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
+        ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
         ledger.request("cancel", names, time.time())
         pid = holder_pid(directory)
         if pid is not None:
@@ -457,8 +464,6 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
         finally:
             lock.release()
             _restore(signal.SIGUSR1, previous_usr1)
-    finally:
-        ledger.close()
 
 
 def sweep_meta(directory: Path) -> dict[str, object]:

@@ -10,3 +10,8 @@ def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str 
     return Experiment(name=name, ds_config=ds_config or {"train_micro_batch_size_per_gpu": 1}, num_gpus=num_gpus,
                       num_nodes=num_nodes, script=script, args=tuple(args), timeout=timeout, env=env or {},
                       source="test")
+
+
+# What a ledger's meta must hold for it to open (runner.prepare records this and more).
+SWEEP_META = {"name": "s", "metric": "throughput", "sweep_id": "sid", "slots": {"localhost": [0]},
+              "launcher": ["deepspeed"]}

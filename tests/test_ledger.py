@@ -4,12 +4,12 @@ import pytest
 from autotuner.ledger import (CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, Ledger,
                               TransitionError)
 
-from helpers import experiment
+from helpers import SWEEP_META, experiment
 
 
 @pytest.fixture
 def ledger(tmp_path):
-    ledger = Ledger.create(tmp_path, {"name": "s", "metric": "throughput"})
+    ledger = Ledger.create(tmp_path, SWEEP_META)
     ledger.add_experiments([experiment("a"), experiment("b"), experiment("c")], at=1.0)
     yield ledger
     ledger.close()
@@ -19,7 +19,7 @@ def test_new_experiments_are_queued_in_order(ledger):
     assert [(a.name, a.attempt, a.state) for a in ledger.latest()] == [
         ("a", 1, QUEUED), ("b", 1, QUEUED), ("c", 1, QUEUED)]
     assert [e.name for e in ledger.experiments()] == ["a", "b", "c"]
-    assert ledger.meta() == {"name": "s", "metric": "throughput"}
+    assert ledger.meta() == SWEEP_META
 
 
 def test_an_attempt_moves_queued_running_terminal_with_times_slots_and_tag(ledger, tmp_path):

@@ -10,7 +10,7 @@ from autotuner.resources import SlotPool
 from autotuner.scheduler import (Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler,
                                  run_in_thread)
 
-from helpers import experiment
+from helpers import SWEEP_META, experiment
 
 
 class ManualExecutor:
@@ -47,7 +47,7 @@ def wait_for(condition, timeout=5.0):
 
 
 def make(tmp_path, exps, slots, retries=1):
-    ledger = Ledger.create(tmp_path, {"name": "s", "metric": "throughput"})
+    ledger = Ledger.create(tmp_path, SWEEP_META)
     ledger.add_experiments(exps, at=0.0)
     executor = ManualExecutor()
     clock = itertools.count(1).__next__

@@ -1,0 +1,351 @@
+"""Ledgers that are not what the code expects, and the lock a user could break.
+
+Each bad ledger is made with real SQLite from a real sweep's ledger (runner.prepare, the code `autotune run`
+uses, with attempts recorded through the Ledger API): damaged pages, a truncated or empty file, a directory in
+its place, a newer schema version, a column renamed, added or dropped, a table missing, JSON that does not
+decode. Every command that opens a ledger answers each with one line naming the file, exit status 2, and
+leaves the results directory exactly as it was. A ledger from before schema versions is read as it is and
+migrated by the runner.
+"""
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from autotuner import runner
+from autotuner.cluster import local_or_hostfile_cluster
+from autotuner.errors import UserError
+from autotuner.ledger import FAILED, FILENAME, SCHEMA_VERSION, SUCCEEDED, Ledger
+from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
+from autotuner.report import snapshot
+from autotuner.spec import load_sweep
+
+from cli_rig import (SLEEP_THEN_SUCCEED, Runners, autotune, env, finish, launched, launches, states, sweep_id,
+                     tagged_pids, wait_until, write_launcher, write_sweep)
+
+PAGE = 4096
+
+
+def snapshot_of(directory: Path) -> dict:
+    """Every path under `directory`, and each file's mtime and bytes: what "nothing changed" compares. (Not the
+    directories' mtimes: SQLite's -wal and -shm files come and go beside a WAL ledger any reader opens.)"""
+    return {p: (p.stat().st_mtime_ns, p.read_bytes()) if p.is_file() else "directory" for p in directory.rglob("*")}
+
+
+def one_line_error(result, *fragments: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def make_sweep(directory: Path, count: int, *, finished: int = 0) -> Path:
+    """A real sweep's results directory (not run): `count` experiments, the first `finished` of them recorded
+    succeeded with metrics (every fifth failed), the rest queued. Returns the results directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = write_sweep(directory, range(count), name="s",
+                       extra="  args: [" + ", ".join(f'"--pad{i}"' for i in range(20)) + "]")  # fuller pages
+    launcher = write_launcher(directory, SLEEP_THEN_SUCCEED)
+    reload = {"specs": [str(spec)], "script": None, "args": "", "metric": None, "timeout": None}
+    results = directory / "out"
+    runner.prepare(load_sweep([spec]), local_or_hostfile_cluster(None, cpu_slots=2), results,
+                   launcher=launcher.split(), reload=reload)
+    with Ledger.open(results) as ledger:
+        ledger._db.execute("PRAGMA synchronous=OFF")  # setting up, not what is tested: no fsync per transition
+        for i in range(finished):
+            name = f"s_x{i}"
+            ledger.start(name, 1, slots={"localhost": [i % 2]}, tag=f"t.{name}.1", dir=str(results / name), at=1.0)
+            if i % 5 == 4:
+                ledger.finish(name, 1, FAILED, 2.0, reason="exit", detail="exit status 1", exit_code=1)
+            else:
+                ledger.finish(name, 1, SUCCEEDED, 2.0, exit_code=0, metric=float(i + 1),
+                              metrics={"throughput": float(i + 1), "latency": 1.0})
+    return results
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """A sweep whose ledger spans many pages: 600 experiments, 400 of them finished."""
+    results = make_sweep(tmp_path_factory.mktemp("pristine"), 600, finished=400)
+    assert (results / FILENAME).stat().st_size > 100 * PAGE
+    return results
+
+
+def sql(*statements: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            for statement in statements:
+                db.execute(statement)
+        finally:
+            db.close()
+    return damage
+
+
+def overwrite_pages(path: Path) -> None:
+    """Garbage over the pages from a quarter to nine tenths of the file: page 1 (the schema) and the meta
+    table's page stay whole, so the file opens, and the damage is met only when a query reaches it."""
+    data = bytearray(path.read_bytes())
+    start, end = len(data) // PAGE // 4 * PAGE, len(data) * 9 // 10
+    for at in range(start, end):
+        data[at] = (at * 131 + 7) % 251
+    path.write_bytes(bytes(data))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def replace_with_directory(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+    (path / "keep").write_text("a file, so the directory is not empty\n")
+
+
+def without_not_null(path: Path) -> None:
+    """experiments rebuilt with the same columns but no NOT NULL, and a NULL where the code needs a value."""
+    sql("CREATE TABLE e2 (name TEXT PRIMARY KEY, position INTEGER, digest TEXT, spec TEXT)",
+        "INSERT INTO e2 SELECT * FROM experiments", "DROP TABLE experiments", "ALTER TABLE e2 RENAME TO experiments",
+        "UPDATE experiments SET spec = NULL WHERE position = 0")(path)
+
+
+# (damage, what the one line says besides the ledger's path)
+BAD_LEDGERS = {
+    "not_a_database": (lambda p: p.write_bytes(b"this is not a database, just garbage " * 300),
+                       "not a sweep ledger"),
+    "empty_file": (lambda p: p.write_bytes(b""), "not a sweep ledger (it has none of a ledger's tables)"),
+    "directory": (replace_with_directory, "not a sweep ledger (a directory)"),
+    "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
+    "truncated": (truncate, "corrupt sweep ledger"),
+    "newer_version": (sql("PRAGMA user_version = 3"),
+                      "written by a newer autotuner (ledger schema 3; this one reads up to 1): upgrade autotuner"),
+    "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
+                       "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
+    "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
+                     "corrupt sweep ledger: table attempts: unknown column gpu"),
+    "column_dropped": (sql("ALTER TABLE attempts DROP COLUMN metrics"),
+                       "corrupt sweep ledger: table attempts: no column metrics"),
+    "column_renamed_before_versions": (sql("ALTER TABLE attempts RENAME COLUMN state TO status",
+                                           "PRAGMA user_version = 0"),
+                                       "corrupt sweep ledger: table attempts: no column state; unknown column status"),
+    "table_missing": (sql("DROP TABLE requests"), "corrupt sweep ledger: no table requests"),
+    "not_null_dropped": (without_not_null, "corrupt sweep ledger: the columns of table experiments are not declared"),
+    "negative_version": (sql("PRAGMA user_version = -1"), "corrupt sweep ledger: schema version -1"),
+    "meta_key_missing": (sql("DELETE FROM meta WHERE key = 'metric'"), "corrupt sweep ledger: meta 'metric' is missing"),
+    "meta_null": (sql("UPDATE meta SET value = 'null' WHERE key = 'name'"),
+                  "corrupt sweep ledger: meta 'name' is not a str"),
+    "meta_not_json": (sql("UPDATE meta SET value = '{\"localhost\": [0,' WHERE key = 'slots'"),
+                      "corrupt sweep ledger: meta 'slots' is not JSON"),
+    "slots_not_json": (sql("UPDATE attempts SET slots = '{\"localhost\": [0' WHERE slots IS NOT NULL"),
+                       "corrupt sweep ledger: attempts.slots is not JSON"),
+    "metrics_not_json": (sql("UPDATE attempts SET metrics = '{\"throughput\": ' WHERE metrics IS NOT NULL"),
+                         "corrupt sweep ledger: attempts.metrics is not JSON"),
+    "metrics_not_an_object": (sql("UPDATE attempts SET metrics = '[1, 2]' WHERE metrics IS NOT NULL"),
+                              "corrupt sweep ledger: attempts.metrics is not a JSON object"),
+    "spec_not_json": (sql("UPDATE experiments SET spec = '{\"name\": '"),
+                      "corrupt sweep ledger: experiments.spec is not JSON"),
+}
+
+
+def bad_copy(pristine: Path, tmp_path: Path, damage: Callable[[Path], None]) -> Path:
+    results = tmp_path / "bad"
+    shutil.copytree(pristine, results)
+    damage(results / FILENAME)
+    return results
+
+
+@pytest.mark.parametrize("kind", BAD_LEDGERS)
+def test_every_command_refuses_a_bad_ledger_in_one_line_and_changes_nothing(kind, pristine, tmp_path):
+    damage, words = BAD_LEDGERS[kind]
+    results = bad_copy(pristine, tmp_path, damage)
+    good = tmp_path / "good"
+    shutil.copytree(pristine, good)
+    before = snapshot_of(tmp_path)
+    path = str(results / FILENAME)
+    for command in (["status", results], ["report", results], ["compare", good, results], ["resume", results, "-q"],
+                    ["cancel", results, "s_x500"]):
+        one_line_error(autotune(*command), path, words)
+    assert snapshot_of(tmp_path) == before  # no runner.lock, no -wal or -shm left, the ledger untouched
+
+
+@pytest.mark.parametrize("kind", BAD_LEDGERS)
+def test_the_python_api_raises_user_error_and_writes_nothing(kind, pristine, tmp_path):
+    damage, words = BAD_LEDGERS[kind]
+    results = bad_copy(pristine, tmp_path, damage)
+    before = snapshot_of(results)
+    for call in (lambda: snapshot(results), lambda: runner.execute(results), lambda: runner.cancel(results, [])):
+        with pytest.raises(UserError) as caught:
+            call()
+        assert str(caught.value).startswith(str(results / FILENAME) + ": "), caught.value
+        assert words in str(caught.value)
+    assert snapshot_of(results) == before
+    assert not (results / LOCKFILE).exists()
+
+
+def test_damage_met_mid_read_is_found_only_by_the_query_that_reaches_it(pristine, tmp_path):
+    """The damaged-pages ledger opens (its first pages are whole): the error comes from a query, converted at
+    the ledger's one boundary, not from the check at open."""
+    results = bad_copy(pristine, tmp_path, overwrite_pages)
+    with Ledger.open(results) as ledger:
+        assert ledger.meta()["name"] == "s"
+    with pytest.raises(UserError, match="corrupt sweep ledger: database disk image is malformed"), \
+            Ledger.open(results) as ledger:
+        ledger.attempts()
+
+
+def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_not_know(pristine, tmp_path):
+    results = bad_copy(pristine, tmp_path, sql("ALTER TABLE attempts ADD COLUMN gpu TEXT",
+                                               "ALTER TABLE meta RENAME COLUMN value TO json",
+                                               "PRAGMA user_version = 7"))
+    line = one_line_error(autotune("status", results))
+    assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
+                    "(ledger schema 7; this one reads up to 1): upgrade autotuner")
+
+
+def test_a_new_ledger_carries_the_schema_version(pristine):
+    db = sqlite3.connect(pristine / FILENAME)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+    finally:
+        db.close()
+
+
+# --- a ledger from before schema versions (version 0) ---------------------------------------------------------
+def test_a_version_0_ledger_is_read_unchanged_and_migrated_by_resume(tmp_path):
+    results = make_sweep(tmp_path, 4, finished=2)
+    sql("PRAGMA user_version = 0")(results / FILENAME)  # today's tables, no version: what main wrote
+    ledger_bytes = (results / FILENAME).read_bytes()
+    before = snapshot_of(tmp_path)
+
+    for command in (["status", results], ["report", results, "--format", "json"], ["compare", results, results]):
+        done = autotune(*command)
+        assert done.returncode == 0, done.stderr
+    assert "s_x1" in autotune("report", results).stdout
+    assert (results / FILENAME).read_bytes() == ledger_bytes  # readers write nothing, no version either
+    assert snapshot_of(tmp_path) == before
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == 0
+
+    log = tmp_path / "launches.log"
+    done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=log))
+    assert done.returncode == 0, done.stderr
+    assert states(results) == {"s_x0": SUCCEEDED, "s_x1": SUCCEEDED, "s_x2": SUCCEEDED, "s_x3": SUCCEEDED}
+    assert sorted(name for name, _ in launches(log)) == ["s_x2", "s_x3"]  # what had succeeded did not run again
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == SCHEMA_VERSION
+
+
+def test_migration_is_one_transaction_by_the_runner_only(tmp_path):
+    results = make_sweep(tmp_path, 2)
+    sql("PRAGMA user_version = 0")(results / FILENAME)
+    statements: list[str] = []
+    with Ledger.open(results) as ledger:
+        ledger._db.set_trace_callback(statements.append)
+        ledger.upgrade()
+        assert ledger.version() == SCHEMA_VERSION
+        statements.clear()
+        ledger.upgrade()  # already current: nothing written
+    assert not any(s.startswith(("BEGIN", "PRAGMA user_version =")) for s in statements), statements
+
+
+# --- the lock a user could break ----------------------------------------------------------------------------------
+@pytest.fixture
+def runners():
+    r = Runners()
+    yield r
+    r.cleanup()
+
+
+def test_deleting_runner_lock_under_a_live_runner_lets_no_second_runner_in(tmp_path, runners):
+    spec = write_sweep(tmp_path, range(3))
+    launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)
+    results = tmp_path / "out"
+    log = tmp_path / "launches.log"
+    environ = env(LAUNCH_LOG=log, STANDIN_SECONDS=3)
+    first = runners.start("run", spec, "--slots", 2, "--launcher", launcher, "-o", results, "-q", environ=environ,
+                          directory=results)
+    wait_until(lambda: len(launched(results)) == 2, message="two experiments running")
+    (results / LOCKFILE).unlink()  # "kill -9 leaves it behind", so a user deletes it
+
+    status = autotune("status", results)
+    assert f"runner: pid {first.pid}" in status.stdout, status.stdout  # still found without the file
+    before = sorted(p.name for p in results.iterdir())
+    line = one_line_error(autotune("resume", results, "-q", environ=environ), str(results))
+    assert f"a runner (pid {first.pid}) is working on this sweep" in line
+    assert sorted(p.name for p in results.iterdir()) == before  # not even a new runner.lock
+
+    code, out, err = finish(first)
+    assert code == 0, (out, err)  # the first runner was left alone: everything succeeded, once
+    assert states(results) == {"s_x0": SUCCEEDED, "s_x1": SUCCEEDED, "s_x2": SUCCEEDED}
+    assert len(log.read_text().split()) == 3
+    assert tagged_pids(sweep_id(results)) == []
+
+
+def test_holder_pid_is_found_without_runner_lock_and_is_none_after_release(tmp_path):
+    lock = SweepLock(tmp_path).acquire()
+    try:
+        assert holder_pid(tmp_path) == int((tmp_path / LOCKFILE).read_text()) > 0
+        (tmp_path / LOCKFILE).unlink()
+        assert holder_pid(tmp_path) is not None
+        with pytest.raises(SweepBusy):
+            SweepLock(tmp_path).acquire()  # the same process, another open file: flock excludes it too
+    finally:
+        lock.release()
+    assert holder_pid(tmp_path) is None
+    SweepLock(tmp_path).acquire().release()
+
+
+def test_where_a_directory_cannot_be_locked_runner_lock_excludes(tmp_path, monkeypatch):
+    """NFS emulates flock with POSIX locks, which a directory opened read-only cannot take (ENOLCK or
+    EBADF): the lock falls back to runner.lock's, as it was before."""
+    import errno
+    import fcntl
+    import os
+    import stat
+
+    real_flock = fcntl.flock
+
+    def flock(fd, operation):
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and not operation & fcntl.LOCK_UN:
+            raise OSError(errno.ENOLCK, "No locks available")
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    lock = SweepLock(tmp_path).acquire()
+    try:
+        assert holder_pid(tmp_path) == os.getpid()
+        with pytest.raises(SweepBusy):
+            SweepLock(tmp_path).acquire()
+    finally:
+        lock.release()
+    assert holder_pid(tmp_path) is None
+
+
+def test_a_runner_of_the_previous_version_which_locked_only_runner_lock_still_excludes(tmp_path):
+    """The previous autotuner flocked runner.lock alone: while one runs, this one does not start beside it."""
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(tmp_path / LOCKFILE)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+        "print('locked', flush=True)\n"
+        "sys.stdin.read()\n")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        with pytest.raises(SweepBusy) as busy:
+            SweepLock(tmp_path).acquire()
+        assert busy.value.pid == holder.pid
+        assert holder_pid(tmp_path) == holder.pid
+    finally:
+        holder.communicate("")
+    SweepLock(tmp_path).acquire().release()
