@@ -32,8 +32,9 @@ class UserError(Exception):
         return ":".join(where) + (": " if where else "") + self.message
 
 
-def shown(value: object, limit: int = SHOWN) -> str:
-    """A user value as a message repeats it: quoted if a string, on one line, at most `limit` characters.
+def shown(value: object, limit: int = SHOWN, *, quoted: bool = True) -> str:
+    """A user value as a message repeats it: a string quoted (unless not `quoted`), on one line, at most `limit`
+    characters.
 
     A 10,000-character name or a 31-digit number must not fill the screen, and a newline in a value must not
     break the one-line error; every message that quotes a value the user wrote goes through here.
@@ -47,7 +48,7 @@ def shown(value: object, limit: int = SHOWN) -> str:
     elif isinstance(value, float):
         text = "infinity" if math.isinf(value) else f"{value:.15g}"
     elif isinstance(value, str):
-        text = repr(value)
+        text = repr(value) if quoted else repr(value)[1:-1]
     else:
         try:
             text = json.dumps(value, ensure_ascii=False)

@@ -22,3 +22,7 @@ def size(count: int) -> str:
             value = count / (1 << shift)
             return f"{value:.0f} {unit}" if value == int(value) or value >= 10 else f"{value:.1f} {unit}"
     return f"{count} bytes"
+
+# Seconds an experiment may run when neither its spec nor --timeout says: a hung rank must not hold its slots
+# forever. `--timeout none` lifts it.
+DEFAULT_TIMEOUT = 3600.0
