@@ -202,10 +202,11 @@ class _Budget:
     def expand(self, count: int, config_bytes: int, src: _Source, key: str | None) -> None:
         """Refuse a space before it is expanded: the product of its lists, and the configs it would build."""
         if count > self.experiments:
-            raise src.error(f"{'the space' if key else 'this file'} makes {count:,} experiments; with the rest "
+            many = f"{count:,}" if count < 10 ** 15 else shown(count)
+            raise src.error(f"{'the space' if key else 'this file'} makes {many} experiments; with the rest "
                             f"of the sweep that is more than {limits.EXPERIMENTS:,}, the limit for one sweep", key)
         if count * config_bytes > self.bytes:
-            raise src.error(f"the space makes {count:,} experiments of a {limits.size(config_bytes)} ds_config: "
+            raise src.error(f"the space makes {count:,} experiments with a {limits.size(config_bytes)} ds_config: "
                             f"more than {limits.size(limits.SWEEP_BYTES)} of configs, the limit for one sweep", key)
         self.experiments -= count
         self.bytes -= count * config_bytes
@@ -516,9 +517,7 @@ def _load_sweep_file(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
                 _count(src, key, value, space_line, what=f"every value of space key {shown(key)}")
         short = _UNSAFE.sub("-", ABBREVIATIONS.get(key, segments[-1])).strip("-")
         axes.append((key, segments, values, [short + text for text in _value_texts(src, key, values, space_line)]))
-        count *= len(values)
-        if count > limits.EXPERIMENTS:
-            break  # refused just below, before the product grows any further
+        count *= len(values)  # refused just below if too many, before any experiment is built
     src.budget.expand(count, len(_canonical(base)), src, "space" if space else None)
 
     line = space_line or src.line("name")
@@ -627,8 +626,8 @@ def _files(path: Path, budget: _Budget) -> list[Path]:
                 if entry.name.endswith((".json", ".hjson")) and entry.is_file():
                     files.append(Path(entry.path))
                     if len(files) > budget.experiments:
-                        raise UserError(f"directory holds more than {limits.EXPERIMENTS:,} experiment files with "
-                                        "the rest of the sweep, the limit for one sweep", path)
+                        raise UserError("directory holds more experiment files than fit in one sweep "
+                                        f"({limits.EXPERIMENTS:,} experiments, the limit)", path)
         files.sort()
         if not files:
             raise UserError("directory holds no *.json or *.hjson experiment files", path)
