@@ -7,8 +7,9 @@ otherwise it is a DeepSpeed experiment file.
 DeepSpeed experiment file (as DeepSpeed's autotuner writes into its exps_dir, or the exp.json of a result):
     `{"name": .., "ds_config": {..} or "path.json", "num_gpus": N, "num_nodes": N}`, optionally
     `user_script` (relative to the current directory, as DeepSpeed's launcher got it) and `user_args`, which
-    win over --script / --args. The bookkeeping keys DeepSpeed's scheduler adds (exp_id, result_dir,
-    master_port, launcher_args, hostfile, user, job_id, ds_config_path, ds_config_base64, results) are
+    win over --script / --args, and `hostfile` (relative to the current directory), which the CLI uses when
+    it is given none (cluster.spec_hostfile). The other bookkeeping keys DeepSpeed's scheduler adds (exp_id,
+    result_dir, master_port, launcher_args, user, job_id, ds_config_path, ds_config_base64, results) are
     ignored: the runner decides those itself.
 
 Sweep file:
@@ -18,13 +19,14 @@ Sweep file:
     metric     throughput | latency | FLOPS_per_gpu | NAME:min | NAME:max (default throughput); an explicit
                --metric wins over it
     num_gpus   GPU slots per node of every experiment (default 1);  num_nodes  nodes (default 1)
-    timeout    seconds an experiment may run (default: --timeout, else none)
+    timeout    seconds an experiment may run (default: --timeout, else limits.DEFAULT_TIMEOUT, applied when it runs)
     env        extra environment variables for the script
     ds_config  the base DeepSpeed config (an object, or a path to a JSON file relative to the sweep file)
     space      {"dotted.ds_config.key": [values..], ...}: the full grid of these values, in the order written;
                the keys `num_gpus` and `num_nodes` vary those fields instead of the config.
 Generated names are `<name>_<short><value>_...`, e.g. `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or
-else the last segment of the dotted key.
+else the last segment of the dotted key; characters unsafe in a directory name become `-`. Every input is
+bounded (limits.py) before anything is built from it.
 """
 from __future__ import annotations
 

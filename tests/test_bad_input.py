@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from autotuner import limits
-from autotuner.cluster import spec_hostfile
 from autotuner.errors import UserError, read_user_file
-from autotuner.spec import RESERVED_NAMES, is_safe_name, load_sweep
+from autotuner.spec import is_safe_name, load_sweep
 
 from cli_rig import PREAMBLE, WRITE_METRICS, autotune, env, latest, write_launcher
 
@@ -208,6 +207,7 @@ def test_reserved_names_from_a_sweep_name_or_a_file_name(tmp_path):
 
 def test_every_file_a_sweep_keeps_beside_its_experiments_is_reserved(tmp_path):
     from autotuner import htmlreport, ledger, lock, plots, report, runner
+    from autotuner.spec import RESERVED_NAMES
 
     for name in (ledger.FILENAME, lock.LOCKFILE, runner.HOSTFILE, report.SUMMARY, report.OPTIMAL_CONFIG,
                  report.OPTIMAL_COMMAND, htmlreport.REPORT_HTML, plots.METRIC_PNG, plots.TIMELINE_PNG):
@@ -330,6 +330,8 @@ def test_a_missing_hostfile_key_is_noted_and_the_error_suggests_hostfile(tmp_pat
 
 
 def test_spec_hostfile_choices(tmp_path):
+    from autotuner.cluster import spec_hostfile
+
     (tmp_path / "train.py").touch()
     (tmp_path / "h1").write_text("a slots=1\n")
     (tmp_path / "h2").write_text("b slots=1\n")
