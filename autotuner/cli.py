@@ -48,9 +48,11 @@ def _timeout_value(text: str) -> float | str:
 def timeout_seconds(given: float | str | None) -> float | None:
     """What a --timeout value means for experiments whose spec gives none: None (not given) is the default
     limit, `none` is no limit."""
-    if given is None:
-        return limits.DEFAULT_TIMEOUT
-    return None if given == "none" else float(given)
+    if given == "none":
+        return None
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and 0 < given < float("inf"):
+        return float(given)
+    return limits.DEFAULT_TIMEOUT  # not given (or, in a ledger's record of `run`, not a usable value)
 
 
 def fail(error: UserError | str) -> "typer.Exit":
