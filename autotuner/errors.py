@@ -92,7 +92,8 @@ def read_user_file(path: str | Path, what: str, limit: int = limits.FILE_BYTES) 
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:
-            raise UserError(f"{what} is larger than {limits.size(limit)}, the limit for a {what}", path)
+            article = "an" if what[:1] in "aeiou" else "a"
+            raise UserError(f"{what} is larger than {limits.size(limit)}, the limit for {article} {what}", path)
         return b"".join(chunks).decode("utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"{what} is not UTF-8 text", path) from None

@@ -81,7 +81,8 @@ def test_a_file_past_the_size_limit_is_refused_naming_the_limit(tmp_path, what):
                      slots=None)
     else:
         result = run(tmp_path, huge)
-    refused(result, huge, f"{what} is larger than 1 MiB, the limit for a {what}", tmp_path=tmp_path)
+    article = "an" if what == "experiment file" else "a"
+    refused(result, huge, f"{what} is larger than 1 MiB, the limit for {article} {what}", tmp_path=tmp_path)
 
 
 def test_a_ds_config_file_past_the_size_limit_is_refused(tmp_path):
