@@ -13,7 +13,8 @@ from typing import Optional
 
 import typer
 
-from .errors import UserError
+from . import limits
+from .errors import UserError, shown
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a space of DeepSpeed configurations across GPU slots and keep the fastest.")
@@ -29,6 +30,29 @@ ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts", help="Trust (and re
 REMOTE_DIR = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP.")
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
 EVENTS = typer.Option(None, "--events", help=EVENTS_HELP)
+
+
+def _timeout_value(text: str) -> float | str:
+    """`--timeout SECONDS` or `--timeout none` (no limit); anything else is a usage error."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        value = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"expected a number of seconds or `none`, not {shown(text)}") from None
+    if not (0 < value < float("inf")):
+        raise typer.BadParameter(f"expected a positive number of seconds or `none`, not {shown(text)}")
+    return value
+
+
+def timeout_seconds(given: float | str | None) -> float | None:
+    """What a --timeout value means for experiments whose spec gives none: None (not given) is the default
+    limit, `none` is no limit."""
+    if given == "none":
+        return None
+    if isinstance(given, (int, float)) and not isinstance(given, bool) and 0 < given < float("inf"):
+        return float(given)
+    return limits.DEFAULT_TIMEOUT  # not given (or, in a ledger's record of `run`, not a usable value)
 
 
 def fail(error: UserError | str) -> "typer.Exit":
@@ -73,7 +97,9 @@ def run(
     script: Optional[str] = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
     metric: Optional[str] = typer.Option(None, "--metric", help="throughput, latency, FLOPS_per_gpu, or NAME:min|max."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds an experiment may run, unless its spec says."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
+                                          help="Seconds an experiment may run, unless its spec says; `none`: no "
+                                               f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
     deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the whole sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
     grace: float = GRACE,
@@ -86,14 +112,13 @@ def run(
 ) -> None:
     """Run a sweep and report the best configuration."""
     from . import runner
-    from .cluster import local_or_hostfile_cluster
+    from .cluster import local_or_hostfile_cluster, spec_hostfile
 
     # What `resume` reloads the spec from: paths absolute, so it may run from any directory.
     reload = {"specs": [str(p.resolve()) for p in specs],
               "script": script and os.path.abspath(os.path.expanduser(script)),
               "args": args, "metric": metric, "timeout": timeout}
     try:
-        _seconds(timeout, "--timeout", positive=True)
         _seconds(deadline, "--deadline")
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
@@ -103,17 +128,21 @@ def run(
 
             check_events_path(events)
         sweep = _load(reload)
+        hostfile, note = spec_hostfile(sweep, hostfile, slots)
         cluster = local_or_hostfile_cluster(hostfile, include, exclude, slots)
         directory = results or Path("results") / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         runner.prepare(sweep, cluster, directory, launcher=launch, reload=reload)
     except UserError as e:
         raise fail(e)
+    if note:
+        typer.echo(f"autotune: note: {note}", err=True)
     if not quiet:
         typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on "
                    f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
                    f"{len(cluster.slots)} host(s); results in {directory}")
     _execute(directory, runner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                       retries=retries, deadline=deadline), quiet, events)
+                                       retries=retries, deadline=deadline, timeout=timeout_seconds(timeout)),
+             quiet, events)
 
 
 def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None):
@@ -128,9 +157,9 @@ def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None):
 def _load(reload: dict):
     from .spec import load_sweep
 
+    # The --timeout of `run` is not part of the experiments: `resume --timeout` may change it.
     return load_sweep([Path(p) for p in reload["specs"]], script=reload.get("script"),
-                      args=_split(reload.get("args") or "", "--args"), metric=reload.get("metric"),
-                      timeout=reload.get("timeout"))
+                      args=_split(reload.get("args") or "", "--args"), metric=reload.get("metric"))
 
 
 def _execute(directory: Path, options, quiet: bool, events: Optional[Path] = None, **kwargs) -> None:
@@ -159,7 +188,9 @@ def resume(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed and timed-out experiments again."),
     only_new: bool = typer.Option(False, "--only-new", help="The spec changed: run only its new experiments."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds an experiment may run, unless its spec says."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
+                                          help="Seconds an experiment may run, unless its spec says; `none`: no "
+                                               "limit \\[default: as the sweep was started]."),
     deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
     grace: float = GRACE,
@@ -173,7 +204,6 @@ def resume(
     from . import runner
 
     try:
-        _seconds(timeout, "--timeout", positive=True)
         _seconds(deadline, "--deadline")
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
@@ -200,7 +230,8 @@ def resume(
     except UserError as e:
         raise fail(e)
     _execute(directory, runner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                       retries=retries, deadline=deadline, timeout=timeout), quiet,
+                                       retries=retries, deadline=deadline,
+                                       timeout=timeout_seconds(timeout or reload.get("timeout"))), quiet,
              events, retry_failed=retry_failed, new_experiments=new)
 
 
@@ -349,10 +380,38 @@ def hosts(
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
 
 
-def main() -> None:
-    if "--html" in sys.argv:
-        sys.argv[1:] = optional_html_value(sys.argv[1:])
-    app()
+# The base of every usage error (a bad option value, an unknown option or command, a missing argument). typer
+# re-exports click's BadParameter (newer typer versions vendor click), so its parent is the right class either way.
+_USAGE_ERROR = typer.BadParameter.__mro__[1]
+
+
+def usage_error_line(error: Exception) -> str:
+    """A click usage error as the one line every other mistake gets, instead of a usage box."""
+    message = " ".join(error.format_message().split())
+    ctx = getattr(error, "ctx", None)
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    return f"autotune: error: {shown(message, 300, quoted=False)}{hint}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The `autotune` console script: exit 0 on success and --help, 2 for bad input or usage, or what the
+    command says (1: the sweep had failures, 130: interrupted)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--html" in args:
+        args = optional_html_value(args)
+    try:
+        code = app(args=args, prog_name="autotune", standalone_mode=False)
+    except _USAGE_ERROR as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # bare `autotune`: the help, as a usage error
+            if e.format_message().strip():
+                typer.echo(e.format_message(), err=True)
+        else:
+            typer.echo(usage_error_line(e), err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo("autotune: aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from .errors import UserError, read_user_file
+from . import limits
+from .errors import UserError, read_user_file, shown
 
 # `slots = 4` with spaces is accepted because DeepSpeed accepts it.
 _LINE = re.compile(r"(?P<name>\S+)\s+slots\s*=\s*(?P<slots>\S+)(?P<rest>.*)")
 _ATTR_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 # Characters that would make a name ambiguous in the filter syntax (`host:0,1@host`) or in our own syntax.
 _NAME_FORBIDDEN = set(":@,=#")
+HOST_NAME_MAX = 253  # the longest DNS name
 
 
 @dataclass(frozen=True)
@@ -39,31 +41,45 @@ def _fail(message: str, path: str | Path, line: int | None = None) -> UserError:
 
 
 def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host]:
-    """Hosts in file order. Every problem is a UserError naming `path` and the line, so nothing is guessed."""
+    """Hosts in file order. Every problem is a UserError naming `path` and the line, so nothing is guessed.
+
+    Slots are bounded (limits.SLOTS_PER_HOST per host, limits.SLOTS in all) before any is built: a line such
+    as `node slots=1000000000` must be refused, not turned into a billion slot ids.
+    """
     hosts: dict[str, Host] = {}
+    total = 0
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         m = _LINE.fullmatch(line)
         if m is None:
-            raise _fail(f"expected `hostname slots=N [key=value ...]`, got {line!r}", path, number)
+            raise _fail(f"expected `hostname slots=N [key=value ...]`, got {shown(line)}", path, number)
         name, slots_text, rest = m["name"], m["slots"], m["rest"]
+        if len(name) > HOST_NAME_MAX:
+            raise _fail(f"host name {shown(name)} is longer than {HOST_NAME_MAX} characters", path, number)
         bad = sorted(_NAME_FORBIDDEN.intersection(name))
         if bad:
-            raise _fail(f"host name {name!r} contains {''.join(bad)!r}, which the --include/--exclude "
+            raise _fail(f"host name {shown(name)} contains {''.join(bad)!r}, which the --include/--exclude "
                         "syntax cannot express", path, number)
-        if not slots_text.isascii() or not slots_text.isdigit() or int(slots_text) < 1:
-            raise _fail(f"slots for {name} must be a positive integer, got {slots_text!r}", path, number)
+        if not slots_text.isascii() or not slots_text.isdigit() or int(slots_text[:20]) < 1:
+            raise _fail(f"slots for {name} must be a positive integer, got {shown(slots_text)}", path, number)
+        if len(slots_text) > 20 or int(slots_text) > limits.SLOTS_PER_HOST:
+            raise _fail(f"slots={shown(slots_text, 20)} for {name} is more than {limits.SLOTS_PER_HOST}, "
+                        "the most slots one host may have", path, number)
         if name in hosts:
-            raise _fail(f"duplicate host {name!r}", path, number)
+            raise _fail(f"duplicate host {shown(name)}", path, number)
+        total += int(slots_text)
+        if total > limits.SLOTS:
+            raise _fail(f"the hosts up to this line have {total} slots, more than {limits.SLOTS}, the most a "
+                        "cluster may have", path, number)
         attrs: dict[str, str] = {}
         for token in rest.split():
             key, eq, value = token.partition("=")
             if not eq or not _ATTR_KEY.fullmatch(key) or not value:
-                raise _fail(f"malformed attribute {token!r} for {name}; expected key=value", path, number)
+                raise _fail(f"malformed attribute {shown(token)} for {name}; expected key=value", path, number)
             if key == "slots" or key in attrs:
-                raise _fail(f"attribute {key!r} given twice for {name}", path, number)
+                raise _fail(f"attribute {shown(key)} given twice for {name}", path, number)
             attrs[key] = value
         hosts[name] = Host(name, int(slots_text), attrs)
     if not hosts:
@@ -82,23 +98,24 @@ def _parse_filter(spec: str, hosts: Mapping[str, Host], option: str) -> dict[str
     for part in spec.split("@"):
         part = part.strip()
         if not part:
-            raise UserError(f"{option} {spec!r}: empty entry between '@' separators")
+            raise UserError(f"{option} {shown(spec)}: empty entry between '@' separators")
         name, colon, ids_text = part.partition(":")
         name = name.strip()
         if name not in hosts:
-            known = ", ".join(hosts) or "none"
-            raise UserError(f"{option} {spec!r}: unknown host {name!r} in {part!r} (hosts: {known})")
+            known = ", ".join(list(hosts)[:10]) + (f", ... ({len(hosts)} hosts)" if len(hosts) > 10 else "") or "none"
+            raise UserError(f"{option} {shown(spec)}: unknown host {shown(name)} in {shown(part)} (hosts: {known})")
         if not colon:
             wanted[name] = None
             continue
         ids: set[int] = set()
         for item in ids_text.split(","):
             item = item.strip()
-            if not (item.isascii() and item.isdigit()):
-                raise UserError(f"{option} {spec!r}: bad slot id {item!r} in {part!r}; expected host:0,1,...")
+            if not (item.isascii() and item.isdigit() and len(item) <= 20):
+                raise UserError(f"{option} {shown(spec)}: bad slot id {shown(item)} in {shown(part)}; "
+                                "expected host:0,1,...")
             slot = int(item)
             if slot >= hosts[name].slots:
-                raise UserError(f"{option} {spec!r}: slot {slot} in {part!r} is out of range; "
+                raise UserError(f"{option} {shown(spec)}: slot {slot} in {shown(part)} is out of range; "
                                 f"{name} has slots 0-{hosts[name].slots - 1}")
             ids.add(slot)
         if name in wanted and wanted[name] is None:
@@ -131,7 +148,7 @@ def select_slots(hosts: Mapping[str, Host], include: str = "", exclude: str = ""
     result = {n: tuple(sorted(chosen[n])) for n in hosts if chosen.get(n)}
     if not result and hosts:
         option, spec = (source, include) if include else (exclude_source, exclude)
-        raise UserError(f"{option} {spec!r} leaves no slots to run on")
+        raise UserError(f"{option} {shown(spec)} leaves no slots to run on")
     return result
 
 
@@ -170,5 +187,7 @@ def is_local(host: str) -> bool:
 def localhost_hosts(slots: int) -> dict[str, Host]:
     """This machine as a one-host cluster; `localhost` is the name DeepSpeed's launcher uses with no hostfile."""
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-        raise UserError(f"the number of slots must be a positive integer, got {slots!r}")
+        raise UserError(f"the number of slots must be a positive integer, got {shown(slots)}")
+    if slots > limits.SLOTS_PER_HOST:
+        raise UserError(f"{shown(slots)} slots is more than {limits.SLOTS_PER_HOST}, the most one host may have")
     return {"localhost": Host("localhost", slots)}

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UserError
+from . import limits
+from .errors import UserError, shown
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,10 @@ def local_slots(cpu_slots: int | None, nvml: Any = None) -> tuple[int, str]:
     """
     if cpu_slots is not None:
         if isinstance(cpu_slots, bool) or not isinstance(cpu_slots, int) or cpu_slots < 1:
-            raise UserError(f"--slots must be a positive integer, got {cpu_slots!r}")
+            raise UserError(f"--slots must be a positive integer, got {shown(cpu_slots)}")
+        if cpu_slots > limits.SLOTS_PER_HOST:
+            raise UserError(f"--slots {shown(cpu_slots)} is more than {limits.SLOTS_PER_HOST}, "
+                            "the most slots one host may have")
         return cpu_slots, "cpu"
     gpus, reason = _probe(nvml)
     if gpus:

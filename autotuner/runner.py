@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import limits
 from .cleanup import recover
 from .cluster import Cluster, check_fits
 from .errors import UserError
@@ -187,7 +188,7 @@ class Options:
     log: Callable[[str], None] = lambda line: None  # notes for the user (hosts down, ...)
     grace: float = 10.0
     retries: int = 1
-    timeout: float | None = None  # seconds, for experiments whose spec gives none
+    timeout: float | None = limits.DEFAULT_TIMEOUT  # seconds, for experiments whose spec gives none; None: no limit
     deadline: float | None = None  # seconds for the whole sweep
     observers: list[Observer] = field(default_factory=list)
 

@@ -7,8 +7,9 @@ otherwise it is a DeepSpeed experiment file.
 DeepSpeed experiment file (as DeepSpeed's autotuner writes into its exps_dir, or the exp.json of a result):
     `{"name": .., "ds_config": {..} or "path.json", "num_gpus": N, "num_nodes": N}`, optionally
     `user_script` (relative to the current directory, as DeepSpeed's launcher got it) and `user_args`, which
-    win over --script / --args. The bookkeeping keys DeepSpeed's scheduler adds (exp_id, result_dir,
-    master_port, launcher_args, hostfile, user, job_id, ds_config_path, ds_config_base64, results) are
+    win over --script / --args, and `hostfile` (relative to the current directory), which the CLI uses when
+    it is given none (cluster.spec_hostfile). The other bookkeeping keys DeepSpeed's scheduler adds (exp_id,
+    result_dir, master_port, launcher_args, user, job_id, ds_config_path, ds_config_base64, results) are
     ignored: the runner decides those itself.
 
 Sweep file:
@@ -18,13 +19,14 @@ Sweep file:
     metric     throughput | latency | FLOPS_per_gpu | NAME:min | NAME:max (default throughput); an explicit
                --metric wins over it
     num_gpus   GPU slots per node of every experiment (default 1);  num_nodes  nodes (default 1)
-    timeout    seconds an experiment may run (default: --timeout, else none)
+    timeout    seconds an experiment may run (default: --timeout, else limits.DEFAULT_TIMEOUT, applied when it runs)
     env        extra environment variables for the script
     ds_config  the base DeepSpeed config (an object, or a path to a JSON file relative to the sweep file)
     space      {"dotted.ds_config.key": [values..], ...}: the full grid of these values, in the order written;
                the keys `num_gpus` and `num_nodes` vary those fields instead of the config.
 Generated names are `<name>_<short><value>_...`, e.g. `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or
-else the last segment of the dotted key.
+else the last segment of the dotted key; characters unsafe in a directory name become `-`. Every input is
+bounded (limits.py) before anything is built from it.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import json
 import math
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -43,11 +46,15 @@ from typing import Any
 
 import hjson
 
-from .errors import UserError, read_user_file
+from . import limits
+from .errors import UserError, read_user_file, shown
 from .metrics import THROUGHPUT, Metric, metric_named
 
 NAME_MAX = 120
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,%d}" % (NAME_MAX - 1))
+# What a sweep keeps beside its experiments' directories; an experiment of one of these names would collide.
+RESERVED_NAMES = re.compile(r"(ledger\.sqlite|runner\.lock)([.-].*)?|hostfile|summary\.txt|ds_config_optimal\.json"
+                            r"|cmd_optimal\.txt|report\.html|plot_metric\.png|plot_timeline\.png|attempt-\d+")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -69,8 +76,18 @@ DS_IGNORED = ("exp_id", "result_dir", "master_port", "launcher_args", "hostfile"
 
 
 def is_safe_name(name: str) -> bool:
-    """Usable as a directory name: letters, digits, `.`, `_`, `-`; not starting with `.`; at most 120 chars."""
-    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+    """Usable as a directory name: letters, digits, `.`, `_`, `-`; not starting with `.` (hidden); at most 120
+    chars; not the name of one of the sweep's own files (RESERVED_NAMES), which share the results directory."""
+    return (isinstance(name, str) and _NAME.fullmatch(name) is not None
+            and RESERVED_NAMES.fullmatch(name) is None)
+
+
+def name_problem(name: Any) -> str:
+    """Why `name` cannot name an experiment, for the message that refuses it."""
+    if isinstance(name, str) and _NAME.fullmatch(name) is not None:
+        return f"experiment name {shown(name)} is the name of one of the sweep's own files"
+    return (f"experiment name {shown(name)} is not safe as a directory name "
+            f"(letters, digits, . _ -; not starting with .; at most {NAME_MAX} characters)")
 
 
 def _canonical(data: Any) -> str:
@@ -93,11 +110,11 @@ class Experiment:
 
     def __post_init__(self) -> None:
         if not is_safe_name(self.name):
-            raise ValueError(f"experiment name {self.name!r} is not safe as a directory name")
+            raise ValueError(name_problem(self.name))
         for key in FIELD_KEYS:
             value = getattr(self, key)
             if not _positive_int(value):
-                raise ValueError(f"experiment {self.name}: {key} must be a positive integer, not {value!r}")
+                raise ValueError(f"experiment {self.name}: {key} must be a positive integer, not {shown(value)}")
         object.__setattr__(self, "ds_config", copy.deepcopy(dict(self.ds_config)))
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
@@ -131,11 +148,27 @@ class Experiment:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where an experiment was defined, to point a later error (it does not fit the cluster) at the line."""
+
+    path: str
+    line: int | None  # the experiment (a DeepSpeed file's name, a sweep file's space)
+    num_gpus: int | None = None  # the line that sets num_gpus, when one does
+    num_nodes: int | None = None
+
+    def line_of(self, key: str) -> int | None:
+        return getattr(self, key, None) or self.line
+
+
+@dataclass(frozen=True)
 class Sweep:
     name: str
     experiments: tuple[Experiment, ...]
     metric: Metric
     source: str
+    origins: Mapping[str, Origin] = field(default_factory=dict)  # by experiment name
+    # The `hostfile` keys of DeepSpeed experiment files: (absolute path, "file:line" that names it).
+    hostfiles: tuple[tuple[str, str], ...] = ()
 
 
 # --- reading files -------------------------------------------------------------------------------------------
@@ -155,6 +188,32 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+class _Budget:
+    """What is left of one sweep's limits as its files are read and its spaces expanded."""
+
+    def __init__(self) -> None:
+        self.bytes = limits.SWEEP_BYTES
+        self.experiments = limits.EXPERIMENTS
+
+    def read(self, path: Path, size: int) -> None:
+        self.bytes -= size
+        if self.bytes < 0:
+            raise UserError(f"the sweep's files add up to more than {limits.size(limits.SWEEP_BYTES)}, the limit "
+                            "for one sweep", path)
+
+    def expand(self, count: int, config_bytes: int, src: _Source, key: str | None) -> None:
+        """Refuse a space before it is expanded: the product of its lists, and the configs it would build."""
+        if count > self.experiments:
+            many = f"{count:,}" if count < 10 ** 15 else shown(count)
+            raise src.error(f"{'the space' if key else 'this file'} makes {many} experiments; with the rest "
+                            f"of the sweep that is more than {limits.EXPERIMENTS:,}, the limit for one sweep", key)
+        if count * config_bytes > self.bytes:
+            raise src.error(f"the space makes {count:,} experiments with a {limits.size(config_bytes)} ds_config: "
+                            f"more than {limits.size(limits.SWEEP_BYTES)} of configs, the limit for one sweep", key)
+        self.experiments -= count
+        self.bytes -= count * config_bytes
+
+
 @dataclass
 class _Source:
     """A parsed input file and its text, to point errors at the line of a key."""
@@ -162,6 +221,7 @@ class _Source:
     path: Path
     text: str
     data: Any
+    budget: _Budget = field(default_factory=_Budget)
 
     def _matches(self, key: str) -> list[tuple[int, int]]:
         pattern = re.compile(r"(?:^|(?<=[{,\[]))[ \t]*([\"']?)" + re.escape(key) + r"\1[ \t]*:", re.M)
@@ -188,23 +248,66 @@ class _Source:
         return UserError(message, self.path, line, col)
 
 
-def _read(path: Path) -> _Source:
-    text = read_user_file(path, "experiment file")
+class _NotPlainJson(Exception):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotPlainJson(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotPlainJson(text)
+    return value
+
+
+def _parse(text: str) -> Any:
+    """JSON through the C parser (DeepSpeed's files are JSON, and the pure-Python hjson parser takes seconds a
+    megabyte); anything else, or anything the two might read differently, through hjson."""
     try:
-        data = hjson.loads(text, object_pairs_hook=_pairs)
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite)
+    except (_NotPlainJson, ValueError, RecursionError):
+        return hjson.loads(text, object_pairs_hook=_pairs)
+
+
+def _too_deep(data: Any) -> bool:
+    """Whether objects and lists nest deeper than limits.DEPTH (walked without recursion)."""
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for child in children:
+            if isinstance(child, (dict, list)):
+                if depth + 1 > limits.DEPTH:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _read(path: Path, budget: _Budget, what: str = "experiment file") -> _Source:
+    text = read_user_file(path, what)
+    budget.read(path, len(text))
+    try:
+        data = _parse(text)
     except hjson.HjsonDecodeError as e:
         raise UserError(f"malformed hjson: {e.msg}", path, e.lineno, e.colno) from None
     except _DuplicateKey as e:
         src = _Source(path, text, None)
         spots = src._matches(e.key)
         line, col = spots[1] if len(spots) > 1 else (None, None)
-        raise UserError(f"duplicate key {e.key!r}", path, line, col) from None
+        raise UserError(f"duplicate key {shown(e.key)}", path, line, col) from None
     except RecursionError:
-        raise UserError("nested too deeply", path) from None
+        raise UserError(f"nested too deeply (the limit is {limits.DEPTH} levels)", path) from None
     except (OverflowError, ValueError):  # hjson turns 1e400 into inf, then int(inf); or a 5000-digit integer
         line, col = _bad_number(text)
         raise UserError("number out of range", path, line, col) from None
-    return _Source(path, text, data)
+    if data == {} and "{" not in text:  # nothing but blanks and comments
+        raise UserError("empty file", path)
+    if _too_deep(data):
+        raise UserError(f"objects and lists nest deeper than {limits.DEPTH} levels, the limit", path)
+    return _Source(path, text, data, budget)
 
 
 _NUMBER = re.compile(r"(?<![\w.\"'])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -249,6 +352,8 @@ class _Loaded:
     experiments: list[tuple[Experiment, int | None]]
     name: str
     metric: tuple[Metric, int | None] | None = None
+    origin: Origin | None = None  # of every experiment of the file
+    hostfile: tuple[str, str] | None = None  # a DeepSpeed experiment file's `hostfile`: (path, where)
 
 
 def _script(src: _Source, key: str, value: Any, base: Path | None) -> str:
@@ -256,19 +361,25 @@ def _script(src: _Source, key: str, value: Any, base: Path | None) -> str:
         raise src.error(f"{key} must be a path (a string)", key)
     script = _abspath(value, base)
     if not os.path.isfile(script):
-        raise src.error(f"{key} {value!r}: no such file ({script})", key)
+        raise src.error(f"{key} {shown(value)}: no such file ({shown(script, 200, quoted=False)})", key)
     return script
 
 
 def _string_list(src: _Source, key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise src.error(f"{key} must be a list of strings", key)
+    if any("\0" in v for v in value):  # no process can be started with it
+        raise src.error(f"{key}: a string holds a NUL character", key)
     return tuple(value)
 
 
+_COUNT_MAX = {"num_gpus": limits.SLOTS_PER_HOST, "num_nodes": limits.SLOTS}
+
+
 def _count(src: _Source, key: str, value: Any, after: int | None = None, what: str | None = None) -> int:
-    if not _positive_int(value):
-        raise src.error(f"{what or key} must be a positive integer, not {json.dumps(value)}", key, after)
+    if not _positive_int(value) or value > _COUNT_MAX[key]:
+        raise src.error(f"{what or key} must be a positive integer, not {shown(value)} (the limit is "
+                        f"{_COUNT_MAX[key]})", key, after)
     return value
 
 
@@ -277,9 +388,9 @@ def _ds_config(src: _Source, value: Any) -> dict:
         return value
     if isinstance(value, str) and value.strip():
         path = Path(_abspath(value, src.path.parent))
-        if not path.is_file():
-            raise src.error(f"ds_config {value!r}: no such file ({path})", "ds_config")
-        config = _read(path)
+        if not path.exists():
+            raise src.error(f"ds_config {shown(value)}: no such file ({shown(str(path), 200, quoted=False)})", "ds_config")
+        config = _read(path, src.budget, "ds_config file")
         if not isinstance(config.data, dict):
             raise UserError("a ds_config must be a JSON object", path, 1)
         return config.data
@@ -295,12 +406,13 @@ def _stem_name(path: Path) -> str:
 def _load_ds_exp(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
     for key in data:
         if key not in DS_KEYS and key not in DS_IGNORED:
-            raise src.error(f"unknown key {key!r} (a DeepSpeed experiment file has {', '.join(DS_KEYS)}; "
+            raise src.error(f"unknown key {shown(key)} (a DeepSpeed experiment file has {', '.join(DS_KEYS)}; "
                             f"a sweep file has {', '.join(SWEEP_KEYS)})", key)
     name = data.get("name", _stem_name(src.path))
     if not is_safe_name(name):
-        raise src.error(f"experiment name {name!r} is not safe as a directory name "
-                        f"(letters, digits, . _ -; not starting with .; at most {NAME_MAX})", "name")
+        raise src.error(name_problem(name) + ("" if "name" in data else " (from the file name); give `name`"),
+                        "name" if "name" in data else None)
+    src.budget.expand(1, 0, src, None)
     if "ds_config" not in data:
         raise UserError("a DeepSpeed experiment file needs ds_config", src.path)
     config = _ds_config(src, data["ds_config"])
@@ -314,10 +426,17 @@ def _load_ds_exp(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
         args = _string_list(src, "user_args", data["user_args"])
     if script is None:
         raise src.error(f"experiment {name}: no script to run: give --script (or user_script here)", "name")
+    hostfile = data.get("hostfile")
+    if hostfile is not None and (not isinstance(hostfile, str) or not hostfile.strip() or "\0" in hostfile):
+        raise src.error("hostfile must be a path (a string)", "hostfile")
     experiment = Experiment(name=name, ds_config=config, num_gpus=num_gpus, num_nodes=num_nodes, script=script,
                             args=args, timeout=defaults.timeout, env={}, source=str(src.path))
     _check_batch(src, experiment)
-    return _Loaded([(experiment, src.line("name"))], _stem_name(src.path))
+    line = src.line("name")
+    origin = Origin(str(src.path), line, src.line("num_gpus"), src.line("num_nodes"))
+    where = f"{src.path}:{src.line('hostfile')}" if hostfile else ""
+    return _Loaded([(experiment, line)], _stem_name(src.path), origin=origin,
+                   hostfile=(_abspath(hostfile), where) if hostfile else None)
 
 
 def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
@@ -352,12 +471,12 @@ def _experiment_name(prefix: str, parts: list[str]) -> str:
 def _load_sweep_file(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
     for key in data:
         if key not in SWEEP_KEYS:
-            raise src.error(f"unknown key {key!r} in a sweep file (keys: {', '.join(SWEEP_KEYS)})", key)
+            raise src.error(f"unknown key {shown(key)} in a sweep file (keys: {', '.join(SWEEP_KEYS)})", key)
     prefix = data.get("name", None)
     if prefix is None:
         prefix = _stem_name(src.path)
-    elif not is_safe_name(prefix) or len(prefix) > NAME_MAX - 20:
-        raise src.error(f"name {prefix!r} must be safe as a directory name (letters, digits, . _ -; "
+    elif not isinstance(prefix, str) or _NAME.fullmatch(prefix) is None or len(prefix) > NAME_MAX - 20:
+        raise src.error(f"name {shown(prefix)} must be safe as a directory name (letters, digits, . _ -; "
                         f"not starting with .; at most {NAME_MAX - 20} chars)", "name")
     script = defaults.script
     if data.get("script") is not None:
@@ -377,7 +496,7 @@ def _load_sweep_file(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
     if data.get("timeout") is not None:
         timeout = data["timeout"]
         if not _number(timeout) or not math.isfinite(timeout) or timeout <= 0:
-            raise src.error(f"timeout must be a positive number of seconds, not {json.dumps(timeout)}", "timeout")
+            raise src.error(f"timeout must be a positive number of seconds, not {shown(timeout)}", "timeout")
         timeout = float(timeout)
     env = _env(src, data.get("env", {}))
     base = _ds_config(src, data["ds_config"]) if data.get("ds_config") is not None else {}
@@ -385,38 +504,66 @@ def _load_sweep_file(src: _Source, data: dict, defaults: _Defaults) -> _Loaded:
     if not isinstance(space, dict):
         raise src.error("space must be an object of dotted ds_config keys to lists of values", "space")
     space_line = src.line("space")
-    axes: list[tuple[str, list[str], list[Any], int | None]] = []
+    if len(space) > limits.SPACE_KEYS:
+        raise src.error(f"space has {len(space)} keys, more than {limits.SPACE_KEYS}, the limit", "space")
+    axes: list[tuple[str, list[str], list[Any], list[str]]] = []
+    count = 1
     for key, values in space.items():
-        key_line = src.line(key, after=space_line)
         segments = key.split(".")
         if not key or not all(segments):
-            raise src.error(f"space key {key!r} is not a dotted ds_config key", key, space_line)
+            raise src.error(f"space key {shown(key)} is not a dotted ds_config key", key, space_line)
         if not isinstance(values, list) or not values:
-            raise src.error(f"space key {key!r} needs a non-empty list of values", key, space_line)
+            raise src.error(f"space key {shown(key)} needs a non-empty list of values", key, space_line)
         if key in FIELD_KEYS:
             for value in values:
-                _count(src, key, value, space_line, what=f"every value of space key {key!r}")
-        axes.append((key, segments, values, key_line))
+                _count(src, key, value, space_line, what=f"every value of space key {shown(key)}")
+        short = _UNSAFE.sub("-", ABBREVIATIONS.get(key, segments[-1])).strip("-")
+        axes.append((key, segments, values, [short + text for text in _value_texts(src, key, values, space_line)]))
+        count *= len(values)  # refused just below if too many, before any experiment is built
+    src.budget.expand(count, len(_canonical(base)), src, "space" if space else None)
 
-    loaded = _Loaded([], prefix, metric)
-    for combo in itertools.product(*(values for _, _, values, _ in axes)):
+    line = space_line or src.line("name")
+    fields_from = {k: src.line(k, after=space_line) if k in space else src.line(k) if k in data else None
+                   for k in FIELD_KEYS}
+    loaded = _Loaded([], prefix, metric, Origin(str(src.path), line, **fields_from))
+    for combo in itertools.product(*(range(len(values)) for _, _, values, _ in axes)):
         config = copy.deepcopy(base)
         fields = {"num_gpus": num_gpus, "num_nodes": num_nodes}
         parts = []
-        for (key, segments, _, _), value in zip(axes, combo):
+        for (key, segments, values, texts), index in zip(axes, combo):
+            value = values[index]
             if key in FIELD_KEYS:
                 fields[key] = value
             else:
                 blocked = _set_dotted(config, segments, copy.deepcopy(value))
                 if blocked is not None:
-                    raise src.error(f"space key {key!r}: {blocked!r} in ds_config is "
-                                    f"{json.dumps(_get(config, blocked))[:40]}, not an object", key, space_line)
-            parts.append(ABBREVIATIONS.get(key, segments[-1]) + _value_text(value))
-        experiment = Experiment(name=_experiment_name(prefix, parts), ds_config=config, script=script, args=args,
+                    raise src.error(f"space key {shown(key)}: {shown(blocked)} in ds_config is "
+                                    f"{shown(_get(config, blocked), 40)}, not an object", key, space_line)
+            parts.append(texts[index])
+        name = _experiment_name(prefix, parts)
+        if not is_safe_name(name):  # a space-less sweep named like one of the sweep's own files
+            raise src.error(name_problem(name), "name" if "name" in data else None)
+        experiment = Experiment(name=name, ds_config=config, script=script, args=args,
                                 timeout=timeout, env=env, source=str(src.path), **fields)
         _check_batch(src, experiment)
-        loaded.experiments.append((experiment, space_line or src.line("name")))
+        loaded.experiments.append((experiment, line))
     return loaded
+
+
+def _value_texts(src: _Source, key: str, values: list[Any], space_line: int | None) -> list[str]:
+    """Each value as it appears in experiment names: made safe for a directory name, and told apart by a short
+    hash where making them safe made two alike (`a b` and `a;b` are both `a-b`); a value listed twice is refused.
+    """
+    canonical = [_canonical(v) for v in values]
+    seen: set[str] = set()
+    for value, c in zip(values, canonical):
+        if c in seen:
+            raise src.error(f"space key {shown(key)} lists the value {shown(value)} twice", key, space_line)
+        seen.add(c)
+    texts = [_value_text(v) for v in values]
+    alike = {t for t, n in Counter(texts).items() if n > 1}
+    return [f"{t}-{hashlib.sha256(c.encode()).hexdigest()[:6]}" if t in alike else t
+            for t, c in zip(texts, canonical)]
 
 
 def _get(config: dict, dotted: str) -> Any:
@@ -432,7 +579,9 @@ def _env(src: _Source, value: Any) -> dict[str, str]:
     env = {}
     for key, v in value.items():
         if not _ENV_NAME.fullmatch(key):
-            raise src.error(f"env: {key!r} is not a valid environment variable name", key, env_line)
+            raise src.error(f"env: {shown(key)} is not a valid environment variable name", key, env_line)
+        if isinstance(v, str) and "\0" in v:
+            raise src.error(f"env: {key} holds a NUL character", key, env_line)
         if isinstance(v, str) or _number(v):
             env[key] = str(v)
         else:
@@ -462,8 +611,8 @@ def _check_batch(src: _Source, e: Experiment) -> None:
                         f"x gradient_accumulation_steps {gas} x {gpus} GPU(s) = {product}", "train_batch_size")
 
 
-def _load_file(path: Path, defaults: _Defaults) -> _Loaded:
-    src = _read(path)
+def _load_file(path: Path, defaults: _Defaults, budget: _Budget) -> _Loaded:
+    src = _read(path, budget)
     if not isinstance(src.data, dict):
         raise UserError("expected an object (a sweep file or a DeepSpeed experiment file)", path, 1)
     if _SWEEP_ONLY & src.data.keys():
@@ -471,9 +620,17 @@ def _load_file(path: Path, defaults: _Defaults) -> _Loaded:
     return _load_ds_exp(src, src.data, defaults)
 
 
-def _files(path: Path) -> list[Path]:
+def _files(path: Path, budget: _Budget) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".json", ".hjson") and p.is_file())
+        files = []
+        with os.scandir(path) as entries:  # every file makes an experiment: stop at the sweep's limit
+            for entry in entries:
+                if entry.name.endswith((".json", ".hjson")) and entry.is_file():
+                    files.append(Path(entry.path))
+                    if len(files) > budget.experiments:
+                        raise UserError("directory holds more experiment files than fit in one sweep "
+                                        f"({limits.EXPERIMENTS:,} experiments, the limit)", path)
+        files.sort()
         if not files:
             raise UserError("directory holds no *.json or *.hjson experiment files", path)
         return files
@@ -498,22 +655,27 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
     if script is not None:
         cli_script = _abspath(script)
         if not os.path.isfile(cli_script):
-            raise UserError(f"--script: no such file ({cli_script})", script)
+            raise UserError(f"--script: no such file ({shown(cli_script, 200, quoted=False)})", shown(script, 200, quoted=False))
         script = cli_script
     if timeout is not None and (not _number(timeout) or not math.isfinite(timeout) or timeout <= 0):
-        raise UserError(f"--timeout must be a positive number of seconds, not {timeout!r}")
+        raise UserError(f"--timeout must be a positive number of seconds, not {shown(timeout)}")
     chosen = metric_named(metric) if metric else None
     defaults = _Defaults(script, tuple(str(a) for a in args), None if timeout is None else float(timeout))
 
+    budget = _Budget()
     experiments: list[Experiment] = []
+    origins: dict[str, Origin] = {}
+    hostfiles: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
     names: list[str] = []
     asked: tuple[Metric, str] | None = None  # the metric a sweep file asks for, and where
     for given in paths:
         given = Path(given)
-        files = _files(given)
+        files = _files(given, budget)
         for path in files:
-            loaded = _load_file(path, defaults)
+            loaded = _load_file(path, defaults, budget)
+            if loaded.hostfile is not None:
+                hostfiles.append(loaded.hostfile)
             if loaded.metric is not None and chosen is None:
                 if asked is not None and asked[0] != loaded.metric[0]:
                     raise UserError(f"metric {loaded.metric[0].spec} differs from {asked[0].spec} in {asked[1]}; "
@@ -527,9 +689,11 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
                                     path, line)
                 seen[experiment.name] = here
                 experiments.append(experiment)
+                if loaded.origin is not None:
+                    origins[experiment.name] = loaded.origin
         names.append(loaded.name if given.is_file() else _stem_name(given))
     name = _experiment_name(names[0], names[1:3]) if len(names) > 1 else names[0]
     if len(names) > 3:
         name = _experiment_name(name, [f"and{len(names) - 3}more"])
     return Sweep(name=name, experiments=tuple(experiments), metric=chosen or (asked[0] if asked else THROUGHPUT),
-                 source=", ".join(str(p) for p in paths))
+                 source=", ".join(str(p) for p in paths), origins=origins, hostfiles=tuple(hostfiles))

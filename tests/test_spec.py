@@ -1,4 +1,5 @@
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -439,10 +440,18 @@ def test_duplicate_names_across_inputs_name_both_sources(tmp_path, script):
     assert err.path == second and err.line == line_of(second, "space:")
 
 
-def test_duplicate_names_within_a_grid(tmp_path, script):
-    path = write(tmp_path, "s.hjson", 'script: train.py\nspace: {\n  tag: ["a b", "a/b"]\n}\n')
+def test_values_made_alike_by_making_them_safe_are_told_apart(tmp_path, script):
+    path = write(tmp_path, "s.hjson", 'script: train.py\nspace: {\n  tag: ["a b", "a/b", "c"]\n}\n')
+    names = [e.name for e in load_sweep([path]).experiments]
+    assert names[2] == "s_tagc" and len(set(names)) == 3 and all(is_safe_name(n) for n in names)
+    assert all(re.fullmatch(r"s_taga-b-[0-9a-f]{6}", n) for n in names[:2])
+    assert [e.name for e in load_sweep([path]).experiments] == names  # deterministic
+
+
+def test_a_value_listed_twice_is_located(tmp_path, script):
+    path = write(tmp_path, "s.hjson", 'script: train.py\nspace: {\n  tag: ["a", "b", "a"]\n}\n')
     err = user_error([path])
-    assert "'s_taga-b'" in err.message and err.path == path and err.line == 2
+    assert "space key 'tag' lists the value 'a' twice" in err.message and (err.path, err.line) == (path, 3)
 
 
 def test_duplicate_keys_are_refused(tmp_path, script):

@@ -1,0 +1,28 @@
+"""Bounds on what a user's input may make us read or build, each named in the message that refuses it.
+
+A spec or a hostfile is read before anything in it can be checked, and a few bytes can ask for a lot: a billion
+slots, a grid of 10^7 points, one large ds_config copied into every experiment. Each such amplifier is bounded
+here, far above real use, so that memory and time stay bounded on every input.
+"""
+from __future__ import annotations
+
+FILE_BYTES = 1 << 20  # one sweep file, experiment file, ds_config file or hostfile
+SWEEP_BYTES = 128 << 20  # every file one sweep reads, plus the ds_configs its spaces build
+EXPERIMENTS = 100_000  # experiments in one sweep (every file and directory of it together)
+SPACE_KEYS = 100  # keys of one space
+DEPTH = 64  # nesting of objects and lists in a spec or ds_config
+SLOTS_PER_HOST = 1024  # `slots=N` of a hostfile line, `--slots N`, an experiment's num_gpus
+SLOTS = 65_536  # slots of a whole cluster; also the most GPUs (num_gpus x num_nodes) of one experiment
+
+
+def size(count: int) -> str:
+    """A byte count as people read it: `16 MiB`, `512 KiB`, `100 bytes`."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if count >= 1 << shift:
+            value = count / (1 << shift)
+            return f"{value:.0f} {unit}" if value == int(value) or value >= 10 else f"{value:.1f} {unit}"
+    return f"{count} bytes"
+
+# Seconds an experiment may run when neither its spec nor --timeout says: a hung rank must not hold its slots
+# forever. `--timeout none` lifts it.
+DEFAULT_TIMEOUT = 3600.0
