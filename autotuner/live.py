@@ -116,6 +116,8 @@ class LiveView:
     failure shows as queued again rather than failed.
     """
 
+    label = "the live view"
+
     def __init__(self, snap: Snapshot, *, default_timeout: float | None = None, retries: int = 1,
                  pending: Iterable[str] = (), added: Sequence = (),
                  clock: Callable[[], float] = time.time):
@@ -338,6 +340,7 @@ class EventLog:
 
     def __init__(self, path: Path, metric: str, *, clock: Callable[[], float] = time.time):
         self.path = Path(path)
+        self.label = f"--events {self.path}"
         self._metric = metric
         self._clock = clock
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")
@@ -398,6 +401,15 @@ def watching(directory: Path, observers: list, *, live: bool = False, plain=None
         yield
     finally:
         if display is not None:
-            display.stop()
+            _quietly(display.stop)
         if log is not None:
-            log.close()
+            _quietly(log.close)
+
+
+def _quietly(close: Callable[[], None]) -> None:
+    """An output that failed was left out with a note (see `Scheduler._tell`): closing it, which fails again
+    (a line still buffered for the full disk, the closed terminal), must not replace the sweep's result."""
+    try:
+        close()
+    except OSError:
+        pass

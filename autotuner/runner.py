@@ -7,9 +7,11 @@ files a user takes away.
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -115,6 +117,28 @@ class Result:
         return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
 
 
+class Stopped(Exception):
+    """The sweep stopped on a fault of the machine (a full disk, an I/O error), not of its input or of this
+    code. What ran was ended first and recorded where the ledger could still be written; `resume` finishes."""
+
+
+# Faults of the machine, not of the sweep or of this code: one line for the user, not a traceback.
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
+                             errno.ENOMEM})
+_MACHINE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
+                             sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_NOMEM})
+
+
+def machine_fault(error: BaseException) -> str | None:
+    """What went wrong, in a few words, when `error` is a fault of the machine; None for anything else."""
+    if isinstance(error, OSError) and error.errno in _MACHINE_ERRNOS:
+        return f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(error, sqlite3.Error) and code is not None and code & 0xFF in _MACHINE_SQLITE:
+        return f"the ledger: {error}"
+    return None
+
+
 @dataclass
 class Ssh:
     """How other hosts are reached (kept in the ledger, so `resume` reaches them the same way)."""
@@ -145,9 +169,19 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     """Run the sweep in `directory` to the end, whether it is new or resumed; Ctrl-C stops it cleanly.
 
     Holding the sweep's lock, it first finishes whatever a dead runner left (ends its processes, records
-    them interrupted), queues what must run again, then dispatches until nothing is left.
+    them interrupted), queues what must run again, then dispatches until nothing is left. A fault of the
+    machine (a full disk) raises `Stopped` once nothing of the sweep runs any more.
     """
-    directory = Path(directory)
+    try:
+        return _execute(Path(directory), options, retry_failed, new_experiments)
+    except Exception as e:
+        fault = machine_fault(e)
+        if fault is None:
+            raise
+        raise Stopped(fault) from e
+
+
+def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
     previous_usr1 = _listen_for_requests()
     try:
         lock = SweepLock(directory).acquire()
@@ -220,7 +254,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
                              options.grace)
     slot_pool = SlotPool(slots)
     scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
-                          metric.name, retries=options.retries, observers=list(options.observers))
+                          metric.name, retries=options.retries, observers=list(options.observers), log=options.log)
     watcher = None
     if pool is not None:
         from .remote import HostWatcher, Router, SshExecutor
