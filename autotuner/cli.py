@@ -261,9 +261,10 @@ def _print_event(what: str, subject, outcome) -> None:
         typer.echo(f"{stamp} {'lost' if what == 'host_down' else 'back':<9} host {subject}")
         return
     name = subject.experiment.name
-    if what == "started":
+    if what in ("started", "adopted"):
         where = " ".join(f"{h}:{','.join(map(str, ids))}" for h, ids in subject.reservation.slots)
-        typer.echo(f"{stamp} {'start':<9} {name} (attempt {subject.attempt}) on {where}")
+        verb = "start" if what == "started" else "adopt"  # adopted: a dead runner started it, this one follows it
+        typer.echo(f"{stamp} {verb:<9} {name} (attempt {subject.attempt}) on {where}")
     else:
         value = ""
         if outcome.metrics:

@@ -1,8 +1,8 @@
 """Watching a sweep as it runs: a live view for a terminal, and a JSON-lines event stream for scripts.
 
-Both are scheduler observers, called on the dispatcher thread with ("started", Run, None) and ("finished", Run,
-Outcome) or ("finished", Queued, None) for an attempt that ended before it started (cancelled, or failed
-because it could no longer be placed). They only record what they are told; neither waits, sleeps or reads
+Both are scheduler observers, called on the dispatcher thread with ("started", Run, None) (or ("adopted", Run,
+None) for a run a dead runner started) and ("finished", Run, Outcome) or ("finished", Queued, None) for an
+attempt that ended before it started (cancelled, or failed because it could no longer be placed). They only record what they are told; neither waits, sleeps or reads
 the clock on its own.
 
 `LiveView` starts from a `report.Snapshot` of the sweep (its counts, slots and results so far) and keeps a small
@@ -41,6 +41,8 @@ MAX_RUNNING_ROWS = 24
 MAX_NODE_ROWS = 32
 # Host events an observer may also be called with (subject: the host's name), for a scheduler that reports them.
 HOST_DOWN, HOST_UP = "host_down", "host_up"
+# A run that a dead runner started and this one follows: running, as if started.
+ADOPTED = "adopted"
 
 def _slots_of(subject) -> dict[str, list[int]]:
     reservation = getattr(subject, "reservation", None)
@@ -161,7 +163,7 @@ class LiveView:
     def __call__(self, what: str, subject, outcome: Outcome | None) -> None:
         now = self._clock()
         with self._lock:
-            if what == "started":
+            if what in ("started", ADOPTED):
                 self._started(subject, now)
             elif what == "finished":
                 self._finished(subject, outcome, now)
@@ -326,7 +328,7 @@ def event_record(what: str, subject, outcome: Outcome | None, metric: str, at: f
     record = {"event": what, "timestamp": round(at, 6),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}",
               "name": name, "attempt": attempt, "slots": _slots_of(subject)}
-    if what == "started":
+    if what in ("started", ADOPTED):
         return record | {"state": RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
     metrics = dict(outcome.metrics or {}) if outcome is not None else {}
     return record | {"state": outcome.state if outcome is not None else CANCELLED,

@@ -34,8 +34,10 @@ from .ledger import (
     FILENAME,
     INTERRUPTED,
     QUEUED,
+    RUNNING,
     SUCCEEDED,
     TIMED_OUT,
+    Attempt,
     Ledger,
 )
 from .lock import SweepBusy, SweepLock, holder_pid
@@ -168,9 +170,10 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
             new_experiments: Sequence[Experiment] = ()) -> Result:
     """Run the sweep in `directory` to the end, whether it is new or resumed; Ctrl-C stops it cleanly.
 
-    Holding the sweep's lock, it first finishes whatever a dead runner left (ends its processes, records
-    them interrupted), queues what must run again, then dispatches until nothing is left. A fault of the
-    machine (a full disk) raises `Stopped` once nothing of the sweep runs any more.
+    Holding the sweep's lock, it takes over what a dead runner left running (adopted: followed to its end,
+    or judged by the exit status it recorded while no runner was alive), queues what must run again, then
+    dispatches until nothing is left. A fault of the machine (a full disk) raises `Stopped` once nothing of
+    the sweep runs any more.
     """
     try:
         return _execute(Path(directory), options, retry_failed, new_experiments)
@@ -193,11 +196,11 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         pool = None
         try:
             pool = _ssh_pool(ledger, options)
-            recover(ledger, time.time(), options.grace, pool=pool)
+            left = ledger.in_state(RUNNING)  # by a dead runner: adopted
             requeue(ledger, retry_failed)
             if new_experiments:
                 ledger.add_experiments(new_experiments, time.time())
-            interrupted = _dispatch(directory, ledger, options, pool)
+            interrupted = _dispatch(directory, ledger, options, pool, left)
         finally:
             if pool is not None:
                 pool.close()
@@ -244,7 +247,7 @@ def _ssh_pool(ledger: Ledger, options: Options):
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> bool:
+def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adopt: Sequence[Attempt] = ()) -> bool:
     meta = ledger.meta()
     metric = metric_named(str(meta["metric"]))
     slots = {h: tuple(ids) for h, ids in dict(meta["slots"]).items()}
@@ -260,6 +263,17 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
         from .remote import HostWatcher, Router, SshExecutor
 
         watcher = HostWatcher(pool, scheduler.post)
+        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
+        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
+                             options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
+        executor = Router(executor, remote)
+        scheduler.executor = executor
+    # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
+    # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
+    experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
+    for attempt in adopt:
+        scheduler.adopt(experiments[attempt.name], attempt)
+    if pool is not None:
         remote_hosts = [h for h in slots if not is_local(h)]
         for host, trouble in zip(remote_hosts, _probe(pool, remote_hosts)):
             if trouble:
@@ -269,11 +283,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
         if all(slot_pool.is_down(h) for h in slots):
             watcher.close()
             raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
-        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
-        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
-                             options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
-        executor = Router(executor, remote)
-        scheduler.executor = executor
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
     scheduler.submit(Queued(e, queued[e.name]) for e in ledger.experiments(queued))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .ledger import CANCELLED, FAILED, INTERRUPTED, TIMED_OUT, Ledger
+from .ledger import CANCELLED, FAILED, INTERRUPTED, TIMED_OUT, Attempt, Ledger
 from .outcome import LOST, TIMEOUT, Outcome
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
 from .spec import Experiment
@@ -116,10 +116,15 @@ class Executor(Protocol):
         """End the run's processes; its Finished event then carries `state` (cancelled, timed_out, ...)
         and `reason` (default: the state's own class)."""
 
+    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+        """Follow a run that a dead runner started (`pid`: its process group, `since`: when it started) to
+        its end, as `start` does; its Finished event is judged from the exit status it recorded."""
+
 
 Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
-"""Told of ("started", Run, None), ("finished", Run or an unstarted Queued, Outcome), and ("host_down" |
-"host_up", host name, None), on the dispatcher's thread, after the ledger has recorded the fact.
+"""Told of ("started", Run, None), ("adopted", Run, None) for a run a dead runner left running, ("finished",
+Run or an unstarted Queued, Outcome), and ("host_down" | "host_up", host name, None), on the dispatcher's
+thread, after the ledger has recorded the fact.
 An observer that raises is left out from then on (see `Scheduler._tell`): watching a sweep never stops it.
 An observer may carry a `label` attribute that names it in that note."""
 
@@ -151,12 +156,31 @@ class Scheduler:
         self._notes: list[tuple[str, Run | Queued | str, Outcome | None]] = []  # for observers, after commit
         self._retried: dict[str, int] = {}  # transient failures retried, per experiment, by this dispatcher
         self._unstarted: list[Run] = []  # placed by the current step, not yet handed to the executor
+        self._adopted: set[tuple[str, int]] = set()  # runs a dead runner started, followed by this one
 
     # --- public face --------------------------------------------------------------------------------------
     def submit(self, items: Iterable[Queued]) -> None:
         """Queue attempts that the ledger already holds as queued."""
         for item in items:
             self._queue.push(item)
+
+    def adopt(self, experiment: Experiment, attempt: Attempt) -> None:
+        """Take over an attempt that a dead runner left running; call before `run`.
+
+        It stays `running` in the ledger under its own number (no new attempt), its slots are taken before
+        any queued work is placed, and the executor follows it to its end (its timeout counted from its
+        recorded start); cancel, Ctrl-C and the deadline end it like any run. One that ended without
+        recording its exit status is recorded interrupted and queued again, as a crash's casualty.
+        """
+        name = experiment.name
+        run = Run(experiment, attempt.attempt, Reservation.of(attempt.slots),
+                  f"{self.sweep_id}.{name}.{attempt.attempt}", self.results / name)
+        self.pool.take(run.reservation)
+        self._running[run.key] = run
+        self._adopted.add(run.key)
+        self._notify("adopted", run, None)
+        since = attempt.launched_at or attempt.started_at
+        self.executor.adopt(run, attempt.pid, since if since is not None else self.clock(), self.post)
 
     def post(self, event: object) -> None:
         """Thread-safe: hand an event to the dispatcher."""
@@ -192,7 +216,6 @@ class Scheduler:
     def _step(self, events: list[object]) -> None:
         """Handle every event at hand and fill the free slots, recording all of it in one transaction; only
         once it is committed are observers told and the new runs started."""
-        self._notes, self._unstarted = [], []  # what a failed step left is not true: its transaction rolled back
         with self.ledger.batch():
             for event in events:
                 self._handle(event)
@@ -306,9 +329,12 @@ class Scheduler:
                            detail=outcome.detail, exit_code=outcome.exit_code,
                            metric=self._metric_value(outcome), metrics=outcome.metrics)
         self._notify("finished", run, outcome)
+        adopted = run.key in self._adopted
+        self._adopted.discard(run.key)
         if self._stopping:
             return
-        lost = outcome.state == INTERRUPTED and outcome.reason == LOST
+        # Interrupted, not by us: its host was lost, or it is an adopted run that ended unrecorded.
+        lost = outcome.state == INTERRUPTED and (outcome.reason == LOST or adopted)
         name = run.experiment.name
         # Retries are counted per experiment, not read off the attempt number: attempts that were interrupted
         # (Ctrl-C, a crash, a lost host) are not failures and use up no retry.
