@@ -98,13 +98,14 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
         return left
     metric = metric_named(str(ledger.meta()["metric"]))
     for attempt in left:
+        # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
+        status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
         if attempt.tag:
             end_tagged(attempt.tag, grace)
             for host in attempt.slots:
                 if pool is not None and not is_local(host):
                     end_tagged_remote(pool, host, attempt.tag)
         outcome = Outcome(INTERRUPTED, INTERRUPTED, "the runner stopped while it ran")
-        status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
         if status is not None:
             local = all(is_local(h) for h in attempt.slots)
             outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status,

@@ -159,7 +159,7 @@ def test_the_wrapper_keeps_the_grace_period_and_records_how_the_launcher_ended(t
     from autotuner import exitstatus
 
     status = tmp_path / "exit_status"
-    launcher = "trap 'sleep 0.3; echo bye; exit 7' TERM; sleep 30 & echo ready; wait"
+    launcher = "trap 'sleep 0.3; echo bye; exit 7' TERM; echo ready; while :; do sleep 0.05 >/dev/null; done"
     proc = subprocess.Popen(exitstatus.wrapped(["sh", "-c", launcher], status), start_new_session=True,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
