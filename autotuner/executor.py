@@ -267,7 +267,10 @@ class LocalExecutor:
             outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)
-        post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
+        settled = self._stops.settle(run.key, outcome)
+        if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its own end
+            exitstatus.forget(run.dir)
+        post(Finished(run, settled, self.clock()))
 
     def _watch(self, run: Run, proc: subprocess.Popen, config: dict, command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.

@@ -59,6 +59,16 @@ def read(status_path: str | Path) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def forget(directory: Path) -> None:
+    """Drop the exit status of an attempt that we ended (cancel, timeout, Ctrl-C): it tells our stop, not the
+    attempt's own end, and should the ledger fail to record the stop, a successor must not judge the attempt
+    by it (a cancel read as `failed: exit status -15`)."""
+    try:
+        (Path(directory) / FILENAME).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def as_returncode(status: int) -> int:
     """A status as `subprocess` reports a local process's: -N when signal N ended it."""
     return -(status - 128) if 128 < status < 128 + 65 else status

@@ -129,7 +129,20 @@ class SshExecutor:
         finally:
             with self._lock:
                 self._procs.pop(run.key, None)
-        post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
+        settled = self._stops.settle(run.key, outcome)
+        if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its own end
+            self._forget_status(run)
+        post(Finished(run, settled, self.clock()))
+
+    def _forget_status(self, run: Run) -> None:
+        """exitstatus.forget, here and, without a shared filesystem, on the first host."""
+        exitstatus.forget(run.dir)
+        if self.remote_root is not None:
+            try:
+                self.pool.run(run.reservation.hosts[0],
+                              f"rm -f -- {shlex.quote(f'{self.workdir(run)}/{exitstatus.FILENAME}')}", timeout=30)
+            except HostDown:
+                pass
 
     def _clean_quietly(self, run: Run, hosts: Sequence[str] | None = None) -> None:
         """Best effort, for paths that are already failing: the outcome must still be posted."""

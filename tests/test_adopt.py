@@ -168,3 +168,21 @@ def test_the_wrapper_keeps_the_grace_period_and_records_how_the_launcher_ended(t
     assert (out, proc.returncode, exitstatus.read(status)) == ("bye\n", 7, 7)
     killed = subprocess.run(exitstatus.wrapped(["sh", "-c", "kill -SEGV $$"], status))
     assert (killed.returncode, exitstatus.read(status)) == (-signal.SIGSEGV, 128 + signal.SIGSEGV)
+
+
+def test_an_attempt_keeps_its_own_exit_status_and_drops_one_that_tells_our_stop(tmp_path, runners):
+    """A successor judges an attempt by its recorded exit status only if the attempt ended on its own: the
+    status of a run we cancelled says how we ended it (should the ledger have failed to record the cancel)."""
+    spec = write_sweep(tmp_path, [0, 1], name="a")
+    launcher = write_launcher(tmp_path, PREAMBLE + 'if [ "$name" = a_x1 ]; then sleep 600; fi\n' + WRITE_METRICS)
+    out = tmp_path / "out"
+    proc = runners.start("run", spec, "--slots", 2, "--launcher", launcher, "-o", out, "-q", "--grace", 1,
+                         environ=env(LAUNCH_LOG=tmp_path / "launches.log"), directory=out)
+    wait_until(lambda: latest(out).get("a_x0") and latest(out)["a_x0"].state == SUCCEEDED
+               and "a_x1" in launched(out), message="a_x0 done, a_x1 running")
+    assert autotune("cancel", out, "a_x1").returncode == 0
+    code, _, err = finish(proc)
+    assert code == 1, err
+    assert {n: a.state for n, a in latest(out).items()} == {"a_x0": SUCCEEDED, "a_x1": CANCELLED}
+    assert (out / "a_x0" / "exit_status").read_text() == "0\n"
+    assert not (out / "a_x1" / "exit_status").exists()
