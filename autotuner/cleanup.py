@@ -2,7 +2,7 @@
 
 The process group goes first (it holds the launcher and the ranks it started); then every process that carries
 the attempt's tag, which also finds ranks that left the group and processes on other nodes. Used after every
-attempt, on cancel, timeout and Ctrl-C, and when a resumed sweep finds what a dead runner left running.
+attempt, on cancel, timeout and Ctrl-C, and when `cancel` finds what a dead runner left running.
 """
 from __future__ import annotations
 
@@ -10,15 +10,21 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-from . import tags
+from . import exitstatus, tags
 from .hostfile import is_local
-from .ledger import INTERRUPTED, RUNNING, Ledger
+from .ledger import INTERRUPTED, RUNNING, Attempt, Ledger
+from .metrics import metric_named
+from .outcome import Outcome
 
 
-def end_group(pgid: int, tag: str, grace: float, gone_within: Callable[[float], bool]) -> None:
+def end_group(pgid: int | None, tag: str, grace: float, gone_within: Callable[[float], bool]) -> None:
     """SIGTERM the group, give it `grace` seconds (`gone_within` says when it is gone), SIGKILL it, then
-    end whatever else carries the tag."""
+    end whatever else carries the tag. No `pgid` (an adopted attempt whose leader was gone): the tag only."""
+    if pgid is None:
+        end_tagged(tag, grace)
+        return
     _killpg(pgid, signal.SIGTERM)
     if not gone_within(grace):
         _killpg(pgid, signal.SIGKILL)
@@ -79,18 +85,32 @@ def end_tagged_everywhere(pool, hosts, tag: str) -> None:
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {', '.join(todo)}")
 
 
-def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[str]:
-    """End every process of the attempts a dead runner left running, then record them interrupted.
+def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[Attempt]:
+    """End the attempts a dead runner left running, for `autotune cancel` with no runner (a runner that takes
+    the sweep over adopts them instead: `Scheduler.adopt`).
 
-    Processes are found by their tag on this machine and, over `pool`, on every other host the attempt used.
+    Their processes are found by their tag on this machine and, over `pool`, on every other host the attempt
+    used. Each attempt is then recorded as the exit status it recorded says (what ended while no runner was
+    alive keeps its result), else interrupted.
     """
     left = ledger.in_state(RUNNING)
+    if not left:
+        return left
+    metric = metric_named(str(ledger.meta()["metric"]))
     for attempt in left:
+        # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
+        status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
         if attempt.tag:
             end_tagged(attempt.tag, grace)
             for host in attempt.slots:
                 if pool is not None and not is_local(host):
                     end_tagged_remote(pool, host, attempt.tag)
-        ledger.finish(attempt.name, attempt.attempt, INTERRUPTED, at, reason="interrupted",
-                      detail="the runner stopped while it ran")
-    return [a.name for a in left]
+        outcome = Outcome(INTERRUPTED, INTERRUPTED, "the runner stopped while it ran")
+        if status is not None:
+            local = all(is_local(h) for h in attempt.slots)
+            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status,
+                                             Path(attempt.dir), metric)
+        ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
+                      exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
+                      metrics=outcome.metrics)
+    return left

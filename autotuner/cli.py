@@ -176,11 +176,34 @@ def _execute(directory: Path, options, quiet: bool, events: Optional[Path] = Non
             result = runner.execute(directory, options, **kwargs)
     except UserError as e:
         raise fail(e)
+    except runner.Stopped as e:  # what ran was ended first; the ledger lets `resume` finish
+        _echo_err(f"autotune: error: {e}; `autotune resume {directory}` finishes the sweep")
+        raise typer.Exit(runner.EXIT_FAILED)
     except KeyboardInterrupt:
         typer.echo(f"\nkilled; `autotune resume {directory}` finishes the sweep", err=True)
         raise typer.Exit(runner.EXIT_INTERRUPTED)
-    _print_outcome(result)
+    try:
+        _print_outcome(result)
+    except OSError:  # stdout closed (`| head`): the outcome is in the results directory, the exit status says it
+        _drop_stdout()
     raise typer.Exit(result.exit_code)
+
+
+def _echo_err(line: str) -> None:
+    try:
+        typer.echo(line, err=True)
+    except OSError:
+        pass  # stderr is closed too: the exit status is all that is left to say it
+
+
+def _drop_stdout() -> None:
+    """Point a stdout that cannot be written at /dev/null, so the text still buffered for it does not fail
+    again (with a traceback) when the interpreter flushes it on the way out."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 @app.command()
@@ -269,9 +292,10 @@ def _print_event(what: str, subject, outcome) -> None:
         typer.echo(f"{stamp} {'lost' if what == 'host_down' else 'back':<9} host {subject}")
         return
     name = subject.experiment.name
-    if what == "started":
+    if what in ("started", "adopted"):
         where = " ".join(f"{h}:{','.join(map(str, ids))}" for h, ids in subject.reservation.slots)
-        typer.echo(f"{stamp} {'start':<9} {name} (attempt {subject.attempt}) on {where}")
+        verb = "start" if what == "started" else "adopt"  # adopted: a dead runner started it, this one follows it
+        typer.echo(f"{stamp} {verb:<9} {name} (attempt {subject.attempt}) on {where}")
     else:
         value = ""
         if outcome.metrics:
@@ -279,6 +303,9 @@ def _print_event(what: str, subject, outcome) -> None:
                                     if k in ("throughput", "latency", "FLOPS_per_gpu"))
         why = f" [{outcome.reason}] {outcome.detail}" if outcome.state != "succeeded" and outcome.reason else ""
         typer.echo(f"{stamp} {outcome.state:<9} {name}{value}{why}")
+
+
+_print_event.label = "printing events on stdout"  # type: ignore[attr-defined]  # names it if it fails
 
 
 def _print_outcome(result) -> None:

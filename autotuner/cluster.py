@@ -5,8 +5,8 @@ them, or `--slots N` CPU slots where there is none.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -3,29 +3,36 @@
 The thread starts DeepSpeed's launcher, waits on it (with the experiment's timeout), ends whatever of it is
 left, judges the result and posts events to the dispatcher. Ending is always the same sequence: SIGTERM to
 the process group, a grace period, then SIGKILL to the group and to every process still carrying the tag.
+The launcher runs under the exit-status wrapper (see exitstatus), so a runner that takes over after a crash
+can follow the attempt to its end (`adopt`) and judge it as this one would have.
 """
 from __future__ import annotations
 
 import os
 import random
+import select
 import shutil
 import socket
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+from . import exitstatus, tags
 from .cleanup import end_group
 from .files import write_atomic, write_json_atomic
-from .launch import MASTER_PORTS, Command, Launcher, deepspeed_command, end_profile_step, with_autotuning
+from .launch import MASTER_PORTS, Command, Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
 from .metrics import Metric
-from .outcome import LOST, TIMEOUT, Outcome, judge
+from .outcome import LOST, TIMEOUT, Outcome
 from .scheduler import Finished, Launched, Run
 
-EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json")
+EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json",
+             exitstatus.FILENAME)
 
 
 def free_port(taken: set[int]) -> int:
@@ -59,6 +66,43 @@ def prepare_directory(run: Run) -> None:
     keep_previous_attempt(run.dir, run.attempt)
     run.dir.mkdir(parents=True, exist_ok=True)
     (run.dir / "metrics.json").unlink(missing_ok=True)
+    (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
+
+
+class Adopted:
+    """An attempt's process-group leader (its exit-status wrapper) that a dead runner started, followed as
+    `subprocess.Popen` follows a child: `wait` blocks on a pidfd (no polling) until it ends, then returns the
+    exit status the wrapper recorded, or None if none was. `pid` is None when it was gone already."""
+
+    def __init__(self, pid: int | None, tag: str, status_path: Path):
+        self._status_path = status_path
+        pid = pid or exitstatus.find_wrapper(tag)
+        self._fd = _pidfd_of(pid, tag) if pid else None
+        self.pid = pid if self._fd is not None else None
+        if self._fd is not None:
+            weakref.finalize(self, os.close, self._fd)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self._fd is not None:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            if not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        status = exitstatus.read(self._status_path)
+        return None if status is None else exitstatus.as_returncode(status)
+
+
+def _pidfd_of(pid: int, tag: str) -> int | None:
+    """A pidfd for `pid` if it is alive and carries the tag (checked after opening it, so the pidfd is the
+    tagged process's even if the number is reused a moment later); None otherwise."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    if tags.carries(pid, tag):
+        return fd
+    os.close(fd)
+    return None
 
 
 def record_attempt(run: Run, config: dict, command: Command) -> None:
@@ -146,7 +190,18 @@ class LocalExecutor:
             post(Finished(run, self._stops.settle(run.key, Outcome("failed", "launch", why)), self.clock()))
             return
         post(Launched(run, proc.pid, port, self.clock()))
-        threading.Thread(target=self._attempt, args=(run, proc, port, config, command, post), name=f"run-{run.tag}",
+        watch = partial(self._watch, run, proc, config, command)
+        threading.Thread(target=self._attempt, args=(run, proc, port, post, watch), name=f"run-{run.tag}",
+                         daemon=True).start()
+
+    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+        """Follow an attempt a dead runner started (its leader `pid`, started at `since`) to its end, on a
+        thread of its own; it is stopped like any run meanwhile. Ended already: judged from its files."""
+        proc = Adopted(pid, run.tag, run.dir / exitstatus.FILENAME)
+        if proc.pid is not None:
+            self._track(run, proc)
+        follow = partial(self._follow, run, proc, since)
+        threading.Thread(target=self._attempt, args=(run, proc, None, post, follow), name=f"adopted-{run.tag}",
                          daemon=True).start()
 
     def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
@@ -179,27 +234,31 @@ class LocalExecutor:
             launcher=self.launcher, env=self.env)
 
     def _spawn(self, run: Run, command: Command) -> subprocess.Popen:
+        argv = exitstatus.wrapped(command.argv, run.dir / exitstatus.FILENAME)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
-            proc = subprocess.Popen(command.argv, cwd=command.cwd or None, env={**os.environ, **command.env},
+            proc = subprocess.Popen(argv, cwd=command.cwd or None, env={**os.environ, **command.env},
                                     stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        self._track(run, proc)
+        return proc
+
+    def _track(self, run: Run, proc: subprocess.Popen | Adopted) -> None:
         with self._lock:
             self._procs[run.key] = proc
             self._tags[run.key] = run.tag
         if self._stops.killing:
             self._stops.ask(run.key, *Stops.KILLED)
-        return proc
 
-    def _forget(self, run: Run, port: int) -> None:
+    def _forget(self, run: Run, port: int | None) -> None:
         with self._lock:
             self._ports.discard(port)
             self._procs.pop(run.key, None)
             self._tags.pop(run.key, None)
 
-    def _attempt(self, run: Run, proc: subprocess.Popen, port: int, config: dict, command: Command,
-                 post: Callable[[object], None]) -> None:
-        """The attempt's own thread: document it, wait for it (with its timeout), end what is left, judge."""
+    def _attempt(self, run: Run, proc: subprocess.Popen | Adopted, port: int | None, post: Callable[[object], None],
+                 follow: Callable[[], Outcome]) -> None:
+        """The attempt's own thread: `follow` it to its outcome, which is posted whatever goes wrong."""
         try:
-            outcome = self._watch(run, proc, config, command)
+            outcome = follow()
         except Exception as e:  # e.g. the results disk filled up, or a process SIGKILL does not end
             try:
                 end_group(proc.pid, run.tag, 0, lambda _: False)
@@ -208,25 +267,31 @@ class LocalExecutor:
             outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)
-        post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
+        settled = self._stops.settle(run.key, outcome)
+        if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its own end
+            exitstatus.forget(run.dir)
+        post(Finished(run, settled, self.clock()))
 
     def _watch(self, run: Run, proc: subprocess.Popen, config: dict, command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
+        return self._follow(run, proc, self.clock())
+
+    def _follow(self, run: Run, proc: subprocess.Popen | Adopted, since: float) -> Outcome:
+        """Wait for the attempt (its timeout counted from `since`), end whatever of it is left, judge it."""
         if self._stops.asked(run.key):
             self._end(proc, run.tag)
         timeout = run.experiment.timeout or self.default_timeout
         try:
-            exit_code = proc.wait(timeout=timeout)
+            exit_code = proc.wait(timeout=None if timeout is None else max(0.0, since + timeout - self.clock()))
         except subprocess.TimeoutExpired:
             self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
             self._end(proc, run.tag)
             exit_code = proc.wait()
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
-        logs = [run.dir / "stderr.log", run.dir / "stdout.log"]
-        return judge(exit_code, run.dir / "metrics.json", self.metric, logs, end_profile_step(config))
+        return exitstatus.judge_files(exit_code, run.dir, self.metric)
 
-    def _end(self, proc: subprocess.Popen, tag: str) -> None:
+    def _end(self, proc: subprocess.Popen | Adopted, tag: str) -> None:
         def gone_within(seconds: float) -> bool:
             try:
                 proc.wait(timeout=seconds)

@@ -1,8 +1,8 @@
 """Watching a sweep as it runs: a live view for a terminal, and a JSON-lines event stream for scripts.
 
-Both are scheduler observers, called on the dispatcher thread with ("started", Run, None) and ("finished", Run,
-Outcome) or ("finished", Queued, None) for an attempt that ended before it started (cancelled, or failed
-because it could no longer be placed). They only record what they are told; neither waits, sleeps or reads
+Both are scheduler observers, called on the dispatcher thread with ("started", Run, None) (or ("adopted", Run,
+None) for a run a dead runner started) and ("finished", Run, Outcome) or ("finished", Queued, None) for an
+attempt that ended before it started (cancelled, or failed because it could no longer be placed). They only record what they are told; neither waits, sleeps or reads
 the clock on its own.
 
 `LiveView` starts from a `report.Snapshot` of the sweep (its counts, slots and results so far) and keeps a small
@@ -41,6 +41,8 @@ MAX_RUNNING_ROWS = 24
 MAX_NODE_ROWS = 32
 # Host events an observer may also be called with (subject: the host's name), for a scheduler that reports them.
 HOST_DOWN, HOST_UP = "host_down", "host_up"
+# A run that a dead runner started and this one follows: running, as if started.
+ADOPTED = "adopted"
 
 def _slots_of(subject) -> dict[str, list[int]]:
     reservation = getattr(subject, "reservation", None)
@@ -116,6 +118,8 @@ class LiveView:
     failure shows as queued again rather than failed.
     """
 
+    label = "the live view"
+
     def __init__(self, snap: Snapshot, *, default_timeout: float | None = None, retries: int = 1,
                  pending: Iterable[str] = (), added: Sequence = (),
                  clock: Callable[[], float] = time.time):
@@ -159,7 +163,7 @@ class LiveView:
     def __call__(self, what: str, subject, outcome: Outcome | None) -> None:
         now = self._clock()
         with self._lock:
-            if what == "started":
+            if what in ("started", ADOPTED):
                 self._started(subject, now)
             elif what == "finished":
                 self._finished(subject, outcome, now)
@@ -324,7 +328,7 @@ def event_record(what: str, subject, outcome: Outcome | None, metric: str, at: f
     record = {"event": what, "timestamp": round(at, 6),
               "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}",
               "name": name, "attempt": attempt, "slots": _slots_of(subject)}
-    if what == "started":
+    if what in ("started", ADOPTED):
         return record | {"state": RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
     metrics = dict(outcome.metrics or {}) if outcome is not None else {}
     return record | {"state": outcome.state if outcome is not None else CANCELLED,
@@ -338,6 +342,7 @@ class EventLog:
 
     def __init__(self, path: Path, metric: str, *, clock: Callable[[], float] = time.time):
         self.path = Path(path)
+        self.label = f"--events {self.path}"
         self._metric = metric
         self._clock = clock
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")
@@ -436,6 +441,15 @@ def watching(directory: Path, observers: list, *, live: bool = False, plain=None
         yield
     finally:
         if display is not None:
-            display.stop()
+            _quietly(display.stop)
         if log is not None:
-            log.close()
+            _quietly(log.close)
+
+
+def _quietly(close: Callable[[], None]) -> None:
+    """An output that failed was left out with a note (see `Scheduler._tell`): closing it, which fails again
+    (a line still buffered for the full disk, the closed terminal), must not replace the sweep's result."""
+    try:
+        close()
+    except OSError:
+        pass

@@ -8,7 +8,9 @@ rank through DeepSpeed's env file (`DS_ENV_FILE`), so every process on every nod
 clean-up ends exactly those processes on each node and checks that none remain.
 
 Logs and metrics are written on the first host: straight into the results directory when that host shares
-our filesystem, else under `remote_root` and copied back over SFTP when the attempt ends.
+our filesystem, else under `remote_root` and copied back over SFTP when the attempt ends. So is the exit
+status the launcher's wrapper records (see exitstatus), which lets a runner that takes over after a crash
+follow the attempt to its end (`adopt`) and judge it.
 """
 from __future__ import annotations
 
@@ -18,15 +20,17 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
+from . import exitstatus, tags
 from .cleanup import end_tagged_everywhere, end_tagged_remote
 from .executor import Stops, prepare_directory, record_attempt
 from .hostfile import is_local
-from .launch import MASTER_PORTS, Launcher, deepspeed_command, end_profile_step, with_autotuning
+from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
 from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
-from .outcome import LAUNCH, LOST, TIMEOUT, Outcome, judge
+from .outcome import LAUNCH, LOST, TIMEOUT, Outcome
 from .scheduler import Finished, HostBack, HostLost, Launched, Run
 from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
 
@@ -68,7 +72,14 @@ class SshExecutor:
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
-        threading.Thread(target=self._attempt, args=(run, post), name=f"ssh-{run.tag}", daemon=True).start()
+        threading.Thread(target=self._attempt, args=(run, post, partial(self._execute, run, post)),
+                         name=f"ssh-{run.tag}", daemon=True).start()
+
+    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+        """Follow an attempt a dead runner started on its first host (its leader `pid`, started at `since`) to
+        its end, on a thread of its own; it is stopped like any run meanwhile."""
+        threading.Thread(target=self._attempt, args=(run, post, partial(self._adopted, run, pid, since)),
+                         name=f"ssh-adopted-{run.tag}", daemon=True).start()
 
     def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
         self._stops.ask(run.key, state, detail, reason)
@@ -105,9 +116,9 @@ class SshExecutor:
             return str(run.dir)
         return f"{self.remote_root.rstrip('/')}/{run.tag.split('.')[0]}/{run.dir.name}"
 
-    def _attempt(self, run: Run, post: Callable[[object], None]) -> None:
+    def _attempt(self, run: Run, post: Callable[[object], None], follow: Callable[[], Outcome]) -> None:
         try:
-            outcome = self._execute(run, post)
+            outcome = follow()
         except HostDown as e:
             self._lost(run, e.host, post)
             outcome = Outcome(INTERRUPTED, LOST, str(e))
@@ -118,7 +129,20 @@ class SshExecutor:
         finally:
             with self._lock:
                 self._procs.pop(run.key, None)
-        post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
+        settled = self._stops.settle(run.key, outcome)
+        if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its own end
+            self._forget_status(run)
+        post(Finished(run, settled, self.clock()))
+
+    def _forget_status(self, run: Run) -> None:
+        """exitstatus.forget, here and, without a shared filesystem, on the first host."""
+        exitstatus.forget(run.dir)
+        if self.remote_root is not None:
+            try:
+                self.pool.run(run.reservation.hosts[0],
+                              f"rm -f -- {shlex.quote(f'{self.workdir(run)}/{exitstatus.FILENAME}')}", timeout=30)
+            except HostDown:
+                pass
 
     def _clean_quietly(self, run: Run, hosts: Sequence[str] | None = None) -> None:
         """Best effort, for paths that are already failing: the outcome must still be posted."""
@@ -144,7 +168,9 @@ class SshExecutor:
             run.experiment, run.reservation, config, hostfile=f"{workdir}/hostfile",
             master_port=random.randint(*MASTER_PORTS), metric_path=metrics_path, tag=run.tag,
             cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env)
-        setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text), f"rm -f -- {shlex.quote(metrics_path)}"]
+        status_path = f"{workdir}/{exitstatus.FILENAME}"
+        setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text),
+                 f"rm -f -- {shlex.quote(metrics_path)} {shlex.quote(status_path)}"]
         if multi:
             exported = {k: v for k, v in command.env.items() if k != "DS_ENV_FILE"}
             setup.append(write_file_command(env["DS_ENV_FILE"], env_file_text(exported)))
@@ -152,38 +178,56 @@ class SshExecutor:
         if not prepared.ok:
             return Outcome("failed", LAUNCH, f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
         try:
-            proc = self.pool.start(first, command.argv, command.env, command.cwd, f"{workdir}/stdout.log",
-                                   f"{workdir}/stderr.log", timeout=60)
+            proc = self.pool.start(first, exitstatus.wrapped(command.argv, status_path), command.env, command.cwd,
+                                   f"{workdir}/stdout.log", f"{workdir}/stderr.log", timeout=60)
         except RemoteStartError as e:
             record_attempt(run, config, command)
             return Outcome("failed", LAUNCH, f"{first}: {str(e)[:300]}")
+        self._track(run, proc)
+        post(Launched(run, proc.pid, None, self.clock()))
+        record_attempt(run, config, command)
+        return self._follow(run, proc, self.clock())
+
+    def _adopted(self, run: Run, pid: int | None, since: float) -> Outcome:
+        proc = AdoptedRemote(self.pool, run.reservation.hosts[0], pid, run.tag,
+                             f"{self.workdir(run)}/{exitstatus.FILENAME}")
+        if proc.pid is not None:
+            self._track(run, proc)
+        try:
+            return self._follow(run, proc, since)
+        finally:
+            proc.close()
+
+    def _track(self, run: Run, proc: "RemoteProcess | AdoptedRemote") -> None:
         with self._lock:
             self._procs[run.key] = proc
         if self._stops.killing:
             self._stops.ask(run.key, *Stops.KILLED)
-        post(Launched(run, proc.pid, None, self.clock()))
-        record_attempt(run, config, command)
+
+    def _follow(self, run: Run, proc: "RemoteProcess | AdoptedRemote", since: float) -> Outcome:
+        """Wait for the attempt (its timeout counted from `since`), end whatever of it is left on every host,
+        fetch its files, judge it."""
+        first = run.reservation.hosts[0]
         if self._stops.asked(run.key):
             self._end(run, proc)
         timeout = run.experiment.timeout or self.default_timeout
         try:
-            exit_code = proc.wait(timeout)
+            exit_code = proc.wait(None if timeout is None else max(0.0, since + timeout - self.clock()))
         except TimeoutError:
             self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
             self._end(run, proc)
             exit_code = proc.wait()
-        if exit_code is None:
+        if exit_code is None and proc.lost:
             raise HostDown(first, "connection lost while the experiment ran")
         self._clean(run)
         if self.remote_root is not None:
-            self.pool.get_dir(first, workdir, run.dir)
+            self.pool.get_dir(first, self.workdir(run), run.dir)
         down = [h for h in run.reservation.hosts[1:] if exit_code != 0 and not self.pool.is_up(h)]
         if down:
             raise HostDown(down[0], "stopped answering while the experiment ran")
-        logs = [run.dir / "stderr.log", run.dir / "stdout.log"]
-        return judge(exit_code, run.dir / "metrics.json", self.metric, logs, end_profile_step(config))
+        return exitstatus.judge_files(exit_code, run.dir, self.metric)
 
-    def _end(self, run: Run, proc: RemoteProcess) -> None:
+    def _end(self, run: Run, proc: "RemoteProcess | AdoptedRemote") -> None:
         """SIGTERM the launcher's group, a grace period, then SIGKILL everything tagged on every node."""
         try:
             proc.signal(signal.SIGTERM)
@@ -203,6 +247,43 @@ class SshExecutor:
     def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
         post(HostLost(host, "stopped answering"))
         self.on_lost(host)
+
+
+class AdoptedRemote:
+    """The process-group leader (the exit-status wrapper) of an attempt that a dead runner started on `host`,
+    followed as `RemoteProcess` follows one started here. `wait` blocks on a remote `tail --pid` started over
+    the pooled connection (a long-running channel, like an experiment's own: the control reserve stays
+    free), then reads the exit status the wrapper recorded: None if none was, or if the host stopped
+    answering (then `lost`). `pid` is None when the leader was gone already."""
+
+    def __init__(self, pool: SSHPool, host: str, pid: int | None, tag: str, status_path: str):
+        self.pool, self.host, self.status_path = pool, host, status_path
+        self.lost = False
+        alive = pid is not None and pool.run(host, tags.carries_command(pid, tag), timeout=30).ok
+        self.pid = pid if alive else None
+        self._waiter = (pool.start(host, ["tail", f"--pid={pid}", "-f", "/dev/null"], timeout=60)
+                        if alive else None)
+        self._lock = threading.Lock()
+        self._status: int | None = None
+        self._read = False
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The recorded exit status once the leader ended; TimeoutError after `timeout` seconds."""
+        if self._waiter is not None and self._waiter.wait(timeout) is None:
+            self.lost = True
+            return None
+        with self._lock:
+            if not self._read:
+                text = self.pool.run(self.host, f"cat -- {shlex.quote(self.status_path)}", timeout=30).stdout.strip()
+                self._status, self._read = (int(text) if text.isdigit() else None), True
+            return self._status
+
+    def signal(self, sig: int | str = signal.SIGTERM) -> bool:
+        return self.pid is not None and self.pool.signal_group(self.host, self.pid, sig)
+
+    def close(self) -> None:
+        if self._waiter is not None:
+            self._waiter.close()
 
 
 def master_address(pool: SSHPool, host: str) -> str:
@@ -263,6 +344,9 @@ class Router:
 
     def start(self, run: Run, post: Callable[[object], None]) -> None:
         self._for(run).start(run, post)
+
+    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+        self._for(run).adopt(run, pid, since, post)
 
     def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
         self._for(run).stop(run, state, detail, reason)

@@ -7,6 +7,7 @@ files a user takes away.
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -34,8 +35,10 @@ from .ledger import (
     FILENAME,
     INTERRUPTED,
     QUEUED,
+    RUNNING,
     SUCCEEDED,
     TIMED_OUT,
+    Attempt,
     Ledger,
 )
 from .lock import SweepBusy, SweepLock, holder_pid
@@ -168,6 +171,28 @@ class Result:
         return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
 
 
+class Stopped(Exception):
+    """The sweep stopped on a fault of the machine (a full disk, an I/O error), not of its input or of this
+    code. What ran was ended first and recorded where the ledger could still be written; `resume` finishes."""
+
+
+# Faults of the machine, not of the sweep or of this code: one line for the user, not a traceback.
+_MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
+                             errno.ENOMEM})
+_MACHINE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
+                             sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_NOMEM})
+
+
+def machine_fault(error: BaseException) -> str | None:
+    """What went wrong, in a few words, when `error` is a fault of the machine; None for anything else."""
+    if isinstance(error, OSError) and error.errno in _MACHINE_ERRNOS:
+        return f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+    code = getattr(error, "sqlite_errorcode", None)
+    if isinstance(error, sqlite3.Error) and code is not None and code & 0xFF in _MACHINE_SQLITE:
+        return f"the ledger: {error}"
+    return None
+
+
 @dataclass
 class Ssh:
     """How other hosts are reached (kept in the ledger, so `resume` reaches them the same way)."""
@@ -197,10 +222,21 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
             new_experiments: Sequence[Experiment] = ()) -> Result:
     """Run the sweep in `directory` to the end, whether it is new or resumed; Ctrl-C stops it cleanly.
 
-    Holding the sweep's lock, it first finishes whatever a dead runner left (ends its processes, records
-    them interrupted), queues what must run again, then dispatches until nothing is left.
+    Holding the sweep's lock, it takes over what a dead runner left running (adopted: followed to its end,
+    or judged by the exit status it recorded while no runner was alive), queues what must run again, then
+    dispatches until nothing is left. A fault of the machine (a full disk) raises `Stopped` once nothing of
+    the sweep runs any more.
     """
-    directory = Path(directory)
+    try:
+        return _execute(Path(directory), options, retry_failed, new_experiments)
+    except Exception as e:
+        fault = machine_fault(e)
+        if fault is None:
+            raise
+        raise Stopped(fault) from e
+
+
+def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
     ledger = _open_existing(directory)
     try:  # a damaged ledger is refused before anything is written, the lock's files included
         ledger.check_whole()
@@ -219,11 +255,11 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
         try:
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             pool = _ssh_pool(ledger, options)
-            recover(ledger, time.time(), options.grace, pool=pool)
+            left = ledger.in_state(RUNNING)  # by a dead runner: adopted
             requeue(ledger, retry_failed)
             if new_experiments:
                 ledger.add_experiments(new_experiments, time.time())
-            interrupted = _dispatch(directory, ledger, options, pool)
+            interrupted = _dispatch(directory, ledger, options, pool, left)
         finally:
             if pool is not None:
                 pool.close()
@@ -270,7 +306,7 @@ def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> bool:
+def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adopt: Sequence[Attempt] = ()) -> bool:
     meta = ledger.meta()
     metric = metric_named(str(meta["metric"]))
     slots = {h: tuple(ids) for h, ids in dict(meta["slots"]).items()}
@@ -280,7 +316,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
                              options.grace)
     slot_pool = SlotPool(slots)
     scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
-                          metric.name, retries=options.retries, observers=list(options.observers))
+                          metric.name, retries=options.retries, observers=list(options.observers), log=options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
     waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
@@ -290,6 +326,17 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
         from .remote import HostWatcher, Router, SshExecutor
 
         watcher = HostWatcher(pool, scheduler.post)
+        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
+        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
+                             options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
+        executor = Router(executor, remote)
+        scheduler.executor = executor
+    # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
+    # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
+    experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
+    for attempt in adopt:
+        scheduler.adopt(experiments[attempt.name], attempt)
+    if pool is not None:
         remote_hosts = [h for h in slots if not is_local(h)]
         for host, trouble in zip(remote_hosts, _probe(pool, remote_hosts)):
             if trouble:
@@ -299,11 +346,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None) -> b
         if all(slot_pool.is_down(h) for h in slots):
             watcher.close()
             raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
-        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
-        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
-                             options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
-        executor = Router(executor, remote)
-        scheduler.executor = executor
     scheduler.submit(waiting)
     try:
         return _run_with_signals(scheduler, executor, options.deadline)

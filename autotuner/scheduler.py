@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .ledger import CANCELLED, FAILED, INTERRUPTED, TIMED_OUT, Ledger
+from .ledger import CANCELLED, FAILED, INTERRUPTED, TIMED_OUT, Attempt, Ledger
 from .outcome import LOST, TIMEOUT, Outcome
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
 from .spec import Experiment
@@ -116,10 +116,17 @@ class Executor(Protocol):
         """End the run's processes; its Finished event then carries `state` (cancelled, timed_out, ...)
         and `reason` (default: the state's own class)."""
 
+    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+        """Follow a run that a dead runner started (`pid`: its process group, `since`: when it started) to
+        its end, as `start` does; its Finished event is judged from the exit status it recorded."""
+
 
 Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
-"""Told of ("started", Run, None), ("finished", Run or an unstarted Queued, Outcome), and ("host_down" |
-"host_up", host name, None), on the dispatcher's thread, after the ledger has recorded the fact."""
+"""Told of ("started", Run, None), ("adopted", Run, None) for a run a dead runner left running, ("finished",
+Run or an unstarted Queued, Outcome), and ("host_down" | "host_up", host name, None), on the dispatcher's
+thread, after the ledger has recorded the fact.
+An observer that raises is left out from then on (see `Scheduler._tell`): watching a sweep never stops it.
+An observer may carry a `label` attribute that names it in that note."""
 
 
 @dataclass
@@ -137,6 +144,7 @@ class Scheduler:
     max_bypass: int | None = None
     retries: int = 1
     observers: list[Observer] = field(default_factory=list)
+    log: Callable[[str], None] = lambda line: None  # notes for the user (an observer left out, ...)
 
     def __post_init__(self) -> None:
         bypass = self.max_bypass if self.max_bypass is not None else max(1, sum(
@@ -147,12 +155,32 @@ class Scheduler:
         self._stopping: str | None = None  # why no more work is dispatched, once set
         self._notes: list[tuple[str, Run | Queued | str, Outcome | None]] = []  # for observers, after commit
         self._retried: dict[str, int] = {}  # transient failures retried, per experiment, by this dispatcher
+        self._unstarted: list[Run] = []  # placed by the current step, not yet handed to the executor
+        self._adopted: set[tuple[str, int]] = set()  # runs a dead runner started, followed by this one
 
     # --- public face --------------------------------------------------------------------------------------
     def submit(self, items: Iterable[Queued]) -> None:
         """Queue attempts that the ledger already holds as queued."""
         for item in items:
             self._queue.push(item)
+
+    def adopt(self, experiment: Experiment, attempt: Attempt) -> None:
+        """Take over an attempt that a dead runner left running; call before `run`.
+
+        It stays `running` in the ledger under its own number (no new attempt), its slots are taken before
+        any queued work is placed, and the executor follows it to its end (its timeout counted from its
+        recorded start); cancel, Ctrl-C and the deadline end it like any run. One that ended without
+        recording its exit status is recorded interrupted and queued again, as a crash's casualty.
+        """
+        name = experiment.name
+        run = Run(experiment, attempt.attempt, Reservation.of(attempt.slots),
+                  f"{self.sweep_id}.{name}.{attempt.attempt}", self.results / name)
+        self.pool.take(run.reservation)
+        self._running[run.key] = run
+        self._adopted.add(run.key)
+        self._notify("adopted", run, None)
+        since = attempt.launched_at or attempt.started_at
+        self.executor.adopt(run, attempt.pid, since if since is not None else self.clock(), self.post)
 
     def post(self, event: object) -> None:
         """Thread-safe: hand an event to the dispatcher."""
@@ -166,11 +194,16 @@ class Scheduler:
         """Dispatch until nothing is queued or running (or, once stopping, nothing is running).
 
         Events posted before the start (e.g. a cancel request that came first) are handled before anything
-        is launched.
+        is launched. An error here (the ledger's disk is full, a bug) first ends what runs (see `_abort`),
+        then is raised.
         """
-        self._step(self._pending_events())
-        while self._running or (self._queue and not self._stopping):
-            self._step([self._events.get(), *self._pending_events()])
+        try:
+            self._step(self._pending_events())
+            while self._running or (self._queue and not self._stopping):
+                self._step([self._events.get(), *self._pending_events()])
+        except Exception as error:
+            self._abort(error)
+            raise
 
     def _pending_events(self) -> list[object]:
         events = []
@@ -186,13 +219,64 @@ class Scheduler:
         with self.ledger.batch():
             for event in events:
                 self._handle(event)
-            runs = self._dispatch()
+            self._dispatch()
         notes, self._notes = self._notes, []
         for note in notes:
-            for observer in self.observers:
-                observer(*note)
-        for run in runs:
-            self.executor.start(run, self.post)
+            self._tell(*note)
+        while self._unstarted:
+            self.executor.start(self._unstarted[0], self.post)
+            self._unstarted.pop(0)
+
+    def _tell(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
+        """Tell every observer; one that raises (stdout closed under `| head`, the events file's disk full, a
+        display that broke) is left out with one note, and the sweep goes on: output never stops the work."""
+        for observer in list(self.observers):
+            try:
+                observer(what, subject, outcome)
+            except Exception as e:
+                self.observers.remove(observer)
+                label = getattr(observer, "label", None) or getattr(observer, "__name__", type(observer).__name__)
+                self._say(f"note: {label} failed ({type(e).__name__}: {e}); left out, the sweep goes on")
+
+    def _say(self, line: str) -> None:
+        try:
+            self.log(line)
+        except Exception:
+            pass  # stderr is gone too: nothing left to say it on
+
+    # --- a fatal error --------------------------------------------------------------------------------------
+    def _abort(self, error: Exception) -> None:
+        """The dispatcher cannot go on: end every run as Ctrl-C does and wait for each to end, recording it
+        interrupted where the ledger can still be written (where it cannot, the ledger keeps it `running`,
+        which `resume` knows how to finish). No process of the sweep outlives the runner."""
+        self._stopping = INTERRUPTED
+        self._notes = []
+        detail = f"the runner stopped on an error: {type(error).__name__}: {error}"[:300]
+        for run in self._unstarted:  # placed, never started: nothing to end; the ledger holds it queued (its
+            self._running.pop(run.key, None)  # step rolled back) or running, and resume finishes either
+            self.pool.give_back(run.reservation)
+        self._unstarted = []
+        for run in list(self._running.values()):
+            self._try(lambda run=run: self.executor.stop(run, INTERRUPTED, detail))
+        while self._running:
+            event = self._events.get()
+            if isinstance(event, Finished) and event.run.key in self._running:
+                self._try(lambda: self._finished(event.run, event.outcome, event.at))
+                if event.run.key in self._running:  # _finished failed before it let go of the run
+                    self._running.pop(event.run.key)
+                    self.pool.give_back(event.run.reservation)
+                notes, self._notes = self._notes, []
+                for note in notes:
+                    self._tell(*note)
+            elif isinstance(event, Launched):
+                self._try(lambda: self._handle(event))
+
+    @staticmethod
+    def _try(action: Callable[[], object]) -> None:
+        try:
+            action()
+        except Exception:
+            pass  # the first error is the one raised; the ledger keeps what it could not record as `running`
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _handle(self, event: object) -> None:
@@ -219,14 +303,14 @@ class Scheduler:
             case _:
                 raise TypeError(f"unknown event {event!r}")
 
-    def _dispatch(self) -> list[Run]:
-        """Place what fits now; returns the runs to start (recorded, not yet started)."""
+    def _dispatch(self) -> None:
+        """Place what fits now: recorded, and kept in `_unstarted` until the step's commit lets them start."""
         if self._stopping:
-            return []
-        runs = [self._place(item, reservation) for item, reservation in self._queue.select(self.pool, self.placement)]
+            return
+        for item, reservation in self._queue.select(self.pool, self.placement):
+            self._unstarted.append(self._place(item, reservation))
         if self._queue and not self._running:
             self._fail_unplaceable()
-        return runs
 
     def _place(self, item: Queued, reservation: Reservation) -> Run:
         name = item.experiment.name
@@ -245,9 +329,12 @@ class Scheduler:
                            detail=outcome.detail, exit_code=outcome.exit_code,
                            metric=self._metric_value(outcome), metrics=outcome.metrics)
         self._notify("finished", run, outcome)
+        adopted = run.key in self._adopted
+        self._adopted.discard(run.key)
         if self._stopping:
             return
-        lost = outcome.state == INTERRUPTED and outcome.reason == LOST
+        # Interrupted, not by us: its host was lost, or it is an adopted run that ended unrecorded.
+        lost = outcome.state == INTERRUPTED and (outcome.reason == LOST or adopted)
         name = run.experiment.name
         # Retries are counted per experiment, not read off the attempt number: attempts that were interrupted
         # (Ctrl-C, a crash, a lost host) are not failures and use up no retry.

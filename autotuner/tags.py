@@ -42,6 +42,12 @@ def find_tagged(tag: str, proc: Path = Path("/proc")) -> list[int]:
     return sorted(found)
 
 
+def carries(pid: int, tag: str, proc: Path = Path("/proc")) -> bool:
+    """Whether process `pid` is alive here and carries exactly this tag."""
+    needle = f"{TAG_ENV}={check_tag(tag)}".encode()
+    return needle in _read(os.path.join(proc, str(pid), "environ")).split(b"\0")
+
+
 def _read(path: str) -> bytes:
     """The whole file, or b"" when it is gone or not ours to read."""
     try:
@@ -78,6 +84,11 @@ def find_command(tag: str) -> str:
         f"grep -qxzF -e {needle} \"$e\" 2>/dev/null && p=${{e#/proc/}} && echo ${{p%/environ}}; "
         "done; true"
     )
+
+
+def carries_command(pid: int, tag: str) -> str:
+    """A POSIX shell command that succeeds if process `pid` is alive and carries `tag`, on any Linux host."""
+    return f"grep -qxzF -e {shlex.quote(f'{TAG_ENV}={check_tag(tag)}')} /proc/{int(pid)}/environ 2>/dev/null"
 
 
 def kill_command(tag: str, sig: str = "KILL") -> str:

@@ -1,5 +1,6 @@
 """The crash test: kill -9 the runner at random moments, `autotune resume` each time, and check that the sweep
-ends exactly as a clean run does: nothing lost, nothing that succeeded run again, no process left behind.
+ends exactly as a clean run does: nothing lost, nothing that succeeded run again, no process left behind, and
+what ran when the runner died adopted by the next one (finished under its own attempt, never launched again).
 """
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.ledger import INTERRUPTED, SUCCEEDED
+from autotuner.ledger import INTERRUPTED, RUNNING, SUCCEEDED
 
 from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     launches, sweep_id, tagged_pids, write_launcher, write_sweep)
+                     latest, launches, sweep_id, tagged_pids, wait_until, write_launcher, write_sweep)
 
 EXPERIMENTS = 20
 SLOTS = 3
@@ -52,10 +53,22 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
     proc = runners.start("run", spec, "--slots", SLOTS, "--launcher", launcher, "-o", directory, "--grace", 1, "-q",
                          environ=environ, directory=directory)
     kills = 0
-    for _ in range(8):
-        time.sleep(rng.uniform(0.05, 1.2))
+    running_at_kills = set()  # (name, attempt) running, its process started, just before a kill
+    moments = []
+
+    def running_now() -> set[tuple[str, int]]:
+        running = {(n, a.attempt) for n, a in latest(directory).items() if a.state == RUNNING}
+        return running & set(launches(log))  # read second: these processes did start
+
+    for round_ in range(8):
+        if round_ % 2:  # every other kill lands while experiments run (on a slow machine, random moments
+            wait_until(lambda: running_now() or proc.poll() is not None)  # may all fall in start-ups)
+        time.sleep(rng.uniform(0.05, 1.2 if round_ % 2 == 0 else 0.4))
         if proc.poll() is not None:
             break  # the sweep finished before this round's kill
+        now = running_now()
+        running_at_kills |= now
+        moments.append((round_, sorted(now)))  # to tell what the kills hit, should they hit nothing
         proc.kill()  # SIGKILL: no handler, no clean-up, no last ledger write
         proc.wait()
         kills += 1
@@ -79,14 +92,17 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
     assert all(a.state == SUCCEEDED for a in last.values())
     # ... with the results a clean run gives.
     assert succeeded_results(directory) == clean
-    # The kills did hit running experiments (otherwise this test tested nothing).
-    assert any(a.state == INTERRUPTED for a in every)
+    # The kills did hit running experiments (otherwise this test tested nothing), and each of those was
+    # adopted: it succeeded under the attempt that ran when the runner died (below: launched once).
+    assert running_at_kills, moments
+    succeeded_attempt = {a.name: a.attempt for a in every if a.state == SUCCEEDED}
+    assert {(n, k) for n, k in running_at_kills if succeeded_attempt[n] != k} == set()
+    # Only an attempt that never got its process (killed between recording it and starting it) is interrupted.
     assert all(a.state in (SUCCEEDED, INTERRUPTED) for a in every), Counter(a.state for a in every)
 
     # No attempt was launched twice, and nothing was launched after its experiment succeeded.
     logged = launches(log)
     assert len(logged) == len(set(logged)), Counter(logged).most_common(3)
-    succeeded_attempt = {a.name: a.attempt for a in every if a.state == SUCCEEDED}
     assert {(n, k) for n, k in logged if k == succeeded_attempt[n]} == set(succeeded_attempt.items())
     assert not [(n, k) for n, k in logged if k > succeeded_attempt[n]]
     # Every launch is an attempt the ledger knows.

@@ -199,13 +199,21 @@ def timed_standin(tmp_path, seconds: float) -> Path:
     return script
 
 
+def gated_standin(tmp_path) -> Path:
+    """A stand-in launcher that waits until the file `gate` exists in `tmp_path`, then succeeds at once (the
+    nodes are this machine: they see the file as soon as the test creates it)."""
+    script = tmp_path / "gated-standin.sh"
+    script.write_text(f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done; STANDIN_SECONDS=0 exec sh {STANDIN}\n")
+    return script
+
+
 def start_then_kill_9(ssh_nodes, tmp_path, results):
-    """A sweep of two long experiments, one on each node, whose runner is then killed with SIGKILL."""
+    """A sweep of two experiments waiting at the gate, one on each node, whose runner is then killed (SIGKILL)."""
     import signal
 
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=2), "-H",
                              hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
-                             "--launcher", f"sh {timed_standin(tmp_path, 300)}", "-o", results, "-q"])
+                             "--launcher", f"sh {gated_standin(tmp_path)}", "-o", results, "-q"])
     deadline = time.monotonic() + 60
     attempts, sweep_id = [], None
     while time.monotonic() < deadline:
@@ -223,16 +231,36 @@ def start_then_kill_9(ssh_nodes, tmp_path, results):
     return sweep_id
 
 
-def test_resume_after_kill_9_ends_what_the_dead_runner_left_on_the_nodes(ssh_nodes, tmp_path):
+def test_resume_after_kill_9_adopts_what_still_runs_on_the_nodes(ssh_nodes, tmp_path):
     results = tmp_path / "r"
     sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
-    timed_standin(tmp_path, 0.2)
+    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "resume", results], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        lines = [proc.stdout.readline().split() for _ in range(2)]  # e.g. 12:00:00 adopt NAME (attempt 1) on ...
+        assert sorted((words[1], words[2]) for words in lines) == sorted(
+            ("adopt", a.name) for a in latest(results)[0]), lines
+        (tmp_path / "gate").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out + err
+    final, attempts, _ = latest(results)
+    assert [(a.attempt, a.state) for a in attempts] == [(1, "succeeded"), (1, "succeeded")]  # none run again
+    assert leftovers(sweep_id) == []
+
+
+def test_resume_keeps_what_succeeded_on_the_nodes_while_no_runner_was_alive(ssh_nodes, tmp_path):
+    results = tmp_path / "r"
+    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
+    (tmp_path / "gate").touch()
+    deadline = time.monotonic() + 60
+    while leftovers(sweep_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
     out = autotune("resume", results, "-q")
     assert out.returncode == 0, out.stdout + out.stderr
     final, attempts, _ = latest(results)
-    assert {a.state for a in final} == {"succeeded"}
-    assert sorted(a.state for a in attempts) == ["interrupted", "interrupted", "succeeded", "succeeded"]
-    assert leftovers(sweep_id) == []
+    assert [(a.attempt, a.state, a.exit_code) for a in attempts] == [(1, "succeeded", 0), (1, "succeeded", 0)]
 
 
 def test_cancel_with_no_runner_ends_what_a_dead_one_left_on_the_nodes(ssh_nodes, tmp_path):

@@ -171,3 +171,38 @@ def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_pa
     latest = {a.name: (a.state, a.reason) for a in Ledger.open(tmp_path).latest()}
     assert latest == {"big": (FAILED, "placement"), "s0": (SUCCEEDED, None), "s1": (SUCCEEDED, None),
                       "s2": (SUCCEEDED, None), "s3": (SUCCEEDED, None)}
+
+
+def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on(tmp_path):
+    exps = [experiment(f"e{i}") for i in range(3)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    told, notes = [], []
+
+    def broken(what, subject, outcome):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    scheduler.observers = [broken, lambda *note: told.append(note[0])]
+    scheduler.log = notes.append
+    thread = run_in_thread(scheduler)
+    for _ in exps:
+        executor.finish(executor.next_started())
+    thread.join(5)
+    assert not thread.is_alive() and not thread.errors
+    assert notes == ["note: broken failed (BrokenPipeError: [Errno 32] Broken pipe); left out, the sweep goes on"]
+    assert told == ["started", "finished"] * 3  # the other observer heard everything
+    assert [a.state for a in Ledger.open(tmp_path).latest()] == [SUCCEEDED] * 3
+
+
+def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_raised(tmp_path):
+    exps = [experiment(f"e{i}") for i in range(3)]
+    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
+    thread = run_in_thread(scheduler)
+    executor.next_started(), executor.next_started()
+    scheduler.post(object())  # a bug: an event nobody handles
+    thread.join(5)
+    assert not thread.is_alive()
+    assert [type(e) for e in thread.errors] == [TypeError]
+    assert sorted(executor.stopped) == [("e0", INTERRUPTED), ("e1", INTERRUPTED)]
+    latest = {a.name: a.state for a in Ledger.open(tmp_path).latest()}
+    assert latest == {"e0": INTERRUPTED, "e1": INTERRUPTED, "e2": QUEUED}  # nothing new started; resume goes on
+    assert executor.started.empty()
