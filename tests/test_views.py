@@ -261,7 +261,7 @@ def test_report_plot_and_html_while_the_sweep_runs(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slots", "2", "--launcher",
                              f"sh {STANDIN}", "--results", str(out), "--quiet"],
-                            env={**os.environ, "STANDIN_SECONDS": "1.5"}, stdout=subprocess.PIPE, text=True)
+                            env={**os.environ, "STANDIN_SECONDS": "4"}, stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:  # first results while others still run
