@@ -13,7 +13,7 @@ from autotuner.cluster import Cluster
 from autotuner.hostfile import localhost_hosts
 from autotuner.ledger import FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
 from autotuner.metrics import metric_named
-from autotuner.render import RICH_ROWS
+from autotuner.views.tables import RICH_ROWS
 from autotuner.spec import Experiment, Sweep
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, launches, states, sweep_id, tagged_pids, write_launcher
