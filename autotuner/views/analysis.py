@@ -68,10 +68,10 @@ def choose_axes(experiments: Sequence[Experiment], x: str | None, lines: str | N
                             f"{', '.join(swept) or 'none'}")
     if x is None:
         numeric = [k for k in swept if all(isinstance(value_of(e, k), (int, float)) for e in experiments)]
-        x = DEFAULT_X if DEFAULT_X in swept or DEFAULT_X in present and not numeric else (
+        x = DEFAULT_X if DEFAULT_X in swept or (DEFAULT_X in present and not numeric) else (
             numeric[0] if numeric else (swept[0] if swept else DEFAULT_X))
     if lines is None:
-        if DEFAULT_LINES in swept and DEFAULT_LINES != x:
+        if DEFAULT_LINES in swept and x != DEFAULT_LINES:
             lines = DEFAULT_LINES
         else:
             lines = next((k for k in swept if k != x), None)

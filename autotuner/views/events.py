@@ -52,7 +52,7 @@ class EventLog:
         self.label = f"--events {self.path}"
         self._metric = metric
         self._clock = clock
-        self._file: IO[str] = open(self.path, "a", encoding="utf-8")
+        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the sweep: close()
 
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
         if isinstance(subject, str):  # a host event

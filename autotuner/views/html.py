@@ -89,7 +89,8 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
                                          for s, n in sorted(counts.items())) + "</p>"]
     if best is not None:
         out.append(f'<p class="bestline" id="best"><span class="marker">&#9733; best:</span> '
-                   f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} {escape(format_value(best.metric))}</p>")
+                   f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} "
+                   f"{escape(format_value(best.metric))}</p>")
     else:
         out.append('<p class="bestline" id="best">no experiment has succeeded yet: no best configuration</p>')
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -38,6 +38,8 @@ MAX_NODE_ROWS = 32
 # --- the live view -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Running:
+    """A run the live view shows: where, since when, and its timeout (None: no limit)."""
+
     name: str
     attempt: int
     slots: Mapping[str, tuple[int, ...]]
@@ -87,7 +89,7 @@ class LiveState:
             return None
         left = [max(mean - (now - r.started_at), 0.0) for r in self.running]
         work = sum(self.sizes.get(name, 1) for name in queued) * mean + sum(
-            r.size * rest for r, rest in zip(self.running, left))
+            r.size * rest for r, rest in zip(self.running, left, strict=True))
         return max(work / self.capacity(), max(left, default=0.0), mean if queued else 0.0)
 
 
@@ -210,7 +212,7 @@ def seconds(value: float | None) -> str:
     """A duration the way a person reads it: 42s, 3m05s, 2h07m."""
     if value is None:
         return "?"
-    value = max(int(round(value)), 0)
+    value = max(round(value), 0)
     if value < 60:
         return f"{value}s"
     if value < 3600:
@@ -218,7 +220,7 @@ def seconds(value: float | None) -> str:
     return f"{value // 3600}h{value % 3600 // 60:02d}m"
 
 
-def running_keys(state: LiveState) -> dict[tuple[str, int], str]:
+def _running_keys(state: LiveState) -> dict[tuple[str, int], str]:
     """A one-character key per running experiment, shown in its slots and in the running list."""
     return {(r.name, r.attempt): (_KEYS[i] if i < len(_KEYS) else "#") for i, r in enumerate(state.running)}
 
@@ -259,7 +261,7 @@ def render(state: LiveState, now: float) -> RenderableType:
         best.append(state.best[0], style="bold green")
         best.append(f"  {state.metric.name} {format_value(state.best[1])}")
 
-    keys = running_keys(state)
+    keys = _running_keys(state)
     owner: dict[tuple[str, int], tuple[str, int]] = {}
     for r in state.running:
         for host, ids in r.slots.items():
@@ -343,7 +345,5 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
 def _quietly(close: Callable[[], None]) -> None:
     """An output that failed was left out with a note (see `Scheduler._tell`): closing it, which fails again
     (a line still buffered for the full disk, the closed terminal), must not replace the sweep's result."""
-    try:
+    with suppress(OSError):
         close()
-    except OSError:
-        pass

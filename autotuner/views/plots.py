@@ -33,18 +33,19 @@ from .snapshot import Snapshot
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"
-INSTALL_HINT = "plots need matplotlib, which is not installed: pip install 'autotuner[plots]' (or pip install matplotlib)"
+INSTALL_HINT = ("plots need matplotlib, which is not installed: pip install 'autotuner[plots]' "
+                "(or pip install matplotlib)")
 
-STATE_COLORS = {State.SUCCEEDED: "#4c9a5f", State.FAILED: "#c8453c", State.TIMED_OUT: "#e08a2c",
-                State.CANCELLED: "#9a9a9a", State.INTERRUPTED: "#b3a16b", State.RUNNING: "#3b7dd8",
-                State.QUEUED: "#dddddd"}
+_STATE_COLORS: dict[str, str] = {State.SUCCEEDED: "#4c9a5f", State.FAILED: "#c8453c", State.TIMED_OUT: "#e08a2c",
+                                State.CANCELLED: "#9a9a9a", State.INTERRUPTED: "#b3a16b",
+                                State.RUNNING: "#3b7dd8", State.QUEUED: "#dddddd"}
 
 
 class NoMatplotlib(UserError):
     """Plots were asked for and matplotlib is not installed: one line that says how to install it."""
 
 
-def require_matplotlib() -> None:
+def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -62,7 +63,10 @@ def _short(key: str) -> str:
 
 # --- the metric plot -----------------------------------------------------------------------------------------
 def _sort_key(value: Any) -> tuple:
-    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+    """Numbers in order before everything else (as text)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
 
 
 def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None):
@@ -97,7 +101,7 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     best = snap.best
-    best_point = None
+    best_point: tuple[float, float, str] | None = None
     for lv in sorted(points, key=_sort_key):
         by_x = points[lv]
         order = sorted(by_x, key=_sort_key)
@@ -107,11 +111,12 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
         label = f"{_short(lines)} {lv}" if lines else snap.metric.name
         ax.plot([position(v) for v in drawn], ys, marker="o", linewidth=2, markersize=6, label=label)
         for xv in order:
-            if best is not None and any(name == best.name for _, name in by_x[xv]):
-                best_point = (position(xv), best.metric, best.name)
+            for value, name in by_x[xv]:
+                if best is not None and name == best.name:
+                    best_point = (position(xv), value, name)
     if failures:
         seen_reasons = sorted({r for _, r in failures})
-        for xv, reason in failures:
+        for xv, _ in failures:
             ax.plot([position(xv)], [0.02], marker="x", color="#c8453c", markersize=9, markeredgewidth=2,
                     linestyle="none", transform=ax.get_xaxis_transform(), clip_on=False)
         ax.plot([], [], marker="x", color="#c8453c", linestyle="none", markeredgewidth=2,
@@ -195,7 +200,7 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
             continue
         s = a.started_at - start
         e = (a.finished_at if a.finished_at is not None else now) - start
-        color = STATE_COLORS.get(a.state, "#999999")
+        color = _STATE_COLORS.get(a.state, "#999999")
         is_best = best is not None and a.name == best.name and a.attempt == best.attempt
         for host, ids in a.slots.items():
             for i in ids:
@@ -234,10 +239,10 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
                  f"makespan)" if total is not None else f"{snap.name}: slot timeline (nothing has started yet)",
                  fontsize=11, loc="left")
     present = {a.state for a in attempts if a.started_at is not None}
-    handles = [Patch(facecolor=STATE_COLORS[s], label=s, hatch="//" if s == State.RUNNING else None)
-               for s in STATE_COLORS if s in present]
+    handles = [Patch(facecolor=_STATE_COLORS[s], label=s, hatch="//" if s == State.RUNNING else None)
+               for s in _STATE_COLORS if s in present]
     if best is not None:
-        handles.append(Patch(facecolor=STATE_COLORS[State.SUCCEEDED], edgecolor="black", linewidth=2,
+        handles.append(Patch(facecolor=_STATE_COLORS[State.SUCCEEDED], edgecolor="black", linewidth=2,
                              label=f"best: {best.name}"))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8,
@@ -255,7 +260,7 @@ def _png(fig) -> bytes:
 def render_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
                  now: float | None = None) -> dict[str, bytes]:
     """{file name: PNG bytes} of both plots."""
-    require_matplotlib()
+    _require_matplotlib()
     attempts = all_attempts(snap.directory)
     now = timeline_end(snap.directory, attempts) if now is None else now
     return {METRIC_PNG: _png(metric_figure(snap, x, lines)),

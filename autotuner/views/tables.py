@@ -29,7 +29,7 @@ COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attem
 # rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a
 # larger table is laid out by hand: the same columns, one line per row, the last column running to the end.
 RICH_ROWS = 1000
-WIDTH = 160
+_WIDTH = 160
 
 
 # --- the table renderer --------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, ti
     for cells in rows:
         table.add_row(*map(Text, cells))
     out = io.StringIO()
-    console = Console(file=out, width=WIDTH, force_terminal=False)
+    console = Console(file=out, width=_WIDTH, force_terminal=False)
     console.print(table)
     if notes:
         console.print("\n".join(notes), markup=False, highlight=False)
@@ -69,7 +69,7 @@ def _plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(cell.rjust(w) if c.right else cell.ljust(w)
-                         for cell, w, c in zip(cells, widths, columns)).rstrip()
+                         for cell, w, c in zip(cells, widths, columns, strict=True)).rstrip()
 
     lines = ([title] if title is not None else []) + [line([c.header for c in columns]),
                                                       line(["-" * w for w in widths]), *map(line, rows)]
