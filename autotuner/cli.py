@@ -15,6 +15,7 @@ import typer
 
 from . import limits
 from .errors import UserError, shown
+from .metrics import KNOWN
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a space of DeepSpeed configurations across GPU slots and keep the fastest.")
@@ -96,7 +97,7 @@ def run(
     results: Optional[Path] = typer.Option(None, "--results", "-o", help="Results directory \\[default: results/NAME-TIME]."),
     script: Optional[str] = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
-    metric: Optional[str] = typer.Option(None, "--metric", help="throughput, latency, FLOPS_per_gpu, or NAME:min|max."),
+    metric: Optional[str] = typer.Option(None, "--metric", help=f"{', '.join(KNOWN)}, or NAME:min|max."),
     timeout: Optional[str] = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
@@ -124,7 +125,7 @@ def run(
         _check_ssh_config(ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         if events is not None:
-            from .live import check_events_path
+            from .views import check_events_path
 
             check_events_path(events)
         sweep = _load(reload)
@@ -165,12 +166,12 @@ def _load(reload: dict):
 def _execute(directory: Path, options, quiet: bool, events: Optional[Path] = None, **kwargs) -> None:
     """Run it, watched: a live view on a terminal, one plain line per event otherwise, nothing with --quiet."""
     from . import runner
-    from .live import watching
+    from .views import watching
 
     options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
     try:
         with watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
-                      plain=None if quiet else _print_event, events=events, default_timeout=options.timeout,
+                      plain=not quiet, events=events, default_timeout=options.timeout,
                       retries=options.retries, retry_failed=kwargs.get("retry_failed", False),
                       added=kwargs.get("new_experiments", ())):
             result = runner.execute(directory, options, **kwargs)
@@ -231,7 +232,7 @@ def resume(
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
         if events is not None:
-            from .live import check_events_path
+            from .views import check_events_path
 
             check_events_path(events)
         meta = runner.sweep_meta(directory)
@@ -278,38 +279,16 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
-    from . import render
+    from .views import render_status
 
     try:
-        sys.stdout.write(render.render_status(directory, as_json))
+        sys.stdout.write(render_status(directory, as_json))
     except UserError as e:
         raise fail(e)
 
 
-def _print_event(what: str, subject, outcome) -> None:
-    stamp = time.strftime("%H:%M:%S")
-    if what in ("host_down", "host_up"):
-        typer.echo(f"{stamp} {'lost' if what == 'host_down' else 'back':<9} host {subject}")
-        return
-    name = subject.experiment.name
-    if what in ("started", "adopted"):
-        where = " ".join(f"{h}:{','.join(map(str, ids))}" for h, ids in subject.reservation.slots)
-        verb = "start" if what == "started" else "adopt"  # adopted: a dead runner started it, this one follows it
-        typer.echo(f"{stamp} {verb:<9} {name} (attempt {subject.attempt}) on {where}")
-    else:
-        value = ""
-        if outcome.metrics:
-            value = " " + ", ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items()
-                                    if k in ("throughput", "latency", "FLOPS_per_gpu"))
-        why = f" [{outcome.reason}] {outcome.detail}" if outcome.state != "succeeded" and outcome.reason else ""
-        typer.echo(f"{stamp} {outcome.state:<9} {name}{value}{why}")
-
-
-_print_event.label = "printing events on stdout"  # type: ignore[attr-defined]  # names it if it fails
-
-
 def _print_outcome(result) -> None:
-    from .report import OPTIMAL_COMMAND
+    from .results import OPTIMAL_COMMAND
 
     snap = result.snapshot
     counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
@@ -339,22 +318,17 @@ def report(
                                        "HTML page: table, best config, command, plots \\[FILE: DIR/report.html]."),
 ) -> None:
     """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason."""
-    from . import render
+    from . import views
 
     try:
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
-        text = render.render_report(directory, fmt)
-        sys.stdout.write(text)
+        sys.stdout.write(views.render_report(directory, fmt))
         if plot:
-            from .plots import write_plots
-
-            paths = write_plots(render.load(directory), x, lines)
+            paths = views.write_plots(views.load(directory), x, lines)
             typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
         if html is not None:
-            from .htmlreport import write_html
-
-            page, note = write_html(directory, Path(html) if html else None, x=x, lines=lines)
+            page, note = views.write_html(directory, Path(html) if html else None, x=x, lines=lines)
             typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
     except UserError as e:
         raise fail(e)
@@ -367,7 +341,7 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
 ) -> None:
     """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
-    from .compare import render_compare
+    from .views import render_compare
 
     try:
         sys.stdout.write(render_compare(dir_a, dir_b, fmt))
@@ -396,7 +370,7 @@ def hosts(
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
     from .probe import check_hostfile
-    from .render import render_hosts
+    from .views import render_hosts
 
     try:
         _check_ssh_config(ssh_config)

@@ -79,6 +79,13 @@ KNOWN: dict[str, Metric] = {m.name: m for m in (THROUGHPUT, LATENCY, FLOPS_PER_G
 _ALIASES = {"flops": FLOPS_PER_GPU}
 
 
+def format_value(value: float | None) -> str:
+    """A metric value as people read it in every view: 4 significant digits, thousands grouped; "-" for none."""
+    if value is None:
+        return "-"
+    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
 def metric_named(name: str, *, path: str | Path | None = None, line: int | None = None) -> Metric:
     """`throughput`, `latency`, `FLOPS_per_gpu` (or `flops`), or a custom `name:min` / `name:max`.
 

@@ -43,8 +43,8 @@ from .ledger import (
 )
 from .lock import SweepBusy, SweepLock, holder_pid
 from .metrics import metric_named
-from .report import Snapshot, snapshot, write_outcome_files
 from .resources import Placement, Reservation, SlotPool
+from .results import write_outcome_files
 from .scheduler import (
     CheckRequests,
     Deadline,
@@ -55,6 +55,7 @@ from .scheduler import (
     run_in_thread,
 )
 from .spec import Experiment, Sweep
+from .views.snapshot import Snapshot, snapshot
 
 HOSTFILE = "hostfile"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130

@@ -21,7 +21,7 @@ from autotuner.cluster import local_or_hostfile_cluster
 from autotuner.errors import UserError
 from autotuner.ledger import FAILED, FILENAME, SCHEMA_VERSION, SUCCEEDED, Ledger
 from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
-from autotuner.report import snapshot
+from autotuner.views.snapshot import snapshot
 from autotuner.spec import load_sweep
 
 from cli_rig import (SLEEP_THEN_SUCCEED, Runners, autotune, env, finish, launched, launches, states, sweep_id,

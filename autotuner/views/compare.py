@@ -6,15 +6,17 @@ B's metrics under that name, so two sweeps ranked by different metrics still com
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
-from .ledger import SUCCEEDED, Attempt
-from .report import Snapshot, format_value
+from ..errors import UserError
+from ..ledger import Attempt
+from ..metrics import format_value
+from ..states import State
+from .snapshot import Snapshot, load
+from .tables import Column, render_table
 
 FORMATS = ("table", "json")
 SAME = 0.02  # ratios within 2% of 1 count as the same
@@ -45,11 +47,11 @@ class Comparison:
             return ""
         if abs(ratio - 1) <= SAME:
             return "same"
-        return "better" if (ratio < 1) == self.minimize else "worse"
+        return "better" if self.a.metric.better(ratio, 1.0) else "worse"  # ratio: B / A
 
 
 def _value(attempt: Attempt | None, metric: str, own_metric: str) -> float | None:
-    if attempt is None or attempt.state != SUCCEEDED:
+    if attempt is None or attempt.state != State.SUCCEEDED:
         return None
     if metric == own_metric and attempt.metric is not None:
         return attempt.metric
@@ -71,13 +73,12 @@ def compare(a: Snapshot, b: Snapshot) -> Comparison:
                      "b_state": y.state, "b_metric": vb, "b_reason": y.reason,
                      "ratio": vb / va if va and vb is not None else None})
     only_a = [n for n in names_a if n not in by_name_b]
-    only_b = [y.name for y in b.attempts if y.name not in set(names_a)]
+    in_a = set(names_a)
+    only_b = [y.name for y in b.attempts if y.name not in in_a]
     return Comparison(a, b, rows, only_a, only_b)
 
 
 def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
-    from .render import load
-
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     c = compare(load(Path(dir_a)), load(Path(dir_b)))
@@ -96,38 +97,30 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
 
 
 def _state(state: str, reason: str | None) -> str:
-    return state if state == SUCCEEDED or not reason else f"{state} ({reason})"
+    return state if state == State.SUCCEEDED or not reason else f"{state} ({reason})"
 
 
 def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    direction = "lower is better" if c.minimize else "higher is better"
-    t = Table(title=f"{c.metric} ({direction}): A = {c.a.name} ({dir_a}), B = {c.b.name} ({dir_b})")
-    for column, justify in (("name", "left"), ("A", "right"), ("B", "right"), ("B/A", "right"), ("", "left")):
-        t.add_column(column, justify=justify)
+    columns = (Column("name"), Column("A", right=True), Column("B", right=True), Column("B/A", right=True),
+               Column(""))
+    cells = []
     for r in c.rows:
         a = format_value(r["a_metric"]) if r["a_metric"] is not None else _state(r["a_state"], r["a_reason"])
         b = format_value(r["b_metric"]) if r["b_metric"] is not None else _state(r["b_state"], r["b_reason"])
-        style = {"better": "green", "worse": "red"}.get(r["verdict"])
-        t.add_row(r["name"], a, b, f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"],
-                  style=style)
-    console = Console(file=io.StringIO(), width=160, force_terminal=False)
-    console.print(t)
+        cells.append((r["name"], a, b, f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"]))
     both = sum(1 for r in c.rows if r["ratio"] is not None)
     mean = c.geomean_ratio()
-    lines = [f"{len(c.rows)} experiment(s) in both, {both} succeeded in both"
+    notes = [f"{len(c.rows)} experiment(s) in both, {both} succeeded in both"
              + (f"; geometric mean B/A {mean:.3f}" if mean is not None else "")]
     for label, snap in (("A", c.a), ("B", c.b)):
         best = snap.best
-        lines.append(f"best in {label}: " + (f"{best.name} {snap.metric.name} {format_value(best.metric)}"
+        notes.append(f"best in {label}: " + (f"{best.name} {snap.metric.name} {format_value(best.metric)}"
                                              if best else "none"))
     if c.a.metric.name != c.b.metric.name:
-        lines.append(f"note: B ranks by {c.b.metric.name}; compared on A's {c.metric} where B recorded it")
+        notes.append(f"note: B ranks by {c.b.metric.name}; compared on A's {c.metric} where B recorded it")
     if c.only_a:
-        lines.append(f"only in A ({len(c.only_a)}): {', '.join(c.only_a)}")
+        notes.append(f"only in A ({len(c.only_a)}): {', '.join(c.only_a)}")
     if c.only_b:
-        lines.append(f"only in B ({len(c.only_b)}): {', '.join(c.only_b)}")
-    console.print("\n".join(lines), markup=False, highlight=False)
-    return console.file.getvalue()
+        notes.append(f"only in B ({len(c.only_b)}): {', '.join(c.only_b)}")
+    title = f"{c.metric} ({c.a.metric.direction}): A = {c.a.name} ({dir_a}), B = {c.b.name} ({dir_b})"
+    return render_table(columns, cells, title=title, notes=notes)

@@ -10,86 +10,46 @@ object-oriented API (no pyplot, no GUI backend), so drawing works on a headless 
 - `timeline_figure`: every slot of every node over the sweep, a bar per attempt on the slots it held (from
   the ledger's started_at / finished_at / slots), so idle gaps show as white space; utilisation (busy
   slot-seconds / (slots x makespan)) for the sweep and per node.
+
+What the figures show is worked out in `analysis`, which needs no matplotlib.
 """
 from __future__ import annotations
 
 import io
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
-from .files import write_atomic
-from .ledger import (
-    CANCELLED,
-    FAILED,
-    INTERRUPTED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    TIMED_OUT,
-    Attempt,
-    Ledger,
-)
-from .report import Snapshot, format_value
-from .spec import ABBREVIATIONS, FIELD_KEYS, Experiment
+from ..errors import UserError
+from ..files import write_atomic
+from ..ledger import Attempt
+from ..metrics import format_value
+from ..spec import ABBREVIATIONS
+from ..states import State
+from .analysis import MISSING, all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
+from .snapshot import Snapshot
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"
-DEFAULT_X = "train_micro_batch_size_per_gpu"
-DEFAULT_LINES = "zero_optimization.stage"
-INSTALL_HINT = "plots need matplotlib, which is not installed: pip install 'autotuner[plots]' (or pip install matplotlib)"
+INSTALL_HINT = ("plots need matplotlib, which is not installed: pip install 'autotuner[plots]' "
+                "(or pip install matplotlib)")
 
-STATE_COLORS = {SUCCEEDED: "#4c9a5f", FAILED: "#c8453c", TIMED_OUT: "#e08a2c", CANCELLED: "#9a9a9a",
-                INTERRUPTED: "#b3a16b", RUNNING: "#3b7dd8", QUEUED: "#dddddd"}
-_MISSING = object()
+_STATE_COLORS: dict[str, str] = {State.SUCCEEDED: "#4c9a5f", State.FAILED: "#c8453c", State.TIMED_OUT: "#e08a2c",
+                                State.CANCELLED: "#9a9a9a", State.INTERRUPTED: "#b3a16b",
+                                State.RUNNING: "#3b7dd8", State.QUEUED: "#dddddd"}
 
 
-def require_matplotlib() -> None:
+class NoMatplotlib(UserError):
+    """Plots were asked for and matplotlib is not installed: one line that says how to install it."""
+
+
+def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UserError(INSTALL_HINT) from None
-
-
-# --- swept keys ----------------------------------------------------------------------------------------------
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Leaf values of a nested ds_config under their dotted keys."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            out.update(flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
-
-
-def value_of(experiment: Experiment, key: str) -> Any:
-    if key in FIELD_KEYS:
-        return getattr(experiment, key)
-    node: Any = experiment.ds_config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
-def swept_keys(experiments: Iterable[Experiment]) -> list[str]:
-    """Dotted keys (and num_gpus / num_nodes) whose value differs between experiments, in first-seen order."""
-    seen: dict[str, set[str]] = {}
-    experiments = list(experiments)
-    for e in experiments:
-        leaves = flatten(e.ds_config) | {k: getattr(e, k) for k in FIELD_KEYS}
-        for key, value in leaves.items():
-            seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True))
-    keys = [k for k, values in seen.items() if len(values) > 1]
-    # a key some experiments lack also varies
-    keys += [k for k in seen if k not in keys and any(value_of(e, k) is _MISSING for e in experiments)]
-    return keys
+        raise NoMatplotlib(INSTALL_HINT) from None
 
 
 def _label(key: str) -> str:
@@ -101,33 +61,12 @@ def _short(key: str) -> str:
     return {"zero_optimization.stage": "ZeRO"}.get(key) or ABBREVIATIONS.get(key) or key.rsplit(".", 1)[-1]
 
 
-def choose_axes(experiments: Sequence[Experiment], x: str | None, lines: str | None) -> tuple[str, str | None]:
-    """The x key and the lines key: as named (each must exist in some experiment), else sensible defaults."""
-    present = set()
-    for e in experiments:
-        present |= set(flatten(e.ds_config)) | set(FIELD_KEYS)
-    swept = swept_keys(experiments)
-    for key, option in ((x, "--x"), (lines, "--lines")):
-        if key is not None and key not in present:
-            raise UserError(f"{option} {key}: no experiment of this sweep has that ds_config key; swept keys: "
-                            f"{', '.join(swept) or 'none'}")
-    if x is None:
-        numeric = [k for k in swept if all(isinstance(value_of(e, k), (int, float)) for e in experiments)]
-        x = DEFAULT_X if DEFAULT_X in swept or DEFAULT_X in present and not numeric else (
-            numeric[0] if numeric else (swept[0] if swept else DEFAULT_X))
-    if lines is None:
-        if DEFAULT_LINES in swept and DEFAULT_LINES != x:
-            lines = DEFAULT_LINES
-        else:
-            lines = next((k for k in swept if k != x), None)
-    if lines == x:
-        raise UserError(f"--x and --lines name the same key {x}")
-    return x, lines
-
-
 # --- the metric plot -----------------------------------------------------------------------------------------
 def _sort_key(value: Any) -> tuple:
-    return (0, float(value), "") if isinstance(value, (int, float)) and not isinstance(value, bool) else (1, 0.0, str(value))
+    """Numbers in order before everything else (as text)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
 
 
 def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None):
@@ -137,7 +76,6 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     experiments = list(snap.experiments.values())
     x, lines = choose_axes(experiments, x, lines)
     others = [k for k in swept_keys(experiments) if k not in (x, lines)]
-    better = min if snap.metric.minimize else max
     points: dict[Any, dict[Any, list[tuple[float, str]]]] = {}
     failures: list[tuple[Any, str]] = []
     broken: dict[Any, set] = {}  # line -> x values where it has only failures: the line has a gap there
@@ -146,12 +84,12 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
         if e is None:
             continue
         xv, lv = value_of(e, x), (value_of(e, lines) if lines else None)
-        if xv is _MISSING:
+        if xv is MISSING:
             continue
-        lv = None if lv is _MISSING else lv
-        if a.state == SUCCEEDED and a.metric is not None:
+        lv = None if lv is MISSING else lv
+        if a.state == State.SUCCEEDED and a.metric is not None:
             points.setdefault(_freeze(lv), {}).setdefault(_freeze(xv), []).append((a.metric, a.name))
-        elif a.state in (FAILED, TIMED_OUT):
+        elif a.state in (State.FAILED, State.TIMED_OUT):
             failures.append((_freeze(xv), a.reason or a.state))
             broken.setdefault(_freeze(lv), set()).add(_freeze(xv))
 
@@ -163,21 +101,22 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
     ax = fig.add_subplot()
     best = snap.best
-    best_point = None
+    best_point: tuple[float, float, str] | None = None
     for lv in sorted(points, key=_sort_key):
         by_x = points[lv]
         order = sorted(by_x, key=_sort_key)
         gaps = sorted(broken.get(lv, set()) - set(by_x), key=_sort_key)
         drawn = sorted(order + gaps, key=_sort_key)
-        ys = [better(by_x[xv])[0] if xv in by_x else float("nan") for xv in drawn]
+        ys = [_best_value(snap, by_x[xv]) if xv in by_x else float("nan") for xv in drawn]
         label = f"{_short(lines)} {lv}" if lines else snap.metric.name
         ax.plot([position(v) for v in drawn], ys, marker="o", linewidth=2, markersize=6, label=label)
         for xv in order:
-            if best is not None and any(name == best.name for _, name in by_x[xv]):
-                best_point = (position(xv), best.metric, best.name)
+            for value, name in by_x[xv]:
+                if best is not None and name == best.name:
+                    best_point = (position(xv), value, name)
     if failures:
         seen_reasons = sorted({r for _, r in failures})
-        for xv, reason in failures:
+        for xv, _ in failures:
             ax.plot([position(xv)], [0.02], marker="x", color="#c8453c", markersize=9, markeredgewidth=2,
                     linestyle="none", transform=ax.get_xaxis_transform(), clip_on=False)
         ax.plot([], [], marker="x", color="#c8453c", linestyle="none", markeredgewidth=2,
@@ -212,45 +151,16 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     return fig
 
 
+def _best_value(snap: Snapshot, values: list[tuple[float, str]]) -> float:
+    """The best of the (value, name) points at one x: where other keys vary too, the line shows the best."""
+    return min(values, key=lambda point: snap.metric.sort_key(point[0]))[0]
+
+
 def _freeze(value: Any) -> Any:
     return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
 
 
 # --- the timeline --------------------------------------------------------------------------------------------
-def utilisation(attempts: Sequence[Attempt], slots: Mapping[str, Sequence[int]], now: float) -> dict[str, Any]:
-    """Busy slot-seconds / (slots x makespan), for the sweep and for each host; makespan from the first
-    start to the last end (now, for attempts still running)."""
-    spans = [(a, a.started_at, a.finished_at if a.finished_at is not None else now)
-             for a in attempts if a.started_at is not None]
-    if not spans:
-        return {"makespan_s": 0.0, "busy_slot_s": 0.0, "slots": sum(len(v) for v in slots.values()),
-                "utilisation": None, "per_host": {h: None for h in slots}}
-    start = min(s for _, s, _ in spans)
-    end = max(e for _, _, e in spans)
-    makespan = max(end - start, 1e-9)
-    busy: dict[str, float] = {h: 0.0 for h in slots}
-    for a, s, e in spans:
-        for host, ids in a.slots.items():
-            busy[host] = busy.get(host, 0.0) + max(e - s, 0.0) * len(ids)
-    count = {h: len(slots.get(h, ())) for h in busy}
-    total = sum(count.values())
-    return {"start": start, "end": end, "makespan_s": end - start, "busy_slot_s": sum(busy.values()),
-            "slots": total, "utilisation": sum(busy.values()) / (total * makespan) if total else None,
-            "per_host": {h: (busy[h] / (count[h] * makespan) if count[h] else None) for h in busy}}
-
-
-def _rows(slots: Mapping[str, Sequence[int]], attempts: Sequence[Attempt]) -> list[tuple[str, int]]:
-    rows = [(h, i) for h, ids in slots.items() for i in sorted(ids)]
-    known = set(rows)
-    for a in attempts:
-        for h, ids in a.slots.items():
-            for i in ids:
-                if (h, i) not in known:
-                    known.add((h, i))
-                    rows.append((h, i))
-    return rows
-
-
 def _labels(a: Attempt, sweep: str, is_best: bool) -> list[str]:
     """A bar's label, longest first: the name, then the name without the sweep's prefix."""
     suffix = (f" #{a.attempt}" if a.attempt > 1 else "") + (" \u2605" if is_best else "")
@@ -260,7 +170,7 @@ def _labels(a: Attempt, sweep: str, is_best: bool) -> list[str]:
     labels = [n + suffix for n in names]
     if is_best:
         labels.append("\u2605 best")
-    elif a.state in (FAILED, TIMED_OUT):
+    elif a.state in (State.FAILED, State.TIMED_OUT):
         labels.append(a.reason or a.state)
     return labels
 
@@ -270,8 +180,8 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
     from matplotlib.patches import Patch
 
     now = time.time() if now is None else now
-    slots = {h: list(ids) for h, ids in dict(snap.meta.get("slots") or {}).items()}
-    rows = _rows(slots, attempts)
+    slots = snap.slots
+    rows = slot_rows(slots, attempts)
     for h, i in rows:
         slots.setdefault(h, [])
         if i not in slots[h]:
@@ -290,19 +200,19 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
             continue
         s = a.started_at - start
         e = (a.finished_at if a.finished_at is not None else now) - start
-        color = STATE_COLORS.get(a.state, "#999999")
+        color = _STATE_COLORS.get(a.state, "#999999")
         is_best = best is not None and a.name == best.name and a.attempt == best.attempt
         for host, ids in a.slots.items():
             for i in ids:
                 y = index[(host, i)]
                 ax.barh(y, max(e - s, span * 0.002), left=s, height=0.78, color=color,
                         edgecolor="black" if is_best else "white", linewidth=2 if is_best else 0.8,
-                        hatch="//" if a.state == RUNNING else None, alpha=0.95)
+                        hatch="//" if a.state == State.RUNNING else None, alpha=0.95)
                 room = (e - s) / span * width_px / 6.3  # characters that fit in the bar
                 label = next((t for t in _labels(a, snap.name, is_best) if len(t) <= room), None)
                 if len(rows) <= 120 and label:
                     ax.text(s + (e - s) / 2, y, label, ha="center", va="center", fontsize=7.5,
-                            color="white" if a.state != QUEUED else "black", clip_on=True)
+                            color="white" if a.state != State.QUEUED else "black", clip_on=True)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{h}:{i}" for h, i in rows], fontsize=8 if len(rows) <= 60 else 5)
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -329,10 +239,10 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
                  f"makespan)" if total is not None else f"{snap.name}: slot timeline (nothing has started yet)",
                  fontsize=11, loc="left")
     present = {a.state for a in attempts if a.started_at is not None}
-    handles = [Patch(facecolor=STATE_COLORS[s], label=s, hatch="//" if s == RUNNING else None)
-               for s in STATE_COLORS if s in present]
+    handles = [Patch(facecolor=_STATE_COLORS[s], label=s, hatch="//" if s == State.RUNNING else None)
+               for s in _STATE_COLORS if s in present]
     if best is not None:
-        handles.append(Patch(facecolor=STATE_COLORS[SUCCEEDED], edgecolor="black", linewidth=2,
+        handles.append(Patch(facecolor=_STATE_COLORS[State.SUCCEEDED], edgecolor="black", linewidth=2,
                              label=f"best: {best.name}"))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8,
@@ -341,36 +251,20 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
 
 
 # --- files ---------------------------------------------------------------------------------------------------
-def all_attempts(directory: Path) -> list[Attempt]:
-    with Ledger.open(directory) as ledger:
-        return ledger.attempts()
-
-
-def png_bytes(fig) -> bytes:
+def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()
 
 
-def timeline_end(directory: Path, attempts: Sequence[Attempt]) -> float:
-    """Where running attempts end on the timeline: now while a runner holds the sweep; else (the runner died,
-    `resume` will record them interrupted) the last time the ledger knows of."""
-    from .lock import holder_pid
-
-    if holder_pid(Path(directory)) is not None:
-        return time.time()
-    known = [t for a in attempts for t in (a.started_at, a.launched_at, a.finished_at) if t is not None]
-    return max(known, default=time.time())
-
-
 def render_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
                  now: float | None = None) -> dict[str, bytes]:
     """{file name: PNG bytes} of both plots."""
-    require_matplotlib()
+    _require_matplotlib()
     attempts = all_attempts(snap.directory)
     now = timeline_end(snap.directory, attempts) if now is None else now
-    return {METRIC_PNG: png_bytes(metric_figure(snap, x, lines)),
-            TIMELINE_PNG: png_bytes(timeline_figure(snap, attempts, now))}
+    return {METRIC_PNG: _png(metric_figure(snap, x, lines)),
+            TIMELINE_PNG: _png(timeline_figure(snap, attempts, now))}
 
 
 def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None) -> list[Path]:

@@ -11,7 +11,13 @@ import time
 from html import escape
 from pathlib import Path
 
-from .report import OPTIMAL_COMMAND, OPTIMAL_CONFIG, Snapshot, format_value, optimal
+from ..files import write_atomic
+from ..lock import holder_pid
+from ..metrics import format_value
+from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, optimal
+from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
+from .snapshot import Snapshot, load
+from .tables import rows as report_rows
 
 REPORT_HTML = "report.html"
 
@@ -64,7 +70,7 @@ def _data_uri(png: bytes) -> str:
 
 def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None, plot_note: str | None,
                 runner_pid: int | None, now: float | None = None) -> str:
-    """The page, from a snapshot, its report rows (render.rows), PNGs by file name (or None and a note)."""
+    """The page, from a snapshot, its report rows (`tables.rows`), PNGs by file name (or None and a note)."""
     now = time.time() if now is None else now
     direction = snap.metric.direction
     best = snap.best
@@ -83,7 +89,8 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
                                          for s, n in sorted(counts.items())) + "</p>"]
     if best is not None:
         out.append(f'<p class="bestline" id="best"><span class="marker">&#9733; best:</span> '
-                   f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} {escape(format_value(best.metric))}</p>")
+                   f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} "
+                   f"{escape(format_value(best.metric))}</p>")
     else:
         out.append('<p class="bestline" id="best">no experiment has succeeded yet: no best configuration</p>')
 
@@ -112,9 +119,9 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
                    f'<pre id="command">{escape(command)}</pre>')
 
     out.append("<h2>Plots</h2>")
-    captions = {"plot_metric.png": "The metric against the swept keys; the star marks the best, crosses mark "
+    captions = {METRIC_PNG: "The metric against the swept keys; the star marks the best, crosses mark "
                                    "failures.",
-                "plot_timeline.png": "Every slot of every node over the sweep: one bar per attempt, white space is "
+                TIMELINE_PNG: "Every slot of every node over the sweep: one bar per attempt, white space is "
                                      "idle time."}
     if plots:
         for name, png in plots.items():
@@ -129,23 +136,14 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
 def write_html(directory: Path, path: Path | None = None, *, x: str | None = None, lines: str | None = None,
                plots: dict[str, bytes] | None = None) -> tuple[Path, str | None]:
     """Write the page (default DIR/report.html); returns its path and a note when the plots are missing."""
-    from .errors import UserError
-    from .lock import holder_pid
-    from .plots import render_plots
-    from .render import load, rows
-
     directory = Path(directory)
     snap = load(directory)
     note = None
     if plots is None:
         try:
             plots = render_plots(snap, x, lines)
-        except UserError as e:
-            if "matplotlib" not in str(e):
-                raise
+        except NoMatplotlib as e:
             note = str(e)
     target = Path(path) if path else directory / REPORT_HTML
-    from .files import write_atomic
-
-    write_atomic(target, render_html(snap, rows(snap), plots, note, holder_pid(directory)).encode("utf-8"))
+    write_atomic(target, render_html(snap, report_rows(snap), plots, note, holder_pid(directory)).encode("utf-8"))
     return target, note

@@ -1,0 +1,41 @@
+"""What people and scripts read of a sweep, all from its ledger: the read model, the report, status and hosts
+tables, two sweeps compared, plots, one HTML page, the live terminal view and the event streams.
+
+- `snapshot`: `Snapshot`, the read model every view starts from (also the runner's result).
+- `tables`: `autotune report` / `status` / `hosts` output, and `render_table`, the one table renderer.
+- `compare`: two sweeps side by side.
+- `analysis`: what the plots show, without matplotlib; `plots`: the figures (matplotlib only when drawn).
+- `html`: the self-contained page.
+- `live`: the terminal view of a running sweep and `watching`, which wires the observers a run is watched with.
+- `events`: the JSON event log (`--events`) and the plain one-line-per-event printer.
+
+Nothing here imports matplotlib or torch on import, so `autotune report` and `status` stay light. The
+functions named like their modules (`snapshot.snapshot`, `compare.compare`) are not lifted here, so that
+`autotuner.views.snapshot` stays the module.
+"""
+from __future__ import annotations
+
+from .compare import Comparison, render_compare
+from .events import EventLog, PlainPrinter, check_events_path
+from .html import write_html
+from .live import LiveView, watching
+from .plots import write_plots
+from .snapshot import Snapshot, load
+from .tables import render_hosts, render_report, render_status
+
+__all__ = [
+    "Comparison",
+    "EventLog",
+    "LiveView",
+    "PlainPrinter",
+    "Snapshot",
+    "check_events_path",
+    "load",
+    "render_compare",
+    "render_hosts",
+    "render_report",
+    "render_status",
+    "watching",
+    "write_html",
+    "write_plots",
+]

@@ -1,0 +1,143 @@
+"""A sweep's events as they happen, for scripts (`--events FILE`: one JSON object a line) and for a log that is
+not a terminal (one plain line an event on stdout). Both are scheduler observers: called on the dispatcher
+thread with ("started" | "adopted", Run, None), ("finished", Run or an unstarted Queued, Outcome) and
+("host_down" | "host_up", host name, None); they write what they are told and never wait.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, cast
+
+from ..errors import UserError
+from ..metrics import KNOWN
+from ..outcome import Outcome
+from ..states import State
+from .snapshot import format_slots
+
+if TYPE_CHECKING:
+    from ..scheduler import Queued, Run
+
+# What the scheduler tells its observers.
+STARTED, ADOPTED, FINISHED = "started", "adopted", "finished"  # adopted: a run a dead runner started, followed
+HOST_DOWN, HOST_UP = "host_down", "host_up"
+
+
+# --- the JSON event stream -----------------------------------------------------------------------------------
+def event_record(what: str, subject: Run | Queued, outcome: Outcome | None, metric: str, at: float) -> dict:
+    """One event as a JSON-ready dict: what, the attempt, where it ran, how it ended, when."""
+    reservation = getattr(subject, "reservation", None)  # an unstarted Queued has none
+    record = {"event": what, "timestamp": round(at, 6),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}",
+              "name": subject.experiment.name, "attempt": subject.attempt,
+              "slots": reservation.as_dict() if reservation is not None else {}}
+    if what in (STARTED, ADOPTED):
+        return record | {"state": State.RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
+    metrics = dict(outcome.metrics or {}) if outcome is not None else {}
+    return record | {"state": outcome.state if outcome is not None else State.CANCELLED,
+                     "reason": outcome.reason if outcome is not None else None,
+                     "detail": outcome.detail if outcome is not None else None,
+                     "metric": metrics.get(metric), "metrics": metrics}
+
+
+class EventLog:
+    """A scheduler observer that appends one JSON line per event to a file, flushed at once."""
+
+    def __init__(self, path: Path, metric: str, *, clock: Callable[[], float] = time.time):
+        self.path = Path(path)
+        self.label = f"--events {self.path}"
+        self._metric = metric
+        self._clock = clock
+        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the sweep: close()
+
+    def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
+        if isinstance(subject, str):  # a host event
+            record = {"event": what, "timestamp": round(self._clock(), 6), "host": subject}
+        else:
+            record = event_record(what, subject, outcome, self._metric, self._clock())
+        self._file.write(json.dumps(record, sort_keys=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def check_events_path(path: Path) -> None:
+    """Fail before anything is created when the events file cannot be written.
+
+    Proven by writing, since permission bits say nothing to root and /dev/full or a full disk open fine and
+    fail on write: a regular file takes one byte that is then truncated away (a file made for the test is
+    removed again); a device or terminal takes an empty write. A FIFO or socket is left alone: opening it
+    would wait for a reader, and closing it could end that reader's input.
+    """
+    path = Path(path)
+    try:
+        mode: int | None = path.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise UserError(f"cannot write the --events file: {e.strerror or e}", path) from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise UserError("is a directory; --events wants a file", path)
+    if mode is None and not (path.parent if str(path.parent) else Path(".")).is_dir():
+        raise UserError("no such directory for the --events file", path)
+    if mode is not None and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        if not os.access(path, os.W_OK):
+            raise UserError("cannot write the --events file here", path)
+        return
+    try:
+        _write_probe(path, regular=mode is None or stat.S_ISREG(mode), created=mode is None)
+    except OSError as e:
+        raise UserError(f"cannot write the --events file: {e.strerror or e}", path) from None
+
+
+def _write_probe(path: Path, *, regular: bool, created: bool) -> None:
+    """Write to `path` and take the write back (see `check_events_path`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOCTTY | os.O_NONBLOCK, 0o666)
+    try:
+        if not regular:
+            os.write(fd, b"")
+            return
+        size = os.fstat(fd).st_size
+        try:
+            os.write(fd, b"\n")
+            os.fsync(fd)  # a full disk may take the byte into the page cache and refuse it here
+        finally:
+            os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+        if created:
+            path.unlink(missing_ok=True)
+
+
+# --- plain lines ---------------------------------------------------------------------------------------------
+def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None) -> str:
+    """One event as a line a person scans: `start     NAME (attempt 2) on node-a:1 node-b:0,2`, `succeeded
+    NAME throughput=1235`, `failed    NAME [oom] CUDA out of memory`, `lost      host node-b`."""
+    if isinstance(subject, str):  # a host event
+        return f"{'lost' if what == HOST_DOWN else 'back':<9} host {subject}"
+    name = subject.experiment.name
+    if what in (STARTED, ADOPTED):
+        where = format_slots(cast("Run", subject).reservation.slots, sep=" ")
+        return f"{'start' if what == STARTED else 'adopt':<9} {name} (attempt {subject.attempt}) on {where}"
+    if outcome is None:
+        return f"{what:<9} {name}"
+    value = ""
+    if outcome.metrics:
+        value = " " + ", ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items() if k in KNOWN)
+    why = f" [{outcome.reason}] {outcome.detail}" if outcome.state != State.SUCCEEDED and outcome.reason else ""
+    return f"{outcome.state:<9} {name}{value}{why}"
+
+
+class PlainPrinter:
+    """A scheduler observer that prints one time-stamped line per event on stdout: what `autotune run` shows
+    when stdout is not a terminal (a log file, a pipe) and there is no live view."""
+
+    label = "printing events on stdout"  # names it in the note when it fails (stdout closed) and is left out
+
+    def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {event_line(what, subject, outcome)}", flush=True)

@@ -1,0 +1,186 @@
+"""What `autotune report`, `status` and `hosts` print: a sweep's ranking for people (a table, Markdown) and for
+programs (JSON, CSV), where it stands, and the hosts of a hostfile; and `render_table`, the one table renderer
+every view that prints a table uses.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+from ..lock import holder_pid
+from ..metrics import format_value
+from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, optimal
+from ..states import State
+from .snapshot import Snapshot, format_slots, load
+
+if TYPE_CHECKING:
+    from ..hostfile import Host
+    from ..probe import HostReport
+
+FORMATS = ("table", "json", "csv", "md")
+COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")
+# rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a
+# larger table is laid out by hand: the same columns, one line per row, the last column running to the end.
+RICH_ROWS = 1000
+_WIDTH = 160
+
+
+# --- the table renderer --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Column:
+    header: str
+    right: bool = False  # numbers: aligned right
+
+
+def render_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], *, title: str | None = None,
+                 notes: Sequence[str] = ()) -> str:
+    """Rows of plain-text cells as a boxed rich table (cells are never read as markup), or laid out by hand
+    beyond RICH_ROWS rows; then `notes`, one line each. No colour: the text is the same on a terminal and in a
+    file."""
+    if len(rows) > RICH_ROWS:
+        return _plain_table(columns, rows, title) + "".join(note + "\n" for note in notes)
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=escape(title) if title is not None else None)
+    for column in columns:
+        table.add_column(column.header, justify="right" if column.right else "left")
+    for cells in rows:
+        table.add_row(*map(Text, cells))
+    out = io.StringIO()
+    console = Console(file=out, width=_WIDTH, force_terminal=False)
+    console.print(table)
+    if notes:
+        console.print("\n".join(notes), markup=False, highlight=False)
+    return out.getvalue()
+
+
+def _plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str | None) -> str:
+    widths = [max([len(c.header)] + [len(cells[i]) for cells in rows]) for i, c in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(cell.rjust(w) if c.right else cell.ljust(w)
+                         for cell, w, c in zip(cells, widths, columns, strict=True)).rstrip()
+
+    lines = ([title] if title is not None else []) + [line([c.header for c in columns]),
+                                                      line(["-" * w for w in widths]), *map(line, rows)]
+    return "\n".join(lines) + "\n"
+
+
+# --- autotune report -----------------------------------------------------------------------------------------
+def rows(snap: Snapshot) -> list[dict]:
+    """One dict per experiment, ranked: the report's JSON and CSV rows, and what the tables are made of."""
+    best = snap.best
+    out = []
+    for rank, a in enumerate(snap.ranked, 1):
+        out.append({
+            "rank": rank if a.state == State.SUCCEEDED else None,
+            "best": best is not None and a.name == best.name,
+            "name": a.name, "state": a.state, "metric": a.metric,
+            "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
+            "duration_s": round(a.duration, 3) if a.duration is not None else None,
+            "slots": format_slots(a.slots),
+        })
+    return out
+
+
+def render_report(directory: Path, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    snap = load(directory, every_experiment=False)
+    table = rows(snap)
+    if fmt == "json":
+        best = snap.best
+        found = optimal(snap)
+        return json.dumps({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
+                           "best": best.name if best else None, "counts": snap.counts(), "experiments": table,
+                           "optimal": {"config": found[0], "command": found[1]} if found else None},
+                          indent=2) + "\n"
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(table)
+        return buffer.getvalue()
+    if fmt == "md":
+        head = ["", "name", "state", snap.metric.name, "reason"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in table:
+            why = f"{r['reason']}: {r['detail']}" if r["reason"] else ""
+            lines.append(f"| {'**best**' if r['best'] else (r['rank'] or '')} | {r['name']} | {r['state']} | "
+                         f"{format_value(r['metric'])} | {why.replace('|', '/')} |")
+        return "\n".join(lines) + "\n"
+    columns = (Column("#", right=True), Column("name"), Column("state"), Column(snap.metric.name, right=True),
+               Column("time", right=True), Column("slots"), Column("why"))
+    title = f"sweep {snap.name}: {snap.metric.name} ({snap.metric.direction})"
+    return render_table(columns, [_cells(r) for r in table], title=title) + _optimal_text(snap)
+
+
+def _cells(r: dict) -> tuple[str, ...]:
+    why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
+    return ("best" if r["best"] else str(r["rank"] or ""), r["name"], r["state"], format_value(r["metric"]),
+            f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "", r["slots"], why)
+
+
+def _optimal_text(snap: Snapshot) -> str:
+    found = optimal(snap)
+    if found is None:
+        return ""
+    config, command = found
+    later = "" if (snap.directory / OPTIMAL_CONFIG).exists() else " (the file is written when the sweep ends)"
+    return (f"\nbest config, {OPTIMAL_CONFIG}{later}:\n{json.dumps(config, indent=2, sort_keys=True)}\n"
+            f"\ncommand, {OPTIMAL_COMMAND}:\n{command}\n")
+
+
+# --- autotune status -----------------------------------------------------------------------------------------
+def render_status(directory: Path, as_json: bool) -> str:
+    """Counts, the runner's liveness, what runs where for how long, and the best so far."""
+    snap = load(directory, every_experiment=False)
+    pid = holder_pid(Path(directory))
+    now = time.time()
+    running = [a for a in snap.attempts if a.state == State.RUNNING]
+    best = snap.best
+    if as_json:
+        return json.dumps({
+            "sweep": snap.name, "runner_pid": pid, "counts": snap.counts(), "total": len(snap.attempts),
+            "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
+                         "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
+            "best": {"name": best.name, "metric": snap.metric.name, "value": best.metric} if best else None,
+        }, indent=2) + "\n"
+    unfinished = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in snap.attempts)
+    lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
+             f" of {len(snap.attempts)}",
+             f"runner: pid {pid}" if pid else
+             "runner: none (stopped; `autotune resume` finishes it)" if unfinished else "runner: done"]
+    for a in running:
+        elapsed = f"{now - a.started_at:.0f}s" if a.started_at else "?"
+        lines.append(f"  running {a.name} (attempt {a.attempt}) on {format_slots(a.slots)} for {elapsed}")
+    if best:
+        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(best.metric)}")
+    return "\n".join(lines) + "\n"
+
+
+# --- autotune hosts ------------------------------------------------------------------------------------------
+def render_hosts(title: str, listed: Mapping[str, Host], reports: Sequence[HostReport], as_json: bool) -> str:
+    """`autotune hosts`: one row per host (reachable or why not, slots, GPUs with free memory, versions, load)."""
+    if as_json:
+        return json.dumps([dict(r.to_json(), slots=listed[r.host].slots) for r in reports], indent=2) + "\n"
+    columns = [Column(name) for name in ("host", "slots", "state", "GPUs", "python", "deepspeed", "load")]
+    return render_table(columns, [_host_cells(r, listed[r.host].slots) for r in reports], title=title)
+
+
+def _host_cells(r: HostReport, slots: int) -> tuple[str, ...]:
+    gpus = ", ".join(f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
+                     for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
+    load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
+    return (r.host, str(slots), "up" if r.reachable else f"down: {r.reason}", gpus if r.reachable else "",
+            r.python or "", r.deepspeed or "", load)
