@@ -1,4 +1,4 @@
-"""Running attempts on other hosts over SSH, and keeping track of which hosts answer.
+"""Running attempts whose first host is another machine, over SSH.
 
 DeepSpeed's launcher runs on the first host of the reservation, started over the pooled SSH connection in a
 session of its own. For one node it launches the ranks there; for several it uses its own multi-node launcher
@@ -14,6 +14,7 @@ follow the attempt to its end (`adopt`) and judge it.
 """
 from __future__ import annotations
 
+import logging
 import random
 import shlex
 import signal
@@ -23,16 +24,20 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from . import exitstatus, tags
-from .cleanup import end_tagged_everywhere, end_tagged_remote
-from .executor import Stops, prepare_directory, record_attempt
-from .hostfile import is_local
-from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
-from .ledger import INTERRUPTED, TIMED_OUT
-from .metrics import Metric
-from .outcome import LAUNCH, LOST, TIMEOUT, Outcome
-from .scheduler import Finished, HostBack, HostLost, Launched, Run
-from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
+from .. import exitstatus, tags
+from ..executor import Stops, prepare_directory, record_attempt
+from ..launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
+from ..metrics import Metric
+from ..outcome import Outcome
+from ..scheduler import Finished, HostLost, Launched, Run
+from ..states import Reason, State
+from ..threads import Workers
+from .cleanup import end_tagged_remote
+from .pool import HostDown, RemoteStartError, SSHPool
+from .process import RemoteProcess
+from .sftp import RemoteFiles
+
+log = logging.getLogger(__name__)
 
 
 def env_file_text(env: Mapping[str, str]) -> str:
@@ -66,27 +71,27 @@ class SshExecutor:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._procs: dict[tuple[str, int], RemoteProcess] = {}
+        self._procs: dict[tuple[str, int], RemoteProcess | AdoptedRemote] = {}
         self._stops = Stops()
         self._addresses: dict[str, str] = {}
+        self._files = RemoteFiles(self.pool)
+        self._workers = Workers("ssh")  # each attempt's thread, and each stop's
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
-        threading.Thread(target=self._attempt, args=(run, post, partial(self._execute, run, post)),
-                         name=f"ssh-{run.tag}", daemon=True).start()
+        self._workers.start(f"attempt-{run.tag}", self._attempt, run, post, partial(self._execute, run, post))
 
     def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
         """Follow an attempt a dead runner started on its first host (its leader `pid`, started at `since`) to
         its end, on a thread of its own; it is stopped like any run meanwhile."""
-        threading.Thread(target=self._attempt, args=(run, post, partial(self._adopted, run, pid, since)),
-                         name=f"ssh-adopted-{run.tag}", daemon=True).start()
+        self._workers.start(f"adopted-{run.tag}", self._attempt, run, post, partial(self._adopted, run, pid, since))
 
-    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+    def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         self._stops.ask(run.key, state, detail, reason)
         with self._lock:
             proc = self._procs.get(run.key)
-        if proc is not None:
-            threading.Thread(target=self._end, args=(run, proc), daemon=True).start()
+        if proc is not None:  # ending it takes a grace period: not on the dispatcher's thread
+            self._workers.start(f"stop-{run.tag}", self._end, run, proc)
 
     def kill_all(self) -> None:
         """Immediate: SIGKILL each running attempt's process group; each is then recorded interrupted."""
@@ -96,8 +101,14 @@ class SshExecutor:
         for proc in running:
             try:
                 proc.signal(signal.SIGKILL)
-            except HostDown:
-                pass
+            except HostDown as e:  # its attempt ends as lost
+                log.debug("kill: %s", e)
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Join the attempt and stop threads (each within `timeout` seconds) and end the SFTP sessions; the
+        pool's connections are its owner's to close."""
+        self._workers.close(timeout)
+        self._files.close()
 
     # --- one attempt --------------------------------------------------------------------------------------
     def _address(self, host: str) -> str:
@@ -121,10 +132,11 @@ class SshExecutor:
             outcome = follow()
         except HostDown as e:
             self._lost(run, e.host, post)
-            outcome = Outcome(INTERRUPTED, LOST, str(e))
+            outcome = Outcome(State.INTERRUPTED, Reason.LOST, str(e))
             self._clean_quietly(run, [h for h in run.reservation.hosts if h != e.host])  # ranks on the others
         except Exception as e:  # our own failure to launch, or a clean-up that failed: recorded, never lost
-            outcome = Outcome("failed", LAUNCH, f"{type(e).__name__}: {e}")
+            log.debug("attempt %s failed to launch or clean up", run.tag, exc_info=True)
+            outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
             self._clean_quietly(run)
         finally:
             with self._lock:
@@ -141,15 +153,15 @@ class SshExecutor:
             try:
                 self.pool.run(run.reservation.hosts[0],
                               f"rm -f -- {shlex.quote(f'{self.workdir(run)}/{exitstatus.FILENAME}')}", timeout=30)
-            except HostDown:
-                pass
+            except HostDown as e:  # the host is down: nothing of the attempt is left to be misread there
+                log.debug("forgetting the exit status of %s: %s", run.tag, e)
 
     def _clean_quietly(self, run: Run, hosts: Sequence[str] | None = None) -> None:
         """Best effort, for paths that are already failing: the outcome must still be posted."""
         try:
             self._clean(run, hosts)
         except Exception:
-            pass
+            log.warning("clean-up of %s failed", run.tag, exc_info=True)
 
     def _execute(self, run: Run, post: Callable[[object], None]) -> Outcome:
         first = run.reservation.hosts[0]
@@ -176,13 +188,14 @@ class SshExecutor:
             setup.append(write_file_command(env["DS_ENV_FILE"], env_file_text(exported)))
         prepared = self.pool.run(first, " && ".join(setup), timeout=60)
         if not prepared.ok:
-            return Outcome("failed", LAUNCH, f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
+            return Outcome(State.FAILED, Reason.LAUNCH,
+                           f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
         try:
             proc = self.pool.start(first, exitstatus.wrapped(command.argv, status_path), command.env, command.cwd,
                                    f"{workdir}/stdout.log", f"{workdir}/stderr.log", timeout=60)
         except RemoteStartError as e:
             record_attempt(run, config, command)
-            return Outcome("failed", LAUNCH, f"{first}: {str(e)[:300]}")
+            return Outcome(State.FAILED, Reason.LAUNCH, f"{first}: {str(e)[:300]}")
         self._track(run, proc)
         post(Launched(run, proc.pid, None, self.clock()))
         record_attempt(run, config, command)
@@ -198,13 +211,13 @@ class SshExecutor:
         finally:
             proc.close()
 
-    def _track(self, run: Run, proc: "RemoteProcess | AdoptedRemote") -> None:
+    def _track(self, run: Run, proc: RemoteProcess | AdoptedRemote) -> None:
         with self._lock:
             self._procs[run.key] = proc
         if self._stops.killing:
             self._stops.ask(run.key, *Stops.KILLED)
 
-    def _follow(self, run: Run, proc: "RemoteProcess | AdoptedRemote", since: float) -> Outcome:
+    def _follow(self, run: Run, proc: RemoteProcess | AdoptedRemote, since: float) -> Outcome:
         """Wait for the attempt (its timeout counted from `since`), end whatever of it is left on every host,
         fetch its files, judge it."""
         first = run.reservation.hosts[0]
@@ -214,20 +227,20 @@ class SshExecutor:
         try:
             exit_code = proc.wait(None if timeout is None else max(0.0, since + timeout - self.clock()))
         except TimeoutError:
-            self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
+            self._stops.ask(run.key, State.TIMED_OUT, f"ran past its timeout of {timeout:g} s", Reason.TIMEOUT)
             self._end(run, proc)
             exit_code = proc.wait()
         if exit_code is None and proc.lost:
             raise HostDown(first, "connection lost while the experiment ran")
         self._clean(run)
         if self.remote_root is not None:
-            self.pool.get_dir(first, self.workdir(run), run.dir)
+            self._files.get_dir(first, self.workdir(run), run.dir)
         down = [h for h in run.reservation.hosts[1:] if exit_code != 0 and not self.pool.is_up(h)]
         if down:
             raise HostDown(down[0], "stopped answering while the experiment ran")
         return exitstatus.judge_files(exit_code, run.dir, self.metric)
 
-    def _end(self, run: Run, proc: "RemoteProcess | AdoptedRemote") -> None:
+    def _end(self, run: Run, proc: RemoteProcess | AdoptedRemote) -> None:
         """SIGTERM the launcher's group, a grace period, then SIGKILL everything tagged on every node."""
         try:
             proc.signal(signal.SIGTERM)
@@ -238,11 +251,7 @@ class SshExecutor:
 
     def _clean(self, run: Run, hosts: Sequence[str] | None = None) -> None:
         """End every process carrying the attempt's tag on each of its hosts, until none is left."""
-        hosts = list(run.reservation.hosts if hosts is None else hosts)
-        if len(hosts) == 1:
-            end_tagged_remote(self.pool, hosts[0], run.tag)
-        elif hosts:
-            end_tagged_everywhere(self.pool, hosts, run.tag)
+        end_tagged_remote(self.pool, list(run.reservation.hosts if hosts is None else hosts), run.tag)
 
     def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
         post(HostLost(host, "stopped answering"))
@@ -292,65 +301,3 @@ def master_address(pool: SSHPool, host: str) -> str:
         return str(pool.connection(host).host)
     except HostDown:
         return host
-
-
-class HostWatcher:
-    """Probes hosts that were lost, and posts HostBack when one answers again.
-
-    Only lost hosts are probed, every `interval` seconds: a host coming back is the one thing here that no
-    event announces.
-    """
-
-    def __init__(self, pool: SSHPool, post: Callable[[object], None], interval: float = 10.0):
-        self._pool = pool
-        self._post = post
-        self._interval = interval
-        self._down: set[str] = set()
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="autotune-hostwatch", daemon=True)
-        self._thread.start()
-
-    def watch(self, host: str) -> None:
-        with self._lock:
-            self._down.add(host)
-
-    def close(self) -> None:
-        self._closed = True
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while not self._wake.wait(self._interval) and not self._closed:
-            with self._lock:
-                down = sorted(self._down)
-            for host in down:
-                if self._pool.is_up(host, timeout=5):
-                    with self._lock:
-                        self._down.discard(host)
-                    self._post(HostBack(host))
-
-
-@dataclass
-class Router:
-    """One executor for a sweep on several hosts: this machine's attempts locally, the others over SSH."""
-
-    local: object
-    remote: SshExecutor
-
-    def _for(self, run: Run):
-        hosts = run.reservation.hosts
-        return self.local if len(hosts) == 1 and is_local(hosts[0]) else self.remote
-
-    def start(self, run: Run, post: Callable[[object], None]) -> None:
-        self._for(run).start(run, post)
-
-    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
-        self._for(run).adopt(run, pid, since, post)
-
-    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
-        self._for(run).stop(run, state, detail, reason)
-
-    def kill_all(self) -> None:
-        self.local.kill_all()
-        self.remote.kill_all()

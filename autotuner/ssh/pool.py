@@ -19,30 +19,30 @@ fabric and paramiko are imported on first use, not with this module (they take ~
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
-import re
-import select
-import shlex
-import signal as _signal
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from . import tags
-from .errors import UserError
+from ..errors import UserError
+from .process import Expired, RemoteProcess, collect, got_status, read_pid, remaining, signal_name, start_command
 
 if TYPE_CHECKING:  # pragma: no cover
     from fabric import Connection
 
+log = logging.getLogger(__name__)
+
 DEFAULT_MAX_CHANNELS = 8
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE = 15
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PID_MARK = b"autotune-pid:"
 
 
 # --- errors and results --------------------------------------------------------------------------------------
@@ -94,42 +94,6 @@ class Result:
         return self.exit_code == 0
 
 
-def signal_name(sig: int | str) -> str:
-    """'TERM' for signal.SIGTERM, 15, 'TERM' or 'SIGTERM' (the form `kill -NAME` takes)."""
-    if isinstance(sig, str):
-        name = sig.upper().removeprefix("SIG")
-        _signal.Signals["SIG" + name]  # KeyError on a name that is no signal
-        return name
-    return _signal.Signals(sig).name.removeprefix("SIG")
-
-
-def start_command(argv: Sequence[str], env: Mapping[str, str], cwd: str, stdout_path: str,
-                  stderr_path: str) -> str:
-    """The remote shell line behind `SSHPool.start` (every piece quoted; exposed for tests and debugging).
-
-    The login shell changes directory, exports the environment and runs `setsid`, which puts the command in a
-    new session (so a new process group, whose id is its pid). Inside it a POSIX sh prints its own pid (the
-    pid the command keeps across `exec`; marked, as login scripts may print too), creates the log directories
-    and execs the command with its output in the log files. The trailing `; exit $?` keeps the login shell
-    from exec'ing setsid itself, so setsid is never a group leader and never forks (`-w` covers a shell that
-    forks anyway); the channel's exit status is then the command's own (128+N when signal N ended it).
-    """
-    if not argv:
-        raise ValueError("empty argv")
-    for name in env:
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"invalid environment variable name {name!r}")
-    inner = ('o=$1; e=$2; shift 2; mkdir -p -- "$(dirname -- "$o")" "$(dirname -- "$e")" || exit 125; '
-             f'echo {_PID_MARK.decode()}$$; exec "$@" >"$o" 2>"$e" </dev/null')
-    parts = [f"cd -- {shlex.quote(cwd)}"]
-    if env:
-        parts.append("export " + " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()))
-    run = " ".join(shlex.quote(a) for a in ["setsid", "-w", "sh", "-c", inner, "sh", stdout_path, stderr_path,
-                                              *argv])
-    parts.append(run)
-    return " && ".join(parts) + "; exit $?"
-
-
 # --- channel accounting --------------------------------------------------------------------------------------
 
 class _Gate:
@@ -176,13 +140,10 @@ class _Host:
     """Per-host state of the pool."""
 
     def __init__(self, max_channels: int):
-        self.lock = threading.Lock()  # guards conn / sftp replacement
+        self.lock = threading.Lock()  # guards conn replacement
         self.conn: Connection | None = None
         self.connects = 0
         self.gate = _Gate(max_channels)
-        self.sftp: Any = None
-        self.sftp_conn: Any = None
-        self.sftp_lock = threading.Lock()
 
 
 # --- host keys ------------------------------------------------------------------------------------------------
@@ -251,11 +212,10 @@ class SSHPool:
         self._hosts: dict[str, _Host] = {}
         self._lock = threading.Lock()
         self._config: Any = None
-        self._fs_cache: dict[tuple[str, str], bool] = {}
         _Gate(max_channels)  # validate now, not on first use
 
     # --- lifecycle ---------------------------------------------------------------------------------------------
-    def __enter__(self) -> "SSHPool":
+    def __enter__(self) -> SSHPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -325,7 +285,7 @@ class SSHPool:
             hop = hop.gateway
             name = getattr(hop, "original_host", name)
 
-    def _open(self, host: str, timeout: float | None) -> Any:
+    def _open(self, host: str, timeout: float | None) -> Connection:
         import paramiko
         from fabric import Connection
 
@@ -357,7 +317,7 @@ class SSHPool:
         except paramiko.ssh_exception.NoValidConnectionsError as e:
             conn.close()
             raise HostDown(host, f"connection refused ({conn.host} port {conn.port})") from e
-        except (socket.timeout, TimeoutError) as e:
+        except TimeoutError as e:
             conn.close()
             raise HostDown(host, f"connection timed out ({conn.host} port {conn.port})") from e
         except socket.gaierror as e:
@@ -365,7 +325,7 @@ class SSHPool:
             raise HostDown(host, f"cannot resolve {conn.host}: {e.strerror}") from e
         except (paramiko.SSHException, EOFError, OSError) as e:
             conn.close()
-            raise HostDown(host, _describe(e)) from e
+            raise HostDown(host, describe(e)) from e
         transport = conn.transport
         if self.keepalive:
             transport.set_keepalive(self.keepalive)
@@ -374,13 +334,12 @@ class SSHPool:
 
     def _discard(self, entry: _Host) -> None:
         """Drop a host's connection (caller holds entry.lock)."""
-        for thing in (entry.sftp, entry.conn):
-            if thing is not None:
-                try:
-                    thing.close()
-                except Exception:
-                    pass
-        entry.sftp = entry.sftp_conn = entry.conn = None
+        if entry.conn is not None:
+            try:
+                entry.conn.close()
+            except Exception as e:  # closing what is already broken
+                log.debug("closing the connection to %s: %s", entry.conn.original_host, e)
+        entry.conn = None
 
     def connection(self, host: str, timeout: float | None = None) -> Any:
         """The pooled fabric Connection to `host`, opened (or re-opened once, if it dropped) as needed."""
@@ -394,7 +353,7 @@ class SSHPool:
             entry.connects += 1
             return entry.conn
 
-    def _forget_if_dead(self, host: str, transport: Any) -> bool:
+    def forget_if_dead(self, host: str, transport: Any) -> bool:
         """Discard the host's connection if it is the one on `transport` and that died; True if it died."""
         if transport is not None and transport.is_active():
             return False
@@ -413,9 +372,9 @@ class SSHPool:
             try:
                 return conn.transport.open_session(timeout=timeout)
             except (paramiko.SSHException, EOFError, OSError) as e:
-                if self._forget_if_dead(host, conn.transport) and attempt == 1:
+                if self.forget_if_dead(host, conn.transport) and attempt == 1:
                     continue
-                raise HostDown(host, f"cannot open a channel: {_describe(e)}") from e
+                raise HostDown(host, f"cannot open a channel: {describe(e)}") from e
         raise AssertionError("unreachable")
 
     # --- short commands ----------------------------------------------------------------------------------------
@@ -431,12 +390,12 @@ class SSHPool:
         if not entry.gate.acquire(control=True, timeout=timeout):
             raise CommandTimeout(host, f"no free channel within {timeout:g}s")
         try:
-            chan = self._session(host, _remaining(deadline))
+            chan = self._session(host, remaining(deadline))
             try:
                 return self._exec(host, chan, command, deadline)
             finally:
                 chan.close()
-        except _Expired:
+        except Expired:
             raise CommandTimeout(host, f"command timed out after {timeout:g}s") from None
         finally:
             entry.gate.release(control=True)
@@ -446,13 +405,24 @@ class SSHPool:
 
         try:
             chan.exec_command(command)
-            out, err = _collect(chan, deadline)
+            out, err = collect(chan, deadline)
         except (paramiko.SSHException, EOFError, OSError) as e:
-            self._forget_if_dead(host, chan.get_transport())
-            raise HostDown(host, f"connection lost: {_describe(e)}") from e
-        if not _got_status(chan):
+            self.forget_if_dead(host, chan.get_transport())
+            raise HostDown(host, f"connection lost: {describe(e)}") from e
+        if not got_status(chan):
             raise HostDown(host, "connection lost while the command ran")
         return Result(chan.exit_status, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    @contextmanager
+    def control(self, host: str) -> Iterator[None]:
+        """Hold one of the host's control channels (see `_Gate`) while the block runs: a channel opened by
+        something other than `run`, such as an SFTP session, counts against the same bound."""
+        entry = self._entry(host)
+        entry.gate.acquire(control=True)
+        try:
+            yield
+        finally:
+            entry.gate.release(control=True)
 
     def is_up(self, host: str, timeout: float = 5.0) -> bool:
         """True if `host` answers a trivial command within `timeout` seconds (connecting included)."""
@@ -464,7 +434,7 @@ class SSHPool:
     # --- long processes ----------------------------------------------------------------------------------------
     def start(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str = ".",
               stdout_path: str = "/dev/null", stderr_path: str = "/dev/null",
-              timeout: float | None = None) -> "RemoteProcess":
+              timeout: float | None = None) -> RemoteProcess:
         """Start `argv` on `host` in a session (process group) of its own and return once its pid is known.
 
         `env` is exported for it, `cwd` is its working directory (relative: to the login directory), its output
@@ -479,409 +449,43 @@ class SSHPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         entry = self._entry(host)
         entry.gate.acquire(control=False)
-        release = _Once(lambda: entry.gate.release(control=False))
         try:
             try:
-                chan = self._session(host, _remaining(deadline))
-            except _Expired:
+                chan = self._session(host, remaining(deadline))
+            except Expired:
                 raise CommandTimeout(host, f"start timed out after {timeout:g}s") from None
             try:
                 chan.exec_command(line)
-                pid, early_err = _read_pid(chan, deadline)
-            except _Expired:
+                pid, early_err = read_pid(chan, deadline)
+            except Expired:
                 chan.close()
                 raise CommandTimeout(host, f"start timed out after {timeout:g}s") from None
             except (paramiko.SSHException, EOFError, OSError) as e:
                 chan.close()
-                self._forget_if_dead(host, chan.get_transport())
-                raise HostDown(host, f"connection lost: {_describe(e)}") from e
+                self.forget_if_dead(host, chan.get_transport())
+                raise HostDown(host, f"connection lost: {describe(e)}") from e
             if pid is None:
                 try:
-                    out, err = _collect(chan, time.monotonic() + 5)
-                except _Expired:
+                    out, err = collect(chan, time.monotonic() + 5)
+                except Expired:
                     out, err = b"", b""
                 chan.close()
-                if not _got_status(chan):
+                if not got_status(chan):
                     raise HostDown(host, "connection lost while starting the command")
                 raise RemoteStartError(host, chan.exit_status, (early_err + out + err).decode(errors="replace"))
         except BaseException:
-            release()
+            entry.gate.release(control=False)
             raise
-        return RemoteProcess(self, host, pid, list(argv), chan, release)
+        return RemoteProcess(self, host, pid, list(argv), chan, lambda: entry.gate.release(control=False))
 
-    def signal_group(self, host: str, pgid: int, sig: int | str = _signal.SIGTERM,
+    def signal_group(self, host: str, pgid: int, sig: int | str = signal.SIGTERM,
                      timeout: float | None = 30.0) -> bool:
         """Send `sig` to the remote process group `pgid`; False if no such group is left."""
         # `kill -SIG -N` (no `--`): dash's builtin rejects `--` and reads `-s SIG -N` as an option.
         return self.run(host, f"kill -{signal_name(sig)} -{int(pgid)} 2>/dev/null", timeout).ok
 
-    # --- tagged processes --------------------------------------------------------------------------------------
-    def find_tagged(self, host: str, tag: str, timeout: float | None = 30.0) -> list[int]:
-        """PIDs on `host` whose environment carries AUTOTUNE_TAG=`tag`."""
-        return _pids(self.run(host, tags.find_command(tag), timeout).stdout)
-
-    def signal_tagged(self, host: str, tag: str, sig: int | str = _signal.SIGKILL,
-                      timeout: float | None = 30.0) -> list[int]:
-        """Send `sig` to every process on `host` carrying the tag; returns the PIDs signalled."""
-        return _pids(self.run(host, tags.kill_command(tag, signal_name(sig)), timeout).stdout)
-
-    def run_many(self, hosts: Iterable[str], command: str, timeout: float | None = None, *,
-                 fanout: str = "pool") -> dict[str, Result | HostDown]:
-        """Run `command` on every host at once; per host its Result, or the HostDown that stopped it.
-
-        fanout="pool" uses the pooled connections (one thread per host); fanout="pdsh" runs one `pdsh -R ssh`
-        (OpenSSH, the same ssh config and known_hosts), for many hosts without opening pooled connections.
-        """
-        hosts = list(dict.fromkeys(hosts))
-        if fanout == "pdsh":
-            return self.pdsh_run(hosts, command, timeout)
-        if fanout != "pool":
-            raise ValueError(f"fanout must be 'pool' or 'pdsh', not {fanout!r}")
-
-        def one(host: str) -> Result | HostDown:
-            try:
-                return self.run(host, command, timeout)
-            except HostDown as e:
-                return e
-
-        if not hosts:
-            return {}
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="ssh-fanout") as pool:
-            return dict(zip(hosts, pool.map(one, hosts)))
-
-    def find_tagged_many(self, hosts: Iterable[str], tag: str, timeout: float | None = 30.0, *,
-                         fanout: str = "pool") -> dict[str, list[int] | HostDown]:
-        results = self.run_many(hosts, tags.find_command(tag), timeout, fanout=fanout)
-        return {h: r if isinstance(r, HostDown) else _pids(r.stdout) for h, r in results.items()}
-
-    def signal_tagged_many(self, hosts: Iterable[str], tag: str, sig: int | str = _signal.SIGKILL,
-                           timeout: float | None = 30.0, *, fanout: str = "pool") -> dict[str, list[int] | HostDown]:
-        results = self.run_many(hosts, tags.kill_command(tag, signal_name(sig)), timeout, fanout=fanout)
-        return {h: r if isinstance(r, HostDown) else _pids(r.stdout) for h, r in results.items()}
-
-    def pdsh_args(self) -> str:
-        """The ssh options pdsh must append (PDSH_SSH_ARGS_APPEND) to reach hosts the way this pool does."""
-        args = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, math.ceil(self.connect_timeout))}"]
-        if self.ssh_config_path:
-            args = ["-F", self.ssh_config_path] + args
-        if self.known_hosts:
-            args += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
-        if self.accept_new_hosts:
-            args += ["-o", "StrictHostKeyChecking=accept-new"]
-        if self.user:
-            args += ["-l", self.user]
-        return " ".join(shlex.quote(a) for a in args)
-
-    def pdsh_run(self, hosts: Sequence[str], command: str,
-                 timeout: float | None = None) -> dict[str, Result | HostDown]:
-        """`run_many` through one pdsh process. Needs pdsh on this machine (not on the hosts)."""
-        import shutil
-        import subprocess
-        import uuid
-
-        pdsh = shutil.which("pdsh")
-        if pdsh is None:
-            raise RuntimeError("pdsh is not installed")
-        hosts = list(dict.fromkeys(hosts))
-        if not hosts:
-            return {}
-        for host in hosts:
-            if not host or "," in host or host.startswith("-") or any(c.isspace() for c in host):
-                raise ValueError(f"host name unusable with pdsh: {host!r}")
-        # The exit status of each host comes back in its output: pdsh -S only gives the largest one.
-        marker = f"__autotune_rc_{uuid.uuid4().hex[:12]}"
-        remote = f"( {command}\n); echo {marker}=$?"
-        argv = [pdsh, "-R", "ssh", "-S", "-f", str(min(64, len(hosts))), "-w", ",".join(hosts)]
-        argv += ["-t", str(max(1, math.ceil(self.connect_timeout)))]
-        if timeout is not None:
-            argv += ["-u", str(max(1, math.ceil(timeout)))]
-        env = dict(os.environ, PDSH_SSH_ARGS_APPEND=self.pdsh_args(), PDSH_RCMD_TYPE="ssh")
-        proc = subprocess.run(argv + [remote], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace",
-                              timeout=None if timeout is None else timeout + self.connect_timeout + 10)
-        out: dict[str, list[str]] = {h: [] for h in hosts}
-        err: dict[str, list[str]] = {h: [] for h in hosts}
-        notes: dict[str, list[str]] = {h: [] for h in hosts}
-        codes: dict[str, int] = {}
-        for line in proc.stdout.splitlines():
-            host, sep, text = line.partition(": ")
-            if host in out and sep:
-                if text.startswith(marker + "="):
-                    codes[host] = int(text.split("=", 1)[1])
-                else:
-                    out[host].append(text)
-        for line in proc.stderr.splitlines():
-            if line.startswith("pdsh@"):  # pdsh's own words: "pdsh@me: host: ssh exited with exit code 255"
-                _, _, rest = line.partition(": ")
-                host, _, text = rest.partition(": ")
-                if host in notes:
-                    notes[host].append(text)
-                continue
-            host, sep, text = line.partition(": ")
-            if host in err and sep:
-                err[host].append(text)
-        results: dict[str, Result | HostDown] = {}
-        for host in hosts:
-            if host in codes:
-                results[host] = Result(codes[host], _lines(out[host]), _lines(err[host]))
-            else:
-                why = (err[host] + notes[host]) or ["no answer"]
-                results[host] = HostDown(host, "; ".join(why[-2:]))
-        return results
-
-    # --- files --------------------------------------------------------------------------------------------------
-    def shares_filesystem(self, host: str, path: str | os.PathLike, timeout: float | None = 30.0) -> bool:
-        """True if `host` sees this machine's directory `path` (e.g. over NFS) under the same name.
-
-        Decided once per host and directory by writing a marker file with a random token here and reading it
-        there. A host that does not see it yet (an NFS cache) is taken as not sharing, which is merely slower.
-        """
-        import uuid
-
-        directory = os.path.realpath(path)
-        key = (host, directory)
-        if key in self._fs_cache:
-            return self._fs_cache[key]
-        token = uuid.uuid4().hex
-        marker = Path(directory) / f".autotune-fs-{token}"
-        marker.write_text(token)
-        try:
-            result = self.run(host, f"cat -- {shlex.quote(str(marker))} 2>/dev/null", timeout)
-        finally:
-            marker.unlink(missing_ok=True)
-        shared = result.ok and result.stdout.strip() == token
-        self._fs_cache[key] = shared
-        return shared
-
-    def _sftp(self, host: str, entry: _Host) -> Any:
-        conn = self.connection(host)
-        with entry.lock:
-            if entry.sftp is None or entry.sftp_conn is not conn:
-                if entry.sftp is not None:
-                    try:
-                        entry.sftp.close()
-                    except Exception:
-                        pass
-                entry.sftp = conn.client.open_sftp()
-                entry.sftp_conn = conn
-            return entry.sftp
-
-    def _sftp_call(self, host: str, fn: Any) -> Any:
-        """Run fn(sftp) on the host's one SFTP session (serialised), mapping connection failures to HostDown."""
-        import paramiko
-
-        entry = self._entry(host)
-        entry.gate.acquire(control=True)
-        try:
-            with entry.sftp_lock:
-                for attempt in (1, 2):
-                    try:
-                        sftp = self._sftp(host, entry)
-                        return fn(sftp)
-                    except (paramiko.SSHException, EOFError, OSError) as e:
-                        if isinstance(e, OSError) and getattr(e, "errno", None) is not None:
-                            raise  # the server answered: no such file, permission denied, ...
-                        conn = entry.sftp_conn
-                        if conn is not None and self._forget_if_dead(host, conn.transport) and attempt == 1:
-                            continue
-                        raise HostDown(host, f"sftp: {_describe(e)}") from e
-        finally:
-            entry.gate.release(control=True)
-
-    def get(self, host: str, remote_path: str, local_path: str | os.PathLike) -> bool:
-        """Copy a remote file here over SFTP; False (nothing copied) when it is already here because `host`
-        shares our filesystem and both paths are the same. The local file appears whole or not at all."""
-        import uuid
-
-        local = Path(local_path)
-        if os.path.abspath(remote_path) == os.path.abspath(local) and local.parent.is_dir() \
-                and self.shares_filesystem(host, local.parent):
-            return False
-        local.parent.mkdir(parents=True, exist_ok=True)
-        part = local.with_name(local.name + f".part-{uuid.uuid4().hex[:8]}")
-        try:
-            self._sftp_call(host, lambda sftp: sftp.get(remote_path, str(part)))
-            os.replace(part, local)
-        finally:
-            part.unlink(missing_ok=True)
-        return True
-
-    def get_dir(self, host: str, remote_dir: str, local_dir: str | os.PathLike) -> int:
-        """Copy a remote directory tree here (see `get`); returns the number of files copied."""
-        import stat
-        import uuid
-
-        local = Path(local_dir)
-        if os.path.abspath(remote_dir) == os.path.abspath(local) and local.is_dir() \
-                and self.shares_filesystem(host, local):
-            return 0
-        copied = 0
-        todo = [(remote_dir.rstrip("/") or "/", local)]
-        while todo:
-            rdir, ldir = todo.pop()
-            ldir.mkdir(parents=True, exist_ok=True)
-            for attr in self._sftp_call(host, lambda sftp: sftp.listdir_attr(rdir)):
-                rpath = f"{rdir}/{attr.filename}"
-                if stat.S_ISDIR(attr.st_mode or 0):
-                    todo.append((rpath, ldir / attr.filename))
-                elif stat.S_ISREG(attr.st_mode or 0):
-                    part = ldir / f".{attr.filename}.part-{uuid.uuid4().hex[:8]}"
-                    try:
-                        self._sftp_call(host, lambda sftp: sftp.get(rpath, str(part)))
-                        os.replace(part, ldir / attr.filename)
-                    finally:
-                        part.unlink(missing_ok=True)
-                    copied += 1
-        return copied
-
-
-class RemoteProcess:
-    """A command started by `SSHPool.start`, running in its own session on `host`; `pid` is also its pgid."""
-
-    def __init__(self, pool: SSHPool, host: str, pid: int, argv: list[str], channel: Any, release: "_Once"):
-        self.pool = pool
-        self.host = host
-        self.pid = pid
-        self.argv = argv
-        self.returncode: int | None = None
-        self.lost = False
-        self._chan = channel
-        self._release = release
-        self._done = threading.Lock()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Block until the remote command ends; its exit status (128+N if signal N ended it), or None if the
-        connection to the host was lost first (the command may or may not still run there: it is not known).
-        Raises TimeoutError if `timeout` seconds pass first."""
-        if not self._chan.status_event.wait(timeout):
-            raise TimeoutError(f"{self.host}: pid {self.pid} still running after {timeout:g}s")
-        with self._done:
-            if self.returncode is None and not self.lost:
-                if _got_status(self._chan):
-                    self.returncode = self._chan.exit_status
-                else:
-                    self.lost = True
-                    self.pool._forget_if_dead(self.host, self._chan.get_transport())
-                self._finish()
-        return self.returncode
-
-    def poll(self) -> int | None:
-        """The exit status if the command has ended, else None (see `lost` to tell a lost connection)."""
-        if self._chan.status_event.is_set():
-            return self.wait()
-        return None
-
-    def signal(self, sig: int | str = _signal.SIGTERM) -> bool:
-        """Send `sig` to the remote process group; False if it is gone. Raises HostDown if the host is."""
-        return self.pool.signal_group(self.host, self.pid, sig)
-
-    def close(self) -> None:
-        """Stop following the process (it keeps running) and give its channel back to the pool."""
-        with self._done:
-            self._finish()
-
-    def _finish(self) -> None:
-        try:
-            self._chan.close()
-        finally:
-            self._release()
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else ("running" if self.returncode is None else f"exit {self.returncode}")
-        return f"RemoteProcess({self.host} pid {self.pid} {state})"
-
 
 # --- helpers --------------------------------------------------------------------------------------------------
-
-class _Expired(Exception):
-    pass
-
-
-class _Once:
-    def __init__(self, fn: Any):
-        self._fn = fn
-        self._lock = threading.Lock()
-        self._done = False
-
-    def __call__(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._fn()
-
-
-def _remaining(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise _Expired()
-    return left
-
-
-def _wait_readable(chan: Any, deadline: float | None) -> None:
-    left = _remaining(deadline)
-    ready, _, _ = select.select([chan], [], [], left)
-    if not ready and deadline is not None and time.monotonic() >= deadline:
-        raise _Expired()
-
-
-def _drain(chan: Any, out: bytearray, err: bytearray) -> None:
-    while chan.recv_ready():
-        out += chan.recv(65536)
-    while chan.recv_stderr_ready():
-        err += chan.recv_stderr(65536)
-
-
-def _collect(chan: Any, deadline: float | None) -> tuple[bytes, bytes]:
-    """Everything the command writes until it ends, both streams read as they come (no window stalls)."""
-    out, err = bytearray(), bytearray()
-    while True:
-        _drain(chan, out, err)
-        if chan.eof_received or chan.closed:
-            break
-        _wait_readable(chan, deadline)
-    # Any stderr sent before EOF is buffered by now; the exit status follows EOF.
-    _drain(chan, out, err)
-    left = _remaining(deadline)
-    if not chan.status_event.wait(left):
-        raise _Expired()
-    _drain(chan, out, err)
-    return bytes(out), bytes(err)
-
-
-def _read_pid(chan: Any, deadline: float | None) -> tuple[int | None, bytes]:
-    """The pid from the `autotune-pid:N` line of a start, or None if the output ended without one; and the
-    rest of what came (stdout lines before it, stderr), for the error message."""
-    buf, err = bytearray(), bytearray()
-    while True:
-        while chan.recv_stderr_ready():
-            err += chan.recv_stderr(65536)
-        if chan.recv_ready():
-            buf += chan.recv(1)  # byte by byte: nothing after the pid line is consumed
-            if buf.endswith(b"\n"):
-                line = bytes(buf).strip()
-                if line.startswith(_PID_MARK) and line[len(_PID_MARK):].isdigit():
-                    return int(line[len(_PID_MARK):]), bytes(err)
-                err += buf
-                buf.clear()
-            continue
-        if chan.eof_received or chan.closed:
-            return None, bytes(err + buf)
-        _wait_readable(chan, deadline)
-
-
-def _got_status(chan: Any) -> bool:
-    """True if the server sent an exit status: the channel ended because the command did, not the connection.
-
-    paramiko sets exit_status only from an `exit-status` message and leaves it at -1 otherwise; a wire status
-    is an unsigned 32-bit number, never -1.
-    """
-    return chan.exit_status != -1
-
 
 def _tcp_keepalive(sock: Any, seconds: int) -> None:
     """Let the kernel notice a silently vanished peer in about 5 x seconds (paramiko's keepalive alone only
@@ -900,17 +504,10 @@ def _tcp_keepalive(sock: Any, seconds: int) -> None:
         pass
 
 
-def _describe(e: BaseException) -> str:
+def describe(e: BaseException) -> str:
+    """A failure to reach a host, in a few words."""
     if isinstance(e, EOFError):
         return "connection closed by the remote end"
     if isinstance(e, OSError) and e.strerror:
         return e.strerror.lower()
     return str(e) or type(e).__name__
-
-
-def _pids(text: str) -> list[int]:
-    return sorted({int(word) for word in text.split() if word.isdigit()})
-
-
-def _lines(lines: list[str]) -> str:
-    return "".join(line + "\n" for line in lines)
