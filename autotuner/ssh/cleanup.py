@@ -10,8 +10,9 @@ import time
 from collections.abc import Iterable, Sequence
 
 from .. import tags
+from .errors import HostDown
 from .fanout import Fanout, run_many
-from .pool import HostDown, SSHPool
+from .pool import SSHPool
 from .process import signal_name
 
 

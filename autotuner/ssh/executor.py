@@ -33,7 +33,8 @@ from ..scheduler import Finished, HostLost, Launched, Run
 from ..states import Reason, State
 from ..threads import Workers
 from .cleanup import end_tagged_remote
-from .pool import HostDown, RemoteStartError, SSHPool
+from .errors import HostDown, RemoteStartError
+from .pool import SSHPool
 from .process import RemoteProcess
 from .sftp import RemoteFiles
 

@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar
 
-from .pool import HostDown, Result, SSHPool
+from .errors import HostDown
+from .pool import Result, SSHPool
 
 T = TypeVar("T")
 Fanout = Literal["pool", "pdsh"]

@@ -5,11 +5,7 @@ a connection found dropped is re-opened once on the next use. Channels per host 
 sessions beyond its `MaxSessions`, 10 by default). `~/.ssh/config` (or the given ssh config file) is honoured
 through fabric: HostName, User, Port, IdentityFile, ProxyJump, ConnectTimeout, UserKnownHostsFile.
 
-Host keys are checked against known_hosts as OpenSSH does. Fabric's own default is to trust any key it has
-not seen (paramiko's AutoAddPolicy, and no known_hosts loaded at all), on every hop of a ProxyJump too: the
-pool replaces that policy on each connection it opens. An unknown key is refused with `HostKeyError` unless
-the user opted in (`accept_new_hosts=True`, or `StrictHostKeyChecking accept-new` in the ssh config), in which
-case it is appended to the user's known_hosts file. A key that differs from the known one is always refused.
+Host keys are checked against known_hosts as OpenSSH does, on every ProxyJump hop too (see hostkeys).
 
 Every failure that comes from a host being unreachable (refused, timed out, connection lost, authentication,
 host key) raises `HostDown`, so that callers have one thing to catch to mark a host down. A remote command
@@ -29,10 +25,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+from .errors import CommandTimeout, HostDown, HostKeyError, RemoteStartError, describe
+from .hostkeys import check_host_keys, fingerprint
 from .process import Expired, RemoteProcess, collect, got_status, read_pid, remaining, signal_name, start_command
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,41 +42,7 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_KEEPALIVE = 15
 
 
-# --- errors and results --------------------------------------------------------------------------------------
-
-class HostDown(Exception):
-    """A host could not be reached or used over SSH. `reason` says why, in a few words."""
-
-    def __init__(self, host: str, reason: str):
-        super().__init__(host, reason)
-        self.host = host
-        self.reason = reason
-
-    def __str__(self) -> str:
-        return f"host {self.host}: {self.reason}"
-
-
-class HostKeyError(HostDown):
-    """The host's key is not in known_hosts (and the user did not opt in), or differs from the known one."""
-
-
-class CommandTimeout(HostDown):
-    """A short command did not finish within its timeout: the host is not answering in time."""
-
-
-class RemoteStartError(RuntimeError):
-    """A remote process could not be started (missing working directory, unwritable log directory, ...)."""
-
-    def __init__(self, host: str, exit_code: int | None, stderr: str):
-        super().__init__(host, exit_code, stderr)
-        self.host = host
-        self.exit_code = exit_code
-        self.stderr = stderr
-
-    def __str__(self) -> str:
-        detail = self.stderr.strip().splitlines()[-1] if self.stderr.strip() else "no output"
-        return f"host {self.host}: could not start the command (exit {self.exit_code}): {detail}"
-
+# --- results --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Result:
@@ -144,46 +107,6 @@ class _Host:
         self.conn: Connection | None = None
         self.connects = 0
         self.gate = _Gate(max_channels)
-
-
-# --- host keys ------------------------------------------------------------------------------------------------
-
-def _paths(value: str | None, defaults: Sequence[str]) -> list[str]:
-    if not value:
-        return [os.path.expanduser(p) for p in defaults]
-    return [os.path.expanduser(p) for p in value.split() if p.lower() != "none"]
-
-
-class _KeyPolicy:
-    """paramiko missing-host-key policy: refuse, or (opted in) append to the user's known_hosts and go on."""
-
-    def __init__(self, alias: str, accept: bool, known_hosts_file: str | None, hash_names: bool):
-        self.alias = alias
-        self.accept = accept
-        self.known_hosts_file = known_hosts_file
-        self.hash_names = hash_names
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        if not self.accept:
-            raise HostKeyError(self.alias, "unknown host key (not in known_hosts); pass --accept-new-hosts to "
-                                           "trust it")
-        from paramiko.hostkeys import HostKeys
-
-        name = HostKeys.hash_host(hostname) if self.hash_names else hostname
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        if self.known_hosts_file:
-            path = Path(self.known_hosts_file)
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                f.write(f"{name} {key.get_name()} {key.get_base64()}\n")
-
-
-def _fingerprint(key: Any) -> str:
-    import base64
-    import hashlib
-
-    digest = base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
-    return f"{key.get_name()} SHA256:{digest}"
 
 
 # --- the pool -------------------------------------------------------------------------------------------------
@@ -261,30 +184,6 @@ class SSHPool:
                     raise UserError(f"cannot read ssh config: {e}", path=self.ssh_config_path) from e
             return self._config
 
-    def _secure(self, conn: Any, alias: str) -> None:
-        """Check host keys on `conn` and on every ProxyJump hop before it, as OpenSSH would."""
-        from fabric import Connection
-
-        hop, name = conn, alias
-        while isinstance(hop, Connection):
-            cfg = hop.ssh_config
-            if self.known_hosts is not None:
-                user_files = [self.known_hosts]
-            else:
-                user_files = _paths(cfg.get("userknownhostsfile"), ["~/.ssh/known_hosts", "~/.ssh/known_hosts2"])
-            global_files = _paths(cfg.get("globalknownhostsfile"),
-                                  ["/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2"])
-            for path in global_files + user_files:
-                if os.path.isfile(path):
-                    hop.client.load_system_host_keys(path)
-            strict = str(cfg.get("stricthostkeychecking", "ask")).lower()
-            accept = self.accept_new_hosts or strict in ("accept-new", "no", "off")
-            hashed = str(cfg.get("hashknownhosts", "no")).lower() == "yes"
-            hop.client.set_missing_host_key_policy(
-                _KeyPolicy(name, accept, user_files[0] if user_files else None, hashed))
-            hop = hop.gateway
-            name = getattr(hop, "original_host", name)
-
     def _open(self, host: str, timeout: float | None) -> Connection:
         import paramiko
         from fabric import Connection
@@ -301,7 +200,7 @@ class SSHPool:
         if str(conn.ssh_config.get("identitiesonly", "no")).lower() == "yes" and conn.ssh_config.get("identityfile"):
             # As OpenSSH: only the configured keys, not every key in ~/.ssh or the agent (MaxAuthTries).
             conn.connect_kwargs.update(look_for_keys=False, allow_agent=False)
-        self._secure(conn, host)
+        check_host_keys(conn, host, self.known_hosts, self.accept_new_hosts)
         try:
             conn.open()
         except HostDown:
@@ -309,7 +208,7 @@ class SSHPool:
             raise
         except paramiko.BadHostKeyException as e:
             conn.close()
-            raise HostKeyError(host, f"host key {_fingerprint(e.key)} does not match known_hosts; if it changed "
+            raise HostKeyError(host, f"host key {fingerprint(e.key)} does not match known_hosts; if it changed "
                                      f"on purpose, remove the old entry (ssh-keygen -R {conn.host})") from e
         except paramiko.AuthenticationException as e:
             conn.close()
@@ -502,12 +401,3 @@ def _tcp_keepalive(sock: Any, seconds: int) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 4 * seconds * 1000)
     except OSError:
         pass
-
-
-def describe(e: BaseException) -> str:
-    """A failure to reach a host, in a few words."""
-    if isinstance(e, EOFError):
-        return "connection closed by the remote end"
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror.lower()
-    return str(e) or type(e).__name__

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from ..hostfile import Host, load_hostfile
 from ..inventory import Gpu
+from .errors import HostDown
 from .fanout import each, run_many
-from .pool import HostDown, SSHPool
+from .pool import SSHPool
 
 MIB = 1024 * 1024
 _MARK = "==autotune-probe"

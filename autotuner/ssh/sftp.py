@@ -17,7 +17,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .pool import HostDown, SSHPool, describe
+from .errors import HostDown, describe
+from .pool import SSHPool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
