@@ -52,39 +52,6 @@ def end_tagged(tag: str, grace: float) -> None:
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
 
 
-def end_tagged_remote(pool, host: str, tag: str) -> None:
-    """SIGKILL what carries the tag on `host` until nothing does; a host that is down is left alone (what ran
-    there is gone with it, or is ended when a later resume finds it)."""
-    from .transport import HostDown
-
-    for _ in range(50):
-        try:
-            if not pool.signal_tagged(host, tag, signal.SIGKILL, timeout=30):
-                return
-        except HostDown:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {host}")
-
-
-def end_tagged_everywhere(pool, hosts, tag: str) -> None:
-    """SIGKILL what carries the tag on all `hosts` at once (one pdsh fan-out when pdsh is installed, the pooled
-    connections otherwise), again until none is left; hosts that are down are left alone."""
-    import shutil
-
-    from .transport import HostDown
-
-    fanout = "pdsh" if shutil.which("pdsh") else "pool"
-    todo = list(hosts)
-    for _ in range(50):
-        signalled = pool.signal_tagged_many(todo, tag, signal.SIGKILL, timeout=30, fanout=fanout)
-        todo = [h for h, pids in signalled.items() if not isinstance(pids, HostDown) and pids]
-        if not todo:
-            return
-        time.sleep(0.1)
-    raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {', '.join(todo)}")
-
-
 def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[Attempt]:
     """End the attempts a dead runner left running, for `autotune cancel` with no runner (a runner that takes
     the sweep over adopts them instead: `Scheduler.adopt`).
@@ -102,9 +69,11 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
         status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
         if attempt.tag:
             end_tagged(attempt.tag, grace)
-            for host in attempt.slots:
-                if pool is not None and not is_local(host):
-                    end_tagged_remote(pool, host, attempt.tag)
+            remote = [host for host in attempt.slots if not is_local(host)]
+            if pool is not None and remote:
+                from .ssh import end_tagged_remote
+
+                end_tagged_remote(pool, remote, attempt.tag)
         outcome = Outcome(INTERRUPTED, INTERRUPTED, "the runner stopped while it ran")
         if status is not None:
             local = all(is_local(h) for h in attempt.slots)

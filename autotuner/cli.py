@@ -369,7 +369,7 @@ def hosts(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
-    from .probe import check_hostfile
+    from .ssh import check_hostfile
     from .views import render_hosts
 
     try:

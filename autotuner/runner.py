@@ -300,7 +300,7 @@ def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
     meta = ledger.meta()
     if not even_local and all(is_local(h) for h in dict(meta["slots"])):
         return None
-    from .transport import SSHPool
+    from .ssh import SSHPool
 
     ssh = options.ssh or Ssh(**dict(meta.get("ssh") or {}))
     ledger.set_meta("ssh", ssh.to_json())
@@ -322,9 +322,10 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
     waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
     waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
-    watcher = None
+    watcher = remote = None
     if pool is not None:
-        from .remote import HostWatcher, Router, SshExecutor
+        from .remote import Router
+        from .ssh import HostWatcher, SshExecutor
 
         watcher = HostWatcher(pool, scheduler.post)
         ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
@@ -337,13 +338,13 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
     experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
     for attempt in adopt:
         scheduler.adopt(experiments[attempt.name], attempt)
-    if pool is not None:
-        remote_hosts = [h for h in slots if not is_local(h)]
-        for host, trouble in zip(remote_hosts, _probe(pool, remote_hosts)):
-            if trouble:
-                options.log(f"{trouble}: left out until it answers")
-                slot_pool.mark_down(host)
-                watcher.watch(host)
+    if pool is not None and watcher is not None:
+        from .ssh import unanswering
+
+        for host, trouble in unanswering(pool, [h for h in slots if not is_local(h)]).items():
+            options.log(f"{trouble}: left out until it answers")
+            slot_pool.mark_down(host)
+            watcher.watch(host)
         if all(slot_pool.is_down(h) for h in slots):
             watcher.close()
             raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
@@ -353,6 +354,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
     finally:
         if watcher is not None:
             watcher.close()
+        if remote is not None:
+            remote.close()
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options, pool,
@@ -367,9 +370,11 @@ def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, opt
     local = [h for h in scheduler.pool.hosts if is_local(h)]
     if not local or not any(item.num_nodes > 1 for item in waiting):
         return waiting
+    from .ssh import unanswering
+
     probing = pool or _ssh_pool(ledger, options, even_local=True)
     try:
-        silent = {host: trouble for host, trouble in zip(local, _probe(probing, local)) if trouble}
+        silent = unanswering(probing, local)
     finally:
         if probing is not pool:
             probing.close()
@@ -405,24 +410,6 @@ class _SingleNodeOn:
         if num_nodes > 1:
             free = {host: ids for host, ids in free.items() if host not in self.hosts}
         return self.placement.place(free, num_nodes, num_gpus)
-
-
-def _probe(pool, hosts: Sequence[str]) -> list[str | None]:
-    """Why each host cannot be used (None: it answers), asked in parallel."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .transport import HostDown
-
-    def trouble(host: str) -> str | None:
-        try:
-            return None if pool.run(host, "true", timeout=10).ok else f"host {host}: `true` failed"
-        except HostDown as e:
-            return str(e)
-
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as workers:
-        return list(workers.map(trouble, hosts))
 
 
 def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: float | None) -> bool:

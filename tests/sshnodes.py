@@ -130,7 +130,7 @@ class Node:
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
-            "MaxSessions 10",  # sshd's default, spelt out: transport.SSHPool keeps below it
+            "MaxSessions 10",  # sshd's default, spelt out: ssh.SSHPool keeps below it
             "MaxStartups 100",  # many parallel connects (probes, benchmarks) must not be dropped
             "PermitUserEnvironment no",
             "AcceptEnv AUTOTUNE_*",

@@ -172,9 +172,8 @@ def test_a_node_down_at_start_is_reported_and_left_out(ssh_nodes, tmp_path):
 
 
 def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
-    from autotuner.remote import HostWatcher
     from autotuner.scheduler import HostBack
-    from autotuner.transport import SSHPool
+    from autotuner.ssh import HostWatcher, SSHPool
 
     posted = []
     came_back = threading.Event()
@@ -276,8 +275,7 @@ def test_cancel_with_no_runner_ends_what_a_dead_one_left_on_the_nodes(ssh_nodes,
 def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
     import shutil
 
-    from autotuner.cleanup import end_tagged_everywhere
-    from autotuner.transport import SSHPool
+    from autotuner.ssh import SSHPool, end_tagged_remote
 
     assert shutil.which("pdsh"), ".ci/setup installs pdsh"
     tag = f"fanout{time.time_ns()}.e.1"
@@ -288,7 +286,7 @@ def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
         while len(tags.find_tagged(tag)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(tags.find_tagged(tag)) >= 2
-        end_tagged_everywhere(pool, ["node-1", "node-2"], tag)
+        end_tagged_remote(pool, ["node-1", "node-2"], tag)
     assert tags.find_tagged(tag) == []
 
 

@@ -7,8 +7,8 @@ import re
 import pytest
 
 from autotuner.inventory import Gpu
-from autotuner.probe import HostReport, parse_nvidia_smi, parse_probe, probe_hosts, probe_script
-from autotuner.transport import SSHPool
+from autotuner.ssh import HostReport, SSHPool, probe_hosts
+from autotuner.ssh.probe import parse_nvidia_smi, parse_probe, probe_script
 
 
 def test_probe_two_up_one_down(ssh_nodes):

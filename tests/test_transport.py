@@ -9,10 +9,21 @@ import threading
 import time
 
 import pytest
-
-from autotuner.transport import (CommandTimeout, HostDown, HostKeyError, RemoteStartError, SSHPool, signal_name,
-                                 start_command)
 from sshnodes import descendants
+
+from autotuner import tags
+from autotuner.ssh import (
+    CommandTimeout,
+    HostDown,
+    HostKeyError,
+    RemoteFiles,
+    RemoteStartError,
+    SSHPool,
+    run_many,
+    signal_name,
+    signal_tagged,
+)
+from autotuner.ssh.process import start_command
 
 
 @pytest.fixture
@@ -21,17 +32,43 @@ def pool(ssh_nodes):
         yield p
 
 
+@pytest.fixture
+def files(pool):
+    remote = RemoteFiles(pool)
+    yield remote
+    remote.close()
+
+
+def find_tagged(pool, host, tag) -> list[int]:
+    """PIDs on `host` carrying the tag, by the same snippet clean-up uses."""
+    return sorted(int(word) for word in pool.run(host, tags.find_command(tag), 30).stdout.split())
+
+
+def find_tagged_many(pool, hosts, tag, fanout="pool") -> dict:
+    results = run_many(pool, hosts, tags.find_command(tag), 30, fanout=fanout)
+    return {h: sorted(int(word) for word in r.stdout.split()) for h, r in results.items()}
+
+
 def _tag(request) -> str:
     return f"test-{request.node.name}-{os.getpid()}".replace("[", "-").replace("]", "")
 
 
 def _gone(pool, host, tag, timeout=5.0) -> bool:
     deadline = time.monotonic() + timeout
-    while pool.find_tagged(host, tag):
+    while find_tagged(pool, host, tag):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)
     return True
+
+
+def _cmdline(pid: int) -> str:
+    """The process's command line; "" once it is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
 
 
 # --- short commands ------------------------------------------------------------------------------------------
@@ -73,8 +110,8 @@ def test_channels_are_bounded(ssh_nodes, request):
         procs = [pool.start("node-2", ["sleep", "60"], {"AUTOTUNE_TAG": tag}) for _ in range(3)]
         assert pool.run("node-2", "echo still", timeout=10).stdout == "still\n"
         assert pool.peak_channels("node-2") == 4
-        assert sorted(pool.find_tagged("node-2", tag)) == sorted(p.pid for p in procs)
-        pool.signal_tagged("node-2", tag, "KILL")
+        assert sorted(find_tagged(pool, "node-2", tag)) == sorted(p.pid for p in procs)
+        signal_tagged(pool, ["node-2"], tag, "KILL")
         assert [p.wait(10) for p in procs] == [137, 137, 137]
 
 
@@ -106,7 +143,7 @@ def test_wait_returns_exit_status(ssh_nodes, pool, tmp_path):
 def test_argv_is_passed_literally(pool, tmp_path):
     nasty = ["a b", "it's", '"q"', "$(touch /tmp/pwned)", "; rm -rf /", "*", "$HOME", "back\\slash", "\n"]
     out = tmp_path / "argv.txt"
-    proc = pool.start("node-1", ["printf", "%s|"] + nasty, env={"X": "$(id)"}, stdout_path=str(out))
+    proc = pool.start("node-1", ["printf", "%s|", *nasty], env={"X": "$(id)"}, stdout_path=str(out))
     assert proc.wait(30) == 0
     assert out.read_text() == "".join(a + "|" for a in nasty)
 
@@ -114,7 +151,7 @@ def test_argv_is_passed_literally(pool, tmp_path):
 def test_start_own_session_and_signal_group(pool, request):
     tag = _tag(request)
     proc = pool.start("node-1", ["sh", "-c", "sleep 60 & sleep 60; wait"], {"AUTOTUNE_TAG": tag})
-    pids = pool.find_tagged("node-1", tag)
+    pids = find_tagged(pool, "node-1", tag)
     assert proc.pid in pids and len(pids) == 3
     ids = pool.run("node-1", f"ps -o pgid=,sid= -p {proc.pid}").stdout.split()
     assert ids == [str(proc.pid), str(proc.pid)]  # leader of its own group and session
@@ -133,14 +170,14 @@ def test_find_and_kill_by_tag(pool, request):
     tag = _tag(request)
     procs = {host: pool.start(host, ["sleep", "60"], {"AUTOTUNE_TAG": f"{tag}-{host}"})
              for host in ("node-1", "node-2")}
-    assert pool.find_tagged("node-1", f"{tag}-node-1") == [procs["node-1"].pid]
-    assert pool.signal_tagged("node-1", f"{tag}-node-1", "KILL") == [procs["node-1"].pid]
+    assert find_tagged(pool, "node-1", f"{tag}-node-1") == [procs["node-1"].pid]
+    assert signal_tagged(pool, ["node-1"], f"{tag}-node-1", "KILL")["node-1"] == [procs["node-1"].pid]
     assert procs["node-1"].wait(30) == 137
-    assert pool.find_tagged("node-1", f"{tag}-node-1") == []
-    assert pool.find_tagged("node-2", f"{tag}-node-2") == [procs["node-2"].pid]  # another tag is never hit
-    assert pool.signal_tagged("node-2", f"{tag}-node-2", "TERM") == [procs["node-2"].pid]
+    assert find_tagged(pool, "node-1", f"{tag}-node-1") == []
+    assert find_tagged(pool, "node-2", f"{tag}-node-2") == [procs["node-2"].pid]  # another tag is never hit
+    assert signal_tagged(pool, ["node-2"], f"{tag}-node-2", "TERM")["node-2"] == [procs["node-2"].pid]
     assert procs["node-2"].wait(30) == 143
-    assert pool.find_tagged("node-2", f"{tag}-node-2") == []
+    assert find_tagged(pool, "node-2", f"{tag}-node-2") == []
 
 
 def test_find_and_kill_by_tag_on_many_hosts(pool, request):
@@ -148,11 +185,11 @@ def test_find_and_kill_by_tag_on_many_hosts(pool, request):
     procs = [pool.start(host, ["sleep", "60"], {"AUTOTUNE_TAG": tag}) for host in ("node-1", "node-2")]
     pids = sorted(p.pid for p in procs)
     # One machine: both nodes see both processes.
-    assert pool.find_tagged_many(["node-1", "node-2"], tag) == {"node-1": pids, "node-2": pids}
-    killed = pool.signal_tagged_many(["node-1", "node-2"], tag)
+    assert find_tagged_many(pool, ["node-1", "node-2"], tag) == {"node-1": pids, "node-2": pids}
+    killed = signal_tagged(pool, ["node-1", "node-2"], tag)
     assert sorted(set(killed["node-1"]) | set(killed["node-2"])) == pids
     assert [p.wait(30) for p in procs] == [137, 137]
-    assert pool.find_tagged_many(["node-1", "node-2"], tag) == {"node-1": [], "node-2": []}
+    assert find_tagged_many(pool, ["node-1", "node-2"], tag) == {"node-1": [], "node-2": []}
 
 
 def test_start_failure_is_not_host_down(pool):
@@ -182,7 +219,7 @@ def test_node_lost_mid_command(ssh_nodes, pool, request):
     node.stop()
     assert proc.wait(timeout=30) is None  # lost, which is not a failed run
     assert proc.lost and proc.returncode is None
-    assert not any(os.path.exists(f"/proc/{pid}/cmdline") and open(f"/proc/{pid}/cmdline").read() for pid in below)
+    assert not any(_cmdline(pid) for pid in below)
     with pytest.raises(HostDown) as err:
         pool.run("node-3", "true")
     assert "connection refused" in str(err.value)
@@ -191,7 +228,7 @@ def test_node_lost_mid_command(ssh_nodes, pool, request):
     assert pool.is_up("node-3", timeout=10) is True  # re-opened on the next use
     assert pool.run("node-3", "echo back").stdout == "back\n"
     assert pool.connect_count("node-3") == 2
-    assert pool.find_tagged("node-3", tag) == []  # the lost node took its processes with it
+    assert find_tagged(pool, "node-3", tag) == []  # the lost node took its processes with it
 
 
 def test_short_command_on_lost_node_raises(ssh_nodes, pool):
@@ -214,9 +251,8 @@ def test_short_command_on_lost_node_raises(ssh_nodes, pool):
 
 
 def test_unreachable_address():
-    with SSHPool(connect_timeout=2) as pool:
-        with pytest.raises(HostDown) as err:
-            pool.run("127.0.0.254", "true")  # nothing listens there
+    with SSHPool(connect_timeout=2) as pool, pytest.raises(HostDown) as err:
+        pool.run("127.0.0.254", "true")  # nothing listens there
     assert err.value.host == "127.0.0.254"
 
 
@@ -249,9 +285,8 @@ def test_changed_host_key_is_refused_even_when_accepting_new(ssh_nodes, tmp_path
     lines = [line.split(" ", 1)[0] + " " + wrong if line.startswith("node-1") or "127.0.0.2" in line.split()[0]
              else line for line in known_hosts.read_text().splitlines()]
     known_hosts.write_text("\n".join(lines) + "\n")
-    with SSHPool(config, accept_new_hosts=True) as pool:
-        with pytest.raises(HostKeyError) as err:
-            pool.run("node-1", "true")
+    with SSHPool(config, accept_new_hosts=True) as pool, pytest.raises(HostKeyError) as err:
+        pool.run("node-1", "true")
     assert "does not match known_hosts" in str(err.value)
 
 
@@ -280,46 +315,45 @@ def test_proxyjump_hops_are_checked_too(ssh_nodes, tmp_path):
 
     # The hop's key unknown: refused, naming the hop.
     known_hosts.write_text(node2.known_hosts_line() + "\n")
-    with SSHPool(config) as pool:
-        with pytest.raises(HostKeyError) as err:
-            pool.run("via-1", "true")
+    with SSHPool(config) as pool, pytest.raises(HostKeyError) as err:
+        pool.run("via-1", "true")
     assert err.value.host == "node-1"
 
 
 # --- files --------------------------------------------------------------------------------------------------
 
-def test_sftp_get(ssh_nodes, pool, tmp_path):
+def test_sftp_get(ssh_nodes, pool, files, tmp_path):
     remote = tmp_path / "remote"
     pool.run("node-2", f"mkdir -p {remote}/sub && echo metrics > {remote}/m.json && echo deep > {remote}/sub/x")
     local = tmp_path / "local" / "copy.json"
-    assert pool.get("node-2", str(remote / "m.json"), local) is True
+    assert files.get("node-2", str(remote / "m.json"), local) is True
     assert local.read_text() == "metrics\n"
-    assert pool.get_dir("node-2", str(remote), tmp_path / "tree") == 2
+    assert files.get_dir("node-2", str(remote), tmp_path / "tree") == 2
     assert (tmp_path / "tree" / "sub" / "x").read_text() == "deep\n"
     for i in range(3):  # one SFTP session, reused
-        pool.get("node-2", str(remote / "m.json"), tmp_path / f"c{i}")
+        files.get("node-2", str(remote / "m.json"), tmp_path / f"c{i}")
     assert pool.connect_count("node-2") == 1
     with pytest.raises(FileNotFoundError):
-        pool.get("node-2", str(remote / "missing"), tmp_path / "missing")
+        files.get("node-2", str(remote / "missing"), tmp_path / "missing")
     assert not list((tmp_path).glob("missing*"))  # no partial file left
 
 
-def test_shares_filesystem(pool, tmp_path):
+def test_shares_filesystem(files, tmp_path):
     # The test nodes are this machine, so they see our files: get() of the same path copies nothing.
-    assert pool.shares_filesystem("node-1", tmp_path) is True
+    assert files.shares_filesystem("node-1", tmp_path) is True
     assert not list(tmp_path.iterdir())  # the marker is gone
     f = tmp_path / "same.txt"
     f.write_text("x")
-    assert pool.get("node-1", str(f), f) is False
+    assert files.get("node-1", str(f), f) is False
     assert f.read_text() == "x"
 
 
-def test_shares_filesystem_false_when_host_sees_other_files(pool, tmp_path, monkeypatch):
+def test_shares_filesystem_false_when_host_sees_other_files(pool, files, tmp_path, monkeypatch):
     # Stand in for another machine: the "remote" reads a different directory than the one we wrote to.
     real_run = pool.run
     monkeypatch.setattr(pool, "run", lambda host, cmd, timeout=None: real_run(host, cmd.replace(str(tmp_path),
                                                                                                   "/nonexistent")))
-    assert pool.shares_filesystem("node-1", tmp_path) is False
+    assert files.shares_filesystem("node-1", tmp_path) is False
 
 
 # --- pdsh fan-out -------------------------------------------------------------------------------------------
@@ -327,7 +361,7 @@ def test_shares_filesystem_false_when_host_sees_other_files(pool, tmp_path, monk
 @pytest.mark.skipif(shutil.which("pdsh") is None, reason="pdsh not installed")
 def test_pdsh_fanout(ssh_nodes, pool, request):
     ssh_nodes["node-3"].stop()
-    results = pool.run_many(["node-1", "node-2", "node-3"], "echo out-$((6*7)); echo err >&2; exit 4",
+    results = run_many(pool, ["node-1", "node-2", "node-3"], "echo out-$((6*7)); echo err >&2; exit 4",
                             timeout=30, fanout="pdsh")
     for host in ("node-1", "node-2"):
         assert results[host].exit_code == 4  # each host's own status, not pdsh's summary
@@ -337,9 +371,9 @@ def test_pdsh_fanout(ssh_nodes, pool, request):
     tag = _tag(request)
     procs = [pool.start(h, ["sleep", "60"], {"AUTOTUNE_TAG": tag}) for h in ("node-1", "node-2")]
     pids = sorted(p.pid for p in procs)
-    found = pool.find_tagged_many(["node-1", "node-2"], tag, fanout="pdsh")
+    found = find_tagged_many(pool, ["node-1", "node-2"], tag, fanout="pdsh")
     assert found == {"node-1": pids, "node-2": pids}  # one machine: both nodes see both
-    killed = pool.signal_tagged_many(["node-1", "node-2"], tag, "KILL", fanout="pdsh")
+    killed = signal_tagged(pool, ["node-1", "node-2"], tag, "KILL", fanout="pdsh")
     assert sorted(set(killed["node-1"]) | set(killed["node-2"])) == pids
     assert [p.wait(30) for p in procs] == [137, 137]
 
@@ -347,7 +381,7 @@ def test_pdsh_fanout(ssh_nodes, pool, request):
 # --- the module stays cheap to import -----------------------------------------------------------------------
 
 def test_import_is_cheap():
-    code = ("import sys, autotuner.transport, autotuner.probe; "
+    code = ("import sys, autotuner.ssh, autotuner.remote; "
             "print(sorted(m for m in ('fabric', 'paramiko', 'invoke', 'torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -22,7 +22,7 @@ from .snapshot import Snapshot, format_slots, load
 
 if TYPE_CHECKING:
     from ..hostfile import Host
-    from ..probe import HostReport
+    from ..ssh.probe import HostReport
 
 FORMATS = ("table", "json", "csv", "md")
 COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")

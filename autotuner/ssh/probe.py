@@ -1,8 +1,10 @@
-"""What each host of a cluster offers, asked over SSH before GPU hours are spent (`autotune hosts`).
+"""Asking hosts over SSH before GPU hours are spent: whether each answers, and what it offers.
 
-One shell script per host, over the host's pooled connection, all hosts at once (one thread each): reachable or
-why not, GPUs with model and free/total memory (nvidia-smi; none on a CPU host), python and DeepSpeed versions
-(read from the package metadata: importing deepspeed takes seconds), and the load average.
+`unanswering` is the runner's check before it launches: which hosts do not answer a trivial command, and why.
+`probe_hosts` is what `autotune hosts` shows: one shell script per host, over the host's pooled connection, all
+hosts at once (see fanout): reachable or why not, GPUs with model and free/total memory (nvidia-smi; none on a
+CPU host), python and DeepSpeed versions (read from the package metadata: importing deepspeed takes seconds),
+and the load average.
 
 The versions are those of the `python3` that a non-interactive SSH command finds on the host's PATH, which is
 what remote experiments will run with: if it is not the intended environment, this is where it shows.
@@ -11,13 +13,15 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from pathlib import Path
 
-from .inventory import Gpu
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .transport import SSHPool
+from ..hostfile import Host, load_hostfile
+from ..inventory import Gpu
+from .errors import HostDown
+from .fanout import each, run_many
+from .pool import SSHPool
 
 MIB = 1024 * 1024
 _MARK = "==autotune-probe"
@@ -74,7 +78,8 @@ def probe_script(python: str = "python3") -> str:
 
 def _sections(text: str) -> dict[str, tuple[list[str], int]]:
     found: dict[str, tuple[list[str], int]] = {}
-    name, lines = None, []
+    name: str | None = None
+    lines: list[str] = []
     for line in text.splitlines():
         if line.startswith(_MARK + "-rc "):
             if name is not None:
@@ -144,35 +149,37 @@ def parse_probe(host: str, text: str, seconds: float = 0.0) -> HostReport:
     return report
 
 
-def probe_host(host: str, transport: "SSHPool", timeout: float = 30.0, python: str = "python3") -> HostReport:
-    """Probe one host; never raises for a host that is down (the report says why)."""
-    from .transport import HostDown
+def unanswering(pool: SSHPool, hosts: Sequence[str], timeout: float = 10.0) -> dict[str, str]:
+    """The hosts that do not answer a trivial command within `timeout` seconds, each with why, asked at once."""
+    trouble = {}
+    for host, result in run_many(pool, hosts, "true", timeout).items():
+        if isinstance(result, HostDown):
+            trouble[host] = str(result)
+        elif not result.ok:
+            trouble[host] = f"host {host}: `true` failed"
+    return trouble
 
+
+def probe_host(host: str, pool: SSHPool, timeout: float = 30.0, python: str = "python3") -> HostReport:
+    """Probe one host; never raises for a host that is down (the report says why)."""
     started = time.monotonic()
     try:
-        result = transport.run(host, probe_script(python), timeout=timeout)
+        result = pool.run(host, probe_script(python), timeout=timeout)
     except HostDown as e:
         return HostReport(host, reachable=False, reason=e.reason, seconds=time.monotonic() - started)
     return parse_probe(host, result.stdout, time.monotonic() - started)
 
 
-def probe_hosts(hosts: Sequence[str], transport: "SSHPool", timeout: float = 30.0,
+def probe_hosts(hosts: Sequence[str], pool: SSHPool, timeout: float = 30.0,
                 python: str = "python3") -> list[HostReport]:
     """Probe every host at once over the pooled connections; reports in the order of `hosts`."""
-    hosts = list(hosts)
-    if not hosts:
-        return []
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="probe") as pool:
-        return list(pool.map(lambda h: probe_host(h, transport, timeout, python), hosts))
+    reports = each(hosts, lambda host: probe_host(host, pool, timeout, python))
+    return [reports[host] for host in hosts]
 
 
-def check_hostfile(hostfile, ssh_config: str | None = None, accept_new_hosts: bool = False):
+def check_hostfile(hostfile: str | Path, ssh_config: str | None = None,
+                   accept_new_hosts: bool = False) -> tuple[dict[str, Host], list[HostReport]]:
     """The hosts of a hostfile and, probed in parallel over fresh pooled connections, a report on each."""
-    from .hostfile import load_hostfile
-    from .transport import SSHPool
-
     listed = load_hostfile(hostfile)
     with SSHPool(ssh_config, accept_new_hosts=accept_new_hosts) as pool:
         return listed, probe_hosts(list(listed), pool)
