@@ -6,7 +6,7 @@ from pathlib import Path
 from autotuner.ledger import FAILED, SUCCEEDED, Ledger
 from autotuner.metrics import metric_named
 from autotuner.cluster import Cluster
-from autotuner.runner import prepare
+from autotuner import prepare
 from autotuner.spec import Sweep
 
 from helpers import experiment

@@ -207,10 +207,11 @@ def test_reserved_names_from_a_sweep_name_or_a_file_name(tmp_path):
 
 
 def test_every_file_a_sweep_keeps_beside_its_experiments_is_reserved(tmp_path):
-    from autotuner import htmlreport, ledger, lock, plots, report, runner
+    from autotuner import htmlreport, ledger, lock, plots, report
+    from autotuner.prepare import HOSTFILE
     from autotuner.spec import RESERVED_NAMES
 
-    for name in (ledger.FILENAME, lock.LOCKFILE, runner.HOSTFILE, report.SUMMARY, report.OPTIMAL_CONFIG,
+    for name in (ledger.FILENAME, lock.LOCKFILE, HOSTFILE, report.SUMMARY, report.OPTIMAL_CONFIG,
                  report.OPTIMAL_COMMAND, htmlreport.REPORT_HTML, plots.METRIC_PNG, plots.TIMELINE_PNG):
         assert RESERVED_NAMES.fullmatch(name), name
     path = sweep(tmp_path, "name: s\nscript: train.py\nspace: {x: [1, 2]}\n")

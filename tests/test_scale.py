@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from autotuner import runner
+import autotuner
 from autotuner.cluster import Cluster
 from autotuner.hostfile import localhost_hosts
 from autotuner.ledger import FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
@@ -32,7 +32,7 @@ def build(tmp_path):
     sweep = Sweep(name="big", experiments=experiments, metric=metric_named("throughput"), source="test")
     hosts = localhost_hosts(4)
     directory = tmp_path / "out"
-    runner.prepare(sweep, Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
+    autotuner.prepare(sweep, Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
                    launcher=launcher.split())
     kinds = {}
     ledger = Ledger.open(directory)
