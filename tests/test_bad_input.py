@@ -171,7 +171,8 @@ def test_several_inputs_add_up_to_the_limits(tmp_path, monkeypatch):
 
 
 def test_space_values_and_keys_with_shell_characters_make_safe_distinct_names(tmp_path):
-    path = sweep(tmp_path, 'script: train.py\nspace: {\n  "a;b c": ["$(touch x)", "a b", "a/b", "é", "../..", "ü"]\n}\n')
+    path = sweep(tmp_path,
+                 'script: train.py\nspace: {\n  "a;b c": ["$(touch x)", "a b", "a/b", "é", "../..", "ü"]\n}\n')
     names = [e.name for e in load_sweep([path]).experiments]
     assert len(set(names)) == 6 and all(is_safe_name(n) for n in names), names
     assert all(n.startswith("sweep_a-b-c") for n in names)

@@ -24,8 +24,21 @@ from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
 from autotuner.report import snapshot
 from autotuner.spec import load_sweep
 
-from cli_rig import (SLEEP_THEN_SUCCEED, Runners, autotune, env, finish, launched, launches, states, sweep_id,
-                     tagged_pids, wait_until, write_launcher, write_sweep)
+from cli_rig import (
+    SLEEP_THEN_SUCCEED,
+    Runners,
+    autotune,
+    env,
+    finish,
+    launched,
+    launches,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 PAGE = 4096
 
@@ -135,9 +148,11 @@ BAD_LEDGERS = {
                                            "PRAGMA user_version = 0"),
                                        "corrupt sweep ledger: table attempts: no column state; unknown column status"),
     "table_missing": (sql("DROP TABLE requests"), "corrupt sweep ledger: no table requests"),
-    "not_null_dropped": (without_not_null, "corrupt sweep ledger: the columns of table experiments are not declared"),
+    "not_null_dropped": (without_not_null,
+                         "corrupt sweep ledger: the columns of table experiments are not declared"),
     "negative_version": (sql("PRAGMA user_version = -1"), "corrupt sweep ledger: schema version -1"),
-    "meta_key_missing": (sql("DELETE FROM meta WHERE key = 'metric'"), "corrupt sweep ledger: meta 'metric' is missing"),
+    "meta_key_missing": (sql("DELETE FROM meta WHERE key = 'metric'"),
+                         "corrupt sweep ledger: meta 'metric' is missing"),
     "meta_null": (sql("UPDATE meta SET value = 'null' WHERE key = 'name'"),
                   "corrupt sweep ledger: meta 'name' is not a str"),
     "meta_not_json": (sql("UPDATE meta SET value = '{\"localhost\": [0,' WHERE key = 'slots'"),
