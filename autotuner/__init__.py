@@ -1,3 +1,153 @@
-"""autotuner: run a space of DeepSpeed configurations across GPU slots and keep the fastest."""
+"""autotuner: run a space of DeepSpeed configurations across GPU slots and keep the fastest.
 
-__version__ = "0.1.0"
+The Python API that the `autotune` command is a thin face of::
+
+    import autotuner
+
+    sweep = autotuner.load_sweep(["sweep.hjson"])            # or Sweep(...) of Experiment(...) made in Python
+    cluster = autotuner.load_cluster(slots=2)                # or load_cluster(Path("hostfile"), include=...)
+    directory = autotuner.prepare(sweep, cluster)            # results/NAME-TIME: checked, created; nothing runs
+    result = autotuner.execute(directory, autotuner.Options(retries=2))
+    print(result.snapshot.best, result.exit_code)
+
+    autotuner.run(sweep, cluster)                            # prepare + execute
+    autotuner.resume(directory, retry_failed=True)           # finish it; nothing that succeeded runs again
+    autotuner.cancel(directory, ["name"])                    # from any process, while it runs or not
+    autotuner.snapshot(directory)                            # where it stands, safe while it runs
+    autotuner.check_hosts(Path("hostfile"))                  # every host reachable? GPUs, versions, load
+
+Bad input is a `UserError` (one line, located at its file and line where it has one). The library logs to
+`logging.getLogger("autotuner")` and prints nothing; notes meant for the user go to `Options.log`.
+
+Importing this package is cheap (no SSH stack, terminal UI, matplotlib or torch): every name but the few
+below is imported when first used.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .cancel import cancel
+from .errors import UserError
+from .prepare import default_directory, prepare
+from .states import Reason, State
+
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from pathlib import Path
+
+    from .cluster import Cluster
+    from .metrics import Metric, metric_named
+    from .ssh.probe import check_hostfile as check_hosts
+    from .views.snapshot import Snapshot
+    from .views.snapshot import load as snapshot
+    from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes
+    from .runner import (
+        EXIT_FAILED,
+        EXIT_INTERRUPTED,
+        EXIT_OK,
+        EXIT_USAGE,
+        Options,
+        Result,
+        Ssh,
+        Stopped,
+        execute,
+    )
+    from .spec import Experiment, Sweep, load_sweep
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
+
+# Name -> (module, attribute): imported on first use.
+_LAZY = {
+    "load_sweep": (".spec", "load_sweep"),
+    "Experiment": (".spec", "Experiment"),
+    "Sweep": (".spec", "Sweep"),
+    "Metric": (".metrics", "Metric"),
+    "metric_named": (".metrics", "metric_named"),
+    "Cluster": (".cluster", "Cluster"),
+    "check_hosts": (".ssh.probe", "check_hostfile"),
+    "execute": (".runner", "execute"),
+    "Options": (".runner", "Options"),
+    "Result": (".runner", "Result"),
+    "Ssh": (".runner", "Ssh"),
+    "Stopped": (".runner", "Stopped"),
+    "EXIT_OK": (".runner", "EXIT_OK"),
+    "EXIT_FAILED": (".runner", "EXIT_FAILED"),
+    "EXIT_USAGE": (".runner", "EXIT_USAGE"),
+    "EXIT_INTERRUPTED": (".runner", "EXIT_INTERRUPTED"),
+    "resume_plan": (".resumeplan", "resume_plan"),
+    "ResumePlan": (".resumeplan", "ResumePlan"),
+    "spec_changes": (".resumeplan", "spec_changes"),
+    "SpecChanges": (".resumeplan", "SpecChanges"),
+    "snapshot": (".views.snapshot", "load"),
+    "Snapshot": (".views.snapshot", "Snapshot"),
+}
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "Cluster", "Experiment", "Metric", "Options",
+           "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep",
+           "UserError", "__version__", "cancel", "check_hosts", "default_directory", "execute", "load_cluster",
+           "load_sweep", "metric_named", "prepare", "resume", "resume_plan", "run", "snapshot", "spec_changes"]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attribute)
+    globals()[name] = value  # once: later look-ups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclude: str = "",
+                 slots: int | None = None, sweep: Sweep | None = None,
+                 log: Callable[[str], None] | None = None) -> Cluster:
+    """The slots a sweep may use: a DeepSpeed hostfile's (filtered by DeepSpeed's --include / --exclude syntax),
+    or with none this machine's GPUs, or `slots` CPU slots of this machine.
+
+    With `sweep`, a hostfile its DeepSpeed experiment files name is used when no `hostfile` (nor `slots`) is
+    given; `log` (a callable taking a line) is told which, or why not.
+    """
+    from pathlib import Path
+
+    from .cluster import local_or_hostfile_cluster, spec_hostfile
+
+    path = Path(hostfile) if hostfile is not None else None
+    if sweep is not None:
+        path, note = spec_hostfile(sweep, path, slots)
+        if note and log is not None:
+            log(note)
+    return local_or_hostfile_cluster(path, include, exclude, slots)
+
+
+def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,
+        launcher: list[str] | None = None) -> Result:
+    """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it)."""
+    from .runner import Options, execute
+
+    options = options or Options()
+    return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
+
+
+def resume(directory: str | Path, options: Options | None = None, *, retry_failed: bool = False,
+           only_new: bool = False) -> Result:
+    """Finish an interrupted sweep: nothing that succeeded runs again; with `retry_failed`, failed and timed-out
+    experiments run again. Its spec files are read again: a UserError if they changed, unless `only_new` (their
+    new experiments are added). Without `options`, experiments keep the timeout the sweep was started with."""
+    from pathlib import Path
+
+    from .resumeplan import resume_plan
+    from .runner import Options, execute
+
+    plan = resume_plan(directory, only_new=only_new)
+    options = options or Options(timeout=plan.timeout)
+    for note in plan.notes:
+        options.log(note)
+    return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)

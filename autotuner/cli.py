@@ -1,17 +1,21 @@
-"""`autotune`: the command line. A thin face over the Python API; bad input is one line and exit status 2.
+"""`autotune`: the command line. A thin face over the Python API (`autotuner`): parse, call, print. Bad input is
+one line and exit status 2.
 
 Start-up stays fast: nothing here imports torch, deepspeed or the SSH stack on the way to `--help`.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import typer
+
+import autotuner
 
 from . import limits
 from .errors import UserError, shown
@@ -27,10 +31,63 @@ EVENTS_HELP = ("Append one JSON line per event (started, finished: name, attempt
 # Options that several commands share.
 GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run.")
 SSH_CONFIG = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config.")
-ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts", help="Trust (and record) host keys not yet in known_hosts.")
-REMOTE_DIR = typer.Option(None, "--remote-dir", help="Where runs write on hosts without our filesystem; copied back over SFTP.")
+ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts",
+                                help="Trust (and record) host keys not yet in known_hosts.")
+REMOTE_DIR = typer.Option(None, "--remote-dir",
+                          help="Where runs write on hosts without our filesystem; copied back over SFTP.")
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
 EVENTS = typer.Option(None, "--events", help=EVENTS_HELP)
+
+
+class _Stderr(logging.Handler):
+    """Log records to whatever sys.stderr is when they are emitted (a test runner may swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+class _OneLine(logging.Formatter):
+    """`autotune: ...` on one line; a traceback only with --debug, else the exception's own line."""
+
+    def __init__(self, debug: bool) -> None:
+        super().__init__()
+        self.debug = debug
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.levelno >= logging.WARNING:
+            text = f"{record.levelname.lower()}: {text}"
+        if self.debug:
+            text = f"{record.name}: {text}"
+            if record.exc_info:
+                text += "\n" + self.formatException(record.exc_info)
+            return f"autotune: {text}"
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            text += f" ({type(error).__name__}: {error})"
+        return "autotune: " + " ".join(text.split())
+
+
+def _configure_logging(level: int) -> None:
+    """The library logs to logging.getLogger("autotuner"); the command shows it on stderr from `level` up."""
+    logger = logging.getLogger("autotuner")
+    for handler in [h for h in logger.handlers if isinstance(h, _Stderr)]:  # one per process, however often called
+        logger.removeHandler(handler)
+    handler = _Stderr()
+    handler.setFormatter(_OneLine(debug=level <= logging.DEBUG))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+@app.callback()
+def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also say what is being done."),
+             debug: bool = typer.Option(False, "--debug", help="Everything the library logs, tracebacks included.")
+             ) -> None:
+    _configure_logging(logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING)
 
 
 def _timeout_value(text: str) -> float | str:
@@ -56,7 +113,7 @@ def timeout_seconds(given: float | str | None) -> float | None:
     return limits.DEFAULT_TIMEOUT  # not given (or, in a ledger's record of `run`, not a usable value)
 
 
-def fail(error: UserError | str) -> "typer.Exit":
+def fail(error: UserError | str) -> typer.Exit:
     typer.echo(f"autotune: error: {error}", err=True)
     return typer.Exit(2)
 
@@ -89,36 +146,34 @@ def _check_ssh_config(path: Path | None) -> None:
 
 @app.command()
 def run(
-    specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories of them."),
-    hostfile: Optional[Path] = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
+    specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
+                                                 "of them."),
+    hostfile: Path | None = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
     include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
     exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
-    slots: Optional[int] = typer.Option(None, "--slots", min=1, help="Run on this many CPU slots of this machine (no GPU needed)."),
-    results: Optional[Path] = typer.Option(None, "--results", "-o", help="Results directory \\[default: results/NAME-TIME]."),
-    script: Optional[str] = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
+    slots: int | None = typer.Option(None, "--slots", min=1,
+                                     help="Run on this many CPU slots of this machine (no GPU needed)."),
+    results: Path | None = typer.Option(None, "--results", "-o",
+                                        help="Results directory \\[default: results/NAME-TIME]."),
+    script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
-    metric: Optional[str] = typer.Option(None, "--metric", help=f"{', '.join(KNOWN)}, or NAME:min|max."),
-    timeout: Optional[str] = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
+    metric: str | None = typer.Option(None, "--metric", help=f"{', '.join(KNOWN)}, or NAME:min|max."),
+    timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
-    deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the whole sweep may run."),
+    deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
     grace: float = GRACE,
-    launcher: Optional[str] = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
-    ssh_config: Optional[Path] = SSH_CONFIG,
+    launcher: str | None = typer.Option(None, "--launcher",
+                                        help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
+    ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
-    remote_dir: Optional[str] = REMOTE_DIR,
+    remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
-    events: Optional[Path] = EVENTS,
+    events: Path | None = EVENTS,
 ) -> None:
     """Run a sweep and report the best configuration."""
-    from . import runner
-    from .cluster import local_or_hostfile_cluster, spec_hostfile
-
-    # What `resume` reloads the spec from: paths absolute, so it may run from any directory.
-    reload = {"specs": [str(p.resolve()) for p in specs],
-              "script": script and os.path.abspath(os.path.expanduser(script)),
-              "args": args, "metric": metric, "timeout": timeout}
+    notes: list[str] = []
     try:
         _seconds(deadline, "--deadline")
         _seconds(grace, "--grace")
@@ -128,61 +183,52 @@ def run(
             from .views import check_events_path
 
             check_events_path(events)
-        sweep = _load(reload)
-        hostfile, note = spec_hostfile(sweep, hostfile, slots)
-        cluster = local_or_hostfile_cluster(hostfile, include, exclude, slots)
-        directory = results or Path("results") / f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        runner.prepare(sweep, cluster, directory, launcher=launch, reload=reload)
+        # Paths absolute: `resume` reads them again from any directory.
+        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
+                                     metric=metric)
+        cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
+                                         log=notes.append)
+        options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                    retries=retries, deadline=deadline, timeout=timeout_seconds(timeout))
+        directory = autotuner.prepare(sweep, cluster, results, launcher=launch, timeout=options.timeout)
     except UserError as e:
-        raise fail(e)
-    if note:
+        raise fail(e) from None
+    for note in notes:
         typer.echo(f"autotune: note: {note}", err=True)
     if not quiet:
         typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on "
                    f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
                    f"{len(cluster.slots)} host(s); results in {directory}")
-    _execute(directory, runner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                       retries=retries, deadline=deadline, timeout=timeout_seconds(timeout)),
-             quiet, events)
+    _execute(directory, options, quiet, events)
 
 
-def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None):
+def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None) -> autotuner.Ssh | None:
     """SSH settings given on the command line, or None to keep the sweep's own."""
-    from .runner import Ssh
-
     if config is None and not accept_new_hosts and remote_dir is None:
         return None
-    return Ssh(str(config.resolve()) if config else None, accept_new_hosts, remote_dir)
+    return autotuner.Ssh(str(config.resolve()) if config else None, accept_new_hosts, remote_dir)
 
 
-def _load(reload: dict):
-    from .spec import load_sweep
-
-    # The --timeout of `run` is not part of the experiments: `resume --timeout` may change it.
-    return load_sweep([Path(p) for p in reload["specs"]], script=reload.get("script"),
-                      args=_split(reload.get("args") or "", "--args"), metric=reload.get("metric"))
-
-
-def _execute(directory: Path, options, quiet: bool, events: Optional[Path] = None, **kwargs) -> None:
+def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: Path | None = None,
+             retry_failed: bool = False, new_experiments: tuple[autotuner.Experiment, ...] = ()) -> None:
     """Run it, watched: a live view on a terminal, one plain line per event otherwise, nothing with --quiet."""
-    from . import runner
     from .views import watching
 
     options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
     try:
         with watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
                       plain=not quiet, events=events, default_timeout=options.timeout,
-                      retries=options.retries, retry_failed=kwargs.get("retry_failed", False),
-                      added=kwargs.get("new_experiments", ())):
-            result = runner.execute(directory, options, **kwargs)
+                      retries=options.retries, retry_failed=retry_failed, added=new_experiments):
+            result = autotuner.execute(directory, options, retry_failed=retry_failed,
+                                       new_experiments=new_experiments)
     except UserError as e:
-        raise fail(e)
-    except runner.Stopped as e:  # what ran was ended first; the ledger lets `resume` finish
+        raise fail(e) from None
+    except autotuner.Stopped as e:  # what ran was ended first; the ledger lets `resume` finish
         _echo_err(f"autotune: error: {e}; `autotune resume {directory}` finishes the sweep")
-        raise typer.Exit(runner.EXIT_FAILED)
+        raise typer.Exit(autotuner.EXIT_FAILED) from None
     except KeyboardInterrupt:
         typer.echo(f"\nkilled; `autotune resume {directory}` finishes the sweep", err=True)
-        raise typer.Exit(runner.EXIT_INTERRUPTED)
+        raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
     try:
         _print_outcome(result)
     except OSError:  # stdout closed (`| head`): the outcome is in the results directory, the exit status says it
@@ -191,10 +237,8 @@ def _execute(directory: Path, options, quiet: bool, events: Optional[Path] = Non
 
 
 def _echo_err(line: str) -> None:
-    try:
+    with contextlib.suppress(OSError):  # stderr is closed too: the exit status is all that is left to say it
         typer.echo(line, err=True)
-    except OSError:
-        pass  # stderr is closed too: the exit status is all that is left to say it
 
 
 def _drop_stdout() -> None:
@@ -212,21 +256,19 @@ def resume(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed and timed-out experiments again."),
     only_new: bool = typer.Option(False, "--only-new", help="The spec changed: run only its new experiments."),
-    timeout: Optional[str] = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
+    timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                "limit \\[default: as the sweep was started]."),
-    deadline: Optional[float] = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
+    deadline: float | None = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
     grace: float = GRACE,
-    ssh_config: Optional[Path] = SSH_CONFIG,
+    ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
-    remote_dir: Optional[str] = REMOTE_DIR,
+    remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
-    events: Optional[Path] = EVENTS,
+    events: Path | None = EVENTS,
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
-    from . import runner
-
     try:
         _seconds(deadline, "--deadline")
         _seconds(grace, "--grace")
@@ -235,28 +277,15 @@ def resume(
             from .views import check_events_path
 
             check_events_path(events)
-        meta = runner.sweep_meta(directory)
-        new: list = []
-        reload = dict(meta.get("reload") or {})
-        gone = [p for p in reload.get("specs") or () if not os.path.exists(p)]
-        if gone:  # e.g. /tmp wiped by a reboot: the ledger holds every experiment's spec, so finish those
-            typer.echo(f"autotune: note: {gone[0]} is gone: resuming the experiments recorded in the ledger",
-                       err=True)
-        elif reload:
-            sweep = _load(reload)
-            added, changed, removed = runner.spec_changes(directory, sweep)
-            if (added or changed or removed) and not only_new:
-                parts = [f"{label}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
-                         for label, names in (("new", added), ("changed", changed), ("removed", removed)) if names]
-                raise UserError("the sweep's spec changed since it started (" + "; ".join(parts) +
-                                "); `--only-new` runs just the new experiments", sweep.source)
-            new = [e for e in sweep.experiments if e.name in set(added)] if only_new else []
+        plan = autotuner.resume_plan(directory, only_new=only_new)
     except UserError as e:
-        raise fail(e)
-    _execute(directory, runner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                       retries=retries, deadline=deadline,
-                                       timeout=timeout_seconds(timeout or reload.get("timeout"))), quiet,
-             events, retry_failed=retry_failed, new_experiments=new)
+        raise fail(e) from None
+    for note in plan.notes:
+        typer.echo(f"autotune: note: {note}", err=True)
+    options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace, retries=retries,
+                                deadline=deadline,
+                                timeout=plan.timeout if timeout is None else timeout_seconds(timeout))
+    _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 
 
 @app.command()
@@ -265,12 +294,10 @@ def cancel(
     names: list[str] = typer.Argument(None, help="Experiments to cancel; none = the whole sweep."),
 ) -> None:
     """Cancel experiments of a sweep, or all of it, from any terminal."""
-    from . import runner
-
     try:
-        typer.echo(runner.cancel(directory, names or []))
+        typer.echo(autotuner.cancel(directory, names or []))
     except UserError as e:
-        raise fail(e)
+        raise fail(e) from None
 
 
 @app.command()
@@ -284,7 +311,7 @@ def status(
     try:
         sys.stdout.write(render_status(directory, as_json))
     except UserError as e:
-        raise fail(e)
+        raise fail(e) from None
 
 
 def _print_outcome(result) -> None:
@@ -310,11 +337,11 @@ def report(
     fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or md."),
     plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "
                                                     "(needs matplotlib: pip install 'autotuner\\[plots]')."),
-    x: Optional[str] = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
+    x: str | None = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
                                                       "\\[default: train_micro_batch_size_per_gpu]."),
-    lines: Optional[str] = typer.Option(None, "--lines", help="Dotted ds_config key: one line per value "
+    lines: str | None = typer.Option(None, "--lines", help="Dotted ds_config key: one line per value "
                                                               "\\[default: zero_optimization.stage]."),
-    html: Optional[str] = typer.Option(None, "--html", metavar="[FILE]", help="Also write one self-contained "
+    html: str | None = typer.Option(None, "--html", metavar="[FILE]", help="Also write one self-contained "
                                        "HTML page: table, best config, command, plots \\[FILE: DIR/report.html]."),
 ) -> None:
     """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason."""
@@ -331,7 +358,7 @@ def report(
             page, note = views.write_html(directory, Path(html) if html else None, x=x, lines=lines)
             typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
     except UserError as e:
-        raise fail(e)
+        raise fail(e) from None
 
 
 @app.command()
@@ -346,7 +373,7 @@ def compare(
     try:
         sys.stdout.write(render_compare(dir_a, dir_b, fmt))
     except UserError as e:
-        raise fail(e)
+        raise fail(e) from None
 
 
 def optional_html_value(argv: list[str]) -> list[str]:
@@ -364,29 +391,29 @@ def optional_html_value(argv: list[str]) -> list[str]:
 @app.command()
 def hosts(
     hostfile: Path = typer.Option(Path("hostfile"), "--hostfile", "-H", help="DeepSpeed hostfile."),
-    ssh_config: Optional[Path] = SSH_CONFIG,
+    ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
-    from .ssh import check_hostfile
     from .views import render_hosts
 
     try:
         _check_ssh_config(ssh_config)
-        listed, reports = check_hostfile(hostfile, str(ssh_config) if ssh_config else None, accept_new_hosts)
+        listed, reports = autotuner.check_hosts(hostfile, str(ssh_config) if ssh_config else None,
+                                                accept_new_hosts)
     except UserError as e:
-        raise fail(e)
+        raise fail(e) from None
     sys.stdout.write(render_hosts(f"hosts of {hostfile}", listed, reports, as_json))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
 
 
 # The base of every usage error (a bad option value, an unknown option or command, a missing argument). typer
 # re-exports click's BadParameter (newer typer versions vendor click), so its parent is the right class either way.
-_USAGE_ERROR = typer.BadParameter.__mro__[1]
+_USAGE_ERROR: Any = typer.BadParameter.__mro__[1]
 
 
-def usage_error_line(error: Exception) -> str:
+def usage_error_line(error: Any) -> str:
     """A click usage error as the one line every other mistake gets, instead of a usage box."""
     message = " ".join(error.format_message().split())
     ctx = getattr(error, "ctx", None)

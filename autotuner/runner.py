@@ -1,15 +1,11 @@
-"""A sweep from start to finish: the Python API that `autotune run` is a thin face of.
+"""A prepared sweep (prepare.py) run to the end, new or resumed.
 
-`prepare` checks everything that can be checked before a GPU is touched (each experiment fits the cluster,
-the results directory is not another sweep's) and only then writes the results directory and its ledger.
 `execute` wires ledger, slot pool, executor and scheduler together, runs the sweep to the end and writes the
 files a user takes away.
 """
 from __future__ import annotations
 
 import errno
-import os
-import secrets
 import signal
 import sqlite3
 import threading
@@ -19,20 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import limits
-from .cleanup import recover
-from .cluster import Cluster, check_fits
 from .errors import UserError
-from .executor import LocalExecutor, launcher_for_this_python
-from .files import write_atomic
+from .executor import LocalExecutor
 from .hostfile import (
-    format_hostfile,
     is_local,
 )
 from .launch import Launcher
 from .ledger import (
-    CANCELLED,
     FAILED,
-    FILENAME,
     INTERRUPTED,
     QUEUED,
     RUNNING,
@@ -41,8 +31,9 @@ from .ledger import (
     Attempt,
     Ledger,
 )
-from .lock import SweepBusy, SweepLock, holder_pid
+from .lock import SweepBusy, SweepLock
 from .metrics import metric_named
+from .prepare import HOSTFILE, open_sweep
 from .resources import Placement, Reservation, SlotPool
 from .results import write_outcome_files
 from .scheduler import (
@@ -54,105 +45,10 @@ from .scheduler import (
     Scheduler,
     run_in_thread,
 )
-from .spec import Experiment, Sweep
+from .spec import Experiment
 from .views.snapshot import Snapshot, snapshot
 
-HOSTFILE = "hostfile"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-def prepare(sweep: Sweep, cluster: Cluster, directory: Path, *, launcher: Sequence[str] | None = None,
-            reload: Mapping[str, object] | None = None) -> Path:
-    """Validate, then create the results directory with its hostfile and ledger. Nothing runs yet.
-
-    A directory that cannot be used (read-only, full, under /proc, a name too long) is a UserError, and
-    whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
-    """
-    check_fits(sweep, cluster)
-    directory = Path(directory)
-    made = _make_results_directory(directory)
-    ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
-    try:
-        _write_sweep(sweep, cluster, directory, launcher, reload)
-    except BaseException as e:
-        for path in [*ours, *_staging(directory)]:  # what this call made; a file there before is not ours
-            _unlink_quietly(path)
-        _remove_directories(made)
-        if isinstance(e, (OSError, sqlite3.Error)):  # read-only, full, a place that takes no files
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise UserError(f"cannot write the results directory: {reason}", directory) from None
-        raise
-    return directory
-
-
-def _make_results_directory(directory: Path) -> list[Path]:
-    """Create `directory` (and missing parents) after checking it is no other sweep's; returns the directories
-    this made, deepest first."""
-    missing: list[Path] = []
-    try:
-        if (directory / FILENAME).exists():
-            raise UserError(f"already holds a sweep; use `autotune resume {directory}` or pick another --results",
-                            directory)
-        for existing in (directory, *directory.parents):  # refused before anything is written
-            if existing.exists():
-                if not existing.is_dir():
-                    raise UserError("is a file, not a directory" if existing == directory else
-                                    f"cannot be a results directory: {existing} is a file", directory)
-                break
-            missing.append(existing)
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a name too long, a loop of links, a place we may not look into or write
-        _remove_directories(missing)  # the parents made before a deeper one failed
-        raise UserError(f"cannot create the results directory: {e.strerror or e}", directory) from None
-    return missing
-
-
-def _remove_directories(made: Sequence[Path]) -> None:
-    """Remove directories this process made, deepest first; rmdir only, so nothing anyone put there goes."""
-    for created in made:
-        try:
-            created.rmdir()
-        except OSError:
-            pass  # not there (never made, or a name too long), or not empty: not ours to clear
-
-
-def _unlink_quietly(path: Path) -> None:
-    """Clearing up after a failure: what cannot be removed (a read-only place) stays, and the failure is told."""
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def _staging(directory: Path) -> list[Path]:
-    """The ledger built aside, and the files SQLite keeps beside it."""
-    return [directory / (f".{FILENAME}.new" + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
-
-
-def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
-                 reload: Mapping[str, object] | None) -> None:
-    write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
-    # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
-    # ledger (`run` again) or a whole one (`resume`), never one without its experiments.
-    staging = f".{FILENAME}.new"
-    for path in _staging(directory):  # what an earlier killed `run` left
-        path.unlink(missing_ok=True)
-    ledger = Ledger.create(directory, {
-        "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
-        "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
-        "capacity": dict(cluster.capacity), "accelerator": cluster.accelerator, "env": cluster.env,
-        "launcher": list(launcher or launcher_for_this_python().executable), "reload": dict(reload or {}),
-    }, filename=staging)
-    try:
-        ledger.add_experiments(sweep.experiments, time.time())
-    finally:
-        ledger.close()  # the last connection: its WAL is checkpointed into the file and removed
-    os.replace(directory / staging, directory / FILENAME)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 @dataclass
@@ -238,24 +134,24 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
 
 
 def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
-    ledger = _open_existing(directory)
+    ledger = open_sweep(directory)
     try:  # a damaged ledger is refused before anything is written, the lock's files included
         ledger.check_whole()
     except BaseException:
         ledger.close()
         raise
-    previous_usr1 = _listen_for_requests()
+    previous_usr1 = listen_for_requests()
     try:
         lock = SweepLock(directory).acquire()
     except SweepBusy as e:
         ledger.close()
-        _restore(signal.SIGUSR1, previous_usr1)
+        restore_handler(signal.SIGUSR1, previous_usr1)
         raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
     try:
         pool = None
         try:
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
-            pool = _ssh_pool(ledger, options)
+            pool = ssh_pool(ledger, options)
             left = ledger.in_state(RUNNING)  # by a dead runner: adopted
             requeue(ledger, retry_failed)
             if new_experiments:
@@ -269,10 +165,10 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
     finally:
         lock.release()
-        _restore(signal.SIGUSR1, previous_usr1)
+        restore_handler(signal.SIGUSR1, previous_usr1)
 
 
-def _listen_for_requests():
+def listen_for_requests():
     """From before the lock is taken until after it is released, SIGUSR1 must not kill the runner.
 
     `autotune cancel` signals whoever holds the lock, and SIGUSR1's default action ends a process: a cancel
@@ -284,7 +180,7 @@ def _listen_for_requests():
     return signal.signal(signal.SIGUSR1, lambda *_: None)
 
 
-def _restore(signum: int, previous) -> None:
+def restore_handler(signum: int, previous) -> None:
     if previous is not None:
         signal.signal(signum, previous)
 
@@ -295,7 +191,7 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
-def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
+def ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
     """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
     if not even_local and all(is_local(h) for h in dict(meta["slots"])):
@@ -372,7 +268,7 @@ def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, opt
         return waiting
     from .ssh import unanswering
 
-    probing = pool or _ssh_pool(ledger, options, even_local=True)
+    probing = pool or ssh_pool(ledger, options, even_local=True)
     try:
         silent = unanswering(probing, local)
     finally:
@@ -449,72 +345,3 @@ def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: f
     if thread.errors:  # type: ignore[attr-defined]
         raise thread.errors[0]  # type: ignore[attr-defined]
     return scheduler.stopping == INTERRUPTED
-
-
-def cancel(directory: Path, names: Sequence[str]) -> str:
-    """Cancel experiments (all of them when `names` is empty): through the live runner, or in the ledger."""
-    with _open_existing(directory) as ledger:
-        known = {e.name for e in ledger.experiments()}
-        unknown = [n for n in names if n not in known]
-        if unknown:
-            raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
-        ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
-        ledger.request("cancel", names, time.time())
-        pid = holder_pid(directory)
-        if pid is not None:
-            os.kill(pid, signal.SIGUSR1)
-            return f"asked the runner (pid {pid}) to cancel {', '.join(names) or 'the sweep'}"
-        previous_usr1 = _listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
-        try:
-            lock = SweepLock(directory).acquire()
-        except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
-            _restore(signal.SIGUSR1, previous_usr1)
-            if e.pid is not None:
-                os.kill(e.pid, signal.SIGUSR1)
-            return f"asked the runner (pid {e.pid}) to cancel {', '.join(names) or 'the sweep'}"
-        try:  # no runner: apply it here, after clearing up what a dead one left
-            pool = _ssh_pool(ledger, Options())
-            try:
-                recover(ledger, time.time(), pool=pool)
-            finally:
-                if pool is not None:
-                    pool.close()
-            # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
-            asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
-            chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)
-            done = []
-            for attempt in ledger.latest():
-                if attempt.name in chosen and attempt.state in (QUEUED, INTERRUPTED):
-                    number = attempt.attempt
-                    if attempt.state == INTERRUPTED:
-                        number = ledger.requeue([attempt.name], time.time())[attempt.name]
-                    ledger.finish(attempt.name, number, CANCELLED, time.time(), reason="cancelled",
-                                  detail="cancelled while the sweep was stopped")
-                    done.append(attempt.name)
-            return f"cancelled {len(done)} experiment(s) that had not finished"
-        finally:
-            lock.release()
-            _restore(signal.SIGUSR1, previous_usr1)
-
-
-def sweep_meta(directory: Path) -> dict[str, object]:
-    with _open_existing(directory) as ledger:
-        return ledger.meta()
-
-
-def _open_existing(directory: Path) -> Ledger:
-    try:
-        return Ledger.open(directory)
-    except FileNotFoundError:
-        raise UserError("no sweep here (no ledger.sqlite)", directory) from None
-
-
-def spec_changes(directory: Path, sweep: Sweep) -> tuple[list[str], list[str], list[str]]:
-    """(new, changed, removed) experiment names of `sweep` against what the sweep in `directory` recorded."""
-    with _open_existing(directory) as ledger:
-        recorded = ledger.digests()
-    current = {e.name: e.digest for e in sweep.experiments}
-    new = [n for n in current if n not in recorded]
-    changed = [n for n in current if n in recorded and recorded[n] != current[n]]
-    removed = [n for n in recorded if n not in current]
-    return new, changed, removed

@@ -1,6 +1,6 @@
 """The CLI on a sweep of 10,000 recorded experiments: resume until the first launch, status, report.
 
-The sweep is made through the Python API (runner.prepare, then ledger transitions): most experiments
+The sweep is made through the Python API (autotuner.prepare), its history written into its ledger: most experiments
 succeeded with metrics, some failed, some were interrupted, some are still queued, and a few were left
 `running` by a runner that died (no process of theirs exists any more). Then, each as a subprocess:
 
@@ -31,13 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotuner import runner  # noqa: E402
-from autotuner.cluster import Cluster  # noqa: E402
-from autotuner.hostfile import localhost_hosts  # noqa: E402
-from autotuner.ledger import FAILED, INTERRUPTED, SUCCEEDED, Ledger  # noqa: E402
-from autotuner.metrics import metric_named  # noqa: E402
-from autotuner.spec import Experiment, Sweep  # noqa: E402
-from autotuner.tags import find_tagged  # noqa: E402
+import autotuner  # noqa: E402
+from autotuner import Reason, State  # noqa: E402
+from autotuner.ledger import Ledger  # noqa: E402  # the one internal: the API runs sweeps, it does not fake history
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 SLOTS = 8
@@ -46,56 +42,56 @@ SLOTS = 8
 def build(directory: Path, n: int) -> dict[str, int]:
     """A sweep of `n` experiments in `directory`, recorded as a long sweep would have left it."""
     experiments = tuple(
-        Experiment(name=f"scale_z{i % 3}_mbs{2 ** (i % 6)}_i{i:05d}",
+        autotuner.Experiment(name=f"scale_z{i % 3}_mbs{2 ** (i % 6)}_i{i:05d}",
                    ds_config={"train_micro_batch_size_per_gpu": 2 ** (i % 6), "zero_optimization": {"stage": i % 3},
                               "gradient_accumulation_steps": 1 + i % 4},
                    num_gpus=1, num_nodes=1, script=str(STANDIN), args=("--steps", "10"), timeout=None, env={},
                    source="benchmarks/scale.py")
         for i in range(n))
-    sweep = Sweep(name="scale", experiments=experiments, metric=metric_named("throughput"), source="scale")
-    hosts = localhost_hosts(SLOTS)
-    cluster = Cluster.of(hosts, {h: list(range(SLOTS)) for h in hosts}, "cpu")
-    runner.prepare(sweep, cluster, directory, launcher=["sh", str(STANDIN)])
+    sweep = autotuner.Sweep(name="scale", experiments=experiments, metric=autotuner.metric_named("throughput"),
+                            source="scale")
+    autotuner.prepare(sweep, autotuner.load_cluster(slots=SLOTS), directory, launcher=["sh", str(STANDIN)])
 
     ledger = Ledger.open(directory)
     # Setting up is not what is measured: one fsync per transition would take minutes for 10k experiments.
     ledger._db.execute("PRAGMA synchronous=OFF")
-    counts: dict[str, int] = {}
+    counts: dict[State, int] = {}
     now = time.time() - n  # as if the sweep had run for a while
     for i, e in enumerate(experiments):
         slot = i % SLOTS
         if i % 500 == 7:
-            kind = "queued"
+            kind = State.QUEUED
         elif i % 200 == 3:
-            kind = INTERRUPTED
+            kind = State.INTERRUPTED
         elif i % 150 == 1:
-            kind = FAILED
+            kind = State.FAILED
         elif i % 2500 == 11:
-            kind = "running"  # left by a runner that was killed; its processes are gone
+            kind = State.RUNNING  # left by a runner that was killed; its processes are gone
         else:
-            kind = SUCCEEDED
+            kind = State.SUCCEEDED
         counts[kind] = counts.get(kind, 0) + 1
-        if kind == "queued":
+        if kind == State.QUEUED:
             continue
         at = now + i
         ledger.start(e.name, 1, slots={"localhost": [slot]}, tag=f"deadbeef.{e.name}.1", dir=str(directory / e.name),
                      at=at)
         ledger.launched(e.name, 1, pid=1, port=29500 + slot, at=at + 0.01)
-        if kind == SUCCEEDED:
+        if kind == State.SUCCEEDED:
             value = 1000.0 + (i * 7919) % 5000
-            ledger.finish(e.name, 1, SUCCEEDED, at + 0.9, exit_code=0, metric=value,
+            ledger.finish(e.name, 1, State.SUCCEEDED, at + 0.9, exit_code=0, metric=value,
                           metrics={"throughput": value, "latency": 1.0 / value, "FLOPS_per_gpu": value * 1e9})
-        elif kind == FAILED:
-            ledger.finish(e.name, 1, FAILED, at + 0.5, reason="oom", exit_code=1,
+        elif kind == State.FAILED:
+            ledger.finish(e.name, 1, State.FAILED, at + 0.5, reason=Reason.OOM, exit_code=1,
                           detail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
-        elif kind == INTERRUPTED:
-            ledger.finish(e.name, 1, INTERRUPTED, at + 0.5, reason="interrupted", detail="interrupted by the user")
+        elif kind == State.INTERRUPTED:
+            ledger.finish(e.name, 1, State.INTERRUPTED, at + 0.5, reason=Reason.INTERRUPTED,
+                          detail="interrupted by the user")
     ledger.close()
     return counts
 
 
 def cli(*args: object) -> list[str]:
-    return [sys.executable, "-m", "autotuner.cli", *map(str, args)]
+    return [sys.executable, "-m", "autotuner", *map(str, args)]
 
 
 def wall(*args: object) -> float:
@@ -117,6 +113,7 @@ def first_launch(template: Path, workdir: Path, round_: int) -> float:
     db.execute("UPDATE meta SET value = ? WHERE key = 'sweep_id'", (f'"r{round_}{os.getpid()}"',))
     db.commit()
     db.close()
+    # Stand-ins sleep 5 s: one left by a runner that had to be killed ends by itself soon after the benchmark.
     env = {**os.environ, "STANDIN_SECONDS": "5"}
     started = time.time()
     proc = subprocess.Popen(cli("resume", directory, "-q", "--grace", "1"), env=env, stdout=subprocess.DEVNULL,
@@ -143,13 +140,6 @@ def first_launch(template: Path, workdir: Path, round_: int) -> float:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    sweep_id = f"r{round_}{os.getpid()}"
-    db = sqlite3.connect(directory / "ledger.sqlite")
-    tags = [r[0] for r in db.execute("SELECT tag FROM attempts WHERE tag LIKE ?", (f"{sweep_id}.%",))]
-    db.close()
-    for tag in tags:  # nothing of the benchmark may outlive it
-        for pid in find_tagged(tag):
-            os.kill(pid, signal.SIGKILL)
     return took
 
 

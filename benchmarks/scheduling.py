@@ -13,6 +13,7 @@ that slot was started (process spawned), median and p99.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -23,45 +24,38 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotuner import runner  # noqa: E402
-from autotuner.cluster import Cluster  # noqa: E402
-from autotuner.hostfile import localhost_hosts  # noqa: E402
-from autotuner.ledger import SUCCEEDED, Ledger  # noqa: E402
-from autotuner.metrics import metric_named  # noqa: E402
-from autotuner.spec import Experiment, Sweep  # noqa: E402
+import autotuner  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def one_round(n: int, seconds: float, slots: int) -> dict[str, float]:
     os.environ["STANDIN_SECONDS"] = str(seconds)
     experiments = tuple(
-        Experiment(name=f"e{i:05d}", ds_config={"train_micro_batch_size_per_gpu": 1}, num_gpus=1, num_nodes=1,
-                   script=str(ROOT / "benchmarks" / "standin.sh"), args=(), timeout=None, env={}, source="bench")
+        autotuner.Experiment(name=f"e{i:05d}", ds_config={"train_micro_batch_size_per_gpu": 1}, num_gpus=1,
+                             num_nodes=1, script=str(ROOT / "benchmarks" / "standin.sh"), source="bench")
         for i in range(n))
-    sweep = Sweep(name="bench", experiments=experiments, metric=metric_named("throughput"), source="bench")
-    hosts = localhost_hosts(slots)
-    cluster = Cluster.of(hosts, {h: list(range(slots)) for h in hosts}, "cpu")
+    sweep = autotuner.Sweep(name="bench", experiments=experiments, metric=autotuner.metric_named("throughput"),
+                            source="bench")
+    cluster = autotuner.load_cluster(slots=slots)
     with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp) / "sweep"
-        runner.prepare(sweep, cluster, directory, launcher=["sh", str(ROOT / "benchmarks" / "standin.sh")])
+        directory = autotuner.prepare(sweep, cluster, Path(tmp) / "sweep",
+                                      launcher=["sh", str(ROOT / "benchmarks" / "standin.sh")])
         started = time.perf_counter()
-        result = runner.execute(directory, runner.Options(grace=1.0))
+        result = autotuner.execute(directory, autotuner.Options(grace=1.0))
         wall = time.perf_counter() - started
-        ledger = Ledger.open(directory)
-        attempts = ledger.latest()
-        ledger.close()
-    assert all(a.state == SUCCEEDED for a in attempts), result.snapshot.counts()
+        attempts = result.snapshot.attempts
+    assert all(a.state == autotuner.State.SUCCEEDED for a in attempts), result.snapshot.counts()
     gaps = []
     by_slot: dict[tuple, list] = {}
     for a in attempts:
         by_slot.setdefault(tuple((h, tuple(ids)) for h, ids in a.slots.items()), []).append(a)
     for runs in by_slot.values():
         runs.sort(key=lambda a: a.launched_at)
-        gaps += [(b.launched_at - a.finished_at) * 1000 for a, b in zip(runs, runs[1:])]
+        gaps += [(b.launched_at - a.finished_at) * 1000 for a, b in itertools.pairwise(runs)]
     ideal = n * seconds / slots
     busy = statistics.mean(a.finished_at - a.launched_at for a in attempts) - seconds
     return {"wall_s": wall, "ideal_s": ideal, "ratio": wall / ideal, "run_overhead_ms": busy * 1000,

@@ -12,6 +12,6 @@ def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str 
                       source="test")
 
 
-# What a ledger's meta must hold for it to open (runner.prepare records this and more).
+# What a ledger's meta must hold for it to open (autotuner.prepare records this and more).
 SWEEP_META = {"name": "s", "metric": "throughput", "sweep_id": "sid", "slots": {"localhost": [0]},
               "launcher": ["deepspeed"]}

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotuner import prepare
+from autotuner.cluster import Cluster
 from autotuner.ledger import Ledger
 from autotuner.metrics import metric_named
-from autotuner.cluster import Cluster
-from autotuner.runner import prepare
 from autotuner.spec import Sweep
 from autotuner.states import State
 

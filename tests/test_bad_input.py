@@ -171,7 +171,8 @@ def test_several_inputs_add_up_to_the_limits(tmp_path, monkeypatch):
 
 
 def test_space_values_and_keys_with_shell_characters_make_safe_distinct_names(tmp_path):
-    path = sweep(tmp_path, 'script: train.py\nspace: {\n  "a;b c": ["$(touch x)", "a b", "a/b", "é", "../..", "ü"]\n}\n')
+    path = sweep(tmp_path,
+                 'script: train.py\nspace: {\n  "a;b c": ["$(touch x)", "a b", "a/b", "é", "../..", "ü"]\n}\n')
     names = [e.name for e in load_sweep([path]).experiments]
     assert len(set(names)) == 6 and all(is_safe_name(n) for n in names), names
     assert all(n.startswith("sweep_a-b-c") for n in names)
@@ -207,11 +208,12 @@ def test_reserved_names_from_a_sweep_name_or_a_file_name(tmp_path):
 
 
 def test_every_file_a_sweep_keeps_beside_its_experiments_is_reserved(tmp_path):
-    from autotuner import ledger, lock, results, runner
-    from autotuner.views import html, plots
+    from autotuner import ledger, lock, results
+    from autotuner.prepare import HOSTFILE
     from autotuner.spec import RESERVED_NAMES
+    from autotuner.views import html, plots
 
-    for name in (ledger.FILENAME, lock.LOCKFILE, runner.HOSTFILE, results.SUMMARY, results.OPTIMAL_CONFIG,
+    for name in (ledger.FILENAME, lock.LOCKFILE, HOSTFILE, results.SUMMARY, results.OPTIMAL_CONFIG,
                  results.OPTIMAL_COMMAND, html.REPORT_HTML, plots.METRIC_PNG, plots.TIMELINE_PNG):
         assert RESERVED_NAMES.fullmatch(name), name
     path = sweep(tmp_path, "name: s\nscript: train.py\nspace: {x: [1, 2]}\n")

@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 
@@ -48,6 +47,31 @@ def test_help_imports_neither_torch_nor_deepspeed():
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_import_autotuner_is_light_and_python_m_autotuner_is_the_command():
+    code = ("import sys, autotuner\n"
+            "names = [autotuner.prepare, autotuner.cancel, autotuner.run, autotuner.resume, autotuner.UserError]\n"
+            "heavy = ('typer', 'rich', 'fabric', 'paramiko', 'matplotlib', 'torch', 'hjson', 'autotuner.runner')\n"
+            "print(sorted(m for m in heavy if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    result = subprocess.run([sys.executable, "-m", "autotuner", "--help"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0 and "resume" in result.stdout, result
+
+
+def test_public_api_names_resolve():
+    import autotuner
+
+    for name in autotuner.__all__:
+        assert getattr(autotuner, name) is not None, name
+    assert callable(autotuner.prepare) and callable(autotuner.cancel)  # not the modules of the same names
+
+
+def test_debug_and_verbose_keep_user_errors_to_one_line(tmp_path):
+    for flag in ("--debug", "--verbose"):
+        assert_one_line_error(autotune(flag, "status", tmp_path / "nothing"), "no sweep here")
 
 
 def test_malformed_hjson_names_file_line_and_column(tmp_path):

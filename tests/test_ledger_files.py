@@ -1,6 +1,6 @@
 """Ledgers that are not what the code expects, and the lock a user could break.
 
-Each bad ledger is made with real SQLite from a real sweep's ledger (runner.prepare, the code `autotune run`
+Each bad ledger is made with real SQLite from a real sweep's ledger (autotuner.prepare, the code `autotune run`
 uses, with attempts recorded through the Ledger API): damaged pages, a truncated or empty file, a directory in
 its place, a newer schema version, a column renamed, added or dropped, a table missing, JSON that does not
 decode. Every command that opens a ledger answers each with one line naming the file, exit status 2, and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner import runner
+import autotuner
 from autotuner.cluster import local_or_hostfile_cluster
 from autotuner.errors import UserError
 from autotuner.ledger import FAILED, FILENAME, SCHEMA_VERSION, SUCCEEDED, Ledger
@@ -24,8 +24,21 @@ from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
 from autotuner.views.snapshot import snapshot
 from autotuner.spec import load_sweep
 
-from cli_rig import (SLEEP_THEN_SUCCEED, Runners, autotune, env, finish, launched, launches, states, sweep_id,
-                     tagged_pids, wait_until, write_launcher, write_sweep)
+from cli_rig import (
+    SLEEP_THEN_SUCCEED,
+    Runners,
+    autotune,
+    env,
+    finish,
+    launched,
+    launches,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 PAGE = 4096
 
@@ -53,10 +66,9 @@ def make_sweep(directory: Path, count: int, *, finished: int = 0) -> Path:
     spec = write_sweep(directory, range(count), name="s",
                        extra="  args: [" + ", ".join(f'"--pad{i}"' for i in range(20)) + "]")  # fuller pages
     launcher = write_launcher(directory, SLEEP_THEN_SUCCEED)
-    reload = {"specs": [str(spec)], "script": None, "args": "", "metric": None, "timeout": None}
     results = directory / "out"
-    runner.prepare(load_sweep([spec]), local_or_hostfile_cluster(None, cpu_slots=2), results,
-                   launcher=launcher.split(), reload=reload)
+    autotuner.prepare(load_sweep([spec]), local_or_hostfile_cluster(None, cpu_slots=2), results,
+                      launcher=launcher.split())
     with Ledger.open(results) as ledger:
         ledger._db.execute("PRAGMA synchronous=OFF")  # setting up, not what is tested: no fsync per transition
         for i in range(finished):
@@ -136,9 +148,11 @@ BAD_LEDGERS = {
                                            "PRAGMA user_version = 0"),
                                        "corrupt sweep ledger: table attempts: no column state; unknown column status"),
     "table_missing": (sql("DROP TABLE requests"), "corrupt sweep ledger: no table requests"),
-    "not_null_dropped": (without_not_null, "corrupt sweep ledger: the columns of table experiments are not declared"),
+    "not_null_dropped": (without_not_null,
+                         "corrupt sweep ledger: the columns of table experiments are not declared"),
     "negative_version": (sql("PRAGMA user_version = -1"), "corrupt sweep ledger: schema version -1"),
-    "meta_key_missing": (sql("DELETE FROM meta WHERE key = 'metric'"), "corrupt sweep ledger: meta 'metric' is missing"),
+    "meta_key_missing": (sql("DELETE FROM meta WHERE key = 'metric'"),
+                         "corrupt sweep ledger: meta 'metric' is missing"),
     "meta_null": (sql("UPDATE meta SET value = 'null' WHERE key = 'name'"),
                   "corrupt sweep ledger: meta 'name' is not a str"),
     "meta_not_json": (sql("UPDATE meta SET value = '{\"localhost\": [0,' WHERE key = 'slots'"),
@@ -180,7 +194,7 @@ def test_the_python_api_raises_user_error_and_writes_nothing(kind, pristine, tmp
     damage, words = BAD_LEDGERS[kind]
     results = bad_copy(pristine, tmp_path, damage)
     before = snapshot_of(results)
-    for call in (lambda: snapshot(results), lambda: runner.execute(results), lambda: runner.cancel(results, [])):
+    for call in (lambda: snapshot(results), lambda: autotuner.execute(results), lambda: autotuner.cancel(results, [])):
         with pytest.raises(UserError) as caught:
             call()
         assert str(caught.value).startswith(str(results / FILENAME) + ": "), caught.value

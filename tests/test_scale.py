@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 
-from autotuner import runner
+import autotuner
 from autotuner.cluster import Cluster
 from autotuner.hostfile import localhost_hosts
 from autotuner.ledger import Ledger
@@ -33,7 +33,7 @@ def build(tmp_path):
     sweep = Sweep(name="big", experiments=experiments, metric=metric_named("throughput"), source="test")
     hosts = localhost_hosts(4)
     directory = tmp_path / "out"
-    runner.prepare(sweep, Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
+    autotuner.prepare(sweep, Cluster.of(hosts, {h: [0, 1, 2, 3] for h in hosts}, "cpu"), directory,
                    launcher=launcher.split())
     kinds = {}
     ledger = Ledger.open(directory)
@@ -65,7 +65,8 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     assert lines[0] == "sweep big: throughput (higher is better)"
     assert lines[1].split() == ["#", "name", "state", "throughput", "time", "slots", "why"]
     body = [line.split() for line in lines[3:3 + N]]
-    assert [next(t for t in row if t.startswith("big_i")) for row in body] == succeeded + [n for n in kinds if kinds[n] != State.SUCCEEDED]
+    ranked = [next(t for t in row if t.startswith("big_i")) for row in body]
+    assert ranked == succeeded + [n for n in kinds if kinds[n] != State.SUCCEEDED]
     assert body[0][0] == "best" and body[1][0] == "2"
     failed = next(line for line in lines if "big_i0007" in line)
     assert "failed" in failed and "[oom] CUDA out of memory" in failed

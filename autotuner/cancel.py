@@ -1,0 +1,83 @@
+"""Cancelling experiments of a sweep, or all of it, from any process: through its live runner, or in the ledger.
+
+The request is written to the ledger first, then the runner holding the sweep's lock is signalled (SIGUSR1) and
+cancels at its next step. With no runner alive, this process takes the lock, ends what a dead runner left
+running, and records the cancelled experiments itself.
+
+`autotuner` imports this module when it is imported (the function `autotuner.cancel` shares its name), so it
+imports what it needs only when called.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import UserError
+from .states import Reason, State
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+
+
+def cancel(directory: str | Path, names: Sequence[str] = ()) -> str:
+    """Cancel the experiments named (all of them when `names` is empty); returns what was done, in a line."""
+    from .lock import SweepBusy, SweepLock, holder_pid
+    from .prepare import open_sweep
+    from .runner import listen_for_requests, restore_handler
+
+    directory = Path(directory)
+    with open_sweep(directory) as ledger:
+        known = {e.name for e in ledger.experiments()}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
+        ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
+        ledger.request("cancel", names, time.time())
+        asked_for = ", ".join(names) or "the sweep"
+        pid = holder_pid(directory)
+        if pid is not None:
+            os.kill(pid, signal.SIGUSR1)
+            return f"asked the runner (pid {pid}) to cancel {asked_for}"
+        previous_usr1 = listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
+        try:
+            lock = SweepLock(directory).acquire()
+        except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
+            restore_handler(signal.SIGUSR1, previous_usr1)
+            if e.pid is not None:
+                os.kill(e.pid, signal.SIGUSR1)
+            return f"asked the runner (pid {e.pid}) to cancel {asked_for}"
+        try:
+            return _cancel_here(ledger, names, known)
+        finally:
+            lock.release()
+            restore_handler(signal.SIGUSR1, previous_usr1)
+
+
+def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> str:
+    """No runner: apply the request here, after clearing up what a dead one left."""
+    from .cleanup import recover
+    from .runner import Options, ssh_pool
+
+    pool = ssh_pool(ledger, Options())
+    try:
+        recover(ledger, time.time(), pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
+    asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
+    chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)
+    done = []
+    for attempt in ledger.latest():
+        if attempt.name in chosen and attempt.state in (State.QUEUED, State.INTERRUPTED):
+            number = attempt.attempt
+            if attempt.state == State.INTERRUPTED:
+                number = ledger.requeue([attempt.name], time.time())[attempt.name]
+            ledger.finish(attempt.name, number, State.CANCELLED, time.time(), reason=Reason.CANCELLED,
+                          detail="cancelled while the sweep was stopped")
+            done.append(attempt.name)
+    return f"cancelled {len(done)} experiment(s) that had not finished"

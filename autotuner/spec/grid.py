@@ -1,0 +1,181 @@
+"""Sweep files: a base ds_config and a space of values, expanded into the full grid of experiments.
+
+Keys (SWEEP_KEYS): `name` (prefix of the generated names), `script`, `args`, `metric`, `num_gpus`, `num_nodes`,
+`timeout`, `env`, `ds_config` (an object or a JSON file) and `space` ({"dotted.ds_config.key": [values..]}, in
+the order written; `num_gpus` and `num_nodes` vary those fields instead of the config). Generated names are
+`<name>_<short><value>_...`, e.g. `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or else the last segment
+of the dotted key. A space is refused before it is expanded when it would pass the sweep's limits.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import math
+from collections import Counter
+from typing import Any
+
+from .. import limits
+from ..errors import shown
+from ..metrics import metric_named
+from .model import (
+    ABBREVIATIONS,
+    FIELD_KEYS,
+    NAME_MAX,
+    SAFE_NAME,
+    UNSAFE,
+    Experiment,
+    Origin,
+    canonical,
+    is_safe_name,
+    name_problem,
+)
+from .reading import (
+    Defaults,
+    Loaded,
+    Source,
+    check_batch,
+    ds_config_of,
+    env_of,
+    is_number,
+    positive_count,
+    script_path,
+    stem_name,
+    string_list,
+)
+
+SWEEP_KEYS = ("name", "script", "args", "metric", "num_gpus", "num_nodes", "timeout", "env", "ds_config", "space")
+
+
+def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
+    """Set config[a][b][c] = value, creating missing objects; the blocking prefix when one is not an object."""
+    node = config
+    for i, segment in enumerate(segments[:-1]):
+        child = node.setdefault(segment, {})
+        if not isinstance(child, dict):
+            return ".".join(segments[:i + 1])
+        node = child
+    node[segments[-1]] = value
+    return None
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        text = json.dumps(value)
+    elif isinstance(value, (int, float, str)):
+        text = str(value)
+    else:
+        text = canonical(value)
+    return UNSAFE.sub("-", text).strip("-") or "x"
+
+
+def experiment_name(prefix: str, parts: list[str]) -> str:
+    name = "_".join([prefix, *parts])
+    if len(name) > NAME_MAX:
+        name = name[:NAME_MAX - 9] + "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name
+
+
+def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
+    for key in data:
+        if key not in SWEEP_KEYS:
+            raise src.error(f"unknown key {shown(key)} in a sweep file (keys: {', '.join(SWEEP_KEYS)})", key)
+    prefix = data.get("name")
+    if prefix is None:
+        prefix = stem_name(src.path)
+    elif not isinstance(prefix, str) or SAFE_NAME.fullmatch(prefix) is None or len(prefix) > NAME_MAX - 20:
+        raise src.error(f"name {shown(prefix)} must be safe as a directory name (letters, digits, . _ -; "
+                        f"not starting with .; at most {NAME_MAX - 20} chars)", "name")
+    script = defaults.script
+    if data.get("script") is not None:
+        script = script_path(src, "script", data["script"], src.path.parent)
+    if script is None:
+        raise src.error("no script to run: give `script` here or --script", "name" if "name" in data else None)
+    args = string_list(src, "args", data["args"]) if data.get("args") is not None else defaults.args
+    metric = None
+    if data.get("metric") is not None:
+        line = src.line("metric")
+        if not isinstance(data["metric"], str):
+            raise src.error("metric must be a string", "metric")
+        metric = (metric_named(data["metric"], path=src.path, line=line), line)
+    num_gpus = positive_count(src, "num_gpus", data.get("num_gpus", 1))
+    num_nodes = positive_count(src, "num_nodes", data.get("num_nodes", 1))
+    timeout = defaults.timeout
+    if data.get("timeout") is not None:
+        timeout = data["timeout"]
+        if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+            raise src.error(f"timeout must be a positive number of seconds, not {shown(timeout)}", "timeout")
+        timeout = float(timeout)
+    env = env_of(src, data.get("env", {}))
+    base = ds_config_of(src, data["ds_config"]) if data.get("ds_config") is not None else {}
+    space = data.get("space", {})
+    if not isinstance(space, dict):
+        raise src.error("space must be an object of dotted ds_config keys to lists of values", "space")
+    space_line = src.line("space")
+    if len(space) > limits.SPACE_KEYS:
+        raise src.error(f"space has {len(space)} keys, more than {limits.SPACE_KEYS}, the limit", "space")
+    axes: list[tuple[str, list[str], list[Any], list[str]]] = []
+    count = 1
+    for key, values in space.items():
+        segments = key.split(".")
+        if not key or not all(segments):
+            raise src.error(f"space key {shown(key)} is not a dotted ds_config key", key, space_line)
+        if not isinstance(values, list) or not values:
+            raise src.error(f"space key {shown(key)} needs a non-empty list of values", key, space_line)
+        if key in FIELD_KEYS:
+            for value in values:
+                positive_count(src, key, value, space_line, what=f"every value of space key {shown(key)}")
+        short = UNSAFE.sub("-", ABBREVIATIONS.get(key, segments[-1])).strip("-")
+        axes.append((key, segments, values, [short + text for text in _value_texts(src, key, values, space_line)]))
+        count *= len(values)  # refused just below if too many, before any experiment is built
+    src.budget.expand(count, len(canonical(base)), src, "space" if space else None)
+
+    line = space_line or src.line("name")
+    fields_from = {k: src.line(k, after=space_line) if k in space else src.line(k) if k in data else None
+                   for k in FIELD_KEYS}
+    loaded = Loaded([], prefix, metric, Origin(str(src.path), line, **fields_from))
+    for combo in itertools.product(*(range(len(values)) for _, _, values, _ in axes)):
+        config = copy.deepcopy(base)
+        fields = {"num_gpus": num_gpus, "num_nodes": num_nodes}
+        parts = []
+        for (key, segments, values, texts), index in zip(axes, combo, strict=True):
+            value = values[index]
+            if key in FIELD_KEYS:
+                fields[key] = value
+            else:
+                blocked = _set_dotted(config, segments, copy.deepcopy(value))
+                if blocked is not None:
+                    raise src.error(f"space key {shown(key)}: {shown(blocked)} in ds_config is "
+                                    f"{shown(_get(config, blocked), 40)}, not an object", key, space_line)
+            parts.append(texts[index])
+        name = experiment_name(prefix, parts)
+        if not is_safe_name(name):  # a space-less sweep named like one of the sweep's own files
+            raise src.error(name_problem(name), "name" if "name" in data else None)
+        experiment = Experiment(name=name, ds_config=config, script=script, args=args,
+                                timeout=timeout, env=env, source=str(src.path), **fields)
+        check_batch(src, experiment)
+        loaded.experiments.append((experiment, line))
+    return loaded
+
+
+def _value_texts(src: Source, key: str, values: list[Any], space_line: int | None) -> list[str]:
+    """Each value as it appears in experiment names: made safe for a directory name, and told apart by a short
+    hash where making them safe made two alike (`a b` and `a;b` are both `a-b`); a value listed twice is refused.
+    """
+    exact = [canonical(v) for v in values]
+    seen: set[str] = set()
+    for value, c in zip(values, exact, strict=True):
+        if c in seen:
+            raise src.error(f"space key {shown(key)} lists the value {shown(value)} twice", key, space_line)
+        seen.add(c)
+    texts = [_value_text(v) for v in values]
+    alike = {t for t, n in Counter(texts).items() if n > 1}
+    return [f"{t}-{hashlib.sha256(c.encode()).hexdigest()[:6]}" if t in alike else t
+            for t, c in zip(texts, exact, strict=True)]
+
+
+def _get(config: dict, dotted: str) -> Any:
+    for segment in dotted.split("."):
+        config = config[segment]
+    return config

@@ -1,0 +1,164 @@
+"""What a sweep is: its experiments, their names, and where they came from.
+
+An experiment's name is also its directory in the results directory, so names are checked here, once, for
+every way an experiment is made (files, Python).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from ..errors import shown
+from ..metrics import Metric
+
+NAME_MAX = 120
+SAFE_NAME = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}")
+# What a sweep keeps beside its experiments' directories; an experiment of one of these names would collide.
+RESERVED_NAMES = re.compile(r"(ledger\.sqlite|runner\.lock)([.-].*)?|hostfile|summary\.txt|ds_config_optimal\.json"
+                            r"|cmd_optimal\.txt|report\.html|plot_metric\.png|plot_timeline\.png|attempt-\d+")
+UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+ABBREVIATIONS = {
+    "zero_optimization.stage": "z",
+    "train_micro_batch_size_per_gpu": "mbs",
+    "gradient_accumulation_steps": "gas",
+    "train_batch_size": "tbs",
+    "num_gpus": "g",
+    "num_nodes": "n",
+}
+FIELD_KEYS = ("num_gpus", "num_nodes")  # space keys that vary the experiment rather than its ds_config
+
+
+def is_safe_name(name: str) -> bool:
+    """Usable as a directory name: letters, digits, `.`, `_`, `-`; not starting with `.` (hidden); at most 120
+    chars; not the name of one of the sweep's own files (RESERVED_NAMES), which share the results directory."""
+    return (isinstance(name, str) and SAFE_NAME.fullmatch(name) is not None
+            and RESERVED_NAMES.fullmatch(name) is None)
+
+
+def name_problem(name: Any) -> str:
+    """Why `name` cannot name an experiment, for the message that refuses it."""
+    if isinstance(name, str) and SAFE_NAME.fullmatch(name) is not None:
+        return f"experiment name {shown(name)} is the name of one of the sweep's own files"
+    return (f"experiment name {shown(name)} is not safe as a directory name "
+            f"(letters, digits, . _ -; not starting with .; at most {NAME_MAX} characters)")
+
+
+def positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def canonical(data: Any) -> str:
+    """The one JSON text of `data`: what digests and value names are made from."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One run: a DeepSpeed config on `num_nodes` x `num_gpus` slots of `script`."""
+
+    name: str
+    ds_config: Mapping[str, Any]  # a plain dict, read-only by convention: use config() for a private copy
+    num_gpus: int  # slots per node
+    num_nodes: int
+    script: str  # absolute path
+    args: tuple[str, ...] = ()
+    timeout: float | None = None  # seconds
+    env: Mapping[str, str] = field(default_factory=dict)
+    source: str = ""  # the file it came from
+
+    def __post_init__(self) -> None:
+        if not is_safe_name(self.name):
+            raise ValueError(name_problem(self.name))
+        for key in FIELD_KEYS:
+            value = getattr(self, key)
+            if not positive_int(value):
+                raise ValueError(f"experiment {self.name}: {key} must be a positive integer, not {shown(value)}")
+        object.__setattr__(self, "ds_config", copy.deepcopy(dict(self.ds_config)))
+        object.__setattr__(self, "args", tuple(str(a) for a in self.args))
+        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
+        object.__setattr__(self, "script", str(self.script))
+        object.__setattr__(self, "source", str(self.source))
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.digest))
+
+    def config(self) -> dict:
+        """A deep copy of the ds_config, free to change."""
+        return copy.deepcopy(dict(self.ds_config))
+
+    @cached_property
+    def digest(self) -> str:
+        """sha256 of what defines the run (not its name, timeout or source): equal digests, equal runs."""
+        defining = {"ds_config": self.ds_config, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
+                    "script": self.script, "args": list(self.args), "env": dict(self.env)}
+        return hashlib.sha256(canonical(defining).encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
+                "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
+                "timeout": self.timeout, "env": dict(self.env), "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Experiment:
+        return cls(name=data["name"], ds_config=data["ds_config"], num_gpus=data["num_gpus"],
+                   num_nodes=data["num_nodes"], script=data["script"], args=tuple(data.get("args") or ()),
+                   timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""))
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an experiment was defined, to point a later error (it does not fit the cluster) at the line."""
+
+    path: str
+    line: int | None  # the experiment (a DeepSpeed file's name, a sweep file's space)
+    num_gpus: int | None = None  # the line that sets num_gpus, when one does
+    num_nodes: int | None = None
+
+    def line_of(self, key: str) -> int | None:
+        return getattr(self, key, None) or self.line
+
+
+@dataclass(frozen=True)
+class SweepInputs:
+    """How `load_sweep` read a sweep (paths absolute), recorded in the ledger so `resume` can read the same files
+    again, from any directory, and see whether they changed."""
+
+    specs: tuple[str, ...]
+    script: str | None = None
+    args: tuple[str, ...] = ()
+    metric: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ledger's `reload` record; `args` one shell-quoted string, as the command line took it."""
+        return {"specs": list(self.specs), "script": self.script, "args": shlex.join(self.args),
+                "metric": self.metric}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepInputs | None:
+        """The inputs a ledger recorded; None when it recorded none (a sweep made in Python)."""
+        if not data.get("specs"):
+            return None
+        return cls(tuple(str(p) for p in data["specs"]), data.get("script"),
+                   tuple(shlex.split(str(data.get("args") or ""))), data.get("metric"))
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Experiments to run, ranked by one metric; made by `load_sweep` or in Python."""
+
+    name: str
+    experiments: tuple[Experiment, ...]
+    metric: Metric
+    source: str
+    origins: Mapping[str, Origin] = field(default_factory=dict)  # by experiment name
+    # The `hostfile` keys of DeepSpeed experiment files: (absolute path, "file:line" that names it).
+    hostfiles: tuple[tuple[str, str], ...] = ()
+    inputs: SweepInputs | None = None  # the files it was read from; None: made in Python
