@@ -14,9 +14,10 @@ from pathlib import Path
 
 from . import exitstatus, tags
 from .hostfile import is_local
-from .ledger import INTERRUPTED, RUNNING, Attempt, Ledger
+from .ledger import Attempt, Ledger
 from .metrics import metric_named
 from .outcome import Outcome
+from .states import Reason, State
 
 
 def end_group(pgid: int | None, tag: str, grace: float, gone_within: Callable[[float], bool]) -> None:
@@ -93,10 +94,10 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
     used. Each attempt is then recorded as the exit status it recorded says (what ended while no runner was
     alive keeps its result), else interrupted.
     """
-    left = ledger.in_state(RUNNING)
+    left = ledger.in_state(State.RUNNING)
     if not left:
         return left
-    metric = metric_named(str(ledger.meta()["metric"]))
+    metric = metric_named(ledger.meta().metric)
     for attempt in left:
         # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
         status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
@@ -105,7 +106,7 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
             for host in attempt.slots:
                 if pool is not None and not is_local(host):
                     end_tagged_remote(pool, host, attempt.tag)
-        outcome = Outcome(INTERRUPTED, INTERRUPTED, "the runner stopped while it ran")
+        outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
         if status is not None:
             local = all(is_local(h) for h in attempt.slots)
             outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status,

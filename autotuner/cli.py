@@ -236,7 +236,7 @@ def resume(
             check_events_path(events)
         meta = runner.sweep_meta(directory)
         new: list = []
-        reload = dict(meta.get("reload") or {})
+        reload = dict(meta.reload)
         gone = [p for p in reload.get("specs") or () if not os.path.exists(p)]
         if gone:  # e.g. /tmp wiped by a reboot: the ledger holds every experiment's spec, so finish those
             typer.echo(f"autotune: note: {gone[0]} is gone: resuming the experiments recorded in the ledger",
@@ -290,6 +290,8 @@ def _print_event(what: str, subject, outcome) -> None:
     stamp = time.strftime("%H:%M:%S")
     if what in ("host_down", "host_up"):
         typer.echo(f"{stamp} {'lost' if what == 'host_down' else 'back':<9} host {subject}")
+        return
+    if what == "requeued":
         return
     name = subject.experiment.name
     if what in ("started", "adopted"):

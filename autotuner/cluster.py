@@ -13,7 +13,7 @@ from pathlib import Path
 from .errors import UserError, shown
 from .hostfile import Host, is_local, load_hostfile, localhost_hosts, select_slots
 from .inventory import local_slots
-from .resources import SlotPool
+from .core.resources import SlotPool
 from .spec import Sweep
 
 

@@ -12,8 +12,9 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from .states import State
 from .errors import UserError
-from .ledger import SUCCEEDED, Attempt
+from .ledger import Attempt
 from .report import Snapshot, format_value
 
 FORMATS = ("table", "json")
@@ -49,7 +50,7 @@ class Comparison:
 
 
 def _value(attempt: Attempt | None, metric: str, own_metric: str) -> float | None:
-    if attempt is None or attempt.state != SUCCEEDED:
+    if attempt is None or attempt.state != State.SUCCEEDED:
         return None
     if metric == own_metric and attempt.metric is not None:
         return attempt.metric
@@ -96,7 +97,7 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
 
 
 def _state(state: str, reason: str | None) -> str:
-    return state if state == SUCCEEDED or not reason else f"{state} ({reason})"
+    return state if state == State.SUCCEEDED or not reason else f"{state} ({reason})"
 
 
 def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:

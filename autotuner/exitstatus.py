@@ -18,9 +18,9 @@ from pathlib import Path
 
 from . import tags
 from .launch import end_profile_step
-from .ledger import INTERRUPTED
 from .metrics import Metric
 from .outcome import Outcome, judge
+from .states import Reason, State
 
 FILENAME = "exit_status"
 # How an attempt that ended while no runner was alive, without recording its exit status, is recorded.
@@ -80,7 +80,7 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     """Judge an attempt from its exit status and the files in its directory, as the runner that started it
     would have; with no exit status recorded (None) it is interrupted, to be run again."""
     if exit_code is None:
-        return Outcome(INTERRUPTED, INTERRUPTED, UNRECORDED)
+        return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
     return judge(exit_code, directory / "metrics.json", metric, [directory / "stderr.log", directory / "stdout.log"],
                  _end_profile_step(directory))
 

@@ -22,20 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .ledger import (
-    CANCELLED,
-    FAILED,
-    INTERRUPTED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    TIMED_OUT,
-)
-from .outcome import LOST, Outcome
+from .states import Reason, State
+from .outcome import Outcome
 from .report import Snapshot, format_value
 
 # States whose duration says how long an experiment takes (cancelled and interrupted runs were cut short).
-_TIMED_STATES = (SUCCEEDED, FAILED, TIMED_OUT)
+_TIMED_STATES = (State.SUCCEEDED, State.FAILED, State.TIMED_OUT)
 _KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 MAX_RUNNING_ROWS = 24
 MAX_NODE_ROWS = 32
@@ -98,7 +90,7 @@ class LiveState:
         have left of it; spread over the slots that are up, and never less than the longest single piece.
         """
         mean = self.mean_duration()
-        queued = [name for name, state in self.states.items() if state == QUEUED]
+        queued = [name for name, state in self.states.items() if state == State.QUEUED]
         if not queued and not self.running:
             return 0.0
         if mean is None or self.capacity() == 0:
@@ -128,7 +120,7 @@ class LiveView:
         self._default_timeout = default_timeout
         self._retries = retries
         self._sweep, self._metric, self._minimize = snap.name, snap.metric.name, snap.metric.minimize
-        self._slots = {h: tuple(ids) for h, ids in dict(snap.meta.get("slots") or {}).items()}
+        self._slots = {h: tuple(ids) for h, ids in snap.meta.slots.items()}
         self._sizes = {e.name: e.num_gpus * e.num_nodes for e in snap.experiments.values()}
         self._order = {name: i for i, name in enumerate(snap.experiments)}
         self._states: dict[str, str] = {}
@@ -139,17 +131,17 @@ class LiveView:
         pending = set(pending)
         for a in snap.attempts:
             if a.state in pending:
-                self._states[a.name] = QUEUED
+                self._states[a.name] = State.QUEUED
                 continue
             self._states[a.name] = a.state
-            if a.state == RUNNING:
+            if a.state == State.RUNNING:
                 self._running[(a.name, a.attempt)] = Running(
                     a.name, a.attempt, {h: tuple(ids) for h, ids in a.slots.items()},
                     a.started_at if a.started_at is not None else clock(), self._timeout(snap.experiments.get(a.name)))
             elif a.state in _TIMED_STATES and a.duration is not None:
                 self._durations.append(a.duration)
         for e in added:
-            self._states[e.name] = QUEUED
+            self._states[e.name] = State.QUEUED
             self._order.setdefault(e.name, len(self._order))
             self._sizes[e.name] = e.num_gpus * e.num_nodes
         best = snap.best
@@ -174,7 +166,7 @@ class LiveView:
 
     def _started(self, run, now: float) -> None:
         name = run.experiment.name
-        self._states[name] = RUNNING
+        self._states[name] = State.RUNNING
         self._sizes[name] = run.experiment.num_gpus * run.experiment.num_nodes
         self._running[(name, run.attempt)] = Running(name, run.attempt, {h: tuple(ids) for h, ids in
                                                                           run.reservation.slots},
@@ -188,12 +180,12 @@ class LiveView:
             self._durations.append(max(now - started.started_at, 0.0))
         # What the scheduler queues again at once: a run of a lost host, and a transient failure while the
         # experiment has retries left (counted per experiment, as the scheduler counts them).
-        retry = state == FAILED and outcome.transient and self._retried.get(name, 0) < self._retries
-        if started is not None and (retry or state == INTERRUPTED and outcome.reason == LOST):
+        retry = state == State.FAILED and outcome.transient and self._retried.get(name, 0) < self._retries
+        if started is not None and (retry or state == State.INTERRUPTED and outcome.reason == Reason.LOST):
             self._retried[name] = self._retried.get(name, 0) + retry
-            state = QUEUED
+            state = State.QUEUED
         self._states[name] = state
-        value = outcome.metrics.get(self._metric) if outcome.state == SUCCEEDED and outcome.metrics else None
+        value = outcome.metrics.get(self._metric) if outcome.state == State.SUCCEEDED and outcome.metrics else None
         if value is not None and (self._best is None or self._better(name, float(value), *self._best)):
             self._best = (name, float(value))
 
@@ -245,13 +237,13 @@ def render(state: LiveState, now: float):
     from rich.text import Text
 
     counts = state.counts()
-    failed = counts.get(FAILED, 0) + counts.get(TIMED_OUT, 0)
+    failed = counts.get(State.FAILED, 0) + counts.get(State.TIMED_OUT, 0)
     head = Text()
-    for label, n, style in (("done", counts.get(SUCCEEDED, 0), "green"), ("failed", failed, "red"),
-                            ("running", counts.get(RUNNING, 0), "cyan"), ("queued", counts.get(QUEUED, 0), "")):
+    for label, n, style in (("done", counts.get(State.SUCCEEDED, 0), "green"), ("failed", failed, "red"),
+                            ("running", counts.get(State.RUNNING, 0), "cyan"), ("queued", counts.get(State.QUEUED, 0), "")):
         head.append(f"{n} {label}", style=style if n else "dim")
         head.append("   ")
-    for label in (CANCELLED, INTERRUPTED):
+    for label in (State.CANCELLED, State.INTERRUPTED):
         if counts.get(label):
             head.append(f"{counts[label]} {label}   ", style="yellow")
     head.append(f"of {len(state.states)}")
@@ -261,7 +253,7 @@ def render(state: LiveState, now: float):
     if eta is None:
         timing.append("ETA ? (no run has ended yet)" if mean is None else "ETA ? (no slot is up)", style="dim")
     else:
-        timing.append("ETA < 1s" if eta < 1 and (state.running or counts.get(QUEUED)) else f"ETA ~{seconds(eta)}",
+        timing.append("ETA < 1s" if eta < 1 and (state.running or counts.get(State.QUEUED)) else f"ETA ~{seconds(eta)}",
                       style="bold")
         if mean is not None:
             timing.append(f" (mean run {seconds(mean)} over {len(state.durations)})", style="dim")
@@ -329,9 +321,9 @@ def event_record(what: str, subject, outcome: Outcome | None, metric: str, at: f
               "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 1000):03d}",
               "name": name, "attempt": attempt, "slots": _slots_of(subject)}
     if what in ("started", ADOPTED):
-        return record | {"state": RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
+        return record | {"state": State.RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
     metrics = dict(outcome.metrics or {}) if outcome is not None else {}
-    return record | {"state": outcome.state if outcome is not None else CANCELLED,
+    return record | {"state": outcome.state if outcome is not None else State.CANCELLED,
                      "reason": outcome.reason if outcome is not None else None,
                      "detail": outcome.detail if outcome is not None else None,
                      "metric": metrics.get(metric), "metrics": metrics}
@@ -348,6 +340,8 @@ class EventLog:
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")
 
     def __call__(self, what: str, subject, outcome: Outcome | None) -> None:
+        if what == "requeued":
+            return
         if what in (HOST_DOWN, HOST_UP):
             at = self._clock()
             record = {"event": what, "timestamp": round(at, 6), "host": str(subject)}
@@ -430,7 +424,7 @@ def watching(directory: Path, observers: list, *, live: bool = False, plain=None
     if live:
         from rich.live import Live
 
-        pending = {RUNNING, INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
+        pending = {State.RUNNING, State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
         view = LiveView(snap, default_timeout=default_timeout, retries=retries, pending=pending, added=added)
         observers.append(view)
         display = Live(view, console=console, refresh_per_second=4, transient=False, redirect_stderr=False)

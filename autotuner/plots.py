@@ -20,19 +20,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .states import State
 from .errors import UserError
 from .files import write_atomic
-from .ledger import (
-    CANCELLED,
-    FAILED,
-    INTERRUPTED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    TIMED_OUT,
-    Attempt,
-    Ledger,
-)
+from .ledger import Attempt, Ledger
 from .report import Snapshot, format_value
 from .spec import ABBREVIATIONS, FIELD_KEYS, Experiment
 
@@ -42,8 +33,8 @@ DEFAULT_X = "train_micro_batch_size_per_gpu"
 DEFAULT_LINES = "zero_optimization.stage"
 INSTALL_HINT = "plots need matplotlib, which is not installed: pip install 'autotuner[plots]' (or pip install matplotlib)"
 
-STATE_COLORS = {SUCCEEDED: "#4c9a5f", FAILED: "#c8453c", TIMED_OUT: "#e08a2c", CANCELLED: "#9a9a9a",
-                INTERRUPTED: "#b3a16b", RUNNING: "#3b7dd8", QUEUED: "#dddddd"}
+STATE_COLORS = {State.SUCCEEDED: "#4c9a5f", State.FAILED: "#c8453c", State.TIMED_OUT: "#e08a2c", State.CANCELLED: "#9a9a9a",
+                State.INTERRUPTED: "#b3a16b", State.RUNNING: "#3b7dd8", State.QUEUED: "#dddddd"}
 _MISSING = object()
 
 
@@ -149,9 +140,9 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
         if xv is _MISSING:
             continue
         lv = None if lv is _MISSING else lv
-        if a.state == SUCCEEDED and a.metric is not None:
+        if a.state == State.SUCCEEDED and a.metric is not None:
             points.setdefault(_freeze(lv), {}).setdefault(_freeze(xv), []).append((a.metric, a.name))
-        elif a.state in (FAILED, TIMED_OUT):
+        elif a.state in (State.FAILED, State.TIMED_OUT):
             failures.append((_freeze(xv), a.reason or a.state))
             broken.setdefault(_freeze(lv), set()).add(_freeze(xv))
 
@@ -260,7 +251,7 @@ def _labels(a: Attempt, sweep: str, is_best: bool) -> list[str]:
     labels = [n + suffix for n in names]
     if is_best:
         labels.append("\u2605 best")
-    elif a.state in (FAILED, TIMED_OUT):
+    elif a.state in (State.FAILED, State.TIMED_OUT):
         labels.append(a.reason or a.state)
     return labels
 
@@ -270,7 +261,7 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
     from matplotlib.patches import Patch
 
     now = time.time() if now is None else now
-    slots = {h: list(ids) for h, ids in dict(snap.meta.get("slots") or {}).items()}
+    slots = {h: list(ids) for h, ids in snap.meta.slots.items()}
     rows = _rows(slots, attempts)
     for h, i in rows:
         slots.setdefault(h, [])
@@ -297,12 +288,12 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
                 y = index[(host, i)]
                 ax.barh(y, max(e - s, span * 0.002), left=s, height=0.78, color=color,
                         edgecolor="black" if is_best else "white", linewidth=2 if is_best else 0.8,
-                        hatch="//" if a.state == RUNNING else None, alpha=0.95)
+                        hatch="//" if a.state == State.RUNNING else None, alpha=0.95)
                 room = (e - s) / span * width_px / 6.3  # characters that fit in the bar
                 label = next((t for t in _labels(a, snap.name, is_best) if len(t) <= room), None)
                 if len(rows) <= 120 and label:
                     ax.text(s + (e - s) / 2, y, label, ha="center", va="center", fontsize=7.5,
-                            color="white" if a.state != QUEUED else "black", clip_on=True)
+                            color="white" if a.state != State.QUEUED else "black", clip_on=True)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{h}:{i}" for h, i in rows], fontsize=8 if len(rows) <= 60 else 5)
     ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -329,10 +320,10 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
                  f"makespan)" if total is not None else f"{snap.name}: slot timeline (nothing has started yet)",
                  fontsize=11, loc="left")
     present = {a.state for a in attempts if a.started_at is not None}
-    handles = [Patch(facecolor=STATE_COLORS[s], label=s, hatch="//" if s == RUNNING else None)
+    handles = [Patch(facecolor=STATE_COLORS[s], label=s, hatch="//" if s == State.RUNNING else None)
                for s in STATE_COLORS if s in present]
     if best is not None:
-        handles.append(Patch(facecolor=STATE_COLORS[SUCCEEDED], edgecolor="black", linewidth=2,
+        handles.append(Patch(facecolor=STATE_COLORS[State.SUCCEEDED], edgecolor="black", linewidth=2,
                              label=f"best: {best.name}"))
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), fontsize=8,

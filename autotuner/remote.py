@@ -25,13 +25,14 @@ from pathlib import Path
 
 from . import exitstatus, tags
 from .cleanup import end_tagged_everywhere, end_tagged_remote
-from .executor import Stops, prepare_directory, record_attempt
-from .hostfile import is_local
+from .attempt import prepare_directory, record_attempt
 from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
-from .ledger import INTERRUPTED, TIMED_OUT
 from .metrics import Metric
-from .outcome import LAUNCH, LOST, TIMEOUT, Outcome
-from .scheduler import Finished, HostBack, HostLost, Launched, Run
+from .core.events import Finished, HostBack, HostLost, Launched, Run
+from .outcome import Outcome
+from .states import Reason, State
+from .stops import Stops
+from .threads import Workers
 from .transport import HostDown, RemoteProcess, RemoteStartError, SSHPool
 
 
@@ -69,24 +70,23 @@ class SshExecutor:
         self._procs: dict[tuple[str, int], RemoteProcess] = {}
         self._stops = Stops()
         self._addresses: dict[str, str] = {}
+        self._workers = Workers("ssh-executor")
 
     # --- the Executor interface ---------------------------------------------------------------------------
     def start(self, run: Run, post: Callable[[object], None]) -> None:
-        threading.Thread(target=self._attempt, args=(run, post, partial(self._execute, run, post)),
-                         name=f"ssh-{run.tag}", daemon=True).start()
+        self._workers.start(f"ssh-{run.tag}", self._attempt, run, post, partial(self._execute, run, post))
 
     def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
         """Follow an attempt a dead runner started on its first host (its leader `pid`, started at `since`) to
         its end, on a thread of its own; it is stopped like any run meanwhile."""
-        threading.Thread(target=self._attempt, args=(run, post, partial(self._adopted, run, pid, since)),
-                         name=f"ssh-adopted-{run.tag}", daemon=True).start()
+        self._workers.start(f"ssh-adopted-{run.tag}", self._attempt, run, post, partial(self._adopted, run, pid, since))
 
-    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+    def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         self._stops.ask(run.key, state, detail, reason)
         with self._lock:
             proc = self._procs.get(run.key)
         if proc is not None:
-            threading.Thread(target=self._end, args=(run, proc), daemon=True).start()
+            self._workers.start(f"ssh-stop-{run.tag}", self._end, run, proc)
 
     def kill_all(self) -> None:
         """Immediate: SIGKILL each running attempt's process group; each is then recorded interrupted."""
@@ -98,6 +98,10 @@ class SshExecutor:
                 proc.signal(signal.SIGKILL)
             except HostDown:
                 pass
+
+    def close(self) -> None:
+        """Join the attempt and stop threads."""
+        self._workers.close(timeout=self.grace + 60)
 
     # --- one attempt --------------------------------------------------------------------------------------
     def _address(self, host: str) -> str:
@@ -121,10 +125,10 @@ class SshExecutor:
             outcome = follow()
         except HostDown as e:
             self._lost(run, e.host, post)
-            outcome = Outcome(INTERRUPTED, LOST, str(e))
+            outcome = Outcome(State.INTERRUPTED, Reason.LOST, str(e))
             self._clean_quietly(run, [h for h in run.reservation.hosts if h != e.host])  # ranks on the others
         except Exception as e:  # our own failure to launch, or a clean-up that failed: recorded, never lost
-            outcome = Outcome("failed", LAUNCH, f"{type(e).__name__}: {e}")
+            outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
             self._clean_quietly(run)
         finally:
             with self._lock:
@@ -176,13 +180,13 @@ class SshExecutor:
             setup.append(write_file_command(env["DS_ENV_FILE"], env_file_text(exported)))
         prepared = self.pool.run(first, " && ".join(setup), timeout=60)
         if not prepared.ok:
-            return Outcome("failed", LAUNCH, f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
+            return Outcome(State.FAILED, Reason.LAUNCH, f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
         try:
             proc = self.pool.start(first, exitstatus.wrapped(command.argv, status_path), command.env, command.cwd,
                                    f"{workdir}/stdout.log", f"{workdir}/stderr.log", timeout=60)
         except RemoteStartError as e:
             record_attempt(run, config, command)
-            return Outcome("failed", LAUNCH, f"{first}: {str(e)[:300]}")
+            return Outcome(State.FAILED, Reason.LAUNCH, f"{first}: {str(e)[:300]}")
         self._track(run, proc)
         post(Launched(run, proc.pid, None, self.clock()))
         record_attempt(run, config, command)
@@ -205,18 +209,11 @@ class SshExecutor:
             self._stops.ask(run.key, *Stops.KILLED)
 
     def _follow(self, run: Run, proc: "RemoteProcess | AdoptedRemote", since: float) -> Outcome:
-        """Wait for the attempt (its timeout counted from `since`), end whatever of it is left on every host,
-        fetch its files, judge it."""
+        """Wait for the attempt (see `Stops.wait`), end whatever of it is left on every host, fetch its files,
+        judge it."""
         first = run.reservation.hosts[0]
-        if self._stops.asked(run.key):
-            self._end(run, proc)
-        timeout = run.experiment.timeout or self.default_timeout
-        try:
-            exit_code = proc.wait(None if timeout is None else max(0.0, since + timeout - self.clock()))
-        except TimeoutError:
-            self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
-            self._end(run, proc)
-            exit_code = proc.wait()
+        exit_code = self._stops.wait(run, proc, since=since, default_timeout=self.default_timeout, clock=self.clock,
+                                     end=partial(self._end, run, proc))
         if exit_code is None and proc.lost:
             raise HostDown(first, "connection lost while the experiment ran")
         self._clean(run)
@@ -330,27 +327,3 @@ class HostWatcher:
                         self._down.discard(host)
                     self._post(HostBack(host))
 
-
-@dataclass
-class Router:
-    """One executor for a sweep on several hosts: this machine's attempts locally, the others over SSH."""
-
-    local: object
-    remote: SshExecutor
-
-    def _for(self, run: Run):
-        hosts = run.reservation.hosts
-        return self.local if len(hosts) == 1 and is_local(hosts[0]) else self.remote
-
-    def start(self, run: Run, post: Callable[[object], None]) -> None:
-        self._for(run).start(run, post)
-
-    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
-        self._for(run).adopt(run, pid, since, post)
-
-    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
-        self._for(run).stop(run, state, detail, reason)
-
-    def kill_all(self) -> None:
-        self.local.kill_all()
-        self.remote.kill_all()

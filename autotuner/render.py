@@ -6,8 +6,9 @@ import io
 import json
 from pathlib import Path
 
+from .states import State
 from .errors import UserError
-from .ledger import FILENAME, SUCCEEDED, Attempt
+from .ledger import FILENAME, Attempt
 from .report import (
     OPTIMAL_COMMAND,
     OPTIMAL_CONFIG,
@@ -32,7 +33,7 @@ def rows(snap: Snapshot) -> list[dict]:
     out = []
     for rank, a in enumerate(snap.ranked, 1):
         out.append({
-            "rank": rank if a.state == SUCCEEDED else None,
+            "rank": rank if a.state == State.SUCCEEDED else None,
             "best": best is not None and a.name == best.name,
             "name": a.name, "state": a.state, "metric": a.metric,
             "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
@@ -125,7 +126,7 @@ def _rich_table(snap: Snapshot, table: list[dict]) -> str:
                             ("time", "right"), ("slots", "left"), ("why", "left")):
         t.add_column(column, justify=justify)
     for r in table:
-        style = "bold green" if r["best"] else ("red" if r["state"] not in (SUCCEEDED, "queued", "running") else None)
+        style = "bold green" if r["best"] else ("red" if r["state"] not in (State.SUCCEEDED, "queued", "running") else None)
         *cells, why = _cells(r)
         t.add_row(*cells, escape(why), style=style)  # the reason is not rich markup
     console = Console(file=io.StringIO(), width=160, force_terminal=False)

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from .states import State
 from .files import write_atomic, write_json_atomic
 from .launch import Launcher, optimal_command, without_autotuning
-from .ledger import SUCCEEDED, Attempt, Ledger
+from .ledger import Attempt, Ledger, SweepMeta
 from .metrics import Metric, metric_named
 from .spec import Experiment
 
@@ -30,12 +31,12 @@ class Snapshot:
     metric: Metric
     experiments: Mapping[str, Experiment]
     attempts: Sequence[Attempt]  # latest attempt of each experiment, in sweep order
-    meta: Mapping[str, object]
+    meta: SweepMeta
 
     @cached_property
     def ranked(self) -> list[Attempt]:
         """Succeeded attempts best first, then every other attempt in sweep order (computed once)."""
-        done = [a for a in self.attempts if a.state == SUCCEEDED and a.metric is not None]
+        done = [a for a in self.attempts if a.state == State.SUCCEEDED and a.metric is not None]
         done.sort(key=lambda a: self.metric.sort_key(a.metric))
         chosen = {id(a) for a in done}  # not `a not in done`: that compared dataclasses, O(n^2) on 10k
         return done + [a for a in self.attempts if id(a) not in chosen]
@@ -43,7 +44,7 @@ class Snapshot:
     @property
     def best(self) -> Attempt | None:
         ranked = self.ranked
-        return ranked[0] if ranked and ranked[0].state == SUCCEEDED and ranked[0].metric is not None else None
+        return ranked[0] if ranked and ranked[0].state == State.SUCCEEDED and ranked[0].metric is not None else None
 
     def counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -57,7 +58,7 @@ def snapshot(directory: Path, *, every_experiment: bool = True) -> Snapshot:
     the report and the optimal files): decoding 10,000 specs took most of `autotune status`'s time."""
     with Ledger.open(directory) as ledger:  # damage found mid-read ends as one line too
         meta = ledger.meta()
-        name, metric, attempts = str(meta["name"]), metric_named(str(meta["metric"])), ledger.latest()
+        name, metric, attempts = meta.name, metric_named(meta.metric), ledger.latest()
         if every_experiment:
             experiments = {e.name: e for e in ledger.experiments()}
         else:
@@ -73,7 +74,7 @@ def optimal(snap: Snapshot, launcher: Launcher = Launcher()) -> tuple[dict, str]
     if best is None:
         return None
     experiment = snap.experiments[best.name]
-    env = {str(k): str(v) for k, v in dict(snap.meta.get("env") or {}).items()}
+    env = dict(snap.meta.env)
     config_path = (snap.directory / OPTIMAL_CONFIG).resolve()
     return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, env)
 
@@ -113,7 +114,7 @@ def summary_text(snap: Snapshot) -> str:
     ]
     for attempt in snap.ranked:
         mark = "*" if best is not None and attempt.name == best.name else " "
-        why = f"  [{attempt.reason}] {attempt.detail or ''}".rstrip() if attempt.state != SUCCEEDED else ""
+        why = f"  [{attempt.reason}] {attempt.detail or ''}".rstrip() if attempt.state != State.SUCCEEDED else ""
         lines.append(f"{mark} {attempt.name:<40} {attempt.state:<11} {format_value(attempt.metric):>12}{why}")
     if best is not None:
         lines += ["", f"best: {best.name}", f"config: {OPTIMAL_CONFIG}", f"command: {OPTIMAL_COMMAND}"]

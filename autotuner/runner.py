@@ -8,6 +8,7 @@ files a user takes away.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import signal
@@ -22,39 +23,35 @@ from . import limits
 from .cleanup import recover
 from .cluster import Cluster, check_fits
 from .errors import UserError
-from .executor import LocalExecutor, launcher_for_this_python
+from .core import (
+    CheckRequests,
+    Deadline,
+    Executor,
+    Interrupt,
+    Observer,
+    Placement,
+    Post,
+    Queued,
+    Reservation,
+    Scheduler,
+    SlotPool,
+)
+from .executor import LocalExecutor
 from .files import write_atomic
 from .hostfile import (
     format_hostfile,
     is_local,
 )
-from .launch import Launcher
-from .ledger import (
-    CANCELLED,
-    FAILED,
-    FILENAME,
-    INTERRUPTED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    TIMED_OUT,
-    Attempt,
-    Ledger,
-)
+from .launch import Launcher, launcher_for_this_python
+from .ledger import FILENAME, Attempt, Ledger, SweepMeta
 from .lock import SweepBusy, SweepLock, holder_pid
 from .metrics import metric_named
 from .report import Snapshot, snapshot, write_outcome_files
-from .resources import Placement, Reservation, SlotPool
-from .scheduler import (
-    CheckRequests,
-    Deadline,
-    Interrupt,
-    Observer,
-    Queued,
-    Scheduler,
-    run_in_thread,
-)
 from .spec import Experiment, Sweep
+from .states import Reason, State
+from .threads import Workers
+
+log = logging.getLogger(__name__)
 
 HOSTFILE = "hostfile"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -136,12 +133,12 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
     staging = f".{FILENAME}.new"
     for path in _staging(directory):  # what an earlier killed `run` left
         path.unlink(missing_ok=True)
-    ledger = Ledger.create(directory, {
-        "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
-        "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
-        "capacity": dict(cluster.capacity), "accelerator": cluster.accelerator, "env": cluster.env,
-        "launcher": list(launcher or launcher_for_this_python().executable), "reload": dict(reload or {}),
-    }, filename=staging)
+    ledger = Ledger.create(directory, SweepMeta(
+        name=sweep.name, metric=sweep.metric.spec, sweep_id=secrets.token_hex(4), source=sweep.source,
+        created=time.time(), slots=dict(cluster.slots), capacity=dict(cluster.capacity),
+        accelerator=cluster.accelerator, env=cluster.env,
+        launcher=tuple(launcher or launcher_for_this_python().executable), reload=dict(reload or {}),
+    ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())
     finally:
@@ -167,7 +164,7 @@ class Result:
         if self.interrupted:
             return EXIT_INTERRUPTED
         states = self.snapshot.counts()
-        all_done = states.get(SUCCEEDED, 0) == len(self.snapshot.attempts)
+        all_done = states.get(State.SUCCEEDED, 0) == len(self.snapshot.attempts)
         return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
 
 
@@ -255,7 +252,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         try:
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             pool = _ssh_pool(ledger, options)
-            left = ledger.in_state(RUNNING)  # by a dead runner: adopted
+            left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
             requeue(ledger, retry_failed)
             if new_experiments:
                 ledger.add_experiments(new_experiments, time.time())
@@ -290,43 +287,44 @@ def _restore(signum: int, previous) -> None:
 
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     """New attempts for interrupted experiments (and failed or timed-out ones when asked)."""
-    again = {INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
+    again = {State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
 def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
     """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
-    if not even_local and all(is_local(h) for h in dict(meta["slots"])):
+    if not even_local and all(is_local(h) for h in meta.slots):
         return None
     from .transport import SSHPool
 
-    ssh = options.ssh or Ssh(**dict(meta.get("ssh") or {}))
+    ssh = options.ssh or Ssh(**dict(meta.ssh or {}))
     ledger.set_meta("ssh", ssh.to_json())
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
 def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adopt: Sequence[Attempt] = ()) -> bool:
     meta = ledger.meta()
-    metric = metric_named(str(meta["metric"]))
-    slots = {h: tuple(ids) for h, ids in dict(meta["slots"]).items()}
-    launcher = Launcher(tuple(meta["launcher"]))
-    env = dict(meta.get("env") or {})
-    executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env, options.timeout,
-                             options.grace)
+    metric = metric_named(meta.metric)
+    slots = meta.slots
+    launcher = Launcher(meta.launcher)
+    env = dict(meta.env)
+    executor: Executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
+                                       options.timeout, options.grace)
     slot_pool = SlotPool(slots)
-    scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
+    scheduler = Scheduler(ledger, slot_pool, executor, time.time, meta.sweep_id, directory.resolve(),
                           metric.name, retries=options.retries, observers=list(options.observers), log=options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
-    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
+    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
     waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
     waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
     watcher = None
     if pool is not None:
-        from .remote import HostWatcher, Router, SshExecutor
+        from .remote import HostWatcher, SshExecutor
+        from .routing import Router
 
         watcher = HostWatcher(pool, scheduler.post)
-        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
+        ssh = Ssh(**dict(ledger.meta().ssh or {}))
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = Router(executor, remote)
@@ -350,6 +348,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
     try:
         return _run_with_signals(scheduler, executor, options.deadline)
     finally:
+        executor.close()  # every run has posted its end: its threads are ending, or ended
         if watcher is not None:
             watcher.close()
 
@@ -424,43 +423,68 @@ def _probe(pool, hosts: Sequence[str]) -> list[str | None]:
         return list(workers.map(trouble, hosts))
 
 
-def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: float | None) -> bool:
-    """First Ctrl-C: stop gracefully. Second: kill at once. SIGUSR1: read requests from the ledger."""
-    presses = 0
+def _run_with_signals(scheduler: Scheduler, executor: Executor, deadline: float | None) -> bool:
+    """Dispatch on a thread of the runner's own, the main thread staying free for signals and the display.
 
-    def on_sigint(signum, frame) -> None:
-        nonlocal presses
+    First Ctrl-C (or SIGTERM): stop gracefully. Every later one: kill at once, again; never an exception out of
+    the handler (a KeyboardInterrupt raised here closed the ledger under the dispatcher's feet: SIGSEGV).
+    SIGUSR1: read requests from the ledger. Returns whether the sweep was interrupted.
+    """
+    presses = 0
+    killing = False  # a kill is under way in an outer call of the handler (a press during a press)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        nonlocal presses, killing
         presses += 1
         if presses == 1:
             scheduler.post(Interrupt())
-        elif presses == 2:
+        elif not killing:  # nested: the kill under way SIGKILLs everything already
             # At once: SIGKILL them all; the dispatcher records each interrupted as it is reaped and ends.
-            # (Raising KeyboardInterrupt here closed the ledger under the dispatcher's feet: SIGSEGV.)
-            executor.kill_all()
-        else:
-            raise KeyboardInterrupt
+            killing = True
+            try:
+                executor.kill_all()
+            except Exception:
+                log.exception("killing the sweep's processes failed")
+            finally:
+                killing = False
 
-    timer = threading.Timer(deadline, scheduler.post, args=(Deadline(),)) if deadline else None
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
         handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigint)
         handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: scheduler.post(CheckRequests()))
     scheduler.post(CheckRequests())  # requests that came before we listened (handled before the first launch)
-    thread = run_in_thread(scheduler)
+    workers = Workers("runner")
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def dispatch() -> None:
+        try:
+            scheduler.run()
+        except BaseException as e:  # raised on the caller's thread below
+            errors.append(e)
+        finally:
+            done.set()
+
     try:
-        if timer:
-            timer.daemon = True
-            timer.start()
-        thread.join()
+        workers.start("dispatcher", dispatch)
+        if deadline:
+            workers.start("deadline", _post_at_deadline, scheduler.post, deadline, done)
+        done.wait()
     finally:
-        if timer:
-            timer.cancel()
+        done.set()  # also ends the deadline's wait when the main thread is left early
+        workers.close()
         for signum, previous in handlers.items():
             signal.signal(signum, previous)
-    if thread.errors:  # type: ignore[attr-defined]
-        raise thread.errors[0]  # type: ignore[attr-defined]
-    return scheduler.stopping == INTERRUPTED
+    if errors:
+        raise errors[0]
+    return scheduler.stopping == State.INTERRUPTED
+
+
+def _post_at_deadline(post: Post, seconds: float, done: threading.Event) -> None:
+    """The sweep's deadline: `Deadline` once `seconds` have passed, unless the sweep is done first."""
+    if not done.wait(seconds):
+        post(Deadline())
 
 
 def cancel(directory: Path, names: Sequence[str]) -> str:
@@ -496,11 +520,11 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
             chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)
             done = []
             for attempt in ledger.latest():
-                if attempt.name in chosen and attempt.state in (QUEUED, INTERRUPTED):
+                if attempt.name in chosen and attempt.state in (State.QUEUED, State.INTERRUPTED):
                     number = attempt.attempt
-                    if attempt.state == INTERRUPTED:
+                    if attempt.state == State.INTERRUPTED:
                         number = ledger.requeue([attempt.name], time.time())[attempt.name]
-                    ledger.finish(attempt.name, number, CANCELLED, time.time(), reason="cancelled",
+                    ledger.finish(attempt.name, number, State.CANCELLED, time.time(), reason=Reason.CANCELLED,
                                   detail="cancelled while the sweep was stopped")
                     done.append(attempt.name)
             return f"cancelled {len(done)} experiment(s) that had not finished"
@@ -509,7 +533,7 @@ def cancel(directory: Path, names: Sequence[str]) -> str:
             _restore(signal.SIGUSR1, previous_usr1)
 
 
-def sweep_meta(directory: Path) -> dict[str, object]:
+def sweep_meta(directory: Path) -> SweepMeta:
     with _open_existing(directory) as ledger:
         return ledger.meta()
 

@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 from autotuner import runner  # noqa: E402
 from autotuner.cluster import Cluster  # noqa: E402
 from autotuner.hostfile import localhost_hosts  # noqa: E402
-from autotuner.ledger import FAILED, INTERRUPTED, SUCCEEDED, Ledger  # noqa: E402
+from autotuner.states import State  # noqa: E402
+from autotuner.ledger import Ledger  # noqa: E402
 from autotuner.metrics import metric_named  # noqa: E402
 from autotuner.spec import Experiment, Sweep  # noqa: E402
 from autotuner.tags import find_tagged  # noqa: E402
@@ -67,13 +68,13 @@ def build(directory: Path, n: int) -> dict[str, int]:
         if i % 500 == 7:
             kind = "queued"
         elif i % 200 == 3:
-            kind = INTERRUPTED
+            kind = State.INTERRUPTED
         elif i % 150 == 1:
-            kind = FAILED
+            kind = State.FAILED
         elif i % 2500 == 11:
             kind = "running"  # left by a runner that was killed; its processes are gone
         else:
-            kind = SUCCEEDED
+            kind = State.SUCCEEDED
         counts[kind] = counts.get(kind, 0) + 1
         if kind == "queued":
             continue
@@ -81,15 +82,15 @@ def build(directory: Path, n: int) -> dict[str, int]:
         ledger.start(e.name, 1, slots={"localhost": [slot]}, tag=f"deadbeef.{e.name}.1", dir=str(directory / e.name),
                      at=at)
         ledger.launched(e.name, 1, pid=1, port=29500 + slot, at=at + 0.01)
-        if kind == SUCCEEDED:
+        if kind == State.SUCCEEDED:
             value = 1000.0 + (i * 7919) % 5000
-            ledger.finish(e.name, 1, SUCCEEDED, at + 0.9, exit_code=0, metric=value,
+            ledger.finish(e.name, 1, State.SUCCEEDED, at + 0.9, exit_code=0, metric=value,
                           metrics={"throughput": value, "latency": 1.0 / value, "FLOPS_per_gpu": value * 1e9})
-        elif kind == FAILED:
-            ledger.finish(e.name, 1, FAILED, at + 0.5, reason="oom", exit_code=1,
+        elif kind == State.FAILED:
+            ledger.finish(e.name, 1, State.FAILED, at + 0.5, reason="oom", exit_code=1,
                           detail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
-        elif kind == INTERRUPTED:
-            ledger.finish(e.name, 1, INTERRUPTED, at + 0.5, reason="interrupted", detail="interrupted by the user")
+        elif kind == State.INTERRUPTED:
+            ledger.finish(e.name, 1, State.INTERRUPTED, at + 0.5, reason="interrupted", detail="interrupted by the user")
     ledger.close()
     return counts
 

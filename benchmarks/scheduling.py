@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from autotuner import runner  # noqa: E402
 from autotuner.cluster import Cluster  # noqa: E402
 from autotuner.hostfile import localhost_hosts  # noqa: E402
-from autotuner.ledger import SUCCEEDED, Ledger  # noqa: E402
+from autotuner.states import State  # noqa: E402
+from autotuner.ledger import Ledger  # noqa: E402
 from autotuner.metrics import metric_named  # noqa: E402
 from autotuner.spec import Experiment, Sweep  # noqa: E402
 
@@ -54,7 +55,7 @@ def one_round(n: int, seconds: float, slots: int) -> dict[str, float]:
         ledger = Ledger.open(directory)
         attempts = ledger.latest()
         ledger.close()
-    assert all(a.state == SUCCEEDED for a in attempts), result.snapshot.counts()
+    assert all(a.state == State.SUCCEEDED for a in attempts), result.snapshot.counts()
     gaps = []
     by_slot: dict[tuple, list] = {}
     for a in attempts:

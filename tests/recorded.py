@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotuner.ledger import FAILED, SUCCEEDED, Ledger
+from autotuner.states import State
+from autotuner.ledger import Ledger
 from autotuner.metrics import metric_named
 from autotuner.cluster import Cluster
 from autotuner.runner import prepare
@@ -57,13 +58,13 @@ def record(directory: Path, sweep: Sweep, cluster: Cluster, *, finished: int, ru
                 continue
             took = duration * (1 + (n % 3) * 0.3)
             if e.name in fail:
-                ledger.finish(e.name, 1, FAILED, start + took / 2, reason="oom", exit_code=1,
+                ledger.finish(e.name, 1, State.FAILED, start + took / 2, reason="oom", exit_code=1,
                               detail="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
                 free[slot] = start + took / 2 + 1.5
             else:
                 got = value(e.name)
                 metrics = {"throughput": got, "latency": round(1000.0 / got, 6)}
-                ledger.finish(e.name, 1, SUCCEEDED, start + took, exit_code=0, metric=metrics[sweep.metric.name],
+                ledger.finish(e.name, 1, State.SUCCEEDED, start + took, exit_code=0, metric=metrics[sweep.metric.name],
                               metrics=metrics)
                 free[slot] = start + took + 1.5
     finally:

@@ -1,8 +1,8 @@
 
 import pytest
 
-from autotuner.ledger import (CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, Ledger,
-                              TransitionError)
+from autotuner.states import State
+from autotuner.ledger import Ledger, TransitionError
 
 from helpers import SWEEP_META, experiment
 
@@ -17,7 +17,7 @@ def ledger(tmp_path):
 
 def test_new_experiments_are_queued_in_order(ledger):
     assert [(a.name, a.attempt, a.state) for a in ledger.latest()] == [
-        ("a", 1, QUEUED), ("b", 1, QUEUED), ("c", 1, QUEUED)]
+        ("a", 1, State.QUEUED), ("b", 1, State.QUEUED), ("c", 1, State.QUEUED)]
     assert [e.name for e in ledger.experiments()] == ["a", "b", "c"]
     assert ledger.meta() == SWEEP_META
 
@@ -25,43 +25,44 @@ def test_new_experiments_are_queued_in_order(ledger):
 def test_an_attempt_moves_queued_running_terminal_with_times_slots_and_tag(ledger, tmp_path):
     ledger.start("a", 1, slots={"h": [0, 1]}, tag="t.a.1", dir=str(tmp_path / "a"), at=2.0)
     ledger.launched("a", 1, pid=1234, port=29500, at=2.1)
-    ledger.finish("a", 1, SUCCEEDED, at=5.0, exit_code=0, metric=12.5, metrics={"throughput": 12.5})
+    ledger.finish("a", 1, State.SUCCEEDED, at=5.0, exit_code=0, metric=12.5, metrics={"throughput": 12.5})
     a = ledger.attempts("a")[0]
-    assert (a.state, a.queued_at, a.started_at, a.launched_at, a.finished_at) == (SUCCEEDED, 1.0, 2.0, 2.1, 5.0)
+    assert (a.state, a.queued_at, a.started_at, a.launched_at, a.finished_at) == (State.SUCCEEDED, 1.0, 2.0, 2.1, 5.0)
     assert (a.slots, a.tag, a.pid, a.port, a.metric, a.duration) == ({"h": [0, 1]}, "t.a.1", 1234, 29500, 12.5, 3.0)
-    assert [t["state"] for t in ledger.transitions() if t["name"] == "a"] == [QUEUED, RUNNING, SUCCEEDED]
+    transitions = ledger._db.execute("SELECT state FROM transitions WHERE name = 'a' ORDER BY seq").fetchall()
+    assert [t["state"] for t in transitions] == [State.QUEUED, State.RUNNING, State.SUCCEEDED]
 
 
 def test_terminal_states_are_final(ledger):
-    ledger.finish("b", 1, CANCELLED, at=2.0)
+    ledger.finish("b", 1, State.CANCELLED, at=2.0)
     with pytest.raises(TransitionError):
-        ledger.finish("b", 1, FAILED, at=3.0)
+        ledger.finish("b", 1, State.FAILED, at=3.0)
     with pytest.raises(TransitionError):
         ledger.start("b", 1, slots={}, tag="t", dir="d", at=3.0)
     with pytest.raises(TransitionError):
-        ledger.finish("a", 1, RUNNING, at=3.0)  # not a terminal state
+        ledger.finish("a", 1, State.RUNNING, at=3.0)  # not a terminal state
 
 
 def test_requeue_makes_a_new_attempt_only_after_a_terminal_one(ledger):
     with pytest.raises(TransitionError):
         ledger.requeue(["a"], at=2.0)  # still queued
     ledger.start("a", 1, slots={"h": [0]}, tag="t", dir="d", at=2.0)
-    ledger.finish("a", 1, INTERRUPTED, at=3.0, reason="interrupted")
+    ledger.finish("a", 1, State.INTERRUPTED, at=3.0, reason="interrupted")
     assert ledger.requeue(["a"], at=4.0) == {"a": 2}
-    assert [(a.attempt, a.state) for a in ledger.attempts("a")] == [(1, INTERRUPTED), (2, QUEUED)]
+    assert [(a.attempt, a.state) for a in ledger.attempts("a")] == [(1, State.INTERRUPTED), (2, State.QUEUED)]
     assert ledger.latest()[0].attempt == 2
 
 
 def test_readers_see_committed_state_while_the_writer_works(ledger, tmp_path):
     reader = Ledger.open(tmp_path)
     ledger.start("c", 1, slots={"h": [0]}, tag="t", dir="d", at=2.0)
-    assert {a.name: a.state for a in reader.latest()}["c"] == RUNNING
+    assert {a.name: a.state for a in reader.latest()}["c"] == State.RUNNING
     reader.close()
 
 
 def test_create_refuses_an_existing_ledger(ledger, tmp_path):
     with pytest.raises(FileExistsError):
-        Ledger.create(tmp_path, {})
+        Ledger.create(tmp_path, SWEEP_META)
 
 
 def test_wal_mode_and_full_sync(ledger):

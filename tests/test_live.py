@@ -17,12 +17,12 @@ import pytest
 from rich.console import Console
 
 from autotuner import cli
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT
+from autotuner.states import State
 from autotuner.live import EventLog, LiveView, event_record, render, seconds
 from autotuner.outcome import Outcome
 from autotuner.report import snapshot
-from autotuner.resources import Reservation
-from autotuner.scheduler import Queued, Run
+from autotuner.core import Reservation
+from autotuner.core import Queued, Run
 
 from recorded import T0, grid_sweep, record, two_nodes
 
@@ -108,30 +108,30 @@ def test_observer_calls_move_the_view(midway):
     running = {r.name: r for r in view.state().running}
     # one running experiment ends with a new best
     done = run_of(snap, "zm_z1_mbs8", 1, running["zm_z1_mbs8"].slots)
-    view("finished", done, Outcome(SUCCEEDED, exit_code=0, metrics={"throughput": 5000.0}))
+    view("finished", done, Outcome(State.SUCCEEDED, exit_code=0, metrics={"throughput": 5000.0}))
     # a queued one starts on the freed slot
     started = run_of(snap, "zm_z2_mbs4", 1, running["zm_z1_mbs8"].slots)
     view("started", started, None)
     state = view.state()
-    assert state.counts() == {SUCCEEDED: 5, FAILED: 1, "running": 3, "queued": 3}
+    assert state.counts() == {State.SUCCEEDED: 5, State.FAILED: 1, "running": 3, "queued": 3}
     assert state.best == ("zm_z1_mbs8", 5000.0)
     assert len(state.durations) == 6
     # a transient failure is queued again by the scheduler (retries=1): shown as queued, not failed
     flaky = run_of(snap, "zm_z1_mbs16", 1, running["zm_z1_mbs16"].slots)
-    view("finished", flaky, Outcome(FAILED, "launch", "Address already in use", 1))
+    view("finished", flaky, Outcome(State.FAILED, "launch", "Address already in use", 1))
     assert view.state().states["zm_z1_mbs16"] == "queued"
     view("started", run_of(snap, "zm_z1_mbs16", 2, running["zm_z1_mbs16"].slots), None)
     again = run_of(snap, "zm_z1_mbs16", 2, running["zm_z1_mbs16"].slots)
-    view("finished", again, Outcome(FAILED, "launch", "Address already in use", 1))
-    assert view.state().states["zm_z1_mbs16"] == FAILED  # its one retry is used up
+    view("finished", again, Outcome(State.FAILED, "launch", "Address already in use", 1))
+    assert view.state().states["zm_z1_mbs16"] == State.FAILED  # its one retry is used up
     # a run on a lost host is interrupted and queued again first
     lost = run_of(snap, "zm_z2_mbs4", 1, running["zm_z1_mbs8"].slots)
-    view("finished", lost, Outcome(INTERRUPTED, "lost", "host node-b lost: no answer"))
+    view("finished", lost, Outcome(State.INTERRUPTED, "lost", "host node-b lost: no answer"))
     assert view.state().states["zm_z2_mbs4"] == "queued"
     view("started", lost, None)
     # a timeout counts as failed
     slow = run_of(snap, "zm_z1_mbs32", 1, running["zm_z1_mbs32"].slots)
-    view("finished", slow, Outcome(TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
+    view("finished", slow, Outcome(State.TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
     # a node goes down
     view.mark_down("node-a")
     text = text_of(view, T0 + 41)
@@ -146,11 +146,11 @@ def test_unstarted_attempts_end_with_the_outcome_the_scheduler_gives(midway):
     snap = snapshot(midway)
     view = LiveView(snap, clock=lambda: T0 + 50)
     view("finished", Queued(snap.experiments["zm_z2_mbs4"], 1),
-         Outcome(FAILED, "placement", "not enough hosts are up"))
+         Outcome(State.FAILED, "placement", "not enough hosts are up"))
     view("finished", Queued(snap.experiments["zm_z2_mbs8"], 1),
-         Outcome(CANCELLED, "cancelled", "cancelled before it started"))
+         Outcome(State.CANCELLED, "cancelled", "cancelled before it started"))
     states = view.state().states
-    assert states["zm_z2_mbs4"] == FAILED and states["zm_z2_mbs8"] == CANCELLED
+    assert states["zm_z2_mbs4"] == State.FAILED and states["zm_z2_mbs8"] == State.CANCELLED
     assert "1 cancelled" in text_of(view, T0 + 50)
 
 
@@ -158,9 +158,9 @@ def test_a_resume_counts_what_it_will_requeue_as_queued(tmp_path):
     directory = record(tmp_path / "s", grid_sweep(), two_nodes(), finished=4, running=2, fail=("zm_z0_mbs8",))
     snap = snapshot(directory)  # as a dead runner left it: 2 running
     state = LiveView(snap, pending=("running", "interrupted"), clock=lambda: T0).state()
-    assert state.counts() == {SUCCEEDED: 3, FAILED: 1, "queued": 8} and not state.running
-    retry = LiveView(snap, pending=("running", "interrupted", FAILED, TIMED_OUT), clock=lambda: T0).state()
-    assert retry.counts() == {SUCCEEDED: 3, "queued": 9}
+    assert state.counts() == {State.SUCCEEDED: 3, State.FAILED: 1, "queued": 8} and not state.running
+    retry = LiveView(snap, pending=("running", "interrupted", State.FAILED, State.TIMED_OUT), clock=lambda: T0).state()
+    assert retry.counts() == {State.SUCCEEDED: 3, "queued": 9}
 
 
 # --- plain event lines -------------------------------------------------------------------------------------
@@ -171,11 +171,11 @@ def test_plain_event_lines_are_stable(midway, capsys):
     snap = snapshot(midway)
     run = run_of(snap, "zm_z2_mbs4", 2, {"node-a": [1], "node-b": [0, 2]})
     cli._print_event("started", run, None)
-    cli._print_event("finished", run, Outcome(SUCCEEDED, exit_code=0, metrics={"throughput": 1234.5678, "loss": 2.0}))
-    cli._print_event("finished", run, Outcome(FAILED, "oom", "CUDA out of memory", 1))
-    cli._print_event("finished", run, Outcome(TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
+    cli._print_event("finished", run, Outcome(State.SUCCEEDED, exit_code=0, metrics={"throughput": 1234.5678, "loss": 2.0}))
+    cli._print_event("finished", run, Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
+    cli._print_event("finished", run, Outcome(State.TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
     cli._print_event("finished", Queued(snap.experiments["zm_z2_mbs8"], 1),
-                     Outcome(CANCELLED, "cancelled", "cancelled before it started"))
+                     Outcome(State.CANCELLED, "cancelled", "cancelled before it started"))
     cli._print_event("host_down", "node-b", None)
     cli._print_event("host_up", "node-b", None)
     lines = capsys.readouterr().out.splitlines()
@@ -201,19 +201,19 @@ def test_event_records_carry_what_scripts_need(midway, tmp_path):
     ticks = iter([T0 + 1, T0 + 2, T0 + 3, T0 + 4])
     log = EventLog(path, "throughput", clock=lambda: next(ticks))
     log("started", run, None)
-    log("finished", run, Outcome(FAILED, "oom", "CUDA out of memory", 1))
-    log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), Outcome(CANCELLED, "cancelled", "before it started"))
+    log("finished", run, Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
+    log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), Outcome(State.CANCELLED, "cancelled", "before it started"))
     log("host_down", "node-b", None)
     log.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert records.pop() == {"event": "host_down", "timestamp": T0 + 4, "host": "node-b"}
     assert [(r["event"], r["name"], r["state"]) for r in records] == [
-        ("started", "zm_z2_mbs4", "running"), ("finished", "zm_z2_mbs4", FAILED),
-        ("finished", "zm_z2_mbs8", CANCELLED)]
+        ("started", "zm_z2_mbs4", "running"), ("finished", "zm_z2_mbs4", State.FAILED),
+        ("finished", "zm_z2_mbs8", State.CANCELLED)]
     assert records[0]["slots"] == {"node-b": [1, 2]} and records[0]["timestamp"] == T0 + 1
     assert records[1]["reason"] == "oom" and records[1]["metric"] is None
     assert records[2]["slots"] == {}
-    ok = event_record("finished", run, Outcome(SUCCEEDED, metrics={"throughput": 7.5, "latency": 2.0}), "throughput",
+    ok = event_record("finished", run, Outcome(State.SUCCEEDED, metrics={"throughput": 7.5, "latency": 2.0}), "throughput",
                       T0)
     assert ok["metric"] == 7.5 and ok["metrics"] == {"throughput": 7.5, "latency": 2.0} and ok["reason"] is None
 
@@ -247,7 +247,7 @@ def test_a_real_sweep_writes_a_parseable_event_stream_and_plain_lines(tmp_path):
         started, finished = mine
         assert started["slots"] == finished["slots"] and list(started["slots"]) == ["localhost"]
         assert started["slots"]["localhost"][0] in (0, 1)
-        assert finished["state"] == SUCCEEDED and finished["metric"] == 42.5 and finished["attempt"] == 1
+        assert finished["state"] == State.SUCCEEDED and finished["metric"] == 42.5 and finished["attempt"] == 1
         assert finished["timestamp"] >= started["timestamp"] + 0.15
     assert [r["timestamp"] for r in records] == sorted(r["timestamp"] for r in records)
     # stdout is not a terminal: one plain line per event, between the heading and the outcome

@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from autotuner.resources import BackfillQueue, BestFit, Reservation, SlotPool
+from autotuner.core import BackfillQueue, BestFit, Reservation, SlotPool
 
 
 @dataclass(frozen=True)

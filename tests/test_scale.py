@@ -11,7 +11,8 @@ import time
 from autotuner import runner
 from autotuner.cluster import Cluster
 from autotuner.hostfile import localhost_hosts
-from autotuner.ledger import FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
+from autotuner.states import State
+from autotuner.ledger import Ledger
 from autotuner.metrics import metric_named
 from autotuner.render import RICH_ROWS
 from autotuner.spec import Experiment, Sweep
@@ -38,17 +39,17 @@ def build(tmp_path):
     ledger = Ledger.open(directory)
     ledger._db.execute("PRAGMA synchronous=OFF")  # setting up, not what is tested: no fsync per transition
     for i, e in enumerate(experiments):
-        kind = QUEUED if i % 300 == 5 else INTERRUPTED if i % 300 == 6 else FAILED if i % 300 == 7 else SUCCEEDED
+        kind = State.QUEUED if i % 300 == 5 else State.INTERRUPTED if i % 300 == 6 else State.FAILED if i % 300 == 7 else State.SUCCEEDED
         kinds[e.name] = kind
-        if kind == QUEUED:
+        if kind == State.QUEUED:
             continue
         ledger.start(e.name, 1, slots={"localhost": [i % 4]}, tag=f"old.{e.name}.1", dir=str(directory / e.name),
                      at=time.time())
         value = float((i * 37) % 1009 + 1)
-        ledger.finish(e.name, 1, kind, time.time(), reason={SUCCEEDED: None, FAILED: "oom"}.get(kind, "interrupted"),
-                      detail="CUDA out of memory" if kind == FAILED else None,
-                      metric=value if kind == SUCCEEDED else None,
-                      metrics={"throughput": value} if kind == SUCCEEDED else None)
+        ledger.finish(e.name, 1, kind, time.time(), reason={State.SUCCEEDED: None, State.FAILED: "oom"}.get(kind, "interrupted"),
+                      detail="CUDA out of memory" if kind == State.FAILED else None,
+                      metric=value if kind == State.SUCCEEDED else None,
+                      metrics={"throughput": value} if kind == State.SUCCEEDED else None)
     ledger.close()
     return directory, kinds
 
@@ -56,7 +57,7 @@ def build(tmp_path):
 def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     directory, kinds = build(tmp_path)
     values = {f"big_i{i:04d}": float((i * 37) % 1009 + 1) for i in range(N)}
-    succeeded = sorted((n for n, k in kinds.items() if k == SUCCEEDED), key=lambda n: -values[n])
+    succeeded = sorted((n for n, k in kinds.items() if k == State.SUCCEEDED), key=lambda n: -values[n])
 
     shown = autotune("report", directory)
     assert shown.returncode == 0, shown.stderr
@@ -64,7 +65,7 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     assert lines[0] == "sweep big: throughput (higher is better)"
     assert lines[1].split() == ["#", "name", "state", "throughput", "time", "slots", "why"]
     body = [line.split() for line in lines[3:3 + N]]
-    assert [next(t for t in row if t.startswith("big_i")) for row in body] == succeeded + [n for n in kinds if kinds[n] != SUCCEEDED]
+    assert [next(t for t in row if t.startswith("big_i")) for row in body] == succeeded + [n for n in kinds if kinds[n] != State.SUCCEEDED]
     assert body[0][0] == "best" and body[1][0] == "2"
     failed = next(line for line in lines if "big_i0007" in line)
     assert "failed" in failed and "[oom] CUDA out of memory" in failed
@@ -80,17 +81,17 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     log = tmp_path / "launches.log"
     done = autotune("resume", directory, "-q", environ=env(LAUNCH_LOG=log, STANDIN_SECONDS=0.01))
     assert done.returncode == 1, done.stderr  # the failed ones stay failed
-    again = {n for n, k in kinds.items() if k in (QUEUED, INTERRUPTED)}
+    again = {n for n, k in kinds.items() if k in (State.QUEUED, State.INTERRUPTED)}
     assert sorted(n for n, _ in launches(log)) == sorted(again)
     now = states(directory)
-    assert {n for n, s in now.items() if s == SUCCEEDED} == set(succeeded) | again
+    assert {n for n, s in now.items() if s == State.SUCCEEDED} == set(succeeded) | again
     assert tagged_pids(sweep_id(directory)) == []
 
 
 def test_a_long_queue_is_not_scanned_once_every_slot_is_taken():
     """With 10,000 queued, each dispatch tried to place every one of them (17 ms an event) though none fit."""
-    from autotuner.resources import BackfillQueue, BestFit, SlotPool
-    from autotuner.scheduler import Queued
+    from autotuner.core import BackfillQueue, BestFit, SlotPool
+    from autotuner.core import Queued
 
     class Counting(BestFit):
         calls = 0

@@ -1,10 +1,10 @@
 """How an attempt's outcome reads once a stop was asked for it (shared by the local and the SSH executor)."""
-from autotuner.executor import Stops
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, SUCCEEDED, TIMED_OUT
+from autotuner.stops import Stops
+from autotuner.states import State
 from autotuner.outcome import Outcome
 
 KEY = ("e", 1)
-KILLED_BY_SIGTERM = Outcome(FAILED, "exit", "exit status -15", -15)
+KILLED_BY_SIGTERM = Outcome(State.FAILED, "exit", "exit status -15", -15)
 
 
 def test_no_request_keeps_the_judged_outcome():
@@ -13,19 +13,19 @@ def test_no_request_keeps_the_judged_outcome():
 
 def test_the_first_request_wins_and_is_settled_once():
     stops = Stops()
-    stops.ask(KEY, CANCELLED, "cancelled while running")
-    stops.ask(KEY, TIMED_OUT, "ran past its timeout", "timeout")  # the timer firing after the cancel
-    assert stops.settle(KEY, KILLED_BY_SIGTERM) == Outcome(CANCELLED, CANCELLED, "cancelled while running", -15)
+    stops.ask(KEY, State.CANCELLED, "cancelled while running")
+    stops.ask(KEY, State.TIMED_OUT, "ran past its timeout", "timeout")  # the timer firing after the cancel
+    assert stops.settle(KEY, KILLED_BY_SIGTERM) == Outcome(State.CANCELLED, State.CANCELLED, "cancelled while running", -15)
     assert not stops.asked(KEY) and stops.settle(KEY, KILLED_BY_SIGTERM) == KILLED_BY_SIGTERM
 
 
 def test_a_success_before_the_stop_arrived_and_a_lost_host_keep_their_outcome():
     stops = Stops()
-    done = Outcome(SUCCEEDED, exit_code=0, metrics={"throughput": 2.0})
-    stops.ask(KEY, CANCELLED, "too late")
+    done = Outcome(State.SUCCEEDED, exit_code=0, metrics={"throughput": 2.0})
+    stops.ask(KEY, State.CANCELLED, "too late")
     assert stops.settle(KEY, done) == done
-    lost = Outcome(INTERRUPTED, "lost", "host b lost")
-    stops.ask(KEY, CANCELLED, "cancelled")
+    lost = Outcome(State.INTERRUPTED, "lost", "host b lost")
+    stops.ask(KEY, State.CANCELLED, "cancelled")
     assert stops.settle(KEY, lost) == lost
 
 
@@ -33,4 +33,4 @@ def test_kill_all_marks_running_ones_interrupted_not_judged_by_their_exit():
     stops = Stops()
     stops.kill_all([KEY])
     assert stops.killing
-    assert stops.settle(KEY, Outcome(FAILED, "oom", "killed by SIGKILL", -9)).state == INTERRUPTED
+    assert stops.settle(KEY, Outcome(State.FAILED, "oom", "killed by SIGKILL", -9)).state == State.INTERRUPTED

@@ -18,7 +18,8 @@ from typer.testing import CliRunner
 from autotuner import cli
 from autotuner.compare import compare, render_compare
 from autotuner.errors import UserError
-from autotuner.ledger import Attempt, SUCCEEDED
+from autotuner.states import State
+from autotuner.ledger import Attempt
 from autotuner.plots import (METRIC_PNG, TIMELINE_PNG, choose_axes, swept_keys, utilisation, write_plots)
 from autotuner.render import render_report
 from autotuner.report import snapshot, summary_text, write_outcome_files
@@ -147,8 +148,8 @@ def test_plot_axes_default_to_micro_batch_and_zero_stage_or_the_keys_named(finis
 def test_utilisation_is_busy_slot_seconds_over_slots_times_makespan():
     slots = {"a": [0, 1], "b": [0]}
     attempts = [
-        Attempt("x", 1, SUCCEEDED, T0, started_at=T0, finished_at=T0 + 10, slots={"a": [0, 1]}),  # 20 slot-s
-        Attempt("y", 1, SUCCEEDED, T0, started_at=T0 + 5, finished_at=T0 + 20, slots={"b": [0]}),  # 15 slot-s
+        Attempt("x", 1, State.SUCCEEDED, T0, started_at=T0, finished_at=T0 + 10, slots={"a": [0, 1]}),  # 20 slot-s
+        Attempt("y", 1, State.SUCCEEDED, T0, started_at=T0 + 5, finished_at=T0 + 20, slots={"b": [0]}),  # 15 slot-s
         Attempt("z", 1, "running", T0, started_at=T0 + 12, slots={"a": [1]}),  # running until now: 8 slot-s
         Attempt("q", 1, "queued", T0),
     ]
