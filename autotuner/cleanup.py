@@ -6,6 +6,7 @@ attempt, on cancel, timeout and Ctrl-C, and when `cancel` finds what a dead runn
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -33,10 +34,8 @@ def end_group(pgid: int | None, tag: str, grace: float, gone_within: Callable[[f
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def end_tagged(tag: str, grace: float) -> None:
@@ -100,17 +99,18 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
     metric = metric_named(ledger.meta().metric)
     for attempt in left:
         # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
-        status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
+        directory = Path(attempt.dir) if attempt.dir else None
+        status = exitstatus.read(directory / exitstatus.FILENAME) if directory else None
         if attempt.tag:
             end_tagged(attempt.tag, grace)
             for host in attempt.slots:
                 if pool is not None and not is_local(host):
                     end_tagged_remote(pool, host, attempt.tag)
         outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
-        if status is not None:
+        if status is not None and directory is not None:
             local = all(is_local(h) for h in attempt.slots)
-            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status,
-                                             Path(attempt.dir), metric)
+            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status, directory,
+                                             metric)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
                       exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
                       metrics=outcome.metrics)

@@ -10,6 +10,7 @@ wrapper (see exitstatus), so a runner that takes over after a crash can follow t
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import subprocess
@@ -184,10 +185,8 @@ class LocalExecutor:
         try:
             outcome = follow()
         except Exception as e:  # e.g. the results disk filled up, or a process SIGKILL does not end
-            try:
-                end_group(proc.pid, run.tag, 0, lambda _: False)
-            except Exception:
-                pass  # the outcome is posted whatever is left: the slot must not be lost with it
+            with contextlib.suppress(Exception):  # the outcome is posted whatever is left: the slot must not be
+                end_group(proc.pid, run.tag, 0, lambda _: False)  # lost with it
             outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)

@@ -12,6 +12,7 @@ so a stop signal sent to the group reaches the launcher, and the wrapper outlive
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,10 +66,8 @@ def forget(directory: Path) -> None:
     """Drop the exit status of an attempt that we ended (cancel, timeout, Ctrl-C): it tells our stop, not the
     attempt's own end, and should the ledger fail to record the stop, a successor must not judge the attempt
     by it (a cancel read as `failed: exit status -15`)."""
-    try:
+    with contextlib.suppress(OSError):
         (Path(directory) / FILENAME).unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def as_returncode(status: int) -> int:

@@ -5,6 +5,7 @@ no GPU or no driver is a normal state here (a laptop, a CPU test rig): it gives 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +37,10 @@ def find_gpus(nvml: Any = None) -> tuple[list[Gpu], str]:
     """
     if nvml is None:
         try:
-            import pynvml as nvml  # lazy: keeps `import autotuner.inventory` cheap
+            import pynvml  # lazy: keeps `import autotuner.inventory` cheap
         except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
             return [], f"pynvml not importable: {e}"
+        nvml = pynvml
     error = nvml.NVMLError
     try:
         nvml.nvmlInit()
@@ -59,10 +61,8 @@ def find_gpus(nvml: Any = None) -> tuple[list[Gpu], str]:
     except error as e:
         reason = str(e) or type(e).__name__
     finally:
-        try:
+        with contextlib.suppress(error):
             nvml.nvmlShutdown()
-        except error:
-            pass
     return gpus, reason
 
 

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .core.resources import Reservation
 from .hostfile import format_include
 from .metrics import METRICS_PATH_ENV
-from .core.resources import Reservation
 from .spec import Experiment
 from .tags import TAG_ENV
 
@@ -91,7 +91,7 @@ def with_config_arg(args: Sequence[str], value: str) -> list[str]:
         if arg.startswith(CONFIG_FLAG + "="):
             out[i] = f"{CONFIG_FLAG}={value}"
             return out
-    return out + [CONFIG_FLAG, value]
+    return [*out, CONFIG_FLAG, value]
 
 
 @dataclass(frozen=True)

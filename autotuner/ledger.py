@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS experiments (
 CREATE TABLE IF NOT EXISTS attempts (
     name TEXT NOT NULL REFERENCES experiments(name), attempt INTEGER NOT NULL, state TEXT NOT NULL,
     reason TEXT, detail TEXT, queued_at REAL NOT NULL, started_at REAL, finished_at REAL,
-    slots TEXT, tag TEXT, pid INTEGER, launched_at REAL, port INTEGER, dir TEXT, exit_code INTEGER, metric REAL, metrics TEXT,
+    slots TEXT, tag TEXT, pid INTEGER, launched_at REAL, port INTEGER, dir TEXT, exit_code INTEGER, metric REAL,
+    metrics TEXT,
     PRIMARY KEY (name, attempt));
 CREATE TABLE IF NOT EXISTS transitions (
     seq INTEGER PRIMARY KEY, name TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
@@ -104,7 +105,7 @@ class SweepMeta:
         return None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "SweepMeta":
+    def from_json(cls, data: Mapping[str, Any]) -> SweepMeta:
         """The settings from the table's decoded values (checked first with `problem`)."""
         known = {f.name for f in fields(cls)} - {"extra"}
         values = {k: v for k, v in data.items() if k in known}
@@ -230,7 +231,7 @@ class Ledger:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: Path, meta: SweepMeta, filename: str = FILENAME) -> "Ledger":
+    def create(cls, directory: Path, meta: SweepMeta, filename: str = FILENAME) -> Ledger:
         path = Path(directory) / filename
         if path.exists():
             raise FileExistsError(path)
@@ -242,7 +243,7 @@ class Ledger:
         return ledger
 
     @classmethod
-    def open(cls, directory: Path) -> "Ledger":
+    def open(cls, directory: Path) -> Ledger:
         """A ledger to read, checked first; it is left as it is (only the runner's `upgrade` writes a version)."""
         path = Path(directory) / FILENAME
         if not path.exists():
@@ -262,7 +263,7 @@ class Ledger:
             raise
 
     @classmethod
-    def _connect(cls, path: Path, verify: bool = False) -> "Ledger":
+    def _connect(cls, path: Path, verify: bool = False) -> Ledger:
         """`verify`: the file must already be a database (a cheap read first, before anything is written to it).
         Only a new ledger is put in WAL mode here: a reader writes nothing, and the runner's `upgrade` does."""
         db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -351,7 +352,7 @@ class Ledger:
     def _corrupt(self, detail: str) -> UserError:
         return UserError(f"corrupt sweep ledger: {detail}", self.path)
 
-    def _json(self, text: str, where: str, kind: type = object):
+    def _json(self, text: str, where: str, kind: type = object) -> Any:
         """A JSON value the ledger holds. One that does not decode (or is not a `kind`) was not written by us."""
         try:
             value = json.loads(text)
@@ -384,7 +385,7 @@ class Ledger:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
@@ -512,7 +513,8 @@ class Ledger:
     # --- requests from other processes (`autotune cancel`) ----------------------------------------------------
     def request(self, kind: str, names: Sequence[str], at: float) -> None:
         with self._transaction():
-            self._db.execute("INSERT INTO requests (kind, names, at) VALUES (?, ?, ?)", (kind, json.dumps(list(names)), at))
+            self._db.execute("INSERT INTO requests (kind, names, at) VALUES (?, ?, ?)",
+                             (kind, json.dumps(list(names)), at))
 
     def take_requests(self) -> list[tuple[str, list[str]]]:
         """Pending requests, oldest first, marked handled in the same transaction."""

@@ -26,12 +26,14 @@ from .states import Reason, State
 # CONFIG: a deterministic cause beats a transient-looking line printed on the way to it.
 _PATTERNS: tuple[tuple[Reason, re.Pattern[str]], ...] = (
     (Reason.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|Out of memory: Killed process"
-                     r"|Cannot allocate memory|std::bad_alloc", re.I)),
+                            r"|Cannot allocate memory|std::bad_alloc", re.I)),
     (Reason.CONFIG, re.compile(r"DeepSpeedConfigError|Check batch related parameters|train_batch_size is not equal"
-                        r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
+                               r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
     # No bare "Connection refused": torch's c10d prints it as a harmless warning while a rendezvous retries.
-    (Reason.LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found|No such file or directory: '?deepspeed"
-                        r"|Could not resolve hostname|ssh: .*Connection refused|Permission denied \(publickey", re.I)),
+    (Reason.LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found"
+                               r"|No such file or directory: '?deepspeed"
+                               r"|Could not resolve hostname|ssh: .*Connection refused"
+                               r"|Permission denied \(publickey", re.I)),
 )
 _TAIL_BYTES = 256 * 1024
 

@@ -28,7 +28,7 @@ from .cleanup import end_tagged_everywhere, end_tagged_remote
 from .attempt import prepare_directory, record_attempt
 from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
 from .metrics import Metric
-from .core.events import Finished, HostBack, HostLost, Launched, Run
+from .core.events import Finished, HostBack, HostLost, Launched, Post, Run
 from .outcome import Outcome
 from .states import Reason, State
 from .stops import Stops
@@ -73,10 +73,10 @@ class SshExecutor:
         self._workers = Workers("ssh-executor")
 
     # --- the Executor interface ---------------------------------------------------------------------------
-    def start(self, run: Run, post: Callable[[object], None]) -> None:
+    def start(self, run: Run, post: Post) -> None:
         self._workers.start(f"ssh-{run.tag}", self._attempt, run, post, partial(self._execute, run, post))
 
-    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
         """Follow an attempt a dead runner started on its first host (its leader `pid`, started at `since`) to
         its end, on a thread of its own; it is stopped like any run meanwhile."""
         self._workers.start(f"ssh-adopted-{run.tag}", self._attempt, run, post, partial(self._adopted, run, pid, since))
@@ -120,7 +120,7 @@ class SshExecutor:
             return str(run.dir)
         return f"{self.remote_root.rstrip('/')}/{run.tag.split('.')[0]}/{run.dir.name}"
 
-    def _attempt(self, run: Run, post: Callable[[object], None], follow: Callable[[], Outcome]) -> None:
+    def _attempt(self, run: Run, post: Post, follow: Callable[[], Outcome]) -> None:
         try:
             outcome = follow()
         except HostDown as e:
@@ -155,7 +155,7 @@ class SshExecutor:
         except Exception:
             pass
 
-    def _execute(self, run: Run, post: Callable[[object], None]) -> Outcome:
+    def _execute(self, run: Run, post: Post) -> Outcome:
         first = run.reservation.hosts[0]
         workdir = self.workdir(run)
         prepare_directory(run)
@@ -241,7 +241,7 @@ class SshExecutor:
         elif hosts:
             end_tagged_everywhere(self.pool, hosts, run.tag)
 
-    def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
+    def _lost(self, run: Run, host: str, post: Post) -> None:
         post(HostLost(host, "stopped answering"))
         self.on_lost(host)
 
@@ -298,7 +298,7 @@ class HostWatcher:
     event announces.
     """
 
-    def __init__(self, pool: SSHPool, post: Callable[[object], None], interval: float = 10.0):
+    def __init__(self, pool: SSHPool, post: Post, interval: float = 10.0):
         self._pool = pool
         self._post = post
         self._interval = interval

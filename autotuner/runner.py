@@ -7,6 +7,7 @@ files a user takes away.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -18,11 +19,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from . import limits
 from .cleanup import recover
 from .cluster import Cluster, check_fits
-from .errors import UserError
 from .core import (
     CheckRequests,
     Deadline,
@@ -36,6 +38,7 @@ from .core import (
     Scheduler,
     SlotPool,
 )
+from .errors import UserError
 from .executor import LocalExecutor
 from .files import write_atomic
 from .hostfile import (
@@ -50,6 +53,9 @@ from .report import Snapshot, snapshot, write_outcome_files
 from .spec import Experiment, Sweep
 from .states import Reason, State
 from .threads import Workers
+
+if TYPE_CHECKING:
+    from .transport import SSHPool
 
 log = logging.getLogger(__name__)
 
@@ -105,19 +111,15 @@ def _make_results_directory(directory: Path) -> list[Path]:
 
 def _remove_directories(made: Sequence[Path]) -> None:
     """Remove directories this process made, deepest first; rmdir only, so nothing anyone put there goes."""
-    for created in made:
-        try:
+    for created in made:  # one not there (never made, a name too long) or not empty is not ours to clear
+        with contextlib.suppress(OSError):
             created.rmdir()
-        except OSError:
-            pass  # not there (never made, or a name too long), or not empty: not ours to clear
 
 
 def _unlink_quietly(path: Path) -> None:
     """Clearing up after a failure: what cannot be removed (a read-only place) stays, and the failure is told."""
-    try:
+    with contextlib.suppress(OSError):
         path.unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def _staging(directory: Path) -> list[Path]:
@@ -176,8 +178,9 @@ class Stopped(Exception):
 # Faults of the machine, not of the sweep or of this code: one line for the user, not a traceback.
 _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
                              errno.ENOMEM})
-_MACHINE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
-                             sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_NOMEM})
+# SQLite's primary result codes (sqlite3 names them only from Python 3.11): SQLITE_FULL, SQLITE_IOERR,
+# SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_BUSY, SQLITE_NOMEM.
+_MACHINE_SQLITE = frozenset({13, 10, 8, 14, 5, 7})
 
 
 def machine_fault(error: BaseException) -> str | None:
@@ -268,7 +271,10 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         _restore(signal.SIGUSR1, previous_usr1)
 
 
-def _listen_for_requests():
+_Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal returns
+
+
+def _listen_for_requests() -> _Handler:
     """From before the lock is taken until after it is released, SIGUSR1 must not kill the runner.
 
     `autotune cancel` signals whoever holds the lock, and SIGUSR1's default action ends a process: a cancel
@@ -280,7 +286,7 @@ def _listen_for_requests():
     return signal.signal(signal.SIGUSR1, lambda *_: None)
 
 
-def _restore(signum: int, previous) -> None:
+def _restore(signum: int, previous: _Handler) -> None:
     if previous is not None:
         signal.signal(signum, previous)
 
@@ -291,7 +297,7 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
-def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
+def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False) -> SSHPool | None:
     """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
     if not even_local and all(is_local(h) for h in meta.slots):
@@ -303,7 +309,8 @@ def _ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adopt: Sequence[Attempt] = ()) -> bool:
+def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool | None = None,
+              adopt: Sequence[Attempt] = ()) -> bool:
     meta = ledger.meta()
     metric = metric_named(meta.metric)
     slots = meta.slots
@@ -334,9 +341,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
     experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
     for attempt in adopt:
         scheduler.adopt(experiments[attempt.name], attempt)
-    if pool is not None:
+    if pool is not None and watcher is not None:
         remote_hosts = [h for h in slots if not is_local(h)]
-        for host, trouble in zip(remote_hosts, _probe(pool, remote_hosts)):
+        for host, trouble in zip(remote_hosts, _probe(pool, remote_hosts), strict=True):
             if trouble:
                 options.log(f"{trouble}: left out until it answers")
                 slot_pool.mark_down(host)
@@ -353,8 +360,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
             watcher.close()
 
 
-def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options, pool,
-                                            scheduler: Scheduler, waiting: list[Queued]) -> list[Queued]:
+def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,
+                                            pool: SSHPool | None, scheduler: Scheduler,
+                                            waiting: list[Queued]) -> list[Queued]:
     """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
 
     DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
@@ -366,8 +374,9 @@ def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, opt
     if not local or not any(item.num_nodes > 1 for item in waiting):
         return waiting
     probing = pool or _ssh_pool(ledger, options, even_local=True)
+    assert probing is not None  # even_local: always a pool
     try:
-        silent = {host: trouble for host, trouble in zip(local, _probe(probing, local)) if trouble}
+        silent = {host: trouble for host, trouble in zip(local, _probe(probing, local), strict=True) if trouble}
     finally:
         if probing is not pool:
             probing.close()
@@ -405,7 +414,7 @@ class _SingleNodeOn:
         return self.placement.place(free, num_nodes, num_gpus)
 
 
-def _probe(pool, hosts: Sequence[str]) -> list[str | None]:
+def _probe(pool: SSHPool, hosts: Sequence[str]) -> list[str | None]:
     """Why each host cannot be used (None: it answers), asked in parallel."""
     from concurrent.futures import ThreadPoolExecutor
 

@@ -250,6 +250,30 @@ def test_second_ctrl_c_kills_at_once(tmp_path, runners):
     assert s.leftovers() == []
 
 
+@pytest.mark.parametrize("presses", [3, 5])
+def test_ctrl_c_pressed_again_and_again_only_repeats_the_kill(tmp_path, runners, presses):
+    """A third (fourth, fifth) Ctrl-C once killing has begun never crashes the runner: no KeyboardInterrupt out
+    of the handler, no traceback, exit 130, nothing of the sweep left, each run recorded interrupted."""
+    s = Sweep(tmp_path, range(3))
+    proc = s.start(runners, 2, "--grace", 600, STANDIN_SECONDS=60, SPAWN=1, IGNORE_TERM=1)
+    running = s.wait_running(2, processes_each=3)
+
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # two signals sent at once may arrive as one
+    for _ in range(presses - 1):  # the later ones in quick succession, while the kill is under way
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    code, out, err = finish(proc, timeout=60)
+    assert code == 130, (out, err)
+    no_traceback(out, err)
+    assert "KeyboardInterrupt" not in out + err
+    assert s.leftovers() == []
+    assert runner_alive(s.dir) is None
+    now = latest(s.dir)
+    assert {n for n, a in now.items() if a.state == State.INTERRUPTED} == set(running), now
+    assert {n for n, a in now.items() if a.state == State.QUEUED} == set(s.names) - set(running)
+
+
 # --- timeouts, the grace period, the deadline --------------------------------------------------------------
 def test_a_hung_experiment_is_timed_out_with_its_whole_process_tree(tmp_path, runners):
     hang = PREAMBLE + 'case "$name" in *_x0) sleep 1000 & setsid sleep 1000 & sleep 1000;; esac\n' + WRITE_METRICS

@@ -10,17 +10,19 @@ Order of duties for every transition: write it to the ledger, then act on it.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..ledger import Attempt, Ledger
 from ..outcome import Outcome
 from ..spec import Experiment
 from ..states import Reason, State
 from .events import (
+    Cancel,
     CheckRequests,
     Deadline,
     Event,
@@ -32,7 +34,6 @@ from .events import (
     Post,
     Queued,
     Run,
-    Cancel,
 )
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
 
@@ -182,10 +183,8 @@ class Scheduler:
                 self._say(f"note: {label} failed ({type(e).__name__}: {e}); left out, the sweep goes on")
 
     def _say(self, line: str) -> None:
-        try:
+        with contextlib.suppress(Exception):  # stderr is gone too: nothing left to say it on
             self.log(line)
-        except Exception:
-            pass  # stderr is gone too: nothing left to say it on
 
     # --- a fatal error --------------------------------------------------------------------------------------
     def _abort(self, error: Exception) -> None:
@@ -200,11 +199,11 @@ class Scheduler:
             self.pool.give_back(run.reservation)
         self._unstarted = []
         for run in list(self._running.values()):
-            self._try(lambda run=run: self.executor.stop(run, State.INTERRUPTED, detail))
+            self._try(self.executor.stop, run, State.INTERRUPTED, detail)
         while self._running:
             event = self._events.get()
             if isinstance(event, Finished) and event.run.key in self._running:
-                self._try(lambda: self._finished(event.run, event.outcome, event.at))
+                self._try(self._finished, event.run, event.outcome, event.at)
                 if event.run.key in self._running:  # _finished failed before it let go of the run
                     self._running.pop(event.run.key)
                     self.pool.give_back(event.run.reservation)
@@ -212,14 +211,13 @@ class Scheduler:
                 for note in notes:
                     self._tell(*note)
             elif isinstance(event, Launched):
-                self._try(lambda: self._handle(event))
+                self._try(self._handle, event)
 
     @staticmethod
-    def _try(action: Callable[[], object]) -> None:
-        try:
-            action()
-        except Exception:
-            pass  # the first error is the one raised; the ledger keeps what it could not record as `running`
+    def _try(action: Callable[..., object], *args: Any) -> None:
+        # The first error is the one raised; the ledger keeps what it could not record as `running`.
+        with contextlib.suppress(Exception):
+            action(*args)
 
     # --- the loop -----------------------------------------------------------------------------------------
     def _handle(self, event: Event) -> None:
@@ -231,9 +229,9 @@ class Scheduler:
             case Cancel(names=names):
                 self._cancel(set(names))
             case CheckRequests():
-                for kind, names in self.ledger.take_requests():
+                for kind, asked in self.ledger.take_requests():
                     if kind == "cancel":
-                        self._cancel(set(names))
+                        self._cancel(set(asked))
             case Interrupt(reason=reason):
                 self._stop_all(State.INTERRUPTED, reason)
             case HostLost(host=host, reason=reason):
