@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .states import State
 from .errors import UserError
 from .ledger import Attempt
 from .report import Snapshot, format_value
+from .states import State
 
 FORMATS = ("table", "json")
 SAME = 0.02  # ratios within 2% of 1 count as the same

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .states import Reason, State
 from .outcome import Outcome
 from .report import Snapshot, format_value
+from .states import Reason, State
 
 # States whose duration says how long an experiment takes (cancelled and interrupted runs were cut short).
 _TIMED_STATES = (State.SUCCEEDED, State.FAILED, State.TIMED_OUT)

@@ -20,12 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .states import State
 from .errors import UserError
 from .files import write_atomic
 from .ledger import Attempt, Ledger
 from .report import Snapshot, format_value
 from .spec import ABBREVIATIONS, FIELD_KEYS, Experiment
+from .states import State
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"

@@ -24,11 +24,11 @@ from functools import partial
 from pathlib import Path
 
 from . import exitstatus, tags
-from .cleanup import end_tagged_everywhere, end_tagged_remote
 from .attempt import prepare_directory, record_attempt
+from .cleanup import end_tagged_everywhere, end_tagged_remote
+from .core.events import Finished, HostBack, HostLost, Launched, Post, Run
 from .launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
 from .metrics import Metric
-from .core.events import Finished, HostBack, HostLost, Launched, Post, Run
 from .outcome import Outcome
 from .states import Reason, State
 from .stops import Stops

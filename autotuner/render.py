@@ -6,7 +6,6 @@ import io
 import json
 from pathlib import Path
 
-from .states import State
 from .errors import UserError
 from .ledger import FILENAME, Attempt
 from .report import (
@@ -17,6 +16,7 @@ from .report import (
     optimal,
     snapshot,
 )
+from .states import State
 
 FORMATS = ("table", "json", "csv", "md")
 COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .states import State
 from .files import write_atomic, write_json_atomic
 from .launch import Launcher, optimal_command, without_autotuning
 from .ledger import Attempt, Ledger, SweepMeta
 from .metrics import Metric, metric_named
 from .spec import Experiment
+from .states import State
 
 OPTIMAL_CONFIG = "ds_config_optimal.json"
 OPTIMAL_COMMAND = "cmd_optimal.txt"

@@ -26,10 +26,10 @@ sys.path.insert(0, str(ROOT))
 from autotuner import runner  # noqa: E402
 from autotuner.cluster import Cluster  # noqa: E402
 from autotuner.hostfile import localhost_hosts  # noqa: E402
-from autotuner.states import State  # noqa: E402
 from autotuner.ledger import Ledger  # noqa: E402
 from autotuner.metrics import metric_named  # noqa: E402
 from autotuner.spec import Experiment, Sweep  # noqa: E402
+from autotuner.states import State  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotuner.states import State
+from helpers import experiment
+
+from autotuner.cluster import Cluster
 from autotuner.ledger import Ledger
 from autotuner.metrics import metric_named
-from autotuner.cluster import Cluster
 from autotuner.runner import prepare
 from autotuner.spec import Sweep
-
-from helpers import experiment
+from autotuner.states import State
 
 T0 = 1_700_000_000.0
 

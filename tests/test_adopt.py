@@ -11,12 +11,27 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    attempts,
+    autotune,
+    env,
+    expected_throughput,
+    finish,
+    latest,
+    launched,
+    launches,
+    runner_alive,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 from autotuner.states import State
-
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     latest, launched, launches, runner_alive, sweep_id, tagged_pids, wait_until, write_launcher,
-                     write_sweep)
 
 # Waits for $GATE, then runs $END_WITH if set (e.g. `exit 3`), then writes its metrics and succeeds.
 GATED = PREAMBLE + """\

@@ -14,12 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_rig import PREAMBLE, WRITE_METRICS, autotune, env, latest, write_launcher
 
 from autotuner import limits
 from autotuner.errors import UserError, read_user_file
 from autotuner.spec import is_safe_name, load_sweep
-
-from cli_rig import PREAMBLE, WRITE_METRICS, autotune, env, latest, write_launcher
 
 GOOD_BASE = "{train_micro_batch_size_per_gpu: 1}"
 

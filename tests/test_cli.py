@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 

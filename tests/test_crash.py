@@ -10,11 +10,25 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    attempts,
+    autotune,
+    env,
+    expected_throughput,
+    finish,
+    latest,
+    launches,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 from autotuner.states import State
-
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     latest, launches, sweep_id, tagged_pids, wait_until, write_launcher, write_sweep)
 
 EXPERIMENTS = 20
 SLOTS = 3

@@ -1,8 +1,8 @@
 import socket
 
 from autotuner import ports
-from autotuner.ports import free_port
 from autotuner.launch import MASTER_PORTS
+from autotuner.ports import free_port
 
 
 def test_master_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice():

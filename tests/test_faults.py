@@ -11,11 +11,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    autotune,
+    env,
+    launched,
+    launches,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 from autotuner.states import State
-
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, autotune, env, launched, launches, states, sweep_id,
-                     tagged_pids, wait_until, write_launcher, write_sweep)
 
 # The experiment named $GATE_NAME waits until the file $GATE exists; the others sleep $STANDIN_SECONDS.
 GATED = PREAMBLE + """\

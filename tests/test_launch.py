@@ -1,11 +1,18 @@
 import base64
 import json
 
-from autotuner.launch import (Launcher, deepspeed_command, encode_config, optimal_command,
-                              with_autotuning, with_config_arg, without_autotuning)
-from autotuner.core import Reservation
-
 from helpers import experiment
+
+from autotuner.core import Reservation
+from autotuner.launch import (
+    Launcher,
+    deepspeed_command,
+    encode_config,
+    optimal_command,
+    with_autotuning,
+    with_config_arg,
+    without_autotuning,
+)
 
 
 def test_config_round_trips_through_urlsafe_base64():

@@ -1,10 +1,9 @@
 
 import pytest
-
-from autotuner.states import State
-from autotuner.ledger import Ledger, TransitionError
-
 from helpers import SWEEP_META, experiment
+
+from autotuner.ledger import Ledger, TransitionError
+from autotuner.states import Reason, State
 
 
 @pytest.fixture
@@ -87,3 +86,47 @@ def test_a_request_written_while_requests_are_taken_stays_pending(ledger, tmp_pa
     assert sneaked and ledger.take_requests() == [("cancel", ["b"])]
     assert ledger.take_requests() == []
     other.close()
+
+
+def test_the_meta_table_reads_as_typed_settings_and_keeps_its_json_and_unknown_keys(tmp_path):
+    """An existing ledger's meta table (one JSON value per key, as `prepare` always wrote it, plus a key a
+    newer autotuner might add) reads as a SweepMeta, and writes back the very same rows."""
+    import json
+    import sqlite3
+
+    rows = {"name": "s", "metric": "loss:min", "sweep_id": "ab12", "source": "sweep.hjson", "created": 1700000000.5,
+            "slots": {"node-a": [0, 1], "localhost": [2]}, "capacity": {"node-a": 2, "localhost": 4},
+            "accelerator": "cpu", "env": {"DS_ACCELERATOR": "cpu"}, "launcher": ["sh", "launcher.sh"],
+            "reload": {"specs": ["sweep.hjson"]}, "ssh": {"config": None, "accept_new_hosts": False,
+                                                           "remote_root": "/scratch"},
+            "from_the_future": [1, {"x": True}]}
+    directory = tmp_path / "old"
+    directory.mkdir()
+    Ledger.create(directory, SWEEP_META).close()
+    db = sqlite3.connect(directory / "ledger.sqlite")
+    with db:
+        db.execute("DELETE FROM meta")
+        db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in rows.items()])
+    db.close()
+    with Ledger.open(directory) as ledger:
+        meta = ledger.meta()
+    assert (meta.name, meta.metric, meta.sweep_id, meta.created, meta.accelerator) == (
+        "s", "loss:min", "ab12", 1700000000.5, "cpu")
+    assert meta.slots == {"node-a": (0, 1), "localhost": (2,)} and meta.launcher == ("sh", "launcher.sh")
+    assert meta.env == {"DS_ACCELERATOR": "cpu"} and meta.ssh is not None and meta.ssh["remote_root"] == "/scratch"
+    assert meta.extra == {"from_the_future": [1, {"x": True}]}
+    assert meta.to_json() == rows
+
+    again = tmp_path / "again"
+    again.mkdir()
+    Ledger.create(again, meta).close()
+    db = sqlite3.connect(again / "ledger.sqlite")
+    assert {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")} == rows
+    db.close()
+
+
+def test_attempts_read_back_as_the_typed_vocabulary(ledger):
+    ledger.finish("a", 1, State.FAILED, at=2.0, reason=Reason.OOM, detail="CUDA out of memory")
+    a = ledger.attempts("a")[0]
+    assert a.state is State.FAILED and a.reason is Reason.OOM and a.terminal
+    assert ledger.states()["b"] == (1, State.QUEUED) and ledger.states()["b"][1] is State.QUEUED

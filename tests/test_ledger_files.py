@@ -15,18 +15,30 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_rig import (
+    SLEEP_THEN_SUCCEED,
+    Runners,
+    autotune,
+    env,
+    finish,
+    launched,
+    launches,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 from autotuner import runner
 from autotuner.cluster import local_or_hostfile_cluster
 from autotuner.errors import UserError
-from autotuner.states import State
 from autotuner.ledger import FILENAME, SCHEMA_VERSION, Ledger
 from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
 from autotuner.report import snapshot
 from autotuner.spec import load_sweep
-
-from cli_rig import (SLEEP_THEN_SUCCEED, Runners, autotune, env, finish, launched, launches, states, sweep_id,
-                     tagged_pids, wait_until, write_launcher, write_sweep)
+from autotuner.states import State
 
 PAGE = 4096
 

@@ -11,12 +11,28 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    attempts,
+    autotune,
+    env,
+    expected_throughput,
+    finish,
+    latest,
+    launched,
+    launches,
+    runner_alive,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 from autotuner.states import State
-
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     latest, launched, launches, runner_alive, states, sweep_id, tagged_pids, wait_until,
-                     write_launcher, write_sweep)
 
 # The general stand-in: sleeps $STANDIN_SECONDS then succeeds. IGNORE_TERM=1: ignores SIGTERM (and so do its
 # children). SPAWN=1: leaves a child in its process group and one that escaped it (setsid). FAIL_ONCE=1: the

@@ -14,17 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from recorded import T0, grid_sweep, record, two_nodes
 from rich.console import Console
 
 from autotuner import cli
-from autotuner.states import State
+from autotuner.core import Queued, Reservation, Run
 from autotuner.live import EventLog, LiveView, event_record, render, seconds
 from autotuner.outcome import Outcome
 from autotuner.report import snapshot
-from autotuner.core import Reservation
-from autotuner.core import Queued, Run
-
-from recorded import T0, grid_sweep, record, two_nodes
+from autotuner.states import State
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "benchmarks" / "standin.sh"

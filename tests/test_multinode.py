@@ -172,8 +172,8 @@ def test_a_node_down_at_start_is_reported_and_left_out(ssh_nodes, tmp_path):
 
 
 def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
-    from autotuner.remote import HostWatcher
     from autotuner.core import HostBack
+    from autotuner.remote import HostWatcher
     from autotuner.transport import SSHPool
 
     posted = []

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from autotuner.states import Reason, State
 from autotuner.metrics import metric_named
 from autotuner.outcome import classify, judge
+from autotuner.states import Reason, State
 
 THROUGHPUT = metric_named("throughput")
 

@@ -16,10 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cli_rig import PREAMBLE, SLEEP_THEN_SUCCEED, attempts, autotune, env, launches, write_launcher, write_sweep
 
 from autotuner.states import State
-
-from cli_rig import PREAMBLE, SLEEP_THEN_SUCCEED, attempts, autotune, env, launches, write_launcher, write_sweep
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:

@@ -8,16 +8,16 @@ from __future__ import annotations
 import json
 import time
 
+from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, launches, states, sweep_id, tagged_pids, write_launcher
+
 from autotuner import runner
 from autotuner.cluster import Cluster
 from autotuner.hostfile import localhost_hosts
-from autotuner.states import State
 from autotuner.ledger import Ledger
 from autotuner.metrics import metric_named
 from autotuner.render import RICH_ROWS
 from autotuner.spec import Experiment, Sweep
-
-from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, launches, states, sweep_id, tagged_pids, write_launcher
+from autotuner.states import State
 
 N = RICH_ROWS + 200
 
@@ -90,8 +90,7 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
 
 def test_a_long_queue_is_not_scanned_once_every_slot_is_taken():
     """With 10,000 queued, each dispatch tried to place every one of them (17 ms an event) though none fit."""
-    from autotuner.core import BackfillQueue, BestFit, SlotPool
-    from autotuner.core import Queued
+    from autotuner.core import BackfillQueue, BestFit, Queued, SlotPool
 
     class Counting(BestFit):
         calls = 0

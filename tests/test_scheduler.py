@@ -4,13 +4,12 @@ import queue
 import threading
 import time
 
-from autotuner.core import (Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler,
-                            SlotPool)
+from helpers import SWEEP_META, experiment
+
+from autotuner.core import Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler, SlotPool
 from autotuner.ledger import Ledger
 from autotuner.outcome import Outcome
 from autotuner.states import Reason, State
-
-from helpers import SWEEP_META, experiment
 
 
 class ManualExecutor:
@@ -222,3 +221,30 @@ def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_rais
     latest = {a.name: a.state for a in Ledger.open(tmp_path).latest()}
     assert latest == {"e0": State.INTERRUPTED, "e1": State.INTERRUPTED, "e2": State.QUEUED}  # nothing new started; resume goes on
     assert executor.started.empty()
+
+
+def test_observers_are_told_what_runs_again_and_why_right_after_it_finished(tmp_path):
+    """The retry decision is the scheduler's alone: a "requeued" note names the new attempt and carries the
+    ended attempt's outcome; a deterministic failure, or a transient one with no retry left, gets none."""
+    exps = [experiment("flaky"), experiment("oom"), experiment("moved")]
+    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0, 1], "b": [0]}, retries=1)
+    told = []
+    scheduler.observers = [lambda what, subject, outcome: told.append((what, subject, outcome))]
+    thread = run_in_thread(scheduler)
+    runs = {r.experiment.name: r for r in (executor.next_started() for _ in exps)}
+    launch = Outcome(State.FAILED, Reason.LAUNCH, "Address already in use", 1)
+    executor.finish(runs["oom"], Outcome(State.FAILED, Reason.OOM, "CUDA out of memory", 1))
+    executor.finish(runs["flaky"], launch)
+    retry = executor.next_started()
+    executor.finish(retry, launch)  # retries used up: finished, not queued again
+    wait_for(lambda: any(w == "finished" and s.key == ("flaky", 2) for w, s, _ in told))
+    scheduler.post(HostLost(runs["moved"].reservation.hosts[0], "no answer"))
+    executor.finish(executor.next_started())  # moved, attempt 2, on the host still up
+    thread.join(5)
+    assert not thread.is_alive() and not thread.errors
+    requeued = [(s.experiment.name, s.attempt, o.state, o.reason) for w, s, o in told if w == "requeued"]
+    assert requeued == [("flaky", 2, State.FAILED, Reason.LAUNCH), ("moved", 2, State.INTERRUPTED, Reason.LOST)]
+    for name in ("flaky", "moved"):  # each right after its attempt's "finished"
+        i = next(i for i, (w, s, _) in enumerate(told) if w == "requeued" and s.experiment.name == name)
+        assert told[i - 1][0] == "finished" and told[i - 1][1].key == (name, 1)
+        assert isinstance(told[i][1], Queued) and told[i][2] is told[i - 1][2]

@@ -9,10 +9,17 @@ import threading
 import time
 
 import pytest
-
-from autotuner.transport import (CommandTimeout, HostDown, HostKeyError, RemoteStartError, SSHPool, signal_name,
-                                 start_command)
 from sshnodes import descendants
+
+from autotuner.transport import (
+    CommandTimeout,
+    HostDown,
+    HostKeyError,
+    RemoteStartError,
+    SSHPool,
+    signal_name,
+    start_command,
+)
 
 
 @pytest.fixture

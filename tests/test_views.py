@@ -13,19 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
+from recorded import T0, grid_sweep, record, throughput, two_nodes
 from typer.testing import CliRunner
 
 from autotuner import cli
 from autotuner.compare import compare, render_compare
 from autotuner.errors import UserError
-from autotuner.states import State
+from autotuner.launch import Launcher
 from autotuner.ledger import Attempt
-from autotuner.plots import (METRIC_PNG, TIMELINE_PNG, choose_axes, swept_keys, utilisation, write_plots)
+from autotuner.plots import METRIC_PNG, TIMELINE_PNG, choose_axes, swept_keys, utilisation, write_plots
 from autotuner.render import render_report
 from autotuner.report import snapshot, summary_text, write_outcome_files
-from autotuner.launch import Launcher
-
-from recorded import T0, grid_sweep, record, throughput, two_nodes
+from autotuner.states import State
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "benchmarks" / "standin.sh"

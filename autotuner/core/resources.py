@@ -60,9 +60,6 @@ class SlotPool:
         """Free slots of the hosts that are up, in host order."""
         return {h: frozenset(ids) for h, ids in self._free.items() if h not in self._down}
 
-    def busy(self) -> int:
-        return sum(len(self._all[h]) - len(self._free[h]) for h in self._all)
-
     def take(self, reservation: Reservation) -> None:
         for host, ids in reservation.slots:
             if host in self._down or not set(ids) <= self._free[host]:
