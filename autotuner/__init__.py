@@ -41,9 +41,6 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
 
     from .cluster import Cluster
     from .metrics import Metric, metric_named
-    from .ssh.probe import check_hostfile as check_hosts
-    from .views.snapshot import Snapshot
-    from .views.snapshot import load as snapshot
     from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes
     from .runner import (
         EXIT_FAILED,
@@ -57,6 +54,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
         execute,
     )
     from .spec import Experiment, Sweep, load_sweep
+    from .ssh.probe import check_hostfile as check_hosts
+    from .views.snapshot import Snapshot
+    from .views.snapshot import load as snapshot
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 

@@ -6,6 +6,7 @@ attempt, on cancel, timeout and Ctrl-C, and when `cancel` finds what a dead runn
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -14,9 +15,10 @@ from pathlib import Path
 
 from . import exitstatus, tags
 from .hostfile import is_local
-from .ledger import INTERRUPTED, RUNNING, Attempt, Ledger
+from .ledger import Attempt, Ledger
 from .metrics import metric_named
 from .outcome import Outcome
+from .states import Reason, State
 
 
 def end_group(pgid: int | None, tag: str, grace: float, gone_within: Callable[[float], bool]) -> None:
@@ -32,10 +34,8 @@ def end_group(pgid: int | None, tag: str, grace: float, gone_within: Callable[[f
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def end_tagged(tag: str, grace: float) -> None:
@@ -60,13 +60,14 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
     used. Each attempt is then recorded as the exit status it recorded says (what ended while no runner was
     alive keeps its result), else interrupted.
     """
-    left = ledger.in_state(RUNNING)
+    left = ledger.in_state(State.RUNNING)
     if not left:
         return left
-    metric = metric_named(str(ledger.meta()["metric"]))
+    metric = metric_named(ledger.meta().metric)
     for attempt in left:
         # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
-        status = exitstatus.read(Path(attempt.dir) / exitstatus.FILENAME) if attempt.dir else None
+        directory = Path(attempt.dir) if attempt.dir else None
+        status = exitstatus.read(directory / exitstatus.FILENAME) if directory else None
         if attempt.tag:
             end_tagged(attempt.tag, grace)
             remote = [host for host in attempt.slots if not is_local(host)]
@@ -74,11 +75,11 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
                 from .ssh import end_tagged_remote
 
                 end_tagged_remote(pool, remote, attempt.tag)
-        outcome = Outcome(INTERRUPTED, INTERRUPTED, "the runner stopped while it ran")
-        if status is not None:
+        outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
+        if status is not None and directory is not None:
             local = all(is_local(h) for h in attempt.slots)
-            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status,
-                                             Path(attempt.dir), metric)
+            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status, directory,
+                                             metric)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
                       exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
                       metrics=outcome.metrics)

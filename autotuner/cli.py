@@ -218,7 +218,7 @@ def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: P
     try:
         with watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
                       plain=not quiet, events=events, default_timeout=options.timeout,
-                      retries=options.retries, retry_failed=retry_failed, added=new_experiments):
+                      retry_failed=retry_failed, added=new_experiments):
             result = autotuner.execute(directory, options, retry_failed=retry_failed,
                                        new_experiments=new_experiments)
     except UserError as e:

@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .core.resources import SlotPool
 from .errors import UserError, shown
 from .hostfile import Host, is_local, load_hostfile, localhost_hosts, select_slots
 from .inventory import local_slots
-from .resources import SlotPool
 from .spec import Sweep
 
 
@@ -26,7 +26,7 @@ class Cluster:
     accelerator: str = "cuda"
 
     @classmethod
-    def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> "Cluster":
+    def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> Cluster:
         return cls({h: tuple(ids) for h, ids in selection.items()}, {h: hosts[h].slots for h in selection},
                    accelerator)
 

@@ -1,72 +1,38 @@
-"""Running attempts on this machine: one thread per attempt, each in a process group and session of its own.
+"""Running attempts on this machine, each in a process group and session of its own.
 
-The thread starts DeepSpeed's launcher, waits on it (with the experiment's timeout), ends whatever of it is
-left, judges the result and posts events to the dispatcher. Ending is always the same sequence: SIGTERM to
-the process group, a grace period, then SIGKILL to the group and to every process still carrying the tag.
-The launcher runs under the exit-status wrapper (see exitstatus), so a runner that takes over after a crash
-can follow the attempt to its end (`adopt`) and judge it as this one would have.
+`start` spawns DeepSpeed's launcher on the dispatcher's thread, then leaves the attempt to a thread of its
+own, which waits on it (until its timeout: see `Stops.wait`), ends whatever of it is left, judges the result
+and posts `Finished`. Ending is always the same sequence: SIGTERM to the process group, a grace period, then
+SIGKILL to the group and to every process still carrying the tag. The launcher runs under the exit-status
+wrapper (see exitstatus), so a runner that takes over after a crash can follow the attempt to its end
+(`adopt`) and judge it as this one would have. Every thread here is owned by the executor's `Workers`:
+`close()` joins them, and a failure in one is logged, never printed over the live view.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-import random
 import select
-import shutil
-import socket
 import subprocess
-import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from . import exitstatus, tags
+from .attempt import prepare_directory, record_attempt
 from .cleanup import end_group
-from .files import write_atomic, write_json_atomic
-from .launch import MASTER_PORTS, Command, Launcher, deepspeed_command, with_autotuning
-from .ledger import INTERRUPTED, SUCCEEDED, TIMED_OUT
+from .core.events import Finished, Key, Launched, Post, Run
+from .launch import Command, Launcher, deepspeed_command, with_autotuning
 from .metrics import Metric
-from .outcome import LOST, TIMEOUT, Outcome
-from .scheduler import Finished, Launched, Run
-
-EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json",
-             exitstatus.FILENAME)
-
-
-def free_port(taken: set[int]) -> int:
-    """A master port free on this machine now, not handed to another running attempt, and outside the
-    ephemeral range (see launch.MASTER_PORTS), so nothing else is given it before the launcher binds it."""
-    while True:
-        port = random.randint(*MASTER_PORTS)
-        if port in taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-        return port
-
-
-def keep_previous_attempt(directory: Path, attempt: int) -> None:
-    """Move an earlier attempt's files into attempt-N/ so the experiment's directory shows the latest one."""
-    if attempt <= 1 or not directory.exists():
-        return
-    previous = directory / f"attempt-{attempt - 1}"
-    previous.mkdir(exist_ok=True)
-    for name in EXP_FILES:
-        if (directory / name).exists():
-            os.replace(directory / name, previous / name)
-
-
-def prepare_directory(run: Run) -> None:
-    """The attempt's own directory, with an earlier attempt's files moved aside and no stale metrics."""
-    keep_previous_attempt(run.dir, run.attempt)
-    run.dir.mkdir(parents=True, exist_ok=True)
-    (run.dir / "metrics.json").unlink(missing_ok=True)
-    (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
+from .outcome import Outcome
+from .ports import free_port
+from .states import Reason, State
+from .stops import Stops
+from .threads import Workers
 
 
 class Adopted:
@@ -105,54 +71,6 @@ def _pidfd_of(pid: int, tag: str) -> int | None:
     return None
 
 
-def record_attempt(run: Run, config: dict, command: Command) -> None:
-    """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how."""
-    write_json_atomic(run.dir / "exp.json", {**run.experiment.to_json(), "attempt": run.attempt,
-                                             "slots": run.reservation.as_dict(), "tag": run.tag})
-    write_json_atomic(run.dir / "ds_config.json", config)
-    write_atomic(run.dir / "cmd.txt", command.shell() + "\n")
-
-
-Key = tuple[str, int]  # Run.key: (experiment, attempt)
-
-
-class Stops:
-    """Stop requests for running attempts (cancel, Ctrl-C, timeout, a lost host) and how an attempt's outcome
-    reads once one was made. Shared by the local and the SSH executor; thread-safe."""
-
-    KILLED = (INTERRUPTED, "killed at once (interrupted twice)", None)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._asked: dict[Key, tuple[str, str, str | None]] = {}
-        self.killing = False  # kill_all was called: no grace period any more, and late starts are killed too
-
-    def ask(self, key: Key, state: str, detail: str, reason: str | None = None) -> None:
-        """The first request wins: a cancel is not turned into a timeout by the timer that fires after it."""
-        with self._lock:
-            self._asked.setdefault(key, (state, detail, reason))
-
-    def asked(self, key: Key) -> bool:
-        with self._lock:
-            return key in self._asked
-
-    def kill_all(self, keys: Iterable[Key]) -> None:
-        with self._lock:
-            self.killing = True
-            for key in keys:
-                self._asked.setdefault(key, self.KILLED)
-
-    def settle(self, key: Key, outcome: Outcome) -> Outcome:
-        """The outcome to record: the stop's, unless the attempt succeeded before the stop reached it, or its
-        host was lost (then it runs again elsewhere)."""
-        with self._lock:
-            request = self._asked.pop(key, None)
-        if request is None or outcome.state == SUCCEEDED or outcome.reason == LOST:
-            return outcome
-        state, detail, reason = request
-        return Outcome(state, reason or state, detail, outcome.exit_code)
-
-
 @dataclass
 class LocalExecutor:
     """Runs attempts as local processes through DeepSpeed's launcher."""
@@ -167,13 +85,14 @@ class LocalExecutor:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._procs: dict[tuple[str, int], subprocess.Popen] = {}
-        self._tags: dict[tuple[str, int], str] = {}
+        self._procs: dict[Key, subprocess.Popen[bytes] | Adopted] = {}
+        self._tags: dict[Key, str] = {}
         self._ports: set[int] = set()
         self._stops = Stops()
+        self._workers = Workers("local-executor")
 
     # --- the Executor interface ---------------------------------------------------------------------------
-    def start(self, run: Run, post: Callable[[object], None]) -> None:
+    def start(self, run: Run, post: Post) -> None:
         """Spawn the launcher here, on the dispatcher's thread (a fork and exec: about a millisecond), then
         leave the attempt to a thread of its own. Spawning here rather than on the new thread keeps a freed
         slot from waiting on thread start-up when many runs end at once."""
@@ -187,29 +106,30 @@ class LocalExecutor:
         except Exception as e:  # our own failure to launch (command missing, disk full, ...): recorded, never lost
             self._forget(run, port)
             why = f"cannot start {run.experiment.name}: {e.strerror if isinstance(e, OSError) else e}"
-            post(Finished(run, self._stops.settle(run.key, Outcome("failed", "launch", why)), self.clock()))
+            outcome = Outcome(State.FAILED, Reason.LAUNCH, why)
+            post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
             return
         post(Launched(run, proc.pid, port, self.clock()))
-        watch = partial(self._watch, run, proc, config, command)
-        threading.Thread(target=self._attempt, args=(run, proc, port, post, watch), name=f"run-{run.tag}",
-                         daemon=True).start()
+        self._workers.start(f"run-{run.tag}", self._attempt, run, proc, port, post,
+                            partial(self._watch, run, proc, config, command))
 
-    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
         """Follow an attempt a dead runner started (its leader `pid`, started at `since`) to its end, on a
         thread of its own; it is stopped like any run meanwhile. Ended already: judged from its files."""
         proc = Adopted(pid, run.tag, run.dir / exitstatus.FILENAME)
         if proc.pid is not None:
             self._track(run, proc)
-        follow = partial(self._follow, run, proc, since)
-        threading.Thread(target=self._attempt, args=(run, proc, None, post, follow), name=f"adopted-{run.tag}",
-                         daemon=True).start()
+        self._workers.start(f"adopted-{run.tag}", self._attempt, run, proc, None, post,
+                            partial(self._follow, run, proc, since))
 
-    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
+    def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
+        """Ask for the stop, and end the attempt's processes on a thread of their own (the grace period must
+        not hold up the dispatcher); the attempt's thread then records the stop's outcome."""
         self._stops.ask(run.key, state, detail, reason)
         with self._lock:
             proc = self._procs.get(run.key)
         if proc is not None:
-            threading.Thread(target=self._end, args=(proc, run.tag), daemon=True).start()
+            self._workers.start(f"stop-{run.tag}", self._end, proc, run.tag)
 
     def kill_all(self) -> None:
         """Immediate: SIGKILL every running attempt's group and tagged processes, from any thread.
@@ -223,8 +143,12 @@ class LocalExecutor:
         for tag, proc in running:
             end_group(proc.pid, tag, 0, lambda _: False)
 
+    def close(self) -> None:
+        """Join the attempt and stop threads: each ends once its processes have (a stop's within the grace)."""
+        self._workers.close(timeout=self.grace + 30)
+
     # --- one attempt, on its own thread -------------------------------------------------------------------
-    def command(self, run: Run, port: int) -> tuple[dict, Command]:
+    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
         """The config this attempt runs (autotuning section included) and the command that runs it."""
         metrics_path = str(run.dir / "metrics.json")
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
@@ -233,7 +157,7 @@ class LocalExecutor:
             metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
             launcher=self.launcher, env=self.env)
 
-    def _spawn(self, run: Run, command: Command) -> subprocess.Popen:
+    def _spawn(self, run: Run, command: Command) -> subprocess.Popen[bytes]:
         argv = exitstatus.wrapped(command.argv, run.dir / exitstatus.FILENAME)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
             proc = subprocess.Popen(argv, cwd=command.cwd or None, env={**os.environ, **command.env},
@@ -241,7 +165,7 @@ class LocalExecutor:
         self._track(run, proc)
         return proc
 
-    def _track(self, run: Run, proc: subprocess.Popen | Adopted) -> None:
+    def _track(self, run: Run, proc: subprocess.Popen[bytes] | Adopted) -> None:
         with self._lock:
             self._procs[run.key] = proc
             self._tags[run.key] = run.tag
@@ -250,21 +174,20 @@ class LocalExecutor:
 
     def _forget(self, run: Run, port: int | None) -> None:
         with self._lock:
-            self._ports.discard(port)
+            if port is not None:
+                self._ports.discard(port)
             self._procs.pop(run.key, None)
             self._tags.pop(run.key, None)
 
-    def _attempt(self, run: Run, proc: subprocess.Popen | Adopted, port: int | None, post: Callable[[object], None],
+    def _attempt(self, run: Run, proc: subprocess.Popen[bytes] | Adopted, port: int | None, post: Post,
                  follow: Callable[[], Outcome]) -> None:
         """The attempt's own thread: `follow` it to its outcome, which is posted whatever goes wrong."""
         try:
             outcome = follow()
         except Exception as e:  # e.g. the results disk filled up, or a process SIGKILL does not end
-            try:
-                end_group(proc.pid, run.tag, 0, lambda _: False)
-            except Exception:
-                pass  # the outcome is posted whatever is left: the slot must not be lost with it
-            outcome = Outcome("failed", "launch", f"{type(e).__name__}: {e}")
+            with contextlib.suppress(Exception):  # the outcome is posted whatever is left: the slot must not be
+                end_group(proc.pid, run.tag, 0, lambda _: False)  # lost with it
+            outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
         finally:
             self._forget(run, port)
         settled = self._stops.settle(run.key, outcome)
@@ -272,26 +195,19 @@ class LocalExecutor:
             exitstatus.forget(run.dir)
         post(Finished(run, settled, self.clock()))
 
-    def _watch(self, run: Run, proc: subprocess.Popen, config: dict, command: Command) -> Outcome:
+    def _watch(self, run: Run, proc: subprocess.Popen[bytes], config: dict[str, Any], command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
         return self._follow(run, proc, self.clock())
 
-    def _follow(self, run: Run, proc: subprocess.Popen | Adopted, since: float) -> Outcome:
-        """Wait for the attempt (its timeout counted from `since`), end whatever of it is left, judge it."""
-        if self._stops.asked(run.key):
-            self._end(proc, run.tag)
-        timeout = run.experiment.timeout or self.default_timeout
-        try:
-            exit_code = proc.wait(timeout=None if timeout is None else max(0.0, since + timeout - self.clock()))
-        except subprocess.TimeoutExpired:
-            self._stops.ask(run.key, TIMED_OUT, f"ran past its timeout of {timeout:g} s", TIMEOUT)
-            self._end(proc, run.tag)
-            exit_code = proc.wait()
+    def _follow(self, run: Run, proc: subprocess.Popen[bytes] | Adopted, since: float) -> Outcome:
+        """Wait for the attempt (see `Stops.wait`), end whatever of it is left, judge it."""
+        exit_code = self._stops.wait(run, proc, since=since, default_timeout=self.default_timeout, clock=self.clock,
+                                     end=partial(self._end, proc, run.tag))
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
         return exitstatus.judge_files(exit_code, run.dir, self.metric)
 
-    def _end(self, proc: subprocess.Popen | Adopted, tag: str) -> None:
+    def _end(self, proc: subprocess.Popen[bytes] | Adopted, tag: str) -> None:
         def gone_within(seconds: float) -> bool:
             try:
                 proc.wait(timeout=seconds)
@@ -300,9 +216,3 @@ class LocalExecutor:
                 return False
 
         end_group(proc.pid, tag, 0 if self._stops.killing else self.grace, gone_within)
-
-
-def launcher_for_this_python() -> Launcher:
-    """DeepSpeed's launcher installed beside this Python if there is one, else `deepspeed` from PATH."""
-    beside = Path(sys.executable).parent / "deepspeed"
-    return Launcher(executable=(str(beside),) if beside.exists() else (shutil.which("deepspeed") or "deepspeed",))

@@ -12,15 +12,16 @@ so a stop signal sent to the group reaches the launcher, and the wrapper outlive
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import tags
 from .launch import end_profile_step
-from .ledger import INTERRUPTED
 from .metrics import Metric
 from .outcome import Outcome, judge
+from .states import Reason, State
 
 FILENAME = "exit_status"
 # How an attempt that ended while no runner was alive, without recording its exit status, is recorded.
@@ -65,10 +66,8 @@ def forget(directory: Path) -> None:
     """Drop the exit status of an attempt that we ended (cancel, timeout, Ctrl-C): it tells our stop, not the
     attempt's own end, and should the ledger fail to record the stop, a successor must not judge the attempt
     by it (a cancel read as `failed: exit status -15`)."""
-    try:
+    with contextlib.suppress(OSError):
         (Path(directory) / FILENAME).unlink(missing_ok=True)
-    except OSError:
-        pass
 
 
 def as_returncode(status: int) -> int:
@@ -80,7 +79,7 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     """Judge an attempt from its exit status and the files in its directory, as the runner that started it
     would have; with no exit status recorded (None) it is interrupted, to be run again."""
     if exit_code is None:
-        return Outcome(INTERRUPTED, INTERRUPTED, UNRECORDED)
+        return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
     return judge(exit_code, directory / "metrics.json", metric, [directory / "stderr.log", directory / "stdout.log"],
                  _end_profile_step(directory))
 

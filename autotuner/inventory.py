@@ -5,6 +5,7 @@ no GPU or no driver is a normal state here (a laptop, a CPU test rig): it gives 
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +29,18 @@ def _text(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _probe(nvml: Any = None) -> tuple[list[Gpu], str]:
-    """GPUs found, and why none were when the list is empty (for the user-facing message)."""
+def find_gpus(nvml: Any = None) -> tuple[list[Gpu], str]:
+    """This machine's GPUs in NVML order, and why none were found when the list is empty (for the message);
+    never an error: no GPU or no driver gives ([], why).
+
+    `nvml` stands in for the `pynvml` module (tests pass a fake); by default the real one is imported here.
+    """
     if nvml is None:
         try:
-            import pynvml as nvml  # lazy: keeps `import autotuner.inventory` cheap
+            import pynvml  # lazy: keeps `import autotuner.inventory` cheap
         except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
             return [], f"pynvml not importable: {e}"
+        nvml = pynvml
     error = nvml.NVMLError
     try:
         nvml.nvmlInit()
@@ -55,19 +61,9 @@ def _probe(nvml: Any = None) -> tuple[list[Gpu], str]:
     except error as e:
         reason = str(e) or type(e).__name__
     finally:
-        try:
+        with contextlib.suppress(error):
             nvml.nvmlShutdown()
-        except error:
-            pass
     return gpus, reason
-
-
-def local_gpus(nvml: Any = None) -> list[Gpu]:
-    """This machine's GPUs in NVML order; [] when there are none or NVML cannot be used.
-
-    `nvml` stands in for the `pynvml` module (tests pass a fake); by default the real one is imported here.
-    """
-    return _probe(nvml)[0]
 
 
 def local_slots(cpu_slots: int | None, nvml: Any = None) -> tuple[int, str]:
@@ -83,7 +79,7 @@ def local_slots(cpu_slots: int | None, nvml: Any = None) -> tuple[int, str]:
             raise UserError(f"--slots {shown(cpu_slots)} is more than {limits.SLOTS_PER_HOST}, "
                             "the most slots one host may have")
         return cpu_slots, "cpu"
-    gpus, reason = _probe(nvml)
+    gpus, reason = find_gpus(nvml)
     if gpus:
         return len(gpus), "cuda"
     raise UserError(f"no GPU found on this machine (NVML: {reason}); pass --slots N to run on N CPU slots")

@@ -1,4 +1,5 @@
-"""The DeepSpeed command for one experiment: its config, argv and environment. Pure functions, no I/O.
+"""The DeepSpeed command for one experiment: its config, argv and environment. Pure functions, no I/O (but
+`launcher_for_this_python`, which looks for DeepSpeed's launcher beside this Python).
 
 The ds_config travels urlsafe-base64 as the value of `--deepspeed_config` (DeepSpeed's engine accepts a path,
 a dict or that encoding), so no config file has to exist on the node that runs it. The `autotuning` section
@@ -10,12 +11,15 @@ import base64
 import copy
 import json
 import shlex
+import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from .core.resources import Reservation
 from .hostfile import format_include
 from .metrics import METRICS_PATH_ENV
-from .resources import Reservation
 from .spec import Experiment
 from .tags import TAG_ENV
 
@@ -77,10 +81,6 @@ def encode_config(ds_config: Mapping) -> str:
     return base64.urlsafe_b64encode(json.dumps(ds_config, sort_keys=True).encode()).decode()
 
 
-def decode_config(encoded: str) -> dict:
-    return json.loads(base64.urlsafe_b64decode(encoded.encode()))
-
-
 def with_config_arg(args: Sequence[str], value: str) -> list[str]:
     """The user's args (a fresh list) with `--deepspeed_config` set to `value`, replaced where present."""
     out = list(args)
@@ -91,7 +91,7 @@ def with_config_arg(args: Sequence[str], value: str) -> list[str]:
         if arg.startswith(CONFIG_FLAG + "="):
             out[i] = f"{CONFIG_FLAG}={value}"
             return out
-    return out + [CONFIG_FLAG, value]
+    return [*out, CONFIG_FLAG, value]
 
 
 @dataclass(frozen=True)
@@ -141,3 +141,9 @@ def optimal_command(experiment: Experiment, config_path: str, launcher: Launcher
     argv += ["--num_gpus", str(experiment.num_gpus), experiment.script,
              *with_config_arg(experiment.args, config_path)]
     return shell_line(argv, {**(env or {}), **experiment.env})
+
+
+def launcher_for_this_python() -> Launcher:
+    """DeepSpeed's launcher installed beside this Python if there is one, else `deepspeed` from PATH."""
+    beside = Path(sys.executable).parent / "deepspeed"
+    return Launcher(executable=(str(beside),) if beside.exists() else (shutil.which("deepspeed") or "deepspeed",))

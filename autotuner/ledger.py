@@ -3,7 +3,8 @@
 Every experiment has numbered attempts; each attempt moves queued -> running -> one terminal state, and a
 terminal state is final. Each transition is committed (and synced) before the runner acts on it, so whatever
 instant the runner dies at, the ledger says what may be running and where: `resume` can finish from there.
-One writer (the runner's dispatcher thread); any number of readers (`status`, `report`) at any time.
+One writer (the runner: its dispatcher thread once the sweep runs); any number of readers (`status`,
+`report`, other processes) at any time, each with its own connection.
 
 The file carries its schema version in SQLite's `user_version`. Opening checks the version and the tables
 once, so a file that is not what this code expects (damaged, foreign, from a newer autotuner) is one clear
@@ -15,23 +16,20 @@ import functools
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, ClassVar
 
 from .errors import UserError
 from .spec import Experiment
+from .states import Reason, State
 
 FILENAME = "ledger.sqlite"
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
 SCHEMA_VERSION = 1
-
-QUEUED, RUNNING = "queued", "running"
-SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, INTERRUPTED = "succeeded", "failed", "timed_out", "cancelled", "interrupted"
-TERMINAL = (SUCCEEDED, FAILED, TIMED_OUT, CANCELLED, INTERRUPTED)
-STATES = (QUEUED, RUNNING, *TERMINAL)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,7 +38,8 @@ CREATE TABLE IF NOT EXISTS experiments (
 CREATE TABLE IF NOT EXISTS attempts (
     name TEXT NOT NULL REFERENCES experiments(name), attempt INTEGER NOT NULL, state TEXT NOT NULL,
     reason TEXT, detail TEXT, queued_at REAL NOT NULL, started_at REAL, finished_at REAL,
-    slots TEXT, tag TEXT, pid INTEGER, launched_at REAL, port INTEGER, dir TEXT, exit_code INTEGER, metric REAL, metrics TEXT,
+    slots TEXT, tag TEXT, pid INTEGER, launched_at REAL, port INTEGER, dir TEXT, exit_code INTEGER, metric REAL,
+    metrics TEXT,
     PRIMARY KEY (name, attempt));
 CREATE TABLE IF NOT EXISTS transitions (
     seq INTEGER PRIMARY KEY, name TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL,
@@ -56,9 +55,6 @@ _TABLES = ("meta", "experiments", "attempts", "transitions", "requests")
 _MIGRATIONS: tuple[tuple[str, ...], ...] = ((),)
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
-# What `prepare` records that every command relies on, with its JSON type.
-_META = {"name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list}
-
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,
 # SQLITE_FORMAT, SQLITE_NOTADB. A full disk or a lock is something else, and is not reported as damage.
 _DAMAGE_CODES = (11, 24, 26)
@@ -69,14 +65,77 @@ class TransitionError(Exception):
 
 
 @dataclass(frozen=True)
+class SweepMeta:
+    """The sweep's settings, as `prepare` recorded them in the meta table (one JSON value per key).
+
+    The first five are what every command relies on; the rest have defaults, for ledgers written before them.
+    Keys this version does not know are kept in `extra`, never an error: a newer autotuner may add some.
+    """
+
+    name: str
+    metric: str  # as `metric_named` reads it: "throughput", or "loss:min"
+    sweep_id: str  # the first part of every attempt's tag
+    slots: Mapping[str, tuple[int, ...]]  # the slot ids of each host the sweep may use, in hostfile order
+    launcher: tuple[str, ...]  # DeepSpeed's launcher, as an argv prefix
+    source: str = ""  # the sweep file(s) it was read from
+    created: float | None = None  # seconds since the epoch
+    capacity: Mapping[str, int] = field(default_factory=dict)  # every slot of each host (the hostfile's)
+    accelerator: str = "cuda"
+    env: Mapping[str, str] = field(default_factory=dict)  # what every experiment's environment gets
+    reload: Mapping[str, Any] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
+    ssh: Mapping[str, Any] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # The JSON type of each key in the table; the first five must be there.
+    _TYPES: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
+        "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
+        "ssh": (dict, type(None))}
+    _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
+
+    @classmethod
+    def problem(cls, data: Mapping[str, Any]) -> str | None:
+        """What makes the table's values unusable, in words; None when they are fine."""
+        for key, kind in cls._TYPES.items():
+            if key not in data:
+                if key in cls._REQUIRED:
+                    return f"meta {key!r} is missing"
+            elif not isinstance(data[key], kind) or isinstance(data[key], bool):
+                return f"meta {key!r} is not a {'number' if key == 'created' else _json_kind(kind)}"
+        return None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepMeta:
+        """The settings from the table's decoded values (checked first with `problem`)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
+        values["launcher"] = tuple(values["launcher"])
+        for key in ("env", "capacity"):
+            if key in values:
+                values[key] = {str(k): v if key == "capacity" else str(v) for k, v in values[key].items()}
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        """The table's values: the same keys and JSON a ledger has always held (`slots` as lists)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
+        data["launcher"] = list(self.launcher)
+        for key in ("capacity", "env", "reload", "ssh"):
+            data[key] = None if data[key] is None else dict(data[key])
+        # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
+        return {k: v for k, v in data.items() if v is not None} | dict(self.extra)
+
+
+@dataclass(frozen=True)
 class Attempt:
     """One attempt of one experiment as the ledger knows it."""
 
     name: str
     attempt: int
-    state: str
+    state: State
     queued_at: float
-    reason: str | None = None
+    reason: Reason | None = None
     detail: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -92,7 +151,7 @@ class Attempt:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL
+        return self.state.terminal
 
     @property
     def duration(self) -> float | None:
@@ -100,9 +159,13 @@ class Attempt:
             return None
         return self.finished_at - self.started_at
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {
             "slots": dict(self.slots), "metrics": dict(self.metrics)}
+
+
+def _json_kind(kind: type | tuple[type, ...]) -> str:
+    return (kind if isinstance(kind, type) else kind[0]).__name__
 
 
 def _damaged(error: BaseException | None) -> bool:
@@ -158,7 +221,8 @@ def _table_problem(table: str, found: list[tuple], expected: list[tuple]) -> str
 
 
 class Ledger:
-    """Typed access to one sweep's database. Not shared across threads: each thread opens its own."""
+    """Typed access to one sweep's database through one connection, used by one thread at a time: the runner
+    hands its ledger from the main thread to the dispatcher's and back, never to two at once."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path):
         self._db = connection
@@ -167,7 +231,7 @@ class Ledger:
 
     # --- lifecycle -----------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: Path, meta: Mapping[str, object], filename: str = FILENAME) -> "Ledger":
+    def create(cls, directory: Path, meta: SweepMeta, filename: str = FILENAME) -> Ledger:
         path = Path(directory) / filename
         if path.exists():
             raise FileExistsError(path)
@@ -175,11 +239,11 @@ class Ledger:
         with ledger._db:
             ledger._db.executescript(_SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
             ledger._db.executemany("INSERT INTO meta VALUES (?, ?)",
-                                   [(k, json.dumps(v)) for k, v in meta.items()])
+                                   [(k, json.dumps(v)) for k, v in meta.to_json().items()])
         return ledger
 
     @classmethod
-    def open(cls, directory: Path) -> "Ledger":
+    def open(cls, directory: Path) -> Ledger:
         """A ledger to read, checked first; it is left as it is (only the runner's `upgrade` writes a version)."""
         path = Path(directory) / FILENAME
         if not path.exists():
@@ -199,7 +263,7 @@ class Ledger:
             raise
 
     @classmethod
-    def _connect(cls, path: Path, verify: bool = False) -> "Ledger":
+    def _connect(cls, path: Path, verify: bool = False) -> Ledger:
         """`verify`: the file must already be a database (a cheap read first, before anything is written to it).
         Only a new ledger is put in WAL mode here: a reader writes nothing, and the runner's `upgrade` does."""
         db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
@@ -236,10 +300,9 @@ class Ledger:
             problem = _table_problem(table, found[table], expected)
             if problem:
                 raise self._corrupt(problem)
-        meta = self.meta()
-        for key, kind in _META.items():
-            if not isinstance(meta.get(key), kind):
-                raise self._corrupt(f"meta {key!r} is {'missing' if key not in meta else 'not a ' + kind.__name__}")
+        problem = SweepMeta.problem(self._meta_json())
+        if problem:
+            raise self._corrupt(problem)
 
     def check_whole(self) -> None:
         """Every page and every JSON value read: what a writer (the runner, `cancel`) does before it writes or
@@ -289,7 +352,7 @@ class Ledger:
     def _corrupt(self, detail: str) -> UserError:
         return UserError(f"corrupt sweep ledger: {detail}", self.path)
 
-    def _json(self, text: str, where: str, kind: type = object):
+    def _json(self, text: str, where: str, kind: type = object) -> Any:
         """A JSON value the ledger holds. One that does not decode (or is not a `kind`) was not written by us."""
         try:
             value = json.loads(text)
@@ -303,6 +366,13 @@ class Ledger:
         data = dict(row)
         data["slots"] = self._json(data["slots"], "attempts.slots", dict) if data["slots"] else {}
         data["metrics"] = self._json(data["metrics"], "attempts.metrics", dict) if data["metrics"] else {}
+        try:
+            data["state"] = State(data["state"])
+            data["reason"] = None if data["reason"] is None else Reason(data["reason"])
+        except ValueError:
+            raise self._corrupt(f"attempts: {_short(str(data['name']))} attempt {data['attempt']} has an unknown "
+                                f"state or reason ({_short(str(data['state']))}, "
+                                f"{_short(str(data['reason']))})") from None
         return Attempt(**data)
 
     def _experiment(self, spec: str) -> Experiment:
@@ -315,7 +385,7 @@ class Ledger:
     def close(self) -> None:
         self._db.close()
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, kind: object, error: BaseException | None, traceback: object) -> None:
@@ -338,15 +408,24 @@ class Ledger:
         finally:
             self._batching = False
 
-    def _transaction(self):
+    def _transaction(self) -> AbstractContextManager[object]:
         return nullcontext() if self._batching else self._db
 
     # --- the sweep -----------------------------------------------------------------------------------------
-    def meta(self) -> dict[str, object]:
+    def meta(self) -> SweepMeta:
+        """The sweep's settings (checked when the ledger was opened)."""
+        data = self._meta_json()
+        problem = SweepMeta.problem(data)
+        if problem:
+            raise self._corrupt(problem)
+        return SweepMeta.from_json(data)
+
+    def _meta_json(self) -> dict[str, Any]:
         return {r["key"]: self._json(r["value"], f"meta {_short(str(r['key']))!r}")
                 for r in self._db.execute("SELECT key, value FROM meta").fetchall()}
 
     def set_meta(self, key: str, value: object) -> None:
+        """One setting changed (e.g. `ssh`, by the runner that first reaches another host)."""
         with self._transaction():
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
@@ -376,7 +455,7 @@ class Ledger:
         todo = []
         for name in names:
             attempt, state = latest[name]
-            if state not in TERMINAL:
+            if not state.terminal:
                 raise TransitionError(f"{name} attempt {attempt} is still {state}")
             todo.append((name, attempt + 1))
         with self._transaction():
@@ -385,16 +464,16 @@ class Ledger:
 
     def _insert_queued(self, todo: Sequence[tuple[str, int]], at: float) -> None:
         self._db.executemany("INSERT INTO attempts (name, attempt, state, queued_at) VALUES (?, ?, ?, ?)",
-                             [(n, a, QUEUED, at) for n, a in todo])
+                             [(n, a, State.QUEUED, at) for n, a in todo])
         self._db.executemany("INSERT INTO transitions (name, attempt, state, at) VALUES (?, ?, ?, ?)",
-                             [(n, a, QUEUED, at) for n, a in todo])
+                             [(n, a, State.QUEUED, at) for n, a in todo])
 
     def start(self, name: str, attempt: int, *, slots: Mapping[str, Sequence[int]], tag: str, dir: str,
               at: float) -> None:
         """queued -> running, committed before the process is started."""
         slots_json = json.dumps({h: list(ids) for h, ids in slots.items()})
         with self._transaction():
-            self._move(name, attempt, (QUEUED,), RUNNING, at,
+            self._move(name, attempt, (State.QUEUED,), State.RUNNING, at,
                        "started_at = ?, slots = ?, tag = ?, dir = ?", (at, slots_json, tag, dir),
                        slots_json, None)
 
@@ -404,20 +483,20 @@ class Ledger:
             self._db.execute("UPDATE attempts SET pid = ?, port = ?, launched_at = ? WHERE name = ? AND attempt = ?",
                              (pid, port, at, name, attempt))
 
-    def finish(self, name: str, attempt: int, state: str, at: float, *, reason: str | None = None,
+    def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
                metrics: Mapping[str, float] | None = None) -> None:
         """queued|running -> a terminal state (queued ones can be cancelled or interrupted unstarted)."""
-        if state not in TERMINAL:
+        if not state.terminal:
             raise TransitionError(f"{state} is not a terminal state")
         with self._transaction():
-            self._move(name, attempt, (QUEUED, RUNNING), state, at,
+            self._move(name, attempt, (State.QUEUED, State.RUNNING), state, at,
                        "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?",
                        (at, reason, detail, exit_code, metric, json.dumps(dict(metrics)) if metrics else None),
                        None, reason)
 
-    def _move(self, name: str, attempt: int, from_states: tuple[str, ...], to: str, at: float,
-              assignments: str, values: tuple, slots: str | None, reason: str | None) -> None:
+    def _move(self, name: str, attempt: int, from_states: tuple[State, ...], to: State, at: float,
+              assignments: str, values: tuple[object, ...], slots: str | None, reason: Reason | None) -> None:
         marks = ",".join("?" * len(from_states))
         cursor = self._db.execute(
             f"UPDATE attempts SET state = ?, {assignments} WHERE name = ? AND attempt = ? AND state IN ({marks})",
@@ -429,12 +508,13 @@ class Ledger:
 
     def _state(self, name: str, attempt: int) -> str | None:
         row = self._db.execute("SELECT state FROM attempts WHERE name = ? AND attempt = ?", (name, attempt)).fetchone()
-        return row["state"] if row else None
+        return str(row["state"]) if row else None
 
     # --- requests from other processes (`autotune cancel`) ----------------------------------------------------
     def request(self, kind: str, names: Sequence[str], at: float) -> None:
         with self._transaction():
-            self._db.execute("INSERT INTO requests (kind, names, at) VALUES (?, ?, ?)", (kind, json.dumps(list(names)), at))
+            self._db.execute("INSERT INTO requests (kind, names, at) VALUES (?, ?, ?)",
+                             (kind, json.dumps(list(names)), at))
 
     def take_requests(self) -> list[tuple[str, list[str]]]:
         """Pending requests, oldest first, marked handled in the same transaction."""
@@ -455,13 +535,19 @@ class Ledger:
         ).fetchall()
         return [self._attempt(r) for r in rows]
 
-    def states(self) -> dict[str, tuple[int, str]]:
+    def states(self) -> dict[str, tuple[int, State]]:
         """name -> (number, state) of every experiment's latest attempt, in the sweep's order. Cheap: what
         `latest()` costs on a large sweep is building its Attempts, not the query."""
         rows = self._db.execute(
             "SELECT a.name, a.attempt, a.state FROM attempts a JOIN experiments e ON e.name = a.name "
             "WHERE a.attempt = (SELECT MAX(attempt) FROM attempts b WHERE b.name = a.name) ORDER BY e.position")
-        return {name: (attempt, state) for name, attempt, state in rows}
+        return {name: (attempt, self._state_word(state, name)) for name, attempt, state in rows}
+
+    def _state_word(self, text: str, name: str) -> State:
+        try:
+            return State(text)
+        except ValueError:
+            raise self._corrupt(f"attempts: {_short(name)} has an unknown state {_short(str(text))!r}") from None
 
     def attempts(self, name: str | None = None) -> list[Attempt]:
         query = "SELECT a.* FROM attempts a JOIN experiments e ON e.name = a.name"
@@ -469,10 +555,8 @@ class Ledger:
                                 (name,) if name else ()).fetchall()
         return [self._attempt(r) for r in rows]
 
-    def in_state(self, *states: str) -> list[Attempt]:
+    def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))
         rows = self._db.execute(f"SELECT * FROM attempts WHERE state IN ({marks})", states).fetchall()
         return [self._attempt(r) for r in rows]
 
-    def transitions(self) -> list[dict]:
-        return [dict(r) for r in self._db.execute("SELECT * FROM transitions ORDER BY seq")]

@@ -38,7 +38,7 @@ class SweepLock:
         self.path = self.directory / LOCKFILE
         self._fds: list[int] = []
 
-    def acquire(self) -> "SweepLock":
+    def acquire(self) -> SweepLock:
         fds: list[int] = []
         try:
             fds.append(os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY))
@@ -74,7 +74,7 @@ class SweepLock:
             os.close(fd)  # closing drops the flock
         self._fds = []
 
-    def __enter__(self) -> "SweepLock":
+    def __enter__(self) -> SweepLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

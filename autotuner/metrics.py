@@ -46,10 +46,6 @@ class Metric:
     name: str
     minimize: bool
 
-    def better(self, a: float, b: float) -> bool:
-        """True when value `a` is strictly better than value `b`."""
-        return a < b if self.minimize else a > b
-
     @property
     def direction(self) -> str:
         """How people read it: "lower is better" or "higher is better"."""

@@ -12,7 +12,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .ledger import FAILED, SUCCEEDED
 from .metrics import (
     KNOWN,
     METRICS_PATH_ENV,
@@ -21,20 +20,20 @@ from .metrics import (
     MetricsError,
     read_metrics,
 )
-
-OOM, CONFIG, LAUNCH, METRICS, EXIT, LOST, TIMEOUT = "oom", "config", "launch", "metrics", "exit", "lost", "timeout"
-TRANSIENT = frozenset({LAUNCH, LOST})
+from .states import Reason, State
 
 # (class, pattern) in priority order: the first class whose pattern matches any log line wins. OOM first, then
 # CONFIG: a deterministic cause beats a transient-looking line printed on the way to it.
-_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    (OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|Out of memory: Killed process"
-                     r"|Cannot allocate memory|std::bad_alloc", re.I)),
-    (CONFIG, re.compile(r"DeepSpeedConfigError|Check batch related parameters|train_batch_size is not equal"
-                        r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
+_PATTERNS: tuple[tuple[Reason, re.Pattern[str]], ...] = (
+    (Reason.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|Out of memory: Killed process"
+                            r"|Cannot allocate memory|std::bad_alloc", re.I)),
+    (Reason.CONFIG, re.compile(r"DeepSpeedConfigError|Check batch related parameters|train_batch_size is not equal"
+                               r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
     # No bare "Connection refused": torch's c10d prints it as a harmless warning while a rendezvous retries.
-    (LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found|No such file or directory: '?deepspeed"
-                        r"|Could not resolve hostname|ssh: .*Connection refused|Permission denied \(publickey", re.I)),
+    (Reason.LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found"
+                               r"|No such file or directory: '?deepspeed"
+                               r"|Could not resolve hostname|ssh: .*Connection refused"
+                               r"|Permission denied \(publickey", re.I)),
 )
 _TAIL_BYTES = 256 * 1024
 
@@ -43,15 +42,22 @@ _TAIL_BYTES = 256 * 1024
 class Outcome:
     """How an attempt ended: the ledger state, and for failures a class and the line that tells why."""
 
-    state: str
-    reason: str | None = None
+    state: State
+    reason: Reason | None = None
     detail: str | None = None
     exit_code: int | None = None
     metrics: Mapping[str, float] | None = None
 
+    def __post_init__(self) -> None:
+        """Plain words (from JSON, a test, a stand-in executor) become the enums they name."""
+        object.__setattr__(self, "state", State(self.state))
+        if self.reason is not None:
+            object.__setattr__(self, "reason", Reason(self.reason))
+
     @property
     def transient(self) -> bool:
-        return self.reason in TRANSIENT
+        """A failure that trying again may cure (see `Reason.transient`)."""
+        return self.reason is not None and self.reason.transient
 
 
 def _tail_lines(path: Path) -> list[str]:
@@ -64,7 +70,7 @@ def _tail_lines(path: Path) -> list[str]:
         return []
 
 
-def classify(exit_code: int | None, logs: list[Path]) -> tuple[str, str | None]:
+def classify(exit_code: int | None, logs: list[Path]) -> tuple[Reason, str | None]:
     """The failure class of a failed run and its telling log line (None when no line tells)."""
     lines = [line.strip() for log in logs for line in _tail_lines(log)]
     for reason, pattern in _PATTERNS:
@@ -72,11 +78,11 @@ def classify(exit_code: int | None, logs: list[Path]) -> tuple[str, str | None]:
             if pattern.search(line):
                 return reason, line[:300]
     if exit_code in (127, 126):
-        return LAUNCH, f"exit status {exit_code}: launcher not found or not executable"
+        return Reason.LAUNCH, f"exit status {exit_code}: launcher not found or not executable"
     if exit_code is not None and exit_code < 0 and -exit_code == 9:
-        return OOM, "killed by SIGKILL (the kernel's OOM killer?)"
+        return Reason.OOM, "killed by SIGKILL (the kernel's OOM killer?)"
     errors = [line for line in lines if re.search(r"Error|error:|Traceback|FAILED", line)]
-    return EXIT, (errors[-1][:300] if errors else None)
+    return Reason.EXIT, (errors[-1][:300] if errors else None)
 
 
 def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
@@ -93,10 +99,10 @@ def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
             detail = str(e)
             if e.reason == MISSING:
                 detail += _why_missing(metric, end_profile_step)
-            return Outcome(FAILED, METRICS, detail, exit_code)
-        return Outcome(SUCCEEDED, exit_code=exit_code, metrics=values)
+            return Outcome(State.FAILED, Reason.METRICS, detail, exit_code)
+        return Outcome(State.SUCCEEDED, exit_code=exit_code, metrics=values)
     reason, line = classify(exit_code, logs)
-    return Outcome(FAILED, reason, line or f"exit status {exit_code}", exit_code)
+    return Outcome(State.FAILED, reason, line or f"exit status {exit_code}", exit_code)
 
 
 def _why_missing(metric: Metric, end_profile_step: int | None) -> str:

@@ -116,10 +116,10 @@ def _staging(directory: Path) -> list[Path]:
 
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
                  timeout: float | None) -> None:
-    from .executor import launcher_for_this_python
-    from .files import write_atomic
+    from .files import sync_directory, write_atomic
     from .hostfile import format_hostfile
-    from .ledger import FILENAME, Ledger
+    from .launch import launcher_for_this_python
+    from .ledger import FILENAME, Ledger, SweepMeta
 
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
@@ -129,19 +129,15 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         path.unlink(missing_ok=True)
     # What `resume` reads the spec from again, and the run's timeout (`none`: no limit) it keeps by default.
     reload = {**(sweep.inputs.to_json() if sweep.inputs else {}), "timeout": "none" if timeout is None else timeout}
-    ledger = Ledger.create(directory, {
-        "name": sweep.name, "metric": sweep.metric.spec, "sweep_id": secrets.token_hex(4), "source": sweep.source,
-        "created": time.time(), "slots": {h: list(ids) for h, ids in cluster.slots.items()},
-        "capacity": dict(cluster.capacity), "accelerator": cluster.accelerator, "env": cluster.env,
-        "launcher": list(launcher or launcher_for_this_python().executable), "reload": reload,
-    }, filename=staging)
+    ledger = Ledger.create(directory, SweepMeta(
+        name=sweep.name, metric=sweep.metric.spec, sweep_id=secrets.token_hex(4), source=sweep.source,
+        created=time.time(), slots=dict(cluster.slots), capacity=dict(cluster.capacity),
+        accelerator=cluster.accelerator, env=cluster.env,
+        launcher=tuple(launcher or launcher_for_this_python().executable), reload=reload,
+    ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())
     finally:
         ledger.close()  # the last connection: its WAL is checkpointed into the file and removed
     os.replace(directory / staging, directory / FILENAME)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    sync_directory(directory)

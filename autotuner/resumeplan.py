@@ -56,8 +56,8 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
     """Read the sweep's spec files again: a UserError if they changed (with `only_new`, their new experiments
     are added instead). A sweep made in Python, or whose files are gone, finishes what its ledger recorded."""
     with open_sweep(directory) as ledger:
-        recorded = ledger.meta().get("reload")
-    reload = dict(recorded) if isinstance(recorded, dict) else {}
+        recorded = ledger.meta().reload
+    reload = dict(recorded)
     timeout = _recorded_timeout(reload.get("timeout"))
     inputs = SweepInputs.from_json(reload)
     if inputs is None:

@@ -6,6 +6,7 @@ files a user takes away.
 from __future__ import annotations
 
 import errno
+import logging
 import signal
 import sqlite3
 import threading
@@ -13,40 +14,43 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from . import limits
+from .core import (
+    CheckRequests,
+    Deadline,
+    Executor,
+    Interrupt,
+    Observer,
+    Placement,
+    Post,
+    Queued,
+    Reservation,
+    Scheduler,
+    SlotPool,
+)
 from .errors import UserError
 from .executor import LocalExecutor
 from .hostfile import (
     is_local,
 )
 from .launch import Launcher
-from .ledger import (
-    FAILED,
-    INTERRUPTED,
-    QUEUED,
-    RUNNING,
-    SUCCEEDED,
-    TIMED_OUT,
-    Attempt,
-    Ledger,
-)
+from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
 from .metrics import metric_named
 from .prepare import HOSTFILE, open_sweep
-from .resources import Placement, Reservation, SlotPool
 from .results import write_outcome_files
-from .scheduler import (
-    CheckRequests,
-    Deadline,
-    Interrupt,
-    Observer,
-    Queued,
-    Scheduler,
-    run_in_thread,
-)
 from .spec import Experiment
+from .states import State
+from .threads import Workers
 from .views.snapshot import Snapshot, snapshot
+
+if TYPE_CHECKING:
+    from .ssh import SSHPool
+
+log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -64,7 +68,7 @@ class Result:
         if self.interrupted:
             return EXIT_INTERRUPTED
         states = self.snapshot.counts()
-        all_done = states.get(SUCCEEDED, 0) == len(self.snapshot.attempts)
+        all_done = states.get(State.SUCCEEDED, 0) == len(self.snapshot.attempts)
         return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
 
 
@@ -76,8 +80,9 @@ class Stopped(Exception):
 # Faults of the machine, not of the sweep or of this code: one line for the user, not a traceback.
 _MACHINE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EMFILE, errno.ENFILE,
                              errno.ENOMEM})
-_MACHINE_SQLITE = frozenset({sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY,
-                             sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_NOMEM})
+# SQLite's primary result codes (sqlite3 names them only from Python 3.11): SQLITE_FULL, SQLITE_IOERR,
+# SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_BUSY, SQLITE_NOMEM.
+_MACHINE_SQLITE = frozenset({13, 10, 8, 14, 5, 7})
 
 
 def machine_fault(error: BaseException) -> str | None:
@@ -152,7 +157,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         try:
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             pool = ssh_pool(ledger, options)
-            left = ledger.in_state(RUNNING)  # by a dead runner: adopted
+            left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
             requeue(ledger, retry_failed)
             if new_experiments:
                 ledger.add_experiments(new_experiments, time.time())
@@ -168,7 +173,10 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         restore_handler(signal.SIGUSR1, previous_usr1)
 
 
-def listen_for_requests():
+_Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal returns
+
+
+def listen_for_requests() -> _Handler:
     """From before the lock is taken until after it is released, SIGUSR1 must not kill the runner.
 
     `autotune cancel` signals whoever holds the lock, and SIGUSR1's default action ends a process: a cancel
@@ -180,51 +188,52 @@ def listen_for_requests():
     return signal.signal(signal.SIGUSR1, lambda *_: None)
 
 
-def restore_handler(signum: int, previous) -> None:
+def restore_handler(signum: int, previous: _Handler) -> None:
     if previous is not None:
         signal.signal(signum, previous)
 
 
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     """New attempts for interrupted experiments (and failed or timed-out ones when asked)."""
-    again = {INTERRUPTED} | ({FAILED, TIMED_OUT} if retry_failed else set())
+    again = {State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
-def ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False):
+def ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False) -> SSHPool | None:
     """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
-    if not even_local and all(is_local(h) for h in dict(meta["slots"])):
+    if not even_local and all(is_local(h) for h in meta.slots):
         return None
     from .ssh import SSHPool
 
-    ssh = options.ssh or Ssh(**dict(meta.get("ssh") or {}))
+    ssh = options.ssh or Ssh(**dict(meta.ssh or {}))
     ledger.set_meta("ssh", ssh.to_json())
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adopt: Sequence[Attempt] = ()) -> bool:
+def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool | None = None,
+              adopt: Sequence[Attempt] = ()) -> bool:
     meta = ledger.meta()
-    metric = metric_named(str(meta["metric"]))
-    slots = {h: tuple(ids) for h, ids in dict(meta["slots"]).items()}
-    launcher = Launcher(tuple(meta["launcher"]))
-    env = dict(meta.get("env") or {})
-    executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env, options.timeout,
-                             options.grace)
+    metric = metric_named(meta.metric)
+    slots = meta.slots
+    launcher = Launcher(meta.launcher)
+    env = dict(meta.env)
+    executor: Executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
+                                       options.timeout, options.grace)
     slot_pool = SlotPool(slots)
-    scheduler = Scheduler(ledger, slot_pool, executor, time.time, str(meta["sweep_id"]), directory.resolve(),
+    scheduler = Scheduler(ledger, slot_pool, executor, time.time, meta.sweep_id, directory.resolve(),
                           metric.name, retries=options.retries, observers=list(options.observers), log=options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
-    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == QUEUED}
+    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
     waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
     waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
     watcher = remote = None
     if pool is not None:
-        from .remote import Router
+        from .routing import Router
         from .ssh import HostWatcher, SshExecutor
 
         watcher = HostWatcher(pool, scheduler.post)
-        ssh = Ssh(**dict(ledger.meta().get("ssh") or {}))
+        ssh = Ssh(**dict(ledger.meta().ssh or {}))
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = Router(executor, remote)
@@ -248,14 +257,16 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool=None, adop
     try:
         return _run_with_signals(scheduler, executor, options.deadline)
     finally:
+        executor.close()  # every run has posted its end: its threads are ending, or ended
         if watcher is not None:
             watcher.close()
         if remote is not None:
             remote.close()
 
 
-def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options, pool,
-                                            scheduler: Scheduler, waiting: list[Queued]) -> list[Queued]:
+def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,
+                                            pool: SSHPool | None, scheduler: Scheduler,
+                                            waiting: list[Queued]) -> list[Queued]:
     """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
 
     DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
@@ -269,6 +280,7 @@ def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, opt
     from .ssh import unanswering
 
     probing = pool or ssh_pool(ledger, options, even_local=True)
+    assert probing is not None  # even_local: always a pool
     try:
         silent = unanswering(probing, local)
     finally:
@@ -308,40 +320,66 @@ class _SingleNodeOn:
         return self.placement.place(free, num_nodes, num_gpus)
 
 
-def _run_with_signals(scheduler: Scheduler, executor: LocalExecutor, deadline: float | None) -> bool:
-    """First Ctrl-C: stop gracefully. Second: kill at once. SIGUSR1: read requests from the ledger."""
-    presses = 0
+def _run_with_signals(scheduler: Scheduler, executor: Executor, deadline: float | None) -> bool:
+    """Dispatch on a thread of the runner's own, the main thread staying free for signals and the display.
 
-    def on_sigint(signum, frame) -> None:
-        nonlocal presses
+    First Ctrl-C (or SIGTERM): stop gracefully. Every later one: kill at once, again; never an exception out of
+    the handler (a KeyboardInterrupt raised here closed the ledger under the dispatcher's feet: SIGSEGV).
+    SIGUSR1: read requests from the ledger. Returns whether the sweep was interrupted.
+    """
+    presses = 0
+    killing = False  # a kill is under way in an outer call of the handler (a press during a press)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        nonlocal presses, killing
         presses += 1
         if presses == 1:
             scheduler.post(Interrupt())
-        elif presses == 2:
+        elif not killing:  # nested: the kill under way SIGKILLs everything already
             # At once: SIGKILL them all; the dispatcher records each interrupted as it is reaped and ends.
-            # (Raising KeyboardInterrupt here closed the ledger under the dispatcher's feet: SIGSEGV.)
-            executor.kill_all()
-        else:
-            raise KeyboardInterrupt
+            killing = True
+            try:
+                executor.kill_all()
+            except Exception:
+                log.exception("killing the sweep's processes failed")
+            finally:
+                killing = False
 
-    timer = threading.Timer(deadline, scheduler.post, args=(Deadline(),)) if deadline else None
     handlers = {}
     if threading.current_thread() is threading.main_thread():
         handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
         handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigint)
         handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: scheduler.post(CheckRequests()))
     scheduler.post(CheckRequests())  # requests that came before we listened (handled before the first launch)
-    thread = run_in_thread(scheduler)
+    workers = Workers("runner")
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def dispatch() -> None:
+        try:
+            scheduler.run()
+        except BaseException as e:  # raised on the caller's thread below
+            errors.append(e)
+        finally:
+            done.set()
+
     try:
-        if timer:
-            timer.daemon = True
-            timer.start()
-        thread.join()
+        workers.start("dispatcher", dispatch)
+        if deadline:
+            workers.start("deadline", _post_at_deadline, scheduler.post, deadline, done)
+        done.wait()
     finally:
-        if timer:
-            timer.cancel()
+        done.set()  # also ends the deadline's wait when the main thread is left early
+        workers.close()
         for signum, previous in handlers.items():
             signal.signal(signum, previous)
-    if thread.errors:  # type: ignore[attr-defined]
-        raise thread.errors[0]  # type: ignore[attr-defined]
-    return scheduler.stopping == INTERRUPTED
+    if errors:
+        raise errors[0]
+    return scheduler.stopping == State.INTERRUPTED
+
+
+def _post_at_deadline(post: Post, seconds: float, done: threading.Event) -> None:
+    """The sweep's deadline: `Deadline` once `seconds` have passed, unless the sweep is done first."""
+    if not done.wait(seconds):
+        post(Deadline())
+

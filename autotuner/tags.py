@@ -7,6 +7,7 @@ The same check runs remotely as a shell snippet (`find_command`), so local and r
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -69,10 +70,8 @@ def signal_tagged(tag: str, sig: int = signal.SIGKILL) -> list[int]:
     """Send `sig` to every process carrying the tag; returns the PIDs signalled."""
     pids = find_tagged(tag)
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
     return pids
 
 

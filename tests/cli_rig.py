@@ -137,7 +137,7 @@ def sweep_id(directory: Path) -> str | None:
         return None
     ledger = Ledger.open(directory)
     try:
-        return str(ledger.meta().get("sweep_id") or "") or None
+        return ledger.meta().sweep_id or None
     except Exception:  # a ledger a killed `run` never finished writing
         return None
     finally:

@@ -5,7 +5,6 @@ import os
 
 import pytest
 
-
 # --- real sshd nodes on loopback (tests/sshnodes.py) -------------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
 """Small builders shared by the unit tests."""
 from __future__ import annotations
 
+from autotuner.ledger import SweepMeta
 from autotuner.spec import Experiment
 
 
@@ -13,5 +14,5 @@ def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str 
 
 
 # What a ledger's meta must hold for it to open (autotuner.prepare records this and more).
-SWEEP_META = {"name": "s", "metric": "throughput", "sweep_id": "sid", "slots": {"localhost": [0]},
-              "launcher": ["deepspeed"]}
+SWEEP_META = SweepMeta(name="s", metric="throughput", sweep_id="sid", slots={"localhost": (0,)},
+                       launcher=("deepspeed",))

@@ -12,11 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, RUNNING, SUCCEEDED, TIMED_OUT
+from autotuner.states import State
 
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     latest, launched, launches, runner_alive, sweep_id, tagged_pids, wait_until, write_launcher,
-                     write_sweep)
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    attempts,
+    autotune,
+    env,
+    expected_throughput,
+    finish,
+    latest,
+    launched,
+    launches,
+    runner_alive,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 # Waits for $GATE, then runs $END_WITH if set (e.g. `exit 3`), then writes its metrics and succeeds.
 GATED = PREAMBLE + """\
@@ -68,11 +84,11 @@ class Crashed:
 def test_a_run_still_running_is_adopted_and_finishes_under_its_own_attempt(tmp_path, runners):
     crashed = Crashed(tmp_path, runners)
     proc = crashed.resume()
-    assert latest(crashed.dir)["a_x0"].state == RUNNING
+    assert latest(crashed.dir)["a_x0"].state == State.RUNNING
     crashed.gate.touch()
     code, out, err = finish(proc)
     assert code == 0, (out, err)
-    assert crashed.attempts() == [(1, SUCCEEDED)]
+    assert crashed.attempts() == [(1, State.SUCCEEDED)]
     assert latest(crashed.dir)["a_x0"].metric == expected_throughput("a_x0")
     assert launches(crashed.log) == [("a_x0", 1)]  # launched once, by the runner that died
     assert tagged_pids(crashed.sweep) == []
@@ -83,7 +99,7 @@ def test_a_run_that_succeeded_while_no_runner_was_alive_is_kept_not_run_again(tm
     crashed.finish_while_away()
     done = autotune("resume", crashed.dir, "-q", environ=crashed.env)
     assert done.returncode == 0, done.stderr
-    assert crashed.attempts() == [(1, SUCCEEDED)]
+    assert crashed.attempts() == [(1, State.SUCCEEDED)]
     assert latest(crashed.dir)["a_x0"].metric == expected_throughput("a_x0")
     assert launches(crashed.log) == [("a_x0", 1)]
     assert "best: a_x0" in done.stdout
@@ -97,7 +113,7 @@ def test_a_run_that_failed_while_no_runner_was_alive_is_recorded_with_its_exit_s
     crashed.finish_while_away()
     done = autotune("resume", crashed.dir, "-q", environ=crashed.env)
     assert done.returncode == 1, done.stderr
-    assert crashed.attempts() == [(1, FAILED)]
+    assert crashed.attempts() == [(1, State.FAILED)]
     recorded = latest(crashed.dir)["a_x0"]
     assert (recorded.exit_code, recorded.reason) == (exit_code, reason)
     assert launches(crashed.log) == [("a_x0", 1)]
@@ -112,7 +128,7 @@ def test_an_adopted_run_is_timed_out_counting_from_its_recorded_start(tmp_path, 
     code, out, err = finish(crashed.resume())
     assert code == 1, (out, err)
     recorded = latest(crashed.dir)["a_x0"]
-    assert (recorded.attempt, recorded.state, recorded.reason) == (1, TIMED_OUT, "timeout")
+    assert (recorded.attempt, recorded.state, recorded.reason) == (1, State.TIMED_OUT, "timeout")
     assert launches(crashed.log) == [("a_x0", 1)]
     assert tagged_pids(crashed.sweep) == []
 
@@ -124,7 +140,7 @@ def test_cancel_ends_an_adopted_run(tmp_path, runners):
     assert done.returncode == 0, done.stderr
     code, out, err = finish(proc)
     assert code == 1, (out, err)
-    assert crashed.attempts() == [(1, CANCELLED)]
+    assert crashed.attempts() == [(1, State.CANCELLED)]
     assert launches(crashed.log) == [("a_x0", 1)]
     assert tagged_pids(crashed.sweep) == []
 
@@ -139,7 +155,7 @@ def test_ctrl_c_interrupts_an_adopted_run_and_the_next_resume_runs_it(tmp_path, 
     crashed.gate.touch()
     done = autotune("resume", crashed.dir, "-q", environ=crashed.env)
     assert done.returncode == 0, done.stderr
-    assert crashed.attempts() == [(1, INTERRUPTED), (2, SUCCEEDED)]
+    assert crashed.attempts() == [(1, State.INTERRUPTED), (2, State.SUCCEEDED)]
     assert launches(crashed.log) == [("a_x0", 1), ("a_x0", 2)]
 
 
@@ -148,7 +164,7 @@ def test_cancel_with_no_runner_keeps_what_succeeded_while_none_was_alive(tmp_pat
     crashed.finish_while_away()
     done = autotune("cancel", crashed.dir, environ=crashed.env)
     assert done.returncode == 0, done.stderr
-    assert crashed.attempts() == [(1, SUCCEEDED)]
+    assert crashed.attempts() == [(1, State.SUCCEEDED)]
 
 
 def test_the_wrapper_keeps_the_grace_period_and_records_how_the_launcher_ended(tmp_path):
@@ -178,11 +194,11 @@ def test_an_attempt_keeps_its_own_exit_status_and_drops_one_that_tells_our_stop(
     out = tmp_path / "out"
     proc = runners.start("run", spec, "--slots", 2, "--launcher", launcher, "-o", out, "-q", "--grace", 1,
                          environ=env(LAUNCH_LOG=tmp_path / "launches.log"), directory=out)
-    wait_until(lambda: latest(out).get("a_x0") and latest(out)["a_x0"].state == SUCCEEDED
+    wait_until(lambda: latest(out).get("a_x0") and latest(out)["a_x0"].state == State.SUCCEEDED
                and "a_x1" in launched(out), message="a_x0 done, a_x1 running")
     assert autotune("cancel", out, "a_x1").returncode == 0
     code, _, err = finish(proc)
     assert code == 1, err
-    assert {n: a.state for n, a in latest(out).items()} == {"a_x0": SUCCEEDED, "a_x1": CANCELLED}
+    assert {n: a.state for n, a in latest(out).items()} == {"a_x0": State.SUCCEEDED, "a_x1": State.CANCELLED}
     assert (out / "a_x0" / "exit_status").read_text() == "0\n"
     assert not (out / "a_x1" / "exit_status").exists()

@@ -11,10 +11,25 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.ledger import INTERRUPTED, RUNNING, SUCCEEDED
+from autotuner.states import State
 
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     latest, launches, sweep_id, tagged_pids, wait_until, write_launcher, write_sweep)
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    attempts,
+    autotune,
+    env,
+    expected_throughput,
+    finish,
+    latest,
+    launches,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 EXPERIMENTS = 20
 SLOTS = 3
@@ -30,7 +45,7 @@ def runners():
 
 
 def succeeded_results(directory: Path) -> dict[str, float]:
-    return {a.name: a.metric for a in attempts(directory) if a.state == SUCCEEDED}
+    return {a.name: a.metric for a in attempts(directory) if a.state == State.SUCCEEDED}
 
 
 @pytest.mark.parametrize("seed", [3, 11])
@@ -57,7 +72,7 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
     moments = []
 
     def running_now() -> set[tuple[str, int]]:
-        running = {(n, a.attempt) for n, a in latest(directory).items() if a.state == RUNNING}
+        running = {(n, a.attempt) for n, a in latest(directory).items() if a.state == State.RUNNING}
         return running & set(launches(log))  # read second: these processes did start
 
     for round_ in range(8):
@@ -84,21 +99,21 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
 
     every = attempts(directory)
     # Every experiment has exactly one succeeded attempt, and it is its last one.
-    per_name = Counter(a.name for a in every if a.state == SUCCEEDED)
+    per_name = Counter(a.name for a in every if a.state == State.SUCCEEDED)
     assert per_name == Counter({n: 1 for n in clean})
     last = {}
     for a in every:
         last[a.name] = a
-    assert all(a.state == SUCCEEDED for a in last.values())
+    assert all(a.state == State.SUCCEEDED for a in last.values())
     # ... with the results a clean run gives.
     assert succeeded_results(directory) == clean
     # The kills did hit running experiments (otherwise this test tested nothing), and each of those was
     # adopted: it succeeded under the attempt that ran when the runner died (below: launched once).
     assert running_at_kills, moments
-    succeeded_attempt = {a.name: a.attempt for a in every if a.state == SUCCEEDED}
+    succeeded_attempt = {a.name: a.attempt for a in every if a.state == State.SUCCEEDED}
     assert {(n, k) for n, k in running_at_kills if succeeded_attempt[n] != k} == set()
     # Only an attempt that never got its process (killed between recording it and starting it) is interrupted.
-    assert all(a.state in (SUCCEEDED, INTERRUPTED) for a in every), Counter(a.state for a in every)
+    assert all(a.state in (State.SUCCEEDED, State.INTERRUPTED) for a in every), Counter(a.state for a in every)
 
     # No attempt was launched twice, and nothing was launched after its experiment succeeded.
     logged = launches(log)
@@ -142,6 +157,6 @@ def test_kill_9_while_run_records_the_sweep_leaves_nothing_or_a_whole_ledger(tmp
             done = autotune("run", spec, "--slots", 2, "--launcher", launcher, "-o", directory, "-q",
                             environ=environ)
         assert done.returncode == 0, (outcomes, done.stdout, done.stderr)
-        assert sorted(a.name for a in attempts(directory) if a.state == SUCCEEDED) == ["early_x0", "early_x1",
+        assert sorted(a.name for a in attempts(directory) if a.state == State.SUCCEEDED) == ["early_x0", "early_x1",
                                                                                         "early_x2"]
         assert tagged_pids(sweep_id(directory)) == []

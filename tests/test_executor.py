@@ -1,8 +1,8 @@
 import socket
 
-from autotuner import executor
-from autotuner.executor import free_port
+from autotuner import ports
 from autotuner.launch import MASTER_PORTS
+from autotuner.ports import free_port
 
 
 def test_master_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice():
@@ -18,7 +18,7 @@ def test_master_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice
 def test_a_port_in_use_or_already_handed_out_is_skipped(monkeypatch):
     busy_port, handed_out, good = free_port(set()), free_port(set()), free_port(set())
     draws = iter([busy_port, handed_out, good])
-    monkeypatch.setattr(executor.random, "randint", lambda a, b: next(draws))
+    monkeypatch.setattr(ports.random, "randint", lambda a, b: next(draws))
     with socket.socket() as busy:
         busy.bind(("", busy_port))
         busy.listen()

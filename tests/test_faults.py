@@ -12,10 +12,23 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.ledger import SUCCEEDED
+from autotuner.states import State
 
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, autotune, env, launched, launches, states, sweep_id,
-                     tagged_pids, wait_until, write_launcher, write_sweep)
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    autotune,
+    env,
+    launched,
+    launches,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 # The experiment named $GATE_NAME waits until the file $GATE exists; the others sleep $STANDIN_SECONDS.
 GATED = PREAMBLE + """\
@@ -87,7 +100,7 @@ def test_stdout_closed_under_head_leaves_the_sweep_running_to_its_end(tmp_path, 
     assert proc.wait(timeout=120) == 0, err
     note = one_line(err)
     assert note.startswith("autotune: note: printing events on stdout failed (BrokenPipeError"), note
-    assert states(out) == {f"s_x{i}": SUCCEEDED for i in range(5)}
+    assert states(out) == {f"s_x{i}": State.SUCCEEDED for i in range(5)}
     assert sorted(launches(log)) == [(f"s_x{i}", 1) for i in range(5)]
     assert tagged_pids(sweep_id(out)) == []
 
@@ -106,7 +119,7 @@ def test_an_events_file_whose_disk_fills_is_left_out_and_the_sweep_goes_on(tmp_p
     assert proc.returncode == 0, err
     note = one_line(err)
     assert note.startswith(f"autotune: note: --events {events} failed (OSError: [Errno 28]"), note
-    assert states(out) == {f"s_x{i}": SUCCEEDED for i in range(5)}
+    assert states(out) == {f"s_x{i}": State.SUCCEEDED for i in range(5)}
     assert "best: " in out_text
     assert sorted(launches(log)) == [(f"s_x{i}", 1) for i in range(5)]
 
@@ -133,5 +146,5 @@ def test_a_full_disk_under_the_ledger_ends_what_runs_says_so_once_and_resume_fin
     (small_disk / "filler").unlink()
     done = autotune("resume", out, "-q", environ=environ | {"STANDIN_SECONDS": "0.05"})
     assert done.returncode == 0, done.stderr
-    assert states(out) == {f"s_x{i}": SUCCEEDED for i in range(4)}
+    assert states(out) == {f"s_x{i}": State.SUCCEEDED for i in range(4)}
     assert tagged_pids(sid) == []

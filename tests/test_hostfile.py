@@ -6,7 +6,13 @@ import pytest
 
 from autotuner.errors import UserError
 from autotuner.hostfile import (
-    Host, format_hostfile, format_include, load_hostfile, localhost_hosts, parse_hostfile, select_slots,
+    Host,
+    format_hostfile,
+    format_include,
+    load_hostfile,
+    localhost_hosts,
+    parse_hostfile,
+    select_slots,
 )
 
 REPO = Path(__file__).resolve().parent.parent

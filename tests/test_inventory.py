@@ -9,7 +9,7 @@ import pynvml
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.inventory import Gpu, local_gpus, local_slots
+from autotuner.inventory import Gpu, find_gpus, local_slots
 
 GiB = 1024**3
 
@@ -67,9 +67,9 @@ def two_gpus() -> FakeNvml:
                      FakeDevice(b"NVIDIA H100 80GB HBM3", 80 * GiB, 10 * GiB, b"GPU-bbbb")])
 
 
-def test_local_gpus_reads_every_device_and_decodes_bytes() -> None:
+def test_find_gpus_reads_every_device_and_decodes_bytes() -> None:
     nvml = two_gpus()
-    assert local_gpus(nvml) == [
+    assert find_gpus(nvml)[0] == [
         Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * GiB, 79 * GiB, "GPU-aaaa"),
         Gpu(1, "NVIDIA H100 80GB HBM3", 80 * GiB, 10 * GiB, "GPU-bbbb"),
     ]
@@ -80,25 +80,25 @@ def test_local_gpus_reads_every_device_and_decodes_bytes() -> None:
                                    pynvml.NVMLError_NoPermission])
 def test_no_driver_is_an_empty_list_without_shutdown(error: type[pynvml.NVMLError]) -> None:
     nvml = FakeNvml(init_error=error)
-    assert local_gpus(nvml) == []
+    assert find_gpus(nvml)[0] == []
     assert nvml.calls == ["init"]  # shutdown only after a successful init
 
 
 def test_failure_after_init_still_shuts_down() -> None:
     nvml = FakeNvml(count_error=pynvml.NVMLError_Unknown)
-    assert local_gpus(nvml) == []
+    assert find_gpus(nvml)[0] == []
     assert nvml.calls == ["init", "shutdown"]
 
 
 def test_lost_device_is_skipped_others_kept() -> None:
     nvml = two_gpus()
     nvml.devices[0].fails = pynvml.NVMLError_GpuIsLost
-    assert [g.index for g in local_gpus(nvml)] == [1]
+    assert [g.index for g in find_gpus(nvml)[0]] == [1]
     assert nvml.calls == ["init", "shutdown"]
 
 
 def test_zero_devices() -> None:
-    assert local_gpus(FakeNvml()) == []
+    assert find_gpus(FakeNvml())[0] == []
 
 
 def test_local_slots_one_per_gpu() -> None:
@@ -126,7 +126,7 @@ def test_no_gpu_and_no_slots_says_what_to_do() -> None:
 
 
 def test_real_pynvml_never_raises() -> None:
-    gpus = local_gpus()
+    gpus = find_gpus()[0]
     assert all(isinstance(g, Gpu) for g in gpus)
     try:
         pynvml.nvmlInit()

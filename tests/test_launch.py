@@ -1,9 +1,16 @@
 import base64
 import json
 
-from autotuner.launch import (Launcher, decode_config, deepspeed_command, encode_config, optimal_command,
-                              with_autotuning, with_config_arg, without_autotuning)
-from autotuner.resources import Reservation
+from autotuner.core import Reservation
+from autotuner.launch import (
+    Launcher,
+    deepspeed_command,
+    encode_config,
+    optimal_command,
+    with_autotuning,
+    with_config_arg,
+    without_autotuning,
+)
 
 from helpers import experiment
 
@@ -12,7 +19,7 @@ def test_config_round_trips_through_urlsafe_base64():
     config = {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}, "note": "?>?>"}
     encoded = encode_config(config)
     assert "+" not in encoded and "/" not in encoded
-    assert json.loads(base64.urlsafe_b64decode(encoded)) == config == decode_config(encoded)
+    assert json.loads(base64.urlsafe_b64decode(encoded)) == config
 
 
 def test_autotuning_section_is_injected_and_removable():

@@ -1,8 +1,8 @@
 
 import pytest
 
-from autotuner.ledger import (CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, Ledger,
-                              TransitionError)
+from autotuner.ledger import Ledger, TransitionError
+from autotuner.states import Reason, State
 
 from helpers import SWEEP_META, experiment
 
@@ -17,7 +17,7 @@ def ledger(tmp_path):
 
 def test_new_experiments_are_queued_in_order(ledger):
     assert [(a.name, a.attempt, a.state) for a in ledger.latest()] == [
-        ("a", 1, QUEUED), ("b", 1, QUEUED), ("c", 1, QUEUED)]
+        ("a", 1, State.QUEUED), ("b", 1, State.QUEUED), ("c", 1, State.QUEUED)]
     assert [e.name for e in ledger.experiments()] == ["a", "b", "c"]
     assert ledger.meta() == SWEEP_META
 
@@ -25,43 +25,44 @@ def test_new_experiments_are_queued_in_order(ledger):
 def test_an_attempt_moves_queued_running_terminal_with_times_slots_and_tag(ledger, tmp_path):
     ledger.start("a", 1, slots={"h": [0, 1]}, tag="t.a.1", dir=str(tmp_path / "a"), at=2.0)
     ledger.launched("a", 1, pid=1234, port=29500, at=2.1)
-    ledger.finish("a", 1, SUCCEEDED, at=5.0, exit_code=0, metric=12.5, metrics={"throughput": 12.5})
+    ledger.finish("a", 1, State.SUCCEEDED, at=5.0, exit_code=0, metric=12.5, metrics={"throughput": 12.5})
     a = ledger.attempts("a")[0]
-    assert (a.state, a.queued_at, a.started_at, a.launched_at, a.finished_at) == (SUCCEEDED, 1.0, 2.0, 2.1, 5.0)
+    assert (a.state, a.queued_at, a.started_at, a.launched_at, a.finished_at) == (State.SUCCEEDED, 1.0, 2.0, 2.1, 5.0)
     assert (a.slots, a.tag, a.pid, a.port, a.metric, a.duration) == ({"h": [0, 1]}, "t.a.1", 1234, 29500, 12.5, 3.0)
-    assert [t["state"] for t in ledger.transitions() if t["name"] == "a"] == [QUEUED, RUNNING, SUCCEEDED]
+    transitions = ledger._db.execute("SELECT state FROM transitions WHERE name = 'a' ORDER BY seq").fetchall()
+    assert [t["state"] for t in transitions] == [State.QUEUED, State.RUNNING, State.SUCCEEDED]
 
 
 def test_terminal_states_are_final(ledger):
-    ledger.finish("b", 1, CANCELLED, at=2.0)
+    ledger.finish("b", 1, State.CANCELLED, at=2.0)
     with pytest.raises(TransitionError):
-        ledger.finish("b", 1, FAILED, at=3.0)
+        ledger.finish("b", 1, State.FAILED, at=3.0)
     with pytest.raises(TransitionError):
         ledger.start("b", 1, slots={}, tag="t", dir="d", at=3.0)
     with pytest.raises(TransitionError):
-        ledger.finish("a", 1, RUNNING, at=3.0)  # not a terminal state
+        ledger.finish("a", 1, State.RUNNING, at=3.0)  # not a terminal state
 
 
 def test_requeue_makes_a_new_attempt_only_after_a_terminal_one(ledger):
     with pytest.raises(TransitionError):
         ledger.requeue(["a"], at=2.0)  # still queued
     ledger.start("a", 1, slots={"h": [0]}, tag="t", dir="d", at=2.0)
-    ledger.finish("a", 1, INTERRUPTED, at=3.0, reason="interrupted")
+    ledger.finish("a", 1, State.INTERRUPTED, at=3.0, reason="interrupted")
     assert ledger.requeue(["a"], at=4.0) == {"a": 2}
-    assert [(a.attempt, a.state) for a in ledger.attempts("a")] == [(1, INTERRUPTED), (2, QUEUED)]
+    assert [(a.attempt, a.state) for a in ledger.attempts("a")] == [(1, State.INTERRUPTED), (2, State.QUEUED)]
     assert ledger.latest()[0].attempt == 2
 
 
 def test_readers_see_committed_state_while_the_writer_works(ledger, tmp_path):
     reader = Ledger.open(tmp_path)
     ledger.start("c", 1, slots={"h": [0]}, tag="t", dir="d", at=2.0)
-    assert {a.name: a.state for a in reader.latest()}["c"] == RUNNING
+    assert {a.name: a.state for a in reader.latest()}["c"] == State.RUNNING
     reader.close()
 
 
 def test_create_refuses_an_existing_ledger(ledger, tmp_path):
     with pytest.raises(FileExistsError):
-        Ledger.create(tmp_path, {})
+        Ledger.create(tmp_path, SWEEP_META)
 
 
 def test_wal_mode_and_full_sync(ledger):
@@ -86,3 +87,47 @@ def test_a_request_written_while_requests_are_taken_stays_pending(ledger, tmp_pa
     assert sneaked and ledger.take_requests() == [("cancel", ["b"])]
     assert ledger.take_requests() == []
     other.close()
+
+
+def test_the_meta_table_reads_as_typed_settings_and_keeps_its_json_and_unknown_keys(tmp_path):
+    """An existing ledger's meta table (one JSON value per key, as `prepare` always wrote it, plus a key a
+    newer autotuner might add) reads as a SweepMeta, and writes back the very same rows."""
+    import json
+    import sqlite3
+
+    rows = {"name": "s", "metric": "loss:min", "sweep_id": "ab12", "source": "sweep.hjson", "created": 1700000000.5,
+            "slots": {"node-a": [0, 1], "localhost": [2]}, "capacity": {"node-a": 2, "localhost": 4},
+            "accelerator": "cpu", "env": {"DS_ACCELERATOR": "cpu"}, "launcher": ["sh", "launcher.sh"],
+            "reload": {"specs": ["sweep.hjson"]}, "ssh": {"config": None, "accept_new_hosts": False,
+                                                           "remote_root": "/scratch"},
+            "from_the_future": [1, {"x": True}]}
+    directory = tmp_path / "old"
+    directory.mkdir()
+    Ledger.create(directory, SWEEP_META).close()
+    db = sqlite3.connect(directory / "ledger.sqlite")
+    with db:
+        db.execute("DELETE FROM meta")
+        db.executemany("INSERT INTO meta VALUES (?, ?)", [(k, json.dumps(v)) for k, v in rows.items()])
+    db.close()
+    with Ledger.open(directory) as ledger:
+        meta = ledger.meta()
+    assert (meta.name, meta.metric, meta.sweep_id, meta.created, meta.accelerator) == (
+        "s", "loss:min", "ab12", 1700000000.5, "cpu")
+    assert meta.slots == {"node-a": (0, 1), "localhost": (2,)} and meta.launcher == ("sh", "launcher.sh")
+    assert meta.env == {"DS_ACCELERATOR": "cpu"} and meta.ssh is not None and meta.ssh["remote_root"] == "/scratch"
+    assert meta.extra == {"from_the_future": [1, {"x": True}]}
+    assert meta.to_json() == rows
+
+    again = tmp_path / "again"
+    again.mkdir()
+    Ledger.create(again, meta).close()
+    db = sqlite3.connect(again / "ledger.sqlite")
+    assert {k: json.loads(v) for k, v in db.execute("SELECT key, value FROM meta")} == rows
+    db.close()
+
+
+def test_attempts_read_back_as_the_typed_vocabulary(ledger):
+    ledger.finish("a", 1, State.FAILED, at=2.0, reason=Reason.OOM, detail="CUDA out of memory")
+    a = ledger.attempts("a")[0]
+    assert a.state is State.FAILED and a.reason is Reason.OOM and a.terminal
+    assert ledger.states()["b"] == (1, State.QUEUED) and ledger.states()["b"][1] is State.QUEUED

@@ -19,10 +19,11 @@ import pytest
 import autotuner
 from autotuner.cluster import local_or_hostfile_cluster
 from autotuner.errors import UserError
-from autotuner.ledger import FAILED, FILENAME, SCHEMA_VERSION, SUCCEEDED, Ledger
+from autotuner.ledger import FILENAME, SCHEMA_VERSION, Ledger
 from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
-from autotuner.views.snapshot import snapshot
 from autotuner.spec import load_sweep
+from autotuner.states import State
+from autotuner.views.snapshot import snapshot
 
 from cli_rig import (
     SLEEP_THEN_SUCCEED,
@@ -75,9 +76,9 @@ def make_sweep(directory: Path, count: int, *, finished: int = 0) -> Path:
             name = f"s_x{i}"
             ledger.start(name, 1, slots={"localhost": [i % 2]}, tag=f"t.{name}.1", dir=str(results / name), at=1.0)
             if i % 5 == 4:
-                ledger.finish(name, 1, FAILED, 2.0, reason="exit", detail="exit status 1", exit_code=1)
+                ledger.finish(name, 1, State.FAILED, 2.0, reason="exit", detail="exit status 1", exit_code=1)
             else:
-                ledger.finish(name, 1, SUCCEEDED, 2.0, exit_code=0, metric=float(i + 1),
+                ledger.finish(name, 1, State.SUCCEEDED, 2.0, exit_code=0, metric=float(i + 1),
                               metrics={"throughput": float(i + 1), "latency": 1.0})
     return results
 
@@ -208,7 +209,7 @@ def test_damage_met_mid_read_is_found_only_by_the_query_that_reaches_it(pristine
     the ledger's one boundary, not from the check at open."""
     results = bad_copy(pristine, tmp_path, overwrite_pages)
     with Ledger.open(results) as ledger:
-        assert ledger.meta()["name"] == "s"
+        assert ledger.meta().name == "s"
     with pytest.raises(UserError, match="corrupt sweep ledger: database disk image is malformed"), \
             Ledger.open(results) as ledger:
         ledger.attempts()
@@ -250,7 +251,7 @@ def test_a_version_0_ledger_is_read_unchanged_and_migrated_by_resume(tmp_path):
     log = tmp_path / "launches.log"
     done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=log))
     assert done.returncode == 0, done.stderr
-    assert states(results) == {"s_x0": SUCCEEDED, "s_x1": SUCCEEDED, "s_x2": SUCCEEDED, "s_x3": SUCCEEDED}
+    assert states(results) == {"s_x0": State.SUCCEEDED, "s_x1": State.SUCCEEDED, "s_x2": State.SUCCEEDED, "s_x3": State.SUCCEEDED}
     assert sorted(name for name, _ in launches(log)) == ["s_x2", "s_x3"]  # what had succeeded did not run again
     with Ledger.open(results) as ledger:
         assert ledger.version() == SCHEMA_VERSION
@@ -297,7 +298,7 @@ def test_deleting_runner_lock_under_a_live_runner_lets_no_second_runner_in(tmp_p
 
     code, out, err = finish(first)
     assert code == 0, (out, err)  # the first runner was left alone: everything succeeded, once
-    assert states(results) == {"s_x0": SUCCEEDED, "s_x1": SUCCEEDED, "s_x2": SUCCEEDED}
+    assert states(results) == {"s_x0": State.SUCCEEDED, "s_x1": State.SUCCEEDED, "s_x2": State.SUCCEEDED}
     assert len(log.read_text().split()) == 3
     assert tagged_pids(sweep_id(results)) == []
 

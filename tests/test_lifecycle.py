@@ -12,11 +12,28 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, RUNNING, SUCCEEDED, TIMED_OUT
+from autotuner.states import State
 
-from cli_rig import (PREAMBLE, WRITE_METRICS, Runners, attempts, autotune, env, expected_throughput, finish,
-                     latest, launched, launches, runner_alive, states, sweep_id, tagged_pids, wait_until,
-                     write_launcher, write_sweep)
+from cli_rig import (
+    PREAMBLE,
+    WRITE_METRICS,
+    Runners,
+    attempts,
+    autotune,
+    env,
+    expected_throughput,
+    finish,
+    latest,
+    launched,
+    launches,
+    runner_alive,
+    states,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 
 # The general stand-in: sleeps $STANDIN_SECONDS then succeeds. IGNORE_TERM=1: ignores SIGTERM (and so do its
 # children). SPAWN=1: leaves a child in its process group and one that escaped it (setsid). FAIL_ONCE=1: the
@@ -97,9 +114,9 @@ def test_cancel_named_experiments_then_the_whole_sweep_from_another_process(tmp_
     assert f"pid {proc.pid}" in done.stdout
     # The running one is ended (its processes too, the escaped one included), the queued one never starts,
     # and the freed slot goes to the next in line.
-    wait_until(lambda: states(s.dir)["s_x0"] == CANCELLED and "s_x2" in launched(s.dir))
+    wait_until(lambda: states(s.dir)["s_x0"] == State.CANCELLED and "s_x2" in launched(s.dir))
     wait_until(lambda: not tagged_pids(tag_of(s.dir, "s_x0")) or None, message="s_x0's processes gone")
-    assert states(s.dir)["s_x4"] == CANCELLED
+    assert states(s.dir)["s_x4"] == State.CANCELLED
     assert latest(s.dir)["s_x4"].detail == "cancelled before it started"
     assert latest(s.dir)["s_x0"].detail == "cancelled while running"
 
@@ -111,7 +128,7 @@ def test_cancel_named_experiments_then_the_whole_sweep_from_another_process(tmp_
     code, out, err = finish(proc)
     assert code == 1, (out, err)
     no_traceback(out, err)
-    assert states(s.dir) == {n: CANCELLED for n in s.names}
+    assert states(s.dir) == {n: State.CANCELLED for n in s.names}
     assert sorted(s.launched()) == ["s_x0", "s_x1", "s_x2"]  # s_x3 and s_x4 never started
     assert s.leftovers() == []
     assert runner_alive(s.dir) is None
@@ -130,11 +147,11 @@ def test_cancel_while_no_runner_is_alive(tmp_path, runners):
     assert "cancelled 2" in done.stdout
     # Applied in the ledger directly, after ending what the dead runner left (recorded interrupted).
     assert s.leftovers() == []
-    assert states(s.dir) == {"s_x0": INTERRUPTED, "s_x1": CANCELLED, "s_x2": CANCELLED, "s_x3": QUEUED}
+    assert states(s.dir) == {"s_x0": State.INTERRUPTED, "s_x1": State.CANCELLED, "s_x2": State.CANCELLED, "s_x3": State.QUEUED}
 
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 1, (out, err)  # not everything succeeded: two were cancelled
-    assert states(s.dir) == {"s_x0": SUCCEEDED, "s_x1": CANCELLED, "s_x2": CANCELLED, "s_x3": SUCCEEDED}
+    assert states(s.dir) == {"s_x0": State.SUCCEEDED, "s_x1": State.CANCELLED, "s_x2": State.CANCELLED, "s_x3": State.SUCCEEDED}
     assert sorted(s.launched()) == ["s_x0", "s_x0", "s_x1", "s_x3"]  # nothing cancelled ran again
     assert s.leftovers() == []
 
@@ -148,7 +165,7 @@ def test_cancel_of_the_whole_sweep_while_no_runner_is_alive(tmp_path, runners):
 
     done = autotune("cancel", s.dir, environ=s.env())
     assert done.returncode == 0, done.stderr
-    assert states(s.dir) == {n: CANCELLED for n in s.names}
+    assert states(s.dir) == {n: State.CANCELLED for n in s.names}
     assert s.leftovers() == []
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 1, (out, err)
@@ -172,7 +189,7 @@ def test_cancel_reaching_a_runner_that_is_still_clearing_up_is_applied_not_fatal
     code, out, err = finish(resumed)
     assert code == 1, (code, out, err)  # the runner lived to apply it (SIGUSR1 used to kill it)
     no_traceback(out, err)
-    assert states(s.dir) == {n: CANCELLED for n in s.names}
+    assert states(s.dir) == {n: State.CANCELLED for n in s.names}
     assert sorted(s.launched()) == ["s_x0", "s_x1"]  # nothing started after the cancel
     assert s.leftovers() == []
 
@@ -192,7 +209,7 @@ def test_a_second_cancel_does_not_kill_a_first_one_that_is_clearing_up(tmp_path,
     code, out, err = finish(first)
     assert code == 0, (code, out, err)
     assert s.leftovers() == []
-    assert states(s.dir) == {"s_x0": CANCELLED, "s_x1": CANCELLED}  # the second's request applied too
+    assert states(s.dir) == {"s_x0": State.CANCELLED, "s_x1": State.CANCELLED}  # the second's request applied too
 
 
 # --- Ctrl-C --------------------------------------------------------------------------------------------------
@@ -207,8 +224,8 @@ def test_ctrl_c_interrupts_cleanly_and_resume_completes(tmp_path, runners):
     no_traceback(out, err)
     assert "autotune resume" in out
     now = latest(s.dir)
-    assert {n for n, a in now.items() if a.state == INTERRUPTED} == set(running)
-    assert {n for n, a in now.items() if a.state == QUEUED} == set(s.names) - set(running)
+    assert {n for n, a in now.items() if a.state == State.INTERRUPTED} == set(running)
+    assert {n for n, a in now.items() if a.state == State.QUEUED} == set(s.names) - set(running)
     assert all(now[n].reason == "interrupted" for n in running)
     assert s.leftovers() == []  # the escaped child (setsid) too
     assert runner_alive(s.dir) is None
@@ -216,7 +233,7 @@ def test_ctrl_c_interrupts_cleanly_and_resume_completes(tmp_path, runners):
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 0, (out, err)
     now = latest(s.dir)
-    assert {n: a.state for n, a in now.items()} == {n: SUCCEEDED for n in s.names}
+    assert {n: a.state for n, a in now.items()} == {n: State.SUCCEEDED for n in s.names}
     assert all(now[n].attempt == 2 for n in running)
     assert all(now[n].metric == expected_throughput(n) for n in s.names)
     assert sorted(s.launched()) == sorted(s.names + running)
@@ -238,16 +255,40 @@ def test_second_ctrl_c_kills_at_once(tmp_path, runners):
     assert s.leftovers() == []
     assert runner_alive(s.dir) is None
     now = latest(s.dir)  # recorded interrupted, not judged by their exit status (-9 reads as the OOM killer)
-    assert {n for n, a in now.items() if a.state == INTERRUPTED} == set(running), now
-    assert {n for n, a in now.items() if a.state == QUEUED} == set(s.names) - set(running)
+    assert {n for n, a in now.items() if a.state == State.INTERRUPTED} == set(running), now
+    assert {n for n, a in now.items() if a.state == State.QUEUED} == set(s.names) - set(running)
 
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 0, (out, err)
     by_name = {}
     for a in attempts(s.dir):
         by_name.setdefault(a.name, []).append(a.state)
-    assert all(by_name[n] == [INTERRUPTED, SUCCEEDED] for n in running)
+    assert all(by_name[n] == [State.INTERRUPTED, State.SUCCEEDED] for n in running)
     assert s.leftovers() == []
+
+
+@pytest.mark.parametrize("presses", [3, 5])
+def test_ctrl_c_pressed_again_and_again_only_repeats_the_kill(tmp_path, runners, presses):
+    """A third (fourth, fifth) Ctrl-C once killing has begun never crashes the runner: no KeyboardInterrupt out
+    of the handler, no traceback, exit 130, nothing of the sweep left, each run recorded interrupted."""
+    s = Sweep(tmp_path, range(3))
+    proc = s.start(runners, 2, "--grace", 600, STANDIN_SECONDS=60, SPAWN=1, IGNORE_TERM=1)
+    running = s.wait_running(2, processes_each=3)
+
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # two signals sent at once may arrive as one
+    for _ in range(presses - 1):  # the later ones in quick succession, while the kill is under way
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    code, out, err = finish(proc, timeout=60)
+    assert code == 130, (out, err)
+    no_traceback(out, err)
+    assert "KeyboardInterrupt" not in out + err
+    assert s.leftovers() == []
+    assert runner_alive(s.dir) is None
+    now = latest(s.dir)
+    assert {n for n, a in now.items() if a.state == State.INTERRUPTED} == set(running), now
+    assert {n for n, a in now.items() if a.state == State.QUEUED} == set(s.names) - set(running)
 
 
 # --- timeouts, the grace period, the deadline --------------------------------------------------------------
@@ -257,9 +298,9 @@ def test_a_hung_experiment_is_timed_out_with_its_whole_process_tree(tmp_path, ru
     code, out, err = finish(s.start(runners, 2, "--grace", 1))
     assert code == 1, (out, err)
     x0, x1 = latest(s.dir)["s_x0"], latest(s.dir)["s_x1"]
-    assert (x0.state, x0.reason) == (TIMED_OUT, "timeout")
+    assert (x0.state, x0.reason) == (State.TIMED_OUT, "timeout")
     assert "1.5" in x0.detail
-    assert x1.state == SUCCEEDED
+    assert x1.state == State.SUCCEEDED
     assert s.leftovers() == []
 
 
@@ -272,7 +313,7 @@ while :; do sleep 0.1; done
     code, out, err = finish(s.start(runners, 1, "--timeout", 1, "--grace", 1))
     assert code == 1, (out, err)
     a = latest(s.dir)["s_x0"]
-    assert (a.state, a.reason) == (TIMED_OUT, "timeout")
+    assert (a.state, a.reason) == (State.TIMED_OUT, "timeout")
     assert "TERM" in Path(f"{tmp_path / 'marks'}.term").read_text()  # it was asked first ...
     assert a.exit_code == -signal.SIGKILL  # ... and killed once the grace period was over
     assert s.leftovers() == []
@@ -283,23 +324,23 @@ def test_sweep_deadline_then_resume_then_retry_failed(tmp_path, runners):
     code, out, err = finish(s.start(runners, 2, "--deadline", 1.5, "--grace", 1, STANDIN_SECONDS=60, SPAWN=1))
     assert code == 1, (out, err)
     now = latest(s.dir)
-    ran = [n for n in s.names if now[n].state == TIMED_OUT]
+    ran = [n for n in s.names if now[n].state == State.TIMED_OUT]
     assert len(ran) == 2
     assert all(now[n].reason == "timeout" and "deadline" in now[n].detail for n in ran)
-    assert sorted(n for n in s.names if now[n].state == QUEUED) == sorted(set(s.names) - set(ran))
+    assert sorted(n for n in s.names if now[n].state == State.QUEUED) == sorted(set(s.names) - set(ran))
     assert s.leftovers() == []
 
     # resume runs what never started; the timed-out ones stay timed out ...
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 1, (out, err)
     now = latest(s.dir)
-    assert sorted(n for n in s.names if now[n].state == SUCCEEDED) == sorted(set(s.names) - set(ran))
-    assert all(now[n].state == TIMED_OUT for n in ran)
+    assert sorted(n for n in s.names if now[n].state == State.SUCCEEDED) == sorted(set(s.names) - set(ran))
+    assert all(now[n].state == State.TIMED_OUT for n in ran)
     # ... until asked: --retry-failed runs them again, and nothing else.
     before = len(s.launched())
     code, out, err = finish(s.resume(runners, "--retry-failed", STANDIN_SECONDS=0.1))
     assert code == 0, (out, err)
-    assert states(s.dir) == {n: SUCCEEDED for n in s.names}
+    assert states(s.dir) == {n: State.SUCCEEDED for n in s.names}
     assert sorted(s.launched()[before:]) == sorted(ran)
     assert s.leftovers() == []
 
@@ -310,8 +351,8 @@ def test_a_transient_failure_is_retried(tmp_path, runners):
     code, out, err = finish(s.start(runners, 2, FAIL_ONCE=1))
     assert code == 0, (out, err)
     history = [(a.name, a.attempt, a.state, a.reason) for a in attempts(s.dir)]
-    assert history == [("s_x0", 1, FAILED, "launch"), ("s_x0", 2, SUCCEEDED, None),
-                       ("s_x1", 1, FAILED, "launch"), ("s_x1", 2, SUCCEEDED, None)]
+    assert history == [("s_x0", 1, State.FAILED, "launch"), ("s_x0", 2, State.SUCCEEDED, None),
+                       ("s_x1", 1, State.FAILED, "launch"), ("s_x1", 2, State.SUCCEEDED, None)]
     assert "Address already in use" in attempts(s.dir)[0].detail
 
 
@@ -319,7 +360,7 @@ def test_no_retry_with_retries_0(tmp_path, runners):
     s = Sweep(tmp_path, range(1))
     code, out, err = finish(s.start(runners, 1, "--retries", 0, FAIL_ONCE=1))
     assert code == 1, (out, err)
-    assert [(a.attempt, a.state, a.reason) for a in attempts(s.dir)] == [(1, FAILED, "launch")]
+    assert [(a.attempt, a.state, a.reason) for a in attempts(s.dir)] == [(1, State.FAILED, "launch")]
 
 
 def test_retries_count_failures_not_earlier_interrupted_attempts(tmp_path, runners):
@@ -331,7 +372,7 @@ def test_retries_count_failures_not_earlier_interrupted_attempts(tmp_path, runne
     # Attempt 2 fails transiently: with --retries 1 it gets its retry, although it is the second attempt.
     code, out, err = finish(s.resume(runners, FAIL_ONCE=1))
     assert code == 0, (out, err)
-    assert [(a.attempt, a.state) for a in attempts(s.dir)] == [(1, INTERRUPTED), (2, FAILED), (3, SUCCEEDED)]
+    assert [(a.attempt, a.state) for a in attempts(s.dir)] == [(1, State.INTERRUPTED), (2, State.FAILED), (3, State.SUCCEEDED)]
 
 
 FAILURES = PREAMBLE + """\
@@ -377,10 +418,10 @@ def test_each_failure_class_is_recorded_with_its_telling_line_and_reported(tmp_p
     code, out, err = finish(s.start(runners, 3, "--timeout", 2, "--retries", 0, "--grace", 1))
     assert code == 1, (out, err)
     now = latest(s.dir)
-    assert now["s_x6"].state == SUCCEEDED
+    assert now["s_x6"].state == State.SUCCEEDED
     for name, (reason, line) in CLASSES.items():
         a = now[name]
-        assert a.state == (TIMED_OUT if reason == "timeout" else FAILED), a
+        assert a.state == (State.TIMED_OUT if reason == "timeout" else State.FAILED), a
         assert a.reason == reason, a
         assert line in a.detail, a
     assert s.leftovers() == []
@@ -425,7 +466,7 @@ def test_a_changed_spec_is_refused_on_resume_and_only_new_runs_just_the_new(tmp_
     code, out, err = finish(s.resume(runners, "--only-new"))
     assert code == 0, (out, err)
     assert sorted(s.launched()) == ["s_x0", "s_x1", "s_x2"]
-    assert states(s.dir) == {"s_x0": SUCCEEDED, "s_x1": SUCCEEDED, "s_x2": SUCCEEDED}
+    assert states(s.dir) == {"s_x0": State.SUCCEEDED, "s_x1": State.SUCCEEDED, "s_x2": State.SUCCEEDED}
     assert len(attempts(s.dir)) == 3  # the old ones did not run again
 
 
@@ -439,7 +480,7 @@ def test_status_while_the_sweep_runs_and_after(tmp_path, runners):
     assert shown.returncode == 0, shown.stderr
     data = json.loads(shown.stdout)
     assert data["runner_pid"] == proc.pid
-    assert data["counts"] == {RUNNING: 2, QUEUED: 1} and data["total"] == 3
+    assert data["counts"] == {State.RUNNING: 2, State.QUEUED: 1} and data["total"] == 3
     assert sorted(r["name"] for r in data["running"]) == running
     text = autotune("status", s.dir).stdout
     assert f"runner: pid {proc.pid}" in text and f"running {running[0]}" in text
@@ -451,13 +492,13 @@ def test_status_while_the_sweep_runs_and_after(tmp_path, runners):
     assert finish(proc)[0] == 130
     data = json.loads(autotune("status", s.dir, "--json").stdout)
     assert data["runner_pid"] is None and data["running"] == []
-    assert data["counts"] == {INTERRUPTED: 2, QUEUED: 1}
+    assert data["counts"] == {State.INTERRUPTED: 2, State.QUEUED: 1}
     assert "runner: none" in autotune("status", s.dir).stdout
 
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 0, (out, err)
     data = json.loads(autotune("status", s.dir, "--json").stdout)
-    assert data["counts"] == {SUCCEEDED: 3} and data["runner_pid"] is None
+    assert data["counts"] == {State.SUCCEEDED: 3} and data["runner_pid"] is None
     best = max(s.names, key=expected_throughput)
     assert data["best"]["name"] == best and data["best"]["value"] == expected_throughput(best)
     text = autotune("status", s.dir).stdout
@@ -503,7 +544,7 @@ def test_resume_from_another_directory_finds_a_relative_script(tmp_path, runners
     assert finish(proc)[0] == 130
     resumed = autotune("resume", directory, "-q", environ=env(LAUNCH_LOG=log, STANDIN_SECONDS=0.1), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert states(directory) == {"e0": SUCCEEDED, "e1": SUCCEEDED}
+    assert states(directory) == {"e0": State.SUCCEEDED, "e1": State.SUCCEEDED}
 
 
 def test_sigterm_to_the_runner_stops_it_like_ctrl_c(tmp_path, runners):
@@ -513,5 +554,5 @@ def test_sigterm_to_the_runner_stops_it_like_ctrl_c(tmp_path, runners):
     proc.terminate()
     code, out, err = finish(proc)
     assert code == 130, (out, err)
-    assert sorted(n for n, st in states(s.dir).items() if st == INTERRUPTED) == sorted(running)
+    assert sorted(n for n, st in states(s.dir).items() if st == State.INTERRUPTED) == sorted(running)
     assert s.leftovers() == []

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from autotuner.core import Queued, Reservation, Run
 from autotuner.outcome import Outcome
-from autotuner.resources import Reservation
-from autotuner.scheduler import Queued, Run
 from autotuner.states import State
 from autotuner.views.events import EventLog, PlainPrinter, event_record
 from autotuner.views.live import LiveView, render, seconds
@@ -104,7 +103,7 @@ def test_a_fresh_sweep_has_no_eta_and_no_best(tmp_path):
 def test_observer_calls_move_the_view(midway):
     snap = snapshot(midway)
     clock = [T0 + 40]
-    view = LiveView(snap, retries=1, clock=lambda: clock[0])
+    view = LiveView(snap, clock=lambda: clock[0])
     running = {r.name: r for r in view.state().running}
     # one running experiment ends with a new best
     done = run_of(snap, "zm_z1_mbs8", 1, running["zm_z1_mbs8"].slots)
@@ -116,9 +115,12 @@ def test_observer_calls_move_the_view(midway):
     assert state.counts() == {State.SUCCEEDED: 5, State.FAILED: 1, "running": 3, "queued": 3}
     assert state.best == ("zm_z1_mbs8", 5000.0)
     assert len(state.durations) == 6
-    # a transient failure is queued again by the scheduler (retries=1): shown as queued, not failed
+    # a transient failure the scheduler queues again (it says so): shown as queued, not failed
     flaky = run_of(snap, "zm_z1_mbs16", 1, running["zm_z1_mbs16"].slots)
-    view("finished", flaky, Outcome(State.FAILED, "launch", "Address already in use", 1))
+    failure = Outcome(State.FAILED, "launch", "Address already in use", 1)
+    view("finished", flaky, failure)
+    assert view.state().states["zm_z1_mbs16"] == State.FAILED  # no guessing: failed until the scheduler says
+    view("requeued", Queued(flaky.experiment, 2), failure)
     assert view.state().states["zm_z1_mbs16"] == "queued"
     view("started", run_of(snap, "zm_z1_mbs16", 2, running["zm_z1_mbs16"].slots), None)
     again = run_of(snap, "zm_z1_mbs16", 2, running["zm_z1_mbs16"].slots)
@@ -126,7 +128,9 @@ def test_observer_calls_move_the_view(midway):
     assert view.state().states["zm_z1_mbs16"] == State.FAILED  # its one retry is used up
     # a run on a lost host is interrupted and queued again first
     lost = run_of(snap, "zm_z2_mbs4", 1, running["zm_z1_mbs8"].slots)
-    view("finished", lost, Outcome(State.INTERRUPTED, "lost", "host node-b lost: no answer"))
+    gone = Outcome(State.INTERRUPTED, "lost", "host node-b lost: no answer")
+    view("finished", lost, gone)
+    view("requeued", Queued(lost.experiment, 2), gone)
     assert view.state().states["zm_z2_mbs4"] == "queued"
     view("started", lost, None)
     # a timeout counts as failed

@@ -43,7 +43,7 @@ def sweep(tmp_path, *, n=4, script=STANDIN, extra="", args='["--steps", "7", "--
 def latest(results):
     ledger = Ledger.open(results)
     try:
-        return ledger.latest(), ledger.attempts(), ledger.meta()["sweep_id"]
+        return ledger.latest(), ledger.attempts(), ledger.meta().sweep_id
     finally:
         ledger.close()
 
@@ -172,7 +172,7 @@ def test_a_node_down_at_start_is_reported_and_left_out(ssh_nodes, tmp_path):
 
 
 def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
-    from autotuner.scheduler import HostBack
+    from autotuner.core import HostBack
     from autotuner.ssh import HostWatcher, SSHPool
 
     posted = []

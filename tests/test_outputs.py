@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.ledger import FAILED, SUCCEEDED
+from autotuner.states import State
 
 from cli_rig import PREAMBLE, SLEEP_THEN_SUCCEED, attempts, autotune, env, launches, write_launcher, write_sweep
 
@@ -245,7 +245,7 @@ def test_each_bad_metrics_file_is_a_metrics_failure_naming_the_file_launched_onc
     for i, kind in enumerate(kinds):
         attempt = recorded[f"s_x{i}"]
         where = str(tmp_path / "results" / f"s_x{i}" / "metrics.json")
-        assert (attempt.state, attempt.reason) == (FAILED, "metrics"), (kind, attempt)
+        assert (attempt.state, attempt.reason) == (State.FAILED, "metrics"), (kind, attempt)
         assert attempt.detail.startswith(f"{where}: ") and BAD_FILES[kind][1] in attempt.detail, (kind, attempt)
         assert len(attempt.detail) < len(where) + 300, kind
 
@@ -266,7 +266,7 @@ def test_exit_zero_before_the_profile_window_ends_says_so(tmp_path, extra, steps
     result = rig.run("--results", tmp_path / "results")
     assert result.returncode == 1, result.stderr
     [attempt] = attempts(tmp_path / "results")
-    assert (attempt.state, attempt.reason) == (FAILED, "metrics")
+    assert (attempt.state, attempt.reason) == (State.FAILED, "metrics")
     assert "metrics file missing" in attempt.detail
     assert "before DeepSpeed's profile window did" in attempt.detail
     assert f"end_profile_step ({steps})" in attempt.detail
@@ -287,7 +287,7 @@ def test_a_good_run_still_succeeds(tmp_path):
     rig = Rig(tmp_path)
     result = rig.run("--results", tmp_path / "results")
     assert result.returncode == 0, result.stderr
-    assert {a.state for a in attempts(tmp_path / "results")} == {SUCCEEDED}
+    assert {a.state for a in attempts(tmp_path / "results")} == {State.SUCCEEDED}
 
 
 # --- multi-node experiments on this machine's own names: probed over ssh before anything is launched ------
@@ -341,4 +341,4 @@ def test_single_node_experiments_still_run_there_and_multi_node_ones_wait(tmp_pa
     assert result.returncode == 1, result.stderr
     assert "1 multi-node experiment(s) left queued" in result.stderr and "host localhost" in result.stderr
     assert launches(log) == [("m_n1_gas1", 1)]  # the two-node one was never launched (to fail and be retried)
-    assert {a.name: a.state for a in attempts(tmp_path / "results")} == {"m_n1_gas1": SUCCEEDED, "m_n2_gas1": "queued"}
+    assert {a.name: a.state for a in attempts(tmp_path / "results")} == {"m_n1_gas1": State.SUCCEEDED, "m_n2_gas1": "queued"}

@@ -91,8 +91,7 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
 
 def test_a_long_queue_is_not_scanned_once_every_slot_is_taken():
     """With 10,000 queued, each dispatch tried to place every one of them (17 ms an event) though none fit."""
-    from autotuner.resources import BackfillQueue, BestFit, SlotPool
-    from autotuner.scheduler import Queued
+    from autotuner.core import BackfillQueue, BestFit, Queued, SlotPool
 
     class Counting(BestFit):
         calls = 0

@@ -1,14 +1,13 @@
 """The dispatcher driven by a hand-operated executor (a stand-in for processes, named as such)."""
 import itertools
 import queue
+import threading
 import time
 
-
-from autotuner.ledger import CANCELLED, FAILED, INTERRUPTED, QUEUED, SUCCEEDED, Ledger
+from autotuner.core import Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler, SlotPool
+from autotuner.ledger import Ledger
 from autotuner.outcome import Outcome
-from autotuner.resources import SlotPool
-from autotuner.scheduler import (Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler,
-                                 run_in_thread)
+from autotuner.states import Reason, State
 
 from helpers import SWEEP_META, experiment
 
@@ -35,7 +34,23 @@ class ManualExecutor:
         return self.started.get(timeout=5)
 
     def finish(self, run, outcome=None):
-        self.post(Finished(run, outcome or Outcome(SUCCEEDED, metrics={"throughput": 1.0}), 0.0))
+        self.post(Finished(run, outcome or Outcome(State.SUCCEEDED, metrics={"throughput": 1.0}), 0.0))
+
+
+def run_in_thread(scheduler):
+    """The dispatcher on a thread of its own, as the runner runs it; what it raised, in `.errors`."""
+    errors = []
+
+    def target():
+        try:
+            scheduler.run()
+        except BaseException as e:
+            errors.append(e)
+
+    thread = threading.Thread(target=target, name="dispatcher", daemon=True)
+    thread.errors = errors
+    thread.start()
+    return thread
 
 
 def wait_for(condition, timeout=5.0):
@@ -74,7 +89,7 @@ def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
     thread.join(5)
     assert not thread.is_alive() and not thread.errors
     reader = Ledger.open(tmp_path)
-    assert [a.state for a in reader.latest()] == [SUCCEEDED] * 5
+    assert [a.state for a in reader.latest()] == [State.SUCCEEDED] * 5
     assert all(a.pid and a.tag == f"sid.{a.name}.1" for a in reader.latest())
 
 
@@ -83,15 +98,15 @@ def test_transient_failures_are_retried_deterministic_ones_are_not(tmp_path):
     ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]}, retries=1)
     thread = run_in_thread(scheduler)
     runs = {r.experiment.name: r for r in (executor.next_started(), executor.next_started())}
-    executor.finish(runs["oom"], Outcome(FAILED, "oom", "CUDA out of memory", 1))
-    executor.finish(runs["flaky"], Outcome(FAILED, "launch", "Address already in use", 1))
+    executor.finish(runs["oom"], Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
+    executor.finish(runs["flaky"], Outcome(State.FAILED, "launch", "Address already in use", 1))
     retry = executor.next_started()
     assert (retry.experiment.name, retry.attempt) == ("flaky", 2)
-    executor.finish(retry, Outcome(FAILED, "launch", "Address already in use", 1))  # retries used up
+    executor.finish(retry, Outcome(State.FAILED, "launch", "Address already in use", 1))  # retries used up
     thread.join(5)
     reader = Ledger.open(tmp_path)
     assert [(a.name, a.attempt, a.state, a.reason) for a in reader.attempts()] == [
-        ("flaky", 1, FAILED, "launch"), ("flaky", 2, FAILED, "launch"), ("oom", 1, FAILED, "oom")]
+        ("flaky", 1, State.FAILED, "launch"), ("flaky", 2, State.FAILED, "launch"), ("oom", 1, State.FAILED, "oom")]
 
 
 def test_cancel_named_experiments_running_and_queued(tmp_path):
@@ -105,9 +120,9 @@ def test_cancel_named_experiments_running_and_queued(tmp_path):
     executor.finish(e1)
     executor.finish(executor.next_started())  # e3: e2 was cancelled while queued
     thread.join(5)
-    assert executor.stopped == [("e0", CANCELLED)]
+    assert executor.stopped == [("e0", State.CANCELLED)]
     assert {a.name: a.state for a in Ledger.open(tmp_path).latest()} == {
-        "e0": CANCELLED, "e1": SUCCEEDED, "e2": CANCELLED, "e3": SUCCEEDED}
+        "e0": State.CANCELLED, "e1": State.SUCCEEDED, "e2": State.CANCELLED, "e3": State.SUCCEEDED}
 
 
 def test_interrupt_ends_running_and_leaves_queued_for_resume(tmp_path):
@@ -118,8 +133,8 @@ def test_interrupt_ends_running_and_leaves_queued_for_resume(tmp_path):
     scheduler.post(Interrupt())
     thread.join(5)
     assert not thread.is_alive()
-    assert scheduler.stopping == INTERRUPTED
-    assert [a.state for a in Ledger.open(tmp_path).latest()] == [INTERRUPTED, QUEUED, QUEUED]
+    assert scheduler.stopping == State.INTERRUPTED
+    assert [a.state for a in Ledger.open(tmp_path).latest()] == [State.INTERRUPTED, State.QUEUED, State.QUEUED]
 
 
 def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path):
@@ -129,7 +144,7 @@ def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path)
     thread = run_in_thread(scheduler)
     thread.join(5)
     a = Ledger.open(tmp_path).latest()[0]
-    assert (a.state, a.reason) == (FAILED, "placement")
+    assert (a.state, a.reason) == (State.FAILED, "placement")
 
 
 def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_again_when_back(tmp_path):
@@ -139,7 +154,7 @@ def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_aga
     runs = {r.reservation.hosts[0]: r for r in (executor.next_started(), executor.next_started())}
     scheduler.post(HostLost("a", "no answer"))
     wait_for(lambda: executor.stopped)
-    assert executor.stopped == [(runs["a"].experiment.name, INTERRUPTED)]
+    assert executor.stopped == [(runs["a"].experiment.name, State.INTERRUPTED)]
     executor.finish(runs["b"])  # b frees up: the lost run goes first, on b
     again = executor.next_started()
     assert (again.experiment.name, again.attempt, again.reservation.hosts) == (runs["a"].experiment.name, 2, ("b",))
@@ -150,8 +165,8 @@ def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_aga
     executor.finish(last)
     thread.join(5)
     attempts = [(a.name, a.attempt, a.state, a.reason) for a in Ledger.open(tmp_path).attempts()]
-    assert (runs["a"].experiment.name, 1, INTERRUPTED, "lost") in attempts
-    assert [a.state for a in Ledger.open(tmp_path).latest()] == [SUCCEEDED] * 3
+    assert (runs["a"].experiment.name, 1, State.INTERRUPTED, "lost") in attempts
+    assert [a.state for a in Ledger.open(tmp_path).latest()] == [State.SUCCEEDED] * 3
 
 
 def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_path):
@@ -169,8 +184,8 @@ def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_pa
     thread.join(5)
     assert not thread.is_alive()
     latest = {a.name: (a.state, a.reason) for a in Ledger.open(tmp_path).latest()}
-    assert latest == {"big": (FAILED, "placement"), "s0": (SUCCEEDED, None), "s1": (SUCCEEDED, None),
-                      "s2": (SUCCEEDED, None), "s3": (SUCCEEDED, None)}
+    assert latest == {"big": (State.FAILED, "placement"), "s0": (State.SUCCEEDED, None), "s1": (State.SUCCEEDED, None),
+                      "s2": (State.SUCCEEDED, None), "s3": (State.SUCCEEDED, None)}
 
 
 def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on(tmp_path):
@@ -190,7 +205,7 @@ def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on
     assert not thread.is_alive() and not thread.errors
     assert notes == ["note: broken failed (BrokenPipeError: [Errno 32] Broken pipe); left out, the sweep goes on"]
     assert told == ["started", "finished"] * 3  # the other observer heard everything
-    assert [a.state for a in Ledger.open(tmp_path).latest()] == [SUCCEEDED] * 3
+    assert [a.state for a in Ledger.open(tmp_path).latest()] == [State.SUCCEEDED] * 3
 
 
 def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_raised(tmp_path):
@@ -202,7 +217,34 @@ def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_rais
     thread.join(5)
     assert not thread.is_alive()
     assert [type(e) for e in thread.errors] == [TypeError]
-    assert sorted(executor.stopped) == [("e0", INTERRUPTED), ("e1", INTERRUPTED)]
+    assert sorted(executor.stopped) == [("e0", State.INTERRUPTED), ("e1", State.INTERRUPTED)]
     latest = {a.name: a.state for a in Ledger.open(tmp_path).latest()}
-    assert latest == {"e0": INTERRUPTED, "e1": INTERRUPTED, "e2": QUEUED}  # nothing new started; resume goes on
+    assert latest == {"e0": State.INTERRUPTED, "e1": State.INTERRUPTED, "e2": State.QUEUED}  # nothing new started; resume goes on
     assert executor.started.empty()
+
+
+def test_observers_are_told_what_runs_again_and_why_right_after_it_finished(tmp_path):
+    """The retry decision is the scheduler's alone: a "requeued" note names the new attempt and carries the
+    ended attempt's outcome; a deterministic failure, or a transient one with no retry left, gets none."""
+    exps = [experiment("flaky"), experiment("oom"), experiment("moved")]
+    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0, 1], "b": [0]}, retries=1)
+    told = []
+    scheduler.observers = [lambda what, subject, outcome: told.append((what, subject, outcome))]
+    thread = run_in_thread(scheduler)
+    runs = {r.experiment.name: r for r in (executor.next_started() for _ in exps)}
+    launch = Outcome(State.FAILED, Reason.LAUNCH, "Address already in use", 1)
+    executor.finish(runs["oom"], Outcome(State.FAILED, Reason.OOM, "CUDA out of memory", 1))
+    executor.finish(runs["flaky"], launch)
+    retry = executor.next_started()
+    executor.finish(retry, launch)  # retries used up: finished, not queued again
+    wait_for(lambda: any(w == "finished" and s.key == ("flaky", 2) for w, s, _ in told))
+    scheduler.post(HostLost(runs["moved"].reservation.hosts[0], "no answer"))
+    executor.finish(executor.next_started())  # moved, attempt 2, on the host still up
+    thread.join(5)
+    assert not thread.is_alive() and not thread.errors
+    requeued = [(s.experiment.name, s.attempt, o.state, o.reason) for w, s, o in told if w == "requeued"]
+    assert requeued == [("flaky", 2, State.FAILED, Reason.LAUNCH), ("moved", 2, State.INTERRUPTED, Reason.LOST)]
+    for name in ("flaky", "moved"):  # each right after its attempt's "finished"
+        i = next(i for i, (w, s, _) in enumerate(told) if w == "requeued" and s.experiment.name == name)
+        assert told[i - 1][0] == "finished" and told[i - 1][1].key == (name, 1)
+        assert isinstance(told[i][1], Queued) and told[i][2] is told[i - 1][2]

@@ -7,7 +7,6 @@ import pytest
 
 from autotuner import tags
 
-
 # Tags unique to this test process: another test run on the machine must not see our processes, nor we its.
 P = f"t{os.getpid()}"
 

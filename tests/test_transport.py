@@ -9,7 +9,6 @@ import threading
 import time
 
 import pytest
-from sshnodes import descendants
 
 from autotuner import tags
 from autotuner.ssh import (
@@ -24,6 +23,8 @@ from autotuner.ssh import (
     signal_tagged,
 )
 from autotuner.ssh.process import start_command
+
+from sshnodes import descendants
 
 
 @pytest.fixture
@@ -381,7 +382,7 @@ def test_pdsh_fanout(ssh_nodes, pool, request):
 # --- the module stays cheap to import -----------------------------------------------------------------------
 
 def test_import_is_cheap():
-    code = ("import sys, autotuner.ssh, autotuner.remote; "
+    code = ("import sys, autotuner.ssh, autotuner.routing; "
             "print(sorted(m for m in ('fabric', 'paramiko', 'invoke', 'torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

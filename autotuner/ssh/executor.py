@@ -25,12 +25,13 @@ from functools import partial
 from pathlib import Path
 
 from .. import exitstatus, tags
-from ..executor import Stops, prepare_directory, record_attempt
+from ..attempt import prepare_directory, record_attempt
+from ..core.events import Finished, HostLost, Launched, Run
 from ..launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
 from ..metrics import Metric
 from ..outcome import Outcome
-from ..scheduler import Finished, HostLost, Launched, Run
 from ..states import Reason, State
+from ..stops import Stops
 from ..threads import Workers
 from .cleanup import end_tagged_remote
 from .errors import HostDown, RemoteStartError
@@ -219,18 +220,11 @@ class SshExecutor:
             self._stops.ask(run.key, *Stops.KILLED)
 
     def _follow(self, run: Run, proc: RemoteProcess | AdoptedRemote, since: float) -> Outcome:
-        """Wait for the attempt (its timeout counted from `since`), end whatever of it is left on every host,
-        fetch its files, judge it."""
+        """Wait for the attempt (see `Stops.wait`), end whatever of it is left on every host, fetch its files,
+        judge it."""
         first = run.reservation.hosts[0]
-        if self._stops.asked(run.key):
-            self._end(run, proc)
-        timeout = run.experiment.timeout or self.default_timeout
-        try:
-            exit_code = proc.wait(None if timeout is None else max(0.0, since + timeout - self.clock()))
-        except TimeoutError:
-            self._stops.ask(run.key, State.TIMED_OUT, f"ran past its timeout of {timeout:g} s", Reason.TIMEOUT)
-            self._end(run, proc)
-            exit_code = proc.wait()
+        exit_code = self._stops.wait(run, proc, since=since, default_timeout=self.default_timeout, clock=self.clock,
+                                     end=partial(self._end, run, proc))
         if exit_code is None and proc.lost:
             raise HostDown(first, "connection lost while the experiment ran")
         self._clean(run)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..scheduler import HostBack
+from ..core.events import HostBack
 from ..threads import Workers
 from .pool import SSHPool
 

@@ -20,10 +20,10 @@ from ..states import State
 from .snapshot import format_slots
 
 if TYPE_CHECKING:
-    from ..scheduler import Queued, Run
+    from ..core.events import Queued, Run
 
 # What the scheduler tells its observers.
-STARTED, ADOPTED, FINISHED = "started", "adopted", "finished"  # adopted: a run a dead runner started, followed
+STARTED, ADOPTED, FINISHED, REQUEUED = "started", "adopted", "finished", "requeued"  # adopted: a run a dead runner started, followed
 HOST_DOWN, HOST_UP = "host_down", "host_up"
 
 
@@ -37,6 +37,9 @@ def event_record(what: str, subject: Run | Queued, outcome: Outcome | None, metr
               "slots": reservation.as_dict() if reservation is not None else {}}
     if what in (STARTED, ADOPTED):
         return record | {"state": State.RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
+    if what == REQUEUED:  # queued again at once, as a new attempt; the outcome says why
+        return record | {"state": State.QUEUED, "reason": outcome.reason if outcome is not None else None,
+                         "detail": outcome.detail if outcome is not None else None, "metric": None, "metrics": {}}
     metrics = dict(outcome.metrics or {}) if outcome is not None else {}
     return record | {"state": outcome.state if outcome is not None else State.CANCELLED,
                      "reason": outcome.reason if outcome is not None else None,
@@ -124,6 +127,9 @@ def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None) 
     if what in (STARTED, ADOPTED):
         where = format_slots(cast("Run", subject).reservation.slots, sep=" ")
         return f"{'start' if what == STARTED else 'adopt':<9} {name} (attempt {subject.attempt}) on {where}"
+    if what == REQUEUED:
+        why = f" [{outcome.reason}]" if outcome is not None and outcome.reason else ""
+        return f"{'retry':<9} {name} (attempt {subject.attempt}){why}"
     if outcome is None:
         return f"{what:<9} {name}"
     value = ""

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, cast
 from ..metrics import Metric, format_value
 from ..outcome import Outcome
 from ..spec import Experiment
-from ..states import Reason, State
-from .events import ADOPTED, FINISHED, HOST_DOWN, HOST_UP, STARTED, EventLog, PlainPrinter
+from ..states import State
+from .events import ADOPTED, FINISHED, HOST_DOWN, HOST_UP, REQUEUED, STARTED, EventLog, PlainPrinter
 from .snapshot import Snapshot, count_states, format_slots, snapshot
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
 
-    from ..scheduler import Queued, Run
+    from ..core.events import Queued, Run
 
 # States whose duration says how long an experiment takes (cancelled and interrupted runs were cut short).
 _TIMED_STATES = (State.SUCCEEDED, State.FAILED, State.TIMED_OUT)
@@ -98,19 +98,18 @@ class LiveView:
 
     `pending`: states in the snapshot that the runner is about to queue again (a resume re-queues interrupted
     attempts, and those a dead runner left running; `--retry-failed` failed and timed-out ones too).
-    `added`: experiments a resume adds. `retries`: the runner's retries of transient failures, so that such a
-    failure shows as queued again rather than failed.
+    `added`: experiments a resume adds. An attempt the scheduler queues again at once (a lost host, a transient
+    failure with retries left) shows as queued: the scheduler says so ("requeued"); the view never guesses.
     """
 
     label = "the live view"
 
-    def __init__(self, snap: Snapshot, *, default_timeout: float | None = None, retries: int = 1,
+    def __init__(self, snap: Snapshot, *, default_timeout: float | None = None,
                  pending: Iterable[str] = (), added: Sequence[Experiment] = (),
                  clock: Callable[[], float] = time.time):
         self._lock = threading.Lock()
         self._clock = clock
         self._default_timeout = default_timeout
-        self._retries = retries
         self._sweep, self._metric = snap.name, snap.metric
         self._slots = {h: tuple(ids) for h, ids in snap.slots.items()}
         self._sizes = {e.name: e.num_gpus * e.num_nodes for e in snap.experiments.values()}
@@ -119,7 +118,6 @@ class LiveView:
         self._running: dict[tuple[str, int], Running] = {}
         self._down: set[str] = set()
         self._durations: list[float] = []
-        self._retried: dict[str, int] = {}
         requeued = set(pending)
         for a in snap.attempts:
             if a.state in requeued:
@@ -156,6 +154,8 @@ class LiveView:
                 self._started(cast("Run", subject), now)
             elif what == FINISHED and outcome is not None:
                 self._finished(subject, outcome, now)
+            elif what == REQUEUED:  # the scheduler queued it again at once (a lost host, a transient failure)
+                self._states[subject.experiment.name] = State.QUEUED
 
     def _started(self, run: Run, now: float) -> None:
         name = run.experiment.name
@@ -170,26 +170,10 @@ class LiveView:
         state = outcome.state
         if started is not None and state in _TIMED_STATES:
             self._durations.append(max(now - started.started_at, 0.0))
-        if started is not None and self._will_retry(name, outcome):
-            state = State.QUEUED
         self._states[name] = state
         value = outcome.metrics.get(self._metric.name) if outcome.state == State.SUCCEEDED and outcome.metrics else None
         if value is not None and (self._best is None or self._better(name, float(value), *self._best)):
             self._best = (name, float(value))
-
-    def _will_retry(self, name: str, outcome: Outcome) -> bool:
-        """Whether the scheduler queues this ended run again at once: a run of a lost host, and a transient
-        failure while the experiment has retries left (counted per experiment, as the scheduler counts them).
-
-        STOPGAP: this re-derives the scheduler's own retry decision. It goes when the scheduler tells its
-        observers that it queued an attempt again ("requeued"); the view then records what it is told.
-        """
-        if outcome.state == State.INTERRUPTED and outcome.reason == Reason.LOST:
-            return True
-        if outcome.state == State.FAILED and outcome.transient and self._retried.get(name, 0) < self._retries:
-            self._retried[name] = self._retried.get(name, 0) + 1
-            return True
-        return False
 
     def _better(self, name: str, value: float, best_name: str, best_value: float) -> bool:
         """As the report ranks: by the metric, ties to the experiment earlier in the sweep."""
@@ -311,7 +295,7 @@ def render(state: LiveState, now: float) -> RenderableType:
 # --- wiring for `autotune run` / `resume` ---------------------------------------------------------------------
 @contextmanager
 def watching(directory: Path, observers: list[Callable[..., None]], *, live: bool = False, plain: bool = False,
-             events: Path | None = None, default_timeout: float | None = None, retries: int = 1,
+             events: Path | None = None, default_timeout: float | None = None,
              retry_failed: bool = False, added: Sequence[Experiment] = (),
              console: Console | None = None) -> Iterator[None]:
     """Add the observers a run is watched with to `observers` for the duration of the block: the event log
@@ -327,7 +311,7 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
             from rich.live import Live
 
             pending = {State.RUNNING, State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
-            view = LiveView(snap, default_timeout=default_timeout, retries=retries, pending=pending, added=added)
+            view = LiveView(snap, default_timeout=default_timeout, pending=pending, added=added)
             observers.append(view)
             display = Live(view, console=console, refresh_per_second=4, transient=False, redirect_stderr=False)
             display.start()

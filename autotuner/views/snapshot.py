@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..errors import UserError
-from ..ledger import FILENAME, Attempt, Ledger
+from ..ledger import FILENAME, Attempt, Ledger, SweepMeta
 from ..metrics import Metric, metric_named
 from ..spec import Experiment
 from ..states import State
@@ -27,7 +27,7 @@ class Snapshot:
     metric: Metric
     experiments: Mapping[str, Experiment]
     attempts: Sequence[Attempt]  # latest attempt of each experiment, in sweep order
-    meta: Mapping[str, object]
+    meta: SweepMeta
 
     @cached_property
     def ranked(self) -> list[Attempt]:
@@ -50,14 +50,12 @@ class Snapshot:
     @property
     def slots(self) -> dict[str, list[int]]:
         """host -> the slot ids the sweep may use, as recorded when it was prepared."""
-        recorded = self.meta.get("slots")
-        return {str(h): list(ids) for h, ids in recorded.items()} if isinstance(recorded, Mapping) else {}
+        return {h: list(ids) for h, ids in self.meta.slots.items()}
 
     @property
     def env(self) -> dict[str, str]:
         """The environment the sweep's runs get (the optimal command repeats it)."""
-        recorded = self.meta.get("env")
-        return {str(k): str(v) for k, v in recorded.items()} if isinstance(recorded, Mapping) else {}
+        return {k: str(v) for k, v in self.meta.env.items()}
 
 
 def count_states(states: Iterable[str]) -> dict[str, int]:
@@ -71,7 +69,7 @@ def snapshot(directory: Path, *, every_experiment: bool = True) -> Snapshot:
     the report and the optimal files): decoding 10,000 specs took most of `autotune status`'s time."""
     with Ledger.open(directory) as ledger:  # damage found mid-read ends as one line too
         meta = ledger.meta()
-        name, metric, attempts = str(meta["name"]), metric_named(str(meta["metric"])), ledger.latest()
+        name, metric, attempts = meta.name, metric_named(meta.metric), ledger.latest()
         if every_experiment:
             experiments = {e.name: e for e in ledger.experiments()}
         else:

@@ -14,7 +14,7 @@ than the hosts now up could give (some are down) holds nothing: it waits for a h
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
@@ -26,7 +26,7 @@ class Reservation:
     slots: tuple[tuple[str, tuple[int, ...]], ...]
 
     @classmethod
-    def of(cls, slots: Mapping[str, Iterable[int]]) -> "Reservation":
+    def of(cls, slots: Mapping[str, Iterable[int]]) -> Reservation:
         return cls(tuple((host, tuple(sorted(ids))) for host, ids in slots.items()))
 
     @property
@@ -59,9 +59,6 @@ class SlotPool:
     def free(self) -> dict[str, frozenset[int]]:
         """Free slots of the hosts that are up, in host order."""
         return {h: frozenset(ids) for h, ids in self._free.items() if h not in self._down}
-
-    def busy(self) -> int:
-        return sum(len(self._all[h]) - len(self._free[h]) for h in self._all)
 
     def take(self, reservation: Reservation) -> None:
         for host, ids in reservation.slots:
@@ -140,7 +137,7 @@ class BackfillQueue(Generic[D]):
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[D]:
         return (w.item for w in self._waiting)
 
     def push(self, item: D) -> None:
@@ -150,7 +147,7 @@ class BackfillQueue(Generic[D]):
         """Re-queued work (a lost host's experiments) goes first: it has waited already."""
         self._waiting.insert(0, _Waiting(item))
 
-    def remove(self, match) -> list[D]:
+    def remove(self, match: Callable[[D], bool]) -> list[D]:
         """Drop the waiting items for which `match(item)` is true; returns them."""
         gone = [w.item for w in self._waiting if match(w.item)]
         self._waiting = [w for w in self._waiting if not match(w.item)]

@@ -10,121 +10,65 @@ Order of duties for every transition: write it to the ledger, then act on it.
 """
 from __future__ import annotations
 
+import contextlib
 import queue
-import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from .ledger import CANCELLED, FAILED, INTERRUPTED, TIMED_OUT, Attempt, Ledger
-from .outcome import LOST, TIMEOUT, Outcome
+from ..ledger import Attempt, Ledger
+from ..outcome import Outcome
+from ..spec import Experiment
+from ..states import Reason, State
+from .events import (
+    Cancel,
+    CheckRequests,
+    Deadline,
+    Event,
+    Finished,
+    HostBack,
+    HostLost,
+    Interrupt,
+    Launched,
+    Post,
+    Queued,
+    Run,
+)
 from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
-from .spec import Experiment
-
-
-@dataclass(frozen=True)
-class Run:
-    """One attempt of one experiment, placed on exact slots."""
-
-    experiment: Experiment
-    attempt: int
-    reservation: Reservation
-    tag: str
-    dir: Path
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.experiment.name, self.attempt)
-
-
-@dataclass(frozen=True)
-class Queued:
-    """A waiting attempt, as the queue policy sees it."""
-
-    experiment: Experiment
-    attempt: int
-
-    @property
-    def num_nodes(self) -> int:
-        return self.experiment.num_nodes
-
-    @property
-    def num_gpus(self) -> int:
-        return self.experiment.num_gpus
-
-
-# --- events ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Launched:
-    run: Run
-    pid: int
-    port: int | None
-    at: float
-
-
-@dataclass(frozen=True)
-class Finished:
-    run: Run
-    outcome: Outcome
-    at: float
-
-
-@dataclass(frozen=True)
-class Cancel:
-    names: tuple[str, ...] = ()  # empty: the whole sweep
-
-
-@dataclass(frozen=True)
-class Interrupt:
-    """Stop dispatching and end what runs (recorded interrupted); `resume` picks the sweep up again."""
-
-    reason: str = "interrupted by the user"
-
-
-@dataclass(frozen=True)
-class CheckRequests:
-    """Another process left requests in the ledger (e.g. `autotune cancel`): read and apply them."""
-
-
-@dataclass(frozen=True)
-class HostLost:
-    """A host stopped answering: no new work goes there; what ran there is ended and queued again."""
-
-    host: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class HostBack:
-    """A lost host answers again: its slots are offered again."""
-
-    host: str
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """The sweep's time is up: running experiments are ended as timed out, queued ones stay for resume."""
 
 
 class Executor(Protocol):
-    """Starts and ends runs. `start` returns at once; the run's own thread posts Launched, then Finished."""
+    """Starts and ends runs; the dispatcher's only way to touch a process. `start` and `adopt` return at once:
+    the executor follows the run on a thread it owns and posts `Launched`, then exactly one `Finished`."""
 
-    def start(self, run: Run, post: Callable[[object], None]) -> None: ...
+    def start(self, run: Run, post: Post) -> None:
+        """Launch the run; a launch that fails is posted as its `Finished` (reason launch), never raised."""
 
-    def stop(self, run: Run, state: str, detail: str, reason: str | None = None) -> None:
-        """End the run's processes; its Finished event then carries `state` (cancelled, timed_out, ...)
-        and `reason` (default: the state's own class)."""
-
-    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
         """Follow a run that a dead runner started (`pid`: its process group, `since`: when it started) to
         its end, as `start` does; its Finished event is judged from the exit status it recorded."""
 
+    def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
+        """End the run's processes (a grace period, then SIGKILL) without blocking the caller; its Finished
+        event then carries `state` (cancelled, timed_out, ...) and `reason` (default: the state's own word)."""
+
+    def kill_all(self) -> None:
+        """SIGKILL every run at once, from any thread (a second Ctrl-C); each is then recorded interrupted."""
+
+    def close(self) -> None:
+        """Join the executor's threads, once every run has posted its Finished (or the runner gives up)."""
+
 
 Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
-"""Told of ("started", Run, None), ("adopted", Run, None) for a run a dead runner left running, ("finished",
-Run or an unstarted Queued, Outcome), and ("host_down" | "host_up", host name, None), on the dispatcher's
-thread, after the ledger has recorded the fact.
+"""Told, on the dispatcher's thread, once the ledger has recorded the fact:
+- ("started", Run, None); ("adopted", Run, None) for a run a dead runner left running;
+- ("finished", Run or an unstarted Queued, Outcome): the attempt's terminal state, as the ledger holds it;
+- ("requeued", Queued, Outcome), right after the "finished" of an attempt that the scheduler queues again at
+  once (a transient failure with retries left, a run of a lost host, an adopted run that ended unrecorded):
+  the Queued is the new attempt (same experiment, next number), the Outcome the ended attempt's, whose
+  `reason` says why. This is the one place the retry decision is made: observers read it, never re-derive it;
+- ("host_down" | "host_up", host name, None).
 An observer that raises is left out from then on (see `Scheduler._tell`): watching a sweep never stops it.
 An observer may carry a `label` attribute that names it in that note."""
 
@@ -150,9 +94,9 @@ class Scheduler:
         bypass = self.max_bypass if self.max_bypass is not None else max(1, sum(
             self.pool.capacity(h) for h in self.pool.hosts))
         self._queue: BackfillQueue[Queued] = BackfillQueue(bypass)
-        self._events: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._running: dict[tuple[str, int], Run] = {}
-        self._stopping: str | None = None  # why no more work is dispatched, once set
+        self._stopping: State | None = None  # why no more work is dispatched, once set
         self._notes: list[tuple[str, Run | Queued | str, Outcome | None]] = []  # for observers, after commit
         self._retried: dict[str, int] = {}  # transient failures retried, per experiment, by this dispatcher
         self._unstarted: list[Run] = []  # placed by the current step, not yet handed to the executor
@@ -182,12 +126,12 @@ class Scheduler:
         since = attempt.launched_at or attempt.started_at
         self.executor.adopt(run, attempt.pid, since if since is not None else self.clock(), self.post)
 
-    def post(self, event: object) -> None:
+    def post(self, event: Event) -> None:
         """Thread-safe: hand an event to the dispatcher."""
         self._events.put(event)
 
     @property
-    def stopping(self) -> str | None:
+    def stopping(self) -> State | None:
         return self._stopping
 
     def run(self) -> None:
@@ -205,15 +149,15 @@ class Scheduler:
             self._abort(error)
             raise
 
-    def _pending_events(self) -> list[object]:
-        events = []
+    def _pending_events(self) -> list[Event]:
+        events: list[Event] = []
         while True:
             try:
                 events.append(self._events.get_nowait())
             except queue.Empty:
                 return events
 
-    def _step(self, events: list[object]) -> None:
+    def _step(self, events: list[Event]) -> None:
         """Handle every event at hand and fill the free slots, recording all of it in one transaction; only
         once it is committed are observers told and the new runs started."""
         with self.ledger.batch():
@@ -239,17 +183,15 @@ class Scheduler:
                 self._say(f"note: {label} failed ({type(e).__name__}: {e}); left out, the sweep goes on")
 
     def _say(self, line: str) -> None:
-        try:
+        with contextlib.suppress(Exception):  # stderr is gone too: nothing left to say it on
             self.log(line)
-        except Exception:
-            pass  # stderr is gone too: nothing left to say it on
 
     # --- a fatal error --------------------------------------------------------------------------------------
     def _abort(self, error: Exception) -> None:
         """The dispatcher cannot go on: end every run as Ctrl-C does and wait for each to end, recording it
         interrupted where the ledger can still be written (where it cannot, the ledger keeps it `running`,
         which `resume` knows how to finish). No process of the sweep outlives the runner."""
-        self._stopping = INTERRUPTED
+        self._stopping = State.INTERRUPTED
         self._notes = []
         detail = f"the runner stopped on an error: {type(error).__name__}: {error}"[:300]
         for run in self._unstarted:  # placed, never started: nothing to end; the ledger holds it queued (its
@@ -257,11 +199,11 @@ class Scheduler:
             self.pool.give_back(run.reservation)
         self._unstarted = []
         for run in list(self._running.values()):
-            self._try(lambda run=run: self.executor.stop(run, INTERRUPTED, detail))
+            self._try(self.executor.stop, run, State.INTERRUPTED, detail)
         while self._running:
             event = self._events.get()
             if isinstance(event, Finished) and event.run.key in self._running:
-                self._try(lambda: self._finished(event.run, event.outcome, event.at))
+                self._try(self._finished, event.run, event.outcome, event.at)
                 if event.run.key in self._running:  # _finished failed before it let go of the run
                     self._running.pop(event.run.key)
                     self.pool.give_back(event.run.reservation)
@@ -269,17 +211,16 @@ class Scheduler:
                 for note in notes:
                     self._tell(*note)
             elif isinstance(event, Launched):
-                self._try(lambda: self._handle(event))
+                self._try(self._handle, event)
 
     @staticmethod
-    def _try(action: Callable[[], object]) -> None:
-        try:
-            action()
-        except Exception:
-            pass  # the first error is the one raised; the ledger keeps what it could not record as `running`
+    def _try(action: Callable[..., object], *args: Any) -> None:
+        # The first error is the one raised; the ledger keeps what it could not record as `running`.
+        with contextlib.suppress(Exception):
+            action(*args)
 
     # --- the loop -----------------------------------------------------------------------------------------
-    def _handle(self, event: object) -> None:
+    def _handle(self, event: Event) -> None:
         match event:
             case Launched(run=run, pid=pid, port=port, at=at):
                 self.ledger.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at)
@@ -288,18 +229,18 @@ class Scheduler:
             case Cancel(names=names):
                 self._cancel(set(names))
             case CheckRequests():
-                for kind, names in self.ledger.take_requests():
+                for kind, asked in self.ledger.take_requests():
                     if kind == "cancel":
-                        self._cancel(set(names))
+                        self._cancel(set(asked))
             case Interrupt(reason=reason):
-                self._stop_all(INTERRUPTED, reason)
+                self._stop_all(State.INTERRUPTED, reason)
             case HostLost(host=host, reason=reason):
                 self._host_lost(host, reason)
             case HostBack(host=host):
                 self.pool.mark_up(host)
                 self._notify("host_up", host, None)
             case Deadline():
-                self._stop_all(TIMED_OUT, "the sweep's deadline passed", TIMEOUT)
+                self._stop_all(State.TIMED_OUT, "the sweep's deadline passed", Reason.TIMEOUT)
             case _:
                 raise TypeError(f"unknown event {event!r}")
 
@@ -331,19 +272,23 @@ class Scheduler:
         self._notify("finished", run, outcome)
         adopted = run.key in self._adopted
         self._adopted.discard(run.key)
-        if self._stopping:
-            return
-        # Interrupted, not by us: its host was lost, or it is an adopted run that ended unrecorded.
-        lost = outcome.state == INTERRUPTED and (outcome.reason == LOST or adopted)
-        name = run.experiment.name
-        # Retries are counted per experiment, not read off the attempt number: attempts that were interrupted
-        # (Ctrl-C, a crash, a lost host) are not failures and use up no retry.
-        retry = outcome.state == FAILED and outcome.transient and self._retried.get(name, 0) < self.retries
-        if retry:
+        if not self._stopping and self._runs_again(run.experiment.name, outcome, adopted):
+            name = run.experiment.name
+            item = Queued(run.experiment, self.ledger.requeue([name], self.clock())[name])
+            self._queue.push_front(item)
+            self._notify("requeued", item, outcome)
+
+    def _runs_again(self, name: str, outcome: Outcome, adopted: bool) -> bool:
+        """The retry decision, made here only. Interrupted, not by us (its host was lost, or it is an adopted
+        run that ended unrecorded): always. A transient failure: while the experiment has retries left,
+        counted per experiment, not read off the attempt number, since interrupted attempts (Ctrl-C, a crash,
+        a lost host) are not failures and use up no retry."""
+        if outcome.state == State.INTERRUPTED:
+            return outcome.reason == Reason.LOST or adopted
+        if outcome.state == State.FAILED and outcome.transient and self._retried.get(name, 0) < self.retries:
             self._retried[name] = self._retried.get(name, 0) + 1
-        if lost or retry:
-            attempt = self.ledger.requeue([run.experiment.name], self.clock())[run.experiment.name]
-            self._queue.push_front(Queued(run.experiment, attempt))
+            return True
+        return False
 
     def _metric_value(self, outcome: Outcome) -> float | None:
         return outcome.metrics.get(self.metric) if outcome.metrics else None
@@ -351,24 +296,24 @@ class Scheduler:
     def _cancel(self, names: set[str]) -> None:
         everything = not names
         if everything:
-            self._stopping = "cancelled"
+            self._stopping = State.CANCELLED
         for item in self._queue.remove(lambda q: everything or q.experiment.name in names):
-            outcome = Outcome(CANCELLED, "cancelled", "cancelled before it started")
-            self.ledger.finish(item.experiment.name, item.attempt, CANCELLED, self.clock(), reason=outcome.reason,
-                               detail=outcome.detail)
+            outcome = Outcome(State.CANCELLED, Reason.CANCELLED, "cancelled before it started")
+            self.ledger.finish(item.experiment.name, item.attempt, outcome.state, self.clock(),
+                               reason=outcome.reason, detail=outcome.detail)
             self._notify("finished", item, outcome)
         for run in list(self._running.values()):
             if everything or run.experiment.name in names:
-                self.executor.stop(run, CANCELLED, "cancelled while running")
+                self.executor.stop(run, State.CANCELLED, "cancelled while running")
 
     def _host_lost(self, host: str, reason: str) -> None:
         self.pool.mark_down(host)
         self._notify("host_down", host, None)
         for run in list(self._running.values()):
             if host in run.reservation.hosts:
-                self.executor.stop(run, INTERRUPTED, f"host {host} lost: {reason}", LOST)
+                self.executor.stop(run, State.INTERRUPTED, f"host {host} lost: {reason}", Reason.LOST)
 
-    def _stop_all(self, state: str, detail: str, reason: str | None = None) -> None:
+    def _stop_all(self, state: State, detail: str, reason: Reason | None = None) -> None:
         self._stopping = self._stopping or state
         for run in list(self._running.values()):
             self.executor.stop(run, state, detail, reason)
@@ -377,28 +322,12 @@ class Scheduler:
         """Nothing runs, yet something waits: what needs more than the hosts still up could give (the pool
         shrank: hosts down) is failed rather than left to hang the sweep. What fits was placed already."""
         for item in self._queue.remove(lambda q: not self.pool.could_fit(q.num_nodes, q.num_gpus, up_only=True)):
-            outcome = Outcome(FAILED, "placement", f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); "
-                                                   "not enough hosts are up")
-            self.ledger.finish(item.experiment.name, item.attempt, FAILED, self.clock(), reason=outcome.reason,
-                               detail=outcome.detail)
+            outcome = Outcome(State.FAILED, Reason.PLACEMENT,
+                              f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); not enough hosts are up")
+            self.ledger.finish(item.experiment.name, item.attempt, outcome.state, self.clock(),
+                               reason=outcome.reason, detail=outcome.detail)
             self._notify("finished", item, outcome)
 
     def _notify(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
         """Observers are told once the step's transaction is committed (see `_step`)."""
         self._notes.append((what, subject, outcome))
-
-
-def run_in_thread(scheduler: Scheduler) -> threading.Thread:
-    """Run the dispatcher on a thread of its own (the main thread stays free for signals and the display)."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            scheduler.run()
-        except BaseException as e:  # surfaced by the caller through .errors
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="autotune-dispatcher", daemon=True)
-    thread.errors = errors  # type: ignore[attr-defined]
-    thread.start()
-    return thread

@@ -1,0 +1,113 @@
+"""What the dispatcher is told, and what it hands out: a placed `Run`, a waiting `Queued`, and the events posted
+to it (by an executor's threads, a signal handler, a timer, another process through the ledger).
+
+Plain frozen values: nothing here acts, so a simulated executor can post the very same events.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..outcome import Outcome
+from ..spec import Experiment
+from .resources import Reservation
+
+Key = tuple[str, int]  # (experiment, attempt): one attempt, as Run.key and Queued.key name it
+
+
+@dataclass(frozen=True)
+class Run:
+    """One attempt of one experiment, placed on exact slots."""
+
+    experiment: Experiment
+    attempt: int
+    reservation: Reservation
+    tag: str
+    dir: Path
+
+    @property
+    def key(self) -> Key:
+        return (self.experiment.name, self.attempt)
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting attempt, as the queue policy sees it."""
+
+    experiment: Experiment
+    attempt: int
+
+    @property
+    def key(self) -> Key:
+        return (self.experiment.name, self.attempt)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.experiment.num_nodes
+
+    @property
+    def num_gpus(self) -> int:
+        return self.experiment.num_gpus
+
+
+@dataclass(frozen=True)
+class Launched:
+    """The run's process exists: its process group and master port, for the record and for clean-up."""
+
+    run: Run
+    pid: int
+    port: int | None
+    at: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The run ended, judged: its slots are free again."""
+
+    run: Run
+    outcome: Outcome
+    at: float
+
+
+@dataclass(frozen=True)
+class Cancel:
+    names: tuple[str, ...] = ()  # empty: the whole sweep
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    """Stop dispatching and end what runs (recorded interrupted); `resume` picks the sweep up again."""
+
+    reason: str = "interrupted by the user"
+
+
+@dataclass(frozen=True)
+class CheckRequests:
+    """Another process left requests in the ledger (e.g. `autotune cancel`): read and apply them."""
+
+
+@dataclass(frozen=True)
+class HostLost:
+    """A host stopped answering: no new work goes there; what ran there is ended and queued again."""
+
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class HostBack:
+    """A lost host answers again: its slots are offered again."""
+
+    host: str
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The sweep's time is up: running experiments are ended as timed out, queued ones stay for resume."""
+
+
+Event = Launched | Finished | Cancel | Interrupt | CheckRequests | HostLost | HostBack | Deadline
+Post = Callable[[Event], None]
+"""Hands an event to the dispatcher; thread-safe (`Scheduler.post`)."""
+
