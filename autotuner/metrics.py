@@ -55,6 +55,10 @@ class Metric:
         """Ascending order of this key puts the best value first."""
         return value if self.minimize else -value
 
+    def better(self, value: float, than: float) -> bool:
+        """Whether `value` beats `than` (ties do not)."""
+        return value < than if self.minimize else value > than
+
     @property
     def spec(self) -> str:
         """The text `metric_named` reads back into this metric (`throughput`, or `loss:min` for custom ones)."""

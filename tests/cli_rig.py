@@ -7,6 +7,7 @@ count launches per attempt, and derive what they do from the experiment's name (
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -108,10 +109,8 @@ class Runners:
             sid = sweep_id(directory)
             if sid:
                 for pid in tagged_pids(sid):
-                    try:
+                    with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str, str]:

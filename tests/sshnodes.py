@@ -13,6 +13,7 @@ Needs root (sshd must switch users and bind port 22), /usr/sbin/sshd, ssh-keygen
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import getpass
 import os
@@ -21,8 +22,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
@@ -96,10 +97,8 @@ def descendants(pid: int) -> set[int]:
 
 
 def _kill(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class Node:

@@ -244,7 +244,7 @@ def test_resume_after_kill_9_adopts_what_still_runs_on_the_nodes(ssh_nodes, tmp_
     finally:
         proc.kill()
     assert proc.returncode == 0, out + err
-    final, attempts, _ = latest(results)
+    _final, attempts, _ = latest(results)
     assert [(a.attempt, a.state) for a in attempts] == [(1, "succeeded"), (1, "succeeded")]  # none run again
     assert leftovers(sweep_id) == []
 
@@ -258,7 +258,7 @@ def test_resume_keeps_what_succeeded_on_the_nodes_while_no_runner_was_alive(ssh_
         time.sleep(0.05)
     out = autotune("resume", results, "-q")
     assert out.returncode == 0, out.stdout + out.stderr
-    final, attempts, _ = latest(results)
+    _final, attempts, _ = latest(results)
     assert [(a.attempt, a.state, a.exit_code) for a in attempts] == [(1, "succeeded", 0), (1, "succeeded", 0)]
 
 

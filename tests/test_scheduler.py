@@ -74,7 +74,7 @@ def make(tmp_path, exps, slots, retries=1):
 
 def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
     exps = [experiment(f"e{i}") for i in range(5)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
     thread = run_in_thread(scheduler)
     first, second = executor.next_started(), executor.next_started()
     assert {r.reservation.as_dict()["h"][0] for r in (first, second)} == {0, 1}
@@ -95,7 +95,7 @@ def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
 
 def test_transient_failures_are_retried_deterministic_ones_are_not(tmp_path):
     exps = [experiment("flaky"), experiment("oom")]
-    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]}, retries=1)
+    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]}, retries=1)
     thread = run_in_thread(scheduler)
     runs = {r.experiment.name: r for r in (executor.next_started(), executor.next_started())}
     executor.finish(runs["oom"], Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
@@ -111,7 +111,7 @@ def test_transient_failures_are_retried_deterministic_ones_are_not(tmp_path):
 
 def test_cancel_named_experiments_running_and_queued(tmp_path):
     exps = [experiment(f"e{i}") for i in range(4)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
     thread = run_in_thread(scheduler)
     executor.next_started()  # e0
     scheduler.post(Cancel(("e0", "e2")))
@@ -127,7 +127,7 @@ def test_cancel_named_experiments_running_and_queued(tmp_path):
 
 def test_interrupt_ends_running_and_leaves_queued_for_resume(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
     thread = run_in_thread(scheduler)
     executor.next_started()
     scheduler.post(Interrupt())
@@ -139,7 +139,7 @@ def test_interrupt_ends_running_and_leaves_queued_for_resume(tmp_path):
 
 def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path):
     exps = [experiment("two-nodes", num_nodes=2)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
+    _ledger, _executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
     scheduler.pool.mark_down("b")
     thread = run_in_thread(scheduler)
     thread.join(5)
@@ -149,7 +149,7 @@ def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path)
 
 def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_again_when_back(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
     thread = run_in_thread(scheduler)
     runs = {r.reservation.hosts[0]: r for r in (executor.next_started(), executor.next_started())}
     scheduler.post(HostLost("a", "no answer"))
@@ -172,7 +172,7 @@ def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_aga
 def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_path):
     """A 2-node experiment that was overtaken to its limit must not hold the queue once a host is lost."""
     exps = [experiment("big", num_nodes=2)] + [experiment(f"s{i}") for i in range(4)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
     scheduler._queue.max_bypass = 1
     thread = run_in_thread(scheduler)
     first = executor.next_started()  # big: both slots
@@ -190,7 +190,7 @@ def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_pa
 
 def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
     told, notes = [], []
 
     def broken(what, subject, outcome):
@@ -210,7 +210,7 @@ def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on
 
 def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_raised(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
+    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
     thread = run_in_thread(scheduler)
     executor.next_started(), executor.next_started()
     scheduler.post(object())  # a bug: an event nobody handles
@@ -227,7 +227,7 @@ def test_observers_are_told_what_runs_again_and_why_right_after_it_finished(tmp_
     """The retry decision is the scheduler's alone: a "requeued" note names the new attempt and carries the
     ended attempt's outcome; a deterministic failure, or a transient one with no retry left, gets none."""
     exps = [experiment("flaky"), experiment("oom"), experiment("moved")]
-    ledger, executor, scheduler = make(tmp_path, exps, {"a": [0, 1], "b": [0]}, retries=1)
+    _ledger, executor, scheduler = make(tmp_path, exps, {"a": [0, 1], "b": [0]}, retries=1)
     told = []
     scheduler.observers = [lambda what, subject, outcome: told.append((what, subject, outcome))]
     thread = run_in_thread(scheduler)

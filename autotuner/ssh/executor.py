@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .. import exitstatus, tags
 from ..attempt import prepare_directory, record_attempt
-from ..core.events import Finished, HostLost, Launched, Run
+from ..core.events import Finished, HostLost, Launched, Post, Run
 from ..launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
 from ..metrics import Metric
 from ..outcome import Outcome
@@ -80,10 +80,10 @@ class SshExecutor:
         self._workers = Workers("ssh")  # each attempt's thread, and each stop's
 
     # --- the Executor interface ---------------------------------------------------------------------------
-    def start(self, run: Run, post: Callable[[object], None]) -> None:
+    def start(self, run: Run, post: Post) -> None:
         self._workers.start(f"attempt-{run.tag}", self._attempt, run, post, partial(self._execute, run, post))
 
-    def adopt(self, run: Run, pid: int | None, since: float, post: Callable[[object], None]) -> None:
+    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
         """Follow an attempt a dead runner started on its first host (its leader `pid`, started at `since`) to
         its end, on a thread of its own; it is stopped like any run meanwhile."""
         self._workers.start(f"adopted-{run.tag}", self._attempt, run, post, partial(self._adopted, run, pid, since))
@@ -129,7 +129,7 @@ class SshExecutor:
             return str(run.dir)
         return f"{self.remote_root.rstrip('/')}/{run.tag.split('.')[0]}/{run.dir.name}"
 
-    def _attempt(self, run: Run, post: Callable[[object], None], follow: Callable[[], Outcome]) -> None:
+    def _attempt(self, run: Run, post: Post, follow: Callable[[], Outcome]) -> None:
         try:
             outcome = follow()
         except HostDown as e:
@@ -165,7 +165,7 @@ class SshExecutor:
         except Exception:
             log.warning("clean-up of %s failed", run.tag, exc_info=True)
 
-    def _execute(self, run: Run, post: Callable[[object], None]) -> Outcome:
+    def _execute(self, run: Run, post: Post) -> Outcome:
         first = run.reservation.hosts[0]
         workdir = self.workdir(run)
         prepare_directory(run)
@@ -248,7 +248,7 @@ class SshExecutor:
         """End every process carrying the attempt's tag on each of its hosts, until none is left."""
         end_tagged_remote(self.pool, list(run.reservation.hosts if hosts is None else hosts), run.tag)
 
-    def _lost(self, run: Run, host: str, post: Callable[[object], None]) -> None:
+    def _lost(self, run: Run, host: str, post: Post) -> None:
         post(HostLost(host, "stopped answering"))
         self.on_lost(host)
 

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
-from ..core.events import HostBack
+from ..core.events import HostBack, Post
 from ..threads import Workers
 from .pool import SSHPool
 
@@ -15,7 +14,7 @@ class HostWatcher:
     Its one thread is joined by `close()`.
     """
 
-    def __init__(self, pool: SSHPool, post: Callable[[object], None], interval: float = 10.0):
+    def __init__(self, pool: SSHPool, post: Post, interval: float = 10.0):
         self._pool = pool
         self._post = post
         self._interval = interval

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from ..core.events import Queued, Run
 
 # What the scheduler tells its observers.
-STARTED, ADOPTED, FINISHED, REQUEUED = "started", "adopted", "finished", "requeued"  # adopted: a run a dead runner started, followed
+# adopted: a run a dead runner started, followed to its end; requeued: queued again at once, as a new attempt.
+STARTED, ADOPTED, FINISHED, REQUEUED = "started", "adopted", "finished", "requeued"
 HOST_DOWN, HOST_UP = "host_down", "host_up"
 
 
