@@ -179,7 +179,7 @@ class Node:
         if self.running:
             return
         PRIVSEP_DIR.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115  # sshd's output for its whole life; closed by stop()
         self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_path)], stdin=subprocess.DEVNULL,
                                       stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                       preexec_fn=_die_with_parent)
@@ -192,10 +192,10 @@ class Node:
             try:
                 socket.create_connection((self.address, self.port), timeout=0.5).close()
                 return
-            except OSError:
+            except OSError as e:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"sshd for {self.name} did not accept on {self.address}:{self.port}")
+                    raise RuntimeError(f"sshd for {self.name} did not accept on {self.address}:{self.port}") from e
                 time.sleep(0.02)
 
     def stop(self) -> None:

@@ -77,7 +77,7 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
 
     for round_ in range(8):
         if round_ % 2:  # every other kill lands while experiments run (on a slow machine, random moments
-            wait_until(lambda: running_now() or proc.poll() is not None)  # may all fall in start-ups)
+            wait_until(lambda p=proc: running_now() or p.poll() is not None)  # may all fall in start-ups)
         time.sleep(rng.uniform(0.05, 1.2 if round_ % 2 == 0 else 0.4))
         if proc.poll() is not None:
             break  # the sweep finished before this round's kill

@@ -1,4 +1,5 @@
 import socket
+from pathlib import Path
 
 from autotuner import ports
 from autotuner.launch import MASTER_PORTS
@@ -11,7 +12,7 @@ def test_master_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice
         port = free_port(taken)
         assert MASTER_PORTS[0] <= port <= MASTER_PORTS[1] and port not in taken
         taken.add(port)
-    low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    low, _ = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
     assert MASTER_PORTS[1] < low  # outgoing connections are never given one of them
 
 

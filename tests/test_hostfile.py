@@ -183,7 +183,7 @@ def test_filter_errors_name_option_and_bad_part(spec: str, words: str) -> None:
 
 
 def test_filter_error_uses_given_source_name() -> None:
-    with pytest.raises(UserError, match="^sweep.hjson include 'x': unknown host"):
+    with pytest.raises(UserError, match=r"^sweep\.hjson include 'x': unknown host"):
         select_slots(hosts(), include="x", source="sweep.hjson include")
 
 

@@ -27,7 +27,8 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     script = ROOT / "experiments" / "train.py"
     single = tmp_path / "single.hjson"
     single.write_text(BASE.format(name="one", script=script, gpus=1,
-                                  space='{"zero_optimization.stage": [1, 2], "train_micro_batch_size_per_gpu": [2, 8]}'))
+                                  space='{"zero_optimization.stage": [1, 2], '
+                                        '"train_micro_batch_size_per_gpu": [2, 8]}'))
     double = tmp_path / "double.hjson"
     double.write_text(BASE.format(name="two", script=script, gpus=2,
                                   space='{"zero_optimization.stage": [2], "train_micro_batch_size_per_gpu": [8]}'))

@@ -147,11 +147,13 @@ def test_cancel_while_no_runner_is_alive(tmp_path, runners):
     assert "cancelled 2" in done.stdout
     # Applied in the ledger directly, after ending what the dead runner left (recorded interrupted).
     assert s.leftovers() == []
-    assert states(s.dir) == {"s_x0": State.INTERRUPTED, "s_x1": State.CANCELLED, "s_x2": State.CANCELLED, "s_x3": State.QUEUED}
+    assert states(s.dir) == {"s_x0": State.INTERRUPTED, "s_x1": State.CANCELLED, "s_x2": State.CANCELLED,
+                             "s_x3": State.QUEUED}
 
     code, out, err = finish(s.resume(runners, STANDIN_SECONDS=0.1))
     assert code == 1, (out, err)  # not everything succeeded: two were cancelled
-    assert states(s.dir) == {"s_x0": State.SUCCEEDED, "s_x1": State.CANCELLED, "s_x2": State.CANCELLED, "s_x3": State.SUCCEEDED}
+    assert states(s.dir) == {"s_x0": State.SUCCEEDED, "s_x1": State.CANCELLED, "s_x2": State.CANCELLED,
+                             "s_x3": State.SUCCEEDED}
     assert sorted(s.launched()) == ["s_x0", "s_x0", "s_x1", "s_x3"]  # nothing cancelled ran again
     assert s.leftovers() == []
 
@@ -372,7 +374,8 @@ def test_retries_count_failures_not_earlier_interrupted_attempts(tmp_path, runne
     # Attempt 2 fails transiently: with --retries 1 it gets its retry, although it is the second attempt.
     code, out, err = finish(s.resume(runners, FAIL_ONCE=1))
     assert code == 0, (out, err)
-    assert [(a.attempt, a.state) for a in attempts(s.dir)] == [(1, State.INTERRUPTED), (2, State.FAILED), (3, State.SUCCEEDED)]
+    assert [(a.attempt, a.state) for a in attempts(s.dir)] == [
+        (1, State.INTERRUPTED), (2, State.FAILED), (3, State.SUCCEEDED)]
 
 
 FAILURES = PREAMBLE + """\

@@ -207,7 +207,8 @@ def test_event_records_carry_what_scripts_need(midway, tmp_path):
     log = EventLog(path, "throughput", clock=lambda: next(ticks))
     log("started", run, None)
     log("finished", run, Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
-    log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1), Outcome(State.CANCELLED, "cancelled", "before it started"))
+    log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1),
+        Outcome(State.CANCELLED, "cancelled", "before it started"))
     log("host_down", "node-b", None)
     log.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -218,17 +219,17 @@ def test_event_records_carry_what_scripts_need(midway, tmp_path):
     assert records[0]["slots"] == {"node-b": [1, 2]} and records[0]["timestamp"] == T0 + 1
     assert records[1]["reason"] == "oom" and records[1]["metric"] is None
     assert records[2]["slots"] == {}
-    ok = event_record("finished", run, Outcome(State.SUCCEEDED, metrics={"throughput": 7.5, "latency": 2.0}), "throughput",
-                      T0)
+    succeeded = Outcome(State.SUCCEEDED, metrics={"throughput": 7.5, "latency": 2.0})
+    ok = event_record("finished", run, succeeded, "throughput", T0)
     assert ok["metric"] == 7.5 and ok["metrics"] == {"throughput": 7.5, "latency": 2.0} and ok["reason"] is None
 
 
 def tiny_sweep(directory: Path, count: int = 4, timeout: int = 30) -> Path:
     spec = directory / "tiny.hjson"
-    spec.write_text("{\n  name: tiny\n  script: /bin/true\n  metric: throughput\n  timeout: %d\n"
+    values = ", ".join(str(2 ** i) for i in range(count))
+    spec.write_text(f"{{\n  name: tiny\n  script: /bin/true\n  metric: throughput\n  timeout: {timeout}\n"
                     "  ds_config: { gradient_accumulation_steps: 1 }\n"
-                    "  space: { train_micro_batch_size_per_gpu: [%s] }\n}\n"
-                    % (timeout, ", ".join(str(2 ** i) for i in range(count))))
+                    f"  space: {{ train_micro_batch_size_per_gpu: [{values}] }}\n}}\n")
     return spec
 
 

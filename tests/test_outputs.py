@@ -341,4 +341,5 @@ def test_single_node_experiments_still_run_there_and_multi_node_ones_wait(tmp_pa
     assert result.returncode == 1, result.stderr
     assert "1 multi-node experiment(s) left queued" in result.stderr and "host localhost" in result.stderr
     assert launches(log) == [("m_n1_gas1", 1)]  # the two-node one was never launched (to fail and be retried)
-    assert {a.name: a.state for a in attempts(tmp_path / "results")} == {"m_n1_gas1": State.SUCCEEDED, "m_n2_gas1": "queued"}
+    assert {a.name: a.state for a in attempts(tmp_path / "results")} == {"m_n1_gas1": State.SUCCEEDED,
+                                                                        "m_n2_gas1": State.QUEUED}

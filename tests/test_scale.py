@@ -14,7 +14,7 @@ from autotuner.hostfile import localhost_hosts
 from autotuner.ledger import Ledger
 from autotuner.metrics import metric_named
 from autotuner.spec import Experiment, Sweep
-from autotuner.states import State
+from autotuner.states import Reason, State
 from autotuner.views.tables import RICH_ROWS
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, launches, states, sweep_id, tagged_pids, write_launcher
@@ -39,14 +39,15 @@ def build(tmp_path):
     ledger = Ledger.open(directory)
     ledger._db.execute("PRAGMA synchronous=OFF")  # setting up, not what is tested: no fsync per transition
     for i, e in enumerate(experiments):
-        kind = State.QUEUED if i % 300 == 5 else State.INTERRUPTED if i % 300 == 6 else State.FAILED if i % 300 == 7 else State.SUCCEEDED
+        kind = {5: State.QUEUED, 6: State.INTERRUPTED, 7: State.FAILED}.get(i % 300, State.SUCCEEDED)
         kinds[e.name] = kind
         if kind == State.QUEUED:
             continue
         ledger.start(e.name, 1, slots={"localhost": [i % 4]}, tag=f"old.{e.name}.1", dir=str(directory / e.name),
                      at=time.time())
         value = float((i * 37) % 1009 + 1)
-        ledger.finish(e.name, 1, kind, time.time(), reason={State.SUCCEEDED: None, State.FAILED: "oom"}.get(kind, "interrupted"),
+        reason = {State.SUCCEEDED: None, State.FAILED: Reason.OOM}.get(kind, Reason.INTERRUPTED)
+        ledger.finish(e.name, 1, kind, time.time(), reason=reason,
                       detail="CUDA out of memory" if kind == State.FAILED else None,
                       metric=value if kind == State.SUCCEEDED else None,
                       metrics={"throughput": value} if kind == State.SUCCEEDED else None)

@@ -219,7 +219,8 @@ def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_rais
     assert [type(e) for e in thread.errors] == [TypeError]
     assert sorted(executor.stopped) == [("e0", State.INTERRUPTED), ("e1", State.INTERRUPTED)]
     latest = {a.name: a.state for a in Ledger.open(tmp_path).latest()}
-    assert latest == {"e0": State.INTERRUPTED, "e1": State.INTERRUPTED, "e2": State.QUEUED}  # nothing new started; resume goes on
+    # nothing new started; resume goes on
+    assert latest == {"e0": State.INTERRUPTED, "e1": State.INTERRUPTED, "e2": State.QUEUED}
     assert executor.started.empty()
 
 

@@ -20,7 +20,8 @@ def test_the_first_request_wins_and_is_settled_once():
     stops = Stops()
     stops.ask(KEY, State.CANCELLED, "cancelled while running")
     stops.ask(KEY, State.TIMED_OUT, "ran past its timeout", "timeout")  # the timer firing after the cancel
-    assert stops.settle(KEY, KILLED_BY_SIGTERM) == Outcome(State.CANCELLED, State.CANCELLED, "cancelled while running", -15)
+    cancelled = Outcome(State.CANCELLED, State.CANCELLED, "cancelled while running", -15)
+    assert stops.settle(KEY, KILLED_BY_SIGTERM) == cancelled
     assert not stops.asked(KEY) and stops.settle(KEY, KILLED_BY_SIGTERM) == KILLED_BY_SIGTERM
 
 

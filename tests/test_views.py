@@ -103,7 +103,8 @@ def test_report_cli_does_not_import_plotting_or_torch(midway):
     probe = ("import sys; from typer.testing import CliRunner; from autotuner.cli import app; "
              f"r = CliRunner().invoke(app, ['report', {str(midway)!r}]); "
              f"s = CliRunner().invoke(app, ['status', {str(midway)!r}]); "
-             "print(r.exit_code, s.exit_code, [m for m in ('matplotlib', 'torch', 'deepspeed', 'PIL') if m in sys.modules])")
+             "print(r.exit_code, s.exit_code, "
+             "[m for m in ('matplotlib', 'torch', 'deepspeed', 'PIL') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "0 0 []"
 
@@ -139,7 +140,7 @@ def test_plot_axes_default_to_micro_batch_and_zero_stage_or_the_keys_named(finis
     assert choose_axes(experiments, None, None) == ("train_micro_batch_size_per_gpu", "zero_optimization.stage")
     assert choose_axes(experiments, "gradient_accumulation_steps", "train_micro_batch_size_per_gpu") == (
         "gradient_accumulation_steps", "train_micro_batch_size_per_gpu")
-    with pytest.raises(UserError, match="--x optimizer.params.beta: no experiment"):
+    with pytest.raises(UserError, match=r"--x optimizer\.params\.beta: no experiment"):
         choose_axes(experiments, "optimizer.params.beta", None)
     with pytest.raises(UserError, match="same key"):
         choose_axes(experiments, "gradient_accumulation_steps", "gradient_accumulation_steps")
@@ -277,7 +278,8 @@ def test_report_plot_and_html_while_the_sweep_runs(tmp_path):
             pytest.fail("the sweep did not get going")
         report = autotune("report", out, "--plot", "--html")
         assert report.returncode == 0, report.stderr
-        assert " running " in report.stdout and "best config, ds_config_optimal.json (the file is written" in report.stdout
+        assert " running " in report.stdout
+        assert "best config, ds_config_optimal.json (the file is written" in report.stdout
         assert "still running (runner pid" in (out / "report.html").read_text()
         assert_drawn(out / TIMELINE_PNG, 1000, 200)
     finally:
