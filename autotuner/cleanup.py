@@ -52,7 +52,8 @@ def end_tagged(tag: str, grace: float) -> None:
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
 
 
-def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[Attempt]:
+def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None,
+            attempts: list[Attempt] | None = None) -> list[Attempt]:
     """End the attempts a dead runner left running, for `autotune cancel` with no runner (a runner that takes
     the sweep over adopts them instead: `Scheduler.adopt`).
 
@@ -60,7 +61,7 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None) -> list[At
     used. Each attempt is then recorded as the exit status it recorded says (what ended while no runner was
     alive keeps its result), else interrupted.
     """
-    left = ledger.in_state(State.RUNNING)
+    left = ledger.in_state(State.RUNNING) if attempts is None else attempts
     if not left:
         return left
     metric = metric_named(ledger.meta().metric)

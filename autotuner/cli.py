@@ -9,7 +9,9 @@ import contextlib
 import logging
 import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +217,7 @@ def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: P
     from .views import watching
 
     options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
+    _interrupt_once()
     try:
         with watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
                       plain=not quiet, events=events, default_timeout=options.timeout,
@@ -229,11 +232,34 @@ def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: P
     except KeyboardInterrupt:
         typer.echo(f"\nkilled; `autotune resume {directory}` finishes the sweep", err=True)
         raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
+    _ignore_interrupts()
     try:
         _print_outcome(result)
     except OSError:  # stdout closed (`| head`): the outcome is in the results directory, the exit status says it
         _drop_stdout()
     raise typer.Exit(result.exit_code)
+
+
+def _interrupt_once() -> None:
+    """Ctrl-C outside the runner's own handling (while it sets up, or once it restored the handler it found):
+    the first press interrupts, later ones are ignored. With Python's default handler every press raised a
+    KeyboardInterrupt, and one landing while the first was handled, or as the interpreter shut down, ended the
+    process by SIGINT. The CLI owns the process: this stays until it exits (see `_ignore_interrupts`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        _ignore_interrupts()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def _ignore_interrupts() -> None:
+    """The sweep has ended (or been interrupted): what is left is printing its outcome. SIG_IGN, not a Python
+    handler, since Python resets its own handlers as it shuts down and a late press would then kill it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _echo_err(line: str) -> None:

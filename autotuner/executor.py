@@ -11,6 +11,7 @@ wrapper (see exitstatus), so a runner that takes over after a crash can follow t
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import select
 import subprocess
@@ -58,6 +59,32 @@ class Adopted:
         return None if status is None else exitstatus.as_returncode(status)
 
 
+class Child:
+    """A launched process, waited on without polling. `Popen.wait(timeout)` sleeps in steps of up to 50 ms, and
+    every attempt has a timeout (a default one too): each run held its slot ~25 ms past its end. A pidfd wakes
+    the waiter the moment the process ends; `Popen.wait()` then reaps it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self._proc = proc
+        self.pid = proc.pid
+        try:  # our child: not reaped before we wait on it, so the pid is its own
+            self._fd: int | None = os.pidfd_open(proc.pid)
+        except OSError:  # a kernel before 5.3: Popen's own (polling) wait
+            self._fd = None
+        if self._fd is not None:
+            weakref.finalize(self, os.close, self._fd)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._fd is None:
+            return self._proc.wait(timeout)
+        if timeout is not None and self._proc.returncode is None:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            if not poller.poll(max(0, math.ceil(timeout * 1000))):
+                raise subprocess.TimeoutExpired(self._proc.args, timeout)
+        return self._proc.wait()
+
+
 def _pidfd_of(pid: int, tag: str) -> int | None:
     """A pidfd for `pid` if it is alive and carries the tag (checked after opening it, so the pidfd is the
     tagged process's even if the number is reused a moment later); None otherwise."""
@@ -85,7 +112,7 @@ class LocalExecutor:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
-        self._procs: dict[Key, subprocess.Popen[bytes] | Adopted] = {}
+        self._procs: dict[Key, Child | Adopted] = {}
         self._tags: dict[Key, str] = {}
         self._ports: set[int] = set()
         self._stops = Stops()
@@ -157,15 +184,15 @@ class LocalExecutor:
             metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
             launcher=self.launcher, env=self.env)
 
-    def _spawn(self, run: Run, command: Command) -> subprocess.Popen[bytes]:
+    def _spawn(self, run: Run, command: Command) -> Child:
         argv = exitstatus.wrapped(command.argv, run.dir / exitstatus.FILENAME)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
-            proc = subprocess.Popen(argv, cwd=command.cwd or None, env={**os.environ, **command.env},
-                                    stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = Child(subprocess.Popen(argv, cwd=command.cwd or None, env={**os.environ, **command.env},
+                                          stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True))
         self._track(run, proc)
         return proc
 
-    def _track(self, run: Run, proc: subprocess.Popen[bytes] | Adopted) -> None:
+    def _track(self, run: Run, proc: Child | Adopted) -> None:
         with self._lock:
             self._procs[run.key] = proc
             self._tags[run.key] = run.tag
@@ -179,7 +206,7 @@ class LocalExecutor:
             self._procs.pop(run.key, None)
             self._tags.pop(run.key, None)
 
-    def _attempt(self, run: Run, proc: subprocess.Popen[bytes] | Adopted, port: int | None, post: Post,
+    def _attempt(self, run: Run, proc: Child | Adopted, port: int | None, post: Post,
                  follow: Callable[[], Outcome]) -> None:
         """The attempt's own thread: `follow` it to its outcome, which is posted whatever goes wrong."""
         try:
@@ -195,19 +222,19 @@ class LocalExecutor:
             exitstatus.forget(run.dir)
         post(Finished(run, settled, self.clock()))
 
-    def _watch(self, run: Run, proc: subprocess.Popen[bytes], config: dict[str, Any], command: Command) -> Outcome:
+    def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
         return self._follow(run, proc, self.clock())
 
-    def _follow(self, run: Run, proc: subprocess.Popen[bytes] | Adopted, since: float) -> Outcome:
+    def _follow(self, run: Run, proc: Child | Adopted, since: float) -> Outcome:
         """Wait for the attempt (see `Stops.wait`), end whatever of it is left, judge it."""
         exit_code = self._stops.wait(run, proc, since=since, default_timeout=self.default_timeout, clock=self.clock,
                                      end=partial(self._end, proc, run.tag))
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
         return exitstatus.judge_files(exit_code, run.dir, self.metric)
 
-    def _end(self, proc: subprocess.Popen[bytes] | Adopted, tag: str) -> None:
+    def _end(self, proc: Child | Adopted, tag: str) -> None:
         def gone_within(seconds: float) -> bool:
             try:
                 proc.wait(timeout=seconds)

@@ -2,9 +2,11 @@
 
 The runner that starts an attempt learns how it ended by waiting on it. One that takes over after a crash
 cannot wait on processes it did not start, so every launch runs under a small POSIX sh wrapper (here and on
-SSH hosts alike; nothing but sh and mv is needed): it runs the launcher as its child, waits for it, writes the
-exit status to `exit_status` in the attempt's directory (a temp file renamed into place: a reader sees all of
-it or nothing) and then ends as the launcher did, by the same signal when a signal ended it.
+SSH hosts alike; nothing but sh's builtins is needed): it runs the launcher as its child, waits for it, writes
+the exit status to `exit_status` in the attempt's directory and then ends as the launcher did, by the same
+signal when a signal ended it. The status is one short line written by one builtin `printf` (no `mv`: a fork
+and exec cost every run milliseconds of its slot); a reader trusts it only whole, ending in its newline, so a
+wrapper killed mid-write leaves "no status", never a wrong one.
 
 The wrapper is the attempt's process-group leader and carries its tag, so clean-up covers it. It traps
 SIGTERM, SIGINT and SIGHUP with a no-op (a trap, not an ignore: its child starts with the default handlers),
@@ -29,7 +31,7 @@ UNRECORDED = "ended while no runner was alive, without recording its exit status
 
 _WRAPPER = (
     'f=$1; shift; trap : TERM INT HUP; "$@"; s=$?; '
-    'printf "%s\\n" "$s" > "$f.tmp" && mv -f -- "$f.tmp" "$f"; '
+    'printf "%s\\n" "$s" > "$f"; '
     'trap - TERM INT HUP; [ "$s" -gt 128 ] && kill -$((s - 128)) $$; exit "$s"'
 )
 
@@ -55,11 +57,14 @@ def find_wrapper(tag: str) -> int | None:
 def read(status_path: str | Path) -> int | None:
     """The recorded exit status as sh reports it (128+N when signal N ended it); None if none was recorded."""
     try:
-        text = Path(status_path).read_text(encoding="ascii", errors="replace")[:16]
+        return parse(Path(status_path).read_text(encoding="ascii", errors="replace")[:16])
     except OSError:
         return None
-    text = text.strip()
-    return int(text) if text.isdigit() else None
+
+
+def parse(text: str) -> int | None:
+    """The status in the file's text; None unless it is whole (empty or cut short: the wrapper died writing)."""
+    return int(text.strip()) if text.endswith("\n") and text.strip().isdigit() else None
 
 
 def forget(directory: Path) -> None:

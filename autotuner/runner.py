@@ -241,8 +241,16 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
     experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
-    for attempt in adopt:
-        scheduler.adopt(experiments[attempt.name], attempt)
+    stray = [a for a in adopt if not scheduler.adopt(experiments[a.name], a)]
+    if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
+        from .cleanup import recover
+
+        recover(ledger, time.time(), options.grace, pool, attempts=stray)
+        states = ledger.states()  # one that ended while no runner was alive keeps what its status says
+        again = ledger.requeue([a.name for a in stray if states[a.name][1] == State.INTERRUPTED], time.time())
+        waiting += [Queued(experiments[name], number) for name, number in again.items()]
+        options.log(f"{len(stray)} attempt(s) left running on slots that were not theirs to hold: ended and "
+                    "queued again")
     if pool is not None and watcher is not None:
         from .ssh import unanswering
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from autotuner import exitstatus
 from autotuner.states import State
 
 from cli_rig import (
@@ -202,3 +203,26 @@ def test_an_attempt_keeps_its_own_exit_status_and_drops_one_that_tells_our_stop(
     assert {n: a.state for n, a in latest(out).items()} == {"a_x0": State.SUCCEEDED, "a_x1": State.CANCELLED}
     assert (out / "a_x0" / "exit_status").read_text() == "0\n"
     assert not (out / "a_x1" / "exit_status").exists()
+
+
+def test_a_status_cut_short_is_no_status():
+    """The wrapper writes its status with one builtin printf; a reader trusts only a whole line, so a wrapper
+    killed mid-write leaves "no status" (interrupted, run again), never a wrong one."""
+    assert [exitstatus.parse(text) for text in ("0\n", "137\n", "", "13", "x\n")] == [0, 137, None, None, None]
+
+
+def test_a_running_attempt_on_slots_not_its_own_is_ended_and_run_again(tmp_path, runners):
+    """A ledger edited by hand (or damaged) that records a running attempt on a slot the sweep does not have:
+    resume ends it and runs it again instead of failing with a traceback."""
+    crashed = Crashed(tmp_path, runners)
+    with sqlite3.connect(crashed.dir / "ledger.sqlite") as db:
+        db.execute("""UPDATE attempts SET slots = '{"localhost": [7]}' WHERE name = 'a_x0'""")
+    proc = crashed.runners.start("resume", crashed.dir, "-q", "--grace", 1, environ=crashed.env,
+                                 directory=crashed.dir)
+    wait_until(lambda: ("a_x0", 2) in launches(crashed.log), message="a_x0 run again")
+    crashed.gate.touch()
+    code, out, err = finish(proc)
+    assert code == 0, (out, err)
+    assert "Traceback" not in err and "ended and queued again" in err
+    assert crashed.attempts() == [(1, State.INTERRUPTED), (2, State.SUCCEEDED)]
+    assert tagged_pids(crashed.sweep) == []

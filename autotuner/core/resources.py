@@ -60,6 +60,11 @@ class SlotPool:
         """Free slots of the hosts that are up, in host order."""
         return {h: frozenset(ids) for h, ids in self._free.items() if h not in self._down}
 
+    def can_take(self, reservation: Reservation) -> bool:
+        """Whether every slot of `reservation` is one of this pool's, on a host that is up, and free."""
+        return all(host in self._free and host not in self._down and set(ids) <= self._free[host]
+                   for host, ids in reservation.slots)
+
     def take(self, reservation: Reservation) -> None:
         for host, ids in reservation.slots:
             if host in self._down or not set(ids) <= self._free[host]:

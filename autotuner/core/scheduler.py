@@ -108,8 +108,10 @@ class Scheduler:
         for item in items:
             self._queue.push(item)
 
-    def adopt(self, experiment: Experiment, attempt: Attempt) -> None:
-        """Take over an attempt that a dead runner left running; call before `run`.
+    def adopt(self, experiment: Experiment, attempt: Attempt) -> bool:
+        """Take over an attempt that a dead runner left running; call before `run`. False (nothing done) when
+        its recorded slots cannot be held: not the sweep's, or recorded for another running attempt too (a
+        ledger edited or damaged by hand); the caller ends it instead.
 
         It stays `running` in the ledger under its own number (no new attempt), its slots are taken before
         any queued work is placed, and the executor follows it to its end (its timeout counted from its
@@ -119,12 +121,15 @@ class Scheduler:
         name = experiment.name
         run = Run(experiment, attempt.attempt, Reservation.of(attempt.slots),
                   f"{self.sweep_id}.{name}.{attempt.attempt}", self.results / name)
+        if not self.pool.can_take(run.reservation):
+            return False
         self.pool.take(run.reservation)
         self._running[run.key] = run
         self._adopted.add(run.key)
         self._notify("adopted", run, None)
         since = attempt.launched_at or attempt.started_at
         self.executor.adopt(run, attempt.pid, since if since is not None else self.clock(), self.post)
+        return True
 
     def post(self, event: Event) -> None:
         """Thread-safe: hand an event to the dispatcher."""

@@ -278,8 +278,8 @@ class AdoptedRemote:
             return None
         with self._lock:
             if not self._read:
-                text = self.pool.run(self.host, f"cat -- {shlex.quote(self.status_path)}", timeout=30).stdout.strip()
-                self._status, self._read = (int(text) if text.isdigit() else None), True
+                text = self.pool.run(self.host, f"cat -- {shlex.quote(self.status_path)}", timeout=30).stdout
+                self._status, self._read = exitstatus.parse(text), True
             return self._status
 
     def signal(self, sig: int | str = signal.SIGTERM) -> bool:
