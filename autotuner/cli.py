@@ -155,7 +155,7 @@ def run(
     exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
     slots: int | None = typer.Option(None, "--slots", min=1,
                                      help="Run on this many CPU slots of this machine (no GPU needed)."),
-    results: Path | None = typer.Option(None, "--results", "-o",
+    results: str | None = typer.Option(None, "--results", "-o",
                                         help="Results directory \\[default: results/NAME-TIME]."),
     script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
@@ -192,7 +192,10 @@ def run(
                                          log=notes.append)
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, timeout=timeout_seconds(timeout))
-        directory = autotuner.prepare(sweep, cluster, results, launcher=launch, timeout=options.timeout)
+        if results is not None and not results.strip():  # Path("") is ".": a sweep spread over the current directory
+            raise UserError("--results: an empty path; name a directory")
+        directory = autotuner.prepare(sweep, cluster, None if results is None else Path(results), launcher=launch,
+                                      timeout=options.timeout)
     except UserError as e:
         raise fail(e) from None
     for note in notes:

@@ -389,3 +389,12 @@ def test_timeout_values():
 
     assert timeout_seconds(None) == limits.DEFAULT_TIMEOUT == 3600
     assert timeout_seconds("none") is None and timeout_seconds(5.0) == 5.0
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_results_path_is_refused_not_taken_for_the_current_directory(tmp_path, value):
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = autotune("run", path, "--slots", 1, "--results", value, timeout=60, cwd=tmp_path)
+    refused(result, "--results", "empty path")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no ledger, hostfile or runner.lock here
