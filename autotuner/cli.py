@@ -102,6 +102,9 @@ def _timeout_value(text: str) -> float | str:
         raise typer.BadParameter(f"expected a number of seconds or `none`, not {shown(text)}") from None
     if not (0 < value < float("inf")):
         raise typer.BadParameter(f"expected a positive number of seconds or `none`, not {shown(text)}")
+    if value > limits.SECONDS:
+        raise typer.BadParameter(f"{shown(text)} seconds is more than {limits.SECONDS:,} (the limit); "
+                                 "use `none` for no limit")
     return value
 
 
@@ -134,6 +137,8 @@ def _seconds(value: float | None, option: str, *, positive: bool = False) -> Non
                               or (positive and value == 0)):
         raise UserError(f"{option} must be a {'positive' if positive else 'non-negative'} number of seconds, "
                         f"not {value:g}")
+    if value is not None and value > limits.SECONDS:
+        raise UserError(f"{option} {value:g} is more than {limits.SECONDS:,} seconds (the limit)")
 
 
 def _check_ssh_config(path: Path | None) -> None:
@@ -177,7 +182,7 @@ def run(
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
     try:
-        _seconds(deadline, "--deadline")
+        _seconds(deadline, "--deadline", positive=True)
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
@@ -299,7 +304,7 @@ def resume(
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     try:
-        _seconds(deadline, "--deadline")
+        _seconds(deadline, "--deadline", positive=True)
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
         if events is not None:

@@ -80,8 +80,8 @@ def check_fits(sweep: Sweep, cluster: Cluster) -> None:
             key = "num_gpus" if e.num_gpus > widest else "num_nodes"
             origin = sweep.origins.get(e.name)
             hint = ""
-            if e.num_nodes > 1 and all(is_local(h) for h in cluster.slots):
-                hint = "; this machine is one node: --hostfile gives the sweep more"
+            if e.num_nodes > 1 and len(cluster.slots) == 1 and all(is_local(h) for h in cluster.slots):
+                hint = "; this machine is one node: a hostfile of more nodes (--hostfile) gives the sweep more"
             raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each; "
                             f"the cluster has {len(cluster.slots)} node(s), at most {widest} slot(s) on one{hint}",
                             origin.path if origin else e.source, origin.line_of(key) if origin else None)

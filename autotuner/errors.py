@@ -24,12 +24,19 @@ class UserError(Exception):
     col: int | None = None
 
     def __str__(self) -> str:
-        where = [str(self.path)] if self.path is not None else []
+        where = [_short_path(str(self.path))] if self.path is not None else []
         if self.path is not None and self.line is not None:
             where.append(str(self.line))
             if self.col is not None:
                 where.append(str(self.col))
         return ":".join(where) + (": " if where else "") + self.message
+
+
+def _short_path(path: str, limit: int = 200) -> str:
+    """A path as the error line names it: whole when it is of a sane length, else its start and end (where the
+    file's own name is) around an ellipsis, so that a 10,000-character path cannot fill the screen."""
+    path = " ".join(path.split())  # no newline may break the one line
+    return path if len(path) <= limit else f"{path[:limit // 2 - 2]}...{path[-(limit // 2 - 1):]}"
 
 
 def shown(value: object, limit: int = SHOWN, *, quoted: bool = True) -> str:

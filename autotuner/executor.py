@@ -50,11 +50,8 @@ class Adopted:
             weakref.finalize(self, os.close, self._fd)
 
     def wait(self, timeout: float | None = None) -> int | None:
-        if self._fd is not None:
-            poller = select.poll()
-            poller.register(self._fd, select.POLLIN)
-            if not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+        if self._fd is not None and not _ended_within(self._fd, timeout):
+            raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
         status = exitstatus.read(self._status_path)
         return None if status is None else exitstatus.as_returncode(status)
 
@@ -77,12 +74,26 @@ class Child:
     def wait(self, timeout: float | None = None) -> int:
         if self._fd is None:
             return self._proc.wait(timeout)
-        if timeout is not None and self._proc.returncode is None:
-            poller = select.poll()
-            poller.register(self._fd, select.POLLIN)
-            if not poller.poll(max(0, math.ceil(timeout * 1000))):
-                raise subprocess.TimeoutExpired(self._proc.args, timeout)
+        if timeout is not None and self._proc.returncode is None and not _ended_within(self._fd, timeout):
+            raise subprocess.TimeoutExpired(self._proc.args, timeout)
         return self._proc.wait()
+
+
+def _ended_within(pidfd: int, timeout: float | None) -> bool:
+    """Whether the process behind `pidfd` ends within `timeout` seconds (None: waits for it). poll() takes at
+    most 2^31-1 ms (24.8 days), so a longer wait is made of such pieces rather than overflowing."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    if timeout is None:
+        return bool(poller.poll(None))
+    left_ms = max(0, math.ceil(timeout * 1000))
+    while True:
+        piece = min(left_ms, 2**31 - 1)
+        if poller.poll(piece):
+            return True
+        left_ms -= piece
+        if left_ms <= 0:
+            return False
 
 
 def _pidfd_of(pid: int, tag: str) -> int | None:

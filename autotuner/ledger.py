@@ -315,6 +315,13 @@ class Ledger:
             for table, column, kind in (("experiments", "spec", dict), ("attempts", "slots", dict),
                                         ("attempts", "metrics", dict), ("requests", "names", list)):
                 self._check_json(table, column, kind)
+            for column, words in (("state", State), ("reason", Reason)):  # what reading them would refuse later
+                known = [str(w) for w in words]
+                marks = ",".join("?" * len(known))
+                odd = self._db.execute(f"SELECT {column} FROM attempts WHERE {column} IS NOT NULL AND "
+                                       f"{column} NOT IN ({marks}) LIMIT 1", known).fetchone()
+                if odd is not None:
+                    raise self._corrupt(f"attempts.{column} {str(odd[0])[:40]!r} is not one this autotuner knows")
         except sqlite3.DatabaseError as e:
             if _damaged(e):
                 raise self._corrupt(str(e)) from None

@@ -26,7 +26,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, shown
 
 METRICS_PATH_ENV = "AUTOTUNE_METRICS_PATH"
 
@@ -98,16 +98,16 @@ def metric_named(name: str, *, path: str | Path | None = None, line: int | None 
     known = KNOWN.get(key) or _ALIASES.get(key)
     if not sep:
         if known is None:
-            raise UserError(f"unknown metric {text!r}: use one of {', '.join(KNOWN)}, or name:min / name:max "
+            raise UserError(f"unknown metric {shown(text)}: use one of {', '.join(KNOWN)}, or name:min / name:max "
                             "for a metric your script writes itself", path, line)
         return known
     if direction not in ("min", "max") or not _CUSTOM_NAME.fullmatch(key):
-        raise UserError(f"bad metric {text!r}: expected NAME:min or NAME:max (NAME of letters, digits, _ . -)",
+        raise UserError(f"bad metric {shown(text)}: expected NAME:min or NAME:max (NAME of letters, digits, _ . -)",
                         path, line)
     metric = Metric(key, minimize=direction == "min")
     if known is not None and known.minimize != metric.minimize:
         raise UserError(f"metric {known.name} is {'minimized' if known.minimize else 'maximized'}; "
-                        f"{text!r} contradicts that", path, line)
+                        f"{shown(text)} contradicts that", path, line)
     return known or metric
 
 
@@ -158,8 +158,7 @@ def read_metrics(path: str | Path, metric: Metric) -> dict[str, float]:
         raise MetricsError(f"metric {metric.name!r} missing (keys: {present})", path)
     value = _finite(data[metric.name])
     if value is None or value < 0:
-        shown = _shown(data[metric.name])
-        raise MetricsError(f"metric {metric.name!r} is {shown}, not a finite number >= 0", path)
+        raise MetricsError(f"metric {metric.name!r} is {_shown(data[metric.name])}, not a finite number >= 0", path)
     return {str(k): v for k, v in ((k, _finite(v)) for k, v in data.items()) if v is not None}
 
 

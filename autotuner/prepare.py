@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import limits
-from .errors import UserError
+from .errors import UserError, shown
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -46,6 +46,7 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     from .ledger import FILENAME
 
     check_fits(sweep, cluster)
+    _check_launcher(launcher, cluster)
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
@@ -70,6 +71,19 @@ def open_sweep(directory: str | Path) -> Ledger:
         return Ledger.open(Path(directory))
     except FileNotFoundError:
         raise UserError("no sweep here (no ledger.sqlite)", directory) from None
+
+
+def _check_launcher(launcher: Sequence[str] | None, cluster: Cluster) -> None:
+    """A launcher given for a sweep that runs only here must be a command this machine has: otherwise every
+    experiment would be launched, fail with exit status 127 and be retried. (On other hosts it runs there.)"""
+    import shutil
+
+    from .hostfile import is_local
+
+    if not launcher or not all(is_local(h) for h in cluster.slots):
+        return
+    if shutil.which(launcher[0]) is None:
+        raise UserError(f"--launcher: {shown(launcher[0])}: no such command on this machine")
 
 
 def _make_results_directory(directory: Path, ledger_name: str) -> list[Path]:

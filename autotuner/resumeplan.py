@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import limits
 from .errors import UserError
+from .ledger import FILENAME
 from .prepare import open_sweep
 from .spec import Experiment, Sweep, SweepInputs, load_sweep
 
@@ -59,7 +60,10 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         recorded = ledger.meta().reload
     reload = dict(recorded)
     timeout = _recorded_timeout(reload.get("timeout"))
-    inputs = SweepInputs.from_json(reload)
+    try:
+        inputs = SweepInputs.from_json(reload)
+    except ValueError as e:
+        raise UserError(f"corrupt sweep ledger: {e}", Path(directory) / FILENAME) from None
     if inputs is None:
         return ResumePlan(timeout=timeout)
     gone = [p for p in inputs.specs if not os.path.exists(p)]

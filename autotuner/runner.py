@@ -167,6 +167,9 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
                 pool.close()
             ledger.close()
         snap = snapshot(directory, every_experiment=False)  # the outcome files need only the best's spec
+        # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
+        interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
+                                          for a in snap.attempts)
         return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
     finally:
         lock.release()

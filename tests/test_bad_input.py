@@ -398,3 +398,79 @@ def test_an_empty_results_path_is_refused_not_taken_for_the_current_directory(tm
     result = autotune("run", path, "--slots", 1, "--results", value, timeout=60, cwd=tmp_path)
     refused(result, "--results", "empty path")
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no ledger, hostfile or runner.lock here
+
+
+# --- found by an outside review: each a class of its own -----------------------------------------------------------
+OK_STANDIN = '#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n'
+
+
+@pytest.mark.parametrize("option", [("--timeout", "3000000"), ("--timeout", "1e12"), ("--deadline", "1e300"),
+                                    ("--deadline", "0"), ("--grace", "1e9")])
+def test_seconds_past_what_the_os_can_wait_are_refused(tmp_path, option):
+    """A timeout of 25 days or more overflowed the wait: every experiment launched, then failed, then was
+    retried. Bounded up front (limits.SECONDS), and a deadline of 0 is not "no deadline"."""
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    refused(run(tmp_path, path, *option), "", option[0], tmp_path=tmp_path)
+
+
+def test_a_timeout_past_the_limit_in_a_sweep_file_is_located(tmp_path):
+    path = sweep(tmp_path, "{\n  script: train.py\n  timeout: 1e300\n  ds_config: {}\n}\n")
+    refused(run(tmp_path, path), f"{path}:3", "1,000,000 seconds", tmp_path=tmp_path)
+
+
+def test_an_empty_metric_and_a_missing_launcher_are_refused(tmp_path):
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    refused(run(tmp_path, path, "--metric", ""), "unknown metric ''", tmp_path=tmp_path)
+    refused(run(tmp_path, path, "--launcher", "no-such-launcher-xyz"), "--launcher", "no such command",
+            tmp_path=tmp_path)
+
+
+def test_paths_too_long_are_one_short_line(tmp_path):
+    long_spec = tmp_path / ("/".join(["abcdefgh"] * 1200) + ".hjson")
+    line = refused(run(tmp_path, long_spec), "", "cannot read", tmp_path=tmp_path)
+    assert "..." in line
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    result = autotune("run", path, "--slots", 1, "-o", tmp_path / ("d/" * 3000), timeout=60)
+    refused(result, "", "...")
+
+
+def test_events_into_the_sweeps_own_files_or_a_fifo_nobody_reads_are_refused(tmp_path):
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    launcher = write_launcher(tmp_path, OK_STANDIN)
+    done = run(tmp_path, path, "--launcher", launcher, "-q")
+    assert done.returncode == 0, done.stderr
+    results = tmp_path / "results"
+    before = sorted(p.name for p in results.iterdir())
+    refused(autotune("resume", results, "--events", results / "ledger.sqlite"), results / "ledger.sqlite",
+            "sweep's own files")
+    assert sorted(p.name for p in results.iterdir()) == before
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    refused(autotune("run", path, "--slots", 1, "--launcher", launcher, "-o", tmp_path / "other", "--events", fifo,
+                     timeout=30), fifo, "nobody reads")
+    assert not (tmp_path / "other").exists()
+
+
+def test_html_into_a_missing_directory_is_one_line(tmp_path):
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    assert run(tmp_path, path, "--launcher", write_launcher(tmp_path, OK_STANDIN), "-q").returncode == 0
+    result = autotune("report", tmp_path / "results", "--html", tmp_path / "nodir" / "x.html")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"autotune: error: {tmp_path / 'nodir' / 'x.html'}")
+
+
+def test_a_ledger_with_words_or_records_this_version_does_not_know_is_refused_before_the_lock(tmp_path):
+    import sqlite3
+
+    path = sweep(tmp_path, "{\n  script: train.py\n  ds_config: {}\n}\n")
+    assert run(tmp_path, path, "--launcher", write_launcher(tmp_path, OK_STANDIN), "-q").returncode == 0
+    results = tmp_path / "results"
+    (results / "runner.lock").unlink()
+    with sqlite3.connect(results / "ledger.sqlite") as db:
+        db.execute("UPDATE attempts SET state = 'exploded'")
+    refused(autotune("resume", results), results / "ledger.sqlite", "corrupt", "exploded")
+    assert not (results / "runner.lock").exists()
+    with sqlite3.connect(results / "ledger.sqlite") as db:
+        db.execute("UPDATE attempts SET state = 'succeeded'")
+        db.execute("""UPDATE meta SET value = '{"specs": 5}' WHERE key = 'reload'""")
+    refused(autotune("resume", results), results / "ledger.sqlite", "corrupt", "reload")

@@ -47,6 +47,13 @@ def _load_file(path: Path, defaults: Defaults, budget: Budget) -> Loaded:
 
 
 def _files(path: Path, budget: Budget) -> list[Path]:
+    try:
+        return _files_at(path, budget)
+    except OSError as e:  # a name too long, a loop of links, a directory we may not read
+        raise UserError(f"cannot read: {e.strerror or e}", path) from None
+
+
+def _files_at(path: Path, budget: Budget) -> list[Path]:
     if path.is_dir():
         files = []
         with os.scandir(path) as entries:  # every file makes an experiment: stop at the sweep's limit
@@ -86,7 +93,7 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
         script = cli_script
     if timeout is not None and (not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0):
         raise UserError(f"--timeout must be a positive number of seconds, not {shown(timeout)}")
-    chosen = metric_named(metric) if metric else None
+    chosen = metric_named(metric) if metric is not None else None  # "" is a mistake, not "the default"
     defaults = Defaults(script, tuple(str(a) for a in args), None if timeout is None else float(timeout))
 
     budget = Budget()

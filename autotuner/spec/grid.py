@@ -106,6 +106,8 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         timeout = data["timeout"]
         if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
             raise src.error(f"timeout must be a positive number of seconds, not {shown(timeout)}", "timeout")
+        if timeout > limits.SECONDS:
+            raise src.error(f"timeout {timeout:g} is more than {limits.SECONDS:,} seconds (the limit)", "timeout")
         timeout = float(timeout)
     env = env_of(src, data.get("env", {}))
     base = ds_config_of(src, data["ds_config"]) if data.get("ds_config") is not None else {}

@@ -146,8 +146,15 @@ class SweepInputs:
         """The inputs a ledger recorded; None when it recorded none (a sweep made in Python)."""
         if not data.get("specs"):
             return None
-        return cls(tuple(str(p) for p in data["specs"]), data.get("script"),
-                   tuple(shlex.split(str(data.get("args") or ""))), data.get("metric"))
+        specs, script, args, metric = data["specs"], data.get("script"), data.get("args") or "", data.get("metric")
+        if not (isinstance(specs, list) and all(isinstance(p, str) for p in specs) and isinstance(args, str)
+                and all(v is None or isinstance(v, str) for v in (script, metric))):
+            raise ValueError("meta 'reload' is not what `run` records")
+        try:
+            words = tuple(shlex.split(args))
+        except ValueError:
+            raise ValueError("meta 'reload' holds arguments that are not shell words") from None
+        return cls(tuple(specs), script, words, metric)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ thread with ("started" | "adopted", Run, None), ("finished", Run or an unstarted
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -75,8 +76,10 @@ def check_events_path(path: Path) -> None:
 
     Proven by writing, since permission bits say nothing to root and /dev/full or a full disk open fine and
     fail on write: a regular file takes one byte that is then truncated away (a file made for the test is
-    removed again); a device or terminal takes an empty write. A FIFO or socket is left alone: opening it
-    would wait for a reader, and closing it could end that reader's input.
+    removed again); a device or terminal takes an empty write. A FIFO must have a reader now (a blocking open
+    would wait for one, silently, after the results directory was made); the end opened to check it stays open
+    until the process exits, since closing it could end the reader's input. A socket is left alone. The
+    sweep's own files (its ledger, above all) are refused: events written there would be lost, or worse.
     """
     path = Path(path)
     try:
@@ -89,7 +92,16 @@ def check_events_path(path: Path) -> None:
         raise UserError("is a directory; --events wants a file", path)
     if mode is None and not (path.parent if str(path.parent) else Path(".")).is_dir():
         raise UserError("no such directory for the --events file", path)
-    if mode is not None and (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+    if _is_sweep_file(path):
+        raise UserError("is one of the sweep's own files; --events wants a file of its own", path)
+    if mode is not None and stat.S_ISFIFO(mode):
+        try:
+            _HELD.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except OSError as e:
+            raise UserError("a FIFO that nobody reads yet; start its reader first" if e.errno == errno.ENXIO
+                            else f"cannot write the --events file: {e.strerror or e}", path) from None
+        return
+    if mode is not None and stat.S_ISSOCK(mode):
         if not os.access(path, os.W_OK):
             raise UserError("cannot write the --events file here", path)
         return
@@ -97,6 +109,17 @@ def check_events_path(path: Path) -> None:
         _write_probe(path, regular=mode is None or stat.S_ISREG(mode), created=mode is None)
     except OSError as e:
         raise UserError(f"cannot write the --events file: {e.strerror or e}", path) from None
+
+
+_HELD: list[int] = []  # write ends of --events FIFOs, open until the process exits (see check_events_path)
+
+
+def _is_sweep_file(path: Path) -> bool:
+    """Whether `path` names one of a results directory's own files (its ledger, hostfile, lock, summary...)."""
+    from ..spec import RESERVED_NAMES
+
+    directory = path.parent if str(path.parent) else Path(".")
+    return (directory / "ledger.sqlite").exists() and bool(RESERVED_NAMES.fullmatch(path.name))
 
 
 def _write_probe(path: Path, *, regular: bool, created: bool) -> None:

@@ -11,6 +11,7 @@ import time
 from html import escape
 from pathlib import Path
 
+from ..errors import UserError
 from ..files import write_atomic
 from ..lock import holder_pid
 from ..metrics import format_value
@@ -145,5 +146,9 @@ def write_html(directory: Path, path: Path | None = None, *, x: str | None = Non
         except NoMatplotlib as e:
             note = str(e)
     target = Path(path) if path else directory / REPORT_HTML
-    write_atomic(target, render_html(snap, report_rows(snap), plots, note, holder_pid(directory)).encode("utf-8"))
+    page = render_html(snap, report_rows(snap), plots, note, holder_pid(directory)).encode("utf-8")
+    try:
+        write_atomic(target, page)
+    except OSError as e:  # no such directory, read-only, full: the user's choice of place, one line
+        raise UserError(f"cannot write the HTML report: {e.strerror or e}", target) from None
     return target, note

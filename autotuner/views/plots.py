@@ -271,6 +271,9 @@ def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None) 
     """Draw both plots into the sweep's directory; returns their paths."""
     paths = []
     for name, data in render_plots(snap, x, lines).items():
-        write_atomic(snap.directory / name, data)
+        try:
+            write_atomic(snap.directory / name, data)
+        except OSError as e:  # a read-only or full results directory
+            raise UserError(f"cannot write the plot: {e.strerror or e}", snap.directory / name) from None
         paths.append(snap.directory / name)
     return paths
