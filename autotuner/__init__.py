@@ -40,8 +40,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from pathlib import Path
 
     from .cluster import Cluster
-    from .metrics import Metric, metric_named
-    from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes
+    from .metrics import KNOWN, Metric, metric_named
+    from .results import OPTIMAL_COMMAND
+    from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .runner import (
         EXIT_FAILED,
         EXIT_INTERRUPTED,
@@ -55,8 +56,14 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     )
     from .spec import Experiment, Sweep, load_sweep
     from .ssh.probe import check_hostfile as check_hosts
+    from .views.compare import render_compare
+    from .views.events import check_events_path
+    from .views.html import write_html
+    from .views.live import watching
+    from .views.plots import write_plots
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
+    from .views.tables import render_hosts, render_report, render_status
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
@@ -67,6 +74,7 @@ _LAZY = {
     "Sweep": (".spec", "Sweep"),
     "Metric": (".metrics", "Metric"),
     "metric_named": (".metrics", "metric_named"),
+    "KNOWN": (".metrics", "KNOWN"),
     "Cluster": (".cluster", "Cluster"),
     "check_hosts": (".ssh.probe", "check_hostfile"),
     "execute": (".runner", "execute"),
@@ -82,14 +90,27 @@ _LAZY = {
     "ResumePlan": (".resumeplan", "ResumePlan"),
     "spec_changes": (".resumeplan", "spec_changes"),
     "SpecChanges": (".resumeplan", "SpecChanges"),
+    "timeout_seconds": (".resumeplan", "timeout_seconds"),
+    "OPTIMAL_COMMAND": (".results", "OPTIMAL_COMMAND"),
     "snapshot": (".views.snapshot", "load"),
     "Snapshot": (".views.snapshot", "Snapshot"),
+    # What the `autotune` command prints and writes: the views, each on first use (rich, matplotlib only then).
+    "render_status": (".views.tables", "render_status"),
+    "render_report": (".views.tables", "render_report"),
+    "render_hosts": (".views.tables", "render_hosts"),
+    "render_compare": (".views.compare", "render_compare"),
+    "write_plots": (".views.plots", "write_plots"),
+    "write_html": (".views.html", "write_html"),
+    "watching": (".views.live", "watching"),
+    "check_events_path": (".views.events", "check_events_path"),
 }
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "Cluster", "Experiment", "Metric", "Options",
-           "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep",
-           "UserError", "__version__", "cancel", "check_hosts", "default_directory", "execute", "load_cluster",
-           "load_sweep", "metric_named", "prepare", "resume", "resume_plan", "run", "snapshot", "spec_changes"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "Cluster",
+           "Experiment", "Metric", "Options", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh",
+           "State", "Stopped", "Sweep", "UserError", "__version__", "cancel", "check_events_path", "check_hosts",
+           "default_directory", "execute", "load_cluster", "load_sweep", "metric_named", "prepare", "render_compare",
+           "render_hosts", "render_report", "render_status", "resume", "resume_plan", "run", "snapshot",
+           "spec_changes", "timeout_seconds", "watching", "write_html", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,10 +18,13 @@ from typing import Any
 import typer
 
 import autotuner
+from autotuner import UserError
 
+# Not sweep operations, so not API: `limits`, the bounds that option values are checked against and the default
+# timeout named in --timeout's help (applied by `autotuner.timeout_seconds`), and `shown`, which quotes user
+# text in a one-line message.
 from . import limits
-from .errors import UserError, shown
-from .metrics import KNOWN
+from .errors import shown
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a space of DeepSpeed configurations across GPU slots and keep the fastest.")
@@ -108,16 +111,6 @@ def _timeout_value(text: str) -> float | str:
     return value
 
 
-def timeout_seconds(given: float | str | None) -> float | None:
-    """What a --timeout value means for experiments whose spec gives none: None (not given) is the default
-    limit, `none` is no limit."""
-    if given == "none":
-        return None
-    if isinstance(given, (int, float)) and not isinstance(given, bool) and 0 < given < float("inf"):
-        return float(given)
-    return limits.DEFAULT_TIMEOUT  # not given (or, in a ledger's record of `run`, not a usable value)
-
-
 def fail(error: UserError | str) -> typer.Exit:
     typer.echo(f"autotune: error: {error}", err=True)
     return typer.Exit(2)
@@ -164,7 +157,7 @@ def run(
                                         help="Results directory \\[default: results/NAME-TIME]."),
     script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
-    metric: str | None = typer.Option(None, "--metric", help=f"{', '.join(KNOWN)}, or NAME:min|max."),
+    metric: str | None = typer.Option(None, "--metric", help=f"{', '.join(autotuner.KNOWN)}, or NAME:min|max."),
     timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
@@ -187,16 +180,14 @@ def run(
         _check_ssh_config(ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         if events is not None:
-            from .views import check_events_path
-
-            check_events_path(events)
+            autotuner.check_events_path(events)
         # Paths absolute: `resume` reads them again from any directory.
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
                                      metric=metric)
         cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
                                          log=notes.append)
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                    retries=retries, deadline=deadline, timeout=timeout_seconds(timeout))
+                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout))
         if results is not None and not results.strip():  # Path("") is ".": a sweep spread over the current directory
             raise UserError("--results: an empty path; name a directory")
         directory = autotuner.prepare(sweep, cluster, None if results is None else Path(results), launcher=launch,
@@ -222,12 +213,10 @@ def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None) ->
 def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: Path | None = None,
              retry_failed: bool = False, new_experiments: tuple[autotuner.Experiment, ...] = ()) -> None:
     """Run it, watched: a live view on a terminal, one plain line per event otherwise, nothing with --quiet."""
-    from .views import watching
-
     options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
     _interrupt_once()
     try:
-        with watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
+        with autotuner.watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
                       plain=not quiet, events=events, default_timeout=options.timeout,
                       retry_failed=retry_failed, added=new_experiments):
             result = autotuner.execute(directory, options, retry_failed=retry_failed,
@@ -308,9 +297,7 @@ def resume(
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
         if events is not None:
-            from .views import check_events_path
-
-            check_events_path(events)
+            autotuner.check_events_path(events)
         plan = autotuner.resume_plan(directory, only_new=only_new)
     except UserError as e:
         raise fail(e) from None
@@ -318,7 +305,7 @@ def resume(
         typer.echo(f"autotune: note: {note}", err=True)
     options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace, retries=retries,
                                 deadline=deadline,
-                                timeout=plan.timeout if timeout is None else timeout_seconds(timeout))
+                                timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout))
     _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 
 
@@ -340,17 +327,13 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
-    from .views import render_status
-
     try:
-        sys.stdout.write(render_status(directory, as_json))
+        sys.stdout.write(autotuner.render_status(directory, as_json))
     except UserError as e:
         raise fail(e) from None
 
 
-def _print_outcome(result) -> None:
-    from .results import OPTIMAL_COMMAND
-
+def _print_outcome(result: autotuner.Result) -> None:
     snap = result.snapshot
     counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
     typer.echo(f"\n{len(snap.attempts)} experiments: {counts}")
@@ -360,7 +343,7 @@ def _print_outcome(result) -> None:
     else:
         typer.echo(f"best: {best.name} with {snap.metric.name} {best.metric:.6g}")
         typer.echo(f"  config:  {result.optimal_config}")
-        typer.echo(f"  command: {snap.directory / OPTIMAL_COMMAND}")
+        typer.echo(f"  command: {snap.directory / autotuner.OPTIMAL_COMMAND}")
     if result.interrupted:
         typer.echo(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
 
@@ -379,17 +362,15 @@ def report(
                                        "HTML page: table, best config, command, plots \\[FILE: DIR/report.html]."),
 ) -> None:
     """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason."""
-    from . import views
-
     try:
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
-        sys.stdout.write(views.render_report(directory, fmt))
+        sys.stdout.write(autotuner.render_report(directory, fmt))
         if plot:
-            paths = views.write_plots(views.load(directory), x, lines)
+            paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
             typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
         if html is not None:
-            page, note = views.write_html(directory, Path(html) if html else None, x=x, lines=lines)
+            page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines)
             typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
     except UserError as e:
         raise fail(e) from None
@@ -402,10 +383,8 @@ def compare(
     fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
 ) -> None:
     """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
-    from .views import render_compare
-
     try:
-        sys.stdout.write(render_compare(dir_a, dir_b, fmt))
+        sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt))
     except UserError as e:
         raise fail(e) from None
 
@@ -430,15 +409,13 @@ def hosts(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
-    from .views import render_hosts
-
     try:
         _check_ssh_config(ssh_config)
         listed, reports = autotuner.check_hosts(hostfile, str(ssh_config) if ssh_config else None,
                                                 accept_new_hosts)
     except UserError as e:
         raise fail(e) from None
-    sys.stdout.write(render_hosts(f"hosts of {hostfile}", listed, reports, as_json))
+    sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports, as_json))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
 
 

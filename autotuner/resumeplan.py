@@ -59,7 +59,7 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
     with open_sweep(directory) as ledger:
         recorded = ledger.meta().reload
     reload = dict(recorded)
-    timeout = _recorded_timeout(reload.get("timeout"))
+    timeout = timeout_seconds(reload.get("timeout"))
     try:
         inputs = SweepInputs.from_json(reload)
     except ValueError as e:
@@ -80,9 +80,10 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
     return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout)
 
 
-def _recorded_timeout(value: object) -> float | None:
-    """The run's recorded timeout: seconds, `none` (no limit), or nothing (a ledger from before it was recorded:
-    the default)."""
+def timeout_seconds(value: object) -> float | None:
+    """The one reading of a run's timeout for experiments whose spec gives none, whether given (`--timeout`,
+    parsed to seconds or `none`) or recorded in the ledger: seconds, `none` (no limit), or nothing (not given,
+    a ledger from before it was recorded, or not a usable value: the default limit)."""
     if value == "none":
         return None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf"):

@@ -385,7 +385,7 @@ def test_deepspeed_files_get_the_default_timeout_and_none_lifts_it(tmp_path):
 
 
 def test_timeout_values():
-    from autotuner.cli import timeout_seconds
+    from autotuner import timeout_seconds
 
     assert timeout_seconds(None) == limits.DEFAULT_TIMEOUT == 3600
     assert timeout_seconds("none") is None and timeout_seconds(5.0) == 5.0
