@@ -250,8 +250,8 @@ def test_fit_errors_name_the_line_that_asks_for_too_much(tmp_path):
     path = sweep(tmp_path, f"script: train.py\nds_config: {GOOD_BASE}\nnum_gpus: 4\n")
     refused(run(tmp_path, path, slots=2), f"{path}:3:", "needs 1 node(s) with 4 slot(s)", tmp_path=tmp_path)
     path.write_text(f"script: train.py\nnum_nodes: 2\nds_config: {GOOD_BASE}\n")
-    refused(run(tmp_path, path, slots=2), f"{path}:2:", "needs 2 node(s)", "a hostfile of more nodes (--hostfile) gives the sweep more",
-            tmp_path=tmp_path)
+    refused(run(tmp_path, path, slots=2), f"{path}:2:", "needs 2 node(s)",
+            "a hostfile of more nodes (--hostfile) gives the sweep more", tmp_path=tmp_path)
     path.write_text(f"script: train.py\nds_config: {GOOD_BASE}\nspace: {{\n  x: [1]\n  num_gpus: [1, 8]\n}}\n")
     refused(run(tmp_path, path, slots=2), f"{path}:5:", "needs 1 node(s) with 8 slot(s)", tmp_path=tmp_path)
     exp = tmp_path / "exp.json"
