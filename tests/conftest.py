@@ -35,3 +35,15 @@ def ssh_nodes(_ssh_nodes_session):
     """
     _ssh_nodes_session.start()
     return _ssh_nodes_session
+
+
+# --- background `autotune` processes (tests/cli_rig.py) ---------------------------------------------------------
+
+@pytest.fixture
+def runners():
+    """`cli_rig.Runners`: the test's background `autotune` processes, whatever is left of them killed at the end."""
+    from cli_rig import Runners
+
+    r = Runners()
+    yield r
+    r.cleanup()

@@ -42,13 +42,6 @@ if [ -n "$END_WITH" ]; then eval "$END_WITH"; fi
 """ + WRITE_METRICS
 
 
-@pytest.fixture
-def runners():
-    r = Runners()
-    yield r
-    r.cleanup()
-
-
 class Crashed:
     """A one-experiment sweep whose runner was killed (-9) while its stand-in ran at the gate."""
 

@@ -16,7 +16,6 @@ from autotuner.states import State
 from cli_rig import (
     PREAMBLE,
     WRITE_METRICS,
-    Runners,
     attempts,
     autotune,
     env,
@@ -35,13 +34,6 @@ EXPERIMENTS = 20
 SLOTS = 3
 # 0.3 to 0.6 s per experiment, a pure function of its name.
 STANDIN = PREAMBLE + 'sleep "0.$((3 + ck % 4))"\n' + WRITE_METRICS
-
-
-@pytest.fixture
-def runners():
-    r = Runners()
-    yield r
-    r.cleanup()
 
 
 def succeeded_results(directory: Path) -> dict[str, float]:

@@ -17,7 +17,6 @@ from autotuner.states import State
 from cli_rig import (
     PREAMBLE,
     WRITE_METRICS,
-    Runners,
     autotune,
     env,
     launched,
@@ -38,13 +37,6 @@ else
     sleep "${STANDIN_SECONDS:-0.05}"
 fi
 """ + WRITE_METRICS
-
-
-@pytest.fixture
-def runners():
-    r = Runners()
-    yield r
-    r.cleanup()
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ from autotuner.views.snapshot import snapshot
 
 from cli_rig import (
     SLEEP_THEN_SUCCEED,
-    Runners,
     autotune,
     env,
     finish,
@@ -271,13 +270,6 @@ def test_migration_is_one_transaction_by_the_runner_only(tmp_path):
 
 
 # --- the lock a user could break ----------------------------------------------------------------------------------
-@pytest.fixture
-def runners():
-    r = Runners()
-    yield r
-    r.cleanup()
-
-
 def test_deleting_runner_lock_under_a_live_runner_lets_no_second_runner_in(tmp_path, runners):
     spec = write_sweep(tmp_path, range(3))
     launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)

@@ -50,13 +50,6 @@ sleep "${STANDIN_SECONDS:-0.1}"
 """ + WRITE_METRICS
 
 
-@pytest.fixture
-def runners():
-    r = Runners()
-    yield r
-    r.cleanup()
-
-
 class Sweep:
     """One sweep of the test: its spec, launcher, results directory and launch log."""
 
