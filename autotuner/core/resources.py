@@ -66,9 +66,8 @@ class SlotPool:
                    for host, ids in reservation.slots)
 
     def take(self, reservation: Reservation) -> None:
-        for host, ids in reservation.slots:
-            if host in self._down or not set(ids) <= self._free[host]:
-                raise ValueError(f"slots {host}:{ids} are not free")
+        if not self.can_take(reservation):
+            raise ValueError(f"slots {reservation.as_dict()} are not free")
         for host, ids in reservation.slots:
             self._free[host].difference_update(ids)
 
