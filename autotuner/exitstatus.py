@@ -85,8 +85,11 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     would have; with no exit status recorded (None) it is interrupted, to be run again."""
     if exit_code is None:
         return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
-    return judge(exit_code, directory / "metrics.json", metric, [directory / "stderr.log", directory / "stdout.log"],
-                 _end_profile_step(directory))
+    metrics = directory / "metrics.json"
+    # The profile window only explains a missing metrics file: the config is read for that case alone, not
+    # after every run.
+    profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
+    return judge(exit_code, metrics, metric, [directory / "stderr.log", directory / "stdout.log"], profile_end)
 
 
 def _end_profile_step(directory: Path) -> int | None:
