@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import sqlite3
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,6 +40,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     spec gives none. A directory that cannot be used (read-only, full, a name too long) is a UserError, and
     whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
     """
+    import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
+
     from .cluster import check_fits
     from .ledger import FILENAME
 
@@ -130,6 +130,8 @@ def _staging(directory: Path) -> list[Path]:
 
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
                  timeout: float | None) -> None:
+    import secrets
+
     from .files import sync_directory, write_atomic
     from .hostfile import format_hostfile
     from .launch import launcher_for_this_python
