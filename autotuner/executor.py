@@ -1,7 +1,7 @@
 """Running attempts on this machine, each in a process group and session of its own.
 
 `start` spawns DeepSpeed's launcher on the dispatcher's thread, then leaves the attempt to a thread of its
-own, which waits on it (until its timeout: see `Stops.wait`), ends whatever of it is left, judges the result
+own, which waits on it (see `Stops.wait`), ends whatever of it is left, judges the result
 and posts `Finished`. Ending is always the same sequence: SIGTERM to the process group, a grace period, then
 SIGKILL to the group and to every process still carrying the tag. The launcher runs under the exit-status
 wrapper (see exitstatus), so a runner that takes over after a crash can follow the attempt to its end
@@ -118,7 +118,6 @@ class LocalExecutor:
     clock: Callable[[], float]
     launcher: Launcher = field(default_factory=Launcher)
     env: Mapping[str, str] = field(default_factory=dict)
-    default_timeout: float | None = None
     grace: float = 10.0
 
     def __post_init__(self) -> None:
@@ -151,14 +150,14 @@ class LocalExecutor:
         self._workers.start(f"run-{run.tag}", self._attempt, run, proc, port, post,
                             partial(self._watch, run, proc, config, command))
 
-    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
-        """Follow an attempt a dead runner started (its leader `pid`, started at `since`) to its end, on a
+    def adopt(self, run: Run, pid: int | None, post: Post) -> None:
+        """Follow an attempt a dead runner started (its leader `pid`) to its end, on a
         thread of its own; it is stopped like any run meanwhile. Ended already: judged from its files."""
         proc = Adopted(pid, run.tag, run.dir / exitstatus.FILENAME)
         if proc.pid is not None:
             self._track(run, proc)
         self._workers.start(f"adopted-{run.tag}", self._attempt, run, proc, None, post,
-                            partial(self._follow, run, proc, since))
+                            partial(self._follow, run, proc))
 
     def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         """Ask for the stop, and end the attempt's processes on a thread of their own (the grace period must
@@ -236,12 +235,11 @@ class LocalExecutor:
     def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
-        return self._follow(run, proc, self.clock())
+        return self._follow(run, proc)
 
-    def _follow(self, run: Run, proc: Child | Adopted, since: float) -> Outcome:
+    def _follow(self, run: Run, proc: Child | Adopted) -> Outcome:
         """Wait for the attempt (see `Stops.wait`), end whatever of it is left, judge it."""
-        exit_code = self._stops.wait(run, proc, since=since, default_timeout=self.default_timeout, clock=self.clock,
-                                     end=partial(self._end, proc, run.tag))
+        exit_code = self._stops.wait(run, proc, end=partial(self._end, proc, run.tag))
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
         return exitstatus.judge_files(exit_code, run.dir, self.metric)
 

@@ -24,8 +24,8 @@ class Router:
     def start(self, run: Run, post: Post) -> None:
         self._for(run).start(run, post)
 
-    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
-        self._for(run).adopt(run, pid, since, post)
+    def adopt(self, run: Run, pid: int | None, post: Post) -> None:
+        self._for(run).adopt(run, pid, post)
 
     def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         self._for(run).stop(run, state, detail, reason)

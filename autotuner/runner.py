@@ -11,26 +11,16 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from . import limits
-from .core import (
-    CheckRequests,
-    Deadline,
-    Executor,
-    Interrupt,
-    Observer,
-    Placement,
-    Post,
-    Queued,
-    Reservation,
-    Scheduler,
-    SlotPool,
-)
+from .core import CheckRequests, Executor, Interrupt, Observer, Placement, Queued, Reservation, Scheduler, SlotPool
+from .core.resources import Demand, Slots
+from .dispatcher import Dispatcher
 from .errors import UserError
 from .executor import LocalExecutor
 from .hostfile import (
@@ -222,10 +212,13 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     launcher = Launcher(meta.launcher)
     env = dict(meta.env)
     executor: Executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                       options.timeout, options.grace)
+                                       options.grace)
     slot_pool = SlotPool(slots)
-    scheduler = Scheduler(ledger, slot_pool, executor, time.time, meta.sweep_id, directory.resolve(),
-                          metric.name, retries=options.retries, observers=list(options.observers), log=options.log)
+    now = time.time()
+    scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
+                          retries=options.retries, timeout=options.timeout,
+                          deadline=None if options.deadline is None else now + options.deadline)
+    dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
     waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
@@ -235,16 +228,22 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         from .routing import Router
         from .ssh import HostWatcher, SshExecutor
 
-        watcher = HostWatcher(pool, scheduler.post)
+        watcher = HostWatcher(pool, dispatcher.post)
         ssh = Ssh(**dict(ledger.meta().ssh or {}))
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
-                             options.timeout, options.grace, ssh.remote_root, on_lost=watcher.watch)
-        executor = Router(executor, remote)
-        scheduler.executor = executor
+                             options.grace, ssh.remote_root, on_lost=watcher.watch)
+        executor = dispatcher.executor = Router(executor, remote)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
     experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
-    stray = [a for a in adopt if not scheduler.adopt(experiments[a.name], a)]
+    stray = []
+    for a in adopt:
+        since = a.launched_at or a.started_at or now
+        run = scheduler.adopt(experiments[a.name], a.attempt, a.slots, since)
+        if run is None:
+            stray.append(a)
+        else:
+            executor.adopt(run, a.pid, dispatcher.post)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
         from .cleanup import recover
 
@@ -266,7 +265,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
             raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
     scheduler.submit(waiting)
     try:
-        return _run_with_signals(scheduler, executor, options.deadline)
+        return _run_with_signals(dispatcher)
     finally:
         executor.close()  # every run has posted its end: its threads are ending, or ended
         if watcher is not None:
@@ -325,19 +324,35 @@ class _SingleNodeOn:
     hosts: frozenset[str]
     placement: Placement
 
-    def place(self, free: Mapping[str, frozenset[int]], num_nodes: int, num_gpus: int) -> Reservation | None:
-        if num_nodes > 1:
-            free = {host: ids for host, ids in free.items() if host not in self.hosts}
-        return self.placement.place(free, num_nodes, num_gpus)
+    def place(self, pool: Slots, demand: Demand) -> Reservation | None:
+        return self.placement.place(_Hiding(pool, self.hosts) if demand.num_nodes > 1 else pool, demand)
 
 
-def _run_with_signals(scheduler: Scheduler, executor: Executor, deadline: float | None) -> bool:
+@dataclass(frozen=True)
+class _Hiding:
+    """The pool without some of its hosts, as a placement reads it."""
+
+    pool: Slots
+    hosts: frozenset[str]
+
+    def fitting(self, num_gpus: int, *, fewest_first: bool = True) -> Iterator[str]:
+        return (h for h in self.pool.fitting(num_gpus, fewest_first=fewest_first) if h not in self.hosts)
+
+    def free_ids(self, host: str) -> list[int]:
+        return self.pool.free_ids(host)
+
+    def order(self, host: str) -> int:
+        return self.pool.order(host)
+
+
+def _run_with_signals(dispatcher: Dispatcher) -> bool:
     """Dispatch on a thread of the runner's own, the main thread staying free for signals and the display.
 
     First Ctrl-C (or SIGTERM): stop gracefully. Every later one: kill at once, again; never an exception out of
     the handler (a KeyboardInterrupt raised here closed the ledger under the dispatcher's feet: SIGSEGV).
     SIGUSR1: read requests from the ledger. Returns whether the sweep was interrupted.
     """
+    scheduler, executor = dispatcher.scheduler, dispatcher.executor
     presses = 0
     killing = False  # a kill is under way in an outer call of the handler (a press during a press)
 
@@ -345,7 +360,7 @@ def _run_with_signals(scheduler: Scheduler, executor: Executor, deadline: float 
         nonlocal presses, killing
         presses += 1
         if presses == 1:
-            scheduler.post(Interrupt())
+            dispatcher.post(Interrupt())
         elif not killing:  # nested: the kill under way SIGKILLs everything already
             # At once: SIGKILL them all; the dispatcher records each interrupted as it is reaped and ends.
             killing = True
@@ -360,15 +375,15 @@ def _run_with_signals(scheduler: Scheduler, executor: Executor, deadline: float 
     if threading.current_thread() is threading.main_thread():
         handlers[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
         handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_sigint)
-        handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: scheduler.post(CheckRequests()))
-    scheduler.post(CheckRequests())  # requests that came before we listened (handled before the first launch)
+        handlers[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: dispatcher.post(CheckRequests()))
+    dispatcher.post(CheckRequests())  # requests that came before we listened (handled before the first launch)
     workers = Workers("runner")
     done = threading.Event()
     errors: list[BaseException] = []
 
     def dispatch() -> None:
         try:
-            scheduler.run()
+            dispatcher.run()
         except BaseException as e:  # raised on the caller's thread below
             errors.append(e)
         finally:
@@ -376,21 +391,12 @@ def _run_with_signals(scheduler: Scheduler, executor: Executor, deadline: float 
 
     try:
         workers.start("dispatcher", dispatch)
-        if deadline:
-            workers.start("deadline", _post_at_deadline, scheduler.post, deadline, done)
         done.wait()
     finally:
-        done.set()  # also ends the deadline's wait when the main thread is left early
         workers.close()
         for signum, previous in handlers.items():
             signal.signal(signum, previous)
     if errors:
         raise errors[0]
     return scheduler.stopping == State.INTERRUPTED
-
-
-def _post_at_deadline(post: Post, seconds: float, done: threading.Event) -> None:
-    """The sweep's deadline: `Deadline` once `seconds` have passed, unless the sweep is done first."""
-    if not done.wait(seconds):
-        post(Deadline())
 

@@ -1,5 +1,5 @@
-"""Stop requests for running attempts (cancel, Ctrl-C, a timeout, a lost host), and the one place that
-decides when an attempt has run past its timeout. Shared by the local and the SSH executor.
+"""Stop requests for running attempts (cancel, Ctrl-C, a timeout, a lost host). Shared by the local and the
+SSH executor.
 
 A stop is asked from the dispatcher's thread (or a signal handler); the attempt's own thread waits on its
 process and, once it ended, reads here how to record it: the stop's state, unless the attempt succeeded
@@ -7,7 +7,6 @@ before the stop reached it or its host was lost.
 """
 from __future__ import annotations
 
-import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -17,7 +16,7 @@ from .outcome import Outcome
 from .states import Reason, State
 
 # The reason a stop records when it names none: its state's own word.
-_REASON_OF = {State.CANCELLED: Reason.CANCELLED, State.INTERRUPTED: Reason.INTERRUPTED,
+REASON_OF = {State.CANCELLED: Reason.CANCELLED, State.INTERRUPTED: Reason.INTERRUPTED,
               State.TIMED_OUT: Reason.TIMEOUT}
 
 
@@ -61,23 +60,12 @@ class Stops:
         if request is None or outcome.state == State.SUCCEEDED or outcome.reason == Reason.LOST:
             return outcome
         state, detail, reason = request
-        return Outcome(state, reason or _REASON_OF[state], detail, outcome.exit_code)
+        return Outcome(state, reason or REASON_OF[state], detail, outcome.exit_code)
 
-    def wait(self, run: Run, proc: Waitable, *, since: float, default_timeout: float | None,
-             clock: Callable[[], float], end: Callable[[], None]) -> int | None:
-        """Wait for the attempt to end; once its timeout (its experiment's own, else `default_timeout`; None:
-        no limit) has passed since `since`, record it timed out and `end` it. The one deadline of an attempt,
-        started or adopted, local or over SSH: `since` is when it started (for an adopted one, as the ledger
-        recorded it), so a runner that takes over counts on. A stop asked before the wait began (a cancel
-        while it was being launched) is carried out first."""
+    def wait(self, run: Run, proc: Waitable, *, end: Callable[[], None]) -> int | None:
+        """Wait for the attempt to end. A stop asked before the wait began (a cancel, or a timeout, while it
+        was being launched) is carried out first; one asked later is carried out by the executor's `stop`.
+        Timeouts are the scheduler's timers (core/scheduler.py): they arrive here as stops like any other."""
         if self.asked(run.key):
             end()
-        timeout = run.experiment.timeout or default_timeout
-        try:
-            return proc.wait(None if timeout is None else max(0.0, since + timeout - clock()))
-        except (subprocess.TimeoutExpired, TimeoutError):
-            assert timeout is not None
-            self.ask(run.key, State.TIMED_OUT, f"ran past its timeout of {timeout:g} s", Reason.TIMEOUT)
-            end()
-            return proc.wait()
-
+        return proc.wait()

@@ -92,14 +92,14 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
 
 def test_a_long_queue_is_not_scanned_once_every_slot_is_taken():
     """With 10,000 queued, each dispatch tried to place every one of them (17 ms an event) though none fit."""
-    from autotuner.core import BackfillQueue, BestFit, Queued, SlotPool
+    from autotuner.core import BackfillQueue, Pack, Queued, SlotPool
 
-    class Counting(BestFit):
+    class Counting(Pack):
         calls = 0
 
-        def place(self, free, num_nodes, num_gpus):
+        def place(self, pool, demand):
             Counting.calls += 1
-            return super().place(free, num_nodes, num_gpus)
+            return super().place(pool, demand)
 
     pool = SlotPool({"localhost": range(8)})
     queue = BackfillQueue(8)

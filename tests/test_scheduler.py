@@ -1,10 +1,12 @@
-"""The dispatcher driven by a hand-operated executor (a stand-in for processes, named as such)."""
+"""The real-time dispatcher (dispatcher + its thread loop) driven by a hand-operated executor (a stand-in for
+processes, named as such)."""
 import itertools
 import queue
 import threading
 import time
 
 from autotuner.core import Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler, SlotPool
+from autotuner.dispatcher import Dispatcher
 from autotuner.ledger import Ledger
 from autotuner.outcome import Outcome
 from autotuner.states import Reason, State
@@ -37,13 +39,13 @@ class ManualExecutor:
         self.post(Finished(run, outcome or Outcome(State.SUCCEEDED, metrics={"throughput": 1.0}), 0.0))
 
 
-def run_in_thread(scheduler):
+def run_in_thread(dispatcher):
     """The dispatcher on a thread of its own, as the runner runs it; what it raised, in `.errors`."""
     errors = []
 
     def target():
         try:
-            scheduler.run()
+            dispatcher.run()
         except BaseException as e:
             errors.append(e)
 
@@ -66,16 +68,15 @@ def make(tmp_path, exps, slots, retries=1):
     ledger.add_experiments(exps, at=0.0)
     executor = ManualExecutor()
     clock = itertools.count(1).__next__
-    scheduler = Scheduler(ledger, SlotPool(slots), executor, lambda: float(clock()), "sid", tmp_path, "throughput",
-                          retries=retries)
+    scheduler = Scheduler(ledger, SlotPool(slots), "sid", tmp_path, "throughput", retries=retries)
     scheduler.submit(Queued(e, 1) for e in exps)
-    return ledger, executor, scheduler
+    return ledger, executor, Dispatcher(scheduler, executor, lambda: float(clock()))
 
 
 def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
     exps = [experiment(f"e{i}") for i in range(5)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"h": [0, 1]})
+    thread = run_in_thread(dispatcher)
     first, second = executor.next_started(), executor.next_started()
     assert {r.reservation.as_dict()["h"][0] for r in (first, second)} == {0, 1}
     assert executor.started.empty()
@@ -95,8 +96,8 @@ def test_free_slots_are_filled_at_once_and_everything_finishes(tmp_path):
 
 def test_transient_failures_are_retried_deterministic_ones_are_not(tmp_path):
     exps = [experiment("flaky"), experiment("oom")]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]}, retries=1)
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"h": [0, 1]}, retries=1)
+    thread = run_in_thread(dispatcher)
     runs = {r.experiment.name: r for r in (executor.next_started(), executor.next_started())}
     executor.finish(runs["oom"], Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
     executor.finish(runs["flaky"], Outcome(State.FAILED, "launch", "Address already in use", 1))
@@ -111,10 +112,10 @@ def test_transient_failures_are_retried_deterministic_ones_are_not(tmp_path):
 
 def test_cancel_named_experiments_running_and_queued(tmp_path):
     exps = [experiment(f"e{i}") for i in range(4)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"h": [0]})
+    thread = run_in_thread(dispatcher)
     executor.next_started()  # e0
-    scheduler.post(Cancel(("e0", "e2")))
+    dispatcher.post(Cancel(("e0", "e2")))
     e1 = executor.next_started()
     assert e1.experiment.name == "e1"
     executor.finish(e1)
@@ -127,21 +128,21 @@ def test_cancel_named_experiments_running_and_queued(tmp_path):
 
 def test_interrupt_ends_running_and_leaves_queued_for_resume(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"h": [0]})
+    thread = run_in_thread(dispatcher)
     executor.next_started()
-    scheduler.post(Interrupt())
+    dispatcher.post(Interrupt())
     thread.join(5)
     assert not thread.is_alive()
-    assert scheduler.stopping == State.INTERRUPTED
+    assert dispatcher.scheduler.stopping == State.INTERRUPTED
     assert [a.state for a in Ledger.open(tmp_path).latest()] == [State.INTERRUPTED, State.QUEUED, State.QUEUED]
 
 
 def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path):
     exps = [experiment("two-nodes", num_nodes=2)]
-    _ledger, _executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
-    scheduler.pool.mark_down("b")
-    thread = run_in_thread(scheduler)
+    _ledger, _executor, dispatcher = make(tmp_path, exps, {"a": [0], "b": [0]})
+    dispatcher.scheduler.pool.mark_down("b")
+    thread = run_in_thread(dispatcher)
     thread.join(5)
     a = Ledger.open(tmp_path).latest()[0]
     assert (a.state, a.reason) == (State.FAILED, "placement")
@@ -149,16 +150,16 @@ def test_an_experiment_that_can_no_longer_fit_fails_instead_of_hanging(tmp_path)
 
 def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_again_when_back(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"a": [0], "b": [0]})
+    thread = run_in_thread(dispatcher)
     runs = {r.reservation.hosts[0]: r for r in (executor.next_started(), executor.next_started())}
-    scheduler.post(HostLost("a", "no answer"))
+    dispatcher.post(HostLost("a", "no answer"))
     wait_for(lambda: executor.stopped)
     assert executor.stopped == [(runs["a"].experiment.name, State.INTERRUPTED)]
     executor.finish(runs["b"])  # b frees up: the lost run goes first, on b
     again = executor.next_started()
     assert (again.experiment.name, again.attempt, again.reservation.hosts) == (runs["a"].experiment.name, 2, ("b",))
-    scheduler.post(HostBack("a"))
+    dispatcher.post(HostBack("a"))
     last = executor.next_started()
     assert last.reservation.hosts == ("a",)
     executor.finish(again)
@@ -172,12 +173,12 @@ def test_a_lost_host_interrupts_its_runs_requeues_them_elsewhere_and_is_used_aga
 def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_path):
     """A 2-node experiment that was overtaken to its limit must not hold the queue once a host is lost."""
     exps = [experiment("big", num_nodes=2)] + [experiment(f"s{i}") for i in range(4)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"a": [0], "b": [0]})
-    scheduler._queue.max_bypass = 1
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"a": [0], "b": [0]})
+    dispatcher.scheduler._queue.max_bypass = 1
+    thread = run_in_thread(dispatcher)
     first = executor.next_started()  # big: both slots
     assert first.experiment.name == "big"
-    scheduler.post(HostLost("b", "no answer"))
+    dispatcher.post(HostLost("b", "no answer"))
     wait_for(lambda: executor.stopped)
     for _ in range(4):  # big is queued again first, cannot fit on a alone: the small ones run there
         executor.finish(executor.next_started())
@@ -190,15 +191,15 @@ def test_hosts_down_fail_only_what_no_longer_fits_and_the_rest_still_runs(tmp_pa
 
 def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0]})
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"h": [0]})
     told, notes = [], []
 
     def broken(what, subject, outcome):
         raise BrokenPipeError(32, "Broken pipe")
 
-    scheduler.observers = [broken, lambda *note: told.append(note[0])]
-    scheduler.log = notes.append
-    thread = run_in_thread(scheduler)
+    dispatcher.observers = [broken, lambda *note: told.append(note[0])]
+    dispatcher.log = notes.append
+    thread = run_in_thread(dispatcher)
     for _ in exps:
         executor.finish(executor.next_started())
     thread.join(5)
@@ -210,10 +211,10 @@ def test_an_observer_that_raises_is_left_out_with_one_note_and_the_sweep_goes_on
 
 def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_raised(tmp_path):
     exps = [experiment(f"e{i}") for i in range(3)]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"h": [0, 1]})
-    thread = run_in_thread(scheduler)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"h": [0, 1]})
+    thread = run_in_thread(dispatcher)
     executor.next_started(), executor.next_started()
-    scheduler.post(object())  # a bug: an event nobody handles
+    dispatcher.post(object())  # a bug: an event nobody handles
     thread.join(5)
     assert not thread.is_alive()
     assert [type(e) for e in thread.errors] == [TypeError]
@@ -225,13 +226,13 @@ def test_an_error_in_the_dispatcher_ends_and_records_what_runs_before_it_is_rais
 
 
 def test_observers_are_told_what_runs_again_and_why_right_after_it_finished(tmp_path):
-    """The retry decision is the scheduler's alone: a "requeued" note names the new attempt and carries the
+    """The retry decision is the dispatcher's alone: a "requeued" note names the new attempt and carries the
     ended attempt's outcome; a deterministic failure, or a transient one with no retry left, gets none."""
     exps = [experiment("flaky"), experiment("oom"), experiment("moved")]
-    _ledger, executor, scheduler = make(tmp_path, exps, {"a": [0, 1], "b": [0]}, retries=1)
+    _ledger, executor, dispatcher = make(tmp_path, exps, {"a": [0, 1], "b": [0]}, retries=1)
     told = []
-    scheduler.observers = [lambda what, subject, outcome: told.append((what, subject, outcome))]
-    thread = run_in_thread(scheduler)
+    dispatcher.observers = [lambda what, subject, outcome: told.append((what, subject, outcome))]
+    thread = run_in_thread(dispatcher)
     runs = {r.experiment.name: r for r in (executor.next_started() for _ in exps)}
     launch = Outcome(State.FAILED, Reason.LAUNCH, "Address already in use", 1)
     executor.finish(runs["oom"], Outcome(State.FAILED, Reason.OOM, "CUDA out of memory", 1))
@@ -239,7 +240,7 @@ def test_observers_are_told_what_runs_again_and_why_right_after_it_finished(tmp_
     retry = executor.next_started()
     executor.finish(retry, launch)  # retries used up: finished, not queued again
     wait_for(lambda: any(w == "finished" and s.key == ("flaky", 2) for w, s, _ in told))
-    scheduler.post(HostLost(runs["moved"].reservation.hosts[0], "no answer"))
+    dispatcher.post(HostLost(runs["moved"].reservation.hosts[0], "no answer"))
     executor.finish(executor.next_started())  # moved, attempt 2, on the host still up
     thread.join(5)
     assert not thread.is_alive() and not thread.errors

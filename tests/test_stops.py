@@ -42,42 +42,29 @@ def test_kill_all_marks_running_ones_interrupted_not_judged_by_their_exit():
     assert stops.settle(KEY, Outcome(State.FAILED, "oom", "killed by SIGKILL", -9)).state == State.INTERRUPTED
 
 
-class Sleeper:
-    """Stands in for a process that ends only when ended: `wait` times out until `end` is called."""
+class Waiter:
+    """Stands in for a process: `wait` returns its status at once."""
 
     def __init__(self):
-        self.waits, self.ended = [], False
+        self.waits = []
 
     def wait(self, timeout=None):
         self.waits.append(timeout)
-        if not self.ended and timeout is not None:
-            raise TimeoutError
         return -15
 
 
-def _run(timeout):
-    return Run(experiment("e", timeout=timeout), 1, Reservation.of({"h": [0]}), "t.e.1", Path("/nowhere"))
+def _run():
+    return Run(experiment("e"), 1, Reservation.of({"h": [0]}), "t.e.1", Path("/nowhere"))
 
 
-def test_the_timeout_counts_from_the_start_adopted_or_not_and_ends_the_attempt_once():
-    stops, proc = Stops(), Sleeper()
-    run = _run(timeout=None)
-    ends = []
-
-    def end():
-        ends.append(1)
-        proc.ended = True
-
-    # The sweep's default applies; the start was 70 s ago (an adopted run): 30 s are left.
-    code = stops.wait(run, proc, since=30.0, default_timeout=100.0, clock=lambda: 100.0, end=end)
-    assert code == -15 and proc.waits == [30.0, None] and ends == [1]
-    assert stops.settle(run.key, Outcome(State.FAILED, "exit", "exit status -15", -15)) == Outcome(
-        State.TIMED_OUT, "timeout", "ran past its timeout of 100 s", -15)
+def test_a_stop_asked_while_the_attempt_was_being_launched_is_carried_out_before_the_wait():
+    stops, proc, ends = Stops(), Waiter(), []
+    stops.ask(KEY, State.TIMED_OUT, "ran past its timeout of 5 s", "timeout")
+    assert stops.wait(_run(), proc, end=lambda: ends.append(1)) == -15
+    assert ends == [1] and proc.waits == [None]
 
 
-def test_an_experiments_own_timeout_wins_and_no_timeout_waits_without_limit():
-    proc = Sleeper()
-    proc.ended = True
-    Stops().wait(_run(timeout=5.0), proc, since=0.0, default_timeout=100.0, clock=lambda: 1.0, end=lambda: None)
-    Stops().wait(_run(timeout=None), proc, since=0.0, default_timeout=None, clock=lambda: 1.0, end=lambda: None)
-    assert proc.waits == [4.0, None]
+def test_with_no_stop_asked_the_wait_is_plain():
+    stops, proc, ends = Stops(), Waiter(), []
+    assert stops.wait(_run(), proc, end=lambda: ends.append(1)) == -15
+    assert ends == [] and proc.waits == [None]

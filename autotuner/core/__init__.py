@@ -1,10 +1,12 @@
 """The scheduling core: which attempt runs where and when, and the words it is told things in.
 
-Pure: no threads, no processes, no sleeping; the clock and the executor are handed in, so a simulated pair
-can drive the same code. `events` holds the values (Run, Queued and the events posted to the dispatcher),
-`resources` the slots and the placement and queue policies, `scheduler` the dispatcher, the `Executor`
-protocol it drives and the `Observer` callback it tells. Imports point one way: the core uses the ledger,
-the outcome and the spec, and nothing of SSH, views or the CLI.
+Pure: no threads, no processes, no clock, no blocking; `Scheduler.step(events, now)` returns what to start,
+stop and tell, so the real dispatcher (dispatcher.py) and the simulator (simulate.py) drive the same code.
+`events` holds the values (Run, Queued and the events a driver hands in), `resources` the slots and the
+placement and queue policies, `record` what the scheduler writes to (the ledger, or memory for a simulation),
+`scheduler` the state machine, the `Executor` protocol drivers carry its actions out through, the `Observer`
+callback they tell and the `Source` hook a searcher feeds the queue through. Imports point one way: the core
+uses the outcome and the spec, and nothing of SSH, views or the CLI.
 """
 from __future__ import annotations
 
@@ -23,11 +25,12 @@ from .events import (
     Queued,
     Run,
 )
-from .resources import BackfillQueue, BestFit, Placement, Reservation, SlotPool
-from .scheduler import Executor, Observer, Scheduler
+from .record import MemoryRecord, Record
+from .resources import PLACEMENTS, BackfillQueue, Pack, Placement, Reservation, SlotPool, Spread, fifo
+from .scheduler import Actions, Executor, Note, Observer, Scheduler, Source, Stop
 
 __all__ = [
-    "BackfillQueue", "BestFit", "Cancel", "CheckRequests", "Deadline", "Event", "Executor", "Finished", "HostBack",
-    "HostLost", "Interrupt", "Key", "Launched", "Observer", "Placement", "Post", "Queued", "Reservation", "Run",
-    "Scheduler", "SlotPool",
+    "PLACEMENTS", "Actions", "BackfillQueue", "Cancel", "CheckRequests", "Deadline", "Event", "Executor", "Finished",
+    "HostBack", "HostLost", "Interrupt", "Key", "Launched", "MemoryRecord", "Note", "Observer", "Pack", "Placement",
+    "Post", "Queued", "Record", "Reservation", "Run", "Scheduler", "SlotPool", "Source", "Spread", "Stop", "fifo",
 ]

@@ -66,7 +66,6 @@ class SshExecutor:
     clock: Callable[[], float]
     launcher: Launcher
     env: Mapping[str, str] = field(default_factory=dict)
-    default_timeout: float | None = None
     grace: float = 10.0
     remote_root: str | None = None  # None: write into the results directory (a shared filesystem)
     on_lost: Callable[[str], None] = lambda host: None
@@ -83,10 +82,10 @@ class SshExecutor:
     def start(self, run: Run, post: Post) -> None:
         self._workers.start(f"attempt-{run.tag}", self._attempt, run, post, partial(self._execute, run, post))
 
-    def adopt(self, run: Run, pid: int | None, since: float, post: Post) -> None:
-        """Follow an attempt a dead runner started on its first host (its leader `pid`, started at `since`) to
+    def adopt(self, run: Run, pid: int | None, post: Post) -> None:
+        """Follow an attempt a dead runner started on its first host (its leader `pid`) to
         its end, on a thread of its own; it is stopped like any run meanwhile."""
-        self._workers.start(f"adopted-{run.tag}", self._attempt, run, post, partial(self._adopted, run, pid, since))
+        self._workers.start(f"adopted-{run.tag}", self._attempt, run, post, partial(self._adopted, run, pid))
 
     def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         self._stops.ask(run.key, state, detail, reason)
@@ -201,15 +200,15 @@ class SshExecutor:
         self._track(run, proc)
         post(Launched(run, proc.pid, None, self.clock()))
         record_attempt(run, config, command)
-        return self._follow(run, proc, self.clock())
+        return self._follow(run, proc)
 
-    def _adopted(self, run: Run, pid: int | None, since: float) -> Outcome:
+    def _adopted(self, run: Run, pid: int | None) -> Outcome:
         proc = AdoptedRemote(self.pool, run.reservation.hosts[0], pid, run.tag,
                              f"{self.workdir(run)}/{exitstatus.FILENAME}")
         if proc.pid is not None:
             self._track(run, proc)
         try:
-            return self._follow(run, proc, since)
+            return self._follow(run, proc)
         finally:
             proc.close()
 
@@ -219,12 +218,11 @@ class SshExecutor:
         if self._stops.killing:
             self._stops.ask(run.key, *Stops.KILLED)
 
-    def _follow(self, run: Run, proc: RemoteProcess | AdoptedRemote, since: float) -> Outcome:
+    def _follow(self, run: Run, proc: RemoteProcess | AdoptedRemote) -> Outcome:
         """Wait for the attempt (see `Stops.wait`), end whatever of it is left on every host, fetch its files,
         judge it."""
         first = run.reservation.hosts[0]
-        exit_code = self._stops.wait(run, proc, since=since, default_timeout=self.default_timeout, clock=self.clock,
-                                     end=partial(self._end, run, proc))
+        exit_code = self._stops.wait(run, proc, end=partial(self._end, run, proc))
         if exit_code is None and proc.lost:
             raise HostDown(first, "connection lost while the experiment ran")
         self._clean(run)

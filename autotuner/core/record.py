@@ -1,0 +1,69 @@
+"""What the scheduler writes down, as a protocol: the sweep's ledger (SQLite, synced) for a real sweep, or
+`MemoryRecord` for a simulated one, which must not touch a disk (a plan of 100,000 experiments would spend
+nearly all its time in fsync)."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol
+
+from ..spec import Experiment
+from ..states import Reason, State
+
+
+class Record(Protocol):
+    """The transitions of a sweep's attempts; `Ledger` is the real one."""
+
+    def batch(self) -> AbstractContextManager[None]: ...
+
+    def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None: ...
+
+    def requeue(self, names: Iterable[str], at: float) -> dict[str, int]: ...
+
+    def start(self, name: str, attempt: int, *, slots: Mapping[str, Sequence[int]], tag: str, dir: str,
+              at: float) -> None: ...
+
+    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float) -> None: ...
+
+    def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
+               detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
+               metrics: Mapping[str, float] | None = None) -> None: ...
+
+    def take_requests(self) -> list[tuple[str, list[str]]]: ...
+
+
+class MemoryRecord:
+    """A record kept in memory only: each experiment's latest attempt number, and when attempts ran."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = {}
+        self.started: dict[tuple[str, int], float] = {}
+        self.finished: dict[tuple[str, int], tuple[State, float]] = {}
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        yield
+
+    def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None:
+        for e in experiments:
+            self.attempts[e.name] = 1
+
+    def requeue(self, names: Iterable[str], at: float) -> dict[str, int]:
+        again = {name: self.attempts[name] + 1 for name in names}
+        self.attempts.update(again)
+        return again
+
+    def start(self, name: str, attempt: int, *, slots: Mapping[str, Sequence[int]], tag: str, dir: str,
+              at: float) -> None:
+        self.started[(name, attempt)] = at
+
+    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float) -> None:
+        pass
+
+    def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
+               detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
+               metrics: Mapping[str, float] | None = None) -> None:
+        self.finished[(name, attempt)] = (state, at)
+
+    def take_requests(self) -> list[tuple[str, list[str]]]:
+        return []
