@@ -15,6 +15,7 @@ The Python API that the `autotune` command is a thin face of::
     autotuner.cancel(directory, ["name"])                    # from any process, while it runs or not
     autotuner.snapshot(directory)                            # where it stands, safe while it runs
     autotuner.check_hosts(Path("hostfile"))                  # every host reachable? GPUs, versions, load
+    autotuner.plan_sweep(sweep.experiments, cluster.slots)   # predicted on a simulated clock; nothing runs
 
 Bad input is a `UserError` (one line, located at its file and line where it has one). The library logs to
 `logging.getLogger("autotuner")` and prints nothing; notes meant for the user go to `Options.log`.
@@ -40,7 +41,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from pathlib import Path
 
     from .cluster import Cluster
+    from .core import PLACEMENTS
     from .metrics import KNOWN, Metric, metric_named
+    from .plan import QUEUES, Plan, plan_sweep
     from .results import OPTIMAL_COMMAND
     from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .runner import (
@@ -60,6 +63,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.events import check_events_path
     from .views.html import write_html
     from .views.live import watching
+    from .views.plan import render_plan, write_plan_plot
     from .views.plots import write_plots
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
@@ -92,6 +96,10 @@ _LAZY = {
     "SpecChanges": (".resumeplan", "SpecChanges"),
     "timeout_seconds": (".resumeplan", "timeout_seconds"),
     "OPTIMAL_COMMAND": (".results", "OPTIMAL_COMMAND"),
+    "plan_sweep": (".plan", "plan_sweep"),
+    "Plan": (".plan", "Plan"),
+    "QUEUES": (".plan", "QUEUES"),
+    "PLACEMENTS": (".core", "PLACEMENTS"),
     "snapshot": (".views.snapshot", "load"),
     "Snapshot": (".views.snapshot", "Snapshot"),
     # What the `autotune` command prints and writes: the views, each on first use (rich, matplotlib only then).
@@ -99,18 +107,21 @@ _LAZY = {
     "render_report": (".views.tables", "render_report"),
     "render_hosts": (".views.tables", "render_hosts"),
     "render_compare": (".views.compare", "render_compare"),
+    "render_plan": (".views.plan", "render_plan"),
+    "write_plan_plot": (".views.plan", "write_plan_plot"),
     "write_plots": (".views.plots", "write_plots"),
     "write_html": (".views.html", "write_html"),
     "watching": (".views.live", "watching"),
     "check_events_path": (".views.events", "check_events_path"),
 }
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "Cluster",
-           "Experiment", "Metric", "Options", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh",
-           "State", "Stopped", "Sweep", "UserError", "__version__", "cancel", "check_events_path", "check_hosts",
-           "default_directory", "execute", "load_cluster", "load_sweep", "metric_named", "prepare", "render_compare",
-           "render_hosts", "render_report", "render_status", "resume", "resume_plan", "run", "snapshot",
-           "spec_changes", "timeout_seconds", "watching", "write_html", "write_plots"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
+           "QUEUES", "Cluster", "Experiment", "Metric", "Options", "Plan", "Reason", "Result", "ResumePlan",
+           "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep", "UserError", "__version__", "cancel",
+           "check_events_path", "check_hosts", "default_directory", "execute", "load_cluster", "load_sweep",
+           "metric_named", "plan_sweep", "prepare", "render_compare", "render_hosts", "render_plan", "render_report",
+           "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes", "timeout_seconds",
+           "watching", "write_html", "write_plan_plot", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:

@@ -203,6 +203,69 @@ def run(
     _execute(directory, options, quiet, events)
 
 
+def _names(text: str, option: str, known: Any) -> list[str]:
+    """A comma-separated list of policy names, each one of `known`."""
+    chosen = [word.strip() for word in text.split(",") if word.strip()]
+    unknown = [word for word in chosen if word not in known]
+    if unknown or not chosen:
+        raise UserError(f"{option} {shown(text)}: choose from {', '.join(known)} (comma-separated)")
+    return list(dict.fromkeys(chosen))
+
+
+@app.command()
+def plan(
+    specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
+                                                 "of them."),
+    hostfile: Path | None = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
+    include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
+    exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="Plan for this many slots of this machine."),
+    script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
+    past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations."),
+    duration: float = typer.Option(600.0, "--duration",
+                                   help="Seconds an experiment takes when nothing better is known."),
+    spread: float = typer.Option(0.0, "--spread", help="Coefficient of variation of durations: with it, "
+                                                       "Monte Carlo gives P10/P50/P90."),
+    samples: int = typer.Option(100, "--samples", min=1, max=10_000, help="Monte Carlo draws (with --spread)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed, the same plan."),
+    policy: str = typer.Option("backfill", "--policy", help="Queue policies to compare: backfill, fifo."),
+    placement: str = typer.Option("pack", "--placement", help="Placements to compare: pack, spread."),
+    timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
+                                          help="Seconds an experiment may run, unless its spec says; `none`: no "
+                                               f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
+    fmt: str = typer.Option("table", "--format", help="table or json."),
+    plot: Path | None = typer.Option(None, "--plot", help="Draw the expected slot timeline into this PNG file."),
+) -> None:
+    """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
+    scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
+    notes: list[str] = []
+    try:
+        if fmt not in ("table", "json"):
+            raise UserError(f"--format {shown(fmt)}: choose table or json")
+        _seconds(duration, "--duration", positive=True)
+        queues = _names(policy, "--policy", autotuner.QUEUES)
+        placements = _names(placement, "--placement", autotuner.PLACEMENTS)
+        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script)
+        cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
+                                         log=notes.append)
+        predicted = autotuner.plan_sweep(
+            sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
+            placements=placements, spread=spread, samples=samples, seed=seed,
+            timeout=autotuner.timeout_seconds(timeout))
+        text = autotuner.render_plan(predicted, fmt)
+        drawn = autotuner.write_plan_plot(predicted, plot) if plot is not None else None
+    except UserError as e:
+        raise fail(e) from None
+    for note in notes:
+        typer.echo(f"autotune: note: {note}", err=True)
+    try:
+        typer.echo(text, nl=False)
+        if drawn is not None and fmt == "table":
+            typer.echo(f"slot timeline: {drawn}")
+    except OSError:
+        _drop_stdout()
+
+
 def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None) -> autotuner.Ssh | None:
     """SSH settings given on the command line, or None to keep the sweep's own."""
     if config is None and not accept_new_hosts and remote_dir is None:

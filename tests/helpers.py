@@ -7,10 +7,10 @@ from autotuner.spec import Experiment
 
 def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str = "/bin/true",
                args: tuple[str, ...] = (), ds_config: dict | None = None, timeout: float | None = None,
-               env: dict | None = None) -> Experiment:
+               env: dict | None = None, estimate: float | None = None) -> Experiment:
     return Experiment(name=name, ds_config=ds_config or {"train_micro_batch_size_per_gpu": 1}, num_gpus=num_gpus,
                       num_nodes=num_nodes, script=script, args=tuple(args), timeout=timeout, env=env or {},
-                      source="test")
+                      source="test", estimate=estimate)
 
 
 # What a ledger's meta must hold for it to open (autotuner.prepare records this and more).

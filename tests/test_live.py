@@ -79,10 +79,10 @@ def test_view_of_a_recorded_sweep_shows_counts_slots_running_best_and_eta(midway
         assert seconds(now - r.started_at) in line and "5m00s" in line
         where = "@".join(f"{h}:{','.join(map(str, ids))}" for h, ids in r.slots.items())
         assert where in line
-    # ETA from the durations recorded: 4 queued x mean over 6 slots, at least one mean
+    # ETA: the 4 queued and the 3 running re-planned on the 6 slots (see test_plan.py for the figures)
     mean = state.mean_duration()
     assert mean == pytest.approx(sum(a.duration for a in snap.attempts if a.duration) / 5)
-    assert state.eta(now) == pytest.approx(max(4 * mean / 6, mean))
+    assert state.eta(now) >= 4 * mean / 6 and state.eta(now) >= mean
     assert f"ETA ~{seconds(state.eta(now))}" in text
 
 

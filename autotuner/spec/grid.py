@@ -1,10 +1,11 @@
 """Sweep files: a base ds_config and a space of values, expanded into the full grid of experiments.
 
 Keys (SWEEP_KEYS): `name` (prefix of the generated names), `script`, `args`, `metric`, `num_gpus`, `num_nodes`,
-`timeout`, `env`, `ds_config` (an object or a JSON file) and `space` ({"dotted.ds_config.key": [values..]}, in
-the order written; `num_gpus` and `num_nodes` vary those fields instead of the config). Generated names are
-`<name>_<short><value>_...`, e.g. `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or else the last segment
-of the dotted key. A space is refused before it is expanded when it would pass the sweep's limits.
+`timeout`, `estimate` (seconds a run is expected to take, for `autotune plan`), `env`, `ds_config` (an object or
+a JSON file) and `space` ({"dotted.ds_config.key": [values..]}, in the order written; `num_gpus` and
+`num_nodes` vary those fields instead of the config). Generated names are `<name>_<short><value>_...`, e.g.
+`zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or else the last segment of the dotted key. A space is
+refused before it is expanded when it would pass the sweep's limits.
 """
 from __future__ import annotations
 
@@ -45,7 +46,8 @@ from .reading import (
     string_list,
 )
 
-SWEEP_KEYS = ("name", "script", "args", "metric", "num_gpus", "num_nodes", "timeout", "env", "ds_config", "space")
+SWEEP_KEYS = ("name", "script", "args", "metric", "num_gpus", "num_nodes", "timeout", "estimate", "env", "ds_config",
+              "space")
 
 
 def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
@@ -101,14 +103,8 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         metric = (metric_named(data["metric"], path=src.path, line=line), line)
     num_gpus = positive_count(src, "num_gpus", data.get("num_gpus", 1))
     num_nodes = positive_count(src, "num_nodes", data.get("num_nodes", 1))
-    timeout = defaults.timeout
-    if data.get("timeout") is not None:
-        timeout = data["timeout"]
-        if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
-            raise src.error(f"timeout must be a positive number of seconds, not {shown(timeout)}", "timeout")
-        if timeout > limits.SECONDS:
-            raise src.error(f"timeout {timeout:g} is more than {limits.SECONDS:,} seconds (the limit)", "timeout")
-        timeout = float(timeout)
+    timeout = _seconds(src, "timeout", data) if data.get("timeout") is not None else defaults.timeout
+    estimate = _seconds(src, "estimate", data) if data.get("estimate") is not None else None
     env = env_of(src, data.get("env", {}))
     base = ds_config_of(src, data["ds_config"]) if data.get("ds_config") is not None else {}
     space = data.get("space", {})
@@ -155,10 +151,20 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         if not is_safe_name(name):  # a space-less sweep named like one of the sweep's own files
             raise src.error(name_problem(name), "name" if "name" in data else None)
         experiment = Experiment(name=name, ds_config=config, script=script, args=args,
-                                timeout=timeout, env=env, source=str(src.path), **fields)
+                                timeout=timeout, env=env, source=str(src.path), estimate=estimate, **fields)
         check_batch(src, experiment)
         loaded.experiments.append((experiment, line))
     return loaded
+
+
+def _seconds(src: Source, key: str, data: dict) -> float:
+    """A positive, finite number of seconds within the sweep's limits, or a located error."""
+    value = data[key]
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
+        raise src.error(f"{key} must be a positive number of seconds, not {shown(value)}", key)
+    if value > limits.SECONDS:
+        raise src.error(f"{key} {value:g} is more than {limits.SECONDS:,} seconds (the limit)", key)
+    return float(value)
 
 
 def _value_texts(src: Source, key: str, values: list[Any], space_line: int | None) -> list[str]:

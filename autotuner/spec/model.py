@@ -73,6 +73,7 @@ class Experiment:
     timeout: float | None = None  # seconds
     env: Mapping[str, str] = field(default_factory=dict)
     source: str = ""  # the file it came from
+    estimate: float | None = None  # seconds it is expected to run, for `autotune plan`; not part of the run
 
     def __post_init__(self) -> None:
         if not is_safe_name(self.name):
@@ -96,7 +97,7 @@ class Experiment:
 
     @cached_property
     def digest(self) -> str:
-        """sha256 of what defines the run (not its name, timeout or source): equal digests, equal runs."""
+        """sha256 of what defines the run (not its name, timeout, estimate or source): equal digests, equal runs."""
         defining = {"ds_config": self.ds_config, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
                     "script": self.script, "args": list(self.args), "env": dict(self.env)}
         return hashlib.sha256(canonical(defining).encode()).hexdigest()
@@ -104,13 +105,15 @@ class Experiment:
     def to_json(self) -> dict:
         return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
                 "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
-                "timeout": self.timeout, "env": dict(self.env), "source": self.source}
+                "timeout": self.timeout, "env": dict(self.env), "source": self.source} | (
+                    {"estimate": self.estimate} if self.estimate is not None else {})
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Experiment:
         return cls(name=data["name"], ds_config=data["ds_config"], num_gpus=data["num_gpus"],
                    num_nodes=data["num_nodes"], script=data["script"], args=tuple(data.get("args") or ()),
-                   timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""))
+                   timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""),
+                   estimate=data.get("estimate"))
 
 
 @dataclass(frozen=True)

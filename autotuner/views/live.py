@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 _TIMED_STATES = (State.SUCCEEDED, State.FAILED, State.TIMED_OUT)
 _KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 MAX_RUNNING_ROWS = 24
+REPLAN_SECONDS = 5.0
 MAX_NODE_ROWS = 32
 
 
@@ -65,6 +66,7 @@ class LiveState:
     best: tuple[str, float] | None = None
     durations: tuple[float, ...] = ()  # seconds, of the runs that ended (succeeded, failed, timed out)
     since: float | None = None  # when the view began
+    planned_end: float | None = None  # when the sweep is expected to end, re-planned (see `LiveView.state`)
 
     def counts(self) -> dict[str, int]:
         return count_states(self.states.values())
@@ -76,21 +78,12 @@ class LiveState:
         return sum(self.durations) / len(self.durations) if self.durations else None
 
     def eta(self, now: float) -> float | None:
-        """Seconds until the sweep ends, from the mean duration seen so far and the slots that are up.
-
-        Work left (slot-seconds) = every queued experiment at the mean duration plus what the running ones
-        have left of it; spread over the slots that are up, and never less than the longest single piece.
-        """
-        mean = self.mean_duration()
-        queued = [name for name, state in self.states.items() if state == State.QUEUED]
-        if not queued and not self.running:
+        """Seconds until the sweep ends, as last re-planned; None: nothing to go on yet, or no slot is up."""
+        if not self.running and not any(state == State.QUEUED for state in self.states.values()):
             return 0.0
-        if mean is None or self.capacity() == 0:
+        if self.planned_end is None or self.capacity() == 0:
             return None
-        left = [max(mean - (now - r.started_at), 0.0) for r in self.running]
-        work = sum(self.sizes.get(name, 1) for name in queued) * mean + sum(
-            r.size * rest for r, rest in zip(self.running, left, strict=True))
-        return max(work / self.capacity(), max(left, default=0.0), mean if queued else 0.0)
+        return max(self.planned_end - now, 0.0)
 
 
 class LiveView:
@@ -118,6 +111,9 @@ class LiveView:
         self._running: dict[tuple[str, int], Running] = {}
         self._down: set[str] = set()
         self._durations: list[float] = []
+        self._experiments = dict(snap.experiments)
+        self._changes = 0  # observer calls so far: a new plan is due when it moved
+        self._planned: tuple[int, float, float | None] | None = None  # (changes, valid until, planned end)
         requeued = set(pending)
         for a in snap.attempts:
             if a.state in requeued:
@@ -131,6 +127,7 @@ class LiveView:
             elif a.state in _TIMED_STATES and a.duration is not None:
                 self._durations.append(a.duration)
         for e in added:
+            self._experiments[e.name] = e
             self._states[e.name] = State.QUEUED
             self._order.setdefault(e.name, len(self._order))
             self._sizes[e.name] = e.num_gpus * e.num_nodes
@@ -145,6 +142,7 @@ class LiveView:
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
         now = self._clock()
         with self._lock:
+            self._changes += 1
             if isinstance(subject, str):  # a host event
                 if what == HOST_DOWN:
                     self._down.add(subject)
@@ -159,6 +157,7 @@ class LiveView:
 
     def _started(self, run: Run, now: float) -> None:
         name = run.experiment.name
+        self._experiments[name] = run.experiment
         self._states[name] = State.RUNNING
         self._sizes[name] = run.experiment.num_gpus * run.experiment.num_nodes
         self._running[(name, run.attempt)] = Running(name, run.attempt, dict(run.reservation.slots), now,
@@ -183,10 +182,34 @@ class LiveView:
 
     # --- read by the display -----------------------------------------------------------------------------
     def state(self) -> LiveState:
+        now = self._clock()
         with self._lock:
-            return LiveState(self._sweep, self._metric, dict(self._slots), dict(self._states), dict(self._sizes),
-                             tuple(sorted(self._running.values(), key=lambda r: r.started_at)),
-                             frozenset(self._down), self._best, tuple(self._durations), self._since)
+            state = LiveState(self._sweep, self._metric, dict(self._slots), dict(self._states), dict(self._sizes),
+                              tuple(sorted(self._running.values(), key=lambda r: r.started_at)),
+                              frozenset(self._down), self._best, tuple(self._durations), self._since)
+            changes, planned = self._changes, self._planned
+        if planned is not None and planned[0] == changes and now < planned[1]:
+            return replace(state, planned_end=planned[2])
+        started = time.perf_counter()
+        end = self._replan(state, now)
+        cost = time.perf_counter() - started
+        with self._lock:  # valid until the next event, or until the runs have aged a while (10x its cost at least)
+            self._planned = (changes, now + max(REPLAN_SECONDS, 10 * cost), end)
+        return replace(state, planned_end=end)
+
+    def _replan(self, state: LiveState, now: float) -> float | None:
+        """When the sweep should end: what waits and what runs re-planned on the scheduler's own policies
+        (plan.time_left). Done outside the lock: the dispatcher never waits for it."""
+        from ..plan import Ongoing, time_left
+
+        known = self._experiments
+        queued = sorted((name for name, s in state.states.items() if s == State.QUEUED and name in known),
+                        key=lambda name: self._order.get(name, len(self._order)))
+        running = [Ongoing(known[r.name], r.slots, max(0.0, now - r.started_at))
+                   for r in state.running if r.name in known]
+        left = time_left(state.slots, [known[name] for name in queued], running, state.durations,
+                         down=sorted(state.down), timeout=self._default_timeout)
+        return None if left is None else now + left
 
     def __rich__(self) -> RenderableType:
         return render(self.state(), self._clock())

@@ -175,12 +175,13 @@ def _labels(a: Attempt, sweep: str, is_best: bool) -> list[str]:
     return labels
 
 
-def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | None = None):
+def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[Attempt], now: float | None = None,
+                    best: Attempt | None = None, xlabel: str = "seconds since the first start"):
+    """The slot timeline of a sweep (`name`, its `slots`), a ledger's attempts or a plan's."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     now = time.time() if now is None else now
-    slots = snap.slots
     rows = slot_rows(slots, attempts)
     for h, i in rows:
         slots.setdefault(h, [])
@@ -194,7 +195,6 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
     start = use.get("start", now)
     span = max(use["makespan_s"], 1e-6)
     width_px = 12 * 100 * 0.78
-    best = snap.best
     for a in attempts:
         if a.started_at is None:
             continue
@@ -209,7 +209,7 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
                         edgecolor="black" if is_best else "white", linewidth=2 if is_best else 0.8,
                         hatch="//" if a.state == State.RUNNING else None, alpha=0.95)
                 room = (e - s) / span * width_px / 6.3  # characters that fit in the bar
-                label = next((t for t in _labels(a, snap.name, is_best) if len(t) <= room), None)
+                label = next((t for t in _labels(a, name, is_best) if len(t) <= room), None)
                 if len(rows) <= 120 and label:
                     ax.text(s + (e - s) / 2, y, label, ha="center", va="center", fontsize=7.5,
                             color="white" if a.state != State.QUEUED else "black", clip_on=True)
@@ -217,7 +217,7 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
     ax.set_yticklabels([f"{h}:{i}" for h, i in rows], fontsize=8 if len(rows) <= 60 else 5)
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlim(0, span * 1.01)
-    ax.set_xlabel("seconds since the first start")
+    ax.set_xlabel(xlabel)
     ax.grid(True, axis="x", alpha=0.3)
     # a line between nodes, and each node's utilisation at the right
     first = 0
@@ -234,9 +234,9 @@ def timeline_figure(snap: Snapshot, attempts: Sequence[Attempt], now: float | No
     if total is None:  # nothing has started: an empty chart of the slots, without a time scale
         ax.set_xlim(0, 1)
         ax.set_xticks([])
-    ax.set_title(f"{snap.name}: slot timeline    utilisation {total:.0%} "
+    ax.set_title(f"{name}: slot timeline    utilisation {total:.0%} "
                  f"({use['busy_slot_s']:,.0f} busy slot-s of {use['slots']} slots x {use['makespan_s']:,.0f} s "
-                 f"makespan)" if total is not None else f"{snap.name}: slot timeline (nothing has started yet)",
+                 f"makespan)" if total is not None else f"{name}: slot timeline (nothing has started yet)",
                  fontsize=11, loc="left")
     present = {a.state for a in attempts if a.started_at is not None}
     handles = [Patch(facecolor=_STATE_COLORS[s], label=s, hatch="//" if s == State.RUNNING else None)
@@ -264,7 +264,7 @@ def render_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
     attempts = all_attempts(snap.directory)
     now = timeline_end(snap.directory, attempts) if now is None else now
     return {METRIC_PNG: _png(metric_figure(snap, x, lines)),
-            TIMELINE_PNG: _png(timeline_figure(snap, attempts, now))}
+            TIMELINE_PNG: _png(timeline_figure(snap.name, snap.slots, attempts, now, snap.best))}
 
 
 def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None) -> list[Path]:

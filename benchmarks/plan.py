@@ -1,0 +1,150 @@
+"""`autotune plan`: how fast the simulator is at scale, and how close its predictions come to real sweeps.
+
+  python benchmarks/plan.py scale     # 100,000 experiments, 1,024 simulated nodes x 8 GPUs, 1-64 GPUs each
+  python benchmarks/plan.py accuracy  # a real stand-in sweep predicted from an earlier one, then run
+  python benchmarks/plan.py all
+
+scale: wall time of building the experiments and of the simulation, and the median time of a placing step
+(the scheduler's `step` when it starts something: one decision).
+
+accuracy: sweep A (24 stand-in experiments of 1-6 s, seeded, on 4 slots) is run to measure durations; the plan
+for the same experiments on 8 slots `--from A` is compared with sweep B, the same experiments really run on 8
+slots (makespan from its first start to its last end). The live view's ETA during B (re-planned) is compared,
+at a quarter, half and three quarters of the experiments done, with the time B really had left; the ETA the
+view gave before (mean duration x work left / slots) is computed alongside.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import autotuner  # noqa: E402
+from autotuner.plan import plan_sweep  # noqa: E402
+from autotuner.simulate import simulate  # noqa: E402
+from autotuner.spec import Experiment  # noqa: E402
+from autotuner.states import State  # noqa: E402
+
+STANDIN = ROOT / "benchmarks" / "standin.sh"
+SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]  # (nodes, GPUs per node): 1 to 64 GPUs
+
+
+def scale(n: int, nodes: int, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    started = time.perf_counter()
+    experiments = []
+    for i in range(n):
+        num_nodes, num_gpus = rng.choice(SHAPES)
+        experiments.append(Experiment(name=f"e{i:06d}", ds_config={"train_micro_batch_size_per_gpu": 1},
+                                      num_gpus=num_gpus, num_nodes=num_nodes, script="/x/train.py"))
+    took = {e.name: rng.uniform(60, 3600) for e in experiments}
+    built = time.perf_counter()
+    slots = {f"node{i:04d}": list(range(8)) for i in range(nodes)}
+    timeline = simulate(experiments, slots, lambda e: took[e.name], measure=True)
+    done = time.perf_counter()
+    assert len(timeline.played) == n
+    return {"build_s": built - started, "simulate_s": done - built, "wall_s": done - started,
+            "decision_median_us": statistics.median(timeline.decisions) * 1e6,
+            "decision_p99_us": sorted(timeline.decisions)[int(0.99 * (len(timeline.decisions) - 1))] * 1e6,
+            "utilisation": timeline.utilisation}
+
+
+def standin_sweep(n: int, seed: int) -> autotuner.Sweep:
+    rng = random.Random(seed)
+    experiments = tuple(
+        autotuner.Experiment(name=f"s{i:02d}", ds_config={"train_micro_batch_size_per_gpu": 1}, num_gpus=1,
+                             num_nodes=1, script=str(STANDIN), env={"STANDIN_SECONDS": f"{rng.uniform(1, 6):.2f}"},
+                             source="bench")
+        for i in range(n))
+    return autotuner.Sweep(name="standin", experiments=experiments, metric=autotuner.metric_named("throughput"),
+                           source="bench")
+
+
+def run_sweep(sweep: autotuner.Sweep, slots: int, directory: Path, observers=()) -> autotuner.Result:
+    cluster = autotuner.load_cluster(slots=slots)
+    prepared = autotuner.prepare(sweep, cluster, directory, launcher=["sh", str(STANDIN)])
+    return autotuner.execute(prepared, autotuner.Options(grace=1.0, observers=list(observers)))
+
+
+def makespan(result: autotuner.Result) -> float:
+    attempts = [a for a in result.snapshot.attempts if a.started_at is not None]
+    return max(a.finished_at for a in attempts) - min(a.started_at for a in attempts)
+
+
+def old_eta(state, now: float) -> float:
+    """The live view's ETA before re-planning: mean duration x work left over the slots."""
+    mean = state.mean_duration()
+    queued = [name for name, s in state.states.items() if s == State.QUEUED]
+    left = [max(mean - (now - r.started_at), 0.0) for r in state.running]
+    work = sum(state.sizes.get(name, 1) for name in queued) * mean + sum(
+        r.size * rest for r, rest in zip(state.running, left, strict=True))
+    return max(work / state.capacity(), max(left, default=0.0), mean if queued else 0.0)
+
+
+def accuracy(n: int, seed: int) -> dict[str, float]:
+    from autotuner.views.live import LiveView
+    from autotuner.views.snapshot import snapshot
+
+    sweep = standin_sweep(n, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        first = run_sweep(sweep, 4, Path(tmp) / "a")
+        assert all(a.state == State.SUCCEEDED for a in first.snapshot.attempts)
+        plan = plan_sweep(sweep.experiments, {"localhost": list(range(8))}, past=Path(tmp) / "a")
+        predicted = plan.policies[0].expected.makespan
+        # B: the same sweep on 8 slots, watched by the live view; its ETA read as experiments end
+        directory = Path(tmp) / "b"
+        cluster = autotuner.load_cluster(slots=8)
+        prepared = autotuner.prepare(sweep, cluster, directory, launcher=["sh", str(STANDIN)])
+        view = LiveView(snapshot(prepared))
+        readings: list[tuple[int, float, float, float]] = []  # (done, at, eta, old eta)
+        done = [0]
+
+        def watch(what, subject, outcome):
+            if what == "finished":
+                done[0] += 1
+                if done[0] in (n // 4, n // 2, 3 * n // 4):
+                    now = time.time()
+                    state = view.state()
+                    readings.append((done[0], now, state.eta(now), old_eta(state, now)))
+
+        second = autotuner.execute(prepared, autotuner.Options(grace=1.0, observers=[view, watch]))
+        measured = makespan(second)
+        end = max(a.finished_at for a in second.snapshot.attempts)
+    out = {"predicted_s": predicted, "measured_s": measured, "error_pct": 100 * (predicted - measured) / measured}
+    for count, at, eta, before in readings:
+        real = end - at
+        out[f"eta_error_at_{count}_pct"] = 100 * (eta - real) / real
+        out[f"old_eta_error_at_{count}_pct"] = 100 * (before - real) / real
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["scale", "accuracy", "all"])
+    parser.add_argument("--experiments", type=int, default=None)
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=3)
+    opts = parser.parse_args()
+    os.environ.setdefault("STANDIN_THROUGHPUT", "1.0")
+    for what in (["scale", "accuracy"] if opts.what == "all" else [opts.what]):
+        results = []
+        for i in range(opts.rounds):
+            r = (scale(opts.experiments or 100_000, opts.nodes, seed=i) if what == "scale"
+                 else accuracy(opts.experiments or 24, seed=i))
+            results.append(r)
+            print(f"{what} round {i + 1}: " + "  ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
+        keys = [k for k in results[0] if all(k in r for r in results)]
+        print(f"{what}: median of {opts.rounds} rounds: " +
+              "  ".join(f"{k}={statistics.median(r[k] for r in results):.2f}" for k in keys), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""`autotune plan`: the real scheduler and policies on a simulated clock, checked against makespans worked out by
+hand, against a real stand-in sweep's measured durations, and through the command line."""
+import json
+from pathlib import Path
+
+import pytest
+
+import autotuner
+from autotuner.errors import UserError
+from autotuner.plan import plan_sweep
+from autotuner.simulate import simulate
+from autotuner.states import State
+
+from cli_rig import autotune
+from helpers import experiment
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "benchmarks" / "standin.sh"
+
+
+def seconds_of(table):
+    return lambda e: table[e.name]
+
+
+def test_equal_experiments_fill_every_slot():
+    exps = [experiment(f"e{i}") for i in range(4)]
+    t = simulate(exps, {"h": [0, 1]}, lambda e: 10.0)
+    assert t.makespan == 20.0 and t.utilisation == 1.0
+    assert sorted((p.name, p.start, p.end) for p in t.played) == [
+        ("e0", 0.0, 10.0), ("e1", 0.0, 10.0), ("e2", 10.0, 20.0), ("e3", 10.0, 20.0)]
+
+
+def test_backfill_and_fifo_against_hand_computed_makespans():
+    """small1 (1 slot, 30 s), big (2 slots, 10 s), small2 (1 slot, 5 s) on 2 slots.
+    backfill: small2 overtakes big (0-5), big waits for small1 (30-40): 40 s.
+    fifo: small2 waits behind big: small1 0-30, big 30-40, small2 40-45: 45 s."""
+    exps = [experiment("small1"), experiment("big", num_gpus=2), experiment("small2")]
+    took = seconds_of({"small1": 30.0, "big": 10.0, "small2": 5.0})
+    backfill = plan_sweep(exps, {"h": [0, 1]}, queues=["backfill", "fifo"], timeout=None,
+                          past=None).policies
+    assert [p.queue for p in backfill] == ["backfill", "fifo"]
+    t = simulate(exps, {"h": [0, 1]}, took)
+    assert {p.name: (p.start, p.end) for p in t.played} == {
+        "small1": (0.0, 30.0), "small2": (0.0, 5.0), "big": (30.0, 40.0)}
+    from autotuner.plan import QUEUES
+
+    t = simulate(exps, {"h": [0, 1]}, took, queue=QUEUES["fifo"])
+    assert {p.name: (p.start, p.end) for p in t.played} == {
+        "small1": (0.0, 30.0), "big": (30.0, 40.0), "small2": (40.0, 45.0)}
+
+
+def test_pack_and_spread_differ_as_worked_out_by_hand():
+    """Two 2-slot experiments then one 4-slot one on two 4-slot hosts, 10 s each: pack puts both 2-slot ones
+    on host a and the 4-slot one on b (10 s); spread puts them on a and b, and the 4-slot one waits (20 s)."""
+    exps = [experiment("x", num_gpus=2), experiment("y", num_gpus=2), experiment("z", num_gpus=4)]
+    slots = {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]}
+    plan = plan_sweep(exps, slots, default_seconds=10.0, placements=["pack", "spread"])
+    pack, spread = plan.policies
+    assert (pack.placement, pack.percentile(50)) == ("pack", 10.0)
+    assert (spread.placement, spread.percentile(50)) == ("spread", 20.0)
+    assert {p.name: dict(p.slots) for p in pack.expected.played} == {
+        "x": {"a": [0, 1]}, "y": {"a": [2, 3]}, "z": {"b": [0, 1, 2, 3]}}
+    assert plan.lower_bound == 10.0  # max(80 slot-s / 8 slots, longest 10 s)
+
+
+def test_a_run_longer_than_its_timeout_is_ended_there():
+    exps = [experiment("long", timeout=30.0), experiment("default")]
+    t = simulate(exps, {"h": [0]}, lambda e: 100.0, timeout=50.0)
+    assert {p.name: (p.start, p.end, p.state) for p in t.played} == {
+        "long": (0.0, 30.0, State.TIMED_OUT), "default": (30.0, 80.0, State.TIMED_OUT)}
+    plan = plan_sweep(exps, {"h": [0]}, default_seconds=100.0, timeout=50.0)
+    assert plan.work == 80.0 and plan.longest == 50.0
+
+
+def test_multi_node_experiments_take_whole_hosts_and_the_lower_bound_counts_their_slots():
+    exps = [experiment("wide", num_nodes=2, num_gpus=2), experiment("one")]
+    plan = plan_sweep(exps, {"a": [0, 1], "b": [0, 1]}, default_seconds=10.0)
+    played = {p.name: p for p in plan.policies[0].expected.played}
+    assert dict(played["wide"].slots) == {"a": [0, 1], "b": [0, 1]} and played["one"].start == 10.0
+    assert plan.work == 50.0 and plan.lower_bound == 12.5
+
+
+def test_monte_carlo_percentiles_are_ordered_reproducible_and_shared_by_the_policies():
+    exps = [experiment(f"e{i}") for i in range(40)]
+    one = plan_sweep(exps, {"h": [0, 1, 2, 3]}, default_seconds=60.0, spread=0.5, samples=200, seed=7,
+                     queues=["backfill", "fifo"])
+    again = plan_sweep(exps, {"h": [0, 1, 2, 3]}, default_seconds=60.0, spread=0.5, samples=200, seed=7)
+    p = one.policies[0]
+    assert p.percentile(10) < p.percentile(50) < p.percentile(90)
+    assert p.makespans == again.policies[0].makespans
+    assert one.policies[1].makespans == p.makespans  # equal experiments: both policies see the same draws
+    assert 0.8 < p.percentile(50) / 600.0 < 1.3  # 40 x 60 s on 4 slots is 600 s at the estimates
+
+
+def test_durations_come_from_a_sweep_already_run_then_the_estimate_then_the_median_then_the_default(tmp_path):
+    took = {"quick": 0.3, "slow": 1.2}
+    exps = [experiment(name, script=str(STANDIN), env={"STANDIN_SECONDS": str(s)}) for name, s in took.items()]
+    sweep = autotuner.Sweep(name="past", experiments=tuple(exps), metric=autotuner.metric_named("throughput"),
+                            source="test")
+    directory = autotuner.prepare(sweep, autotuner.load_cluster(slots=2), tmp_path / "past",
+                                  launcher=["sh", str(STANDIN)])
+    result = autotuner.execute(directory, autotuner.Options(grace=1.0))
+    assert result.exit_code == 0
+    ran = {a.name: a.finished_at - a.started_at for a in result.snapshot.attempts}
+    assert ran["quick"] < ran["slow"]
+    again = [*exps, experiment("guessed", estimate=42.0), experiment("unknown")]
+    plan = plan_sweep(again, {"h": [0, 1]}, past=directory)
+    assert plan.durations.origin == {"quick": "measured", "slow": "measured", "guessed": "estimate",
+                                     "unknown": "median measured"}
+    assert plan.durations.seconds["quick"] == pytest.approx(ran["quick"])
+    assert plan.durations.seconds["slow"] == pytest.approx(ran["slow"])
+    assert plan.durations.seconds["unknown"] == pytest.approx((ran["quick"] + ran["slow"]) / 2)
+    assert plan_sweep([experiment("fresh")], {"h": [0]}).durations.origin == {"fresh": "default"}
+
+
+def test_bad_plan_arguments_are_one_clear_error():
+    exps = [experiment("e")]
+    for kwargs, fragment in [({"queues": ["lifo"]}, "not a queue policy"),
+                             ({"placements": ["random"]}, "not a placement"),
+                             ({"spread": -1.0}, "--spread"), ({"spread": float("nan")}, "--spread"),
+                             ({"samples": 0}, "--samples")]:
+        with pytest.raises(UserError, match=fragment):
+            plan_sweep(exps, {"h": [0]}, **kwargs)
+    with pytest.raises(UserError, match="nothing to plan"):
+        plan_sweep([], {"h": [0]})
+
+
+# --- the command line ------------------------------------------------------------------------------------------
+SWEEP = """{
+  name: p
+  script: train.py
+  estimate: 20
+  timeout: 300
+  ds_config: {train_micro_batch_size_per_gpu: 1}
+  space: {"zero_optimization.stage": [0, 1, 2], "train_micro_batch_size_per_gpu": [4, 32]}
+}
+"""
+
+
+def sweep_file(tmp_path, body=SWEEP):
+    (tmp_path / "train.py").write_text("# stand-in\n")
+    path = tmp_path / "sweep.hjson"
+    path.write_text(body)
+    return path
+
+
+def test_plan_prints_each_policy_and_the_schedule_and_launches_nothing(tmp_path):
+    spec = sweep_file(tmp_path)
+    result = autotune("plan", spec, "--slots", "2", "--policy", "backfill,fifo", "--placement", "pack,spread",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "plan: 6 experiments on 2 slot(s) of 1 host(s); durations: 6 estimate" in out
+    assert out.count("1m00s") >= 4 and "backfill" in out and "fifo" in out and "spread" in out
+    assert "p_z2_mbs32" in out and "expected schedule" in out
+    assert not (tmp_path / "results").exists()
+
+
+def test_plan_json_lists_every_experiment_and_the_plot_is_drawn(tmp_path):
+    spec = sweep_file(tmp_path)
+    result = autotune("plan", spec, "--slots", "2", "--format", "json", "--spread", "0.2", "--samples", "50",
+                      "--plot", tmp_path / "plan.png", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["experiments"] == 6 and data["slots"] == 2 and data["lower_bound_s"] == 60.0
+    first = data["plans"][0]
+    assert len(first["experiments"]) == 6 and first["makespan_s"]["at_estimates"] == 60.0
+    assert first["makespan_s"]["p10"] <= first["makespan_s"]["p50"] <= first["makespan_s"]["p90"]
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--policy", "lifo"], "--policy"),
+    (["--placement", ""], "--placement"),
+    (["--format", "yaml"], "--format"),
+    (["--duration", "0"], "--duration"),
+    (["--duration", "1e12"], "--duration"),
+    (["--spread", "-0.5"], "--spread"),
+    (["--from", "/nonexistent/sweep"], "nonexistent"),
+    (["--plot", "/nonexistent/dir/plan.png"], "plot"),
+])
+def test_plan_refuses_bad_options_in_one_line(tmp_path, args, fragment):
+    spec = sweep_file(tmp_path)
+    result = autotune("plan", spec, "--slots", "2", *args, cwd=tmp_path)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr and fragment in lines[0], result.stderr
+
+
+def test_a_bad_estimate_in_the_sweep_file_is_located(tmp_path):
+    spec = sweep_file(tmp_path, SWEEP.replace("estimate: 20", "estimate: -3"))
+    result = autotune("plan", spec, "--slots", "2", cwd=tmp_path)
+    assert result.returncode == 2 and "sweep.hjson:4" in result.stderr and "estimate" in result.stderr
+
+
+# --- the live view's ETA: what is left, re-planned -------------------------------------------------------------
+def test_time_left_replans_what_waits_and_what_runs_as_worked_out_by_hand():
+    """Runs seen took 10, 10 and 30 s (mean 16.67). One runs for 20 s already: the only run seen that lasted
+    longer took 30, so 10 s are left. Two queued take the mean each on 2 slots: one starts now (ends 16.67),
+    the other when the running one ends (10 -> 26.67)."""
+    from autotuner.plan import Ongoing, time_left
+
+    seen = [10.0, 10.0, 30.0]
+    running = [Ongoing(experiment("r"), {"h": [0]}, 20.0)]
+    left = time_left({"h": [0, 1]}, [experiment("q1"), experiment("q2")], running, seen)
+    assert left == pytest.approx(10 + 50 / 3)
+
+
+def test_a_run_past_every_run_seen_gets_a_mean_more_but_never_past_its_timeout():
+    from autotuner.plan import Ongoing, time_left
+
+    seen = [10.0, 20.0]
+    assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 40.0)], seen) == pytest.approx(15.0)
+    capped = Ongoing(experiment("r", timeout=45.0), {"h": [0]}, 40.0)
+    assert time_left({"h": [0]}, [], [capped], seen) == pytest.approx(5.0)
+    assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 40.0)], seen, timeout=42.0) == \
+        pytest.approx(2.0)
+
+
+def test_time_left_needs_something_to_go_on_and_counts_hosts_that_are_down():
+    from autotuner.plan import time_left
+
+    assert time_left({"h": [0]}, [experiment("q")], [], []) is None  # nothing seen, no estimate
+    assert time_left({"h": [0]}, [experiment("q", estimate=30.0)], [], []) == 30.0
+    assert time_left({"h": [0]}, [], [], []) == 0.0
+    two = [experiment("a"), experiment("b")]
+    assert time_left({"x": [0], "y": [0]}, two, [], [10.0]) == 10.0
+    assert time_left({"x": [0], "y": [0]}, two, [], [10.0], down=["y"]) == 20.0
