@@ -61,7 +61,7 @@ class Timeline:
 
     played: list[Played]
     slots: int  # of the cluster
-    decisions: list[float] = field(default_factory=list)  # seconds each placing step took (when measured)
+    decisions: list[float] = field(default_factory=list)  # seconds per run started, of each placing step (measured)
 
     @property
     def makespan(self) -> float:
@@ -182,7 +182,7 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
             tick = time.perf_counter()
         actions = scheduler.step(events, clock[0])
         if measure and actions.start:
-            decisions.append(time.perf_counter() - tick)
+            decisions.append((time.perf_counter() - tick) / len(actions.start))
         events = []
         for stop in actions.stop:
             _stop(executor, stop)
@@ -203,7 +203,7 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
             if isinstance(event, Finished) and executor.ends(event):
                 run = event.run
                 played.append(Played(run.experiment.name, began.pop(run.key), event.at,
-                                     run.reservation.as_dict(), event.outcome.state))
+                                     dict(run.reservation.slots), event.outcome.state))
                 events.append(event)
     total = sum(len(ids) for ids in slots.values())
     return Timeline(played, total, decisions)

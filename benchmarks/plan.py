@@ -4,8 +4,10 @@
   python benchmarks/plan.py accuracy  # a real stand-in sweep predicted from an earlier one, then run
   python benchmarks/plan.py all
 
-scale: wall time of building the experiments and of the simulation, and the median time of a placing step
-(the scheduler's `step` when it starts something: one decision).
+scale: wall time of building the experiments and of the simulation; the median time of a decision (the queue
+policy and the placement choosing what starts where: one `select` that starts something, per run started), and
+of a whole placing step (the scheduler's `step` that starts something, per run started: the decision plus
+recording the run that ended and the one that starts).
 
 accuracy: sweep A (24 stand-in experiments of 1-6 s, seeded, on 4 slots) is run to measure durations; the plan
 for the same experiments on 8 slots `--from A` is compared with sweep B, the same experiments really run on 8
@@ -28,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import autotuner  # noqa: E402
+from autotuner.core import BackfillQueue  # noqa: E402
 from autotuner.plan import plan_sweep  # noqa: E402
 from autotuner.simulate import simulate  # noqa: E402
 from autotuner.spec import Experiment  # noqa: E402
@@ -35,6 +38,21 @@ from autotuner.states import State  # noqa: E402
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]  # (nodes, GPUs per node): 1 to 64 GPUs
+
+
+class TimedQueue(BackfillQueue):
+    """The runner's queue policy, timed: seconds per run started, of each select that starts something."""
+
+    def __init__(self, max_bypass: int) -> None:
+        super().__init__(max_bypass)
+        self.decisions: list[float] = []
+
+    def select(self, pool, placement):
+        started_at = time.perf_counter()
+        started = super().select(pool, placement)
+        if started:
+            self.decisions.append((time.perf_counter() - started_at) / len(started))
+        return started
 
 
 def scale(n: int, nodes: int, seed: int) -> dict[str, float]:
@@ -48,13 +66,21 @@ def scale(n: int, nodes: int, seed: int) -> dict[str, float]:
     took = {e.name: rng.uniform(60, 3600) for e in experiments}
     built = time.perf_counter()
     slots = {f"node{i:04d}": list(range(8)) for i in range(nodes)}
-    timeline = simulate(experiments, slots, lambda e: took[e.name], measure=True)
+    queues: list[TimedQueue] = []
+
+    def queue(pool):  # the runner's default (default_queue), timed
+        queues.append(TimedQueue(max(1, sum(pool.capacity(h) for h in pool.hosts))))
+        return queues[-1]
+
+    timeline = simulate(experiments, slots, lambda e: took[e.name], queue=queue, measure=True)
     done = time.perf_counter()
     assert len(timeline.played) == n
+    decisions = sorted(queues[0].decisions)
+    steps = sorted(timeline.decisions)
     return {"build_s": built - started, "simulate_s": done - built, "wall_s": done - started,
-            "decision_median_us": statistics.median(timeline.decisions) * 1e6,
-            "decision_p99_us": sorted(timeline.decisions)[int(0.99 * (len(timeline.decisions) - 1))] * 1e6,
-            "utilisation": timeline.utilisation}
+            "decision_median_us": statistics.median(decisions) * 1e6,
+            "decision_p99_us": decisions[int(0.99 * (len(decisions) - 1))] * 1e6,
+            "step_median_us": statistics.median(steps) * 1e6, "utilisation": timeline.utilisation}
 
 
 def standin_sweep(n: int, seed: int) -> autotuner.Sweep:

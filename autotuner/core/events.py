@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from ..outcome import Outcome
@@ -26,7 +27,7 @@ class Run:
     tag: str
     dir: Path
 
-    @property
+    @cached_property
     def key(self) -> Key:
         return (self.experiment.name, self.attempt)
 

@@ -131,7 +131,7 @@ class SlotPool:
 
     def can_take(self, reservation: Reservation) -> bool:
         """Whether every slot of `reservation` is one of this pool's, on a host that is up, and free."""
-        return all(host in self._free and host not in self._down and set(ids) <= self._free[host]
+        return all(host in self._free and host not in self._down and self._free[host].issuperset(ids)
                    for host, ids in reservation.slots)
 
     def could_fit(self, num_nodes: int, num_gpus: int, *, up_only: bool = False) -> bool:
@@ -206,7 +206,7 @@ class Placement(Protocol):
 
 def _reserve(pool: Slots, hosts: list[str], num_gpus: int) -> Reservation:
     hosts.sort(key=pool.order)
-    return Reservation.of({h: pool.free_ids(h)[:num_gpus] for h in hosts})
+    return Reservation(tuple((h, tuple(pool.free_ids(h)[:num_gpus])) for h in hosts))
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,9 @@ class BackfillQueue(Generic[D]):
             _, kind = heapq.heappop(heads)
             line = self._lines[kind]
             item = line[0][1]
-            reservation = placement.place(pool, item)
+            # Every placement needs that many hosts with that many free slots: a cheap look at the index first.
+            enough = pool.count_fitting(item.num_gpus) >= item.num_nodes
+            reservation = placement.place(pool, item) if enough else None
             if reservation is None:
                 if not pool.could_fit(item.num_nodes, item.num_gpus, up_only=True):
                     continue  # it needs hosts that are down: it waits for them and holds nothing meanwhile

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ..outcome import Outcome
 from ..spec import Experiment
@@ -99,9 +99,8 @@ class Stop:
     reason: Reason | None = None
 
 
-@dataclass(frozen=True)
-class Note:
-    """What observers are told (see `Observer`)."""
+class Note(NamedTuple):
+    """What observers are told (see `Observer`). A tuple: a step makes one per transition, cheaply."""
 
     what: str
     subject: Run | Queued | str
