@@ -59,7 +59,7 @@ def test_pack_and_spread_differ_as_worked_out_by_hand():
     assert (pack.placement, pack.percentile(50)) == ("pack", 10.0)
     assert (spread.placement, spread.percentile(50)) == ("spread", 20.0)
     assert {p.name: dict(p.slots) for p in pack.expected.played} == {
-        "x": {"a": [0, 1]}, "y": {"a": [2, 3]}, "z": {"b": [0, 1, 2, 3]}}
+        "x": {"a": (0, 1)}, "y": {"a": (2, 3)}, "z": {"b": (0, 1, 2, 3)}}
     assert plan.lower_bound == 10.0  # max(80 slot-s / 8 slots, longest 10 s)
 
 
@@ -76,7 +76,7 @@ def test_multi_node_experiments_take_whole_hosts_and_the_lower_bound_counts_thei
     exps = [experiment("wide", num_nodes=2, num_gpus=2), experiment("one")]
     plan = plan_sweep(exps, {"a": [0, 1], "b": [0, 1]}, default_seconds=10.0)
     played = {p.name: p for p in plan.policies[0].expected.played}
-    assert dict(played["wide"].slots) == {"a": [0, 1], "b": [0, 1]} and played["one"].start == 10.0
+    assert dict(played["wide"].slots) == {"a": (0, 1), "b": (0, 1)} and played["one"].start == 10.0
     assert plan.work == 50.0 and plan.lower_bound == 12.5
 
 
