@@ -14,6 +14,7 @@ import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from . import limits
@@ -186,41 +187,83 @@ def _draw(experiments: Sequence[Experiment], seconds: Mapping[str, float], sprea
     return {e.name: seconds[e.name] * math.exp(rng.gauss(mu, sigma)) for e in experiments}
 
 
-def time_left(slots: Mapping[str, Sequence[int]], queued: Sequence[Experiment], running: Sequence[Ongoing],
-              seen: Sequence[float], *, down: Sequence[str] = (), timeout: float | None = None) -> float | None:
-    """Seconds until a sweep under way ends: what waits and what runs, re-planned on the scheduler's own
-    policies (the runner's defaults). None: nothing to go on yet (no run has ended, and nothing queued or
-    running has an estimate).
+class Survival:
+    """How long runs take, learnt from runs that ended and runs still under way (Kaplan-Meier: a run that has
+    run 40 s and goes on says "longer than 40 s"). Counting only the runs that ended would say runs are short:
+    early in a sweep the ones that ended are the short ones. What no ended run says (the tail beyond the
+    longest time seen) is put at TAIL x that time."""
 
-    A queued experiment takes its estimate, else the mean of the runs seen. A running one is expected to run
-    as long as the runs seen that outlasted its elapsed time did on average; past all of them, a mean more;
-    never past its timeout.
+    TAIL = 1.5
+
+    def __init__(self, ended: Sequence[float], under_way: Sequence[float]):
+        points = sorted([(t, True) for t in ended] + [(t, False) for t in under_way])
+        self.values: list[float] = []
+        self.weights: list[float] = []
+        left, at_risk, i = 1.0, len(points), 0
+        while i < len(points):
+            t, ends, gone = points[i][0], 0, 0
+            while i < len(points) and points[i][0] == t:
+                ends += points[i][1]
+                gone += 1
+                i += 1
+            if ends:
+                drop = left * ends / at_risk
+                self.values.append(t)
+                self.weights.append(drop)
+                left -= drop
+            at_risk -= gone
+        if left > 1e-12:
+            self.values.append(max((t for t, _ in points), default=0.0) * self.TAIL)
+            self.weights.append(left)
+
+    def draw(self, rng: random.Random, longer_than: float = 0.0) -> float:
+        """A duration, given that the run has gone on for `longer_than` seconds already."""
+        start = next((k for k, v in enumerate(self.values) if v > longer_than), None)
+        if start is None:  # past every time seen: as far past it again as the tail is past the longest
+            return longer_than * self.TAIL
+        return rng.choices(self.values[start:], self.weights[start:])[0]
+
+
+def time_left(slots: Mapping[str, Sequence[int]], queued: Sequence[Experiment], running: Sequence[Ongoing],
+              seen: Sequence[float], *, down: Sequence[str] = (), timeout: float | None = None,
+              draws: int = 31, seed: int = 0) -> float | None:
+    """Seconds until a sweep under way ends: what waits and what runs, re-planned on the scheduler's own
+    policies (the runner's defaults), the median of `draws` Monte Carlo plays (fewer for large sweeps). None:
+    nothing to go on yet (no run has ended, and not every queued experiment has an estimate).
+
+    Durations are drawn from what runs have taken (`Survival`, which also learns from the runs under way); a
+    running one's rest given how long it has run already; an experiment with an `estimate` takes it; none
+    runs past its timeout. Using the median of plays, not a play of the means, matters: the sweep ends when
+    its longest run does, and the mean of each run's rest says nothing of the longest.
     """
     if not queued and not running:
         return 0.0
-    mean = statistics.fmean(seen) if seen else None
-    if mean is None and not all(e.estimate is not None for e in queued):
+    if not seen and not (all(e.estimate is not None for e in queued)
+                         and all(r.experiment.estimate is not None for r in running)):
         return None
-    underway = []
-    for r in running:
-        limit = r.experiment.timeout or timeout
-        longer = [d for d in seen if d > r.elapsed]
-        expected = r.experiment.estimate if r.experiment.estimate is not None else mean
-        if longer:
-            left = statistics.fmean(longer) - r.elapsed
-        elif expected is not None and expected > r.elapsed:
-            left = expected - r.elapsed
-        elif mean is not None:
-            left = mean
-        else:
-            return None
-        if limit is not None:
-            left = min(left, max(0.0, limit - r.elapsed))
-        underway.append(Underway(r.experiment, r.slots, r.elapsed, left))
-    guess = mean if mean is not None else 0.0
-    timeline = simulate(queued, slots, lambda e: e.estimate if e.estimate is not None else guess,
-                        timeout=timeout, underway=underway, down=down)
-    return timeline.makespan
+    survival = Survival(seen, [r.elapsed for r in running])
+    rng = random.Random(seed)
+    plays = max(1, min(draws, 200_000 // (len(queued) + len(running))))
+    makespans = []
+    for _ in range(plays):
+        underway = [Underway(r.experiment, r.slots, r.elapsed, _rest(r, survival, rng, timeout)) for r in running]
+        took = {e.name: e.estimate if e.estimate is not None else survival.draw(rng) for e in queued}
+        makespans.append(simulate(queued, slots, partial(_took, took), timeout=timeout, underway=underway,
+                                  down=down).makespan)
+    return statistics.median(makespans)
+
+
+def _took(seconds: Mapping[str, float], e: Experiment) -> float:
+    return seconds[e.name]
+
+
+def _rest(r: Ongoing, survival: Survival, rng: random.Random, timeout: float | None) -> float:
+    """Seconds a running run has left in one play: its estimate if it has not passed it, else a draw of how
+    long runs that got this far took; never past its timeout."""
+    estimate = r.experiment.estimate
+    total = estimate if estimate is not None and estimate > r.elapsed else survival.draw(rng, r.elapsed)
+    limit = r.experiment.timeout or timeout
+    return max(0.0, (total if limit is None else min(total, limit)) - r.elapsed)
 
 
 @dataclass(frozen=True)

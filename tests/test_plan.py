@@ -195,26 +195,40 @@ def test_a_bad_estimate_in_the_sweep_file_is_located(tmp_path):
 
 # --- the live view's ETA: what is left, re-planned -------------------------------------------------------------
 def test_time_left_replans_what_waits_and_what_runs_as_worked_out_by_hand():
-    """Runs seen took 10, 10 and 30 s (mean 16.67). One runs for 20 s already: the only run seen that lasted
-    longer took 30, so 10 s are left. Two queued take the mean each on 2 slots: one starts now (ends 16.67),
-    the other when the running one ends (10 -> 26.67)."""
+    """Runs seen took 10 s each; one has run 5 s: 5 s are left. Two queued take 10 s each on 2 slots: one
+    starts now (ends at 10), the other when the running one ends (5 -> 15)."""
     from autotuner.plan import Ongoing, time_left
 
-    seen = [10.0, 10.0, 30.0]
-    running = [Ongoing(experiment("r"), {"h": [0]}, 20.0)]
-    left = time_left({"h": [0, 1]}, [experiment("q1"), experiment("q2")], running, seen)
-    assert left == pytest.approx(10 + 50 / 3)
+    running = [Ongoing(experiment("r"), {"h": [0]}, 5.0)]
+    left = time_left({"h": [0, 1]}, [experiment("q1"), experiment("q2")], running, [10.0, 10.0, 10.0])
+    assert left == pytest.approx(15.0)
 
 
-def test_a_run_past_every_run_seen_gets_a_mean_more_but_never_past_its_timeout():
+def test_a_run_past_every_run_seen_is_expected_in_the_tail_but_never_past_its_timeout():
+    """Seen: 10 and 10 s; one has run 12 s. What ended says nothing past 12 s: the tail is put at 1.5 x the
+    longest time seen (18 s), so 6 s are left; a timeout at 15 s leaves 3."""
     from autotuner.plan import Ongoing, time_left
 
-    seen = [10.0, 20.0]
-    assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 40.0)], seen) == pytest.approx(15.0)
-    capped = Ongoing(experiment("r", timeout=45.0), {"h": [0]}, 40.0)
-    assert time_left({"h": [0]}, [], [capped], seen) == pytest.approx(5.0)
-    assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 40.0)], seen, timeout=42.0) == \
-        pytest.approx(2.0)
+    seen = [10.0, 10.0]
+    assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 12.0)], seen) == pytest.approx(6.0)
+    capped = Ongoing(experiment("r", timeout=15.0), {"h": [0]}, 12.0)
+    assert time_left({"h": [0]}, [], [capped], seen) == pytest.approx(3.0)
+    assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 12.0)], seen, timeout=13.0) == \
+        pytest.approx(1.0)
+
+
+def test_survival_learns_from_runs_under_way_not_only_from_those_that_ended():
+    """Early in a sweep the runs that ended are the short ones: 2 ended at 1 s while 2 still run at 5 s.
+    Counting only the ended says every run takes 1 s; the runs under way say half of them take longer."""
+    import random
+
+    from autotuner.plan import Survival
+
+    survival = Survival([1.0, 1.0], [5.0, 5.0])
+    assert survival.values == [1.0, 7.5] and survival.weights == pytest.approx([0.5, 0.5])
+    rng = random.Random(0)
+    assert {survival.draw(rng, longer_than=5.0) for _ in range(20)} == {7.5}
+    assert survival.draw(rng, longer_than=9.0) == pytest.approx(13.5)  # past the tail too
 
 
 def test_time_left_needs_something_to_go_on_and_counts_hosts_that_are_down():
