@@ -2,6 +2,7 @@
 
   python benchmarks/plan.py scale     # 100,000 experiments, 1,024 simulated nodes x 8 GPUs, 1-64 GPUs each
   python benchmarks/plan.py accuracy  # a real stand-in sweep predicted from an earlier one, then run
+  python benchmarks/plan.py eta       # the live view's ETA against simulated sweeps' truth, many of them
   python benchmarks/plan.py all
 
 scale: wall time of building the experiments and of the simulation; the median time of a decision (the queue
@@ -14,6 +15,10 @@ for the same experiments on 8 slots `--from A` is compared with sweep B, the sam
 slots (makespan from its first start to its last end). The live view's ETA during B (re-planned) is compared,
 at a quarter, half and three quarters of the experiments done, with the time B really had left; the ETA the
 view gave before (mean duration x work left / slots) is computed alongside.
+
+eta: the same comparison on simulated sweeps (24 experiments on 8 slots; durations uniform 1-6 s, or
+log-normal with sigma 0.6), 100 of each per round: the truth is the simulated sweep's own end, and the ETA is
+computed as the live view computes it (plan.time_left) from what was known at each moment.
 """
 from __future__ import annotations
 
@@ -152,19 +157,56 @@ def accuracy(n: int, seed: int) -> dict[str, float]:
     return out
 
 
+def eta(seed: int, trials: int = 100, n: int = 24, slots: int = 8) -> dict[str, float]:
+    from autotuner.plan import Ongoing, time_left
+
+    out: dict[str, float] = {}
+    for dist in ("uniform", "lognormal"):
+        errors: dict[int, list[float]] = {}
+        old: dict[int, list[float]] = {}
+        for trial in range(trials):
+            rng = random.Random(seed * 100_000 + trial)
+            exps = [Experiment(name=f"s{i:02d}", ds_config={}, num_gpus=1, num_nodes=1, script="/x")
+                    for i in range(n)]
+            took = {e.name: rng.uniform(1, 6) if dist == "uniform" else rng.lognormvariate(1, 0.6) for e in exps}
+            truth = simulate(exps, {"h": list(range(slots))}, lambda e, took=took: took[e.name])
+            by = {p.name: p for p in truth.played}
+            ends = sorted(truth.played, key=lambda p: p.end)
+            for k in (n // 4, n // 2, 3 * n // 4):
+                now = ends[k - 1].end
+                seen = [p.end - p.start for p in ends[:k]]
+                running = [p for p in truth.played if p.start <= now < p.end]
+                queued = [e for e in exps if by[e.name].start > now]
+                ongoing = [Ongoing(e, by[e.name].slots, now - by[e.name].start) for e in exps
+                           if by[e.name] in running]
+                real = truth.makespan - now
+                left = time_left({"h": list(range(slots))}, queued, ongoing, seen)
+                errors.setdefault(k, []).append(100 * (left - real) / real)
+                mean = statistics.fmean(seen)
+                rests = [max(mean - o.elapsed, 0.0) for o in ongoing]
+                before = max((len(queued) * mean + sum(rests)) / slots, max(rests, default=0.0),
+                             mean if queued else 0.0)
+                old.setdefault(k, []).append(100 * (before - real) / real)
+        for k in errors:
+            out[f"{dist}_at_{k}_median_abs_err_pct"] = statistics.median(abs(e) for e in errors[k])
+            out[f"{dist}_at_{k}_median_err_pct"] = statistics.median(errors[k])
+            out[f"{dist}_at_{k}_old_median_abs_err_pct"] = statistics.median(abs(e) for e in old[k])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["scale", "accuracy", "all"])
+    parser.add_argument("what", choices=["scale", "accuracy", "eta", "all"])
     parser.add_argument("--experiments", type=int, default=None)
     parser.add_argument("--nodes", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     opts = parser.parse_args()
     os.environ.setdefault("STANDIN_THROUGHPUT", "1.0")
-    for what in (["scale", "accuracy"] if opts.what == "all" else [opts.what]):
+    for what in (["scale", "accuracy", "eta"] if opts.what == "all" else [opts.what]):
         results = []
         for i in range(opts.rounds):
             r = (scale(opts.experiments or 100_000, opts.nodes, seed=i) if what == "scale"
-                 else accuracy(opts.experiments or 24, seed=i))
+                 else accuracy(opts.experiments or 24, seed=i) if what == "accuracy" else eta(seed=i))
             results.append(r)
             print(f"{what} round {i + 1}: " + "  ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
         keys = [k for k in results[0] if all(k in r for r in results)]
