@@ -26,6 +26,7 @@ from .spec import Experiment
 from .states import State
 
 DEFAULT_SECONDS = 600.0
+RUN_BUDGET = 2_000_000  # simulated runs one plan may play (100,000 experiments: about 15 s each play here)
 QUEUES: dict[str, Callable[[SlotPool], BackfillQueue[Queued]]] = {
     "backfill": default_queue, "fifo": lambda pool: fifo()}
 
@@ -115,8 +116,9 @@ class Plan:
     durations: Durations
     timeout: float | None
     spread: float
-    samples: int
+    samples: int  # Monte Carlo draws played (1: none, only the estimates)
     policies: Sequence[PolicyPlan]
+    samples_asked: int = 1  # more than `samples` when the sweep was too large to play them all (RUN_BUDGET)
 
     @property
     def slot_count(self) -> int:
@@ -164,6 +166,9 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
         if name not in PLACEMENTS:
             raise UserError(f"--placement {name!r}: not a placement ({', '.join(PLACEMENTS)})")
     seconds = expected.seconds
+    played = len(queues) * len(placements) * len(experiments)
+    asked = samples
+    samples = max(1, min(samples, RUN_BUDGET // played - 1)) if spread > 0 else 1
     draws = [_draw(experiments, seconds, spread, random.Random(seed * 1_000_003 + k))
              for k in range(samples)] if spread > 0 else []
     policies = []
@@ -176,7 +181,7 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
             at_estimates = play(seconds)
             makespans = sorted(play(d).makespan for d in draws) if draws else [at_estimates.makespan]
             policies.append(PolicyPlan(queue, placement, at_estimates, makespans))
-    return Plan(experiments, slots, expected, timeout, spread, samples if draws else 1, policies)
+    return Plan(experiments, slots, expected, timeout, spread, samples, policies, asked)
 
 
 def _draw(experiments: Sequence[Experiment], seconds: Mapping[str, float], spread: float,

@@ -240,3 +240,13 @@ def test_time_left_needs_something_to_go_on_and_counts_hosts_that_are_down():
     two = [experiment("a"), experiment("b")]
     assert time_left({"x": [0], "y": [0]}, two, [], [10.0]) == 10.0
     assert time_left({"x": [0], "y": [0]}, two, [], [10.0], down=["y"]) == 20.0
+
+
+def test_a_sweep_too_large_for_every_draw_plays_fewer_and_says_so(monkeypatch):
+    import autotuner.plan as planning
+    from autotuner.views.plan import render_plan
+
+    monkeypatch.setattr(planning, "RUN_BUDGET", 1000)
+    plan = plan_sweep([experiment(f"e{i}") for i in range(100)], {"h": [0, 1]}, spread=0.3, samples=100)
+    assert (plan.samples, plan.samples_asked) == (9, 100) and len(plan.policies[0].makespans) == 9
+    assert "9 draws (of the 100 asked" in render_plan(plan).splitlines()[0]

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import UserError
 from ..files import write_atomic
 from ..ledger import Attempt
-from ..plan import Plan, PolicyPlan
+from ..plan import RUN_BUDGET, Plan, PolicyPlan
 from ..simulate import Played
 from ..states import State
 from .live import seconds
@@ -35,6 +35,7 @@ def _policy_json(plan: Plan, p: PolicyPlan) -> dict[str, Any]:
 def plan_json(plan: Plan) -> dict[str, Any]:
     return {"experiments": len(plan.experiments), "slots": plan.slot_count, "hosts": len(plan.slots),
             "durations": plan.durations.counts(), "spread": plan.spread, "samples": plan.samples,
+            "samples_asked": plan.samples_asked,
             "timeout_s": plan.timeout, "work_slot_s": plan.work, "longest_s": plan.longest,
             "lower_bound_s": plan.lower_bound, "plans": [_policy_json(plan, p) for p in plan.policies]}
 
@@ -44,7 +45,9 @@ def render_plan(plan: Plan, fmt: str = "table") -> str:
         return json.dumps(plan_json(plan), indent=2) + "\n"
     origins = ", ".join(f"{n} {o}" for o, n in sorted(plan.durations.counts().items(), key=lambda kv: -kv[1]))
     head = (f"plan: {len(plan.experiments)} experiments on {plan.slot_count} slot(s) of {len(plan.slots)} host(s); "
-            f"durations: {origins}" + (f"; spread {plan.spread:g}, {plan.samples} draws" if plan.spread else ""))
+            f"durations: {origins}" + (f"; spread {plan.spread:g}, {plan.samples} draws" if plan.spread else "")
+            + (f" (of the {plan.samples_asked} asked: a plan plays at most {RUN_BUDGET:,} runs)"
+               if plan.spread and plan.samples < plan.samples_asked else ""))
     bound = (f"lower bound {seconds(plan.lower_bound)}: max(work {plan.work / 3600:,.2f} slot-hours / "
              f"{plan.slot_count} slots, longest experiment {seconds(plan.longest)})")
     columns = [Column("policy"), Column("placement"), Column("makespan P10", True), Column("P50", True),
