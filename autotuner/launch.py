@@ -21,9 +21,9 @@ from .core.resources import Reservation
 from .hostfile import format_include
 from .metrics import METRICS_PATH_ENV
 from .spec import Experiment
+from .spec.model import CONFIG_FLAG, with_arg
 from .tags import TAG_ENV
 
-CONFIG_FLAG = "--deepspeed_config"
 # Master ports are drawn below Linux's default ephemeral range (32768-60999): between the moment a port is
 # chosen and the moment DeepSpeed's rank 0 binds it (seconds later), no outgoing connection can take it.
 MASTER_PORTS = (20000, 32767)
@@ -81,17 +81,10 @@ def encode_config(ds_config: Mapping) -> str:
     return base64.urlsafe_b64encode(json.dumps(ds_config, sort_keys=True).encode()).decode()
 
 
-def with_config_arg(args: Sequence[str], value: str) -> list[str]:
-    """The user's args (a fresh list) with `--deepspeed_config` set to `value`, replaced where present."""
-    out = list(args)
-    for i, arg in enumerate(out):
-        if arg == CONFIG_FLAG and i + 1 < len(out):
-            out[i + 1] = value
-            return out
-        if arg.startswith(CONFIG_FLAG + "="):
-            out[i] = f"{CONFIG_FLAG}={value}"
-            return out
-    return [*out, CONFIG_FLAG, value]
+def with_config_arg(args: Sequence[str], value: str, flag: str = CONFIG_FLAG) -> list[str]:
+    """The user's args (a fresh list) with the config option (`--deepspeed_config`, or the sweep's
+    `config_flag`) set to `value`, replaced where present."""
+    return with_arg(args, flag, value)
 
 
 @dataclass(frozen=True)
@@ -126,7 +119,7 @@ def deepspeed_command(
         "--master_port", str(master_port),
         *launcher.options,
         experiment.script,
-        *with_config_arg(experiment.args, encode_config(ds_config)),
+        *with_config_arg(experiment.args, encode_config(ds_config), experiment.config_flag),
     ]
     full_env = {**(env or {}), **experiment.env, TAG_ENV: tag, METRICS_PATH_ENV: metric_path}
     return Command(tuple(argv), full_env, cwd)
@@ -139,7 +132,7 @@ def optimal_command(experiment: Experiment, config_path: str, launcher: Launcher
     if experiment.num_nodes > 1:
         argv += ["--num_nodes", str(experiment.num_nodes)]
     argv += ["--num_gpus", str(experiment.num_gpus), experiment.script,
-             *with_config_arg(experiment.args, config_path)]
+             *with_config_arg(experiment.args, config_path, experiment.config_flag)]
     return shell_line(argv, {**(env or {}), **experiment.env})
 
 

@@ -66,3 +66,48 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     train = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert train.returncode == 0, (command, train.stdout[-2000:], train.stderr[-3000:])
     assert "trained 7 steps" in train.stdout
+
+
+TRAINER_SWEEP = """{{
+  name: hf
+  script: {script}
+  args: ["--output_dir", "out"]
+  {flag}
+  arg_mappings: {{
+    "train_micro_batch_size_per_gpu": "--per_device_train_batch_size"
+    "gradient_accumulation_steps": "--gradient_accumulation_steps"
+  }}
+  ds_config: {{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2}}
+  space: {{
+    "train_micro_batch_size_per_gpu": [2, 4]
+    "--learning_rate": [0.001, 0.01]
+  }}
+}}
+"""
+
+
+def test_a_trainer_style_script_gets_its_config_by_its_own_flag_and_its_batch_size_as_an_argument(tmp_path):
+    """Through DeepSpeed's real launcher: with `config_flag: --deepspeed` every run of a script whose parser is
+    as strict as HfArgumentParser succeeds, its batch size handed as an argument that agrees with the config;
+    with the default flag every one fails, as every experiment of a Trainer script did before."""
+    script = ROOT / "tests" / "trainer_standin.py"
+    spec = tmp_path / "hf.hjson"
+    spec.write_text(TRAINER_SWEEP.format(script=script, flag="config_flag: --deepspeed"))
+    results = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slots", "2", "-o",
+                          str(results)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "best: hf_mbs4_lr0.01 with throughput" in run.stdout, run.stdout
+    command = (results / "hf_mbs2_lr0.001" / "cmd.txt").read_text()
+    assert "--deepspeed " in command and "--deepspeed_config" not in command
+    assert "--per_device_train_batch_size 2" in command and "--learning_rate 0.001" in command
+    assert "--deepspeed" in (results / "cmd_optimal.txt").read_text()
+
+    spec.write_text(TRAINER_SWEEP.format(script=script, flag=""))
+    before = subprocess.run([sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slots", "2", "-o",
+                             str(tmp_path / "before"), "--retries", "0"], capture_output=True, text=True,
+                            timeout=900)
+    assert before.returncode == 1
+    states = json.loads(subprocess.run([sys.executable, "-m", "autotuner.cli", "status", str(tmp_path / "before"),
+                                        "--json"], capture_output=True, text=True, timeout=120).stdout)
+    assert states["counts"] == {"failed": 4}, states

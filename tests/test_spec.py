@@ -526,3 +526,75 @@ def test_example_deepspeed_experiments():
     assert len(sweep.experiments) >= 2
     for e in sweep.experiments:
         assert e.script == str(train) and e.ds_config["optimizer"]["params"]["torch_adam"] is True
+
+
+# --- script options: the config's flag, options a space varies, arg_mappings ------------------------------------
+TRAINER = """
+    {
+      name: hf
+      script: train.py
+      args: ["--output_dir", "out", "--deepspeed", "ds.json", "--learning_rate=0.1"]
+      config_flag: --deepspeed
+      arg_mappings: {
+        "train_micro_batch_size_per_gpu": "--per_device_train_batch_size"
+        "gradient_accumulation_steps": "--gradient_accumulation_steps"
+      }
+      ds_config: {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2}
+      space: {
+        "train_micro_batch_size_per_gpu": [4, 8]
+        "--learning_rate": [0.001, 0.01]
+      }
+    }
+"""
+
+
+def test_a_space_varies_script_options_and_arg_mappings_hand_config_values_to_the_script(tmp_path, script):
+    sweep = load_sweep([write(tmp_path, "hf.hjson", TRAINER)])
+    first = sweep.experiments[0]
+    assert [e.name for e in sweep.experiments] == ["hf_mbs4_lr0.001", "hf_mbs4_lr0.01", "hf_mbs8_lr0.001",
+                                                   "hf_mbs8_lr0.01"]
+    assert first.config_flag == "--deepspeed"
+    assert first.args == ("--output_dir", "out", "--deepspeed", "ds.json", "--learning_rate=0.001",
+                          "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2")
+    assert sweep.experiments[3].args[-4:-2] == ("--per_device_train_batch_size", "8")
+    assert len({e.digest for e in sweep.experiments}) == 4
+
+
+def test_the_config_goes_to_the_flag_the_users_command_uses_replacing_what_the_args_held(tmp_path, script):
+    from autotuner.core import Reservation
+    from autotuner.launch import deepspeed_command, encode_config, optimal_command
+
+    e = load_sweep([write(tmp_path, "hf.hjson", TRAINER)]).experiments[0]
+    command = deepspeed_command(e, Reservation.of({"localhost": [0]}), e.config(), hostfile="h", master_port=1,
+                                metric_path="m", tag="t", cwd="/")
+    at = command.argv.index("--deepspeed")
+    assert command.argv[at + 1] == encode_config(e.config()) and "--deepspeed_config" not in command.argv
+    assert "--deepspeed /tmp/best.json" in optimal_command(e, "/tmp/best.json")
+
+
+def test_an_auto_value_is_left_to_the_script_and_the_default_flag_keeps_old_digests(tmp_path, script):
+    body = TRAINER.replace('"train_micro_batch_size_per_gpu": [4, 8]', '"zero_optimization.stage": [0]')
+    e = load_sweep([write(tmp_path, "hf.hjson", body)]).experiments[0]
+    assert "--per_device_train_batch_size" not in e.args  # "auto": the Trainer fills it from its own argument
+    plain = Experiment(name="x", ds_config={}, num_gpus=1, num_nodes=1, script="/s")
+    assert "config_flag" not in plain.to_json() and Experiment.from_json(plain.to_json()).digest == plain.digest
+    flagged = Experiment(name="x", ds_config={}, num_gpus=1, num_nodes=1, script="/s", config_flag="--deepspeed")
+    assert flagged.digest != plain.digest and Experiment.from_json(flagged.to_json()) == flagged
+
+
+@pytest.mark.parametrize(("change", "fragment", "needle"), [
+    (("config_flag: --deepspeed", "config_flag: deepspeed"), "not a script option", "config_flag"),
+    (("config_flag: --deepspeed", "config_flag: 3"), "not a script option", "config_flag"),
+    (('"--learning_rate": [0.001, 0.01]', '"--deepspeed": ["a.json"]'), "the config itself", '"--deepspeed": ['),
+    (('"--learning_rate": [0.001, 0.01]', '"--learning_rate": [{"a": 1}]'), "string, number or boolean",
+     '"--learning_rate": ['),
+    (('"--learning_rate": [0.001, 0.01]', '"--bad flag": [1]'), "not a script option", '"--bad flag"'),
+    (('"--gradient_accumulation_steps"\n', '"--deepspeed"\n'), "the config itself", '": "--deepspeed"'),
+    (('"--gradient_accumulation_steps"\n', '"gas"\n'), "not a script option", '"gas"'),
+    (('"--learning_rate": [0.001, 0.01]', '"--per_device_train_batch_size": [1]'), "varies too",
+     '"--per_device_train_batch_size": ['),
+])
+def test_bad_script_options_are_located(tmp_path, script, change, fragment, needle):
+    path = write(tmp_path, "hf.hjson", TRAINER.replace(*change))
+    error = user_error([path])
+    assert fragment in str(error) and error.line == line_of(path, needle), str(error)

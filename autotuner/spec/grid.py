@@ -3,7 +3,11 @@
 Keys (SWEEP_KEYS): `name` (prefix of the generated names), `script`, `args`, `metric`, `num_gpus`, `num_nodes`,
 `timeout`, `estimate` (seconds a run is expected to take, for `autotune plan`), `env`, `ds_config` (an object or
 a JSON file) and `space` ({"dotted.ds_config.key": [values..]}, in the order written; `num_gpus` and
-`num_nodes` vary those fields instead of the config). Generated names are `<name>_<short><value>_...`, e.g.
+`num_nodes` vary those fields instead of the config, and a key that starts with `--` varies that option of the
+script). `config_flag` names the script option the config is handed to (default `--deepspeed_config`;
+`--deepspeed` for Hugging Face Trainer scripts); `arg_mappings` ({"dotted.ds_config.key": "--option"}, as in
+DeepSpeed's autotuning section) also hands each experiment's value of a config key to the script as that option
+(Trainer scripts take their batch sizes as arguments). Generated names are `<name>_<short><value>_...`, e.g.
 `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or else the last segment of the dotted key. A space is
 refused before it is expanded when it would pass the sweep's limits.
 """
@@ -22,7 +26,9 @@ from ..errors import shown
 from ..metrics import metric_named
 from .model import (
     ABBREVIATIONS,
+    CONFIG_FLAG,
     FIELD_KEYS,
+    FLAG,
     NAME_MAX,
     SAFE_NAME,
     UNSAFE,
@@ -31,6 +37,7 @@ from .model import (
     canonical,
     is_safe_name,
     name_problem,
+    with_arg,
 )
 from .reading import (
     Defaults,
@@ -46,8 +53,8 @@ from .reading import (
     string_list,
 )
 
-SWEEP_KEYS = ("name", "script", "args", "metric", "num_gpus", "num_nodes", "timeout", "estimate", "env", "ds_config",
-              "space")
+SWEEP_KEYS = ("name", "script", "args", "config_flag", "arg_mappings", "metric", "num_gpus", "num_nodes", "timeout",
+              "estimate", "env", "ds_config", "space")
 
 
 def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
@@ -105,6 +112,9 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
     num_nodes = positive_count(src, "num_nodes", data.get("num_nodes", 1))
     timeout = _seconds(src, "timeout", data) if data.get("timeout") is not None else defaults.timeout
     estimate = _seconds(src, "estimate", data) if data.get("estimate") is not None else None
+    config_flag = _flag(src, "config_flag", data["config_flag"], "config_flag") if "config_flag" in data \
+        else CONFIG_FLAG
+    mappings = _arg_mappings(src, data.get("arg_mappings", {}), config_flag)
     env = env_of(src, data.get("env", {}))
     base = ds_config_of(src, data["ds_config"]) if data.get("ds_config") is not None else {}
     space = data.get("space", {})
@@ -124,10 +134,16 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         if key in FIELD_KEYS:
             for value in values:
                 positive_count(src, key, value, space_line, what=f"every value of space key {shown(key)}")
+        if key.startswith("-"):
+            _check_option_axis(src, key, values, config_flag, space_line)
         short = UNSAFE.sub("-", ABBREVIATIONS.get(key, segments[-1])).strip("-")
         axes.append((key, segments, values, [short + text for text in _value_texts(src, key, values, space_line)]))
         count *= len(values)  # refused just below if too many, before any experiment is built
     src.budget.expand(count, len(canonical(base)), src, "space" if space else None)
+    for dotted, option in mappings.items():
+        if option in space:
+            raise src.error(f"arg_mappings hands {dotted} to {option}, which the space varies too", option,
+                            space_line)
 
     line = space_line or src.line("name")
     fields_from = {k: src.line(k, after=space_line) if k in space else src.line(k) if k in data else None
@@ -136,11 +152,14 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
     for combo in itertools.product(*(range(len(values)) for _, _, values, _ in axes)):
         config = copy.deepcopy(base)
         fields = {"num_gpus": num_gpus, "num_nodes": num_nodes}
+        options = list(args)
         parts = []
         for (key, segments, values, texts), index in zip(axes, combo, strict=True):
             value = values[index]
             if key in FIELD_KEYS:
                 fields[key] = value
+            elif key.startswith("-"):
+                options = with_arg(options, key, _option_text(value))
             else:
                 blocked = _set_dotted(config, segments, copy.deepcopy(value))
                 if blocked is not None:
@@ -150,11 +169,67 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         name = experiment_name(prefix, parts)
         if not is_safe_name(name):  # a space-less sweep named like one of the sweep's own files
             raise src.error(name_problem(name), "name" if "name" in data else None)
-        experiment = Experiment(name=name, ds_config=config, script=script, args=args,
-                                timeout=timeout, env=env, source=str(src.path), estimate=estimate, **fields)
+        for dotted, option in mappings.items():
+            value = _lookup(config, dotted)
+            if value is not None and value != "auto":
+                options = with_arg(options, option, _option_text(value))
+        experiment = Experiment(name=name, ds_config=config, script=script, args=tuple(options), timeout=timeout,
+                                env=env, source=str(src.path), estimate=estimate, config_flag=config_flag,
+                                **fields)
         check_batch(src, experiment)
         loaded.experiments.append((experiment, line))
     return loaded
+
+
+def _flag(src: Source, label: str, value: Any, key: str, after: int | None = None) -> str:
+    """A script option, as `--name`: what a sweep may hand values to. Errors are located at `key`."""
+    if not isinstance(value, str) or FLAG.fullmatch(value) is None:
+        raise src.error(f"{label}: {shown(value)} is not a script option (--name: letters, digits, _ . -)", key,
+                        after)
+    return value
+
+
+def _arg_mappings(src: Source, value: Any, config_flag: str) -> dict[str, str]:
+    """{dotted ds_config key: script option}: each experiment's value of the key is also handed to the script."""
+    if not isinstance(value, dict):
+        raise src.error("arg_mappings must be an object of dotted ds_config keys to script options",
+                        "arg_mappings")
+    line = src.line("arg_mappings")
+    mappings = {}
+    for key, option in value.items():
+        if not key or not all(key.split(".")) or key.startswith("-"):
+            raise src.error(f"arg_mappings: {shown(key)} is not a dotted ds_config key", key, line)
+        mappings[key] = _flag(src, f"arg_mappings {shown(key)}", option, key, line)
+        if option == config_flag:
+            raise src.error(f"arg_mappings: {option} is the option the config itself is handed to", key, line)
+    return mappings
+
+
+def _check_option_axis(src: Source, key: str, values: list[Any], config_flag: str, line: int | None) -> None:
+    """A space key that varies a script option: a proper option, not the config's own, with plain values."""
+    _flag(src, "space key", key, key, line)
+    if key == config_flag:
+        raise src.error(f"space key {key} is the option the config itself is handed to: vary the config's keys",
+                        key, line)
+    for value in values:
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
+            raise src.error(f"space key {key}: every value must be a string, number or boolean, not "
+                            f"{shown(value)}", key, line)
+
+
+def _option_text(value: Any) -> str:
+    """A value as a script argument: JSON's words for booleans, the number or string itself otherwise."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def _lookup(config: dict, dotted: str) -> Any:
+    """The value of a dotted key in the config, or None where it has none."""
+    node: Any = config
+    for segment in dotted.split("."):
+        if not isinstance(node, dict) or segment not in node:
+            return None
+        node = node[segment]
+    return node
 
 
 def _seconds(src: Source, key: str, data: dict) -> float:

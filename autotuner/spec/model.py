@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -32,8 +32,27 @@ ABBREVIATIONS = {
     "train_batch_size": "tbs",
     "num_gpus": "g",
     "num_nodes": "n",
+    "--per_device_train_batch_size": "bs",
+    "--gradient_accumulation_steps": "gas",
+    "--learning_rate": "lr",
 }
 FIELD_KEYS = ("num_gpus", "num_nodes")  # space keys that vary the experiment rather than its ds_config
+CONFIG_FLAG = "--deepspeed_config"  # how the config reaches the script unless the sweep says (`config_flag`)
+FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")  # a script option a sweep may set or vary
+
+
+def with_arg(args: Sequence[str], flag: str, value: str) -> list[str]:
+    """`args` (a fresh list) with option `flag` set to `value`: replaced where present (`--f v` or `--f=v`),
+    appended otherwise."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if arg.startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    return [*out, flag, value]
 
 
 def is_safe_name(name: str) -> bool:
@@ -74,6 +93,7 @@ class Experiment:
     env: Mapping[str, str] = field(default_factory=dict)
     source: str = ""  # the file it came from
     estimate: float | None = None  # seconds it is expected to run, for `autotune plan`; not part of the run
+    config_flag: str = CONFIG_FLAG  # the script option the config is handed to (`--deepspeed` for HF Trainer)
 
     def __post_init__(self) -> None:
         if not is_safe_name(self.name):
@@ -99,21 +119,23 @@ class Experiment:
     def digest(self) -> str:
         """sha256 of what defines the run (not its name, timeout, estimate or source): equal digests, equal runs."""
         defining = {"ds_config": self.ds_config, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
-                    "script": self.script, "args": list(self.args), "env": dict(self.env)}
+                    "script": self.script, "args": list(self.args), "env": dict(self.env)} | (
+                        {"config_flag": self.config_flag} if self.config_flag != CONFIG_FLAG else {})
         return hashlib.sha256(canonical(defining).encode()).hexdigest()
 
     def to_json(self) -> dict:
         return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
                 "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
                 "timeout": self.timeout, "env": dict(self.env), "source": self.source} | (
-                    {"estimate": self.estimate} if self.estimate is not None else {})
+                    {"estimate": self.estimate} if self.estimate is not None else {}) | (
+                    {"config_flag": self.config_flag} if self.config_flag != CONFIG_FLAG else {})
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Experiment:
         return cls(name=data["name"], ds_config=data["ds_config"], num_gpus=data["num_gpus"],
                    num_nodes=data["num_nodes"], script=data["script"], args=tuple(data.get("args") or ()),
                    timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""),
-                   estimate=data.get("estimate"))
+                   estimate=data.get("estimate"), config_flag=data.get("config_flag", CONFIG_FLAG))
 
 
 @dataclass(frozen=True)
