@@ -5,15 +5,17 @@ interrupted or resumed) and the report shows the same config and command before 
 """
 from __future__ import annotations
 
+import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .files import write_atomic, write_json_atomic
 from .launch import Launcher, optimal_command, without_autotuning
-from .metrics import format_value
 from .states import State
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
+    from .ledger import Attempt
     from .views.snapshot import Snapshot
 
 OPTIMAL_CONFIG = "ds_config_optimal.json"
@@ -46,23 +48,65 @@ def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
 
 
 def summary_text(snap: Snapshot) -> str:
-    """A plain table in the spirit of DeepSpeed's autotuning summary, then one line per experiment."""
+    """summary.txt in the shape DeepSpeed's autotuner writes, so that scripts that read its summary keep
+    working: a pipe table with one row per tuning space (the ZeRO stage: z0, z1, ...) that has a result and a
+    `global` row, then "Tuning completed in H:MM:SS[.ffffff]. Total number of experiments: N." Names whole,
+    numbers as plain as DeepSpeed prints them (no thousands separators). `autotune report` shows the rest."""
+    spaces: dict[str, list[Attempt]] = {}
+    for attempt in snap.attempts:
+        if attempt.started_at is None:
+            continue
+        experiment = snap.experiments.get(attempt.name)
+        stage = experiment.ds_config.get("zero_optimization", {}).get("stage", 0) if experiment else 0
+        spaces.setdefault(f"z{stage}" if isinstance(stage, int) else "z?", []).append(attempt)
+    space_of = {id(a): space for space, attempts in spaces.items() for a in attempts}
+    tops: dict[str, Attempt] = {}
+    for a in snap.ranked:  # best first: the first of each space is its best
+        if a.state == State.SUCCEEDED and a.metric is not None and id(a) in space_of:
+            tops.setdefault(space_of[id(a)], a)
+    rows = [(space, len(spaces[space]), top.metric, top.name) for space, top in sorted(tops.items())
+            if top.metric is not None]
     best = snap.best
-    counts = snap.counts()
-    lines = [
-        f"sweep: {snap.name}    metric: {snap.metric.name} ({snap.metric.direction})",
-        "",
-        f"| {'tuning_space':<12} | {'num_experiments':>15} | {'best_metric_val':>15} | best_exp_name",
-        f"| {snap.name[:12]:<12} | {len(snap.attempts):>15} | {format_value(best.metric if best else None):>15} | "
-        f"{best.name if best else '-'}",
-        "",
-        "states: " + ", ".join(f"{state} {n}" for state, n in sorted(counts.items())),
-        "",
-    ]
-    for attempt in snap.ranked:
-        mark = "*" if best is not None and attempt.name == best.name else " "
-        why = f"  [{attempt.reason}] {attempt.detail or ''}".rstrip() if attempt.state != State.SUCCEEDED else ""
-        lines.append(f"{mark} {attempt.name:<40} {attempt.state:<11} {format_value(attempt.metric):>12}{why}")
-    if best is not None:
-        lines += ["", f"best: {best.name}", f"config: {OPTIMAL_CONFIG}", f"command: {OPTIMAL_COMMAND}"]
-    return "\n".join(lines) + "\n"
+    ran = sum(len(attempts) for attempts in spaces.values())
+    if best is not None and best.metric is not None:
+        rows.append(("global", ran, best.metric, best.name))
+    text = pipe_table(["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"], rows) if rows else ""
+    starts = [a.started_at for a in snap.attempts if a.started_at is not None]
+    ends = [a.finished_at for a in snap.attempts if a.finished_at is not None]
+    took = datetime.timedelta(seconds=max(ends) - min(starts)) if starts and ends else datetime.timedelta(0)
+    return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
+
+
+def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str | int | float]]) -> str:
+    """A markdown pipe table laid out as the `tabulate` package lays out its "pipe" format (which DeepSpeed's
+    summary uses): each column as wide as its widest cell or its header plus 2, text left and numbers right
+    (aligned on the decimal point), floats as `format(x, "g")`."""
+    numeric = [all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+               for i in range(len(headers))]
+    cells = [[_cell(value) for value in row] for row in rows]
+    for i, is_number in enumerate(numeric):
+        if is_number:
+            column = _decimal_aligned([row[i] for row in cells])
+            for row, text in zip(cells, column, strict=True):
+                row[i] = text
+    widths = [max([len(h) + 2] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) if numeric[i] else v.ljust(w)
+                                 for i, (v, w) in enumerate(zip(values, widths, strict=True))) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if numeric[i] else (":" + "-" * (w + 1))
+                          for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(list(headers)), rule, *(line(row) for row in cells)])
+
+
+def _cell(value: str | int | float) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def _decimal_aligned(texts: list[str]) -> list[str]:
+    """Numbers padded so that their decimal points line up (those without one, as if it followed them)."""
+    whole = [t.split(".", 1)[0] if "." in t and "e" not in t else t for t in texts]
+    fraction = [t[len(w):] for t, w in zip(texts, whole, strict=True)]
+    left, right = max(map(len, whole)), max(map(len, fraction))
+    return [w.rjust(left) + f.ljust(right) for w, f in zip(whole, fraction, strict=True)]

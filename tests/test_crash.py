@@ -119,7 +119,8 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
     # Nothing of the sweep is left running, and the outcome files name the clean run's best.
     assert tagged_pids(sweep_id(directory)) == []
     best = max(clean, key=clean.get)
-    assert f"best: {best}" in (directory / "summary.txt").read_text()
+    assert "| global         |" in (directory / "summary.txt").read_text()
+    assert f"| {best} " in (directory / "summary.txt").read_text().splitlines()[-3]
     assert (directory / "ds_config_optimal.json").exists()
 
 

@@ -57,8 +57,12 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     expected = json.loads((results / best / "ds_config.json").read_text())
     del expected["autotuning"]
     assert optimal == expected
-    summary = (results / "summary.txt").read_text()
-    assert f"best: {best}" in summary
+    summary = (results / "summary.txt").read_text().splitlines()
+    assert [c.strip() for c in summary[0].split("|")[1:-1]] == ["tuning_space", "num_experiments",
+                                                                  "best_metric_val", "best_exp_name"]
+    glob = next(line for line in summary if line.startswith("| global"))
+    assert [c.strip() for c in glob.split("|")[1:-1]] == ["global", "5", format(on_disk[best], "g"), best]
+    assert summary[-1].startswith("Tuning completed in ") and summary[-1].endswith("Total number of experiments: 5.")
 
     # cmd_optimal.txt trains with the winner as a normal run: no autotuning section, no pinned slots
     command = (results / "cmd_optimal.txt").read_text().strip()

@@ -434,8 +434,8 @@ def test_each_failure_class_is_recorded_with_its_telling_line_and_reported(tmp_p
     assert as_json["best"] == "s_x6"
     for name, (reason, line) in CLASSES.items():
         assert rows[name]["reason"] == reason and line in rows[name]["detail"]
-    summary = (s.dir / "summary.txt").read_text()
-    assert all(f"[{reason}] " in summary for reason, _ in CLASSES.values())
+    summary = (s.dir / "summary.txt").read_text()  # DeepSpeed's shape: the best per ZeRO stage and overall
+    assert "| global " in summary and "| s_x6 " in summary and "[oom]" not in summary
 
 
 # --- spec changes on resume --------------------------------------------------------------------------------------

@@ -343,3 +343,33 @@ def test_single_node_experiments_still_run_there_and_multi_node_ones_wait(tmp_pa
     assert launches(log) == [("m_n1_gas1", 1)]  # the two-node one was never launched (to fail and be retried)
     assert {a.name: a.state for a in attempts(tmp_path / "results")} == {"m_n1_gas1": State.SUCCEEDED,
                                                                         "m_n2_gas1": State.QUEUED}
+
+
+# --- summary.txt in DeepSpeed's shape ---------------------------------------------------------------------------
+HEADERS = ["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"]
+
+
+@pytest.mark.parametrize(("rows", "recorded"), [
+    ([("z0", 4, 1174.1234, "z0_gas1_tmbspg2"), ("z1", 12, 95.5, "zero_mbs_z1_mbs32_long_name"),
+      ("global", 16, 1174.1234, "z0_gas1_tmbspg2")],
+     "| tuning_space   |   num_experiments |   best_metric_val | best_exp_name               |\n"
+     "|:---------------|------------------:|------------------:|:----------------------------|\n"
+     "| z0             |                 4 |           1174.12 | z0_gas1_tmbspg2             |\n"
+     "| z1             |                12 |             95.5  | zero_mbs_z1_mbs32_long_name |\n"
+     "| global         |                16 |           1174.12 | z0_gas1_tmbspg2             |"),
+    ([("z2", 3, 1234567.0, "a"), ("global", 3, 1234567.0, "a")],
+     "| tuning_space   |   num_experiments |   best_metric_val | best_exp_name   |\n"
+     "|:---------------|------------------:|------------------:|:----------------|\n"
+     "| z2             |                 3 |       1.23457e+06 | a               |\n"
+     "| global         |                 3 |       1.23457e+06 | a               |"),
+    ([("z2", 3, 0.00012, "a"), ("global", 3, 12.0, "a")],
+     "| tuning_space   |   num_experiments |   best_metric_val | best_exp_name   |\n"
+     "|:---------------|------------------:|------------------:|:----------------|\n"
+     "| z2             |                 3 |           0.00012 | a               |\n"
+     "| global         |                 3 |          12       | a               |"),
+])
+def test_the_summary_table_is_laid_out_as_tabulate_lays_out_deepspeeds(rows, recorded):
+    """`recorded`: what tabulate 0.10.0 printed for these rows with tablefmt="pipe" (as DeepSpeed calls it)."""
+    from autotuner.results import pipe_table
+
+    assert pipe_table(HEADERS, rows) == recorded

@@ -95,8 +95,15 @@ def test_summary_keeps_the_shape_of_deepspeeds(finished):
     text = (finished / "summary.txt").read_text()
     assert text == summary_text(snapshot(finished))
     lines = text.splitlines()
-    assert lines[2].split("|")[1:4] == [" tuning_space ", " num_experiments ", " best_metric_val "]
-    assert lines[3].split("|")[2].strip() == "30" and lines[3].rstrip().endswith("zm_z0_mbs32_gas1")
+    assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["tuning_space", "num_experiments", "best_metric_val",
+                                                              "best_exp_name"]
+    assert lines[1].startswith("|:---") and "-:|:-" in lines[1]
+    rows = {cells[0]: cells[1:] for line in lines[2:] if line.startswith("| ")
+            for cells in [[c.strip() for c in line.split("|")[1:-1]]]}
+    assert rows["global"][0] == "30" and rows["global"][2] == "zm_z0_mbs32_gas1"
+    assert "," not in rows["global"][1]  # 1600, not 1,600
+    assert sum(int(r[0]) for space, r in rows.items() if space != "global") == 30
+    assert lines[-1].startswith("Tuning completed in ") and lines[-1].endswith("Total number of experiments: 30.")
 
 
 def test_report_cli_does_not_import_plotting_or_torch(midway):
