@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .cancel import cancel
 from .errors import UserError
-from .prepare import default_directory, prepare
+from .prepare import default_directory, prepare, prepare_tune
 from .states import Reason, State
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
@@ -119,9 +119,9 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", 
            "QUEUES", "Cluster", "Experiment", "Metric", "Options", "Plan", "Reason", "Result", "ResumePlan",
            "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep", "UserError", "__version__", "cancel",
            "check_events_path", "check_hosts", "default_directory", "execute", "load_cluster", "load_sweep",
-           "metric_named", "plan_sweep", "prepare", "render_compare", "render_hosts", "render_plan", "render_report",
-           "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes", "timeout_seconds",
-           "watching", "write_html", "write_plan_plot", "write_plots"]
+           "metric_named", "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts", "render_plan",
+           "render_report", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
+           "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:

@@ -203,6 +203,67 @@ def run(
     _execute(directory, options, quiet, events)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                "allow_interspersed_args": False})
+def tune(
+    ctx: typer.Context,
+    script: str = typer.Argument(..., help="The training script; everything after it goes to the script, which "
+                                           "names its DeepSpeed config (--deepspeed_config ds.json, or --deepspeed "
+                                           "ds.json for a Trainer script)."),
+    hostfile: Path | None = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
+    include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
+    exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
+    slots: int | None = typer.Option(None, "--slots", min=1,
+                                     help="Tune on this many CPU slots of this machine (no GPU needed)."),
+    num_gpus: int = typer.Option(1, "--num_gpus", "--num-gpus", min=1, help="Slots per node of each experiment."),
+    num_nodes: int = typer.Option(1, "--num_nodes", "--num-nodes", min=1, help="Nodes of each experiment."),
+    results: str | None = typer.Option(None, "--results", "-o",
+                                        help="Results directory \\[default: results/NAME-TIME]."),
+    timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
+                                          help="Seconds an experiment may run; `none`: no limit "
+                                               f"\\[default: {limits.DEFAULT_TIMEOUT:g}]."),
+    deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole tuning may run."),
+    retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
+    grace: float = GRACE,
+    launcher: str | None = typer.Option(None, "--launcher",
+                                        help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
+    ssh_config: Path | None = SSH_CONFIG,
+    accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
+    remote_dir: str | None = REMOTE_DIR,
+    quiet: bool = QUIET,
+    events: Path | None = EVENTS,
+) -> None:
+    """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
+    with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
+    documents it; each ZeRO stage's largest micro-batch size that fits is searched, runs out of memory are
+    answers, not failures."""
+    notes: list[str] = []
+    try:
+        _seconds(deadline, "--deadline", positive=True)
+        _seconds(grace, "--grace")
+        _check_ssh_config(ssh_config)
+        launch = _split(launcher, "--launcher") if launcher else None
+        if events is not None:
+            autotuner.check_events_path(events)
+        cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, log=notes.append)
+        options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout))
+        if results is not None and not results.strip():
+            raise UserError("--results: an empty path; name a directory")
+        directory = autotuner.prepare_tune(script, list(ctx.args), cluster, None if results is None else Path(results),
+                                           num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
+                                           timeout=options.timeout)
+    except UserError as e:
+        raise fail(e) from None
+    for note in notes:
+        typer.echo(f"autotune: note: {note}", err=True)
+    if not quiet:
+        typer.echo(f"tuning {script}: experiments of {num_nodes} node(s) x {num_gpus} slot(s) on "
+                   f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
+                   f"{len(cluster.slots)} host(s); results in {directory}")
+    _execute(directory, options, quiet, events)
+
+
 def _names(text: str, option: str, known: Any) -> list[str]:
     """A comma-separated list of policy names, each one of `known`."""
     chosen = [word.strip() for word in text.split(",") if word.strip()]

@@ -84,13 +84,14 @@ class SweepMeta:
     env: Mapping[str, str] = field(default_factory=dict)  # what every experiment's environment gets
     reload: Mapping[str, Any] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
     ssh: Mapping[str, Any] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
+    search: Mapping[str, Any] | None = None  # `autotune tune`: the search that proposes the experiments
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
     _TYPES: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
-        "ssh": (dict, type(None))}
+        "ssh": (dict, type(None)), "search": (dict, type(None))}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -121,7 +122,7 @@ class SweepMeta:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh"):
+        for key in ("capacity", "env", "reload", "ssh", "search"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)

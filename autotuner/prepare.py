@@ -20,6 +20,7 @@ from .errors import UserError, shown
 if TYPE_CHECKING:
     from .cluster import Cluster
     from .ledger import Ledger
+    from .search import SearchSpec
     from .spec import Sweep
 
 HOSTFILE = "hostfile"  # the sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
@@ -32,13 +33,15 @@ def default_directory(sweep: Sweep, now: float | None = None) -> Path:
 
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, *,
-            launcher: Sequence[str] | None = None, timeout: float | None = limits.DEFAULT_TIMEOUT) -> Path:
+            launcher: Sequence[str] | None = None, timeout: float | None = limits.DEFAULT_TIMEOUT,
+            search: SearchSpec | None = None) -> Path:
     """Validate, then create the results directory (default: `default_directory`) with its hostfile and ledger.
 
     `launcher` is the command that starts DeepSpeed's launcher (default: the one beside this Python, else
     `deepspeed`); `timeout` (seconds; None: no limit) is recorded for `resume` as the limit of experiments whose
     spec gives none. A directory that cannot be used (read-only, full, a name too long) is a UserError, and
     whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
+    `search`: the experiments are proposed while it runs (`autotune tune`), by this search.
     """
     import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
 
@@ -51,7 +54,7 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
     try:
-        _write_sweep(sweep, cluster, directory, launcher, timeout)
+        _write_sweep(sweep, cluster, directory, launcher, timeout, search)
     except BaseException as e:
         for path in [*ours, *_staging(directory)]:  # what this call made; a file there before is not ours
             _unlink_quietly(path)
@@ -61,6 +64,34 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
             raise UserError(f"cannot write the results directory: {reason}", directory) from None
         raise
     return directory
+
+
+def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: str | Path | None = None, *,
+                 num_gpus: int = 1, num_nodes: int = 1, launcher: Sequence[str] | None = None,
+                 timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None) -> Path:
+    """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config) read,
+    checked and recorded as a search; its experiments are proposed while it runs (search.py). Each experiment
+    runs on `num_nodes` x `num_gpus` slots."""
+    from .metrics import metric_named
+    from .search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec
+    from .spec import Sweep
+    from .spec.tuning import name_prefix, read_tuning, split_command
+
+    command = split_command(script, args, cwd or Path.cwd())
+    tuning = read_tuning(command.config_path, num_gpus * num_nodes)
+    template = {"script": command.script, "args": list(command.args), "num_gpus": num_gpus, "num_nodes": num_nodes,
+                "source": str(command.config_path), "config_flag": command.flag, "arg_mappings": tuning.arg_mappings}
+    spec = SearchSpec(prefix=name_prefix(command.script), template=template, base=tuning.base,
+                      stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
+                      max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
+                      global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience)
+    first = MicroBatchSearch(spec).experiment(spec.stages[0], spec.min_mbs)
+    sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(command.config_path))
+    from .cluster import check_fits
+
+    check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
+    return prepare(Sweep(spec.prefix, (), sweep.metric, sweep.source), cluster, directory, launcher=launcher,
+                   timeout=timeout, search=spec)
 
 
 def open_sweep(directory: str | Path) -> Ledger:
@@ -129,7 +160,7 @@ def _staging(directory: Path) -> list[Path]:
 
 
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
-                 timeout: float | None) -> None:
+                 timeout: float | None, search: SearchSpec | None = None) -> None:
     import secrets
 
     from .files import sync_directory, write_atomic
@@ -150,6 +181,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         created=time.time(), slots=dict(cluster.slots), capacity=dict(cluster.capacity),
         accelerator=cluster.accelerator, env=cluster.env,
         launcher=tuple(launcher or launcher_for_this_python().executable), reload=reload,
+        search=search.to_json() if search is not None else None,
     ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())

@@ -18,7 +18,18 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from . import limits
-from .core import CheckRequests, Executor, Interrupt, Observer, Placement, Queued, Reservation, Scheduler, SlotPool
+from .core import (
+    CheckRequests,
+    Executor,
+    Interrupt,
+    Observer,
+    Placement,
+    Queued,
+    Reservation,
+    Scheduler,
+    SlotPool,
+    Source,
+)
 from .core.resources import Demand, Slots
 from .dispatcher import Dispatcher
 from .errors import UserError
@@ -33,7 +44,7 @@ from .metrics import metric_named
 from .prepare import HOSTFILE, open_sweep
 from .results import write_outcome_files
 from .spec import Experiment
-from .states import State
+from .states import Reason, State
 from .threads import Workers
 from .views.snapshot import Snapshot, snapshot
 
@@ -55,11 +66,14 @@ class Result:
 
     @property
     def exit_code(self) -> int:
+        """0: everything succeeded and there is a best. For a search (`tune`), a run out of memory or past its
+        timeout is an answer (that size is too big), not a failure."""
         if self.interrupted:
             return EXIT_INTERRUPTED
-        states = self.snapshot.counts()
-        all_done = states.get(State.SUCCEEDED, 0) == len(self.snapshot.attempts)
-        return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
+        answers = self.snapshot.meta.search is not None
+        failed = [a for a in self.snapshot.attempts if a.state != State.SUCCEEDED
+                  and not (answers and (a.reason == Reason.OOM or a.state == State.TIMED_OUT))]
+        return EXIT_OK if not failed and self.optimal_config else EXIT_FAILED
 
 
 class Stopped(Exception):
@@ -156,7 +170,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
             if pool is not None:
                 pool.close()
             ledger.close()
-        snap = snapshot(directory, every_experiment=False)  # the outcome files need only the best's spec
+        snap = snapshot(directory)  # every spec: summary.txt groups the experiments by ZeRO stage
         # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
         interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
                                           for a in snap.attempts)
@@ -217,7 +231,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     now = time.time()
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
                           retries=options.retries, timeout=options.timeout,
-                          deadline=None if options.deadline is None else now + options.deadline)
+                          deadline=None if options.deadline is None else now + options.deadline,
+                          source=_search(ledger) if meta.search is not None else None)
     dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
@@ -272,6 +287,18 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
             watcher.close()
         if remote is not None:
             remote.close()
+
+
+def _search(ledger: Ledger) -> Source:
+    """`autotune tune`'s search, rebuilt from the ledger: what it proposed and what came of it (search.py)."""
+    from .search import MicroBatchSearch, SearchSpec
+
+    meta = ledger.meta()
+    assert meta.search is not None
+    search = MicroBatchSearch(SearchSpec.from_json(meta.search))
+    latest = {a.name: (a.state, a.reason, a.metric) for a in ledger.latest()}
+    search.replay(ledger.experiments(), latest)
+    return search
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,

@@ -26,6 +26,7 @@ from .core import (
     Run,
     Scheduler,
     SlotPool,
+    Source,
     Stop,
 )
 from .core.scheduler import default_queue
@@ -82,8 +83,10 @@ class SimulatedExecutor:
     named as such. Runs are launched the moment they are started; a stopped run ends at once, recorded with
     the stop's state (the first stop asked wins, as with the real executors)."""
 
-    def __init__(self, duration: Duration, schedule: Callable[[float, Event], None], now: Callable[[], float]):
+    def __init__(self, duration: Duration, schedule: Callable[[float, Event], None], now: Callable[[], float],
+                 outcome: Callable[[Experiment], Outcome] | None = None):
         self._duration = duration
+        self._outcome = outcome
         self._schedule = schedule
         self._now = now
         self._ending: dict[tuple[str, int], float] = {}  # when each running run's Finished is due
@@ -95,7 +98,7 @@ class SimulatedExecutor:
         end = now + max(0.0, self._duration(run.experiment))
         self._ending[run.key] = end
         post(Launched(run, next(self._pids), None, now))
-        self._schedule(end, Finished(run, _DONE, end))
+        self._schedule(end, Finished(run, self._outcome(run.experiment) if self._outcome else _DONE, end))
 
     def adopt(self, run: Run, pid: int | None, post: Post) -> None:
         raise NotImplementedError("a simulated sweep follows runs under way with `follow`")
@@ -142,18 +145,22 @@ class Underway:
 def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int]], duration: Duration, *,
              queue: Callable[[SlotPool], BackfillQueue[Queued]] = default_queue,
              placement: Placement | None = None, timeout: float | None = None, start: float = 0.0,
-             underway: Sequence[Underway] = (), down: Sequence[str] = (), measure: bool = False) -> Timeline:
+             underway: Sequence[Underway] = (), down: Sequence[str] = (), measure: bool = False,
+             outcome: Callable[[Experiment], Outcome] | None = None, source: Source | None = None,
+             metric: str = "") -> Timeline:
     """Play `experiments` (in queue order) on `slots` with the scheduler the runner uses. `timeout`: the
     sweep's default per-attempt limit; `underway`: runs that hold their slots already, `down`: hosts not up
-    (a sweep re-planned while it runs). `measure`: time each step, for the benchmark."""
+    (a sweep re-planned while it runs). `outcome`: how each run ends (default: succeeded); `source`: a searcher
+    that proposes experiments as slots free up (`metric` names the value it is told). `measure`: time each
+    step, for the benchmark."""
     import time
 
     pool = SlotPool(slots)
     for host in down:
         pool.mark_down(host)
     record = MemoryRecord()
-    scheduler = Scheduler(record, pool, "plan", Path("plan"), "", queue=queue(pool),
-                          placement=placement or Pack(), retries=0, timeout=timeout)
+    scheduler = Scheduler(record, pool, "plan", Path("plan"), metric, queue=queue(pool),
+                          placement=placement or Pack(), retries=0, timeout=timeout, source=source)
     record.add_experiments(experiments, start)
     scheduler.submit(Queued(e, 1) for e in experiments)
     clock = [start]
@@ -163,7 +170,7 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
     def schedule(at: float, event: Event) -> None:
         heapq.heappush(due, (at, next(order), event))
 
-    executor = SimulatedExecutor(duration, schedule, lambda: clock[0])
+    executor = SimulatedExecutor(duration, schedule, lambda: clock[0], outcome)
     played: list[Played] = []
     began: dict[tuple[str, int], float] = {}
     for u in underway:

@@ -1,0 +1,152 @@
+"""What `autotune tune` is given: the user's own DeepSpeed command (the script, its arguments and the config
+they name with `--deepspeed_config` or `--deepspeed`), and that config's `autotuning` section, read as DeepSpeed
+documents it. Unknown or mistyped keys are located errors, never ignored; what the search does not do yet is
+refused by name rather than silently skipped."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError, shown
+from ..metrics import metric_named
+from .model import CONFIG_FLAG, FLAG, UNSAFE
+from .reading import Budget, Source, read_source
+
+# The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
+KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
+        "end_profile_step", "metric_path", "max_train_batch_size", "min_train_batch_size",
+        "min_train_micro_batch_size_per_gpu", "max_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes",
+        "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
+        "model_info_path")
+TUNERS = ("gridsearch", "random", "model_based")
+ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
+STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class TuneInput:
+    """The user's command, taken apart."""
+
+    script: str  # absolute
+    args: tuple[str, ...]  # without the config option
+    flag: str  # the option the config is handed to
+    config_path: Path
+
+
+def split_command(script: str, args: Sequence[str], cwd: Path) -> TuneInput:
+    """`train.py --deepspeed_config ds.json --lr 1e-4` -> its parts. The config option is `--deepspeed_config`
+    (DeepSpeed's own), else `--deepspeed PATH` (Hugging Face Trainer, Accelerate); `--deepspeed` followed by
+    another option is DeepSpeed's on/off switch, and stays."""
+    path = Path(script) if Path(script).is_absolute() else cwd / script
+    if not path.is_file():
+        raise UserError("no such training script" if not path.exists() else "not a file: the training script",
+                        path)
+    rest = list(args)
+    for flag in (CONFIG_FLAG, "--deepspeed"):
+        for i, arg in enumerate(rest):
+            value = None
+            if arg == flag and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
+                value, end = rest[i + 1], i + 2
+            elif arg.startswith(flag + "="):
+                value, end = arg.split("=", 1)[1], i + 1
+            if value is not None:
+                config = Path(value) if Path(value).is_absolute() else cwd / value
+                return TuneInput(str(path.resolve()), tuple(rest[:i] + rest[end:]), flag, config)
+    raise UserError(f"the command names no DeepSpeed config: give it as `{CONFIG_FLAG} ds.json` (or `--deepspeed "
+                    "ds.json` for a Trainer script), as you would to deepspeed")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The config's autotuning section, checked: what the search is asked to do."""
+
+    base: dict[str, Any]  # the config, its autotuning section reduced to the keys the engine reads
+    stages: tuple[int, ...]
+    metric: str
+    min_mbs: int
+    max_mbs: int | None
+    measure: int
+    global_batch: int | None
+    trials: int | None
+    patience: int | None
+    arg_mappings: dict[str, str]
+
+
+def read_tuning(path: Path, world: int) -> Tuning:
+    """The config at `path` and its autotuning section (DeepSpeed's keys); `world`: GPUs per experiment."""
+    src = read_source(path, Budget(), "DeepSpeed config")
+    config = src.data
+    if not isinstance(config, dict):
+        raise UserError("a DeepSpeed config must be an object", path)
+    section = config.get("autotuning", {})
+    if not isinstance(section, dict):
+        raise src.error("autotuning must be an object", "autotuning")
+    for key in section:
+        if key not in KEYS:
+            raise src.error(f"unknown autotuning key {shown(key)} (DeepSpeed's keys: {', '.join(KEYS)})", key)
+    if section.get("fast") is False:
+        raise src.error("fast: false (tuning ZeRO's other knobs too) is not supported yet: only the micro-batch "
+                        "size per ZeRO stage is searched; leave `fast` out or set it true", "fast")
+    tuner = section.get("tuner_type", "gridsearch")
+    if tuner not in TUNERS:
+        raise src.error(f"tuner_type {shown(tuner)}: one of {', '.join(TUNERS)}", "tuner_type")
+    metric = section.get("metric", "throughput")
+    if not isinstance(metric, str):
+        raise src.error("metric must be a string", "metric")
+    metric = metric_named(metric, path=path, line=src.line("metric")).spec
+    whole = {k: _count(src, section, k) for k in ("min_train_micro_batch_size_per_gpu",
+                                                   "max_train_micro_batch_size_per_gpu", "max_train_batch_size",
+                                                   "num_tuning_micro_batch_sizes", "tuner_num_trials",
+                                                   "tuner_early_stopping", "start_profile_step", "end_profile_step")}
+    min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
+    max_mbs = whole["max_train_micro_batch_size_per_gpu"]
+    batch = config.get("train_batch_size")
+    global_batch = whole["max_train_batch_size"] or (batch if isinstance(batch, int) and batch > 0 else None)
+    if global_batch is not None:
+        by_batch = max(1, global_batch // world)
+        max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
+    if max_mbs is not None and max_mbs < min_mbs:
+        raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
+                        "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
+                        else "autotuning")
+    base = {k: v for k, v in config.items() if k != "autotuning"}
+    engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
+    if engine:
+        base["autotuning"] = engine
+    return Tuning(base, _stages(src, config), metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
+                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"],
+                  _mappings(src, section.get("arg_mappings", {})))
+
+
+def _count(src: Source, section: dict, key: str) -> int | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise src.error(f"{key} must be a positive whole number, not {shown(value)}", key)
+    return value
+
+
+def _stages(src: Source, config: dict) -> tuple[int, ...]:
+    """zero_optimization.stage as DeepSpeed's autotuner reads it: one stage, a list of them, or "all"."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", "all") if isinstance(zero, dict) else "all"
+    listed = list(STAGES) if stage == "all" else stage if isinstance(stage, list) else [stage]
+    if not listed or any(s not in STAGES or isinstance(s, bool) for s in listed):
+        raise src.error(f"zero_optimization.stage {shown(stage)}: a stage (0-3), a list of them, or \"all\"",
+                        "stage")
+    return tuple(dict.fromkeys(listed))
+
+
+def _mappings(src: Source, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and FLAG.fullmatch(v.strip())
+                                              for k, v in value.items()):
+        raise src.error("arg_mappings must map config keys to script options (--name)", "arg_mappings")
+    return {k.strip(): v.strip() for k, v in value.items()}
+
+
+def name_prefix(script: str) -> str:
+    """Experiment names start with the script's name: `train.py` -> `train`."""
+    return UNSAFE.sub("-", Path(script).stem).strip("-") or "tune"
