@@ -460,6 +460,9 @@ def status(
 def _print_outcome(result: autotuner.Result) -> None:
     snap = result.snapshot
     counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
+    if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
+        oom = sum(1 for a in snap.attempts if a.reason == autotuner.Reason.OOM)
+        counts += f" ({oom} of them out of memory: sizes that do not fit)" if oom else ""
     typer.echo(f"\n{len(snap.attempts)} experiments: {counts}")
     best = snap.best
     if best is None:

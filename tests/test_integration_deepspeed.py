@@ -115,3 +115,19 @@ def test_a_trainer_style_script_gets_its_config_by_its_own_flag_and_its_batch_si
     states = json.loads(subprocess.run([sys.executable, "-m", "autotuner.cli", "status", str(tmp_path / "before"),
                                         "--json"], capture_output=True, text=True, timeout=120).stdout)
     assert states["counts"] == {"failed": 4}, states
+
+
+def test_tune_on_the_real_example_with_deepspeeds_autotuning_section(tmp_path):
+    """`autotune tune` with the example's DeepSpeed command, as DeepSpeed's own autotuner takes it: real
+    DeepSpeed on CPU, no OOM here, so each stage climbs to the largest micro-batch size allowed."""
+    results = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "autotuner.cli", "tune", "--slots", "2", "-o", str(results),
+                          "train.py", "--deepspeed_config", "ds_tune.json", "--steps", "7"],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT / "experiments")
+    assert run.returncode == 0, run.stdout + run.stderr
+    names = {d.name for d in results.iterdir() if (d / "metrics.json").exists()}
+    assert names == {f"train_z{z}_mbs{m}" for z in (0, 1, 2) for m in (4, 8, 16, 32)}
+    summary = (results / "summary.txt").read_text()
+    assert all(f"| z{z} " in summary for z in (0, 1, 2)) and "| global " in summary
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["stage"] in (0, 1, 2) and "autotuning" not in optimal
