@@ -11,7 +11,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import limits
 from .core import CheckRequests, Executor, Interrupt, Observer, Placement, Queued, Reservation, Scheduler, SlotPool
-from .core.resources import Demand, Slots
+from .core.resources import Demand, Only, Slots
 from .dispatcher import Dispatcher
 from .errors import UserError
 from .executor import LocalExecutor
@@ -325,24 +325,14 @@ class _SingleNodeOn:
     placement: Placement
 
     def place(self, pool: Slots, demand: Demand) -> Reservation | None:
-        return self.placement.place(_Hiding(pool, self.hosts) if demand.num_nodes > 1 else pool, demand)
+        return self.placement.place(self._seen(pool, demand), demand)
 
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        return self.placement.could_fit(self._seen(pool, demand), demand)
 
-@dataclass(frozen=True)
-class _Hiding:
-    """The pool without some of its hosts, as a placement reads it."""
-
-    pool: Slots
-    hosts: frozenset[str]
-
-    def fitting(self, num_gpus: int, *, fewest_first: bool = True) -> Iterator[str]:
-        return (h for h in self.pool.fitting(num_gpus, fewest_first=fewest_first) if h not in self.hosts)
-
-    def free_ids(self, host: str) -> list[int]:
-        return self.pool.free_ids(host)
-
-    def order(self, host: str) -> int:
-        return self.pool.order(host)
+    def _seen(self, pool: Slots, demand: Demand) -> Slots:
+        """The pool without `hosts`, for a multi-node experiment."""
+        return Only(pool, frozenset(pool.hosts) - self.hosts) if demand.num_nodes > 1 else pool
 
 
 def _run_with_signals(dispatcher: Dispatcher) -> bool:
