@@ -150,6 +150,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         created=time.time(), slots=dict(cluster.slots), capacity=dict(cluster.capacity),
         accelerator=cluster.accelerator, env=cluster.env,
         launcher=tuple(launcher or launcher_for_this_python().executable), reload=reload,
+        gpu_types=dict(cluster.types) or None, gpu_memory=dict(cluster.memory) or None,
     ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import limits
 from .core import CheckRequests, Executor, Interrupt, Observer, Placement, Queued, Reservation, Scheduler, SlotPool
-from .core.resources import Demand, Only, Slots
+from .core.resources import PLACEMENTS, Demand, Only, Slots, placement_named
 from .dispatcher import Dispatcher
-from .errors import UserError
+from .errors import UserError, shown
 from .executor import LocalExecutor
 from .hostfile import (
     is_local,
 )
+from .inventory import FreeMemory
 from .launch import Launcher
 from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
@@ -108,6 +109,7 @@ class Options:
     timeout: float | None = limits.DEFAULT_TIMEOUT  # seconds, for experiments whose spec gives none; None: no limit
     deadline: float | None = None  # seconds for the whole sweep
     observers: list[Observer] = field(default_factory=list)
+    placement: str | None = None  # a name of PLACEMENTS (pack, spread, memory); None: as the sweep last ran, or pack
 
 
 def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
@@ -129,6 +131,8 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
 
 
 def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
+    if options.placement is not None and options.placement not in PLACEMENTS:
+        raise UserError(f"--placement {shown(options.placement)}: choose from {', '.join(PLACEMENTS)}")
     ledger = open_sweep(directory)
     try:  # a damaged ledger is refused before anything is written, the lock's files included
         ledger.check_whole()
@@ -215,8 +219,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
                                        options.grace)
     slot_pool = SlotPool(slots)
     now = time.time()
+    placement, memory = _placement(ledger, options)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
-                          retries=options.retries, timeout=options.timeout,
+                          placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline)
     dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
@@ -267,11 +272,31 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     try:
         return _run_with_signals(dispatcher)
     finally:
+        if memory is not None:
+            memory.close()
         executor.close()  # every run has posted its end: its threads are ending, or ended
         if watcher is not None:
             watcher.close()
         if remote is not None:
             remote.close()
+
+
+def _placement(ledger: Ledger, options: Options) -> tuple[Placement, FreeMemory | None]:
+    """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
+    recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` reads this
+    machine's GPUs (NVML) each time it places; other hosts are judged by their type's stated size. Returns the
+    reader too, for the caller to close."""
+    meta = ledger.meta()
+    name = options.placement or meta.placement or "pack"
+    if options.placement is not None and options.placement != meta.placement:
+        ledger.set_meta("placement", options.placement)
+    reader = None
+    measure: Callable[[str], dict[int, int] | None] | None = None
+    if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
+        local = reader = FreeMemory()
+        measure = lambda host: local.read() if is_local(host) else None  # noqa: E731
+    types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
+    return placement_named(name, types, meta.gpu_memory, measure), reader
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,
