@@ -11,11 +11,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import limits
 from .core.events import Queued
 from .core.resources import ByType, Pack, SlotPool, headroom
 from .errors import UserError, shown
-from .gpus import size_of_type
+from .gpus import show_size, size_of_type
 from .hostfile import Host, is_local, load_hostfile, localhost_hosts, select_slots
 from .inventory import local_inventory
 from .spec import Sweep
@@ -138,8 +137,8 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
         if e.gpu_memory and not by_size.could_fit(pool, queued):
             largest = max((cluster.memory[h] for h, t in kinds.items() if h in cluster.memory
                            and (e.gpu_type is None or t == e.gpu_type)), default=0)
-            raise UserError(f"experiment {e.name} needs {limits.size(e.gpu_memory)} on each GPU; the GPUs it may "
-                            f"use have {limits.size(largest)} ({limits.size(headroom(largest))} of it kept free)",
+            raise UserError(f"experiment {e.name} needs {show_size(e.gpu_memory)} on each GPU; the GPUs it may "
+                            f"use have {show_size(largest)}, {show_size(headroom(largest))} of it kept free",
                             where, origin.gpu_memory or origin.line if origin else None)
 
 

@@ -53,6 +53,11 @@ def parse_size(value: Any) -> int:
     return count
 
 
+def show_size(count: int) -> str:
+    """A GPU memory size for a message, in GiB to a tenth: "27.9 GiB" (`limits.size` rounds to whole GiB)."""
+    return f"{count / GiB:.1f}".removesuffix(".0") + " GiB"
+
+
 def type_of_gpu(name: str, total: int) -> str:
     """A readable type from NVML's model name and total memory: "NVIDIA A100-SXM4-80GB" -> "A100-SXM4-80GB",
     "NVIDIA H100 PCIe" with 80 GiB -> "H100-PCIe-80GB". The size is added when the name does not state one, so

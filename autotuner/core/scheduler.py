@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .. import limits
+from ..gpus import show_size
 from ..outcome import Outcome
 from ..spec import Experiment
 from ..states import Reason, State
@@ -413,7 +413,7 @@ def _unplaceable(item: Queued) -> str:
     if need.gpu_type:
         what += f" of GPU type {need.gpu_type}"
     if need.memory:
-        return f"{what} with {limits.size(need.memory)} free on each GPU; no hosts that are up have that much room"
+        return f"{what} with {show_size(need.memory)} free on each GPU; no hosts that are up have that much room"
     return f"{what}; not enough hosts are up"
 
 
