@@ -109,6 +109,8 @@ def test_a_sweep_pinned_to_one_type_runs_there_and_reads_as_ever(two_sweeps):
     assert autotune("report", results, "--format", "csv").stdout.startswith("rank,best,name,state,")
     assert sorted(p.name for p in results.glob("*optimal*")) == ["cmd_optimal.txt", "ds_config_optimal.json"]
     assert "GPU type" not in autotune("report", results).stdout
+    again = autotune("resume", results, "-q")  # --gpu-type was recorded: the spec reads the same again
+    assert again.returncode == 0 and "changed" not in again.stderr, again.stderr
 
 
 def test_compare_pairs_an_experiment_only_with_itself_on_the_same_type(two_sweeps):
