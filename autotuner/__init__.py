@@ -40,7 +40,7 @@ __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from pathlib import Path
 
-    from .cluster import Cluster
+    from .cluster import Cluster, check_gpu_needs
     from .core import PLACEMENTS
     from .metrics import KNOWN, Metric, metric_named
     from .plan import QUEUES, Plan, plan_sweep
@@ -80,6 +80,7 @@ _LAZY = {
     "metric_named": (".metrics", "metric_named"),
     "KNOWN": (".metrics", "KNOWN"),
     "Cluster": (".cluster", "Cluster"),
+    "check_gpu_needs": (".cluster", "check_gpu_needs"),
     "check_hosts": (".ssh.probe", "check_hostfile"),
     "execute": (".runner", "execute"),
     "Options": (".runner", "Options"),
@@ -118,8 +119,9 @@ _LAZY = {
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
            "QUEUES", "Cluster", "Experiment", "Metric", "Options", "Plan", "Reason", "Result", "ResumePlan",
            "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep", "UserError", "__version__", "cancel",
-           "check_events_path", "check_hosts", "default_directory", "execute", "load_cluster", "load_sweep",
-           "metric_named", "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts", "render_plan",
+           "check_events_path", "check_gpu_needs", "check_hosts", "default_directory", "execute", "load_cluster",
+           "load_sweep", "metric_named", "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts",
+           "render_plan",
            "render_report", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
            "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 

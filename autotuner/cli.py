@@ -42,6 +42,10 @@ REMOTE_DIR = typer.Option(None, "--remote-dir",
                           help="Where runs write on hosts without our filesystem; copied back over SFTP.")
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
 EVENTS = typer.Option(None, "--events", help=EVENTS_HELP)
+GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs of this type (a hostfile's gpu=, or "
+                                                 "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
+GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU types (by default each runs on "
+                                                    "one type).")
 
 
 class _Stderr(logging.Handler):
@@ -166,6 +170,10 @@ def run(
     grace: float = GRACE,
     launcher: str | None = typer.Option(None, "--launcher",
                                         help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
+    placement: str = typer.Option("pack", "--placement", help="pack (best fit), spread, or memory (only GPUs with "
+                                                              "room for the sweep's gpu_memory)."),
+    gpu_type: str | None = GPU_TYPE,
+    gpu_mixed: bool = GPU_MIXED,
     ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
     remote_dir: str | None = REMOTE_DIR,
@@ -179,15 +187,17 @@ def run(
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
+        chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
         if events is not None:
             autotuner.check_events_path(events)
         # Paths absolute: `resume` reads them again from any directory.
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
-                                     metric=metric)
+                                     metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
         cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
                                          log=notes.append)
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout))
+                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout),
+                                    placement=chosen)
         if results is not None and not results.strip():  # Path("") is ".": a sweep spread over the current directory
             raise UserError("--results: an empty path; name a directory")
         directory = autotuner.prepare(sweep, cluster, None if results is None else Path(results), launcher=launch,
@@ -264,12 +274,13 @@ def tune(
     _execute(directory, options, quiet, events)
 
 
-def _names(text: str, option: str, known: Any) -> list[str]:
-    """A comma-separated list of policy names, each one of `known`."""
+def _names(text: str, option: str, known: Any, one: bool = False) -> list[str]:
+    """A comma-separated list of policy names, each one of `known` (with `one`: a single name)."""
     chosen = [word.strip() for word in text.split(",") if word.strip()]
     unknown = [word for word in chosen if word not in known]
-    if unknown or not chosen:
-        raise UserError(f"{option} {shown(text)}: choose from {', '.join(known)} (comma-separated)")
+    if unknown or not chosen or (one and len(chosen) > 1):
+        raise UserError(f"{option} {shown(text)}: choose from {', '.join(known)}"
+                        + ("" if one else " (comma-separated)"))
     return list(dict.fromkeys(chosen))
 
 
@@ -290,7 +301,9 @@ def plan(
     samples: int = typer.Option(100, "--samples", min=1, max=10_000, help="Monte Carlo draws (with --spread)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed, the same plan."),
     policy: str = typer.Option("backfill", "--policy", help="Queue policies to compare: backfill, fifo."),
-    placement: str = typer.Option("pack", "--placement", help="Placements to compare: pack, spread."),
+    placement: str = typer.Option("pack", "--placement", help="Placements to compare: pack, spread, memory."),
+    gpu_type: str | None = GPU_TYPE,
+    gpu_mixed: bool = GPU_MIXED,
     timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
@@ -306,13 +319,15 @@ def plan(
         _seconds(duration, "--duration", positive=True)
         queues = _names(policy, "--policy", autotuner.QUEUES)
         placements = _names(placement, "--placement", autotuner.PLACEMENTS)
-        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script)
+        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
+                                     gpu_mixed=gpu_mixed)
         cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
                                          log=notes.append)
+        autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
             placements=placements, spread=spread, samples=samples, seed=seed,
-            timeout=autotuner.timeout_seconds(timeout))
+            timeout=autotuner.timeout_seconds(timeout), types=cluster.host_types, sizes=cluster.memory)
         text = autotuner.render_plan(predicted, fmt)
         drawn = autotuner.write_plan_plot(predicted, plot) if plot is not None else None
     except UserError as e:
@@ -409,6 +424,8 @@ def resume(
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
     retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
     grace: float = GRACE,
+    placement: str | None = typer.Option(None, "--placement", help="pack, spread or memory \\[default: as the "
+                                                                      "sweep last ran]."),
     ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
     remote_dir: str | None = REMOTE_DIR,
@@ -420,6 +437,8 @@ def resume(
         _seconds(deadline, "--deadline", positive=True)
         _seconds(grace, "--grace")
         _check_ssh_config(ssh_config)
+        chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
+            else None
         if events is not None:
             autotuner.check_events_path(events)
         plan = autotuner.resume_plan(directory, only_new=only_new)
@@ -428,7 +447,7 @@ def resume(
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
     options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace, retries=retries,
-                                deadline=deadline,
+                                deadline=deadline, placement=chosen,
                                 timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout))
     _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 

@@ -2,7 +2,8 @@
 
 We read and write exactly what DeepSpeed's launcher reads (`name slots=N`), so the hostfile a user already has
 works unchanged and the one we hand to `deepspeed --hostfile` is one it understands. Optional `key=value`
-attributes after the slots field (e.g. `gpu=A100`) are ours; DeepSpeed's parser ignores trailing text.
+attributes after the slots field are ours (`gpu=A100-80GB`, the hosts' GPU type; `accelerator=cpu`); DeepSpeed's
+parser ignores trailing text, and the hostfile we hand it (`format_hostfile`) has none.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from types import MappingProxyType
 
 from . import limits
 from .errors import UserError, read_user_file, shown
+from .gpus import type_problem
 
 # `slots = 4` with spaces is accepted because DeepSpeed accepts it.
 _LINE = re.compile(r"(?P<name>\S+)\s+slots\s*=\s*(?P<slots>\S+)(?P<rest>.*)")
@@ -81,6 +83,9 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
             if key == "slots" or key in attrs:
                 raise _fail(f"attribute {shown(key)} given twice for {name}", path, number)
             attrs[key] = value
+        problem = type_problem(attrs["gpu"]) if "gpu" in attrs else None
+        if problem:
+            raise _fail(f"{name}: {problem}", path, number)
         hosts[name] = Host(name, int(slots_text), attrs)
     if not hosts:
         raise _fail("hostfile lists no hosts", path)

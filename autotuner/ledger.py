@@ -85,13 +85,19 @@ class SweepMeta:
     reload: Mapping[str, Any] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
     ssh: Mapping[str, Any] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
     search: Mapping[str, Any] | None = None  # `autotune tune`: the search that proposes the experiments
+    # host -> GPU type, and host -> bytes per GPU, of the hosts where known; None (a ledger from before types, or
+    # a cluster that states none): no types, every host as any other.
+    gpu_types: Mapping[str, str] | None = None
+    gpu_memory: Mapping[str, int] | None = None
+    placement: str | None = None  # the placement a runner was last told to use (None: the default)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
     _TYPES: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
-        "ssh": (dict, type(None)), "search": (dict, type(None))}
+        "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
+        "placement": str}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -103,6 +109,11 @@ class SweepMeta:
                     return f"meta {key!r} is missing"
             elif not isinstance(data[key], kind) or isinstance(data[key], bool):
                 return f"meta {key!r} is not a {'number' if key == 'created' else _json_kind(kind)}"
+        if not all(isinstance(v, str) for v in dict(data.get("gpu_types") or {}).values()):
+            return "meta 'gpu_types' holds a type that is not a string"
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                   for v in dict(data.get("gpu_memory") or {}).values()):
+            return "meta 'gpu_memory' holds a size that is not a positive integer"
         return None
 
     @classmethod
@@ -112,9 +123,10 @@ class SweepMeta:
         values = {k: v for k, v in data.items() if k in known}
         values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
         values["launcher"] = tuple(values["launcher"])
-        for key in ("env", "capacity"):
+        for key in ("env", "capacity", "gpu_types", "gpu_memory"):
             if key in values:
-                values[key] = {str(k): v if key == "capacity" else str(v) for k, v in values[key].items()}
+                values[key] = {str(k): v if key in ("capacity", "gpu_memory") else str(v)
+                               for k, v in values[key].items()}
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
 
     def to_json(self) -> dict[str, Any]:
@@ -122,7 +134,7 @@ class SweepMeta:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh", "search"):
+        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)

@@ -182,6 +182,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         accelerator=cluster.accelerator, env=cluster.env,
         launcher=tuple(launcher or launcher_for_this_python().executable), reload=reload,
         search=search.to_json() if search is not None else None,
+        gpu_types=dict(cluster.types) or None, gpu_memory=dict(cluster.memory) or None,
     ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())

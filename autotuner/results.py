@@ -1,7 +1,9 @@
 """The files a sweep leaves for people: summary.txt, the best config (ds_config_optimal.json) and its command.
 
 All three come from the ledger's read model alone, so the runner rewrites them whenever a sweep ends (finished,
-interrupted or resumed) and the report shows the same config and command before they are written.
+interrupted or resumed) and the report shows the same config and command before they are written. A sweep that
+ran on several GPU types also leaves each type's best (`ds_config_optimal.TYPE.json`, `cmd_optimal.TYPE.txt`);
+the two plain files then hold the best of its first type (hostfile order) that has one.
 """
 from __future__ import annotations
 
@@ -23,27 +25,44 @@ OPTIMAL_COMMAND = "cmd_optimal.txt"
 SUMMARY = "summary.txt"
 
 
-def optimal(snap: Snapshot, launcher: Launcher = Launcher()) -> tuple[dict, str] | None:
+def config_file(gpu_type: str | None = None) -> str:
+    """The best config's file name: the sweep's, or one GPU type's."""
+    return OPTIMAL_CONFIG if gpu_type is None else f"ds_config_optimal.{gpu_type}.json"
+
+
+def command_file(gpu_type: str | None = None) -> str:
+    return OPTIMAL_COMMAND if gpu_type is None else f"cmd_optimal.{gpu_type}.txt"
+
+
+def optimal(snap: Snapshot, launcher: Launcher = Launcher(), gpu_type: str | None = None) -> tuple[dict, str] | None:
     """The best config (autotuning section removed) and a runnable command for it, as the files hold them;
-    computed from the ledger, so it is there for a sweep that still runs, before the files are written."""
-    best = snap.best
+    computed from the ledger, so it is there for a sweep that still runs, before the files are written. With
+    `gpu_type`, that type's best."""
+    best = snap.best if gpu_type is None else snap.best_by_type.get(gpu_type)
     if best is None:
         return None
     experiment = snap.experiments[best.name]
-    config_path = (snap.directory / OPTIMAL_CONFIG).resolve()
+    config_path = (snap.directory / config_file(gpu_type)).resolve()
     return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, snap.env)
 
 
 def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
-    """summary.txt always; the optimal config and command when there is a best. Returns the config's path."""
+    """summary.txt always; the optimal config and command when there is a best, and each GPU type's when the
+    sweep ran on several. Returns the (sweep's) config's path."""
     write_atomic(snap.directory / SUMMARY, summary_text(snap))
-    found = optimal(snap, launcher)
+    for gpu_type in snap.best_by_type if snap.by_type else ():
+        _write_optimal(snap, launcher, gpu_type)
+    return _write_optimal(snap, launcher, None)
+
+
+def _write_optimal(snap: Snapshot, launcher: Launcher, gpu_type: str | None) -> Path | None:
+    found = optimal(snap, launcher, gpu_type)
     if found is None:
         return None
     config, command = found
-    config_path = snap.directory / OPTIMAL_CONFIG
+    config_path = snap.directory / config_file(gpu_type)
     write_json_atomic(config_path, config)
-    write_atomic(snap.directory / OPTIMAL_COMMAND, command + "\n")
+    write_atomic(snap.directory / command_file(gpu_type), command + "\n")
     return config_path
 
 

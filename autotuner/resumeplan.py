@@ -71,7 +71,8 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         return ResumePlan(timeout=timeout, notes=(f"{gone[0]} is gone: resuming the experiments recorded in the "
                                                   "ledger",))
     # The run's timeout is not part of the experiments: `resume --timeout` may change it.
-    sweep = load_sweep(list(inputs.specs), script=inputs.script, args=inputs.args, metric=inputs.metric)
+    sweep = load_sweep(list(inputs.specs), script=inputs.script, args=inputs.args, metric=inputs.metric,
+                       gpu_type=inputs.gpu_type, gpu_mixed=inputs.gpu_mixed)
     changes = spec_changes(directory, sweep)
     if changes and not only_new:
         raise UserError(f"the sweep's spec changed since it started ({changes}); `--only-new` runs just the new "

@@ -11,7 +11,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -30,13 +30,14 @@ from .core import (
     SlotPool,
     Source,
 )
-from .core.resources import Demand, Slots
+from .core.resources import PLACEMENTS, Demand, Only, Slots, placement_named
 from .dispatcher import Dispatcher
-from .errors import UserError
+from .errors import UserError, shown
 from .executor import LocalExecutor
 from .hostfile import (
     is_local,
 )
+from .inventory import FreeMemory
 from .launch import Launcher
 from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
@@ -122,6 +123,7 @@ class Options:
     timeout: float | None = limits.DEFAULT_TIMEOUT  # seconds, for experiments whose spec gives none; None: no limit
     deadline: float | None = None  # seconds for the whole sweep
     observers: list[Observer] = field(default_factory=list)
+    placement: str | None = None  # a name of PLACEMENTS (pack, spread, memory); None: as the sweep last ran, or pack
 
 
 def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
@@ -143,6 +145,8 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
 
 
 def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
+    if options.placement is not None and options.placement not in PLACEMENTS:
+        raise UserError(f"--placement {shown(options.placement)}: choose from {', '.join(PLACEMENTS)}")
     ledger = open_sweep(directory)
     try:  # a damaged ledger is refused before anything is written, the lock's files included
         ledger.check_whole()
@@ -229,8 +233,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
                                        options.grace)
     slot_pool = SlotPool(slots)
     now = time.time()
+    placement, memory = _placement(ledger, options)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
-                          retries=options.retries, timeout=options.timeout,
+                          placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
                           source=_search(ledger) if meta.search is not None else None)
     dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
@@ -282,6 +287,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     try:
         return _run_with_signals(dispatcher)
     finally:
+        if memory is not None:
+            memory.close()
         executor.close()  # every run has posted its end: its threads are ending, or ended
         if watcher is not None:
             watcher.close()
@@ -299,6 +306,24 @@ def _search(ledger: Ledger) -> Source:
     latest = {a.name: (a.state, a.reason, a.metric) for a in ledger.latest()}
     search.replay(ledger.experiments(), latest)
     return search
+
+
+def _placement(ledger: Ledger, options: Options) -> tuple[Placement, FreeMemory | None]:
+    """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
+    recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` reads this
+    machine's GPUs (NVML) each time it places; other hosts are judged by their type's stated size. Returns the
+    reader too, for the caller to close."""
+    meta = ledger.meta()
+    name = options.placement or meta.placement or "pack"
+    if options.placement is not None and options.placement != meta.placement:
+        ledger.set_meta("placement", options.placement)
+    reader = None
+    measure: Callable[[str], dict[int, int] | None] | None = None
+    if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
+        local = reader = FreeMemory()
+        measure = lambda host: local.read() if is_local(host) else None  # noqa: E731
+    types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
+    return placement_named(name, types, meta.gpu_memory, measure), reader
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,
@@ -352,24 +377,14 @@ class _SingleNodeOn:
     placement: Placement
 
     def place(self, pool: Slots, demand: Demand) -> Reservation | None:
-        return self.placement.place(_Hiding(pool, self.hosts) if demand.num_nodes > 1 else pool, demand)
+        return self.placement.place(self._seen(pool, demand), demand)
 
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        return self.placement.could_fit(self._seen(pool, demand), demand)
 
-@dataclass(frozen=True)
-class _Hiding:
-    """The pool without some of its hosts, as a placement reads it."""
-
-    pool: Slots
-    hosts: frozenset[str]
-
-    def fitting(self, num_gpus: int, *, fewest_first: bool = True) -> Iterator[str]:
-        return (h for h in self.pool.fitting(num_gpus, fewest_first=fewest_first) if h not in self.hosts)
-
-    def free_ids(self, host: str) -> list[int]:
-        return self.pool.free_ids(host)
-
-    def order(self, host: str) -> int:
-        return self.pool.order(host)
+    def _seen(self, pool: Slots, demand: Demand) -> Slots:
+        """The pool without `hosts`, for a multi-node experiment."""
+        return Only(pool, frozenset(pool.hosts) - self.hosts) if demand.num_nodes > 1 else pool
 
 
 def _run_with_signals(dispatcher: Dispatcher) -> bool:

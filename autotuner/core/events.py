@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..outcome import Outcome
 from ..spec import Experiment
-from .resources import Reservation
+from .resources import NO_NEED, GpuNeed, Reservation
 
 Key = tuple[str, int]  # (experiment, attempt): one attempt, as Run.key and Queued.key name it
 
@@ -50,6 +50,12 @@ class Queued:
     @property
     def num_gpus(self) -> int:
         return self.experiment.num_gpus
+
+    @property
+    def gpu_need(self) -> GpuNeed:
+        e = self.experiment
+        return GpuNeed(e.gpu_type, e.gpu_mixed, e.gpu_memory) if e.gpu_type or e.gpu_mixed or e.gpu_memory \
+            else NO_NEED
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,18 @@ Three narrow pieces, each replaceable on its own:
 - `SlotPool` is bookkeeping only: free slot ids per host, all-or-nothing take and give back, hosts up or down,
   and an index of hosts by how many slots they have free, so that a placement on 1,024 hosts reads a few
   buckets instead of every host.
-- A placement (`Pack`, `Spread`) decides *where* one experiment goes, given the pool.
+- A placement (`Pack`, `Spread`, `GpuMemory`) decides *where* one experiment goes, given the pool; `ByType`
+  wraps one to keep each experiment on one GPU type.
 - A queue policy (`BackfillQueue`; `fifo` is the same with no overtaking) decides *which* waiting experiments
   start now.
 
 The queue policy, in full: experiments start in queue order. One that does not fit right now is passed over
 so that smaller ones behind it can use slots that would otherwise sit idle (backfill). Each time the oldest
-waiting experiment of a kind (its node and slot counts) is overtaken, its bypass count grows; once it reaches
-`max_bypass`, nothing behind it may start until it has started. Running experiments always finish, so the
-slots it needs come free and it cannot starve; small experiments keep the rest of the machine busy meanwhile.
-An experiment that needs more than the hosts now up could give (some are down) holds nothing: it waits for a
-host to come back.
+waiting experiment of a kind (its node and slot counts and its GPU needs: type, memory) is overtaken, its
+bypass count grows; once it reaches `max_bypass`, nothing behind it may start until it has started. Running
+experiments always finish, so the slots it needs come free and it cannot starve; small experiments keep the rest
+of the machine busy meanwhile. An experiment that needs more than the hosts now up could give (some are down, or
+their GPUs lack the memory it needs) holds nothing: it waits for a host to come back.
 
 Experiments of one kind are interchangeable for fitting: once one does not fit, none behind it of the same kind
 does in the same pass (the pool only shrinks while a pass places). So the queue keeps one line per kind and a
@@ -27,7 +28,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 
@@ -68,7 +69,7 @@ class SlotPool:
         self._down: set[str] = set()
         self._by_free: dict[int, list[int]] = {}
         self._counts: list[int] = []
-        self._fits: dict[tuple[int, int, bool], bool] = {}
+        self._fits: dict[tuple[int, int, bool, frozenset[str] | None], bool] = {}
         for host in self._names:
             self._file(host)
 
@@ -134,12 +135,17 @@ class SlotPool:
         return all(host in self._free and host not in self._down and self._free[host].issuperset(ids)
                    for host, ids in reservation.slots)
 
-    def could_fit(self, num_nodes: int, num_gpus: int, *, up_only: bool = False) -> bool:
-        """Whether the experiment fits on this pool when every slot is free."""
-        key = (num_nodes, num_gpus, up_only)
+    def slot_ids(self, host: str) -> frozenset[int]:
+        """Every slot id of a host, free or not."""
+        return self._all[host]
+
+    def could_fit(self, num_nodes: int, num_gpus: int, *, up_only: bool = False,
+                  among: frozenset[str] | None = None) -> bool:
+        """Whether the experiment fits on this pool (on its hosts `among`, when given) when every slot is free."""
+        key = (num_nodes, num_gpus, up_only, among)
         known = self._fits.get(key)
         if known is None:
-            hosts = [h for h in self._all if not (up_only and h in self._down)]
+            hosts = [h for h in self._all if not (up_only and h in self._down) and (among is None or h in among)]
             known = self._fits[key] = sum(1 for h in hosts if len(self._all[h]) >= num_gpus) >= num_nodes
         return known
 
@@ -188,7 +194,14 @@ class Demand(Protocol):
 
 
 class Slots(Protocol):
-    """What a placement reads of the pool (a `SlotPool`, or a view of one that hides some hosts)."""
+    """What a placement reads of the pool (a `SlotPool`, or a view of one that hides some hosts: `Only`)."""
+
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
+
+    def is_down(self, host: str) -> bool: ...
+
+    def slot_ids(self, host: str) -> frozenset[int]: ...
 
     def fitting(self, num_gpus: int, *, fewest_first: bool = True) -> Iterator[str]: ...
 
@@ -196,12 +209,80 @@ class Slots(Protocol):
 
     def order(self, host: str) -> int: ...
 
+    def could_fit(self, num_nodes: int, num_gpus: int, *, up_only: bool = False,
+                  among: frozenset[str] | None = None) -> bool: ...
+
 
 class Placement(Protocol):
     """Chooses slots for one experiment among the free ones, or None if it does not fit now. It must be
-    monotone: what does not fit does not fit on fewer free slots either (the queue relies on it)."""
+    monotone: what does not fit does not fit on fewer free slots either (the queue relies on it).
+
+    `could_fit`: whether it would fit on the hosts that are up were all their slots free. What would not is
+    skipped by the queue without holding anything back (it waits for hosts, or is failed when nothing runs)."""
 
     def place(self, pool: Slots, demand: Demand) -> Reservation | None: ...
+
+    def could_fit(self, pool: Slots, demand: Demand) -> bool: ...
+
+
+@dataclass(frozen=True)
+class GpuNeed:
+    """What an experiment asks of its GPUs beyond how many: one type (`gpu_type`; None: any), leave to span
+    types (`mixed`), and memory on each GPU (bytes; None: nothing stated)."""
+
+    gpu_type: str | None = None
+    mixed: bool = False
+    memory: int | None = None
+
+
+NO_NEED = GpuNeed()
+
+
+def need_of(demand: Demand) -> GpuNeed:
+    """A demand's `gpu_need` (a `Queued` has one); a plain demand needs nothing beyond its slots."""
+    need = getattr(demand, "gpu_need", None)
+    return need if isinstance(need, GpuNeed) else NO_NEED
+
+
+GiB = 1 << 30
+
+
+def headroom(size: int) -> int:
+    """What is kept free on a GPU of `size` bytes beyond an experiment's stated need (CUDA's own context,
+    allocator slack, a need stated a little low): 5% of it, at least 1 GiB."""
+    return max(GiB, size // 20)
+
+
+@dataclass(frozen=True)
+class Only:
+    """The pool as a placement sees it when only the hosts `among` may be used (one GPU type, say)."""
+
+    pool: Slots
+    among: frozenset[str]
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(h for h in self.pool.hosts if h in self.among)
+
+    def is_down(self, host: str) -> bool:
+        return self.pool.is_down(host)
+
+    def slot_ids(self, host: str) -> frozenset[int]:
+        return self.pool.slot_ids(host)
+
+    def fitting(self, num_gpus: int, *, fewest_first: bool = True) -> Iterator[str]:
+        return (h for h in self.pool.fitting(num_gpus, fewest_first=fewest_first) if h in self.among)
+
+    def free_ids(self, host: str) -> list[int]:
+        return self.pool.free_ids(host)
+
+    def order(self, host: str) -> int:
+        return self.pool.order(host)
+
+    def could_fit(self, num_nodes: int, num_gpus: int, *, up_only: bool = False,
+                  among: frozenset[str] | None = None) -> bool:
+        return self.pool.could_fit(num_nodes, num_gpus, up_only=up_only,
+                                   among=self.among if among is None else self.among & among)
 
 
 def _reserve(pool: Slots, hosts: list[str], num_gpus: int) -> Reservation:
@@ -224,6 +305,9 @@ class Pack:
             return None
         return _reserve(pool, hosts, demand.num_gpus)
 
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        return pool.could_fit(demand.num_nodes, demand.num_gpus, up_only=True)
+
 
 @dataclass(frozen=True)
 class Spread:
@@ -238,16 +322,136 @@ class Spread:
             return None
         return _reserve(pool, hosts, demand.num_gpus)
 
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        return pool.could_fit(demand.num_nodes, demand.num_gpus, up_only=True)
 
-PLACEMENTS: dict[str, Callable[[], Placement]] = {"pack": Pack, "spread": Spread}
+
+FreeMemory = Callable[[str], Mapping[int, int] | None]
+"""Free bytes of each GPU (by slot id) of one host, read now; None where the host is not measured."""
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """Best fit, as `Pack`, on the GPUs that hold the experiment's memory need (`gpu_memory`) less a margin
+    (`headroom`): the free memory `measure` reads now where it reads the host (this machine: NVML, so other
+    users' processes count), else the size of the host's GPU type (`sizes`); a host of unknown size is not
+    checked. Experiments that state no need are placed as by `Pack`.
+
+    A GPU that a run of the sweep holds is not free in the pool from the moment the run is placed until it has
+    ended, so a run that has not allocated its memory yet is never counted as room (slot id = GPU index)."""
+
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    measure: FreeMemory | None = None
+    name: str = "memory"
+
+    def place(self, pool: Slots, demand: Demand) -> Reservation | None:
+        need = need_of(demand).memory
+        if not need:
+            return Pack().place(pool, demand)
+        chosen: dict[str, list[int]] = {}
+        for host in pool.fitting(demand.num_gpus):
+            ids = self._holding(host, pool.free_ids(host), need)
+            if len(ids) >= demand.num_gpus:
+                chosen[host] = ids[:demand.num_gpus]
+                if len(chosen) == demand.num_nodes:
+                    return Reservation.of({h: chosen[h] for h in sorted(chosen, key=pool.order)})
+        return None
+
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        need = need_of(demand).memory
+        if not pool.could_fit(demand.num_nodes, demand.num_gpus, up_only=True):
+            return False
+        if not need:
+            return True
+        hosts = (h for h in pool.hosts if not pool.is_down(h))
+        holding = (h for h in hosts if len(self._holding(h, sorted(pool.slot_ids(h)), need)) >= demand.num_gpus)
+        return len(list(itertools.islice(holding, demand.num_nodes))) == demand.num_nodes
+
+    def _holding(self, host: str, ids: list[int], need: int) -> list[int]:
+        """Those of `ids` whose GPU has room for `need` bytes."""
+        size = self.sizes.get(host)
+        free = self.measure(host) if self.measure is not None else None
+        if free is None:
+            return ids if size is None or size - headroom(size) >= need else []
+        margin = headroom(size) if size is not None else GiB
+        return [i for i in ids if free.get(i, 0) - margin >= need]
+
+
+PLACEMENTS: dict[str, Callable[[], Placement]] = {"pack": Pack, "spread": Spread, "memory": GpuMemory}
+
+
+@dataclass(frozen=True)
+class _TypeGroup:
+    gpu_type: str | None
+    hosts: frozenset[str]
+    size: int | None  # memory of its smallest GPU; None: not known for every host
+
+
+class ByType:
+    """A placement kept to one GPU type per experiment: it places on one type's hosts at a time, types in
+    hostfile order, and the first that fits wins. Pinned (`gpu_type`): only that type; `mixed`: every host at
+    once. Hosts of no known type are one more type. A type whose GPUs are smaller than an experiment's memory
+    need (less the headroom) is never tried, whatever the placement inside."""
+
+    def __init__(self, placement: Placement, types: Mapping[str, str | None], sizes: Mapping[str, int] | None = None):
+        sizes = sizes or {}
+        self.placement = placement
+        self.name = getattr(placement, "name", type(placement).__name__)
+        members: dict[str | None, list[str]] = {}
+        for host, gpu_type in types.items():  # every host of the pool, in hostfile order
+            members.setdefault(gpu_type, []).append(host)
+        self._groups = [_TypeGroup(t, frozenset(hosts), _smallest(hosts, sizes)) for t, hosts in members.items()]
+        self._every = frozenset(types)
+        self._views: dict[GpuNeed, list[frozenset[str]]] = {}
+
+    def place(self, pool: Slots, demand: Demand) -> Reservation | None:
+        for hosts in self._choices(need_of(demand)):
+            found = self.placement.place(self._view(pool, hosts), demand)
+            if found is not None:
+                return found
+        return None
+
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        return any(self.placement.could_fit(self._view(pool, hosts), demand)
+                   for hosts in self._choices(need_of(demand)))
+
+    def _choices(self, need: GpuNeed) -> list[frozenset[str]]:
+        """The host sets to try, in order: each type's that may hold the need (all of them at once if mixed)."""
+        known = self._views.get(need)
+        if known is None:
+            groups = [g.hosts for g in self._groups
+                      if (need.gpu_type is None or g.gpu_type == need.gpu_type)
+                      and not (need.memory and g.size is not None and g.size - headroom(g.size) < need.memory)]
+            if need.mixed and need.gpu_type is None and groups:
+                groups = [frozenset().union(*groups)]
+            known = self._views[need] = groups
+        return known
+
+    def _view(self, pool: Slots, hosts: frozenset[str]) -> Slots:
+        return pool if hosts == self._every else Only(pool, hosts)
+
+
+def _smallest(hosts: Sequence[str], sizes: Mapping[str, int]) -> int | None:
+    return min(sizes[h] for h in hosts) if all(h in sizes for h in hosts) else None
+
+
+def placement_named(name: str, types: Mapping[str, str | None] | None = None, sizes: Mapping[str, int] | None = None,
+                    measure: FreeMemory | None = None) -> Placement:
+    """The placement of that name (PLACEMENTS) for a cluster: kept to one GPU type at a time (ByType) where
+    `types` (host -> type, every host) knows any; `sizes` (memory per GPU by host) and `measure` (free memory
+    now) are what `memory` places by."""
+    base = GpuMemory(dict(sizes or {}), measure) if name == "memory" else PLACEMENTS[name]()
+    if not types or all(t is None for t in types.values()):
+        return base
+    return ByType(base, types, sizes)
 
 
 D = TypeVar("D", bound=Demand)
 
 
 def shape(item: Demand) -> Hashable:
-    """The kind of an item for the queue: items of one kind fit (or not) alike."""
-    return (item.num_nodes, item.num_gpus)
+    """The kind of an item for the queue: items of one kind fit (or not) alike, so its GPU needs are part of it."""
+    return (item.num_nodes, item.num_gpus, need_of(item))
 
 
 class BackfillQueue(Generic[D]):
@@ -321,8 +525,8 @@ class BackfillQueue(Generic[D]):
             enough = pool.count_fitting(item.num_gpus) >= item.num_nodes
             reservation = placement.place(pool, item) if enough else None
             if reservation is None:
-                if not pool.could_fit(item.num_nodes, item.num_gpus, up_only=True):
-                    continue  # it needs hosts that are down: it waits for them and holds nothing meanwhile
+                if not placement.could_fit(pool, item):
+                    continue  # it needs hosts that are down (or GPUs with more room): it holds nothing meanwhile
                 blocked.append(kind)
                 if self._bypassed[kind] >= self.max_bypass:
                     break  # it has been overtaken enough: what frees up next is held for it

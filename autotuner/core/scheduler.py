@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from ..gpus import show_size
 from ..outcome import Outcome
 from ..spec import Experiment
 from ..states import Reason, State
@@ -390,11 +391,10 @@ class Scheduler:
 
     def _fail_unplaceable(self, now: float) -> None:
         """Nothing runs, yet something waits: what needs more than the hosts still up could give (the pool
-        shrank: hosts down) is failed rather than left to hang the sweep. What fits was placed already."""
-        for item in self._queue.remove(lambda q: not self.pool.could_fit(q.num_nodes, q.num_gpus, up_only=True)):
-            self._end_unstarted(item, Outcome(
-                State.FAILED, Reason.PLACEMENT,
-                f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s); not enough hosts are up"), now)
+        shrank: hosts down; or their GPUs lack the memory it needs, other users holding it) is failed rather
+        than left to hang the sweep: no run of ours will end to change that. What fits was placed already."""
+        for item in self._queue.remove(lambda q: not self.placement.could_fit(self.pool, q)):
+            self._end_unstarted(item, Outcome(State.FAILED, Reason.PLACEMENT, _unplaceable(item)), now)
 
     def _end_unstarted(self, item: Queued, outcome: Outcome, now: float) -> None:
         self.record.finish(item.experiment.name, item.attempt, outcome.state, now, reason=outcome.reason,
@@ -403,6 +403,17 @@ class Scheduler:
 
     def _note(self, what: str, subject: Run | Queued | str, outcome: Outcome | None = None) -> None:
         self._actions.notes.append(Note(what, subject, outcome))
+
+
+def _unplaceable(item: Queued) -> str:
+    """Why nothing that is up can take `item`, as its failure says."""
+    need = item.gpu_need
+    what = f"needs {item.num_nodes} node(s) x {item.num_gpus} slot(s)"
+    if need.gpu_type:
+        what += f" of GPU type {need.gpu_type}"
+    if need.memory:
+        return f"{what} with {show_size(need.memory)} free on each GPU; no hosts that are up have that much room"
+    return f"{what}; not enough hosts are up"
 
 
 def _quietly(action: Callable[..., object], *args: Any) -> None:

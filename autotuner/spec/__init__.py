@@ -2,9 +2,9 @@
 
 Each input path of `load_sweep` is a file or a directory of `*.json` / `*.hjson` files (read in name order).
 A file is a sweep file (grid.py) when it has one of the keys `space`, `script`, `args`, `metric`, `timeout`,
-`env`; otherwise it is a DeepSpeed experiment file (dsfiles.py). Every input is bounded (limits.py) before
-anything is built from it, and every mistake is a UserError at its file and line (reading.py). model.py holds
-what is read into: Experiment and Sweep.
+`env`, `gpu_type`, `gpu_mixed`, `gpu_memory`; otherwise it is a DeepSpeed experiment file (dsfiles.py). Every
+input is bounded (limits.py) before anything is built from it, and every mistake is a UserError at its file and
+line (reading.py). model.py holds what is read into: Experiment and Sweep.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import limits
 from ..errors import UserError, shown
+from ..gpus import type_problem
 from ..metrics import THROUGHPUT, Metric, metric_named
 from .dsfiles import load_ds_exp
 from .grid import experiment_name, load_sweep_file
@@ -34,7 +35,7 @@ from .reading import Budget, Defaults, Loaded, abspath, is_number, read_source, 
 __all__ = ["ABBREVIATIONS", "FIELD_KEYS", "NAME_MAX", "RESERVED_NAMES", "Experiment", "Origin", "Sweep", "SweepInputs",
            "is_safe_name", "load_sweep"]
 
-_SWEEP_ONLY = {"space", "script", "args", "metric", "timeout", "env"}
+_SWEEP_ONLY = {"space", "script", "args", "metric", "timeout", "env", "gpu_type", "gpu_mixed", "gpu_memory"}
 
 
 def _load_file(path: Path, defaults: Defaults, budget: Budget) -> Loaded:
@@ -73,13 +74,15 @@ def _files_at(path: Path, budget: Budget) -> list[Path]:
 
 
 def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: Sequence[str] = (),
-               metric: str | None = None, timeout: float | None = None) -> Sweep:
+               metric: str | None = None, timeout: float | None = None, gpu_type: str | None = None,
+               gpu_mixed: bool = False) -> Sweep:
     """The experiments of sweep files, DeepSpeed experiment files and directories of them, in order.
 
     `script` (relative to the current directory), `args` and `timeout` are defaults for what the files leave
     out. `metric` is different: given (an explicit --metric), it wins over the files' `metric`, which would
-    otherwise rank the sweep by something else than the user just asked for. UserError, naming the file and
-    line, for anything wrong.
+    otherwise rank the sweep by something else than the user just asked for; so does `gpu_type` (--gpu-type)
+    over their `gpu_type`, and `gpu_mixed` (--gpu-mixed) lets every experiment span GPU types. UserError,
+    naming the file and line, for anything wrong.
     """
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -94,7 +97,10 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
     if timeout is not None and (not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0):
         raise UserError(f"--timeout must be a positive number of seconds, not {shown(timeout)}")
     chosen = metric_named(metric) if metric is not None else None  # "" is a mistake, not "the default"
-    defaults = Defaults(script, tuple(str(a) for a in args), None if timeout is None else float(timeout))
+    if gpu_type is not None and type_problem(gpu_type):
+        raise UserError(f"--gpu-type: {type_problem(gpu_type)}")
+    defaults = Defaults(script, tuple(str(a) for a in args), None if timeout is None else float(timeout), gpu_type,
+                        gpu_mixed)
 
     budget = Budget()
     experiments: list[Experiment] = []
@@ -129,6 +135,7 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
     name = experiment_name(names[0], names[1:3]) if len(names) > 1 else names[0]
     if len(names) > 3:
         name = experiment_name(name, [f"and{len(names) - 3}more"])
-    inputs = SweepInputs(tuple(str(Path(p).resolve()) for p in paths), script, defaults.args, metric)
+    inputs = SweepInputs(tuple(str(Path(p).resolve()) for p in paths), script, defaults.args, metric, gpu_type,
+                         gpu_mixed)
     return Sweep(name=name, experiments=tuple(experiments), metric=chosen or (asked[0] if asked else THROUGHPUT),
                  source=", ".join(str(p) for p in paths), origins=origins, hostfiles=tuple(hostfiles), inputs=inputs)

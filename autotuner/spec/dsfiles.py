@@ -59,7 +59,8 @@ def load_ds_exp(src: Source, data: dict[str, Any], defaults: Defaults) -> Loaded
     if hostfile is not None and (not isinstance(hostfile, str) or not hostfile.strip() or "\0" in hostfile):
         raise src.error("hostfile must be a path (a string)", "hostfile")
     experiment = Experiment(name=name, ds_config=config, num_gpus=num_gpus, num_nodes=num_nodes, script=script,
-                            args=args, timeout=defaults.timeout, env={}, source=str(src.path))
+                            args=args, timeout=defaults.timeout, env={}, source=str(src.path),
+                            gpu_type=defaults.gpu_type, gpu_mixed=defaults.gpu_mixed)
     check_batch(src, experiment)
     line = src.line("name")
     origin = Origin(str(src.path), line, src.line("num_gpus"), src.line("num_nodes"))

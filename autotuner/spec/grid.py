@@ -1,13 +1,15 @@
 """Sweep files: a base ds_config and a space of values, expanded into the full grid of experiments.
 
 Keys (SWEEP_KEYS): `name` (prefix of the generated names), `script`, `args`, `metric`, `num_gpus`, `num_nodes`,
-`timeout`, `estimate` (seconds a run is expected to take, for `autotune plan`), `env`, `ds_config` (an object or
-a JSON file) and `space` ({"dotted.ds_config.key": [values..]}, in the order written; `num_gpus` and
-`num_nodes` vary those fields instead of the config, and a key that starts with `--` varies that option of the
-script). `config_flag` names the script option the config is handed to (default `--deepspeed_config`;
-`--deepspeed` for Hugging Face Trainer scripts); `arg_mappings` ({"dotted.ds_config.key": "--option"}, as in
-DeepSpeed's autotuning section) also hands each experiment's value of a config key to the script as that option
-(Trainer scripts take their batch sizes as arguments). Generated names are `<name>_<short><value>_...`, e.g.
+`timeout`, `estimate` (seconds a run is expected to take, for `autotune plan`), `env`, `gpu_type` (the GPU type its
+experiments run on), `gpu_mixed` (true: one experiment may span GPU types), `gpu_memory` (what each experiment
+needs on each GPU, "30GB": for `--placement memory`), `ds_config` (an object or a JSON file) and `space`
+({"dotted.ds_config.key": [values..]}, in the order written; `num_gpus` and `num_nodes` vary those fields instead
+of the config, and a key that starts with `--` varies that option of the script). `config_flag` names the script
+option the config is handed to (default `--deepspeed_config`; `--deepspeed` for Hugging Face Trainer scripts);
+`arg_mappings` ({"dotted.ds_config.key": "--option"}, as in DeepSpeed's autotuning section) also hands each
+experiment's value of a config key to the script as that option (Trainer scripts take their batch sizes as
+arguments). Generated names are `<name>_<short><value>_...`, e.g.
 `zero_mbs_z1_mbs32`, with `short` from ABBREVIATIONS or else the last segment of the dotted key. A space is
 refused before it is expanded when it would pass the sweep's limits.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 from .. import limits
 from ..errors import shown
+from ..gpus import parse_size, type_problem
 from ..metrics import metric_named
 from .model import (
     ABBREVIATIONS,
@@ -54,7 +57,7 @@ from .reading import (
 )
 
 SWEEP_KEYS = ("name", "script", "args", "config_flag", "arg_mappings", "metric", "num_gpus", "num_nodes", "timeout",
-              "estimate", "env", "ds_config", "space")
+              "estimate", "env", "gpu_type", "gpu_mixed", "gpu_memory", "ds_config", "space")
 
 
 def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
@@ -116,6 +119,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         else CONFIG_FLAG
     mappings = _arg_mappings(src, data.get("arg_mappings", {}), config_flag)
     env = env_of(src, data.get("env", {}))
+    gpu_type, gpu_mixed, gpu_memory = _gpu_needs(src, data, defaults)
     base = ds_config_of(src, data["ds_config"]) if data.get("ds_config") is not None else {}
     space = data.get("space", {})
     if not isinstance(space, dict):
@@ -147,7 +151,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
 
     line = space_line or src.line("name")
     fields_from = {k: src.line(k, after=space_line) if k in space else src.line(k) if k in data else None
-                   for k in FIELD_KEYS}
+                   for k in FIELD_KEYS} | {k: src.line(k) if k in data else None for k in ("gpu_type", "gpu_memory")}
     loaded = Loaded([], prefix, metric, Origin(str(src.path), line, **fields_from))
     for combo in itertools.product(*(range(len(values)) for _, _, values, _ in axes)):
         config = copy.deepcopy(base)
@@ -175,7 +179,8 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
                 options = with_arg(options, option, _option_text(value))
         experiment = Experiment(name=name, ds_config=config, script=script, args=tuple(options), timeout=timeout,
                                 env=env, source=str(src.path), estimate=estimate, config_flag=config_flag,
-                                **fields)
+                                num_gpus=fields["num_gpus"], num_nodes=fields["num_nodes"], gpu_type=gpu_type,
+                                gpu_mixed=gpu_mixed, gpu_memory=gpu_memory)
         check_batch(src, experiment)
         loaded.experiments.append((experiment, line))
     return loaded
@@ -230,6 +235,23 @@ def _lookup(config: dict, dotted: str) -> Any:
             return None
         node = node[segment]
     return node
+
+
+def _gpu_needs(src: Source, data: dict, defaults: Defaults) -> tuple[str | None, bool, int | None]:
+    """gpu_type, gpu_mixed and gpu_memory, each checked at its line; --gpu-type wins over the file's type."""
+    gpu_type = data.get("gpu_type")
+    if gpu_type is not None and type_problem(gpu_type):
+        raise src.error(f"gpu_type: {type_problem(gpu_type)}", "gpu_type")
+    mixed = data.get("gpu_mixed", False)
+    if not isinstance(mixed, bool):
+        raise src.error(f"gpu_mixed must be true or false, not {shown(mixed)}", "gpu_mixed")
+    memory = None
+    if data.get("gpu_memory") is not None:
+        try:
+            memory = parse_size(data["gpu_memory"])
+        except ValueError as e:
+            raise src.error(f"gpu_memory {e}", "gpu_memory") from None
+    return defaults.gpu_type or gpu_type, defaults.gpu_mixed or mixed, memory
 
 
 def _seconds(src: Source, key: str, data: dict) -> float:

@@ -16,13 +16,16 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import shown
+from ..gpus import type_problem
 from ..metrics import Metric
 
 NAME_MAX = 120
 SAFE_NAME = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}")
 # What a sweep keeps beside its experiments' directories; an experiment of one of these names would collide.
-RESERVED_NAMES = re.compile(r"(ledger\.sqlite|runner\.lock)([.-].*)?|hostfile|summary\.txt|ds_config_optimal\.json"
-                            r"|cmd_optimal\.txt|report\.html|plot_metric\.png|plot_timeline\.png|attempt-\d+")
+# (`.TYPE`: the best of each GPU type, when a sweep ran on several.)
+RESERVED_NAMES = re.compile(r"(ledger\.sqlite|runner\.lock)([.-].*)?|hostfile|summary\.txt"
+                            r"|ds_config_optimal(\..+)?\.json|cmd_optimal(\..+)?\.txt|report\.html|plot_metric\.png"
+                            r"|plot_timeline\.png|attempt-\d+")
 UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 ABBREVIATIONS = {
@@ -94,6 +97,9 @@ class Experiment:
     source: str = ""  # the file it came from
     estimate: float | None = None  # seconds it is expected to run, for `autotune plan`; not part of the run
     config_flag: str = CONFIG_FLAG  # the script option the config is handed to (`--deepspeed` for HF Trainer)
+    gpu_type: str | None = None  # the GPU type it must run on; None: any one type (gpus.py)
+    gpu_mixed: bool = False  # it may span GPU types
+    gpu_memory: int | None = None  # bytes it needs on each GPU, for the memory placement; not part of the run
 
     def __post_init__(self) -> None:
         if not is_safe_name(self.name):
@@ -102,6 +108,13 @@ class Experiment:
             value = getattr(self, key)
             if not positive_int(value):
                 raise ValueError(f"experiment {self.name}: {key} must be a positive integer, not {shown(value)}")
+        if self.gpu_type is not None and type_problem(self.gpu_type):
+            raise ValueError(f"experiment {self.name}: {type_problem(self.gpu_type)}")
+        if not isinstance(self.gpu_mixed, bool):
+            raise ValueError(f"experiment {self.name}: gpu_mixed must be true or false, not {shown(self.gpu_mixed)}")
+        if self.gpu_memory is not None and not positive_int(self.gpu_memory):
+            raise ValueError(f"experiment {self.name}: gpu_memory must be a positive number of bytes, "
+                             f"not {shown(self.gpu_memory)}")
         object.__setattr__(self, "ds_config", copy.deepcopy(dict(self.ds_config)))
         object.__setattr__(self, "args", tuple(str(a) for a in self.args))
         object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
@@ -117,25 +130,35 @@ class Experiment:
 
     @cached_property
     def digest(self) -> str:
-        """sha256 of what defines the run (not its name, timeout, estimate or source): equal digests, equal runs."""
+        """sha256 of what defines the run (not its name, timeout, estimate, memory need or source): equal digests,
+        equal runs. The GPU type it is pinned to, or leave to span types, defines its result: part of it when set
+        (and only then, so that the digests of experiments without them stay what they were)."""
         defining = {"ds_config": self.ds_config, "num_gpus": self.num_gpus, "num_nodes": self.num_nodes,
-                    "script": self.script, "args": list(self.args), "env": dict(self.env)} | (
-                        {"config_flag": self.config_flag} if self.config_flag != CONFIG_FLAG else {})
+                    "script": self.script, "args": list(self.args), "env": dict(self.env)} | self._set_fields()
         return hashlib.sha256(canonical(defining).encode()).hexdigest()
+
+    def _set_fields(self) -> dict[str, Any]:
+        """The fields that define the run only when set: left out at their defaults, so that the digests of
+        experiments made before the fields existed stay what they were."""
+        return ({"config_flag": self.config_flag} if self.config_flag != CONFIG_FLAG else {}) | (
+            {"gpu_type": self.gpu_type} if self.gpu_type is not None else {}) | (
+            {"gpu_mixed": True} if self.gpu_mixed else {})
 
     def to_json(self) -> dict:
         return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
                 "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
                 "timeout": self.timeout, "env": dict(self.env), "source": self.source} | (
-                    {"estimate": self.estimate} if self.estimate is not None else {}) | (
-                    {"config_flag": self.config_flag} if self.config_flag != CONFIG_FLAG else {})
+                    {"estimate": self.estimate} if self.estimate is not None else {}) | self._set_fields() | (
+                    {"gpu_memory": self.gpu_memory} if self.gpu_memory is not None else {})
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Experiment:
         return cls(name=data["name"], ds_config=data["ds_config"], num_gpus=data["num_gpus"],
                    num_nodes=data["num_nodes"], script=data["script"], args=tuple(data.get("args") or ()),
                    timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""),
-                   estimate=data.get("estimate"), config_flag=data.get("config_flag", CONFIG_FLAG))
+                   estimate=data.get("estimate"), config_flag=data.get("config_flag", CONFIG_FLAG),
+                   gpu_type=data.get("gpu_type"), gpu_mixed=data.get("gpu_mixed", False),
+                   gpu_memory=data.get("gpu_memory"))
 
 
 @dataclass(frozen=True)
@@ -146,6 +169,8 @@ class Origin:
     line: int | None  # the experiment (a DeepSpeed file's name, a sweep file's space)
     num_gpus: int | None = None  # the line that sets num_gpus, when one does
     num_nodes: int | None = None
+    gpu_type: int | None = None  # the line of the sweep file's gpu_type (None: none there, or --gpu-type)
+    gpu_memory: int | None = None
 
     def line_of(self, key: str) -> int | None:
         return getattr(self, key, None) or self.line
@@ -160,11 +185,15 @@ class SweepInputs:
     script: str | None = None
     args: tuple[str, ...] = ()
     metric: str | None = None
+    gpu_type: str | None = None  # --gpu-type
+    gpu_mixed: bool = False  # --gpu-mixed
 
     def to_json(self) -> dict[str, Any]:
-        """The ledger's `reload` record; `args` one shell-quoted string, as the command line took it."""
+        """The ledger's `reload` record; `args` one shell-quoted string, as the command line took it. The GPU
+        options only when given: a record without them reads as it always did."""
         return {"specs": list(self.specs), "script": self.script, "args": shlex.join(self.args),
-                "metric": self.metric}
+                "metric": self.metric} | ({"gpu_type": self.gpu_type} if self.gpu_type else {}) | (
+                    {"gpu_mixed": True} if self.gpu_mixed else {})
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SweepInputs | None:
@@ -172,14 +201,16 @@ class SweepInputs:
         if not data.get("specs"):
             return None
         specs, script, args, metric = data["specs"], data.get("script"), data.get("args") or "", data.get("metric")
+        gpu_type, gpu_mixed = data.get("gpu_type"), data.get("gpu_mixed", False)
         if not (isinstance(specs, list) and all(isinstance(p, str) for p in specs) and isinstance(args, str)
-                and all(v is None or isinstance(v, str) for v in (script, metric))):
+                and all(v is None or isinstance(v, str) for v in (script, metric, gpu_type))
+                and isinstance(gpu_mixed, bool)):
             raise ValueError("meta 'reload' is not what `run` records")
         try:
             words = tuple(shlex.split(args))
         except ValueError:
             raise ValueError("meta 'reload' holds arguments that are not shell words") from None
-        return cls(tuple(specs), script, words, metric)
+        return cls(tuple(specs), script, words, metric, gpu_type, gpu_mixed)
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,8 @@ class Defaults:
     script: str | None
     args: tuple[str, ...]
     timeout: float | None
+    gpu_type: str | None = None  # --gpu-type: wins over a sweep file's gpu_type
+    gpu_mixed: bool = False  # --gpu-mixed
 
 
 @dataclass

@@ -60,22 +60,38 @@ def _value(attempt: Attempt | None, metric: str, own_metric: str) -> float | Non
 
 
 def compare(a: Snapshot, b: Snapshot) -> Comparison:
+    """Pairs by name. When either sweep ran on several GPU types (`typed`), an experiment is paired only with the
+    same experiment on the same type (a metric compares only on one GPU model); the rest are listed apart, with
+    their type. Two sweeps of one type each pair by name, whatever their types: that compares two GPU models."""
     metric = a.metric.name
+    typed = a.by_type or b.by_type
     by_name_b = {x.name: x for x in b.attempts}
-    names_a = [x.name for x in a.attempts]
     rows = []
+    only_a = []
+    paired = set()
     for x in a.attempts:
         y = by_name_b.get(x.name)
-        if y is None:
+        kind = a.type_of(x)
+        if y is None or (typed and not _same_type(kind, b.type_of(y))):
+            only_a.append(_label(x.name, kind) if typed else x.name)
             continue
+        paired.add(x.name)
         va, vb = _value(x, metric, a.metric.name), _value(y, metric, b.metric.name)
-        rows.append({"name": x.name, "a_state": x.state, "a_metric": va, "a_reason": x.reason,
+        rows.append({"name": x.name, **({"gpu_type": kind or b.type_of(y)} if typed else {}),
+                     "a_state": x.state, "a_metric": va, "a_reason": x.reason,
                      "b_state": y.state, "b_metric": vb, "b_reason": y.reason,
                      "ratio": vb / va if va and vb is not None else None})
-    only_a = [n for n in names_a if n not in by_name_b]
-    in_a = set(names_a)
-    only_b = [y.name for y in b.attempts if y.name not in in_a]
+    only_b = [_label(y.name, b.type_of(y)) if typed else y.name for y in b.attempts if y.name not in paired]
     return Comparison(a, b, rows, only_a, only_b)
+
+
+def _same_type(a: str | None, b: str | None) -> bool:
+    """One never ran (no type) or both ran on the same."""
+    return a is None or b is None or a == b
+
+
+def _label(name: str, gpu_type: str | None) -> str:
+    return f"{name} ({gpu_type})" if gpu_type else name
 
 
 def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
@@ -101,13 +117,15 @@ def _state(state: str, reason: str | None) -> str:
 
 
 def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:
-    columns = (Column("name"), Column("A", right=True), Column("B", right=True), Column("B/A", right=True),
-               Column(""))
+    typed = c.a.by_type or c.b.by_type
+    columns = (Column("name"), *([Column("GPU type")] if typed else []), Column("A", right=True),
+               Column("B", right=True), Column("B/A", right=True), Column(""))
     cells = []
     for r in c.rows:
         a = format_value(r["a_metric"]) if r["a_metric"] is not None else _state(r["a_state"], r["a_reason"])
         b = format_value(r["b_metric"]) if r["b_metric"] is not None else _state(r["b_state"], r["b_reason"])
-        cells.append((r["name"], a, b, f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"]))
+        cells.append((r["name"], *([r["gpu_type"] or ""] if typed else []), a, b,
+                      f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"]))
     both = sum(1 for r in c.rows if r["ratio"] is not None)
     mean = c.geomean_ratio()
     notes = [f"{len(c.rows)} experiment(s) in both, {both} succeeded in both"
@@ -116,6 +134,8 @@ def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:
         best = snap.best
         notes.append(f"best in {label}: " + (f"{best.name} {snap.metric.name} {format_value(best.metric)}"
                                              if best else "none"))
+    if typed:
+        notes.append("paired per GPU type: an experiment only with itself on the same type")
     if c.a.metric.name != c.b.metric.name:
         notes.append(f"note: B ranks by {c.b.metric.name}; compared on A's {c.metric} where B recorded it")
     if c.only_a:

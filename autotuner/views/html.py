@@ -15,7 +15,7 @@ from ..errors import UserError
 from ..files import write_atomic
 from ..lock import holder_pid
 from ..metrics import format_value
-from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, optimal
+from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, config_file, optimal
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
 from .snapshot import Snapshot, load
 from .tables import rows as report_rows
@@ -94,17 +94,24 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
                    f"{escape(format_value(best.metric))}</p>")
     else:
         out.append('<p class="bestline" id="best">no experiment has succeeded yet: no best configuration</p>')
+    typed = snap.by_type
+    if typed:  # a metric compares only within one GPU type: each type's best
+        out.append('<p class="sub">best per GPU type: ' + "; ".join(
+            f"{escape(t)}: <b>{escape(a.name)}</b> {escape(format_value(a.metric))} ({escape(config_file(t))})"
+            for t, a in snap.best_by_type.items()) + "</p>")
 
     out.append("<h2>Experiments</h2>")
-    out.append('<table id="experiments"><thead><tr><th>#</th><th>name</th><th>state</th>'
-               f'<th>{escape(snap.metric.name)}</th><th>time</th><th>slots</th><th>why</th></tr></thead><tbody>')
+    out.append('<table id="experiments"><thead><tr><th>#</th><th>name</th>' + ("<th>GPU type</th>" if typed else "")
+               + f'<th>state</th><th>{escape(snap.metric.name)}</th><th>time</th><th>slots</th><th>why</th></tr>'
+               "</thead><tbody>")
     for r in rows:
         classes = [r["state"]] + (["best"] if r["best"] else [])
         rank = '<span class="marker">&#9733; best</span>' if r["best"] else str(r["rank"] or "")
         why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
         duration = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else ""
+        kind = f"<td>{escape(r['gpu_type'] or '')}</td>" if typed else ""
         out.append(f'<tr class="{" ".join(classes)}" data-name="{escape(r["name"])}"><td class="num">{rank}</td>'
-                   f"<td>{escape(r['name'])}</td><td>{escape(r['state'])}</td>"
+                   f"<td>{escape(r['name'])}</td>{kind}<td>{escape(r['state'])}</td>"
                    f'<td class="num">{escape(format_value(r["metric"]))}</td><td class="num">{duration}</td>'
                    f"<td>{escape(r['slots'])}</td><td class=\"why\">{escape(why)}</td></tr>")
     out.append("</tbody></table>")

@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..errors import UserError
+from ..gpus import UNKNOWN
 from ..ledger import FILENAME, Attempt, Ledger, SweepMeta
 from ..metrics import Metric, metric_named
 from ..spec import Experiment
@@ -31,17 +32,62 @@ class Snapshot:
 
     @cached_property
     def ranked(self) -> list[Attempt]:
-        """Succeeded attempts best first, then every other attempt in sweep order (computed once)."""
+        """Succeeded attempts best first, then every other attempt in sweep order (computed once). A sweep that
+        ran on several GPU types ranks each type apart (throughputs compare only on one GPU model): its types in
+        `types` order, each best first."""
         scored = [(value, a) for a in self.attempts if a.state == State.SUCCEEDED and (value := a.metric) is not None]
-        scored.sort(key=lambda pair: self.metric.sort_key(pair[0]))
+        if self.by_type:
+            position: dict[str | None, int] = {t: i for i, t in enumerate(self.types)}
+            scored.sort(key=lambda pair: (position.get(self.type_of(pair[1]), len(position)),
+                                          self.metric.sort_key(pair[0])))
+        else:
+            scored.sort(key=lambda pair: self.metric.sort_key(pair[0]))
         chosen = {id(a) for _, a in scored}  # by id: `in` on a list compared dataclasses, O(n^2) on 10k
         return [a for _, a in scored] + [a for a in self.attempts if id(a) not in chosen]
 
     @property
     def best(self) -> Attempt | None:
+        """The best attempt; of a sweep that ran on several GPU types, the best of the first type that has one."""
         ranked = self.ranked
         top = ranked[0] if ranked else None
         return top if top is not None and top.state == State.SUCCEEDED and top.metric is not None else None
+
+    @cached_property
+    def host_types(self) -> dict[str, str]:
+        """host -> GPU type, as the sweep recorded them (none for a ledger from before types)."""
+        return dict(self.meta.gpu_types or {})
+
+    def type_of(self, attempt: Attempt) -> str | None:
+        """The GPU type an attempt ran on, from its recorded slots' hosts: `A+B` when it spanned types, `unknown`
+        on hosts of no stated type; None when it never ran."""
+        if not attempt.slots:
+            return None
+        found = {self.host_types.get(h, UNKNOWN) for h in attempt.slots}
+        return "+".join(sorted(found)) if len(found) > 1 else found.pop()
+
+    @cached_property
+    def types(self) -> list[str]:
+        """The GPU types the sweep's attempts ran on: in hostfile order, then unknown, then spans of types."""
+        if not self.host_types:  # no types recorded: one kind of GPU, as ever (and no look at each attempt)
+            return [UNKNOWN] if any(a.slots for a in self.attempts) else []
+        ran = {t for a in self.attempts if (t := self.type_of(a)) is not None}
+        listed = [t for t in dict.fromkeys(self.host_types.values()) if t in ran]
+        return listed + sorted(ran - set(listed), key=lambda t: ("+" in t, t))
+
+    @property
+    def by_type(self) -> bool:
+        """Whether results are kept per GPU type: the sweep ran on more than one. Otherwise it reads as ever."""
+        return len(self.types) > 1
+
+    @cached_property
+    def best_by_type(self) -> dict[str, Attempt]:
+        """The best attempt of each GPU type that has one, in `types` order."""
+        found: dict[str, Attempt] = {}
+        for a in self.ranked:
+            kind = self.type_of(a)
+            if a.state == State.SUCCEEDED and a.metric is not None and kind is not None:
+                found.setdefault(kind, a)
+        return found
 
     def counts(self) -> dict[str, int]:
         """How many experiments stand in each state (their latest attempt)."""
@@ -65,16 +111,18 @@ def count_states(states: Iterable[str]) -> dict[str, int]:
 
 
 def snapshot(directory: Path, *, every_experiment: bool = True) -> Snapshot:
-    """The sweep now. `every_experiment=False` reads only the best experiment's spec (enough for status,
-    the report and the optimal files): decoding 10,000 specs took most of `autotune status`'s time."""
+    """The sweep now. `every_experiment=False` reads only the best experiments' specs (the best of each GPU type:
+    enough for status, the report and the optimal files): decoding 10,000 specs took most of `autotune status`'s
+    time."""
     with Ledger.open(directory) as ledger:  # damage found mid-read ends as one line too
         meta = ledger.meta()
         name, metric, attempts = meta.name, metric_named(meta.metric), ledger.latest()
         if every_experiment:
             experiments = {e.name: e for e in ledger.experiments()}
         else:
-            best = Snapshot(Path(directory), name, metric, {}, attempts, meta).best
-            experiments = {e.name: e for e in ledger.experiments([best.name] if best else [])}
+            probe = Snapshot(Path(directory), name, metric, {}, attempts, meta)
+            bests = [a.name for a in probe.best_by_type.values()] + ([probe.best.name] if probe.best else [])
+            experiments = {e.name: e for e in ledger.experiments(bests)}
         return Snapshot(Path(directory), name, metric, experiments, attempts, meta)
 
 

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from ..inventory import gpu_type as type_of_gpus
 from ..lock import holder_pid
 from ..metrics import format_value
-from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, optimal
+from ..results import command_file, config_file, optimal
 from ..states import State
 from .snapshot import Snapshot, format_slots, load
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 
 FORMATS = ("table", "json", "csv", "md")
 COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")
+TYPED_COLUMNS = ("rank", "best", "name", "gpu_type", *COLUMNS[3:])  # a sweep that ran on several GPU types
 # rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a
 # larger table is laid out by hand: the same columns, one line per row, the last column running to the end.
 RICH_ROWS = 1000
@@ -78,7 +80,10 @@ def _plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title
 
 # --- autotune report -----------------------------------------------------------------------------------------
 def rows(snap: Snapshot) -> list[dict]:
-    """One dict per experiment, ranked: the report's JSON and CSV rows, and what the tables are made of."""
+    """One dict per experiment, ranked: the report's JSON and CSV rows, and what the tables are made of. A sweep
+    that ran on several GPU types is ranked per type, each type's best marked, with a `gpu_type` per row."""
+    if snap.by_type:
+        return _rows_by_type(snap)
     best = snap.best
     out = []
     for rank, a in enumerate(snap.ranked, 1):
@@ -93,52 +98,84 @@ def rows(snap: Snapshot) -> list[dict]:
     return out
 
 
+def _rows_by_type(snap: Snapshot) -> list[dict]:
+    bests = {id(a) for a in snap.best_by_type.values()}
+    ranks: dict[str | None, int] = {}
+    out = []
+    for a in snap.ranked:
+        kind = snap.type_of(a)
+        if a.state == State.SUCCEEDED:
+            ranks[kind] = ranks.get(kind, 0) + 1
+        out.append({
+            "rank": ranks[kind] if a.state == State.SUCCEEDED else None, "best": id(a) in bests,
+            "name": a.name, "gpu_type": kind, "state": a.state, "metric": a.metric,
+            "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
+            "duration_s": round(a.duration, 3) if a.duration is not None else None,
+            "slots": format_slots(a.slots),
+        })
+    return out
+
+
 def render_report(directory: Path, fmt: str) -> str:
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     snap = load(directory, every_experiment=False)
     table = rows(snap)
+    typed = snap.by_type
     if fmt == "json":
         best = snap.best
         found = optimal(snap)
+        per_type: dict[str, dict] = {}
+        if typed:
+            per_type["best_by_type"] = {t: a.name for t, a in snap.best_by_type.items()}
+            per_type["optimal_by_type"] = {t: {"config": o[0], "command": o[1]} for t in snap.best_by_type
+                                           if (o := optimal(snap, gpu_type=t)) is not None}
         return json.dumps({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
                            "best": best.name if best else None, "counts": snap.counts(), "experiments": table,
-                           "optimal": {"config": found[0], "command": found[1]} if found else None},
+                           "optimal": {"config": found[0], "command": found[1]} if found else None} | per_type,
                           indent=2) + "\n"
     if fmt == "csv":
         buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(buffer, fieldnames=TYPED_COLUMNS if typed else COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(table)
         return buffer.getvalue()
     if fmt == "md":
-        head = ["", "name", "state", snap.metric.name, "reason"]
+        head = ["", "name", *(["GPU type"] if typed else []), "state", snap.metric.name, "reason"]
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in table:
             why = f"{r['reason']}: {r['detail']}" if r["reason"] else ""
-            lines.append(f"| {'**best**' if r['best'] else (r['rank'] or '')} | {r['name']} | {r['state']} | "
+            kind = f"{r['gpu_type'] or ''} | " if typed else ""
+            lines.append(f"| {'**best**' if r['best'] else (r['rank'] or '')} | {r['name']} | {kind}{r['state']} | "
                          f"{format_value(r['metric'])} | {why.replace('|', '/')} |")
         return "\n".join(lines) + "\n"
-    columns = (Column("#", right=True), Column("name"), Column("state"), Column(snap.metric.name, right=True),
-               Column("time", right=True), Column("slots"), Column("why"))
+    columns = (Column("#", right=True), Column("name"), *([Column("GPU type")] if typed else []), Column("state"),
+               Column(snap.metric.name, right=True), Column("time", right=True), Column("slots"), Column("why"))
     title = f"sweep {snap.name}: {snap.metric.name} ({snap.metric.direction})"
-    return render_table(columns, [_cells(r) for r in table], title=title) + _optimal_text(snap)
+    notes = ["ranked per GPU type: a metric compares only within one type"] if typed else []
+    return render_table(columns, [_cells(r, typed) for r in table], title=title, notes=notes) + _optimal_text(snap)
 
 
-def _cells(r: dict) -> tuple[str, ...]:
+def _cells(r: dict, typed: bool = False) -> tuple[str, ...]:
     why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
-    return ("best" if r["best"] else str(r["rank"] or ""), r["name"], r["state"], format_value(r["metric"]),
-            f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "", r["slots"], why)
+    return ("best" if r["best"] else str(r["rank"] or ""), r["name"], *([r["gpu_type"] or ""] if typed else []),
+            r["state"], format_value(r["metric"]), f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "",
+            r["slots"], why)
 
 
 def _optimal_text(snap: Snapshot) -> str:
-    found = optimal(snap)
-    if found is None:
-        return ""
-    config, command = found
-    later = "" if (snap.directory / OPTIMAL_CONFIG).exists() else " (the file is written when the sweep ends)"
-    return (f"\nbest config, {OPTIMAL_CONFIG}{later}:\n{json.dumps(config, indent=2, sort_keys=True)}\n"
-            f"\ncommand, {OPTIMAL_COMMAND}:\n{command}\n")
+    """The best config and its command; of a sweep that ran on several GPU types, each type's."""
+    text = ""
+    for gpu_type in list(snap.best_by_type) if snap.by_type else [None]:
+        found = optimal(snap, gpu_type=gpu_type)
+        if found is None:
+            continue
+        config, command = found
+        name, of = config_file(gpu_type), f" of {gpu_type}" if gpu_type else ""
+        later = "" if (snap.directory / name).exists() else " (the file is written when the sweep ends)"
+        text += (f"\nbest config{of}, {name}{later}:\n{json.dumps(config, indent=2, sort_keys=True)}\n"
+                 f"\ncommand{of}, {command_file(gpu_type)}:\n{command}\n")
+    return text
 
 
 # --- autotune status -----------------------------------------------------------------------------------------
@@ -171,16 +208,28 @@ def render_status(directory: Path, as_json: bool) -> str:
 
 # --- autotune hosts ------------------------------------------------------------------------------------------
 def render_hosts(title: str, listed: Mapping[str, Host], reports: Sequence[HostReport], as_json: bool) -> str:
-    """`autotune hosts`: one row per host (reachable or why not, slots, GPUs with free memory, versions, load)."""
+    """`autotune hosts`: one row per host (reachable or why not, slots, GPUs with free memory, versions, load),
+    and its GPU type where one is known: the hostfile's `gpu=`, with the type its GPUs have if that differs."""
+    types = {r.host: (listed[r.host].attrs.get("gpu"), type_of_gpus(r.gpus)) for r in reports}
     if as_json:
-        return json.dumps([dict(r.to_json(), slots=listed[r.host].slots) for r in reports], indent=2) + "\n"
-    columns = [Column(name) for name in ("host", "slots", "state", "GPUs", "python", "deepspeed", "load")]
-    return render_table(columns, [_host_cells(r, listed[r.host].slots) for r in reports], title=title)
+        return json.dumps([dict(r.to_json(), slots=listed[r.host].slots, gpu_type=types[r.host][0] or types[r.host][1],
+                                gpu_type_found=types[r.host][1]) for r in reports], indent=2) + "\n"
+    typed = any(stated or found for stated, found in types.values())
+    names = ("host", "slots", *(["type"] if typed else []), "state", "GPUs", "python", "deepspeed", "load")
+    cells = [_host_cells(r, listed[r.host].slots, _type_cell(*types[r.host]) if typed else None) for r in reports]
+    return render_table([Column(name) for name in names], cells, title=title)
 
 
-def _host_cells(r: HostReport, slots: int) -> tuple[str, ...]:
+def _type_cell(stated: str | None, found: str | None) -> str:
+    if stated and found and stated != found:
+        return f"{stated} (found {found})"
+    return stated or found or ""
+
+
+def _host_cells(r: HostReport, slots: int, kind: str | None = None) -> tuple[str, ...]:
     gpus = ", ".join(f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
                      for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
     load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
-    return (r.host, str(slots), "up" if r.reachable else f"down: {r.reason}", gpus if r.reachable else "",
+    return (r.host, str(slots), *([kind] if kind is not None else []),
+            "up" if r.reachable else f"down: {r.reason}", gpus if r.reachable else "",
             r.python or "", r.deepspeed or "", load)

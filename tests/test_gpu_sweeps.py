@@ -1,0 +1,245 @@
+"""Sweeps on GPU types, end to end with stand-in launchers: a local hostfile of two host names of this machine
+(`localhost` and `127.0.0.1`, each run directly, no ssh) stating two GPU types; results, report, outcome files
+and compare per type; pins; resume with the recorded types; the memory placement through the runner with a
+FakeNvml standing in for this machine's GPUs; `autotune plan` with types and `--placement memory`; the type
+column of `autotune hosts`."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from test_inventory import FakeDevice, FakeNvml
+
+import autotuner
+from autotuner.hostfile import parse_hostfile
+from autotuner.inventory import Gpu
+from autotuner.ledger import Ledger
+from autotuner.ssh.probe import HostReport
+from autotuner.views.tables import render_hosts
+
+from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, expected_throughput, write_launcher
+
+GiB = 1 << 30
+TWO_TYPES = "localhost slots=2 accelerator=cpu gpu=A100-80GB\n127.0.0.1 slots=2 accelerator=cpu gpu=H100-80GB\n"
+TYPE_OF_HOST = {"localhost": "A100-80GB", "127.0.0.1": "H100-80GB"}
+
+
+def setup(directory: Path, extra: str = "", hosts: str = TWO_TYPES, count: int = 8) -> tuple[Path, Path, str]:
+    """A sweep file of `count` experiments, a hostfile and a stand-in launcher, in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "train.py").touch()
+    spec = directory / "sweep.hjson"
+    spec.write_text("{\n  name: s\n  script: train.py\n" + extra + "  ds_config: {train_micro_batch_size_per_gpu: 1}\n"
+                    f"  space: {{x: {list(range(1, count + 1))}}}\n}}\n")
+    hostfile = directory / "hosts"
+    hostfile.write_text(hosts)
+    return spec, hostfile, write_launcher(directory, SLEEP_THEN_SUCCEED)
+
+
+def run_env(directory: Path) -> dict[str, str]:
+    return env(LAUNCH_LOG=directory / "launches.log", STANDIN_SECONDS=0.05)
+
+
+def recorded(results: Path):
+    with Ledger.open(results) as ledger:
+        return ledger.meta(), {a.name: a for a in ledger.latest()}
+
+
+@pytest.fixture(scope="module")
+def two_sweeps(tmp_path_factory):
+    """One sweep over both types, and the same sweep pinned to H100-80GB (`--gpu-type`)."""
+    base = tmp_path_factory.mktemp("types")
+    spec, hosts, launcher = setup(base)
+    mixed, pinned = base / "both", base / "pinned"
+    for results, more in ((mixed, []), (pinned, ["--gpu-type", "H100-80GB"])):
+        out = autotune("run", spec, "-H", hosts, "--launcher", launcher, "-o", results, "-q", *more,
+                       environ=run_env(base))
+        assert out.returncode == 0, out.stderr
+    return mixed, pinned
+
+
+def best_per_type(attempts) -> dict[str, str]:
+    best: dict[str, str] = {}
+    for a in sorted(attempts.values(), key=lambda a: -expected_throughput(a.name)):
+        (host,) = a.slots
+        best.setdefault(TYPE_OF_HOST[host], a.name)
+    return best
+
+
+def test_a_sweep_on_two_types_ranks_and_keeps_its_best_per_type(two_sweeps):
+    results, _ = two_sweeps
+    meta, attempts = recorded(results)
+    assert meta.gpu_types == TYPE_OF_HOST and meta.gpu_memory == {h: 80 * 10**9 for h in TYPE_OF_HOST}
+    assert {TYPE_OF_HOST[h] for a in attempts.values() for h in a.slots} == {"A100-80GB", "H100-80GB"}
+    best = best_per_type(attempts)
+    report = json.loads(autotune("report", results, "--format", "json").stdout)
+    assert report["best_by_type"] == best and report["best"] == best["A100-80GB"]  # the hostfile's first type
+    rows = report["experiments"]
+    assert [r["gpu_type"] for r in rows] == sorted((r["gpu_type"] for r in rows), key=list(best).index)
+    for gpu_type, name in best.items():
+        ranked = [r for r in rows if r["gpu_type"] == gpu_type]
+        assert [r["rank"] for r in ranked] == list(range(1, len(ranked) + 1))
+        assert [r["name"] for r in ranked if r["best"]] == [name] == [ranked[0]["name"]]
+        assert [r["metric"] for r in ranked] == sorted((r["metric"] for r in ranked), reverse=True)
+        config = json.loads((results / f"ds_config_optimal.{gpu_type}.json").read_text())
+        assert config["x"] == int(name.rsplit("x", 1)[1])
+        command = (results / f"cmd_optimal.{gpu_type}.txt").read_text()
+        assert f"ds_config_optimal.{gpu_type}.json" in command
+        assert report["optimal_by_type"][gpu_type]["config"] == config
+    first = (results / "ds_config_optimal.A100-80GB.json").read_text()
+    assert (results / "ds_config_optimal.json").read_text() == first
+    summary = (results / "summary.txt").read_text()  # DeepSpeed's shape: the overall best; per type: the report
+    assert "| global " in summary
+    table = autotune("report", results).stdout
+    assert "GPU type" in table and "ranked per GPU type" in table and "best config of H100-80GB" in table
+    assert autotune("report", results, "--format", "csv").stdout.startswith("rank,best,name,gpu_type,state,")
+    assert "| GPU type |" in autotune("report", results, "--format", "md").stdout
+
+
+def test_a_sweep_pinned_to_one_type_runs_there_and_reads_as_ever(two_sweeps):
+    _, results = two_sweeps
+    _, attempts = recorded(results)
+    assert {h for a in attempts.values() for h in a.slots} == {"127.0.0.1"}
+    with Ledger.open(results) as ledger:
+        assert {(e.gpu_type, e.gpu_mixed) for e in ledger.experiments()} == {("H100-80GB", False)}
+    report = json.loads(autotune("report", results, "--format", "json").stdout)
+    assert "best_by_type" not in report and all("gpu_type" not in r for r in report["experiments"])
+    assert autotune("report", results, "--format", "csv").stdout.startswith("rank,best,name,state,")
+    assert sorted(p.name for p in results.glob("*optimal*")) == ["cmd_optimal.txt", "ds_config_optimal.json"]
+    assert "GPU type" not in autotune("report", results).stdout
+    again = autotune("resume", results, "-q")  # --gpu-type was recorded: the spec reads the same again
+    assert again.returncode == 0 and "changed" not in again.stderr, again.stderr
+
+
+def test_compare_pairs_an_experiment_only_with_itself_on_the_same_type(two_sweeps):
+    both, pinned = two_sweeps
+    _, attempts = recorded(both)
+    on_h = sorted(n for n, a in attempts.items() if "127.0.0.1" in a.slots)
+    on_a = sorted(n for n, a in attempts.items() if "localhost" in a.slots)
+    data = json.loads(autotune("compare", both, pinned, "--format", "json").stdout)
+    assert sorted(r["name"] for r in data["experiments"]) == on_h
+    assert {r["gpu_type"] for r in data["experiments"]} == {"H100-80GB"}
+    assert sorted(data["only_a"]) == [f"{n} (A100-80GB)" for n in on_a]
+    assert sorted(data["only_b"]) == [f"{n} (H100-80GB)" for n in on_a]
+    assert "paired per GPU type" in autotune("compare", both, pinned).stdout
+
+
+def test_resume_places_by_the_types_recorded_when_the_sweep_was_prepared(tmp_path):
+    """The hostfile is gone by the time the sweep runs: only the ledger's record can keep experiments apart."""
+    spec, hosts, launcher = setup(tmp_path, count=4, extra="  num_nodes: 1\n  gpu_type: H100-80GB\n")
+    sweep = autotuner.load_sweep([spec])
+    directory = autotuner.prepare(sweep, autotuner.load_cluster(hosts), tmp_path / "r",
+                                  launcher=launcher.split())
+    hosts.unlink()
+    out = autotune("resume", directory, "-q", environ=run_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    _, attempts = recorded(directory)
+    assert {h for a in attempts.values() for h in a.slots} == {"127.0.0.1"}
+
+
+@pytest.mark.parametrize(("extra", "more", "message"), [
+    ("", ["--gpu-type", "V100"], "autotune: error: --gpu-type V100: the cluster has no GPU of that type "
+                                 "(GPU types: A100-80GB, H100-80GB)"),
+    ("  gpu_type: V100\n", [], "sweep.hjson:4: experiment s_x1 is pinned to GPU type V100, which the cluster lacks"),
+    ("  num_nodes: 2\n", [], "sweep.hjson:4: experiment s_x1 needs 2 node(s) with 1 slot(s) each of one GPU type"),
+    ('  gpu_memory: "2TB"\n', [], "sweep.hjson:4: experiment s_x1 needs 1862.6 GiB on each GPU"),
+    ("", ["--placement", "best"], "--placement 'best': choose from pack, spread, memory"),
+])
+def test_what_the_cluster_cannot_give_is_one_line_and_nothing_is_created(tmp_path, extra, more, message):
+    spec, hosts, launcher = setup(tmp_path, extra=extra)
+    out = autotune("run", spec, "-H", hosts, "--launcher", launcher, "-o", tmp_path / "r", *more,
+                   environ=run_env(tmp_path))
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and message in lines[0], out.stderr
+    assert not (tmp_path / "r").exists() and not (tmp_path / "launches.log").exists()
+
+
+# --- GPU memory -------------------------------------------------------------------------------------------------
+def busy_gpu_0() -> FakeNvml:
+    """This machine as NVML shows it: two A100s, GPU 0 mostly held by another user's process."""
+    return FakeNvml([FakeDevice("NVIDIA A100-SXM4-80GB", 80 * GiB, 20 * GiB, "GPU-0"),
+                     FakeDevice("NVIDIA A100-SXM4-80GB", 80 * GiB, 79 * GiB, "GPU-1")])
+
+
+# Fails the first launch of s_x2 (a failure that is not retried), succeeds otherwise.
+FAIL_X2_ONCE = SLEEP_THEN_SUCCEED.replace(
+    'sleep "${STANDIN_SECONDS:-0.1}"\n',
+    'sleep "${STANDIN_SECONDS:-0.1}"\n'
+    'if [ "$name" = s_x2 ] && mkdir "$LAUNCH_LOG.failed" 2>/dev/null; then exit 1; fi\n')
+
+
+def test_the_memory_placement_runs_each_experiment_on_a_gpu_with_room_and_resume_keeps_it(tmp_path, monkeypatch):
+    """Runs that need 30 GiB all go to GPU 1 (pack would take GPU 0 first); the placement is recorded, so the
+    failed run that `resume --retry-failed` runs again goes there too."""
+    nvml = busy_gpu_0()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)  # what inventory imports: the runner's reads come here
+    for name, value in run_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    spec, _, _ = setup(tmp_path, count=3, extra='  gpu_memory: "30GiB"\n')
+    launcher = write_launcher(tmp_path, FAIL_X2_ONCE, "failing.sh")
+    sweep = autotuner.load_sweep([spec])
+    cluster = autotuner.load_cluster()  # this machine: the fake's two A100s
+    assert cluster.types == {"localhost": "A100-SXM4-80GB"} and cluster.slots == {"localhost": (0, 1)}
+    directory = autotuner.prepare(sweep, cluster, tmp_path / "r", launcher=launcher.split())
+    result = autotuner.execute(directory, autotuner.Options(placement="memory", grace=1.0))
+    meta, attempts = recorded(directory)
+    assert result.exit_code == 1 and attempts["s_x2"].state == "failed"
+    assert meta.placement == "memory" and {n: a.slots for n, a in attempts.items()} == {
+        f"s_x{i}": {"localhost": [1]} for i in (1, 2, 3)}
+    again = autotuner.resume(directory, retry_failed=True)
+    _, attempts = recorded(directory)
+    assert again.exit_code == 0 and (attempts["s_x2"].attempt, attempts["s_x2"].slots) == (2, {"localhost": [1]})
+    assert nvml.calls.count("init") == nvml.calls.count("shutdown") >= 2  # one NVML session per runner
+
+
+def test_with_pack_the_same_sweep_takes_the_busy_gpu(tmp_path, monkeypatch):
+    """The control: the placement, not the sweep, kept the runs above off GPU 0."""
+    monkeypatch.setitem(sys.modules, "pynvml", busy_gpu_0())
+    for name, value in run_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    spec, _, launcher = setup(tmp_path, count=2, extra='  gpu_memory: "30GiB"\n')
+    directory = autotuner.prepare(autotuner.load_sweep([spec]), autotuner.load_cluster(), tmp_path / "r",
+                                  launcher=launcher.split())
+    assert autotuner.execute(directory, autotuner.Options(grace=1.0)).exit_code == 0
+    _, attempts = recorded(directory)
+    assert 0 in {a.slots["localhost"][0] for a in attempts.values()}
+
+
+# --- autotune plan ----------------------------------------------------------------------------------------------
+PLAN_HOSTS = "r0 slots=2 gpu=RTX-24GB\na0 slots=2 gpu=A100-80GB\n"
+
+
+def test_plan_keeps_experiments_on_one_type_and_the_memory_placement_on_gpus_that_hold_them(tmp_path):
+    spec, hosts, _ = setup(tmp_path, hosts=PLAN_HOSTS, count=4, extra='  estimate: 10\n  gpu_memory: "30GB"\n')
+    out = autotune("plan", spec, "-H", hosts, "--placement", "pack,memory", "--format", "json")
+    assert out.returncode == 0, out.stderr
+    plans = json.loads(out.stdout)["plans"]
+    assert [p["placement"] for p in plans] == ["pack", "memory"]
+    for p in plans:  # 24 GB GPUs cannot hold 30 GB: two at a time on a0, 20 s
+        assert {h for e in p["experiments"] for h in e["slots"]} == {"a0"} and p["makespan_s"]["at_estimates"] == 20
+    pinned = autotune("plan", spec, "-H", hosts, "--gpu-type", "RTX-24GB")
+    assert pinned.returncode == 2 and "the GPUs it may use have 22.4 GiB" in pinned.stderr
+    spec2, _, _ = setup(tmp_path / "two", hosts=PLAN_HOSTS, count=4, extra="  estimate: 10\n  num_gpus: 2\n")
+    out = json.loads(autotune("plan", spec2, "-H", hosts, "--format", "json").stdout)
+    assert [sorted(e["slots"]) for e in out["plans"][0]["experiments"]] == [["r0"], ["a0"], ["r0"], ["a0"]]
+
+
+# --- autotune hosts ---------------------------------------------------------------------------------------------
+def test_hosts_shows_each_hosts_type_and_a_stated_type_its_gpus_contradict():
+    listed = parse_hostfile("w0 slots=1 gpu=A100-80GB\nw1 slots=1 gpu=A100-80GB\nw2 slots=1\nw3 slots=1\n")
+    a100 = Gpu(0, "NVIDIA A100-SXM4-80GB", 80 * GiB, 70 * GiB, "u")
+    h100 = Gpu(0, "NVIDIA H100 80GB HBM3", 80 * GiB, 70 * GiB, "u")
+    reports = [HostReport("w0", True, gpus=[a100]), HostReport("w1", True, gpus=[h100]),
+               HostReport("w2", True, gpus=[h100]), HostReport("w3", False, reason="refused")]
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+            for line in render_hosts("t", listed, reports, False).splitlines() if line.count("│") > 3}
+    assert [rows[h][2] for h in ("w0", "w1", "w2", "w3")] == [
+        "A100-80GB (found A100-SXM4-80GB)", "A100-80GB (found H100-80GB-HBM3)", "H100-80GB-HBM3", ""]
+    data = json.loads(render_hosts("t", listed, reports, True))
+    assert [(d["gpu_type"], d["gpu_type_found"]) for d in data] == [
+        ("A100-80GB", "A100-SXM4-80GB"), ("A100-80GB", "H100-80GB-HBM3"), ("H100-80GB-HBM3", "H100-80GB-HBM3"),
+        (None, None)]
+    untyped = parse_hostfile("w2 slots=1\n")
+    assert "type" not in render_hosts("t", untyped, [HostReport("w2", True)], False).splitlines()[2]
