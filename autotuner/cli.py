@@ -41,6 +41,9 @@ ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts",
 REMOTE_DIR = typer.Option(None, "--remote-dir",
                           help="Where runs write on hosts without our filesystem; copied back over SFTP.")
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
+FAIL_ON = typer.Option(autotuner.FailOn.ANY, "--fail-on",
+                       help="When to exit 1: `any` experiment did not succeed, or only `no-result` (none "
+                            "succeeded, so no best config: an OOM alone then exits 0).")
 EVENTS = typer.Option(None, "--events", help=EVENTS_HELP)
 
 
@@ -171,6 +174,7 @@ def run(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
+    fail_on: autotuner.FailOn = FAIL_ON,
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
@@ -187,7 +191,8 @@ def run(
         cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
                                          log=notes.append)
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout))
+                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout),
+                                    fail_on=fail_on)
         if results is not None and not results.strip():  # Path("") is ".": a sweep spread over the current directory
             raise UserError("--results: an empty path; name a directory")
         directory = autotuner.prepare(sweep, cluster, None if results is None else Path(results), launcher=launch,
@@ -353,6 +358,7 @@ def resume(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
+    fail_on: autotuner.FailOn = FAIL_ON,
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     try:
@@ -368,7 +374,8 @@ def resume(
         typer.echo(f"autotune: note: {note}", err=True)
     options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace, retries=retries,
                                 deadline=deadline,
-                                timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout))
+                                timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
+                                fail_on=fail_on)
     _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 
 

@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -21,7 +21,7 @@ from . import limits
 from .core import CheckRequests, Executor, Interrupt, Observer, Placement, Queued, Reservation, Scheduler, SlotPool
 from .core.resources import Demand, Slots
 from .dispatcher import Dispatcher
-from .errors import UserError
+from .errors import UserError, shown
 from .executor import LocalExecutor
 from .hostfile import (
     is_local,
@@ -35,15 +35,13 @@ from .results import write_outcome_files
 from .spec import Experiment
 from .states import State
 from .threads import Workers
+from .verdict import FailOn, exit_code
 from .views.snapshot import Snapshot, snapshot
 
 if TYPE_CHECKING:
     from .ssh import SSHPool
 
 log = logging.getLogger(__name__)
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
 
 @dataclass
 class Result:
@@ -52,14 +50,14 @@ class Result:
     snapshot: Snapshot
     interrupted: bool
     optimal_config: Path | None
+    fail_on: FailOn = FailOn.ANY  # what counts as failure (`Options.fail_on`)
 
     @property
     def exit_code(self) -> int:
-        if self.interrupted:
-            return EXIT_INTERRUPTED
-        states = self.snapshot.counts()
-        all_done = states.get(State.SUCCEEDED, 0) == len(self.snapshot.attempts)
-        return EXIT_OK if all_done and self.optimal_config else EXIT_FAILED
+        """0, 1 (as `fail_on` says) or 130 (interrupted): see `verdict`."""
+        all_succeeded = self.snapshot.counts().get(State.SUCCEEDED, 0) == len(self.snapshot.attempts)
+        return exit_code(interrupted=self.interrupted, all_succeeded=all_succeeded,
+                         best_written=self.optimal_config is not None, fail_on=self.fail_on)
 
 
 class Stopped(Exception):
@@ -108,6 +106,7 @@ class Options:
     timeout: float | None = limits.DEFAULT_TIMEOUT  # seconds, for experiments whose spec gives none; None: no limit
     deadline: float | None = None  # seconds for the whole sweep
     observers: list[Observer] = field(default_factory=list)
+    fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
 
 
 def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
@@ -120,7 +119,11 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     the sweep runs any more.
     """
     try:
-        return _execute(Path(directory), options, retry_failed, new_experiments)
+        fail_on = FailOn(options.fail_on)
+    except ValueError:
+        raise UserError(f"fail_on {shown(options.fail_on)}: choose from {', '.join(FailOn)}") from None
+    try:
+        return replace(_execute(Path(directory), options, retry_failed, new_experiments), fail_on=fail_on)
     except Exception as e:
         fault = machine_fault(e)
         if fault is None:
