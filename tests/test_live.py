@@ -419,6 +419,19 @@ def test_a_real_sweep_writes_a_parseable_event_stream_and_plain_lines(tmp_path):
     assert "\x1b[" not in result.stdout  # no live view, no escape codes
 
 
+def test_a_real_sweeps_plain_lines_print_its_custom_metric(tmp_path):
+    spec = tmp_path / "custom.hjson"
+    spec.write_text("{\n  name: custom\n  script: /bin/true\n  metric: tokens_per_s:max\n"
+                    "  ds_config: { gradient_accumulation_steps: 1 }\n"
+                    "  space: { train_micro_batch_size_per_gpu: [1, 2] }\n}\n")
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text("#!/bin/sh\nprintf '{\"loss\": 2.5, \"tokens_per_s\": 1834.2}' > \"$AUTOTUNE_METRICS_PATH\"\n")
+    result = autotune("run", spec, "--slots", "2", "--launcher", f"sh {launcher}", "--results", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    done = [line for line in result.stdout.splitlines() if re.match(STAMP + "succeeded", line)]
+    assert len(done) == 2 and all(line.endswith(" tokens_per_s=1834, loss=2.5") for line in done), done
+
+
 def test_quiet_prints_only_the_outcome(tmp_path):
     spec = tiny_sweep(tmp_path, count=2)
     result = autotune("run", spec, "--slots", "2", "--launcher", f"sh {STANDIN}", "--results", tmp_path / "out",
