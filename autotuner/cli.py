@@ -91,10 +91,17 @@ def _configure_logging(level: int) -> None:
     logger.setLevel(level)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"autotune {autotuner.__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also say what is being done."),
-             debug: bool = typer.Option(False, "--debug", help="Everything the library logs, tracebacks included.")
-             ) -> None:
+             debug: bool = typer.Option(False, "--debug", help="Everything the library logs, tracebacks included."),
+             version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                          help="Print the version and exit.")) -> None:
     _configure_logging(logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING)
 
 
@@ -423,7 +430,7 @@ def report(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or md."),
     plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "
-                                                    "(needs matplotlib: pip install 'autotuner\\[plots]')."),
+                                                    "(needs matplotlib: pip install 'ds-autotune\\[plots]')."),
     x: str | None = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
                                                       "\\[default: train_micro_batch_size_per_gpu]."),
     lines: str | None = typer.Option(None, "--lines", help="Dotted ds_config key: one line per value "
