@@ -195,7 +195,7 @@ def chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is needed to check the HTML report (.ci/setup installs Debian's chromium)")
+    pytest.fail("headless Chromium is needed to check the HTML report (.ci/setup-tests installs Debian's chromium)")
 
 
 def headless(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
