@@ -140,6 +140,7 @@ class LiveView:
         self._order = {name: i for i, name in enumerate(snap.experiments)}
         self._states: dict[str, str] = {}
         self._running: dict[tuple[str, int], Running] = {}
+        self._held: set[str] = set()  # the keys running runs hold
         self._down: set[str] = set()
         self._durations: list[float] = []
         self._failures: deque[Failure] = deque(maxlen=MAX_FAILURE_ROWS)
@@ -181,9 +182,11 @@ class LiveView:
         return (experiment.timeout if experiment is not None else None) or self._default_timeout
 
     def _free_key(self) -> str:
-        """The first key no running run holds; "#" once all are taken. A run keeps its key until it ends."""
-        taken = {r.key for r in self._running.values()}
-        return next((k for k in _KEYS if k not in taken), "#")
+        """The first key no running run holds, now held; "#" once all are taken. A run keeps its key until it
+        ends (`_finished` gives it back)."""
+        key = next((k for k in _KEYS if k not in self._held), "#")
+        self._held.add(key)
+        return key
 
     # --- fed by the scheduler --------------------------------------------------------------------------------
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
@@ -211,12 +214,16 @@ class LiveView:
         self._experiments[name] = run.experiment
         self._states[name] = State.RUNNING
         self._sizes[name] = run.experiment.num_gpus * run.experiment.num_nodes
+        known = self._running.get((name, run.attempt))  # adopted, and in the snapshot already: same key
+        key = known.key if known is not None else self._free_key()
         self._running[(name, run.attempt)] = Running(name, run.attempt, dict(run.reservation.slots), now,
-                                                     self._timeout(run.experiment), self._free_key())
+                                                     self._timeout(run.experiment), key)
 
     def _finished(self, subject: Run | Queued, outcome: Outcome, now: float) -> None:
         name = subject.experiment.name
         started = self._running.pop((name, subject.attempt), None)
+        if started is not None:
+            self._held.discard(started.key)
         state = outcome.state
         if started is not None and state in _TIMED_STATES:
             self._durations.append(max(now - started.started_at, 0.0))
