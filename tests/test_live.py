@@ -22,7 +22,7 @@ from rich.console import Console
 from autotuner.core import Queued, Reservation, Run
 from autotuner.outcome import Outcome
 from autotuner.states import State
-from autotuner.views.events import EventLog, PlainPrinter, event_record
+from autotuner.views.events import EventLog, PlainPrinter, event_record, metric_values
 from autotuner.views.live import _KEYS as KEYS
 from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, render, seconds
 from autotuner.views.snapshot import snapshot
@@ -344,6 +344,8 @@ def test_plain_lines_print_the_sweeps_metric_whatever_its_name_then_the_others(m
                         lines[0]), lines[0]
     assert re.fullmatch(STAMP + re.escape("succeeded zm_z2_mbs4 latency=81.25, fwd=10, throughput=99.5, "
                                           "FLOPS_per_gpu=3.2e+12"), lines[1]), lines[1]
+    many = {f"m{i}": float(i) for i in range(20)} | {"loss": 0.5}
+    assert metric_values(many, "loss") == "loss=0.5, m0=0, m1=1, m2=2, m3=3, m4=4, m5=5, m6=6 (+13 more)"
 
 
 # --- the JSON event stream ---------------------------------------------------------------------------------

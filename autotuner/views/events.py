@@ -159,13 +159,17 @@ def one_line(text: str) -> str:
     return " ".join(_CONTROLS.sub(" ", _ESCAPES.sub("", text)).split())
 
 
+MAX_VALUES = 8  # metric values on one line; a script may write hundreds (the ledger and --events keep them all)
+
+
 def metric_values(metrics: Mapping[str, float] | None, metric: str) -> str:
     """`throughput=1235, latency=81.2`: the sweep's metric first, whatever its name, then the others the run
-    wrote, in its file's order (DeepSpeed's `rank` is a rank, not a measurement)."""
+    wrote, in its file's order (DeepSpeed's `rank` is a rank, not a measurement), at most MAX_VALUES."""
     if not metrics:
         return ""
     names = ([metric] if metric in metrics else []) + [k for k in metrics if k not in (metric, "rank")]
-    return ", ".join(f"{k}={metrics[k]:.4g}" for k in names)
+    shown = ", ".join(f"{k}={metrics[k]:.4g}" for k in names[:MAX_VALUES])
+    return shown + (f" (+{len(names) - MAX_VALUES} more)" if len(names) > MAX_VALUES else "")
 
 
 def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None, metric: str = "throughput") -> str:
