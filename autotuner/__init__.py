@@ -46,19 +46,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .plan import QUEUES, Plan, plan_sweep
     from .results import OPTIMAL_COMMAND
     from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
-    from .runner import (
-        EXIT_FAILED,
-        EXIT_INTERRUPTED,
-        EXIT_OK,
-        EXIT_USAGE,
-        Options,
-        Result,
-        Ssh,
-        Stopped,
-        execute,
-    )
+    from .runner import Options, Result, Ssh, Stopped, execute
     from .spec import Experiment, Sweep, load_sweep
     from .ssh.probe import check_hostfile as check_hosts
+    from .verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
     from .views.compare import render_compare
     from .views.events import check_events_path
     from .views.html import write_html
@@ -87,10 +78,11 @@ _LAZY = {
     "Result": (".runner", "Result"),
     "Ssh": (".runner", "Ssh"),
     "Stopped": (".runner", "Stopped"),
-    "EXIT_OK": (".runner", "EXIT_OK"),
-    "EXIT_FAILED": (".runner", "EXIT_FAILED"),
-    "EXIT_USAGE": (".runner", "EXIT_USAGE"),
-    "EXIT_INTERRUPTED": (".runner", "EXIT_INTERRUPTED"),
+    "EXIT_OK": (".verdict", "EXIT_OK"),
+    "EXIT_FAILED": (".verdict", "EXIT_FAILED"),
+    "EXIT_USAGE": (".verdict", "EXIT_USAGE"),
+    "EXIT_INTERRUPTED": (".verdict", "EXIT_INTERRUPTED"),
+    "FailOn": (".verdict", "FailOn"),
     "resume_plan": (".resumeplan", "resume_plan"),
     "ResumePlan": (".resumeplan", "ResumePlan"),
     "spec_changes": (".resumeplan", "spec_changes"),
@@ -117,7 +109,7 @@ _LAZY = {
 }
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
-           "QUEUES", "Cluster", "Experiment", "Metric", "Options", "Plan", "Reason", "Result", "ResumePlan",
+           "QUEUES", "Cluster", "Experiment", "FailOn", "Metric", "Options", "Plan", "Reason", "Result", "ResumePlan",
            "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep", "UserError", "__version__", "cancel",
            "check_events_path", "check_gpu_needs", "check_hosts", "default_directory", "execute", "load_cluster",
            "load_sweep", "metric_named", "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts",

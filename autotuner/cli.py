@@ -41,6 +41,9 @@ ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts",
 REMOTE_DIR = typer.Option(None, "--remote-dir",
                           help="Where runs write on hosts without our filesystem; copied back over SFTP.")
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
+FAIL_ON = typer.Option(autotuner.FailOn.ANY, "--fail-on",
+                       help="When to exit 1: `any` experiment did not succeed, or only `no-result` (none "
+                            "succeeded, so no best config: an OOM alone then exits 0).")
 EVENTS = typer.Option(None, "--events", help=EVENTS_HELP)
 GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs of this type (a hostfile's gpu=, or "
                                                  "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
@@ -92,10 +95,17 @@ def _configure_logging(level: int) -> None:
     logger.setLevel(level)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"autotune {autotuner.__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(verbose: bool = typer.Option(False, "--verbose", "-v", help="Also say what is being done."),
-             debug: bool = typer.Option(False, "--debug", help="Everything the library logs, tracebacks included.")
-             ) -> None:
+             debug: bool = typer.Option(False, "--debug", help="Everything the library logs, tracebacks included."),
+             version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
+                                          help="Print the version and exit.")) -> None:
     _configure_logging(logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING)
 
 
@@ -179,6 +189,7 @@ def run(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
+    fail_on: autotuner.FailOn = FAIL_ON,
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
@@ -197,7 +208,7 @@ def run(
                                          log=notes.append)
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout),
-                                    placement=chosen)
+                                    placement=chosen, fail_on=fail_on)
         if results is not None and not results.strip():  # Path("") is ".": a sweep spread over the current directory
             raise UserError("--results: an empty path; name a directory")
         directory = autotuner.prepare(sweep, cluster, None if results is None else Path(results), launcher=launch,
@@ -431,6 +442,7 @@ def resume(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
+    fail_on: autotuner.FailOn = FAIL_ON,
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     try:
@@ -448,7 +460,8 @@ def resume(
         typer.echo(f"autotune: note: {note}", err=True)
     options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace, retries=retries,
                                 deadline=deadline, placement=chosen,
-                                timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout))
+                                timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
+                                fail_on=fail_on)
     _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 
 
@@ -499,7 +512,7 @@ def report(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or md."),
     plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "
-                                                    "(needs matplotlib: pip install 'autotuner\\[plots]')."),
+                                                    "(needs matplotlib: pip install 'ds-autotune\\[plots]')."),
     x: str | None = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
                                                       "\\[default: train_micro_batch_size_per_gpu]."),
     lines: str | None = typer.Option(None, "--lines", help="Dotted ds_config key: one line per value "

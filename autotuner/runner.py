@@ -12,7 +12,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -47,15 +47,13 @@ from .results import write_outcome_files
 from .spec import Experiment
 from .states import Reason, State
 from .threads import Workers
+from .verdict import FailOn, exit_code
 from .views.snapshot import Snapshot, snapshot
 
 if TYPE_CHECKING:
     from .ssh import SSHPool
 
 log = logging.getLogger(__name__)
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
 
 @dataclass
 class Result:
@@ -64,17 +62,18 @@ class Result:
     snapshot: Snapshot
     interrupted: bool
     optimal_config: Path | None
+    fail_on: FailOn = FailOn.ANY  # what counts as failure (`Options.fail_on`)
 
     @property
     def exit_code(self) -> int:
-        """0: everything succeeded and there is a best. For a search (`tune`), a run out of memory or past its
-        timeout is an answer (that size is too big), not a failure."""
-        if self.interrupted:
-            return EXIT_INTERRUPTED
+        """0, 1 (as `fail_on` says) or 130 (interrupted): see `verdict`. For a search (`tune`), a run out of
+        memory or past its timeout is an answer (that size is too big), not a failure."""
         answers = self.snapshot.meta.search is not None
-        failed = [a for a in self.snapshot.attempts if a.state != State.SUCCEEDED
-                  and not (answers and (a.reason == Reason.OOM or a.state == State.TIMED_OUT))]
-        return EXIT_OK if not failed and self.optimal_config else EXIT_FAILED
+        all_succeeded = all(a.state == State.SUCCEEDED or (answers and (a.reason == Reason.OOM
+                                                                        or a.state == State.TIMED_OUT))
+                            for a in self.snapshot.attempts)
+        return exit_code(interrupted=self.interrupted, all_succeeded=all_succeeded,
+                         best_written=self.optimal_config is not None, fail_on=self.fail_on)
 
 
 class Stopped(Exception):
@@ -124,6 +123,7 @@ class Options:
     deadline: float | None = None  # seconds for the whole sweep
     observers: list[Observer] = field(default_factory=list)
     placement: str | None = None  # a name of PLACEMENTS (pack, spread, memory); None: as the sweep last ran, or pack
+    fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
 
 
 def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
@@ -136,7 +136,11 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
     the sweep runs any more.
     """
     try:
-        return _execute(Path(directory), options, retry_failed, new_experiments)
+        fail_on = FailOn(options.fail_on)
+    except ValueError:
+        raise UserError(f"fail_on {shown(options.fail_on)}: choose from {', '.join(FailOn)}") from None
+    try:
+        return replace(_execute(Path(directory), options, retry_failed, new_experiments), fail_on=fail_on)
     except Exception as e:
         fault = machine_fault(e)
         if fault is None:

@@ -5,17 +5,11 @@ they always did ("timed_out", "oom"), while the code gets names a type checker c
 """
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class _Word(str, Enum):
-    """A str that prints as its value (`f"{State.FAILED}"` is "failed") on every Python version."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
+class _Word(StrEnum):
+    """A str that prints as its value (`f"{State.FAILED}"` is "failed")."""
 
 
 class State(_Word):

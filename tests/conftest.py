@@ -13,7 +13,7 @@ def _ssh_nodes_session(tmp_path_factory):
 
     reason = sshnodes.unavailable_reason()
     if reason:
-        message = f"no sshd test nodes: {reason} (.ci/setup installs them)"
+        message = f"no sshd test nodes: {reason} (.ci/setup-tests installs them)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI installs them: a skip there would hide a broken setup
         pytest.skip(message)

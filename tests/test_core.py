@@ -7,6 +7,7 @@ from autotuner.core import (
     Cancel,
     Deadline,
     Finished,
+    Interrupt,
     Launched,
     MemoryRecord,
     Queued,
@@ -113,6 +114,29 @@ def test_a_cancel_handed_to_the_first_step_comes_before_anything_is_placed():
     actions = s.step([Cancel(("a",))], 0.0)
     assert names(actions.start) == ["b"]
     assert s.record.finished[("a", 1)] == (State.CANCELLED, 0.0)
+
+
+def stopping_notes(actions):
+    return [(n.subject, n.outcome) for n in actions.notes if n.what == "stopping"]
+
+
+def test_observers_are_told_once_that_the_sweep_stops_and_why():
+    """Ctrl-C, the deadline, a cancel of the whole sweep: a view learns it winds down (and stops its ETA)."""
+    s = core([experiment("a"), experiment("b")], deadline=50.0)
+    a = s.step([], 0.0).start[0]
+    interrupted = s.step([Interrupt()], 1.0)
+    assert stopping_notes(interrupted) == [("sid", Outcome(State.INTERRUPTED, None, "interrupted by the user"))]
+    assert [n.what for n in interrupted.notes] == ["stopping"] and interrupted.stop[0].run == a
+    assert stopping_notes(s.step([Cancel()], 2.0)) == [] and stopping_notes(s.step([], 50.0)) == []  # told once
+    timed = core([experiment("a")], deadline=50.0)
+    timed.step([], 0.0)
+    assert stopping_notes(timed.step([], 50.0)) == [
+        ("sid", Outcome(State.TIMED_OUT, Reason.TIMEOUT, "the sweep's deadline passed"))]
+    cancelled = core([experiment("a"), experiment("b")])
+    cancelled.step([], 0.0)
+    assert stopping_notes(cancelled.step([Cancel(("b",))], 1.0)) == []  # one experiment: the sweep goes on
+    assert stopping_notes(cancelled.step([Cancel()], 2.0)) == [
+        ("sid", Outcome(State.CANCELLED, Reason.CANCELLED, "the whole sweep was cancelled"))]
 
 
 class Searcher:

@@ -5,8 +5,11 @@ import io
 import json
 import os
 import pty
+import random
 import re
 import select
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,8 +22,9 @@ from rich.console import Console
 from autotuner.core import Queued, Reservation, Run
 from autotuner.outcome import Outcome
 from autotuner.states import State
-from autotuner.views.events import EventLog, PlainPrinter, event_record
-from autotuner.views.live import LiveView, render, seconds
+from autotuner.views.events import EventLog, PlainPrinter, event_record, metric_values
+from autotuner.views.live import _KEYS as KEYS
+from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, render, seconds
 from autotuner.views.snapshot import snapshot
 
 from recorded import T0, grid_sweep, record, two_nodes
@@ -133,13 +137,14 @@ def test_observer_calls_move_the_view(midway):
     view("requeued", Queued(lost.experiment, 2), gone)
     assert view.state().states["zm_z2_mbs4"] == "queued"
     view("started", lost, None)
-    # a timeout counts as failed
+    # a timeout is counted apart from the failures, as the final summary counts it
     slow = run_of(snap, "zm_z1_mbs32", 1, running["zm_z1_mbs32"].slots)
     view("finished", slow, Outcome(State.TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
     # a node goes down
     view("host_down", "node-a", None)
     text = text_of(view, T0 + 41)
-    assert "5 done" in text and "3 failed" in text and "1 running" in text and "3 queued" in text
+    assert "5 done" in text and "2 failed" in text and "1 timed out" in text
+    assert "1 running" in text and "3 queued" in text
     assert "best so far: zm_z1_mbs8" in text
     assert "down" in node_row(text, "node-a") and node_row(text, "node-a").split()[1:3] == ["x", "x"]
     view("host_up", "node-a", None)
@@ -167,6 +172,132 @@ def test_a_resume_counts_what_it_will_requeue_as_queued(tmp_path):
     assert retry.counts() == {State.SUCCEEDED: 3, "queued": 9}
 
 
+# --- keys, failures, the end -----------------------------------------------------------------------------------
+def running_rows(text: str) -> dict[str, str]:
+    """experiment -> the key its row in the running list shows."""
+    rows = {}
+    for line in text.splitlines():
+        words = line.strip("│ ").split()
+        if len(words) >= 3 and len(words[0]) == 1 and words[2].isdigit() and words[1] in EXPERIMENTS:
+            rows[words[1]] = words[0]
+    return rows
+
+
+EXPERIMENTS = {e.name for e in grid_sweep().experiments}
+
+
+def test_a_run_keeps_its_key_while_it_runs_and_a_freed_key_is_given_again(tmp_path):
+    """Runs end out of the order they started: each keeps the key it was given (in its slots and its row)
+    until it ends, and the next run takes the first key free then."""
+    snap = snapshot(record(tmp_path / "s", grid_sweep(), two_nodes(), finished=0))  # 12 queued, 6 slots
+    clock = [T0]
+    view = LiveView(snap, clock=lambda: clock[0])
+    waiting = list(snap.experiments)
+    running: dict[str, Run] = {}
+    given: dict[str, str] = {}  # experiment -> the key it got when it started
+    rng = random.Random(7)
+    free = [("node-a", 0), ("node-a", 1), *(("node-b", i) for i in range(4))]
+    while waiting or running:
+        while waiting and free:  # fill the free slots, as the scheduler does
+            host, slot = free.pop(0)
+            run = run_of(snap, waiting.pop(0), 1, {host: [slot]})
+            view("started", run, None)
+            running[run.experiment.name] = run
+            text = text_of(view, clock[0])
+            given[run.experiment.name] = running_rows(text)[run.experiment.name]
+            assert given[run.experiment.name] == next(k for k in KEYS if k not in
+                                                     {given[n] for n in running if n != run.experiment.name})
+        text = text_of(view, clock[0])
+        assert running_rows(text) == {name: given[name] for name in running}  # nobody changed key
+        for name, run in running.items():  # and its slot shows the same key
+            ((host, ids),) = run.reservation.slots
+            assert node_row(text, host).split()[1 + ids[0]] == given[name]
+        clock[0] += 5
+        name = rng.choice(sorted(running))
+        ended = running.pop(name)
+        view("finished", ended, Outcome(State.SUCCEEDED, exit_code=0, metrics={"throughput": 1.0}))
+        ((host, ids),) = ended.reservation.slots
+        free.append((host, ids[0]))
+    assert len(set(given.values())) < len(given)  # freed keys were given again
+
+
+def test_failures_are_listed_as_they_come_with_name_and_reason_the_latest_few(midway):
+    snap = snapshot(midway)  # one OOM in the ledger already
+    view = LiveView(snap, clock=lambda: T0 + 40)
+    assert "zm_z0_mbs16" in failure_row(text_of(view, T0 + 40, 160), "zm_z0_mbs16")
+    assert "[oom] torch.OutOfMemoryError: CUDA out of memory" in failure_row(text_of(view, T0 + 40, 160), "zm_z0_mbs16")
+    running = {r.name: r for r in view.state().running}
+    bad = run_of(snap, "zm_z1_mbs8", 1, running["zm_z1_mbs8"].slots)
+    coloured = "\x1b[31mDeepSpeedConfigError\x1b[0m: [bold]train_batch_size[/bold] is not equal\n\x1b[2Jto 8"
+    view("finished", bad, Outcome(State.FAILED, "config", coloured, 1))
+    flaky = run_of(snap, "zm_z1_mbs16", 1, running["zm_z1_mbs16"].slots)
+    view("finished", flaky, Outcome(State.FAILED, "launch", "Address already in use", 1))
+    view("requeued", Queued(flaky.experiment, 2), Outcome(State.FAILED, "launch", "Address already in use", 1))
+    slow = run_of(snap, "zm_z1_mbs32", 1, running["zm_z1_mbs32"].slots)
+    view("finished", slow, Outcome(State.TIMED_OUT, "timeout", "ran past its timeout of 300 s"))
+    text = text_of(view, T0 + 41, 160)
+    assert "[config] DeepSpeedConfigError: [bold]train_batch_size[/bold] is not equal to 8" in \
+        failure_row(text, "zm_z1_mbs8")  # the log's colours and controls gone, its text as it was, on one line
+    assert "\x1b" not in text
+    assert "[launch] (queued again) Address already in use" in failure_row(text, "zm_z1_mbs16")
+    assert "[timeout] ran past its timeout of 300 s" in failure_row(text, "zm_z1_mbs32")
+    assert "2 failed" in text and "1 timed out" in text and "\n│ failed " in text
+    # bounded: the latest MAX_FAILURE_ROWS, oldest first, and how many there were
+    for n, name in enumerate(("zm_z2_mbs4", "zm_z2_mbs8", "zm_z2_mbs16")):
+        view("finished", Queued(snap.experiments[name], 1),
+             Outcome(State.FAILED, "placement", f"not enough hosts are up ({n})"))
+    text = text_of(view, T0 + 42, 160)
+    listed = [name for name in EXPERIMENTS if failure_row(text, name)]
+    assert len(listed) == MAX_FAILURE_ROWS == 5 and "failed (latest 5 of 7)" in text
+    assert "zm_z0_mbs16" not in listed and "zm_z1_mbs8" not in listed
+    rows = [line for line in text.splitlines() if "[placement]" in line]
+    assert [row.split("(")[-1].rstrip(")│ ") for row in rows] == ["0", "1", "2"]
+
+
+def failure_row(text: str, name: str) -> str:
+    """The row of the failures list that names `name` ("" if none)."""
+    return next((line for line in text.splitlines() if line.strip("│ ").startswith(name + " ") and "[" in line), "")
+
+
+def test_the_last_frame_gives_the_total_time_not_an_eta(tmp_path):
+    directory = record(tmp_path / "s", grid_sweep(), two_nodes(), finished=10, running=2)
+    snap = snapshot(directory)
+    clock = [T0 + 100]
+    view = LiveView(snap, clock=lambda: clock[0])
+    assert "ETA" in text_of(view, clock[0])
+    for r in view.state().running:
+        clock[0] += 15
+        view("finished", run_of(snap, r.name, r.attempt, r.slots),
+             Outcome(State.SUCCEEDED, metrics={"throughput": 1.0}))
+    text = text_of(view, clock[0])
+    assert "finished in 30s" in text and "ETA" not in text and view.state().eta(clock[0]) == 0.0
+    view.end()  # the run returned: the clock of the last frame stops there
+    clock[0] += 600
+    console = Console(record=True, width=100, file=io.StringIO(), color_system=None)
+    console.print(view)
+    assert "finished in 30s" in console.export_text()
+
+
+def test_after_an_interrupt_the_view_says_it_stops_and_gives_no_eta(midway):
+    snap = snapshot(midway)
+    clock = [T0 + 40]
+    view = LiveView(snap, clock=lambda: clock[0])
+    assert "ETA ~" in text_of(view, clock[0])
+    view("stopping", "sid", Outcome(State.INTERRUPTED, None, "interrupted by the user"))
+    view("stopping", "sid", Outcome(State.CANCELLED, "cancelled", "the whole sweep was cancelled"))  # the first says
+    text = text_of(view, clock[0])
+    assert "stopping: interrupted by the user; waiting for 3 runs to end" in text
+    assert "ETA" not in text and view.state().eta(clock[0]) is None
+    for r in view.state().running:
+        clock[0] += 2
+        view("finished", run_of(snap, r.name, r.attempt, r.slots),
+             Outcome(State.INTERRUPTED, "interrupted", "interrupted by the user"))
+    view.end()
+    text = text_of(view, clock[0])
+    assert "stopped after 6s: interrupted by the user" in text and "3 interrupted" in text and "4 queued" in text
+    assert "ETA" not in text
+
+
 # --- plain event lines -------------------------------------------------------------------------------------
 STAMP = r"\d\d:\d\d:\d\d "
 
@@ -183,19 +314,38 @@ def test_plain_event_lines_are_stable(midway, capsys):
                 Outcome(State.CANCELLED, "cancelled", "cancelled before it started"))
     print_event("host_down", "node-b", None)
     print_event("host_up", "node-b", None)
+    print_event("finished", run, Outcome(State.FAILED, "config", "\x1b[31mDeepSpeedConfigError\x1b[0m: bad\nbatch", 1))
+    print_event("stopping", "sid", Outcome(State.INTERRUPTED, None, "interrupted by the user"))
     lines = capsys.readouterr().out.splitlines()
     expected = [
         "start     zm_z2_mbs4 (attempt 2) on node-a:1 node-b:0,2",
-        "succeeded zm_z2_mbs4 throughput=1235",
+        "succeeded zm_z2_mbs4 throughput=1235, loss=2",
         "failed    zm_z2_mbs4 [oom] CUDA out of memory",
         "timed_out zm_z2_mbs4 [timeout] ran past its timeout of 300 s",
         "cancelled zm_z2_mbs8 [cancelled] cancelled before it started",
         "lost      host node-b",
         "back      host node-b",
+        "failed    zm_z2_mbs4 [config] DeepSpeedConfigError: bad batch",  # a log's colours and newlines gone
+        "stopping  interrupted: interrupted by the user",
     ]
     assert len(lines) == len(expected)
     for line, tail in zip(lines, expected, strict=False):
         assert re.fullmatch(STAMP + re.escape(tail), line), line
+
+
+def test_plain_lines_print_the_sweeps_metric_whatever_its_name_then_the_others(midway, capsys):
+    run = run_of(snapshot(midway), "zm_z2_mbs4", 1, {"node-a": [1]})
+    PlainPrinter("tokens_per_s")("finished", run, Outcome(State.SUCCEEDED, exit_code=0, metrics={
+        "loss": 2.25, "tokens_per_s": 18342.7, "rank": 0.0, "val_acc": 0.8125}))
+    PlainPrinter("latency")("finished", run, Outcome(State.SUCCEEDED, exit_code=0, metrics={
+        "fwd": 10.0, "throughput": 99.5, "latency": 81.25, "FLOPS_per_gpu": 3.2e12}))
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(STAMP + re.escape("succeeded zm_z2_mbs4 tokens_per_s=1.834e+04, loss=2.25, val_acc=0.8125"),
+                        lines[0]), lines[0]
+    assert re.fullmatch(STAMP + re.escape("succeeded zm_z2_mbs4 latency=81.25, fwd=10, throughput=99.5, "
+                                          "FLOPS_per_gpu=3.2e+12"), lines[1]), lines[1]
+    many = {f"m{i}": float(i) for i in range(20)} | {"loss": 0.5}
+    assert metric_values(many, "loss") == "loss=0.5, m0=0, m1=1, m2=2, m3=3, m4=4, m5=5, m6=6 (+13 more)"
 
 
 # --- the JSON event stream ---------------------------------------------------------------------------------
@@ -203,15 +353,18 @@ def test_event_records_carry_what_scripts_need(midway, tmp_path):
     snap = snapshot(midway)
     run = run_of(snap, "zm_z2_mbs4", 1, {"node-b": [1, 2]})
     path = tmp_path / "events.jsonl"
-    ticks = iter([T0 + 1, T0 + 2, T0 + 3, T0 + 4])
+    ticks = iter([T0 + 1, T0 + 2, T0 + 3, T0 + 4, T0 + 5])
     log = EventLog(path, "throughput", clock=lambda: next(ticks))
     log("started", run, None)
     log("finished", run, Outcome(State.FAILED, "oom", "CUDA out of memory", 1))
     log("finished", Queued(snap.experiments["zm_z2_mbs8"], 1),
         Outcome(State.CANCELLED, "cancelled", "before it started"))
     log("host_down", "node-b", None)
+    log("stopping", "sid", Outcome(State.INTERRUPTED, None, "interrupted by the user"))
     log.close()
     records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert records.pop() == {"event": "stopping", "timestamp": T0 + 5, "state": "interrupted", "reason": None,
+                             "detail": "interrupted by the user"}
     assert records.pop() == {"event": "host_down", "timestamp": T0 + 4, "host": "node-b"}
     assert [(r["event"], r["name"], r["state"]) for r in records] == [
         ("started", "zm_z2_mbs4", "running"), ("finished", "zm_z2_mbs4", State.FAILED),
@@ -268,6 +421,19 @@ def test_a_real_sweep_writes_a_parseable_event_stream_and_plain_lines(tmp_path):
     assert "\x1b[" not in result.stdout  # no live view, no escape codes
 
 
+def test_a_real_sweeps_plain_lines_print_its_custom_metric(tmp_path):
+    spec = tmp_path / "custom.hjson"
+    spec.write_text("{\n  name: custom\n  script: /bin/true\n  metric: tokens_per_s:max\n"
+                    "  ds_config: { gradient_accumulation_steps: 1 }\n"
+                    "  space: { train_micro_batch_size_per_gpu: [1, 2] }\n}\n")
+    launcher = tmp_path / "launcher.sh"
+    launcher.write_text("#!/bin/sh\nprintf '{\"loss\": 2.5, \"tokens_per_s\": 1834.2}' > \"$AUTOTUNE_METRICS_PATH\"\n")
+    result = autotune("run", spec, "--slots", "2", "--launcher", f"sh {launcher}", "--results", tmp_path / "out")
+    assert result.returncode == 0, result.stderr
+    done = [line for line in result.stdout.splitlines() if re.match(STAMP + "succeeded", line)]
+    assert len(done) == 2 and all(line.endswith(" tokens_per_s=1834, loss=2.5") for line in done), done
+
+
 def test_quiet_prints_only_the_outcome(tmp_path):
     spec = tiny_sweep(tmp_path, count=2)
     result = autotune("run", spec, "--slots", "2", "--launcher", f"sh {STANDIN}", "--results", tmp_path / "out",
@@ -320,3 +486,130 @@ def test_on_a_terminal_the_live_view_is_drawn(tmp_path):
     assert "tiny_mbs1" in text and "timeout" in text and "30s" in text
     assert "2 interrupted" in text and "`autotune resume" in text
     assert not re.search(STAMP + "start", text)  # the live view replaces the plain lines
+    last = text[text.rindex("╭─ sweep tiny"):]  # the last frame: why it stopped, after how long; no ETA
+    assert re.search(r"stopped after \d+s: interrupted by the user", last) and "ETA" not in last, last
+
+
+# --- in a real terminal: tmux, and what its screen shows a user ---------------------------------------------
+# tm_mbs2 runs out of memory; tm_mbs5 (or every one, with SLOW=1) trains past its timeout; the rest write their
+# metric (a custom one) and train a moment. Each takes a while to stop on SIGTERM, as a training script does.
+TMUX_LAUNCHER = """\
+#!/bin/sh
+trap 'sleep 2; exit 143' TERM
+name=$(basename "$(dirname "$AUTOTUNE_METRICS_PATH")")
+steps=3
+case "$name" in
+  *_mbs2) sleep 1; echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; exit 1;;
+  *_mbs5) steps=40;;
+esac
+[ -n "$SLOW" ] && steps=40
+printf '{"loss": 2.5, "tokens_per_s": %s}\\n' "${name#tm_mbs}" > "$AUTOTUNE_METRICS_PATH"
+i=0; while [ "$i" -lt "$steps" ]; do sleep 0.5; i=$((i + 1)); done
+"""
+
+
+class Tmux:
+    """`autotune` in a tmux window of 100 x 50 on a tmux server of the test's own; `screen()` is what it shows."""
+
+    def __init__(self, directory: Path, args: list[str], **environ: str):
+        if not shutil.which("tmux"):
+            pytest.fail("tmux is needed to check the live view in a real terminal (.ci/setup-tests installs it)")
+        self.server = ["tmux", "-L", f"autotune-test-{os.getpid()}-{directory.name}"]
+        command = ["env", "-u", "COLUMNS", "-u", "LINES", *(f"{k}={v}" for k, v in environ.items()),
+                   sys.executable, "-m", "autotuner", *args]
+        shell = f'{shlex.join(command)}; echo "EXIT=$?"; sleep 600'
+        subprocess.run([*self.server, "-f", "/dev/null", "new-session", "-d", "-x", "100", "-y", "50",
+                        "-c", str(directory), shell], check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def screen(self) -> str:
+        return subprocess.run([*self.server, "capture-pane", "-p"], capture_output=True, text=True, check=True).stdout
+
+    def press(self, key: str) -> None:
+        subprocess.run([*self.server, "send-keys", key], check=True)
+
+    def watch(self, until, timeout: float = 120) -> list[str]:
+        """Every different screen until `until(screen)` holds (the timeout only guards against a hang)."""
+        frames: list[str] = []
+        end = time.monotonic() + timeout
+        while True:
+            screen = self.screen()
+            if not frames or frames[-1] != screen:
+                frames.append(screen)
+            if until(screen):
+                return frames
+            if time.monotonic() > end:
+                raise AssertionError(f"gave up waiting; the screen:\n{screen}")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        subprocess.run([*self.server, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def tmux_sweep(tmp_path):
+    """A sweep of 8 experiments (metric tokens_per_s:max, timeout 4 s) and its stand-in launcher; the tmux
+    windows opened on it are closed at teardown."""
+    (tmp_path / "launcher.sh").write_text(TMUX_LAUNCHER)
+    (tmp_path / "tm.hjson").write_text(
+        "{\n  name: tm\n  script: /bin/true\n  metric: tokens_per_s:max\n  timeout: 4\n"
+        "  ds_config: { gradient_accumulation_steps: 1 }\n"
+        "  space: { train_micro_batch_size_per_gpu: [1, 2, 3, 4, 5, 6, 7, 8] }\n}\n")
+    opened: list[Tmux] = []
+
+    def start(*extra: str, **environ: str) -> Tmux:
+        tmux = Tmux(tmp_path, ["run", "tm.hjson", "--slots", "2", "--launcher", f"sh {tmp_path / 'launcher.sh'}",
+                               "--results", str(tmp_path / f"out{len(opened)}"), *extra], **environ)
+        opened.append(tmux)
+        return tmux
+
+    yield start
+    for tmux in opened:
+        tmux.close()
+
+
+def panel(screen: str) -> str:
+    """The live view's last frame on a screen."""
+    return screen[screen.rindex("╭─ sweep tm"):screen.rindex("╰")]
+
+
+def running_keys(screen: str) -> set[tuple[str, str, str]]:
+    """(key, experiment, attempt) of each row of the running list on a screen."""
+    rows = set()
+    for line in screen.splitlines():
+        words = line.strip("│ ").split()
+        if len(words) >= 4 and len(words[0]) == 1 and words[1].startswith("tm_mbs") and words[2].isdigit():
+            rows.add((words[0], words[1], words[2]))
+    return rows
+
+
+def test_in_a_real_terminal_keys_stay_failures_show_as_they_come_and_the_end_gives_the_total(tmux_sweep):
+    tmux = tmux_sweep()
+    frames = tmux.watch(lambda screen: "EXIT=" in screen)
+    keys: dict[tuple[str, str], set[str]] = {}
+    for screen in frames:
+        for key, name, attempt in running_keys(screen):
+            keys.setdefault((name, attempt), set()).add(key)
+    assert len(keys) == 8 and all(len(k) == 1 for k in keys.values()), keys  # each kept its key while it ran
+    # the OOM is listed, name and reason, while other runs still go on; a timeout is not counted as failed
+    assert any(running_keys(s) and re.search(r"tm_mbs2 +1 +\[oom\] torch.OutOfMemoryError: CUDA out of memory", s)
+               for s in frames), frames[-1]
+    assert any("1 failed   1 timed out" in s for s in frames) and not any("2 failed" in s for s in frames)
+    last = tmux.screen()
+    end = panel(last)
+    assert re.search(r"finished in \d+s", end) and "ETA" not in end, end
+    assert "6 done   1 failed   1 timed out   0 running   0 queued   of 8" in end
+    assert "best so far: tm_mbs8  tokens_per_s 8" in end
+    assert "[timeout] ran past its timeout of 4 s" in end
+    assert "8 experiments: 1 failed, 6 succeeded, 1 timed_out" in last and "EXIT=1" in last
+
+
+def test_in_a_real_terminal_ctrl_c_says_the_sweep_is_stopping_and_drops_the_eta(tmux_sweep):
+    tmux = tmux_sweep(SLOW="1")
+    tmux.watch(lambda screen: "2 running" in screen)
+    tmux.press("C-c")
+    stopping = tmux.watch(lambda screen: "stopping:" in screen)[-1]
+    assert "stopping: interrupted by the user; waiting for 2 runs to end" in panel(stopping)
+    assert "ETA" not in panel(stopping)
+    last = tmux.watch(lambda screen: "EXIT=" in screen)[-1]
+    assert re.search(r"stopped after \d+s: interrupted by the user", panel(last)) and "ETA" not in panel(last)
+    assert "2 interrupted" in panel(last) and "EXIT=130" in last

@@ -277,7 +277,7 @@ def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
 
     from autotuner.ssh import SSHPool, end_tagged_remote
 
-    assert shutil.which("pdsh"), ".ci/setup installs pdsh"
+    assert shutil.which("pdsh"), ".ci/setup-tests installs pdsh"
     tag = f"fanout{time.time_ns()}.e.1"
     with SSHPool(ssh_nodes.config_path) as pool:
         for host in ("node-1", "node-2"):

@@ -186,14 +186,14 @@ def test_without_matplotlib_plots_say_how_to_install_and_html_still_works(midway
     plot = subprocess.run([sys.executable, "-c", code, "report", str(midway), "--plot"], capture_output=True,
                           text=True)
     assert plot.returncode == 2
-    assert "pip install 'autotuner[plots]'" in plot.stderr and len(plot.stderr.strip().splitlines()) == 1
+    assert "pip install 'ds-autotune[plots]'" in plot.stderr and len(plot.stderr.strip().splitlines()) == 1
     assert not (midway / METRIC_PNG).exists()
     page = subprocess.run([sys.executable, "-c", code, "report", str(midway), "--html"], capture_output=True,
                           text=True)
     assert page.returncode == 0, page.stderr
     assert "without plots" in page.stderr
     html = (midway / "report.html").read_text()
-    assert "zm_z0_mbs32" in html and "pip install &#x27;autotuner[plots]&#x27;" in html and "<img" not in html
+    assert "zm_z0_mbs32" in html and "pip install &#x27;ds-autotune[plots]&#x27;" in html and "<img" not in html
 
 
 # --- the HTML page -----------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def chromium() -> str:
         path = shutil.which(name)
         if path:
             return path
-    pytest.fail("headless Chromium is needed to check the HTML report (.ci/setup installs Debian's chromium)")
+    pytest.fail("headless Chromium is needed to check the HTML report (.ci/setup-tests installs Debian's chromium)")
 
 
 def headless(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

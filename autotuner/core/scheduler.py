@@ -74,7 +74,9 @@ Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
   once (a transient failure with retries left, a run of a lost host, an adopted run that ended unrecorded):
   the Queued is the new attempt (same experiment, next number), the Outcome the ended attempt's, whose
   `reason` says why. This is the one place the retry decision is made: observers read it, never re-derive it;
-- ("host_down" | "host_up", host name, None).
+- ("host_down" | "host_up", host name, None);
+- ("stopping", sweep id, Outcome(state, reason, detail)), once, when the sweep stops dispatching (Ctrl-C, a
+  cancel of the whole sweep, its deadline): what runs is being ended as `state`; `detail` says why.
 An observer that raises is left out from then on (see `Dispatcher._tell`): watching a sweep never stops it.
 An observer may carry a `label` attribute that names it in that note."""
 
@@ -366,6 +368,7 @@ class Scheduler:
         everything = not names
         self._changed = True  # a cancelled head of the queue may have held the rest back
         if everything:
+            self._tell_stopping(State.CANCELLED, "the whole sweep was cancelled", Reason.CANCELLED)
             self._stopping = State.CANCELLED
         for item in self._queue.remove(lambda q: everything or q.experiment.name in names):
             self._end_unstarted(item, Outcome(State.CANCELLED, Reason.CANCELLED, "cancelled before it started"), now)
@@ -382,9 +385,15 @@ class Scheduler:
                 self._stop(run, State.INTERRUPTED, f"host {host} lost: {reason}", Reason.LOST)
 
     def _stop_all(self, state: State, detail: str, reason: Reason | None = None) -> None:
+        self._tell_stopping(state, detail, reason)
         self._stopping = self._stopping or state
         for run in list(self._running.values()):
             self._stop(run, state, detail, reason)
+
+    def _tell_stopping(self, state: State, detail: str, reason: Reason | None) -> None:
+        """The first cause of a stop is told once: a view stops promising an ETA and says why it winds down."""
+        if self._stopping is None:
+            self._note("stopping", self.sweep_id, Outcome(state, reason, detail))
 
     def _stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         self._actions.stop.append(Stop(run, state, detail, reason))

@@ -1,21 +1,22 @@
 """A sweep's events as they happen, for scripts (`--events FILE`: one JSON object a line) and for a log that is
 not a terminal (one plain line an event on stdout). Both are scheduler observers: called on the dispatcher
-thread with ("started" | "adopted", Run, None), ("finished", Run or an unstarted Queued, Outcome) and
-("host_down" | "host_up", host name, None); they write what they are told and never wait.
+thread with ("started" | "adopted", Run, None), ("finished", Run or an unstarted Queued, Outcome),
+("requeued", Queued, Outcome), ("host_down" | "host_up", host name, None) and ("stopping", sweep id, Outcome)
+(see `core.scheduler.Observer`); they write what they are told and never wait.
 """
 from __future__ import annotations
 
 import errno
 import json
 import os
+import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
 from ..errors import UserError
-from ..metrics import KNOWN
 from ..outcome import Outcome
 from ..states import State
 from .snapshot import format_slots
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 # adopted: a run a dead runner started, followed to its end; requeued: queued again at once, as a new attempt.
 STARTED, ADOPTED, FINISHED, REQUEUED = "started", "adopted", "finished", "requeued"
 HOST_DOWN, HOST_UP = "host_down", "host_up"
+STOPPING = "stopping"  # the sweep stops dispatching (Ctrl-C, a cancel of all of it, its deadline); told once
 
 
 # --- the JSON event stream -----------------------------------------------------------------------------------
@@ -60,7 +62,12 @@ class EventLog:
         self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the sweep: close()
 
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
-        if isinstance(subject, str):  # a host event
+        if what == STOPPING:
+            record = {"event": what, "timestamp": round(self._clock(), 6),
+                      "state": outcome.state if outcome is not None else None,
+                      "reason": outcome.reason if outcome is not None else None,
+                      "detail": outcome.detail if outcome is not None else None}
+        elif isinstance(subject, str):  # a host event
             record = {"event": what, "timestamp": round(self._clock(), 6), "host": subject}
         else:
             record = event_record(what, subject, outcome, self._metric, self._clock())
@@ -142,9 +149,37 @@ def _write_probe(path: Path, *, regular: bool, created: bool) -> None:
 
 
 # --- plain lines ---------------------------------------------------------------------------------------------
-def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None) -> str:
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]")  # colours, cursor moves, screen clears
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # newlines, tabs, bells...
+
+
+def one_line(text: str) -> str:
+    """A log line as a view repeats it: terminal escapes (a coloured log) and control characters dropped, on one
+    line. A failure's detail is a line from the run's own log: it must not move the cursor or clear a screen."""
+    return " ".join(_CONTROLS.sub(" ", _ESCAPES.sub("", text)).split())
+
+
+MAX_VALUES = 8  # metric values on one line; a script may write hundreds (the ledger and --events keep them all)
+
+
+def metric_values(metrics: Mapping[str, float] | None, metric: str) -> str:
+    """`throughput=1235, latency=81.2`: the sweep's metric first, whatever its name, then the others the run
+    wrote, in its file's order (DeepSpeed's `rank` is a rank, not a measurement), at most MAX_VALUES."""
+    if not metrics:
+        return ""
+    names = ([metric] if metric in metrics else []) + [k for k in metrics if k not in (metric, "rank")]
+    shown = ", ".join(f"{k}={metrics[k]:.4g}" for k in names[:MAX_VALUES])
+    return shown + (f" (+{len(names) - MAX_VALUES} more)" if len(names) > MAX_VALUES else "")
+
+
+def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None, metric: str = "throughput") -> str:
     """One event as a line a person scans: `start     NAME (attempt 2) on node-a:1 node-b:0,2`, `succeeded
-    NAME throughput=1235`, `failed    NAME [oom] CUDA out of memory`, `lost      host node-b`."""
+    NAME throughput=1235, latency=81.2`, `failed    NAME [oom] CUDA out of memory`, `lost      host node-b`,
+    `stopping  interrupted: interrupted by the user`."""
+    if what == STOPPING:
+        if outcome is None:
+            return STOPPING
+        return f"{STOPPING:<9} {outcome.state}" + (f": {one_line(outcome.detail)}" if outcome.detail else "")
     if isinstance(subject, str):  # a host event
         return f"{'lost' if what == HOST_DOWN else 'back':<9} host {subject}"
     name = subject.experiment.name
@@ -156,18 +191,22 @@ def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None) 
         return f"{'retry':<9} {name} (attempt {subject.attempt}){why}"
     if outcome is None:
         return f"{what:<9} {name}"
-    value = ""
-    if outcome.metrics:
-        value = " " + ", ".join(f"{k}={v:.4g}" for k, v in outcome.metrics.items() if k in KNOWN)
-    why = f" [{outcome.reason}] {outcome.detail}" if outcome.state != State.SUCCEEDED and outcome.reason else ""
-    return f"{outcome.state:<9} {name}{value}{why}"
+    values = metric_values(outcome.metrics, metric)
+    value = f" {values}" if values else ""
+    failed = outcome.state != State.SUCCEEDED and outcome.reason
+    why = f" [{outcome.reason}] {one_line(outcome.detail or '')}" if failed else ""
+    return f"{outcome.state:<9} {name}{value}{why}".rstrip()
 
 
 class PlainPrinter:
     """A scheduler observer that prints one time-stamped line per event on stdout: what `autotune run` shows
-    when stdout is not a terminal (a log file, a pipe) and there is no live view."""
+    when stdout is not a terminal (a log file, a pipe) and there is no live view. `metric`: the sweep's, printed
+    first on each result line."""
 
     label = "printing events on stdout"  # names it in the note when it fails (stdout closed) and is left out
 
+    def __init__(self, metric: str = "throughput") -> None:
+        self.metric = metric
+
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
-        print(f"{time.strftime('%H:%M:%S')} {event_line(what, subject, outcome)}", flush=True)
+        print(f"{time.strftime('%H:%M:%S')} {event_line(what, subject, outcome, self.metric)}", flush=True)

@@ -1,6 +1,6 @@
 """Pictures of a sweep, drawn from its ledger: the metric against two swept keys, and the slot timeline.
 
-matplotlib is an optional extra (`pip install 'autotuner[plots]'`): it is imported only here, only when a plot
+matplotlib is an optional extra (`pip install 'ds-autotune[plots]'`): it is imported only here, only when a plot
 is asked for, and its absence is a one-line error that says how to install it. Figures are built with the
 object-oriented API (no pyplot, no GUI backend), so drawing works on a headless machine and in threads.
 
@@ -33,7 +33,7 @@ from .snapshot import Snapshot
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"
-INSTALL_HINT = ("plots need matplotlib, which is not installed: pip install 'autotuner[plots]' "
+INSTALL_HINT = ("plots need matplotlib, which is not installed: pip install 'ds-autotune[plots]' "
                 "(or pip install matplotlib)")
 
 _STATE_COLORS: dict[str, str] = {State.SUCCEEDED: "#4c9a5f", State.FAILED: "#c8453c", State.TIMED_OUT: "#e08a2c",
