@@ -64,7 +64,7 @@ class SweepResults(Sequence[ExperimentRecord]):
     directory: Path
     name: str
     metric: Metric
-    parameters: tuple[str, ...]  # the swept keys, in the order the sweep varies them
+    parameters: tuple[str, ...]  # the swept keys: ds_config keys as the ledger holds them (sorted), num_gpus, num_nodes
     metrics: tuple[str, ...]  # every metric name recorded: the sweep's first, then DeepSpeed's, then the rest
     records: tuple[ExperimentRecord, ...]
 
