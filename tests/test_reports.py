@@ -47,6 +47,7 @@ def sweep(tmp_path):
 
 
 METRICS = ["throughput", "latency", "FLOPS_per_gpu", "fwd", "bwd", "step", "rank", "tokens_per_s"]
+COLUMNS = [m if m != "rank" else "metrics.rank" for m in METRICS]  # beside the report's own rank
 
 
 def cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
@@ -95,7 +96,7 @@ def test_json_rows_hold_parameters_and_metrics(sweep):
 
 def test_markdown_has_every_parameter_and_metric(sweep):
     lines = render_report(sweep, "md").splitlines()
-    assert lines[0] == ("|  | name | state | " + " | ".join(PARAMETERS) + " | " + " | ".join(METRICS) +
+    assert lines[0] == ("|  | name | state | " + " | ".join(PARAMETERS) + " | " + " | ".join(COLUMNS) +
                         " | time | reason |")
     assert lines[2] == ("| **best** | zm_z0_mbs32_gas1 | succeeded | 1 | 32 | 0 | 1,600 | 0.625 | 4.96T | 1.25 | "
                         "2.5 | 0.75 | 0 | 819,200 | 10.0s |  |")
@@ -109,7 +110,7 @@ def test_table_has_every_parameter_and_metric_with_short_headers_explained(sweep
     assert not ANSI.search(text)  # a file gets no colour
     header = next(line for line in text.splitlines() if "name" in line and "state" in line)
     cells = [c.strip() for c in header.strip("┃").split("┃")]
-    assert cells == ["#", "name", "state", "gas", "mbs", "z", *METRICS, "time", "slots", "why"]
+    assert cells == ["#", "name", "state", "gas", "mbs", "z", *COLUMNS, "time", "slots", "why"]
     assert ("columns: gas = gradient_accumulation_steps, mbs = train_micro_batch_size_per_gpu, "
             "z = zero_optimization.stage") in text
     best = next(line for line in text.splitlines() if "zm_z0_mbs32_gas1" in line)
@@ -368,7 +369,7 @@ def test_a_table_fits_the_terminal_and_keeps_every_column(sweep, width):
     table = text.split("\nbest config")[0]
     assert max(len(line) for line in table.splitlines() if not line.startswith("columns:")) <= width
     headers = [c.strip() for line in table.splitlines() if line.startswith("┃") for c in line.strip("┃").split("┃")]
-    for header in ["name", "state", "mbs", "gas", "z", *METRICS, "time", "slots", "why"]:
+    for header in ["name", "state", "mbs", "gas", "z", *COLUMNS, "time", "slots", "why"]:
         assert header in headers, (width, header)
     best_cells = [c.strip() for line in table.splitlines() if line.startswith("│ best")
                   for c in line.strip("│").split("│")]
@@ -515,7 +516,7 @@ def test_html_has_every_column_log_links_and_utilisation(sweep, tmp_path):
     html = page.read_text()
     head = html.split('<table id="experiments">', 1)[1].split("</thead>", 1)[0]
     labels = re.findall(r"<th[^>]*>([^<]*)</th>", head)
-    assert labels == ["#", "name", "state", "gas", "mbs", "z", *METRICS, "time", "slots", "why", "files"]
+    assert labels == ["#", "name", "state", "gas", "mbs", "z", *COLUMNS, "time", "slots", "why", "files"]
     assert head.count('onclick="sortBy(this)"') == len(labels) - 1
     assert 'title="latency (\u00b5s); click to sort"' in head
     best = html.split('data-name="zm_z0_mbs32_gas1">', 1)[1].split("</tr>", 1)[0]

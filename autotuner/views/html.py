@@ -175,10 +175,11 @@ def _number(value: Any) -> str:
 
 def _experiments_table(results: SweepResults, links: Mapping[str, Mapping[str, str]]) -> str:
     """Every experiment: rank, name, state, swept parameters, metrics, time, slots, why, and its files."""
-    short = headers(results.parameters, ("#", "name", "state", *results.metrics, "time", "slots", "why"))
+    short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
     head = [_sortable("#", "rank"), _sortable("name"), _sortable("state"),
             *(_sortable(short[k], k) for k in results.parameters),
-            *(_sortable(m, f"{m} ({UNITS[m]})" if m in UNITS else m) for m in results.metrics),
+            *(_sortable(c, f"{m} ({UNITS[m]})" if m in UNITS else m)
+              for c, m in zip(results.metric_columns(), results.metrics, strict=True)),
             _sortable("time", "seconds it ran"), _sortable("slots"), _sortable("why"), "<th>files</th>"]
     out = ['<table id="experiments"><thead><tr>' + "".join(head) + "</tr></thead><tbody>"]
     out += [_experiment_row(r, results, links.get(r.name, {})) for r in results]

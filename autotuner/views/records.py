@@ -103,6 +103,11 @@ class SweepResults(Sequence[ExperimentRecord]):
                 named[column] = prefix + key
         return {c: c for c in LEADING} | named | {c: c for c in TRAILING}
 
+    def metric_columns(self) -> list[str]:
+        """The flat column of each metric, in `metrics` order: its name, or `metrics.NAME` where that is taken."""
+        named = self.column_names()
+        return [c for c, source in named.items() if source.startswith("metrics.")]
+
     def columns(self) -> list[str]:
         """The flat columns, in order: rank, best, name, state, the parameters, the metrics, then the rest."""
         return list(self.column_names())

@@ -259,7 +259,7 @@ def _duration(r: ExperimentRecord) -> str:
 
 
 def _markdown(results: SweepResults) -> str:
-    head = ["", "name", "state", *results.parameters, *results.metrics, "time", "reason"]
+    head = ["", "name", "state", *results.parameters, *results.metric_columns(), "time", "reason"]
     return markdown_table(head, [
         ["**best**" if r.best else str(r.rank or ""), r.name, r.state,
          *(_value_text(r.parameters[k]) for k in results.parameters),
@@ -286,10 +286,10 @@ def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
 
 def _report_table(results: SweepResults, output: Output) -> str:
     metric = results.metric
-    short = headers(results.parameters, ("#", "name", "state", *results.metrics, "time", "slots", "why"))
+    short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
     columns = (Column("#", right=True), Column("name", whole=True), Column("state", whole=True),
                *(Column(short[k], right=True) for k in results.parameters),
-               *(Column(m, right=True) for m in results.metrics),
+               *(Column(m, right=True) for m in results.metric_columns()),
                Column("time", right=True), Column("slots"), Column("why"))
     cells = [_report_cells(r, results) for r in results]
     legend = [f"{short[k]} = {k}" for k in results.parameters if short[k] != k]
