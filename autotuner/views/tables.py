@@ -94,10 +94,8 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, t
     RICH_ROWS rows; then `notes`, one line each. As wide as the rows need, or fitted to `output.width`: text
     columns wrap, and columns that still do not fit go on in another table below, beside the first `keep`
     columns again (as pandas prints a wide DataFrame). Coloured only when `output.color`."""
-    from rich.cells import cell_len
-
     texts = [[_text(c) for c in cells] for cells in rows]
-    natural = [max([cell_len(c.header)] + [cell_len(t[i]) for t in texts]) for i, c in enumerate(columns)]
+    natural = [max([_width(c.header)] + [_width(t[i]) for t in texts]) for i, c in enumerate(columns)]
     plain = len(rows) > RICH_ROWS
     parts = []
     for n, block in enumerate(_blocks(columns, natural, keep, output.width, plain)):
@@ -108,6 +106,15 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, t
         else:
             parts.append(_rich_table(chosen, [[r[i] for i in block] for r in rows], heading, output, row_styles))
     return "\n".join(parts) + "".join(note + "\n" for note in notes)
+
+
+def _width(text: str) -> int:
+    """Columns `text` takes on a terminal (wide characters count two): its length, for the usual ASCII."""
+    if text.isascii():
+        return len(text)
+    from rich.cells import cell_len
+
+    return cell_len(text)
 
 
 _SQUEEZED = 24  # what a text column that wraps counts for when a table is split to fit
