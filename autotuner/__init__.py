@@ -14,6 +14,8 @@ The Python API that the `autotune` command is a thin face of::
     autotuner.resume(directory, retry_failed=True)           # finish it; nothing that succeeded runs again
     autotuner.cancel(directory, ["name"])                    # from any process, while it runs or not
     autotuner.snapshot(directory)                            # where it stands, safe while it runs
+    results = autotuner.load(directory)                      # one record per experiment: parameters, metrics
+    results.to_dataframe()                                   # the same as a pandas DataFrame (pandas needed)
     autotuner.check_hosts(Path("hostfile"))                  # every host reachable? GPUs, versions, load
     autotuner.plan_sweep(sweep.experiments, cluster.slots)   # predicted on a simulated clock; nothing runs
 
@@ -30,7 +32,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .cancel import cancel
+from .cancel import Cancellation, cancel
 from .errors import UserError
 from .prepare import default_directory, prepare, prepare_tune
 from .states import Reason, State
@@ -56,9 +58,11 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.live import watching
     from .views.plan import render_plan, write_plan_plot
     from .views.plots import write_plots
+    from .views.records import ExperimentRecord, SweepResults
+    from .views.records import load_results as load
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
-    from .views.tables import render_hosts, render_report, render_status
+    from .views.tables import Output, render_hosts, render_report, render_result, render_status
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
@@ -95,10 +99,16 @@ _LAZY = {
     "PLACEMENTS": (".core", "PLACEMENTS"),
     "snapshot": (".views.snapshot", "load"),
     "Snapshot": (".views.snapshot", "Snapshot"),
+    # `load`, not a module's name: `autotuner.load` stays this function whatever is imported.
+    "load": (".views.records", "load_results"),
+    "SweepResults": (".views.records", "SweepResults"),
+    "ExperimentRecord": (".views.records", "ExperimentRecord"),
     # What the `autotune` command prints and writes: the views, each on first use (rich, matplotlib only then).
     "render_status": (".views.tables", "render_status"),
     "render_report": (".views.tables", "render_report"),
     "render_hosts": (".views.tables", "render_hosts"),
+    "render_result": (".views.tables", "render_result"),
+    "Output": (".views.tables", "Output"),
     "render_compare": (".views.compare", "render_compare"),
     "render_plan": (".views.plan", "render_plan"),
     "write_plan_plot": (".views.plan", "write_plan_plot"),
@@ -109,12 +119,12 @@ _LAZY = {
 }
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
-           "QUEUES", "Cluster", "Experiment", "FailOn", "Metric", "Options", "Plan", "Reason", "Result", "ResumePlan",
-           "Snapshot", "SpecChanges", "Ssh", "State", "Stopped", "Sweep", "UserError", "__version__", "cancel",
-           "check_events_path", "check_gpu_needs", "check_hosts", "default_directory", "execute", "load_cluster",
-           "load_sweep", "metric_named", "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts",
-           "render_plan",
-           "render_report", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
+           "QUEUES", "Cancellation", "Cluster", "Experiment", "ExperimentRecord", "FailOn", "Metric", "Options",
+           "Output", "Plan", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped",
+           "Sweep", "SweepResults", "UserError", "__version__", "cancel", "check_events_path", "check_gpu_needs",
+           "check_hosts", "default_directory", "execute", "load", "load_cluster", "load_sweep", "metric_named",
+           "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts", "render_plan", "render_report",
+           "render_result", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
            "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 
 

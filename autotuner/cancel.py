@@ -13,8 +13,9 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 from .states import Reason, State
@@ -23,8 +24,32 @@ if TYPE_CHECKING:
     from .ledger import Ledger
 
 
-def cancel(directory: str | Path, names: Sequence[str] = ()) -> str:
-    """Cancel the experiments named (all of them when `names` is empty); returns what was done, in a line."""
+@dataclass(frozen=True)
+class Cancellation:
+    """What `cancel` did: asked the live runner (its pid; it cancels at its next step), or, with none alive,
+    cancelled here the experiments that had not finished. `str()` says it in a line."""
+
+    directory: Path
+    requested: tuple[str, ...]  # the experiments asked for; empty: the whole sweep
+    via_runner: bool  # a live runner was asked (it cancels at its next step)
+    runner_pid: int | None = None
+    cancelled: tuple[str, ...] = ()  # cancelled here, with no runner alive
+
+    def __str__(self) -> str:
+        if self.via_runner:
+            return f"asked the runner (pid {self.runner_pid}) to cancel {', '.join(self.requested) or 'the sweep'}"
+        return f"cancelled {len(self.cancelled)} experiment(s) that had not finished"
+
+    def to_json(self) -> dict[str, Any]:
+        """For `autotune cancel --format json`: `cancelled` is null when the runner was asked (it decides)."""
+        return {"directory": str(self.directory), "requested": list(self.requested) or "all",
+                "via_runner": self.via_runner, "runner_pid": self.runner_pid,
+                "cancelled": None if self.via_runner else list(self.cancelled), "message": str(self)}
+
+
+def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
+    """Cancel the experiments named (all of them when `names` is empty); returns what was done (`str()` of it
+    is a line for people)."""
     from .lock import SweepBusy, SweepLock, holder_pid
     from .prepare import open_sweep
     from .runner import listen_for_requests, restore_handler
@@ -37,11 +62,11 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> str:
             raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
         ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
         ledger.request("cancel", names, time.time())
-        asked_for = ", ".join(names) or "the sweep"
+        requested = tuple(names)
         pid = holder_pid(directory)
         if pid is not None:
             os.kill(pid, signal.SIGUSR1)
-            return f"asked the runner (pid {pid}) to cancel {asked_for}"
+            return Cancellation(directory, requested, True, pid)
         previous_usr1 = listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
         try:
             lock = SweepLock(directory).acquire()
@@ -49,16 +74,16 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> str:
             restore_handler(signal.SIGUSR1, previous_usr1)
             if e.pid is not None:
                 os.kill(e.pid, signal.SIGUSR1)
-            return f"asked the runner (pid {e.pid}) to cancel {asked_for}"
+            return Cancellation(directory, requested, True, e.pid)
         try:
-            return _cancel_here(ledger, names, known)
+            return Cancellation(directory, requested, False, None, tuple(_cancel_here(ledger, names, known)))
         finally:
             lock.release()
             restore_handler(signal.SIGUSR1, previous_usr1)
 
 
-def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> str:
-    """No runner: apply the request here, after clearing up what a dead one left."""
+def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
+    """No runner: apply the request here, after clearing up what a dead one left; returns those cancelled."""
     from .cleanup import recover
     from .runner import Options, ssh_pool
 
@@ -80,4 +105,4 @@ def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> str:
             ledger.finish(attempt.name, number, State.CANCELLED, time.time(), reason=Reason.CANCELLED,
                           detail="cancelled while the sweep was stopped")
             done.append(attempt.name)
-    return f"cancelled {len(done)} experiment(s) that had not finished"
+    return done

@@ -6,12 +6,14 @@ Start-up stays fast: nothing here imports torch, deepspeed or the SSH stack on t
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shlex
 import signal
 import sys
 import threading
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,34 @@ GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs o
                                                  "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
 GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU types (by default each runs on "
                                                     "one type).")
+RESULT_HELP = ("table: the outcome in lines; json: only one JSON object on stdout when the sweep ends (counts, "
+               "best, its files, exit code), no event lines there (--events writes them).")
+
+
+class Format(StrEnum):
+    """What a read command prints (`--format`): a table for people, or JSON, CSV, Markdown for programs."""
+
+    table = "table"
+    json = "json"
+    csv = "csv"
+    md = "md"
+
+
+class Brief(StrEnum):
+    """`--format` where only lines for people or one JSON object make sense (status, plan, cancel, run)."""
+
+    table = "table"
+    json = "json"
+
+
+def _format_option(help_text: str, default: Enum = Format.table) -> Any:
+    """--format / -f: typer lists the enum's choices in --help and refuses others as a usage error."""
+    return typer.Option(default, "--format", "-f", help=help_text, case_sensitive=False)
+
+
+def _screen() -> autotuner.Output:
+    """How tables fit stdout: a terminal's width and colour (none with NO_COLOR), a pipe's plain text."""
+    return autotuner.Output.of(sys.stdout)
 
 
 class _Stderr(logging.Handler):
@@ -190,6 +220,7 @@ def run(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
+    fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
@@ -217,11 +248,11 @@ def run(
         raise fail(e) from None
     for note in notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    if not quiet:
+    if not quiet:  # with --format json stdout holds only the result
         typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on "
                    f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
-                   f"{len(cluster.slots)} host(s); results in {directory}")
-    _execute(directory, options, quiet, events)
+                   f"{len(cluster.slots)} host(s); results in {directory}", err=fmt == Brief.json)
+    _execute(directory, options, quiet, events, fmt=fmt)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -318,15 +349,13 @@ def plan(
     timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
-    fmt: str = typer.Option("table", "--format", help="table or json."),
+    fmt: Brief = _format_option("table or JSON (every experiment's expected start and end)."),
     plot: Path | None = typer.Option(None, "--plot", help="Draw the expected slot timeline into this PNG file."),
 ) -> None:
     """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
     scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
     notes: list[str] = []
     try:
-        if fmt not in ("table", "json"):
-            raise UserError(f"--format {shown(fmt)}: choose table or json")
         _seconds(duration, "--duration", positive=True)
         queues = _names(policy, "--policy", autotuner.QUEUES)
         placements = _names(placement, "--placement", autotuner.PLACEMENTS)
@@ -339,7 +368,7 @@ def plan(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
             placements=placements, spread=spread, samples=samples, seed=seed,
             timeout=autotuner.timeout_seconds(timeout), types=cluster.host_types, sizes=cluster.memory)
-        text = autotuner.render_plan(predicted, fmt)
+        text = autotuner.render_plan(predicted, fmt.value, _screen())
         drawn = autotuner.write_plan_plot(predicted, plot) if plot is not None else None
     except UserError as e:
         raise fail(e) from None
@@ -347,7 +376,7 @@ def plan(
         typer.echo(f"autotune: note: {note}", err=True)
     try:
         typer.echo(text, nl=False)
-        if drawn is not None and fmt == "table":
+        if drawn is not None and fmt == Brief.table:
             typer.echo(f"slot timeline: {drawn}")
     except OSError:
         _drop_stdout()
@@ -361,13 +390,15 @@ def _ssh(config: Path | None, accept_new_hosts: bool, remote_dir: str | None) ->
 
 
 def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: Path | None = None,
-             retry_failed: bool = False, new_experiments: tuple[autotuner.Experiment, ...] = ()) -> None:
-    """Run it, watched: a live view on a terminal, one plain line per event otherwise, nothing with --quiet."""
+             retry_failed: bool = False, new_experiments: tuple[autotuner.Experiment, ...] = (),
+             fmt: Brief = Brief.table) -> None:
+    """Run it, watched: a live view on a terminal, one plain line per event otherwise (not with --format
+    json: stdout is the result's), nothing with --quiet."""
     options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
     _interrupt_once()
     try:
         with autotuner.watching(directory, options.observers, live=not quiet and sys.stdout.isatty(),
-                      plain=not quiet, events=events, default_timeout=options.timeout,
+                      plain=not quiet and fmt == Brief.table, events=events, default_timeout=options.timeout,
                       retry_failed=retry_failed, added=new_experiments):
             result = autotuner.execute(directory, options, retry_failed=retry_failed,
                                        new_experiments=new_experiments)
@@ -381,7 +412,8 @@ def _execute(directory: Path, options: autotuner.Options, quiet: bool, events: P
         raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
     _ignore_interrupts()
     try:
-        _print_outcome(result)
+        sys.stdout.write(autotuner.render_result(result, fmt.value))
+        sys.stdout.flush()
     except OSError:  # stdout closed (`| head`): the outcome is in the results directory, the exit status says it
         _drop_stdout()
     raise typer.Exit(result.exit_code)
@@ -443,6 +475,7 @@ def resume(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
+    fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     try:
@@ -462,55 +495,42 @@ def resume(
                                 deadline=deadline, placement=chosen,
                                 timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
                                 fail_on=fail_on)
-    _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments)
+    _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments,
+             fmt=fmt)
 
 
 @app.command()
 def cancel(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     names: list[str] = typer.Argument(None, help="Experiments to cancel; none = the whole sweep."),
+    fmt: Brief = _format_option("table: what was done, in a line; json: the same as one JSON object."),
 ) -> None:
     """Cancel experiments of a sweep, or all of it, from any terminal."""
     try:
-        typer.echo(autotuner.cancel(directory, names or []))
+        done = autotuner.cancel(directory, names or [])
     except UserError as e:
         raise fail(e) from None
+    typer.echo(json.dumps(done.to_json()) if fmt == Brief.json else str(done))
 
 
 @app.command()
 def status(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
+    fmt: Brief = _format_option("table: lines for people; json: for programs."),
+    as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
     try:
-        sys.stdout.write(autotuner.render_status(directory, as_json))
+        sys.stdout.write(autotuner.render_status(directory, "json" if as_json else fmt.value))
     except UserError as e:
         raise fail(e) from None
-
-
-def _print_outcome(result: autotuner.Result) -> None:
-    snap = result.snapshot
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
-    if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
-        oom = sum(1 for a in snap.attempts if a.reason == autotuner.Reason.OOM)
-        counts += f" ({oom} of them out of memory: sizes that do not fit)" if oom else ""
-    typer.echo(f"\n{len(snap.attempts)} experiments: {counts}")
-    best = snap.best
-    if best is None:
-        typer.echo("no experiment succeeded: no best configuration" + (" yet" if result.interrupted else ""))
-    else:
-        typer.echo(f"best: {best.name} with {snap.metric.name} {best.metric:.6g}")
-        typer.echo(f"  config:  {result.optimal_config}")
-        typer.echo(f"  command: {snap.directory / autotuner.OPTIMAL_COMMAND}")
-    if result.interrupted:
-        typer.echo(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
 
 
 @app.command()
 def report(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table, json, csv or md."),
+    fmt: Format = _format_option("table (fitted to the terminal), json, csv or md (Markdown): one row per "
+                                 "experiment with every swept parameter and metric."),
     plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "
                                                     "(needs matplotlib: pip install 'ds-autotune\\[plots]')."),
     x: str | None = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
@@ -524,7 +544,7 @@ def report(
     try:
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
-        sys.stdout.write(autotuner.render_report(directory, fmt))
+        sys.stdout.write(autotuner.render_report(directory, fmt.value, _screen()))
         if plot:
             paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
             typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
@@ -539,11 +559,11 @@ def report(
 def compare(
     dir_a: Path = typer.Argument(..., help="A sweep's results directory (A)."),
     dir_b: Path = typer.Argument(..., help="Another sweep's results directory (B)."),
-    fmt: str = typer.Option("table", "--format", "-f", help="table or json."),
+    fmt: Format = _format_option("table (fitted to the terminal), json, csv or md (Markdown)."),
 ) -> None:
     """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
     try:
-        sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt))
+        sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, _screen()))
     except UserError as e:
         raise fail(e) from None
 
@@ -565,7 +585,8 @@ def hosts(
     hostfile: Path = typer.Option(Path("hostfile"), "--hostfile", "-H", help="DeepSpeed hostfile."),
     ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable."),
+    fmt: Format = _format_option("table (fitted to the terminal), json, csv or md (Markdown)."),
+    as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
     try:
@@ -574,7 +595,8 @@ def hosts(
                                                 accept_new_hosts)
     except UserError as e:
         raise fail(e) from None
-    sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports, as_json))
+    sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports,
+                                            "json" if as_json else fmt.value, _screen()))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
 
 

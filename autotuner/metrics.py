@@ -4,7 +4,8 @@ DeepSpeed runs
     With the `autotuning` section enabled in its config, DeepSpeed's engine times the profile steps and rank 0
     writes one JSON object to `autotuning.metric_path`, e.g.
     `{"fwd": .., "bwd": .., "step": .., "latency": .., "FLOPS_per_gpu": .., "throughput": .., "rank": 0}`.
-    `throughput` (samples/s) and `FLOPS_per_gpu` are better higher, `latency` (ms per step) better lower.
+    `throughput` (samples/s) and `FLOPS_per_gpu` (FLOP/s) are better higher, `latency` (microseconds per step, as
+    DeepSpeed's engine computes it) better lower.
 
 Scripts that are not DeepSpeed (the contract)
     The runner sets the environment variable `AUTOTUNE_METRICS_PATH` (`METRICS_PATH_ENV`) to an absolute path
@@ -84,6 +85,22 @@ def format_value(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
+_SI = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
+
+
+def format_compact(value: float | None) -> str:
+    """`format_value`, but a million and more with an SI prefix (FLOPS: `1.234T`): for narrow table cells."""
+    if value is None or abs(value) < 1e6:
+        return format_value(value)
+    scale, prefix = next(((s, p) for s, p in _SI if abs(value) >= s), _SI[-1])
+    return f"{value / scale:.4g}{prefix}"
+
+
+# The units DeepSpeed's engine writes its metrics in (runtime/engine.py `_autotuning_exit`: its timers' means are
+# milliseconds times 1000, so latency is in microseconds, and throughput and FLOPS divide by it times 1e6).
+UNITS = {"throughput": "samples/s", "latency": "\u00b5s", "FLOPS_per_gpu": "FLOP/s per GPU"}
 
 
 def metric_named(name: str, *, path: str | Path | None = None, line: int | None = None) -> Metric:

@@ -40,9 +40,10 @@ def throughput(name: str) -> float:
 
 
 def record(directory: Path, sweep: Sweep, cluster: Cluster, *, finished: int, running: int = 0,
-           fail: tuple[str, ...] = (), duration: float = 10.0, value=throughput) -> Path:
+           fail: tuple[str, ...] = (), duration: float = 10.0, value=throughput, extra=None) -> Path:
     """Prepare the sweep, then play a first-fit schedule on the cluster's slots in the ledger: the first
-    `finished` experiments end (those in `fail` as OOM failures), the next `running` are left running."""
+    `finished` experiments end (those in `fail` as OOM failures), the next `running` are left running.
+    `extra(name, throughput)` adds to a run's metrics."""
     prepare(sweep, cluster, directory, launcher=["sh", "-c", "true"])
     ledger = Ledger.open(directory)
     free = {(h, i): T0 for h, ids in cluster.slots.items() for i in ids}  # slot -> when it is free
@@ -63,7 +64,7 @@ def record(directory: Path, sweep: Sweep, cluster: Cluster, *, finished: int, ru
                 free[slot] = start + took / 2 + 1.5
             else:
                 got = value(e.name)
-                metrics = {"throughput": got, "latency": round(1000.0 / got, 6)}
+                metrics = {"throughput": got, "latency": round(1000.0 / got, 6)} | (extra(e.name, got) if extra else {})
                 ledger.finish(e.name, 1, State.SUCCEEDED, start + took, exit_code=0, metric=metrics[sweep.metric.name],
                               metrics=metrics)
                 free[slot] = start + took + 1.5

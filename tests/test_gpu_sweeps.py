@@ -235,12 +235,12 @@ def test_hosts_shows_each_hosts_type_and_a_stated_type_its_gpus_contradict():
     reports = [HostReport("w0", True, gpus=[a100]), HostReport("w1", True, gpus=[h100]),
                HostReport("w2", True, gpus=[h100]), HostReport("w3", False, reason="refused")]
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
-            for line in render_hosts("t", listed, reports, False).splitlines() if line.count("│") > 3}
+            for line in render_hosts("t", listed, reports, "table").splitlines() if line.count("│") > 3}
     assert [rows[h][2] for h in ("w0", "w1", "w2", "w3")] == [
         "A100-80GB (found A100-SXM4-80GB)", "A100-80GB (found H100-80GB-HBM3)", "H100-80GB-HBM3", ""]
-    data = json.loads(render_hosts("t", listed, reports, True))
+    data = json.loads(render_hosts("t", listed, reports, "json"))
     assert [(d["gpu_type"], d["gpu_type_found"]) for d in data] == [
         ("A100-80GB", "A100-SXM4-80GB"), ("A100-80GB", "H100-80GB-HBM3"), ("H100-80GB-HBM3", "H100-80GB-HBM3"),
         (None, None)]
     untyped = parse_hostfile("w2 slots=1\n")
-    assert "type" not in render_hosts("t", untyped, [HostReport("w2", True)], False).splitlines()[2]
+    assert "type" not in render_hosts("t", untyped, [HostReport("w2", True)], "table").splitlines()[2]

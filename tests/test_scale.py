@@ -64,13 +64,16 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == "sweep big: throughput (higher is better)"
-    assert lines[1].split() == ["#", "name", "state", "throughput", "time", "slots", "why"]
+    # the swept parameters (as the ledger holds the keys: sorted), then the metric
+    assert lines[1].split() == ["#", "name", "state", "seed", "mbs", "throughput", "time", "slots", "why"]
     body = [line.split() for line in lines[3:3 + N]]
     ranked = [next(t for t in row if t.startswith("big_i")) for row in body]
     assert ranked == succeeded + [n for n in kinds if kinds[n] != State.SUCCEEDED]
     assert body[0][0] == "best" and body[1][0] == "2"
     failed = next(line for line in lines if "big_i0007" in line)
     assert "failed" in failed and "[oom] CUDA out of memory" in failed
+    assert failed.split()[:5] == ["big_i0007", "failed", "7", "8", "-"]  # seed 7, micro-batch 1 + 7 % 8
+    assert "columns: mbs = train_micro_batch_size_per_gpu" in shown.stdout
     assert "best config, ds_config_optimal.json" in shown.stdout
 
     status = json.loads(autotune("status", directory, "--json").stdout)

@@ -88,7 +88,9 @@ def test_json_csv_md_of_a_running_sweep(midway):
     rows = list(csv.DictReader(io.StringIO(render_report(midway, "csv"))))
     assert len(rows) == 12 and rows[0]["best"] == "True" and rows[0]["name"] == "zm_z0_mbs32"
     md = render_report(midway, "md")
-    assert "| **best** | zm_z0_mbs32 | succeeded | 1,600 |  |" in md and "oom: torch.OutOfMemoryError" in md
+    # the swept parameters (micro-batch size, ZeRO stage), then every metric
+    assert "| **best** | zm_z0_mbs32 | succeeded | 32 | 0 | 1,600 | 0.625 | 10.0s |  |" in md
+    assert "oom: torch.OutOfMemoryError" in md
 
 
 def test_summary_keeps_the_shape_of_deepspeeds(finished):
@@ -129,8 +131,9 @@ def assert_drawn(path: Path, min_width: int, min_height: int) -> None:
     assert width >= min_width and height >= min_height, (path, image.shape)
     rgb = image[..., :3]
     assert rgb.std() > 0.05, f"{path} is blank"
-    # colour: at least the line/bar colours, not only black on white
-    assert (abs(rgb[..., 0] - rgb[..., 1]) > 0.2).mean() > 0.003
+    # colour: at least the line/bar colours, not only black on white (a grey image has none; a midway sweep's
+    # two short lines, with the failures' strip under them, about 0.25% of the pixels)
+    assert (abs(rgb[..., 0] - rgb[..., 1]) > 0.2).mean() > 0.002
 
 
 def test_plots_are_written_and_not_blank(finished):
@@ -333,7 +336,7 @@ def test_compare_table_through_the_cli(pair):
     assert "failed (oom)" in failed
     assert "only in A (3): zm_z0_mbs4, zm_z1_mbs4, zm_z2_mbs4" in result.output
     assert "only in B (3): zm_z0_mbs64, zm_z1_mbs64, zm_z2_mbs64" in result.output
-    assert runner.invoke(cli.app, ["compare", str(a), str(b), "--format", "csv"]).exit_code == 2
+    assert runner.invoke(cli.app, ["compare", str(a), str(b), "--format", "yaml"]).exit_code == 2
     missing = runner.invoke(cli.app, ["compare", str(a), str(a.parent / "nothing")])
     assert missing.exit_code == 2 and "no sweep here" in missing.output
 

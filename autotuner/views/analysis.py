@@ -42,18 +42,50 @@ def value_of(experiment: Experiment, key: str) -> Any:
     return node
 
 
+def spec_of(experiment: Experiment) -> dict[str, Any]:
+    """What `swept_specs` reads of an experiment: its ds_config, num_gpus and num_nodes (as the ledger's spec)."""
+    return {"ds_config": experiment.ds_config} | {k: getattr(experiment, k) for k in FIELD_KEYS}
+
+
+def _leaves(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return flatten(spec.get("ds_config") or {}) | {k: spec.get(k) for k in FIELD_KEYS}
+
+
+def _lacks(spec: Mapping[str, Any], key: str) -> bool:
+    node: Any = spec.get("ds_config") or {}
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return True
+        node = node[part]
+    return False
+
+
+def _fingerprint(value: Any) -> Any:
+    """A hashable stand-in for a JSON value that tells 1, 1.0 and True apart (as JSON does)."""
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, sort_keys=True)
+    return (type(value), value)
+
+
+def swept_specs(specs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The keys whose value differs between experiments (or that some lack), in first-seen order, and each
+    experiment's leaves, from their specs as the ledger records them (`spec_of`): what the report,
+    `autotuner.load` and the plots call the swept parameters."""
+    table = [_leaves(spec) for spec in specs]
+    seen: dict[str, set[Any]] = {}
+    for row in table:
+        for key, value in row.items():
+            seen.setdefault(key, set()).add(_fingerprint(value))
+    varying = {k for k, values in seen.items() if len(values) > 1}
+    # a key some experiments lack also varies
+    varying |= {k for k in seen if k not in varying and any(
+        k not in row and _lacks(spec, k) for spec, row in zip(specs, table, strict=True))}
+    return [k for k in seen if k in varying], table
+
+
 def swept_keys(experiments: Iterable[Experiment]) -> list[str]:
     """Dotted keys (and num_gpus / num_nodes) whose value differs between experiments, in first-seen order."""
-    seen: dict[str, set[str]] = {}
-    experiments = list(experiments)
-    for e in experiments:
-        leaves = flatten(e.ds_config) | {k: getattr(e, k) for k in FIELD_KEYS}
-        for key, value in leaves.items():
-            seen.setdefault(key, set()).add(json.dumps(value, sort_keys=True))
-    keys = [k for k, values in seen.items() if len(values) > 1]
-    # a key some experiments lack also varies
-    keys += [k for k in seen if k not in keys and any(value_of(e, k) is MISSING for e in experiments)]
-    return keys
+    return swept_specs([spec_of(e) for e in experiments])[0]
 
 
 def choose_axes(experiments: Sequence[Experiment], x: str | None, lines: str | None) -> tuple[str, str | None]:

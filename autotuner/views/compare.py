@@ -6,6 +6,8 @@ B's metrics under that name, so two sweeps ranked by different metrics still com
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from dataclasses import dataclass
@@ -16,9 +18,10 @@ from ..ledger import Attempt
 from ..metrics import format_value
 from ..states import State
 from .snapshot import Snapshot, load
-from .tables import Column, render_table
+from .tables import PLAIN, Cell, Column, Output, Styled, markdown_table, render_table
 
-FORMATS = ("table", "json")
+FORMATS = ("table", "json", "csv", "md")
+CSV_COLUMNS = ("name", "a_state", "a_metric", "a_reason", "b_state", "b_metric", "b_reason", "ratio", "verdict")
 SAME = 0.02  # ratios within 2% of 1 count as the same
 
 
@@ -94,7 +97,8 @@ def _label(name: str, gpu_type: str | None) -> str:
     return f"{name} ({gpu_type})" if gpu_type else name
 
 
-def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
+def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN) -> str:
+    """`autotune compare`: a table, JSON, CSV (one row per experiment in both) or Markdown."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     c = compare(load(Path(dir_a)), load(Path(dir_b)))
@@ -109,23 +113,45 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str) -> str:
                   "best": best_b.name if best_b else None},
             "metric": c.metric, "minimize": c.minimize, "geomean_ratio": c.geomean_ratio(),
             "experiments": c.rows, "only_a": c.only_a, "only_b": c.only_b}, indent=2) + "\n"
-    return _table(c, Path(dir_a), Path(dir_b))
+    if fmt == "csv":
+        buffer = io.StringIO()
+        typed = c.a.by_type or c.b.by_type
+        writer = csv.DictWriter(buffer, fieldnames=("name", "gpu_type", *CSV_COLUMNS[1:]) if typed else CSV_COLUMNS,
+                                lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(c.rows)
+        return buffer.getvalue()
+    if fmt == "md":
+        typed = c.a.by_type or c.b.by_type
+        return markdown_table(("name", *(["GPU type"] if typed else []), f"A {c.metric}", f"B {c.metric}", "B/A",
+                               ""), _cells(c))
+    return _table(c, Path(dir_a), Path(dir_b), output)
 
 
 def _state(state: str, reason: str | None) -> str:
     return state if state == State.SUCCEEDED or not reason else f"{state} ({reason})"
 
 
-def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:
+def _cells(c: Comparison) -> list[tuple[str, ...]]:
     typed = c.a.by_type or c.b.by_type
-    columns = (Column("name"), *([Column("GPU type")] if typed else []), Column("A", right=True),
-               Column("B", right=True), Column("B/A", right=True), Column(""))
     cells = []
     for r in c.rows:
         a = format_value(r["a_metric"]) if r["a_metric"] is not None else _state(r["a_state"], r["a_reason"])
         b = format_value(r["b_metric"]) if r["b_metric"] is not None else _state(r["b_state"], r["b_reason"])
         cells.append((r["name"], *([r["gpu_type"] or ""] if typed else []), a, b,
                       f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"]))
+    return cells
+
+
+_VERDICT_STYLES = {"better": "green", "worse": "red"}
+
+
+def _table(c: Comparison, dir_a: Path, dir_b: Path, output: Output) -> str:
+    typed = c.a.by_type or c.b.by_type
+    columns = (Column("name", whole=True), *([Column("GPU type")] if typed else []), Column("A", right=True),
+               Column("B", right=True), Column("B/A", right=True), Column(""))
+    cells: list[tuple[Cell, ...]] = [(*row[:-1], Styled(row[-1], _VERDICT_STYLES.get(row[-1], "")))
+                                     for row in _cells(c)]
     both = sum(1 for r in c.rows if r["ratio"] is not None)
     mean = c.geomean_ratio()
     notes = [f"{len(c.rows)} experiment(s) in both, {both} succeeded in both"
@@ -143,4 +169,4 @@ def _table(c: Comparison, dir_a: Path, dir_b: Path) -> str:
     if c.only_b:
         notes.append(f"only in B ({len(c.only_b)}): {', '.join(c.only_b)}")
     title = f"{c.metric} ({c.a.metric.direction}): A = {c.a.name} ({dir_a}), B = {c.b.name} ({dir_b})"
-    return render_table(columns, cells, title=title, notes=notes)
+    return render_table(columns, cells, title=title, notes=notes, output=output)

@@ -1,24 +1,32 @@
-"""One self-contained HTML page of a sweep: the ranking, the best config ready to copy, its command, the plots.
+"""One self-contained HTML page of a sweep: the ranking (every swept parameter and metric, sortable by any
+column, each run's logs linked), makespan and utilisation, the best config ready to copy, its command, the plots.
 
-Nothing on the page needs a network: the CSS is inline and the plots are PNG data URIs. Without matplotlib the
-page is written all the same, with a line saying how to get the plots.
+Nothing on the page needs a network: the CSS and the few lines of script are inline, the plots are PNG data
+URIs, and the logs are relative links into the results directory (they work wherever it is copied, the page
+with it). Without matplotlib the page is written all the same, with a line saying how to get the plots.
 """
 from __future__ import annotations
 
 import base64
 import json
+import os
 import time
+from collections.abc import Mapping
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 from ..files import write_atomic
 from ..lock import holder_pid
-from ..metrics import format_value
+from ..metrics import UNITS, format_compact, format_value
 from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, config_file, optimal
+from .analysis import all_attempts, timeline_end, utilisation
+from .live import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
-from .snapshot import Snapshot, load
-from .tables import rows as report_rows
+from .records import ExperimentRecord, SweepResults, from_snapshot
+from .snapshot import Snapshot, format_slots, load
+from .tables import headers
 
 REPORT_HTML = "report.html"
 
@@ -52,7 +60,35 @@ figure { margin: 0 0 18px; background: #fff; padding: 10px; border: 1px solid #e
 figure img { max-width: 100%; height: auto; display: block; }
 figcaption { color: #5b6473; font-size: 12px; margin-top: 6px; }
 .note { color: #7a5b00; }
+th.sort { cursor: pointer; user-select: none; white-space: nowrap; }
+th.sort:hover { background: #e2e6ee; }
+th[aria-sort="ascending"]::after { content: " \\25B2"; font-size: 10px; }
+th[aria-sort="descending"]::after { content: " \\25BC"; font-size: 10px; }
+td.logs a { margin-right: 6px; }
+td.num, td.slots, td.logs { white-space: nowrap; }
+.usage { margin: 6px 0 0; }
 """
+
+# Click a header to sort by it (again: the other way). Numbers sort as numbers (each cell's data-v), empty cells
+# last either way, ties keep their order.
+_SORT_JS = """
+function sortBy(th) {
+  var body = th.closest("table").tBodies[0], i = th.cellIndex;
+  var up = th.getAttribute("aria-sort") !== "ascending";
+  Array.prototype.forEach.call(th.parentNode.cells, function (c) { c.removeAttribute("aria-sort"); });
+  th.setAttribute("aria-sort", up ? "ascending" : "descending");
+  function key(row) { var c = row.cells[i], v = c.getAttribute("data-v"); return v === null ? c.textContent : v; }
+  var rows = Array.prototype.slice.call(body.rows).map(function (r, n) { return [key(r), n, r]; });
+  rows.sort(function (a, b) {
+    if (a[0] === "" || b[0] === "") { return (a[0] === "") - (b[0] === "") || a[1] - b[1]; }
+    var x = parseFloat(a[0]), y = parseFloat(b[0]);
+    var order = isNaN(x) || isNaN(y) ? a[0].localeCompare(b[0]) : x - y;
+    return (up ? order : -order) || a[1] - b[1];
+  });
+  rows.forEach(function (r) { body.appendChild(r[2]); });
+}
+"""
+LOGS = ("stdout.log", "stderr.log", "cmd.txt", "ds_config.json", "metrics.json")
 
 _COPY_JS = """
 function copyText(id, button) {
@@ -69,16 +105,18 @@ def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None, plot_note: str | None,
-                runner_pid: int | None, now: float | None = None) -> str:
-    """The page, from a snapshot, its report rows (`tables.rows`), PNGs by file name (or None and a note)."""
+def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] | None, plot_note: str | None,
+                runner_pid: int | None, now: float | None = None, *, usage: Mapping[str, Any] | None = None,
+                links: Mapping[str, Mapping[str, str]] | None = None) -> str:
+    """The page, from a snapshot, its records, PNGs by file name (or None and a note), the slots' use
+    (`analysis.utilisation`) and each experiment's log links (file name -> relative URL)."""
     now = time.time() if now is None else now
     direction = snap.metric.direction
     best = snap.best
     counts = snap.counts()
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           f"<title>sweep {escape(snap.name)}</title><style>{_CSS}</style><script>{_COPY_JS}</script>",
+           f"<title>sweep {escape(snap.name)}</title><style>{_CSS}</style><script>{_COPY_JS}{_SORT_JS}</script>",
            "</head><body><main>",
            f"<h1>sweep {escape(snap.name)}</h1>",
            f'<p class="sub">{escape(snap.metric.name)} ({direction}) &middot; {len(snap.attempts)} experiments '
@@ -88,6 +126,8 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
            + "</p>",
            '<p class="counts">' + "".join(f'<span class="{escape(s)}">{n} {escape(s)}</span>'
                                          for s, n in sorted(counts.items())) + "</p>"]
+    if usage is not None:
+        out.append(_usage_line(usage))
     if best is not None:
         out.append(f'<p class="bestline" id="best"><span class="marker">&#9733; best:</span> '
                    f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} "
@@ -101,20 +141,7 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
             for t, a in snap.best_by_type.items()) + "</p>")
 
     out.append("<h2>Experiments</h2>")
-    out.append('<table id="experiments"><thead><tr><th>#</th><th>name</th>' + ("<th>GPU type</th>" if typed else "")
-               + f'<th>state</th><th>{escape(snap.metric.name)}</th><th>time</th><th>slots</th><th>why</th></tr>'
-               "</thead><tbody>")
-    for r in rows:
-        classes = [r["state"]] + (["best"] if r["best"] else [])
-        rank = '<span class="marker">&#9733; best</span>' if r["best"] else str(r["rank"] or "")
-        why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
-        duration = f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else ""
-        kind = f"<td>{escape(r['gpu_type'] or '')}</td>" if typed else ""
-        out.append(f'<tr class="{" ".join(classes)}" data-name="{escape(r["name"])}"><td class="num">{rank}</td>'
-                   f"<td>{escape(r['name'])}</td>{kind}<td>{escape(r['state'])}</td>"
-                   f'<td class="num">{escape(format_value(r["metric"]))}</td><td class="num">{duration}</td>'
-                   f"<td>{escape(r['slots'])}</td><td class=\"why\">{escape(why)}</td></tr>")
-    out.append("</tbody></table>")
+    out.append(_experiments_table(results, links or {}))
 
     found = optimal(snap)
     if found is not None:
@@ -141,6 +168,81 @@ def render_html(snap: Snapshot, rows: list[dict], plots: dict[str, bytes] | None
     return "\n".join(out) + "\n"
 
 
+def _sortable(label: str, title: str = "") -> str:
+    hint = f"{title}; click to sort" if title else "click to sort"
+    return f'<th class="sort" title="{escape(hint)}" onclick="sortBy(this)">{escape(label)}</th>'
+
+
+def _number(value: Any) -> str:
+    """A cell's sort key: the number itself (no rounding, no thousands separators), or empty."""
+    return "" if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) else repr(value)
+
+
+def _experiments_table(results: SweepResults, links: Mapping[str, Mapping[str, str]]) -> str:
+    """Every experiment: rank, name, state, swept parameters, metrics, time, slots, why, and its files."""
+    short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
+    head = [_sortable("#", "rank"), _sortable("name"), _sortable("state"),
+            *(_sortable(short[k], k) for k in results.parameters),
+            *(_sortable(c, f"{m} ({UNITS[m]})" if m in UNITS else m)
+              for c, m in zip(results.metric_columns(), results.metrics, strict=True)),
+            _sortable("time", "seconds it ran"), _sortable("slots"), _sortable("why"), "<th>files</th>"]
+    out = ['<table id="experiments"><thead><tr>' + "".join(head) + "</tr></thead><tbody>"]
+    out += [_experiment_row(r, results, links.get(r.name, {})) for r in results]
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _experiment_row(r: ExperimentRecord, results: SweepResults, files: Mapping[str, str]) -> str:
+    classes = [r.state] + (["best"] if r.best else [])
+    rank = '<span class="marker">&#9733; best</span>' if r.best else str(r.rank or "")
+    why = f"[{r.reason}] {r.detail or ''}" if r.reason else ""
+    duration = f"{r.duration:.1f}s" if r.duration is not None else ""
+    cells = [f'<td class="num" data-v="{r.rank or ""}">{rank}</td>', f"<td>{escape(r.name)}</td>",
+             f"<td>{escape(r.state)}</td>"]
+    for key in results.parameters:
+        value = r.parameters[key]
+        text = "" if value is None else value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        cells.append(f'<td class="num" data-v="{_number(value)}">{escape(text)}</td>' if _number(value) else
+                     f"<td>{escape(text)}</td>")
+    for name in results.metrics:
+        value = r.metrics.get(name)
+        cells.append(f'<td class="num" data-v="{_number(value)}" title="{escape(format_value(value))}">'
+                     f"{escape(format_compact(value)) if value is not None else ''}</td>")
+    cells += [f'<td class="num" data-v="{_number(r.duration)}">{duration}</td>',
+              f'<td class="slots">{escape(format_slots(r.slots))}</td>', f'<td class="why">{escape(why)}</td>',
+              '<td class="logs">' + " ".join(f'<a href="{escape(url)}">{escape(name.split(".")[0])}</a>'
+                                             for name, url in files.items()) + "</td>"]
+    return f'<tr class="{" ".join(classes)}" data-name="{escape(r.name)}">' + "".join(cells) + "</tr>"
+
+
+def _usage_line(use: Mapping[str, Any]) -> str:
+    """Makespan and how busy the slots were: the sweep's and each host's."""
+    if use.get("utilisation") is None:
+        return '<p class="usage" id="usage">nothing has started yet</p>'
+    hosts = ", ".join(f"{escape(h)} {share:.0%}" for h, share in use["per_host"].items() if share is not None)
+    return (f'<p class="usage" id="usage">makespan <b>{seconds(use["makespan_s"])}</b> &middot; utilisation '
+            f'<b>{use["utilisation"]:.0%}</b> ({use["busy_slot_s"]:,.0f} busy slot-seconds of {use["slots"]} '
+            f'slots &times; {use["makespan_s"]:,.0f} s)' + (f" &middot; per host: {hosts}" if hosts else "") + "</p>")
+
+
+def log_links(directory: Path, page: Path, names: list[str]) -> dict[str, dict[str, str]]:
+    """name -> {file: URL relative to the page} for each experiment's files that exist (LOGS)."""
+    base = os.path.relpath(directory.resolve(), page.resolve().parent)
+    out: dict[str, dict[str, str]] = {}
+    for name in names:
+        found = {f: Path(base, name, f).as_posix() for f in LOGS if (directory / name / f).is_file()}
+        if found:
+            out[name] = {f: _url(u) for f, u in found.items()}
+    return out
+
+
+def _url(path: str) -> str:
+    """A relative path as a URL: each part percent-encoded (names are safe, directories may not be)."""
+    from urllib.parse import quote
+
+    return quote(path, safe="/")
+
+
 def write_html(directory: Path, path: Path | None = None, *, x: str | None = None, lines: str | None = None,
                plots: dict[str, bytes] | None = None) -> tuple[Path, str | None]:
     """Write the page (default DIR/report.html); returns its path and a note when the plots are missing."""
@@ -153,7 +255,11 @@ def write_html(directory: Path, path: Path | None = None, *, x: str | None = Non
         except NoMatplotlib as e:
             note = str(e)
     target = Path(path) if path else directory / REPORT_HTML
-    page = render_html(snap, report_rows(snap), plots, note, holder_pid(directory)).encode("utf-8")
+    attempts = all_attempts(directory)
+    usage = utilisation(attempts, snap.slots, timeline_end(directory, attempts))
+    links = log_links(directory, target, [a.name for a in snap.attempts])
+    page = render_html(snap, from_snapshot(snap), plots, note, holder_pid(directory), usage=usage,
+                       links=links).encode("utf-8")
     try:
         write_atomic(target, page)
     except OSError as e:  # no such directory, read-only, full: the user's choice of place, one line

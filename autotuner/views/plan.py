@@ -14,7 +14,7 @@ from ..plan import RUN_BUDGET, Plan, PolicyPlan
 from ..simulate import Played
 from ..states import State
 from .live import seconds
-from .tables import Column, render_table
+from .tables import PLAIN, Column, Output, render_table
 
 SCHEDULE_ROWS = 40  # experiments listed in the table format (JSON lists every one)
 
@@ -40,7 +40,9 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             "lower_bound_s": plan.lower_bound, "plans": [_policy_json(plan, p) for p in plan.policies]}
 
 
-def render_plan(plan: Plan, fmt: str = "table") -> str:
+def render_plan(plan: Plan, fmt: str = "table", output: Output = PLAIN) -> str:
+    if fmt not in ("table", "json"):
+        raise UserError(f"unknown --format {fmt!r}; choose table or json")
     if fmt == "json":
         return json.dumps(plan_json(plan), indent=2) + "\n"
     origins = ", ".join(f"{n} {o}" for o, n in sorted(plan.durations.counts().items(), key=lambda kv: -kv[1]))
@@ -60,14 +62,14 @@ def render_plan(plan: Plan, fmt: str = "table") -> str:
     timed_out = sum(1 for r in first.expected.played if r.state == State.TIMED_OUT)
     notes = [f"{timed_out} experiment(s) are expected to run past their timeout and be ended there"] if timed_out \
         else []
-    text = head + "\n" + bound + "\n" + render_table(columns, rows, notes=notes)
+    text = head + "\n" + bound + "\n" + render_table(columns, rows, notes=notes, output=output)
     played = _in_order(plan, first)
     schedule = [(r.name, seconds(r.start), seconds(r.end), _slots_text(r.slots)) for r in played[:SCHEDULE_ROWS]]
     more = [f"... {len(played) - SCHEDULE_ROWS} more (--format json lists every one)"] \
         if len(played) > SCHEDULE_ROWS else []
     return (text + f"expected schedule ({first.queue}, {first.placement}, at the estimates):\n"
-            + render_table([Column("experiment"), Column("start", True), Column("end", True), Column("slots")],
-                           schedule, notes=more))
+            + render_table([Column("experiment", whole=True), Column("start", True), Column("end", True),
+                            Column("slots")], schedule, notes=more, output=output))
 
 
 def _in_order(plan: Plan, p: PolicyPlan) -> list[Played]:

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import UserError
 from ..files import write_atomic
 from ..ledger import Attempt
-from ..metrics import format_value
+from ..metrics import UNITS, Metric, format_value
 from ..spec import ABBREVIATIONS
 from ..states import State
 from .analysis import MISSING, all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
@@ -69,15 +69,27 @@ def _sort_key(value: Any) -> tuple:
     return (1, 0.0, str(value))
 
 
+# Line colours: matplotlib's tab10 without its red, which marks failures and so is no line's colour.
+LINE_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+LINE_STYLES = ("-", "--", ":", "-.")  # after nine lines, the colours again with another dash
+FAILURE_COLOR = "#d62728"
+_FAILURE_MARKERS = {"oom": "X", "timeout": "v", "config": "s", "metrics": "D", "exit": "P"}  # else "o"
+
+
+def _axis_label(metric: Metric) -> str:
+    """The y axis: the metric with its unit where it has a known one, and which way is better."""
+    unit = UNITS.get(metric.name)
+    return f"{metric.name} ({unit})\n{metric.direction}" if unit else f"{metric.name} ({metric.direction})"
+
+
 def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None):
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, NullLocator
 
     experiments = list(snap.experiments.values())
     x, lines = choose_axes(experiments, x, lines)
     others = [k for k in swept_keys(experiments) if k not in (x, lines)]
     points: dict[Any, dict[Any, list[tuple[float, str]]]] = {}
-    failures: list[tuple[Any, str]] = []
+    failures: list[tuple[Any, Any, str]] = []  # (x, line value, reason)
     broken: dict[Any, set] = {}  # line -> x values where it has only failures: the line has a gap there
     for a in snap.attempts:
         e = snap.experiments.get(a.name)
@@ -90,37 +102,25 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
         if a.state == State.SUCCEEDED and a.metric is not None:
             points.setdefault(_freeze(lv), {}).setdefault(_freeze(xv), []).append((a.metric, a.name))
         elif a.state in (State.FAILED, State.TIMED_OUT):
-            failures.append((_freeze(xv), a.reason or a.state))
+            failures.append((_freeze(xv), _freeze(lv), str(a.reason or a.state)))
             broken.setdefault(_freeze(lv), set()).add(_freeze(xv))
 
-    xs = sorted({xv for by_x in points.values() for xv in by_x} | {xv for xv, _ in failures}, key=_sort_key)
+    xs = sorted({xv for by_x in points.values() for xv in by_x} | {xv for xv, _, _ in failures}, key=_sort_key)
     numeric = bool(xs) and all(_sort_key(v)[0] == 0 for v in xs)
     position = (lambda v: float(v)) if numeric else {v: i for i, v in enumerate(xs)}.__getitem__
-    log2 = numeric and min(xs) > 0 and max(xs) / min(xs) >= 8
+    rows = sorted({lv for _, lv, _ in failures}, key=_sort_key)
 
-    fig = Figure(figsize=(9, 5.5), dpi=110, layout="constrained")
-    ax = fig.add_subplot()
-    best = snap.best
-    best_point: tuple[float, float, str] | None = None
-    for lv in sorted(points, key=_sort_key):
-        by_x = points[lv]
-        order = sorted(by_x, key=_sort_key)
-        gaps = sorted(broken.get(lv, set()) - set(by_x), key=_sort_key)
-        drawn = sorted(order + gaps, key=_sort_key)
-        ys = [_best_value(snap, by_x[xv]) if xv in by_x else float("nan") for xv in drawn]
-        label = f"{_short(lines)} {lv}" if lines else snap.metric.name
-        ax.plot([position(v) for v in drawn], ys, marker="o", linewidth=2, markersize=6, label=label)
-        for xv in order:
-            for value, name in by_x[xv]:
-                if best is not None and name == best.name:
-                    best_point = (position(xv), value, name)
+    fig = Figure(figsize=(9, 5.5 + (0.35 * len(rows) + 0.4 if failures else 0)), dpi=110, layout="constrained")
+    if failures:  # a strip of their own under the plot: a failure is not a value, and hides nothing there
+        grid = fig.add_gridspec(2, 1, height_ratios=[5.5, 0.35 * len(rows) + 0.4])
+        ax = fig.add_subplot(grid[0])
+        strip = fig.add_subplot(grid[1], sharex=ax)
+    else:
+        ax = strip = fig.add_subplot()
+    best_point = _draw_lines(ax, snap, points, broken, position, lines)
     if failures:
-        seen_reasons = sorted({r for _, r in failures})
-        for xv, _ in failures:
-            ax.plot([position(xv)], [0.02], marker="x", color="#c8453c", markersize=9, markeredgewidth=2,
-                    linestyle="none", transform=ax.get_xaxis_transform(), clip_on=False)
-        ax.plot([], [], marker="x", color="#c8453c", linestyle="none", markeredgewidth=2,
-                label=f"failed ({', '.join(seen_reasons)})")
+        _draw_failures(strip, failures, rows, position, lines)
+        ax.tick_params(labelbottom=False)
     if best_point is not None:
         bx, by, name = best_point
         ax.plot([bx], [by], marker="*", markersize=20, color="#f2b705", markeredgecolor="black", linestyle="none",
@@ -130,15 +130,9 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     if not points:
         ax.text(0.5, 0.5, "no experiment has succeeded yet", transform=ax.transAxes, ha="center", va="center",
                 fontsize=13, color="#777777")
-    if log2:
-        ax.set_xscale("log", base=2)
-    if xs:
-        ax.xaxis.set_major_locator(FixedLocator([position(v) for v in xs]))
-        ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticklabels([str(v) for v in xs])
-    ax.set_xlabel(_label(x) + (f"\n(each point: the best over {', '.join(others)})" if others else ""))
-    direction = snap.metric.direction
-    ax.set_ylabel(f"{snap.metric.name} ({direction})")
+    _x_axis(strip, xs, position, numeric)
+    strip.set_xlabel(_label(x) + (f"\n(each point: the best over {', '.join(others)})" if others else ""))
+    ax.set_ylabel(_axis_label(snap.metric))
     ax.set_ylim(bottom=0)
     if points:
         top = max(v for by_x in points.values() for values in by_x.values() for v, _ in values)
@@ -146,9 +140,83 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     ax.grid(True, alpha=0.3)
     title = f"{snap.name}: {snap.metric.name} by {_label(x)}" + (f", one line per {_label(lines)}" if lines else "")
     ax.set_title(title, fontsize=12)
-    if points or failures:
+    if points:
         ax.legend(loc="best", fontsize=9, framealpha=0.85)
     return fig
+
+
+def _draw_lines(ax, snap: Snapshot, points: dict[Any, dict[Any, list[tuple[float, str]]]],
+                broken: dict[Any, set], position, lines: str | None) -> tuple[float, float, str] | None:
+    """One line per value of the `lines` key, each its own colour (never the failures' red); where the best
+    experiment is."""
+    best = snap.best
+    best_point = None
+    for n, lv in enumerate(sorted(points, key=_sort_key)):
+        by_x = points[lv]
+        order = sorted(by_x, key=_sort_key)
+        gaps = sorted(broken.get(lv, set()) - set(by_x), key=_sort_key)
+        drawn = sorted(order + gaps, key=_sort_key)
+        ys = [_best_value(snap, by_x[xv]) if xv in by_x else float("nan") for xv in drawn]
+        ax.plot([position(v) for v in drawn], ys, marker="o", linewidth=2, markersize=6,
+                color=LINE_COLORS[n % len(LINE_COLORS)], linestyle=LINE_STYLES[n // len(LINE_COLORS) % 4],
+                label=f"{_short(lines)} {lv}" if lines else snap.metric.name)
+        for xv in order:
+            for value, name in by_x[xv]:
+                if best is not None and name == best.name:
+                    best_point = (position(xv), value, name)
+    return best_point
+
+
+def _draw_failures(strip, failures: list[tuple[Any, Any, str]], rows: list[Any], position,
+                   lines: str | None) -> None:
+    """Failed and timed-out experiments in their strip: a row per line value, a marker per reason (red, no
+    line's colour), side by side where several reasons meet at one x, `x2` beside a marker that stands for two."""
+    from collections import Counter
+
+    from matplotlib.transforms import offset_copy
+
+    count = Counter(failures)
+    row_of = {lv: i for i, lv in enumerate(rows)}
+    for (xv, lv), reasons in _group(count).items():
+        for n, reason in enumerate(reasons):
+            shift = offset_copy(strip.transData, fig=strip.figure, x=(n - (len(reasons) - 1) / 2) * 13, units="points")
+            strip.plot([position(xv)], [row_of[lv]], marker=_FAILURE_MARKERS.get(reason, "o"), markersize=9,
+                       color=FAILURE_COLOR, markeredgecolor="black", markeredgewidth=0.6, linestyle="none",
+                       transform=shift, clip_on=False)
+            times = count[(xv, lv, reason)]
+            if times > 1:
+                strip.annotate(f"\u00d7{times}", (position(xv), row_of[lv]), xycoords=shift,
+                               textcoords="offset points", xytext=(6, 4), fontsize=8, color=FAILURE_COLOR)
+    totals = Counter(reason for _, _, reason in failures)
+    handles = [strip.plot([], [], marker=_FAILURE_MARKERS.get(r, "o"), color=FAILURE_COLOR, markeredgecolor="black",
+                          markeredgewidth=0.6, linestyle="none", label=f"{r} ({n})")[0]
+               for r, n in sorted(totals.items())]
+    strip.legend(handles=handles, title="failed", loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8,
+                 title_fontsize=8, frameon=False)
+    strip.set_yticks(range(len(rows)))
+    strip.set_yticklabels([f"{_short(lines)} {lv}" if lines and lv is not None else "failed" for lv in rows],
+                          fontsize=8)
+    strip.set_ylim(len(rows) - 0.5, -0.5)
+    strip.grid(True, axis="x", alpha=0.3)
+
+
+def _group(count) -> dict[tuple[Any, Any], list[str]]:
+    """(x, line value) -> the reasons of failures there, in order."""
+    out: dict[tuple[Any, Any], list[str]] = {}
+    for xv, lv, reason in sorted(count, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]), k[2])):
+        out.setdefault((xv, lv), []).append(reason)
+    return out
+
+
+def _x_axis(ax, xs: list[Any], position, numeric: bool) -> None:
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
+        ax.set_xscale("log", base=2)
+    if xs:
+        ax.xaxis.set_major_locator(FixedLocator([position(v) for v in xs]))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticklabels([str(v) for v in xs])
 
 
 def _best_value(snap: Snapshot, values: list[tuple[float, str]]) -> float:

@@ -1,0 +1,180 @@
+"""A sweep's results for programs: one record per experiment with its swept parameters and every metric the
+ledger holds (`autotuner.load`), as flat rows, and as a pandas DataFrame when pandas is installed.
+
+The report's table, CSV, JSON, Markdown and HTML are made from the same records, so every output shows the
+same columns. Flat column names are the parameters' dotted keys and the metrics' names; one that is already
+taken (DeepSpeed's metrics file holds `rank`, which is also the report's rank) gets a `params.` or `metrics.`
+prefix.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+from ..ledger import Ledger
+from ..metrics import KNOWN, Metric
+from ..states import Reason, State
+from .analysis import spec_of, swept_specs
+from .snapshot import Snapshot, format_slots, load
+
+# The flat columns every row has, around the parameters and metrics (see `SweepResults.columns`).
+LEADING = ("rank", "best", "name", "state")
+TRAILING = ("metric", "reason", "detail", "attempt", "started", "finished", "duration_s", "slots")
+PANDAS_HINT = "to_dataframe() needs pandas, which is not installed: pip install pandas"
+
+
+@dataclass(frozen=True)
+class ExperimentRecord:
+    """One experiment as its latest attempt left it."""
+
+    name: str
+    state: State
+    reason: Reason | None
+    detail: str | None
+    attempt: int  # the latest attempt's number (1 unless retried or resumed)
+    rank: int | None  # 1 is the best; None when it did not succeed
+    best: bool
+    metric: float | None  # the value of the sweep's metric
+    parameters: Mapping[str, Any]  # swept key -> value; None where this experiment lacks the key
+    metrics: Mapping[str, float]  # everything its metrics file held that is a number
+    started: float | None  # seconds since the epoch
+    finished: float | None
+    slots: Mapping[str, tuple[int, ...]]  # host -> slot ids it ran on
+    sweep_directory: Path
+
+    @property
+    def directory(self) -> Path:
+        """Its files: exp.json, ds_config.json, cmd.txt, stdout.log, stderr.log, metrics.json."""
+        return self.sweep_directory / self.name
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds from start to end; None until it has ended."""
+        return None if self.started is None or self.finished is None else self.finished - self.started
+
+
+@dataclass(frozen=True)
+class SweepResults(Sequence[ExperimentRecord]):
+    """Every experiment of a sweep, ranked (succeeded best first, then the rest in sweep order); indexable by
+    position or by name."""
+
+    directory: Path
+    name: str
+    metric: Metric
+    parameters: tuple[str, ...]  # the swept keys: ds_config keys as the ledger holds them (sorted), num_gpus, num_nodes
+    metrics: tuple[str, ...]  # every metric name recorded: the sweep's first, then DeepSpeed's, then the rest
+    records: tuple[ExperimentRecord, ...]
+
+    @property
+    def best(self) -> ExperimentRecord | None:
+        return next((r for r in self.records if r.best), None)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[ExperimentRecord]:
+        return iter(self.records)
+
+    @overload
+    def __getitem__(self, key: int | str) -> ExperimentRecord: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> Sequence[ExperimentRecord]: ...
+
+    def __getitem__(self, key: int | str | slice) -> ExperimentRecord | Sequence[ExperimentRecord]:
+        if isinstance(key, str):
+            found = next((r for r in self.records if r.name == key), None)
+            if found is None:
+                raise KeyError(key)
+            return found
+        return self.records[key]
+
+    def column_names(self) -> dict[str, str]:
+        """Flat column -> what it holds: itself for the fixed ones, "params.KEY" or "metrics.NAME" for the rest."""
+        taken = set(LEADING) | set(TRAILING)
+        named: dict[str, str] = {}
+        for prefix, keys in (("params.", self.parameters), ("metrics.", self.metrics)):
+            for key in keys:
+                column = key if key not in taken else prefix + key
+                taken.add(column)
+                named[column] = prefix + key
+        return {c: c for c in LEADING} | named | {c: c for c in TRAILING}
+
+    def metric_columns(self) -> list[str]:
+        """The flat column of each metric, in `metrics` order: its name, or `metrics.NAME` where that is taken."""
+        named = self.column_names()
+        return [c for c, source in named.items() if source.startswith("metrics.")]
+
+    def columns(self) -> list[str]:
+        """The flat columns, in order: rank, best, name, state, the parameters, the metrics, then the rest."""
+        return list(self.column_names())
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per record (the CSV's rows, the DataFrame's): plain str for state and reason, slots as
+        `host:0,1@host2:0`, times in seconds since the epoch."""
+        named = self.column_names()
+        params = [(c, s[len("params."):]) for c, s in named.items() if s.startswith("params.")]
+        metrics = [(c, s[len("metrics."):]) for c, s in named.items() if s.startswith("metrics.")]
+        return [{"rank": r.rank, "best": r.best, "name": r.name, "state": str(r.state)}
+                | {c: r.parameters.get(k) for c, k in params} | {c: r.metrics.get(k) for c, k in metrics}
+                | _trailing(r) for r in self.records]
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame of `rows()`, one row per experiment; ImportError naming pandas without it."""
+        try:
+            pandas = importlib.import_module("pandas")
+        except ImportError:
+            raise ImportError(PANDAS_HINT) from None
+        return pandas.DataFrame(self.rows(), columns=self.columns())
+
+
+def _trailing(r: ExperimentRecord) -> dict[str, Any]:
+    return {"metric": r.metric, "reason": None if r.reason is None else str(r.reason), "detail": r.detail,
+            "attempt": r.attempt, "started": r.started, "finished": r.finished,
+            "duration_s": None if r.duration is None else round(r.duration, 3), "slots": format_slots(r.slots)}
+
+
+def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
+    """Every metric name recorded: the sweep's first, then DeepSpeed's known ones, then the rest as first seen."""
+    seen = dict.fromkeys(name for metrics in recorded for name in metrics)
+    first = [primary.name] + [k for k in KNOWN if k != primary.name and k in seen]
+    return tuple(first + [k for k in seen if k not in first])
+
+
+def from_snapshot(snap: Snapshot) -> SweepResults:
+    """The records of a snapshot (read with or without every experiment: their specs are read if missing)."""
+    specs = _specs(snap)
+    names = [a.name for a in snap.ranked if a.name in specs]
+    keys, table = swept_specs([specs[n] for n in names])
+    values = dict(zip(names, table, strict=True))
+    best = snap.best
+    records = []
+    for position, a in enumerate(snap.ranked, 1):
+        row = values.get(a.name, {})
+        metrics = dict(a.metrics)
+        if a.metric is not None:  # the ranking value is a metric of the record even where `metrics` lacks it
+            metrics.setdefault(snap.metric.name, a.metric)
+        records.append(ExperimentRecord(
+            name=a.name, state=a.state, reason=a.reason, detail=a.detail, attempt=a.attempt,
+            rank=position if a.state == State.SUCCEEDED else None, best=best is not None and a.name == best.name,
+            metric=a.metric, parameters={k: row.get(k) for k in keys}, metrics=metrics,
+            started=a.started_at, finished=a.finished_at,
+            slots={h: tuple(ids) for h, ids in a.slots.items()}, sweep_directory=snap.directory))
+    return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
+                        metric_names(snap.metric, [r.metrics for r in records]), tuple(records))
+
+
+def _specs(snap: Snapshot) -> dict[str, Mapping[str, Any]]:
+    """name -> what the swept parameters are read from: the snapshot's experiments, or the ledger's specs."""
+    if all(a.name in snap.experiments for a in snap.attempts):
+        return {name: spec_of(e) for name, e in snap.experiments.items()}
+    with Ledger.open(snap.directory) as ledger:
+        return {str(spec.get("name")): spec for spec in ledger.specs()}
+
+
+def load_results(directory: str | Path) -> SweepResults:
+    """`autotuner.load(DIR)`: a sweep's results, safe while it runs; a UserError when DIR holds no sweep."""
+    return from_snapshot(load(Path(directory), every_experiment=False))
