@@ -95,7 +95,10 @@ def test_a_sweep_on_two_types_ranks_and_keeps_its_best_per_type(two_sweeps):
     assert "| global " in summary
     table = autotune("report", results).stdout
     assert "GPU type" in table and "ranked per GPU type" in table and "best config of H100-80GB" in table
-    assert autotune("report", results, "--format", "csv").stdout.startswith("rank,best,name,gpu_type,state,")
+    assert autotune("report", results, "--format", "csv").stdout.startswith("rank,best,name,gpu_type,state,x,")
+    # like any report: every swept parameter and every metric, per row
+    assert all(r["parameters"]["x"] == int(r["name"].rsplit("x", 1)[1]) and "throughput" in r["metrics"]
+               for r in rows if r["state"] == "succeeded")
     assert "| GPU type |" in autotune("report", results, "--format", "md").stdout
 
 

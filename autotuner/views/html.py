@@ -181,7 +181,8 @@ def _number(value: Any) -> str:
 def _experiments_table(results: SweepResults, links: Mapping[str, Mapping[str, str]]) -> str:
     """Every experiment: rank, name, state, swept parameters, metrics, time, slots, why, and its files."""
     short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
-    head = [_sortable("#", "rank"), _sortable("name"), _sortable("state"),
+    head = [_sortable("#", "rank"), _sortable("name"), *([_sortable("GPU type")] if results.typed else []),
+            _sortable("state"),
             *(_sortable(short[k], k) for k in results.parameters),
             *(_sortable(c, f"{m} ({UNITS[m]})" if m in UNITS else m)
               for c, m in zip(results.metric_columns(), results.metrics, strict=True)),
@@ -198,7 +199,7 @@ def _experiment_row(r: ExperimentRecord, results: SweepResults, files: Mapping[s
     why = f"[{r.reason}] {r.detail or ''}" if r.reason else ""
     duration = f"{r.duration:.1f}s" if r.duration is not None else ""
     cells = [f'<td class="num" data-v="{r.rank or ""}">{rank}</td>', f"<td>{escape(r.name)}</td>",
-             f"<td>{escape(r.state)}</td>"]
+             *([f"<td>{escape(r.gpu_type or '')}</td>"] if results.typed else []), f"<td>{escape(r.state)}</td>"]
     for key in results.parameters:
         value = r.parameters[key]
         text = "" if value is None else value if isinstance(value, str) else json.dumps(value, sort_keys=True)

@@ -44,6 +44,7 @@ class ExperimentRecord:
     finished: float | None
     slots: Mapping[str, tuple[int, ...]]  # host -> slot ids it ran on
     sweep_directory: Path
+    gpu_type: str | None = None  # the GPU type it ran on, in a sweep that ran on several (else None)
 
     @property
     def directory(self) -> Path:
@@ -67,6 +68,7 @@ class SweepResults(Sequence[ExperimentRecord]):
     parameters: tuple[str, ...]  # the swept keys: ds_config keys as the ledger holds them (sorted), num_gpus, num_nodes
     metrics: tuple[str, ...]  # every metric name recorded: the sweep's first, then DeepSpeed's, then the rest
     records: tuple[ExperimentRecord, ...]
+    typed: bool = False  # it ran on several GPU types: ranked per type, each type's best marked, a gpu_type each
 
     @property
     def best(self) -> ExperimentRecord | None:
@@ -94,14 +96,19 @@ class SweepResults(Sequence[ExperimentRecord]):
 
     def column_names(self) -> dict[str, str]:
         """Flat column -> what it holds: itself for the fixed ones, "params.KEY" or "metrics.NAME" for the rest."""
-        taken = set(LEADING) | set(TRAILING)
+        leading = self.leading()
+        taken = set(leading) | set(TRAILING)
         named: dict[str, str] = {}
         for prefix, keys in (("params.", self.parameters), ("metrics.", self.metrics)):
             for key in keys:
                 column = key if key not in taken else prefix + key
                 taken.add(column)
                 named[column] = prefix + key
-        return {c: c for c in LEADING} | named | {c: c for c in TRAILING}
+        return {c: c for c in leading} | named | {c: c for c in TRAILING}
+
+    def leading(self) -> tuple[str, ...]:
+        """The first columns: rank, best, name (its GPU type, in a sweep on several), state."""
+        return (*LEADING[:3], "gpu_type", *LEADING[3:]) if self.typed else LEADING
 
     def metric_columns(self) -> list[str]:
         """The flat column of each metric, in `metrics` order: its name, or `metrics.NAME` where that is taken."""
@@ -118,9 +125,9 @@ class SweepResults(Sequence[ExperimentRecord]):
         named = self.column_names()
         params = [(c, s[len("params."):]) for c, s in named.items() if s.startswith("params.")]
         metrics = [(c, s[len("metrics."):]) for c, s in named.items() if s.startswith("metrics.")]
-        return [{"rank": r.rank, "best": r.best, "name": r.name, "state": str(r.state)}
-                | {c: r.parameters.get(k) for c, k in params} | {c: r.metrics.get(k) for c, k in metrics}
-                | _trailing(r) for r in self.records]
+        return [{"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if self.typed else {})
+                | {"state": str(r.state)} | {c: r.parameters.get(k) for c, k in params}
+                | {c: r.metrics.get(k) for c, k in metrics} | _trailing(r) for r in self.records]
 
     def to_dataframe(self) -> Any:
         """A pandas DataFrame of `rows()`, one row per experiment; ImportError naming pandas without it."""
@@ -151,20 +158,27 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     keys, table = swept_specs([specs[n] for n in names])
     values = dict(zip(names, table, strict=True))
     best = snap.best
+    typed = snap.by_type  # ranked per GPU type (snap.ranked groups them), each type's best marked
+    bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
+    ranks: dict[str | None, int] = {}
     records = []
     for position, a in enumerate(snap.ranked, 1):
+        kind = snap.type_of(a) if typed else None
+        if typed and a.state == State.SUCCEEDED:
+            ranks[kind] = position = ranks.get(kind, 0) + 1
         row = values.get(a.name, {})
         metrics = dict(a.metrics)
         if a.metric is not None:  # the ranking value is a metric of the record even where `metrics` lacks it
             metrics.setdefault(snap.metric.name, a.metric)
         records.append(ExperimentRecord(
             name=a.name, state=a.state, reason=a.reason, detail=a.detail, attempt=a.attempt,
-            rank=position if a.state == State.SUCCEEDED else None, best=best is not None and a.name == best.name,
+            rank=position if a.state == State.SUCCEEDED else None,
+            best=id(a) in bests if typed else best is not None and a.name == best.name,
             metric=a.metric, parameters={k: row.get(k) for k in keys}, metrics=metrics,
             started=a.started_at, finished=a.finished_at,
-            slots={h: tuple(ids) for h, ids in a.slots.items()}, sweep_directory=snap.directory))
+            slots={h: tuple(ids) for h, ids in a.slots.items()}, sweep_directory=snap.directory, gpu_type=kind))
     return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
-                        metric_names(snap.metric, [r.metrics for r in records]), tuple(records))
+                        metric_names(snap.metric, [r.metrics for r in records]), tuple(records), typed)
 
 
 def _specs(snap: Snapshot) -> dict[str, Mapping[str, Any]]:

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from ..ssh.probe import HostReport
 
 FORMATS = ("table", "json", "csv", "md")
-COLUMNS = ("rank", "best", "name", "state", "metric", "reason", "detail", "attempt", "duration_s", "slots")
-TYPED_COLUMNS = ("rank", "best", "name", "gpu_type", *COLUMNS[3:])  # a sweep that ran on several GPU types
 # rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a
 # larger table is laid out by hand: the same columns, one line per row, the last column running to the end.
 RICH_ROWS = 1000
@@ -200,92 +198,9 @@ def _wrap_last(line: str, indent: int, width: int) -> list[str]:
 
 
 # --- autotune report -----------------------------------------------------------------------------------------
-def rows(snap: Snapshot) -> list[dict]:
-    """One dict per experiment, ranked: the report's JSON and CSV rows, and what the tables are made of. A sweep
-    that ran on several GPU types is ranked per type, each type's best marked, with a `gpu_type` per row."""
-    if snap.by_type:
-        return _rows_by_type(snap)
-    best = snap.best
-    out = []
-    for rank, a in enumerate(snap.ranked, 1):
-        out.append({
-            "rank": rank if a.state == State.SUCCEEDED else None,
-            "best": best is not None and a.name == best.name,
-            "name": a.name, "state": a.state, "metric": a.metric,
-            "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
-            "duration_s": round(a.duration, 3) if a.duration is not None else None,
-            "slots": format_slots(a.slots),
-        })
-    return out
-
-
-def _rows_by_type(snap: Snapshot) -> list[dict]:
-    bests = {id(a) for a in snap.best_by_type.values()}
-    ranks: dict[str | None, int] = {}
-    out = []
-    for a in snap.ranked:
-        kind = snap.type_of(a)
-        if a.state == State.SUCCEEDED:
-            ranks[kind] = ranks.get(kind, 0) + 1
-        out.append({
-            "rank": ranks[kind] if a.state == State.SUCCEEDED else None, "best": id(a) in bests,
-            "name": a.name, "gpu_type": kind, "state": a.state, "metric": a.metric,
-            "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
-            "duration_s": round(a.duration, 3) if a.duration is not None else None,
-            "slots": format_slots(a.slots),
-        })
-    return out
-
-
-def _typed_report(snap: Snapshot, fmt: str, output: Output) -> str:
-    """The report of a sweep that ran on several GPU types: ranked per type, each type's best marked.
-    (Its rows do not carry the swept parameters and metrics yet: records.py does not know types.)"""
-    table = rows(snap)
-    typed = snap.by_type
-    if fmt == "json":
-        best = snap.best
-        found = optimal(snap)
-        per_type: dict[str, dict] = {}
-        if typed:
-            per_type["best_by_type"] = {t: a.name for t, a in snap.best_by_type.items()}
-            per_type["optimal_by_type"] = {t: {"config": o[0], "command": o[1]} for t in snap.best_by_type
-                                           if (o := optimal(snap, gpu_type=t)) is not None}
-        return json.dumps({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
-                           "best": best.name if best else None, "counts": snap.counts(), "experiments": table,
-                           "optimal": {"config": found[0], "command": found[1]} if found else None} | per_type,
-                          indent=2) + "\n"
-    if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=TYPED_COLUMNS if typed else COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(table)
-        return buffer.getvalue()
-    if fmt == "md":
-        head = ["", "name", *(["GPU type"] if typed else []), "state", snap.metric.name, "reason"]
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for r in table:
-            why = f"{r['reason']}: {r['detail']}" if r["reason"] else ""
-            kind = f"{r['gpu_type'] or ''} | " if typed else ""
-            lines.append(f"| {'**best**' if r['best'] else (r['rank'] or '')} | {r['name']} | {kind}{r['state']} | "
-                         f"{format_value(r['metric'])} | {why.replace('|', '/')} |")
-        return "\n".join(lines) + "\n"
-    columns = (Column("#", right=True), Column("name"), *([Column("GPU type")] if typed else []), Column("state"),
-               Column(snap.metric.name, right=True), Column("time", right=True), Column("slots"), Column("why"))
-    title = f"sweep {snap.name}: {snap.metric.name} ({snap.metric.direction})"
-    notes = ["ranked per GPU type: a metric compares only within one type"] if typed else []
-    return render_table(columns, [_cells(r, typed) for r in table], title=title, notes=notes,
-                        output=output) + _optimal_text(snap)
-
-
-def _cells(r: dict, typed: bool = False) -> tuple[str, ...]:
-    why = f"[{r['reason']}] {r['detail'] or ''}" if r["reason"] else ""
-    return ("best" if r["best"] else str(r["rank"] or ""), r["name"], *([r["gpu_type"] or ""] if typed else []),
-            r["state"], format_value(r["metric"]), f"{r['duration_s']:.1f}s" if r["duration_s"] is not None else "",
-            r["slots"], why)
-
-
-def _json_row(r: ExperimentRecord) -> dict[str, Any]:
-    return {"rank": r.rank, "best": r.best, "name": r.name, "state": r.state, "metric": r.metric,
+def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, Any]:
+    return {"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if typed else {}) | {
+            "state": r.state, "metric": r.metric,
             "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
             "duration_s": round(r.duration, 3) if r.duration is not None else None, "slots": format_slots(r.slots),
             "parameters": dict(r.parameters), "metrics": dict(r.metrics), "started_at": r.started,
@@ -297,8 +212,6 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     snap = load(directory, every_experiment=False)
-    if snap.by_type:
-        return _typed_report(snap, fmt, output)
     results = from_snapshot(snap)
     if fmt == "json":
         best = snap.best
@@ -306,14 +219,24 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
         return json_with_rows({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
                                "best": best.name if best else None, "counts": snap.counts(),
                                "parameters": list(results.parameters), "metrics": list(results.metrics),
-                               "experiments": [_json_row(r) for r in results],
-                               "optimal": {"config": found[0], "command": found[1]} if found else None},
-                              "experiments")
+                               "experiments": [_json_row(r, results.typed) for r in results],
+                               "optimal": {"config": found[0], "command": found[1]} if found else None}
+                              | _per_type(snap), "experiments")
     if fmt == "csv":
         return _csv(results)
     if fmt == "md":
         return _markdown(results)
     return _report_table(results, output) + _optimal_text(snap)
+
+
+def _per_type(snap: Snapshot) -> dict[str, Any]:
+    """A sweep on several GPU types: each type's best, and its config and command (a metric compares only within
+    one type)."""
+    if not snap.by_type:
+        return {}
+    return {"best_by_type": {t: a.name for t, a in snap.best_by_type.items()},
+            "optimal_by_type": {t: {"config": o[0], "command": o[1]} for t in snap.best_by_type
+                                if (o := optimal(snap, gpu_type=t)) is not None}}
 
 
 def json_with_rows(document: Mapping[str, Any], key: str) -> str:
@@ -355,9 +278,11 @@ def _duration(r: ExperimentRecord) -> str:
 
 
 def _markdown(results: SweepResults) -> str:
-    head = ["", "name", "state", *results.parameters, *results.metric_columns(), "time", "reason"]
+    typed = results.typed
+    head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
+            "time", "reason"]
     return markdown_table(head, [
-        ["**best**" if r.best else str(r.rank or ""), r.name, r.state,
+        ["**best**" if r.best else str(r.rank or ""), r.name, *([r.gpu_type or ""] if typed else []), r.state,
          *(_value_text(r.parameters[k]) for k in results.parameters),
          *(format_compact(r.metrics.get(m)) for m in results.metrics), _duration(r),
          f"{r.reason}: {r.detail}" if r.reason else ""] for r in results])
@@ -383,20 +308,24 @@ def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
 def _report_table(results: SweepResults, output: Output) -> str:
     metric = results.metric
     short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
-    columns = (Column("#", right=True), Column("name", whole=True), Column("state", whole=True),
+    columns = (Column("#", right=True), Column("name", whole=True),
+               *([Column("GPU type", whole=True)] if results.typed else []), Column("state", whole=True),
                *(Column(short[k], right=True) for k in results.parameters),
                *(Column(m, right=True) for m in results.metric_columns()),
                Column("time", right=True), Column("slots"), Column("why"))
     cells = [_report_cells(r, results) for r in results]
     legend = [f"{short[k]} = {k}" for k in results.parameters if short[k] != k]
     notes = ["columns: " + ", ".join(legend)] if legend else []
+    if results.typed:
+        notes.append("ranked per GPU type: a metric compares only within one type")
     title = f"sweep {results.name}: {metric.name} ({metric.direction})"
     return render_table(columns, cells, title=title, notes=notes, output=output, keep=2,
                         row_styles=["bold" if r.best else "" for r in results])
 
 
 def _report_cells(r: ExperimentRecord, results: SweepResults) -> tuple[Cell, ...]:
-    return ("best" if r.best else str(r.rank or ""), r.name, Styled(r.state, _STATE_STYLES.get(r.state, "")),
+    return ("best" if r.best else str(r.rank or ""), r.name, *([r.gpu_type or ""] if results.typed else []),
+            Styled(r.state, _STATE_STYLES.get(r.state, "")),
             *(_value_text(r.parameters[k]) for k in results.parameters),
             *(format_compact(r.metrics.get(m)) for m in results.metrics),
             _duration(r), format_slots(r.slots), Styled(_why(r), "red" if r.reason else ""))
