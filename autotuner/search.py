@@ -21,7 +21,7 @@ from .core import Run
 from .metrics import Metric, metric_named
 from .outcome import Outcome
 from .spec import Experiment
-from .spec.model import with_arg
+from .spec.model import with_mapped_args
 from .states import Reason, State
 
 MAX_MICRO_BATCH = 4096  # the largest micro-batch size tried when the user sets no bound
@@ -195,11 +195,7 @@ class MicroBatchSearch:
             config["train_batch_size"] = mbs * gas * spec.world
             name += f"_gas{gas}"
         template = dict(spec.template)
-        args = list(template.pop("args", []))
-        for key, option in dict(template.pop("arg_mappings", {})).items():
-            value = config.get(key)
-            if value is not None and value != "auto":
-                args = with_arg(args, option, str(value))
+        args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
         return Experiment.from_json({**template, "name": name, "ds_config": config, "args": args})
 
     @staticmethod

@@ -40,7 +40,9 @@ from .model import (
     canonical,
     is_safe_name,
     name_problem,
+    option_text,
     with_arg,
+    with_mapped_args,
 )
 from .reading import (
     Defaults,
@@ -163,7 +165,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
             if key in FIELD_KEYS:
                 fields[key] = value
             elif key.startswith("-"):
-                options = with_arg(options, key, _option_text(value))
+                options = with_arg(options, key, option_text(value))
             else:
                 blocked = _set_dotted(config, segments, copy.deepcopy(value))
                 if blocked is not None:
@@ -173,10 +175,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
         name = experiment_name(prefix, parts)
         if not is_safe_name(name):  # a space-less sweep named like one of the sweep's own files
             raise src.error(name_problem(name), "name" if "name" in data else None)
-        for dotted, option in mappings.items():
-            value = _lookup(config, dotted)
-            if value is not None and value != "auto":
-                options = with_arg(options, option, _option_text(value))
+        options = with_mapped_args(options, config, mappings)
         experiment = Experiment(name=name, ds_config=config, script=script, args=tuple(options), timeout=timeout,
                                 env=env, source=str(src.path), estimate=estimate, config_flag=config_flag,
                                 num_gpus=fields["num_gpus"], num_nodes=fields["num_nodes"], gpu_type=gpu_type,
@@ -220,21 +219,6 @@ def _check_option_axis(src: Source, key: str, values: list[Any], config_flag: st
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
             raise src.error(f"space key {key}: every value must be a string, number or boolean, not "
                             f"{shown(value)}", key, line)
-
-
-def _option_text(value: Any) -> str:
-    """A value as a script argument: JSON's words for booleans, the number or string itself otherwise."""
-    return json.dumps(value) if isinstance(value, bool) else str(value)
-
-
-def _lookup(config: dict, dotted: str) -> Any:
-    """The value of a dotted key in the config, or None where it has none."""
-    node: Any = config
-    for segment in dotted.split("."):
-        if not isinstance(node, dict) or segment not in node:
-            return None
-        node = node[segment]
-    return node
 
 
 def _gpu_needs(src: Source, data: dict, defaults: Defaults) -> tuple[str | None, bool, int | None]:

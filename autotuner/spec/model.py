@@ -58,6 +58,32 @@ def with_arg(args: Sequence[str], flag: str, value: str) -> list[str]:
     return [*out, flag, value]
 
 
+def option_text(value: Any) -> str:
+    """A value as a script argument: JSON's words for booleans, the number or string itself otherwise."""
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def dotted_value(config: Mapping[str, Any], dotted: str) -> Any:
+    """The value of a dotted key in a config, or None where it has none."""
+    node: Any = config
+    for segment in dotted.split("."):
+        if not isinstance(node, Mapping) or segment not in node:
+            return None
+        node = node[segment]
+    return node
+
+
+def with_mapped_args(args: Sequence[str], config: Mapping[str, Any], mappings: Mapping[str, str]) -> list[str]:
+    """`args` with each config value that `mappings` (dotted key -> script option, DeepSpeed's `arg_mappings`)
+    names handed to the script as that option too; an absent key or "auto" is left to the script."""
+    out = list(args)
+    for dotted, option in mappings.items():
+        value = dotted_value(config, dotted)
+        if value is not None and value != "auto":
+            out = with_arg(out, option, option_text(value))
+    return out
+
+
 def is_safe_name(name: str) -> bool:
     """Usable as a directory name: letters, digits, `.`, `_`, `-`; not starting with `.` (hidden); at most 120
     chars; not the name of one of the sweep's own files (RESERVED_NAMES), which share the results directory."""
