@@ -36,6 +36,12 @@ EVENTS_HELP = ("Append one JSON line per event (started, finished: name, attempt
                "timestamp) to this file, for scripts.")
 
 # Options that several commands share.
+HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine.")
+INCLUDE = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1.")
+EXCLUDE = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0.")
+RESULTS = typer.Option(None, "--results", "-o", help="Results directory \\[default: results/NAME-TIME].")
+RETRIES = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host).")
+LAUNCHER = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher \\[default: deepspeed].")
 GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run.")
 SSH_CONFIG = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config.")
 ACCEPT_NEW_HOSTS = typer.Option(False, "--accept-new-hosts",
@@ -178,6 +184,21 @@ def _seconds(value: float | None, option: str, *, positive: bool = False) -> Non
         raise UserError(f"{option} {value:g} is more than {limits.SECONDS:,} seconds (the limit)")
 
 
+def _results_path(results: str | None) -> Path | None:
+    """`--results`: None for the default; an empty path is refused (Path("") is ".": a sweep spread over the
+    current directory)."""
+    if results is not None and not results.strip():
+        raise UserError("--results: an empty path; name a directory")
+    return None if results is None else Path(results)
+
+
+def _check_execution(deadline: float | None, grace: float, ssh_config: Path | None) -> None:
+    """What `run`, `tune` and `resume` check of how to execute before anything is created or launched."""
+    _seconds(deadline, "--deadline", positive=True)
+    _seconds(grace, "--grace")
+    _check_ssh_config(ssh_config)
+
+
 def _check_ssh_config(path: Path | None) -> None:
     """An ssh config file named on the command line must be there before anything is created or launched."""
     if path is None:
@@ -192,13 +213,12 @@ def _check_ssh_config(path: Path | None) -> None:
 def run(
     specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
                                                  "of them."),
-    hostfile: Path | None = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
-    include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
-    exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
+    hostfile: Path | None = HOSTFILE,
+    include: str = INCLUDE,
+    exclude: str = EXCLUDE,
     slots: int | None = typer.Option(None, "--slots", min=1,
                                      help="Run on this many CPU slots of this machine (no GPU needed)."),
-    results: str | None = typer.Option(None, "--results", "-o",
-                                        help="Results directory \\[default: results/NAME-TIME]."),
+    results: str | None = RESULTS,
     script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
     metric: str | None = typer.Option(None, "--metric", help=f"{', '.join(autotuner.KNOWN)}, or NAME:min|max."),
@@ -206,10 +226,9 @@ def run(
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole sweep may run."),
-    retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
+    retries: int = RETRIES,
     grace: float = GRACE,
-    launcher: str | None = typer.Option(None, "--launcher",
-                                        help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
+    launcher: str | None = LAUNCHER,
     placement: str = typer.Option("pack", "--placement", help="pack (best fit), spread, or memory (only GPUs with "
                                                               "room for the sweep's gpu_memory)."),
     gpu_type: str | None = GPU_TYPE,
@@ -225,9 +244,7 @@ def run(
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
     try:
-        _seconds(deadline, "--deadline", positive=True)
-        _seconds(grace, "--grace")
-        _check_ssh_config(ssh_config)
+        _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
         if events is not None:
@@ -240,10 +257,7 @@ def run(
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout),
                                     placement=chosen, fail_on=fail_on)
-        if results is not None and not results.strip():  # Path("") is ".": a sweep spread over the current directory
-            raise UserError("--results: an empty path; name a directory")
-        directory = autotuner.prepare(sweep, cluster, None if results is None else Path(results), launcher=launch,
-                                      timeout=options.timeout)
+        directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch, timeout=options.timeout)
     except UserError as e:
         raise fail(e) from None
     for note in notes:
@@ -262,23 +276,21 @@ def tune(
     script: str = typer.Argument(..., help="The training script; everything after it goes to the script, which "
                                            "names its DeepSpeed config (--deepspeed_config ds.json, or --deepspeed "
                                            "ds.json for a Trainer script)."),
-    hostfile: Path | None = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
-    include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
-    exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
+    hostfile: Path | None = HOSTFILE,
+    include: str = INCLUDE,
+    exclude: str = EXCLUDE,
     slots: int | None = typer.Option(None, "--slots", min=1,
                                      help="Tune on this many CPU slots of this machine (no GPU needed)."),
     num_gpus: int = typer.Option(1, "--num_gpus", "--num-gpus", min=1, help="Slots per node of each experiment."),
     num_nodes: int = typer.Option(1, "--num_nodes", "--num-nodes", min=1, help="Nodes of each experiment."),
-    results: str | None = typer.Option(None, "--results", "-o",
-                                        help="Results directory \\[default: results/NAME-TIME]."),
+    results: str | None = RESULTS,
     timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run; `none`: no limit "
                                                f"\\[default: {limits.DEFAULT_TIMEOUT:g}]."),
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole tuning may run."),
-    retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host)."),
+    retries: int = RETRIES,
     grace: float = GRACE,
-    launcher: str | None = typer.Option(None, "--launcher",
-                                        help="Command that starts DeepSpeed's launcher \\[default: deepspeed]."),
+    launcher: str | None = LAUNCHER,
     ssh_config: Path | None = SSH_CONFIG,
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
     remote_dir: str | None = REMOTE_DIR,
@@ -291,18 +303,14 @@ def tune(
     answers, not failures."""
     notes: list[str] = []
     try:
-        _seconds(deadline, "--deadline", positive=True)
-        _seconds(grace, "--grace")
-        _check_ssh_config(ssh_config)
+        _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         if events is not None:
             autotuner.check_events_path(events)
         cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, log=notes.append)
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout))
-        if results is not None and not results.strip():
-            raise UserError("--results: an empty path; name a directory")
-        directory = autotuner.prepare_tune(script, list(ctx.args), cluster, None if results is None else Path(results),
+        directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
                                            num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
                                            timeout=options.timeout)
     except UserError as e:
@@ -330,9 +338,9 @@ def _names(text: str, option: str, known: Any, one: bool = False) -> list[str]:
 def plan(
     specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
                                                  "of them."),
-    hostfile: Path | None = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none = this machine."),
-    include: str = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1."),
-    exclude: str = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0."),
+    hostfile: Path | None = HOSTFILE,
+    include: str = INCLUDE,
+    exclude: str = EXCLUDE,
     slots: int | None = typer.Option(None, "--slots", min=1, help="Plan for this many slots of this machine."),
     script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
     past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations."),
@@ -479,9 +487,7 @@ def resume(
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again."""
     try:
-        _seconds(deadline, "--deadline", positive=True)
-        _seconds(grace, "--grace")
-        _check_ssh_config(ssh_config)
+        _check_execution(deadline, grace, ssh_config)
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
             else None
         if events is not None:
