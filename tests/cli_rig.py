@@ -8,12 +8,14 @@ count launches per attempt, and derive what they do from the experiment's name (
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from autotuner.ledger import Attempt, Ledger
@@ -193,3 +195,34 @@ def launches(log: Path) -> list[tuple[str, int]]:
 
 def runner_alive(directory: Path) -> int | None:
     return holder_pid(Path(directory))
+
+
+@contextmanager
+def tmpfs(path: Path, *options: str) -> Iterator[Path]:
+    """A tmpfs mounted at `path` for the test (read-only with "ro", tiny with "size=64k"), unmounted afterwards."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options or ("size=64k",)), "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        import pytest  # here: the benchmarks use this rig too, without pytest
+
+        message = f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI runs as root and can: a skip there would hide these tests
+        pytest.skip(message)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def fill(path: Path) -> None:
+    """Append zeros to `path` until its device is full (its last page included)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        while True:
+            os.write(fd, b"\0" * 65536)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)

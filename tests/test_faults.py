@@ -6,8 +6,6 @@ The full disks are small tmpfs mounts each test makes (tests run as root), fille
 """
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,11 +17,13 @@ from cli_rig import (
     WRITE_METRICS,
     autotune,
     env,
+    fill,
     launched,
     launches,
     states,
     sweep_id,
     tagged_pids,
+    tmpfs,
     wait_until,
     write_launcher,
     write_sweep,
@@ -42,26 +42,8 @@ fi
 @pytest.fixture
 def small_disk(tmp_path):
     """A 1 MiB tmpfs of this test's own, unmounted afterwards."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-def fill(path: Path) -> None:
-    """Append zeros to `path` until its device is full (its last page included)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        while True:
-            os.write(fd, b"\0" * 65536)
-    except OSError as e:
-        assert e.errno == 28, e  # ENOSPC
-    finally:
-        os.close(fd)
+    with tmpfs(tmp_path / "small", "size=1m") as mount:
+        yield mount
 
 
 def setup(tmp_path: Path, n: int = 5):

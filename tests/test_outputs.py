@@ -7,8 +7,6 @@ and a full disk a tiny tmpfs filled to the last page.
 """
 from __future__ import annotations
 
-import errno
-import os
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -19,7 +17,18 @@ import pytest
 
 from autotuner.states import State
 
-from cli_rig import PREAMBLE, SLEEP_THEN_SUCCEED, attempts, autotune, env, launches, write_launcher, write_sweep
+from cli_rig import (
+    PREAMBLE,
+    SLEEP_THEN_SUCCEED,
+    attempts,
+    autotune,
+    env,
+    fill,
+    launches,
+    tmpfs,
+    write_launcher,
+    write_sweep,
+)
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -37,40 +46,11 @@ def tree(root: Path) -> set[str]:
 
 
 @contextmanager
-def tmpfs(path: Path, *options: str) -> Iterator[Path]:
-    """A tmpfs mounted at `path` for the test (read-only with "ro", tiny with "size=64k")."""
-    path.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options or ("size=64k",)), "tmpfs", str(path)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        message = f"cannot mount a tmpfs here: {mounted.stderr.strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI runs as root and can: a skip there would hide these tests
-        pytest.skip(message)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
-
-
-@contextmanager
 def full_disk(path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs with not one byte left."""
     with tmpfs(path, "size=64k") as mount:
         fill(mount / "filler")
         yield mount
-
-
-def fill(path: Path) -> None:
-    """Write to `path` until the disk is full."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as e:
-        assert e.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
 
 
 class Rig:
