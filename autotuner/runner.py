@@ -11,7 +11,7 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
@@ -241,7 +241,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
-                          source=_search(ledger) if meta.search is not None else None)
+                          source=_search(ledger, meta.search) if meta.search is not None else None)
     dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
@@ -300,13 +300,12 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
             remote.close()
 
 
-def _search(ledger: Ledger) -> Source:
-    """`autotune tune`'s search, rebuilt from the ledger: what it proposed and what came of it (search.py)."""
+def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
+    """`autotune tune`'s search (`spec`: the ledger's meta `search`), rebuilt from the ledger: what it proposed
+    and what came of it (search.py)."""
     from .search import MicroBatchSearch, SearchSpec
 
-    meta = ledger.meta()
-    assert meta.search is not None
-    search = MicroBatchSearch(SearchSpec.from_json(meta.search))
+    search = MicroBatchSearch(SearchSpec.from_json(spec))
     latest = {a.name: (a.state, a.reason, a.metric) for a in ledger.latest()}
     search.replay(ledger.experiments(), latest)
     return search

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,6 @@ from .core import (
     Scheduler,
     SlotPool,
     Source,
-    Stop,
 )
 from .core.scheduler import default_queue
 from .outcome import Outcome
@@ -153,8 +153,6 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
     (a sweep re-planned while it runs). `outcome`: how each run ends (default: succeeded); `source`: a searcher
     that proposes experiments as slots free up (`metric` names the value it is told). `measure`: time each
     step, for the benchmark."""
-    import time
-
     pool = SlotPool(slots)
     for host in down:
         pool.mark_down(host)
@@ -192,7 +190,7 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
             decisions.append((time.perf_counter() - tick) / len(actions.start))
         events = []
         for stop in actions.stop:
-            _stop(executor, stop)
+            executor.stop(stop.run, stop.state, stop.detail, stop.reason)
         for run in actions.start:
             began[run.key] = clock[0]
             executor.start(run, post)
@@ -215,6 +213,3 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
     total = sum(len(ids) for ids in slots.values())
     return Timeline(played, total, decisions)
 
-
-def _stop(executor: SimulatedExecutor, stop: Stop) -> None:
-    executor.stop(stop.run, stop.state, stop.detail, stop.reason)

@@ -204,9 +204,6 @@ class Scheduler:
         """What waits, in queue order."""
         return list(self._queue)
 
-    def running(self) -> list[Run]:
-        return list(self._running.values())
-
     def wake(self) -> float | None:
         """When the next timer (the deadline, an attempt's timeout) is due; None: only events wake it."""
         while self._timers and self._timers[0][2] is not None and self._timers[0][2] not in self._running:
