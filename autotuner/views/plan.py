@@ -14,6 +14,7 @@ from ..plan import RUN_BUDGET, Plan, PolicyPlan
 from ..simulate import Played
 from ..states import State
 from .live import seconds
+from .snapshot import format_slots
 from .tables import PLAIN, Column, Output, render_table
 
 SCHEDULE_ROWS = 40  # experiments listed in the table format (JSON lists every one)
@@ -64,7 +65,8 @@ def render_plan(plan: Plan, fmt: str = "table", output: Output = PLAIN) -> str:
         else []
     text = head + "\n" + bound + "\n" + render_table(columns, rows, notes=notes, output=output)
     played = _in_order(plan, first)
-    schedule = [(r.name, seconds(r.start), seconds(r.end), _slots_text(r.slots)) for r in played[:SCHEDULE_ROWS]]
+    schedule = [(r.name, seconds(r.start), seconds(r.end), format_slots(r.slots, sep=" "))
+                for r in played[:SCHEDULE_ROWS]]
     more = [f"... {len(played) - SCHEDULE_ROWS} more (--format json lists every one)"] \
         if len(played) > SCHEDULE_ROWS else []
     return (text + f"expected schedule ({first.queue}, {first.placement}, at the estimates):\n"
@@ -76,10 +78,6 @@ def _in_order(plan: Plan, p: PolicyPlan) -> list[Played]:
     """By start, then in the sweep's order."""
     index = {e.name: i for i, e in enumerate(plan.experiments)}
     return sorted(p.expected.played, key=lambda r: (r.start, index.get(r.name, 0)))
-
-
-def _slots_text(slots: dict[str, list[int]] | Any) -> str:
-    return " ".join(f"{h}:{','.join(map(str, ids))}" for h, ids in slots.items())
 
 
 def write_plan_plot(plan: Plan, path: Path) -> Path:
