@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import UserError, shown
 from ..metrics import metric_named
-from .model import CONFIG_FLAG, FLAG, UNSAFE
+from .model import CONFIG_FLAG, FLAG, UNSAFE, positive_int
 from .reading import Budget, Source, read_source
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
@@ -124,7 +124,7 @@ def _count(src: Source, section: dict, key: str) -> int | None:
     value = section.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    if not positive_int(value):
         raise src.error(f"{key} must be a positive whole number, not {shown(value)}", key)
     return value
 
