@@ -2,6 +2,7 @@
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -19,6 +20,11 @@ def tagged():
     def start(tag, **kw):
         proc = subprocess.Popen(["sleep", "60"], env={**os.environ, tags.TAG_ENV: tag}, **kw)
         procs.append(proc)
+        # Popen returns once exec has begun; on a loaded machine /proc/PID/environ can still be empty for a
+        # moment after that (seen once in CI): the tests are about finding a process that carries its tag.
+        deadline = time.monotonic() + 10
+        while not tags.carries(proc.pid, tag) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return proc
 
     yield start
