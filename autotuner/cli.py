@@ -13,6 +13,8 @@ import shlex
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,14 @@ GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs o
                                                  "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
 GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU types (by default each runs on "
                                                     "one type).")
+SLURM = typer.Option(False, "--slurm", help="Run inside a Slurm allocation: this job's (SLURM_JOB_ID), or one "
+                                               "asked for with --nodes and --gpus-per-node and given back at the end.")
+NODES = typer.Option(None, "--nodes", min=1, help="With --slurm outside an allocation: nodes to ask for.")
+GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1,
+                             help="With --slurm outside an allocation: GPUs per node to ask for.")
+PARTITION = typer.Option(None, "--partition", help="With --slurm --nodes: the Slurm partition.")
+TIME_LIMIT = typer.Option(None, "--time", help="With --slurm --nodes: the allocation's time limit (Slurm's syntax).")
+ACCOUNT = typer.Option(None, "--account", help="With --slurm --nodes: the Slurm account.")
 RESULT_HELP = ("table: the outcome in lines; json: only one JSON object on stdout when the sweep ends (counts, "
                "best, its files, exit code), no event lines there (--events writes them).")
 
@@ -239,34 +249,44 @@ def run(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
+    slurm: bool = SLURM,
+    nodes: int | None = NODES,
+    gpus_per_node: int | None = GPUS_PER_NODE,
+    partition: str | None = PARTITION,
+    time_limit: str | None = TIME_LIMIT,
+    account: str | None = ACCOUNT,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
-    notes: list[str] = []
-    try:
-        _check_execution(deadline, grace, ssh_config)
-        launch = _split(launcher, "--launcher") if launcher else None
-        chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
-        if events is not None:
-            autotuner.check_events_path(events)
-        # Paths absolute: `resume` reads them again from any directory.
-        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
-                                     metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
-        cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
-                                         log=notes.append)
-        options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout),
-                                    placement=chosen, fail_on=fail_on)
-        directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch, timeout=options.timeout)
-    except UserError as e:
-        raise fail(e) from None
-    for note in notes:
-        typer.echo(f"autotune: note: {note}", err=True)
-    if not quiet:  # with --format json stdout holds only the result
-        typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on "
-                   f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
-                   f"{len(cluster.slots)} host(s); results in {directory}", err=fmt == Brief.json)
-    _execute(directory, options, quiet, events, fmt=fmt)
+    allocation = _slurm_allocation(SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account),
+                                   hostfile, slots)
+    with _given_back(allocation):
+        notes: list[str] = []
+        try:
+            _check_execution(deadline, grace, ssh_config)
+            launch = _split(launcher, "--launcher") if launcher else None
+            chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
+            if events is not None:
+                autotuner.check_events_path(events)
+            # Paths absolute: `resume` reads them again from any directory.
+            sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
+                                         metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
+            cluster = _cluster(allocation, hostfile, include, exclude, slots, sweep, notes.append)
+            options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                        retries=retries, deadline=deadline,
+                                        timeout=autotuner.timeout_seconds(timeout), placement=chosen,
+                                        fail_on=fail_on, slurm=allocation)
+            directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch,
+                                          timeout=options.timeout)
+        except UserError as e:
+            raise fail(e) from None
+        for note in notes:
+            typer.echo(f"autotune: note: {note}", err=True)
+        if not quiet:  # with --format json stdout holds only the result
+            typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on "
+                       f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
+                       f"{len(cluster.slots)} host(s); results in {directory}", err=fmt == Brief.json)
+        _execute(directory, options, quiet, events, fmt=fmt)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
@@ -296,32 +316,148 @@ def tune(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
+    slurm: bool = SLURM,
+    nodes: int | None = NODES,
+    gpus_per_node: int | None = GPUS_PER_NODE,
+    partition: str | None = PARTITION,
+    time_limit: str | None = TIME_LIMIT,
+    account: str | None = ACCOUNT,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
     documents it; each ZeRO stage's largest micro-batch size that fits is searched, runs out of memory are
     answers, not failures."""
-    notes: list[str] = []
+    allocation = _slurm_allocation(SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account),
+                                   hostfile, slots)
+    with _given_back(allocation):
+        notes: list[str] = []
+        try:
+            _check_execution(deadline, grace, ssh_config)
+            launch = _split(launcher, "--launcher") if launcher else None
+            if events is not None:
+                autotuner.check_events_path(events)
+            cluster = _cluster(allocation, hostfile, include, exclude, slots, None, notes.append)
+            options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                        retries=retries, deadline=deadline,
+                                        timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
+            directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
+                                               num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
+                                               timeout=options.timeout)
+        except UserError as e:
+            raise fail(e) from None
+        for note in notes:
+            typer.echo(f"autotune: note: {note}", err=True)
+        if not quiet:
+            typer.echo(f"tuning {script}: experiments of {num_nodes} node(s) x {num_gpus} slot(s) on "
+                       f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
+                       f"{len(cluster.slots)} host(s); results in {directory}")
+        _execute(directory, options, quiet, events)
+
+
+@dataclass(frozen=True)
+class SlurmAsk:
+    """What the command line asks of Slurm: whether to run inside it, and the allocation to ask for if needed."""
+
+    slurm: bool = False
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+
+    def check(self, hostfile: Path | None = None, slots: int | None = None) -> None:
+        asked = [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
+                                          ("--partition", self.partition), ("--time", self.time),
+                                          ("--account", self.account)) if value is not None]
+        if asked and not self.slurm:
+            raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
+        if self.slurm and (hostfile is not None or slots is not None):
+            raise UserError(f"--slurm takes its nodes from the allocation: leave out "
+                            f"{'--hostfile' if hostfile is not None else '--slots'}")
+
+    def allocation(self, recorded: dict[str, Any] | None = None,
+                   log: Callable[[str], None] = lambda line: None) -> Any:
+        """The allocation to run in (None: not in Slurm): this job's, else the sweep's recorded one while it still
+        runs, else a new one (`--nodes`, `--gpus-per-node`), which the caller gives back."""
+        if not self.slurm and recorded is None:
+            return None
+        from . import slurm
+
+        current = slurm.current_job()
+        if current is not None:
+            if self.nodes is not None or self.gpus_per_node is not None:
+                raise UserError(f"--nodes and --gpus-per-node ask for a new allocation; this runs inside Slurm job "
+                                f"{current} already: leave them out")
+            return slurm.describe(current)
+        if recorded is not None and self.nodes is None:
+            job = slurm.allocation.job_state(str(recorded.get("job")))
+            if job is not None and job.state == "RUNNING":
+                return slurm.describe(job.id, owned=bool(recorded.get("owned")))
+        if self.nodes is None or self.gpus_per_node is None:
+            raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
+                            "salloc or sbatch)")
+        log(f"asking Slurm for {self.nodes} node(s) x {self.gpus_per_node} GPU(s)")
+        return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
+                             account=self.account)
+
+
+def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str, slots: int | None,
+             sweep: autotuner.Sweep | None, log: Callable[[str], None]) -> autotuner.Cluster:
+    """The allocation's nodes and GPUs, or the hostfile's, or this machine's."""
+    if allocation is not None:
+        from .slurm import cluster_of
+
+        if include or exclude:
+            raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
+                            "the nodes")
+        return cluster_of(allocation)
+    return autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log)
+
+
+def _note(line: str) -> None:
+    typer.echo(f"autotune: note: {line}", err=True)
+
+
+def _slurm_allocation(ask: SlurmAsk, hostfile: Path | None = None, slots: int | None = None,
+                      recorded: dict[str, Any] | None = None) -> Any:
+    """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
     try:
-        _check_execution(deadline, grace, ssh_config)
-        launch = _split(launcher, "--launcher") if launcher else None
-        if events is not None:
-            autotuner.check_events_path(events)
-        cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, log=notes.append)
-        options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
-                                    retries=retries, deadline=deadline, timeout=autotuner.timeout_seconds(timeout))
-        directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
-                                           num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
-                                           timeout=options.timeout)
+        ask.check(hostfile, slots)
+        return ask.allocation(recorded, log=_note)
     except UserError as e:
         raise fail(e) from None
-    for note in notes:
-        typer.echo(f"autotune: note: {note}", err=True)
-    if not quiet:
-        typer.echo(f"tuning {script}: experiments of {num_nodes} node(s) x {num_gpus} slot(s) on "
-                   f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
-                   f"{len(cluster.slots)} host(s); results in {directory}")
-    _execute(directory, options, quiet, events)
+
+
+def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude: str, slots: int | None,
+                     sweep: autotuner.Sweep, log: Callable[[str], None]) -> autotuner.Cluster:
+    """What `plan` plans for: with --slurm, the allocation this runs in or one of the size asked (never asked
+    for: a plan spends nothing); else as `run` would."""
+    ask.check(hostfile, slots)
+    if not ask.slurm:
+        return _cluster(None, hostfile, include, exclude, slots, sweep, log)
+    from . import slurm
+
+    current = slurm.current_job()
+    if ask.nodes is not None or ask.gpus_per_node is not None:
+        if ask.nodes is None or ask.gpus_per_node is None:
+            raise UserError("plan --slurm: give both --nodes and --gpus-per-node, or neither (this allocation)")
+        return slurm.planned_cluster(ask.nodes, ask.gpus_per_node)
+    if current is None:
+        raise UserError("plan --slurm outside an allocation: give --nodes and --gpus-per-node")
+    return _cluster(slurm.describe(current), None, include, exclude, None, sweep, log)
+
+
+@contextlib.contextmanager
+def _given_back(allocation: Any) -> Iterator[None]:
+    """An allocation we asked for is given back however the command ends."""
+    try:
+        yield
+    finally:
+        if allocation is not None and allocation.owned:
+            from .slurm import release
+
+            release(allocation.job)
+            _echo_err(f"autotune: note: gave Slurm job {allocation.job} back")
 
 
 def _names(text: str, option: str, known: Any, one: bool = False) -> list[str]:
@@ -359,6 +495,10 @@ def plan(
                                                f"limit \\[default: {limits.DEFAULT_TIMEOUT:g}]."),
     fmt: Brief = _format_option("table or JSON (every experiment's expected start and end)."),
     plot: Path | None = typer.Option(None, "--plot", help="Draw the expected slot timeline into this PNG file."),
+    slurm: bool = typer.Option(False, "--slurm", help="Plan for this Slurm allocation, or for one of --nodes x "
+                                                      "--gpus-per-node (nothing is asked of Slurm)."),
+    nodes: int | None = NODES,
+    gpus_per_node: int | None = GPUS_PER_NODE,
 ) -> None:
     """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
     scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
@@ -369,8 +509,8 @@ def plan(
         placements = _names(placement, "--placement", autotuner.PLACEMENTS)
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
                                      gpu_mixed=gpu_mixed)
-        cluster = autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep,
-                                         log=notes.append)
+        cluster = _planned_cluster(SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
+                                   sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
@@ -483,9 +623,16 @@ def resume(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
+    slurm: bool = SLURM,
+    nodes: int | None = NODES,
+    gpus_per_node: int | None = GPUS_PER_NODE,
+    partition: str | None = PARTITION,
+    time_limit: str | None = TIME_LIMIT,
+    account: str | None = ACCOUNT,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
-    """Finish an interrupted sweep: nothing that succeeded runs again."""
+    """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
+    allocation, in the one it ran in while that still runs, or in a new one (--nodes, --gpus-per-node)."""
     try:
         _check_execution(deadline, grace, ssh_config)
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
@@ -497,12 +644,15 @@ def resume(
         raise fail(e) from None
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace, retries=retries,
-                                deadline=deadline, placement=chosen,
-                                timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
-                                fail_on=fail_on)
-    _execute(directory, options, quiet, events, retry_failed=retry_failed, new_experiments=plan.new_experiments,
-             fmt=fmt)
+    allocation = _slurm_allocation(SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account),
+                                   recorded=plan.slurm)
+    with _given_back(allocation):
+        options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+                                    retries=retries, deadline=deadline, placement=chosen,
+                                    timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
+                                    fail_on=fail_on, slurm=allocation)
+        _execute(directory, options, quiet, events, retry_failed=retry_failed,
+                 new_experiments=plan.new_experiments, fmt=fmt)
 
 
 @app.command()

@@ -30,6 +30,7 @@ class Cluster:
     accelerator: str = "cuda"
     types: Mapping[str, str] = field(default_factory=dict)  # host -> GPU type; a host not here: unknown
     memory: Mapping[str, int] = field(default_factory=dict)  # host -> bytes per GPU, where known
+    slurm: Mapping[str, Any] | None = None  # the Slurm allocation it is (`Allocation.to_json`), if one
 
     @classmethod
     def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> Cluster:

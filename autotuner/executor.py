@@ -146,9 +146,9 @@ class LocalExecutor:
             outcome = Outcome(State.FAILED, Reason.LAUNCH, why)
             post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
             return
-        post(Launched(run, proc.pid, port, self.clock()))
+        self.announce(run, proc, port, post)
         self._workers.start(f"run-{run.tag}", self._attempt, run, proc, port, post,
-                            partial(self._watch, run, proc, config, command))
+                            partial(self._watch, run, proc, config, command, port, post))
 
     def adopt(self, run: Run, pid: int | None, post: Post) -> None:
         """Follow an attempt a dead runner started (its leader `pid`) to its end, on a
@@ -194,10 +194,18 @@ class LocalExecutor:
             metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
             launcher=self.launcher, env=self.env)
 
+    def announce(self, run: Run, proc: Child, port: int, post: Post) -> None:
+        """Tell the dispatcher the attempt runs (its pid is recorded): at once, here."""
+        post(Launched(run, proc.pid, port, self.clock()))
+
+    def environment(self, command: Command) -> dict[str, str]:
+        """The launcher's whole environment: ours, plus the attempt's."""
+        return {**os.environ, **command.env}
+
     def _spawn(self, run: Run, command: Command) -> Child:
         argv = exitstatus.wrapped(command.argv, run.dir / exitstatus.FILENAME)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
-            proc = Child(subprocess.Popen(argv, cwd=command.cwd or None, env={**os.environ, **command.env},
+            proc = Child(subprocess.Popen(argv, cwd=command.cwd or None, env=self.environment(command),
                                           stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True))
         self._track(run, proc)
         return proc
@@ -232,7 +240,8 @@ class LocalExecutor:
             exitstatus.forget(run.dir)
         post(Finished(run, settled, self.clock()))
 
-    def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command) -> Outcome:
+    def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command, port: int,
+               post: Post) -> Outcome:
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
         return self._follow(run, proc)

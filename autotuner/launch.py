@@ -108,13 +108,17 @@ def deepspeed_command(
     cwd: str,
     launcher: Launcher = Launcher(),
     env: Mapping[str, str] | None = None,
+    placement: Sequence[str] | None = None,
 ) -> Command:
-    """The full launch for one attempt on exactly the reserved slots, running `ds_config`."""
+    """The full launch for one attempt on exactly the reserved slots, running `ds_config`. `placement`: the
+    launcher's options that pick the slots, if not `--include` of the reservation (a Slurm step adds its own
+    on each node)."""
+    if placement is None:
+        placement = ("--include", format_include(reservation.as_dict()), "--no_ssh_check")
     argv = [
         *launcher.executable,
         "--hostfile", hostfile,
-        "--include", format_include(reservation.as_dict()),
-        "--no_ssh_check",
+        *placement,
         "--master_addr", launcher.master_addr,
         "--master_port", str(master_port),
         *launcher.options,

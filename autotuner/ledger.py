@@ -29,9 +29,9 @@ FILENAME = "ledger.sqlite"
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
+_SCHEMA = """  -- version 1's tables: a new ledger gets them, then every migration (`_schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS experiments (
     name TEXT PRIMARY KEY, position INTEGER NOT NULL, digest TEXT NOT NULL, spec TEXT NOT NULL);
@@ -52,7 +52,8 @@ _TABLES = ("meta", "experiments", "attempts", "transitions", "requests")
 
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = ((),)
+# 1 -> 2: a Slurm job step's id per attempt.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = ((), ("ALTER TABLE attempts ADD COLUMN step TEXT",))
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,
@@ -90,6 +91,7 @@ class SweepMeta:
     gpu_types: Mapping[str, str] | None = None
     gpu_memory: Mapping[str, int] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
+    slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
@@ -97,7 +99,7 @@ class SweepMeta:
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
         "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "placement": str}
+        "placement": str, "slurm": (dict, type(None))}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -134,7 +136,7 @@ class SweepMeta:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory"):
+        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "slurm"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)
@@ -161,6 +163,7 @@ class Attempt:
     exit_code: int | None = None
     metric: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+    step: str | None = None  # the Slurm job step (`J.S`) that ran it, in a sweep run inside Slurm
 
     @property
     def terminal(self) -> bool:
@@ -202,12 +205,17 @@ def _columns(db: sqlite3.Connection) -> dict[str, list[tuple]]:
     return {table: [tuple(c) for c in db.execute(f"PRAGMA table_info({table})")] for table in _TABLES}
 
 
+def _schema(version: int = SCHEMA_VERSION) -> str:
+    """The statements that make a ledger of `version`'s tables: version 1's, then the migrations after it."""
+    return _SCHEMA + "".join(f"{statement};\n" for step in _MIGRATIONS[1:version] for statement in step)
+
+
 @functools.cache
-def _expected_columns() -> dict[str, list[tuple]]:
-    """The columns of this version's tables, from the schema itself (not a second copy to keep in step)."""
+def _expected_columns(version: int = SCHEMA_VERSION) -> dict[str, list[tuple]]:
+    """The columns of `version`'s tables, from the schema itself (not a second copy to keep in step)."""
     db = sqlite3.connect(":memory:")
     try:
-        db.executescript(_SCHEMA)
+        db.executescript(_schema(version))
         return _columns(db)
     finally:
         db.close()
@@ -250,7 +258,7 @@ class Ledger:
             raise FileExistsError(path)
         ledger = cls._connect(path)
         with ledger._db:
-            ledger._db.executescript(_SCHEMA + f"PRAGMA user_version = {SCHEMA_VERSION};")
+            ledger._db.executescript(_schema() + f"PRAGMA user_version = {SCHEMA_VERSION};")
             ledger._db.executemany("INSERT INTO meta VALUES (?, ?)",
                                    [(k, json.dumps(v)) for k, v in meta.to_json().items()])
         return ledger
@@ -309,7 +317,7 @@ class Ledger:
         found = _columns(self._db)
         if version == 0 and not any(found.values()):
             raise UserError("not a sweep ledger (it has none of a ledger's tables)", self.path)
-        for table, expected in _expected_columns().items():  # version 0's tables are version 1's
+        for table, expected in _expected_columns(max(1, version)).items():  # version 0's tables are version 1's
             problem = _table_problem(table, found[table], expected)
             if problem:
                 raise self._corrupt(problem)
@@ -503,11 +511,13 @@ class Ledger:
                        "started_at = ?, slots = ?, tag = ?, dir = ?", (at, slots_json, tag, dir),
                        slots_json, None)
 
-    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float) -> None:
-        """The process exists: its pid (its process group) and master port, for clean-up and the record."""
+    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float,
+                 step: str | None = None) -> None:
+        """The process exists: its pid (its process group), master port and Slurm step, for clean-up and the
+        record."""
         with self._transaction():
-            self._db.execute("UPDATE attempts SET pid = ?, port = ?, launched_at = ? WHERE name = ? AND attempt = ?",
-                             (pid, port, at, name, attempt))
+            self._db.execute("UPDATE attempts SET pid = ?, port = ?, launched_at = ?, step = ? "
+                             "WHERE name = ? AND attempt = ?", (pid, port, at, step, name, attempt))
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,

@@ -183,6 +183,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         launcher=tuple(launcher or launcher_for_this_python().executable), reload=reload,
         search=search.to_json() if search is not None else None,
         gpu_types=dict(cluster.types) or None, gpu_memory=dict(cluster.memory) or None,
+        slurm=dict(cluster.slurm) if cluster.slurm is not None else None,
     ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())

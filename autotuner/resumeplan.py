@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import limits
 from .errors import UserError
@@ -41,6 +42,7 @@ class ResumePlan:
     new_experiments: tuple[Experiment, ...] = ()
     timeout: float | None = limits.DEFAULT_TIMEOUT  # the run's limit for experiments whose spec gives none
     notes: tuple[str, ...] = ()  # for the user: why the spec was not read again
+    slurm: dict[str, Any] | None = None  # the Slurm allocation it last ran in (job id, whether ours), if one
 
 
 def spec_changes(directory: str | Path, sweep: Sweep) -> SpecChanges:
@@ -57,19 +59,20 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
     """Read the sweep's spec files again: a UserError if they changed (with `only_new`, their new experiments
     are added instead). A sweep made in Python, or whose files are gone, finishes what its ledger recorded."""
     with open_sweep(directory) as ledger:
-        recorded = ledger.meta().reload
-    reload = dict(recorded)
+        meta = ledger.meta()
+    reload = dict(meta.reload)
     timeout = timeout_seconds(reload.get("timeout"))
+    slurm = dict(meta.slurm) if meta.slurm is not None else None
     try:
         inputs = SweepInputs.from_json(reload)
     except ValueError as e:
         raise UserError(f"corrupt sweep ledger: {e}", Path(directory) / FILENAME) from None
     if inputs is None:
-        return ResumePlan(timeout=timeout)
+        return ResumePlan(timeout=timeout, slurm=slurm)
     gone = [p for p in inputs.specs if not os.path.exists(p)]
     if gone:  # the ledger holds every experiment's spec: finish those
         return ResumePlan(timeout=timeout, notes=(f"{gone[0]} is gone: resuming the experiments recorded in the "
-                                                  "ledger",))
+                                                  "ledger",), slurm=slurm)
     # The run's timeout is not part of the experiments: `resume --timeout` may change it.
     sweep = load_sweep(list(inputs.specs), script=inputs.script, args=inputs.args, metric=inputs.metric,
                        gpu_type=inputs.gpu_type, gpu_mixed=inputs.gpu_mixed)
@@ -78,7 +81,7 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         raise UserError(f"the sweep's spec changed since it started ({changes}); `--only-new` runs just the new "
                         "experiments", sweep.source)
     new = set(changes.new) if only_new else set()
-    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout)
+    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, slurm=slurm)
 
 
 def timeout_seconds(value: object) -> float | None:

@@ -51,6 +51,7 @@ from .verdict import FailOn, exit_code
 from .views.snapshot import Snapshot, snapshot
 
 if TYPE_CHECKING:
+    from .slurm import Allocation
     from .ssh import SSHPool
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class Options:
     observers: list[Observer] = field(default_factory=list)
     placement: str | None = None  # a name of PLACEMENTS (pack, spread, memory); None: as the sweep last ran, or pack
     fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
+    slurm: Allocation | None = None  # the Slurm allocation to run in (a sweep started in Slurm needs one)
 
 
 def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
@@ -168,7 +170,10 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         pool = None
         try:
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
-            pool = ssh_pool(ledger, options)
+            if options.slurm is not None or ledger.meta().slurm is not None:
+                use_allocation(directory, ledger, options.slurm)
+            else:
+                pool = ssh_pool(ledger, options)
             left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
             requeue(ledger, retry_failed)
             if new_experiments:
@@ -214,6 +219,27 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
+def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | None) -> None:
+    """A sweep started in Slurm runs in an allocation: this one. A new allocation (resume after the last one
+    ended) replaces the nodes the sweep may use; what ran on the old ones ended with it."""
+    meta = ledger.meta()
+    if allocation is None:
+        raise UserError("this sweep runs inside Slurm: resume it with --slurm, inside an allocation or with "
+                        "--nodes and --gpus-per-node for a new one", directory)
+    from .files import write_atomic
+    from .hostfile import format_hostfile
+    from .slurm import cluster_of
+
+    cluster = cluster_of(allocation)
+    if meta.slurm == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
+        return
+    for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
+                       ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
+                       ("gpu_memory", dict(cluster.memory)), ("slurm", allocation.to_json())):
+        ledger.set_meta(key, value)
+    write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
+
+
 def ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False) -> SSHPool | None:
     """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
     meta = ledger.meta()
@@ -233,8 +259,15 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     slots = meta.slots
     launcher = Launcher(meta.launcher)
     env = dict(meta.env)
-    executor: Executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                       options.grace)
+    executor: Executor
+    if options.slurm is not None:
+        from .slurm import SlurmExecutor
+
+        executor = SlurmExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
+                                 options.grace, allocation=options.slurm)
+    else:
+        executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
+                                 options.grace)
     slot_pool = SlotPool(slots)
     now = time.time()
     placement, memory = _placement(ledger, options)
@@ -246,8 +279,18 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
     waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
-    waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
+    if options.slurm is None:
+        waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
     watcher = remote = None
+    allocation_watcher = None
+    if options.slurm is not None:
+        from .slurm import AllocationWatcher, end_strays
+
+        stray_steps = end_strays(options.slurm, meta.sweep_id, {a.tag for a in adopt if a.tag})
+        if stray_steps:
+            options.log(f"{len(stray_steps)} job step(s) a dead runner left in Slurm job {options.slurm.job} "
+                        "that no attempt follows any more: cancelled")
+        allocation_watcher = AllocationWatcher(options.slurm, dispatcher.post, margin=options.grace + 30)
     if pool is not None:
         from .routing import Router
         from .ssh import HostWatcher, SshExecutor
@@ -296,6 +339,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         executor.close()  # every run has posted its end: its threads are ending, or ended
         if watcher is not None:
             watcher.close()
+        if allocation_watcher is not None:
+            allocation_watcher.close()
         if remote is not None:
             remote.close()
 

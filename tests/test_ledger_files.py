@@ -137,14 +137,15 @@ BAD_LEDGERS = {
     "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
     "truncated": (truncate, "corrupt sweep ledger"),
     "newer_version": (sql("PRAGMA user_version = 3"),
-                      "written by a newer autotuner (ledger schema 3; this one reads up to 1): upgrade autotuner"),
+                      "written by a newer autotuner (ledger schema 3; this one reads up to 2): upgrade autotuner"),
     "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
                        "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
     "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
                      "corrupt sweep ledger: table attempts: unknown column gpu"),
     "column_dropped": (sql("ALTER TABLE attempts DROP COLUMN metrics"),
                        "corrupt sweep ledger: table attempts: no column metrics"),
-    "column_renamed_before_versions": (sql("ALTER TABLE attempts RENAME COLUMN state TO status",
+    "column_renamed_before_versions": (sql("ALTER TABLE attempts DROP COLUMN step",
+                                           "ALTER TABLE attempts RENAME COLUMN state TO status",
                                            "PRAGMA user_version = 0"),
                                        "corrupt sweep ledger: table attempts: no column state; unknown column status"),
     "table_missing": (sql("DROP TABLE requests"), "corrupt sweep ledger: no table requests"),
@@ -220,13 +221,13 @@ def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_n
                                                "PRAGMA user_version = 7"))
     line = one_line_error(autotune("status", results))
     assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
-                    "(ledger schema 7; this one reads up to 1): upgrade autotuner")
+                    "(ledger schema 7; this one reads up to 2): upgrade autotuner")
 
 
 def test_a_new_ledger_carries_the_schema_version(pristine):
     db = sqlite3.connect(pristine / FILENAME)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 1
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     finally:
         db.close()
 
@@ -234,7 +235,8 @@ def test_a_new_ledger_carries_the_schema_version(pristine):
 # --- a ledger from before schema versions (version 0) ---------------------------------------------------------
 def test_a_version_0_ledger_is_read_unchanged_and_migrated_by_resume(tmp_path):
     results = make_sweep(tmp_path, 4, finished=2)
-    sql("PRAGMA user_version = 0")(results / FILENAME)  # today's tables, no version: what main wrote
+    # Version 1's tables, no version: what main wrote before versions.
+    sql("ALTER TABLE attempts DROP COLUMN step", "PRAGMA user_version = 0")(results / FILENAME)
     ledger_bytes = (results / FILENAME).read_bytes()
     before = snapshot_of(tmp_path)
 
@@ -258,12 +260,13 @@ def test_a_version_0_ledger_is_read_unchanged_and_migrated_by_resume(tmp_path):
 
 def test_migration_is_one_transaction_by_the_runner_only(tmp_path):
     results = make_sweep(tmp_path, 2)
-    sql("PRAGMA user_version = 0")(results / FILENAME)
+    sql("ALTER TABLE attempts DROP COLUMN step", "PRAGMA user_version = 0")(results / FILENAME)
     statements: list[str] = []
     with Ledger.open(results) as ledger:
         ledger._db.set_trace_callback(statements.append)
         ledger.upgrade()
         assert ledger.version() == SCHEMA_VERSION
+        assert "step" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
         statements.clear()
         ledger.upgrade()  # already current: nothing written
     assert not any(s.startswith(("BEGIN", "PRAGMA user_version =")) for s in statements), statements

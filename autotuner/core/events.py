@@ -66,6 +66,7 @@ class Launched:
     pid: int
     port: int | None
     at: float
+    step: str | None = None  # the Slurm job step (`J.S`) it runs as, in a sweep inside Slurm
 
 
 @dataclass(frozen=True)

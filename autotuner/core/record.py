@@ -23,7 +23,8 @@ class Record(Protocol):
     def start(self, name: str, attempt: int, *, slots: Mapping[str, Sequence[int]], tag: str, dir: str,
               at: float) -> None: ...
 
-    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float) -> None: ...
+    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float,
+                 step: str | None = None) -> None: ...
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
@@ -57,7 +58,8 @@ class MemoryRecord:
               at: float) -> None:
         self.started[(name, attempt)] = at
 
-    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float) -> None:
+    def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float,
+                 step: str | None = None) -> None:
         pass
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,

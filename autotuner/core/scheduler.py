@@ -255,8 +255,8 @@ class Scheduler:
     # --- the step -----------------------------------------------------------------------------------------
     def _handle(self, event: Event, now: float) -> None:
         match event:
-            case Launched(run=run, pid=pid, port=port, at=at):
-                self.record.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at)
+            case Launched(run=run, pid=pid, port=port, at=at, step=step):
+                self.record.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at, step=step)
                 if run.key in self._running:
                     self._arm(run, at)
             case Finished(run=run, outcome=outcome, at=at):

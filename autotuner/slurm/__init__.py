@@ -1,0 +1,21 @@
+"""Sweeps inside a Slurm allocation: its nodes and GPUs are the cluster, each attempt is a job step.
+
+`allocation` finds or asks for the allocation, `executor` runs attempts as steps, `watch` follows the
+allocation's nodes and end while a sweep runs; `parse` reads Slurm's text."""
+from __future__ import annotations
+
+from .allocation import (
+    Allocation,
+    SlurmError,
+    cluster_of,
+    current_job,
+    describe,
+    planned_cluster,
+    release,
+    request,
+)
+from .executor import SlurmExecutor, end_strays
+from .watch import AllocationWatcher
+
+__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmExecutor", "cluster_of", "current_job",
+           "describe", "end_strays", "planned_cluster", "release", "request"]

@@ -1,0 +1,164 @@
+"""The Slurm allocation a sweep runs in: the one this process is inside (`SLURM_JOB_ID`), or one asked for
+(`salloc --no-shell`) and given back at the end. Its nodes and GPUs become the sweep's cluster: no hostfile.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UserError
+from . import parse
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+
+COMMAND_TIMEOUT = 60.0  # seconds for one scontrol/squeue/scancel call: slurmctld answers in milliseconds
+
+
+class SlurmError(UserError):
+    """A Slurm command failed or is missing: one line, naming the command."""
+
+
+def slurm(*argv: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command; a missing command, a hang or (with `check`) a failure is a SlurmError."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: no such command (is this a Slurm cluster?)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{shlex.join(argv)}: no answer in {timeout:g} s (is slurmctld up?)") from None
+    if check and done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
+        raise SlurmError(f"{shlex.join(argv)}: {said[-1][:300] if said else f'exit status {done.returncode}'}")
+    return done
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An allocation's nodes and what it holds on each; `owned`: asked for by us, given back by us."""
+
+    job: str
+    nodes: tuple[str, ...]
+    gpus: Mapping[str, int]  # per node
+    cpus: Mapping[str, int] = field(default_factory=dict)
+    memory_mb: Mapping[str, int] = field(default_factory=dict)  # 0 or missing: not tracked
+    addresses: Mapping[str, str] = field(default_factory=dict)  # where the other nodes reach each
+    types: Mapping[str, str] = field(default_factory=dict)  # GPU type, where GRES names one
+    total_gpus: Mapping[str, int] = field(default_factory=dict)  # every GPU of each node, held or not
+    end_time: str | None = None
+    owned: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """What the ledger keeps (meta `slurm`): enough to find the job again."""
+        return {"job": self.job, "owned": self.owned}
+
+    def address(self, node: str) -> str:
+        return self.addresses.get(node, node)
+
+    def cpus_per_gpu(self, node: str) -> int:
+        """CPUs a step gets per GPU on `node`: the allocation's CPUs shared out evenly, at least one."""
+        gpus = self.gpus.get(node, 0)
+        return max(1, self.cpus.get(node, 0) // gpus) if gpus else 1
+
+    def memory_per_gpu_mb(self, node: str) -> int | None:
+        """Memory (MB) a step asks per GPU where memory is tracked, so that steps do not each claim all of it
+        and run one after another; None where it is not tracked."""
+        memory, gpus = self.memory_mb.get(node, 0), self.gpus.get(node, 0)
+        return memory // gpus if memory and gpus else None
+
+
+def current_job() -> str | None:
+    """The job this process runs inside, if any."""
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or None
+
+
+def describe(job_id: str, *, owned: bool = False) -> Allocation:
+    """The allocation of job `job_id`, which must be running and hold GPUs."""
+    text = slurm("scontrol", "show", "job", "-d", "-o", job_id).stdout
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    job = parse.job(line)
+    if job.state != "RUNNING":
+        raise SlurmError(f"Slurm job {job_id} is {job.state or 'unknown'}, not running: no allocation to use")
+    nodes = {n.name: n for n in parse.nodes(slurm("scontrol", "show", "node", "-o", ",".join(job.nodes)).stdout)}
+    gpus = {}
+    for host in job.nodes:
+        share = job.shares.get(host)
+        held = share.gpus if share is not None else None
+        gpus[host] = held.count if held is not None else 0
+    if not any(gpus.values()):
+        raise SlurmError(f"Slurm job {job_id} holds no GPUs: ask for them (--gpus-per-node G, or --gres=gpu:G)")
+    types = {h: t for h in job.nodes if (s := job.shares.get(h)) and s.gpus and (t := s.gpus.type)}
+    return Allocation(job.id or job_id, tuple(h for h in job.nodes if gpus[h]), gpus,
+                      {h: s.cpus for h, s in job.shares.items()}, {h: s.memory_mb for h, s in job.shares.items()},
+                      {h: n.address for h, n in nodes.items()}, types,
+                      {h: n.gpus.count for h, n in nodes.items() if n.gpus is not None}, job.end_time, owned)
+
+
+def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, time: str | None = None,
+            account: str | None = None, extra: Sequence[str] = ()) -> Allocation:
+    """A new allocation of whole nodes (`salloc --no-shell --exclusive`), waited for; ours to give back."""
+    argv = ["salloc", "--no-shell", "--exclusive", "--job-name", "autotune", "--nodes", str(nodes),
+            "--gpus-per-node", str(gpus_per_node)]
+    for option, value in (("--partition", partition), ("--time", time), ("--account", account)):
+        if value:
+            argv += [option, value]
+    argv += list(extra)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
+    job = parse.granted_job(done.stderr)
+    if done.returncode != 0 or job is None:
+        said = done.stderr.strip().splitlines()
+        raise SlurmError(f"{shlex.join(argv)}: {said[-1][:300] if said else f'exit status {done.returncode}'}")
+    try:
+        return describe(job, owned=True)
+    except BaseException:
+        release(job)
+        raise
+
+
+def release(job: str) -> None:
+    """Give an allocation back (everything still running in it ends)."""
+    slurm("scancel", job, check=False)
+
+
+def node_states(hosts: Sequence[str]) -> dict[str, parse.Node]:
+    """The nodes' states now, by name."""
+    return {n.name: n for n in parse.nodes(slurm("scontrol", "show", "node", "-o", ",".join(hosts)).stdout)}
+
+
+def job_state(job_id: str) -> parse.Job | None:
+    """The job now; None once Slurm has forgotten it."""
+    done = slurm("scontrol", "show", "job", "-d", "-o", job_id, check=False)
+    line = next((line for line in done.stdout.splitlines() if line.strip()), "")
+    return parse.job(line) if done.returncode == 0 and line else None
+
+
+def steps(job_id: str) -> list[parse.Step]:
+    """The job's running steps."""
+    return parse.steps(slurm("squeue", "-h", "-s", "-j", job_id, "-o", parse.STEP_FORMAT, check=False).stdout)
+
+
+def cluster_of(allocation: Allocation) -> Cluster:
+    """The sweep's cluster: each node of the allocation with the GPUs it holds there (their type where GRES
+    names one). Slot ids are counts only: Slurm picks the GPUs of each step."""
+    from ..cluster import Cluster
+    from ..gpus import size_of_type
+
+    slots = {h: tuple(range(allocation.gpus[h])) for h in allocation.nodes}
+    memory = {h: size for h, t in allocation.types.items() if (size := size_of_type(t)) is not None}
+    return Cluster(slots, {h: len(ids) for h, ids in slots.items()}, "cuda", dict(allocation.types), memory,
+                   slurm=allocation.to_json())
+
+
+def planned_cluster(nodes: int, gpus_per_node: int) -> Cluster:
+    """An allocation not asked for, to plan for (`autotune plan --slurm --nodes N --gpus-per-node G`)."""
+    from ..cluster import Cluster
+
+    slots = {f"node{i + 1}": tuple(range(gpus_per_node)) for i in range(nodes)}
+    return Cluster(slots, {h: gpus_per_node for h in slots})

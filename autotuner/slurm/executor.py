@@ -1,0 +1,193 @@
+"""Running attempts as Slurm job steps inside one allocation: no ssh, no pdsh.
+
+Each attempt is one `srun --exact` step on exactly the nodes the scheduler reserved and the GPU count it asked
+for on each; Slurm picks which GPUs and sets `CUDA_VISIBLE_DEVICES` per node. On every node the step runs
+DeepSpeed's launcher without ssh (`--no_ssh --node_rank $SLURM_NODEID`), its `--include` naming the GPUs
+Slurm gave that node, so the ranks use exactly those. `srun` itself runs here, as the local executor runs the
+launcher: under the exit-status wrapper, in a session of its own, so a runner that takes over after a crash
+follows it (`adopt`) just the same.
+
+The step is named by the attempt's tag: it is found by that name (`squeue -s`), its id recorded in the
+ledger, and it is ended with `scancel`: SIGTERM first, then, after the grace period, a kill, and the attempt
+ends only once Slurm no longer lists the step. The results directory must be on a filesystem the nodes share
+(as clusters share home and project directories): the first node's rank 0 writes the metrics there.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.events import Launched, Post, Run
+from ..executor import Adopted, Child, LocalExecutor
+from ..hostfile import format_hostfile
+from ..launch import Command, Launcher, deepspeed_command, with_autotuning
+from ..outcome import Outcome
+from .allocation import Allocation, slurm, steps
+
+STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
+STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
+# Our own job's settings that srun would read from its environment and that conflict with the step's own.
+_SRUN_INPUTS = ("SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE",
+                "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TRES_PER_TASK", "SLURM_DISTRIBUTION",
+                "SLURM_GPUS_PER_NODE", "SLURM_GPUS", "SLURM_CPUS_PER_GPU", "SLURM_EXACT", "SLURM_OVERLAP")
+
+# Run by bash on every node of the step: DeepSpeed's launcher, told its node rank and the GPUs Slurm gave this
+# node (the other nodes' GPU counts are all it needs of them). Arguments: the launcher's argv prefix (its
+# first {k} words), then the rest of the command.
+_NODE = """me="${{SLURM_NODEID:?not inside a Slurm step}}"
+ids="${{CUDA_VISIBLE_DEVICES:-{default}}}"
+include=""
+i=0
+for node in {nodes}; do
+  if [ "$i" -eq "$me" ]; then part="$node:$ids"; else part="$node:{default}"; fi
+  include="${{include:+$include@}}$part"
+  i=$((i + 1))
+done
+exec "${{@:1:{k}}}" --no_ssh --node_rank "$me" --include "$include" "${{@:{rest}}}"
+"""
+
+
+def node_script(nodes: tuple[str, ...], gpus: int, launcher_words: int) -> str:
+    """The bash text each node of a step runs (see `_NODE`)."""
+    return _NODE.format(default=",".join(map(str, range(gpus))), nodes=" ".join(map(shlex.quote, nodes)),
+                        k=launcher_words, rest=launcher_words + 1)
+
+
+def srun_argv(allocation: Allocation, run: Run, node_argv: list[str]) -> list[str]:
+    """The step for one attempt: exactly its nodes, its GPU count on each, CPUs (and memory, where Slurm tracks
+    it) in proportion, killed whole if one node's launcher fails, named by the attempt's tag."""
+    hosts = run.reservation.hosts
+    gpus = run.experiment.num_gpus
+    argv = ["srun", "--jobid", allocation.job, "--exact", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
+            "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--gpus-per-node", str(gpus),
+            "--cpus-per-task", str(min(allocation.cpus_per_gpu(h) for h in hosts) * gpus),
+            "--kill-on-bad-exit=1", "--job-name", run.tag, "--export", "ALL", "--quiet"]
+    memory = [allocation.memory_per_gpu_mb(h) for h in hosts]
+    if all(m is not None for m in memory):
+        argv += ["--mem-per-gpu", f"{min(m for m in memory if m is not None)}M"]
+    return [*argv, *node_argv]
+
+
+@dataclass
+class SlurmExecutor(LocalExecutor):
+    """Runs attempts as steps of `allocation`; otherwise the local executor (see the module docstring)."""
+
+    allocation: Allocation | None = None
+    poll: float = 0.05  # seconds between looks at the step list while waiting on Slurm
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.allocation is None:
+            raise ValueError("a SlurmExecutor needs an allocation")
+        self._job = self.allocation.job
+
+    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+        assert self.allocation is not None
+        metrics_path = str(run.dir / "metrics.json")
+        config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
+        hosts = run.reservation.hosts
+        launcher = Launcher(self.launcher.executable, self.allocation.address(hosts[0]), self.launcher.options)
+        inner = deepspeed_command(
+            run.experiment, run.reservation, config, hostfile=str(run.dir / "hostfile"), master_port=port,
+            metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
+            launcher=launcher, env=self.env, placement=())
+        words = len(launcher.executable)
+        node = ["bash", "-c", node_script(hosts, run.experiment.num_gpus, words), "autotune-step", *inner.argv]
+        return config, Command(tuple(srun_argv(self.allocation, run, node)), inner.env, inner.cwd)
+
+    def environment(self, command: Command) -> dict[str, str]:
+        """Ours without our own job's step settings (srun would read them as the step's), plus the attempt's."""
+        return {**{k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}, **command.env}
+
+    def _spawn(self, run: Run, command: Command) -> Child:
+        """The hostfile DeepSpeed's launcher reads on each node: the step's nodes, each with its GPUs."""
+        assert self.allocation is not None
+        gpus = self.allocation.total_gpus
+        (run.dir / "hostfile").write_text(format_hostfile({h: gpus.get(h, run.experiment.num_gpus)
+                                                           for h in run.reservation.hosts}))
+        return super()._spawn(run, command)
+
+    def announce(self, run: Run, proc: Child, port: int, post: Post) -> None:
+        """Not yet: the attempt's thread records the start once Slurm lists the step (`_watch`)."""
+
+    def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command, port: int,
+               post: Post) -> Outcome:
+        step = self._await_step(run.tag, proc)
+        post(Launched(run, proc.pid, port, self.clock(), step))
+        return super()._watch(run, proc, config, command, port, post)
+
+    def _await_step(self, tag: str, proc: Child) -> str | None:
+        """The step's id once Slurm lists it; None if srun ended first or it took too long (a step waiting for
+        resources a moment ago's step still held)."""
+        end = time.monotonic() + STEP_SHOWS_WITHIN
+        while time.monotonic() < end:
+            found = self._step_of(tag)
+            if found is not None:
+                return found
+            if _ended(proc):
+                return None
+            time.sleep(self.poll)
+        return None
+
+    def _step_of(self, tag: str) -> str | None:
+        return next((s.id for s in steps(self._job) if s.name == tag), None)
+
+    def _follow(self, run: Run, proc: Child | Adopted) -> Outcome:
+        """As the local executor, then: nothing of the step may outlive srun."""
+        outcome = super()._follow(run, proc)
+        self._end_step(run.tag)
+        return outcome
+
+    def _end(self, proc: Child | Adopted, tag: str) -> None:
+        """SIGTERM to the step's tasks on every node, the grace period for srun to end, then the step killed
+        and waited for until Slurm no longer lists it, then srun's group."""
+        step = self._step_of(tag)
+        if step is not None and not self._stops.killing:
+            slurm("scancel", "--signal=TERM", step, check=False)
+        super()._end(proc, tag)
+        self._end_step(tag)
+
+    def _end_step(self, tag: str) -> None:
+        """Kill the step named `tag` if Slurm still lists it, and wait until it does not."""
+        step = self._step_of(tag)
+        if step is None:
+            return
+        slurm("scancel", step, check=False)
+        end = time.monotonic() + STEP_ENDS_WITHIN
+        while time.monotonic() < end and self._step_of(tag) is not None:
+            time.sleep(self.poll)
+
+    def kill_all(self) -> None:
+        """At once: every step of ours cancelled, then srun's groups killed (see the local executor)."""
+        with self._lock:
+            tags = list(self._tags.values())
+        super().kill_all()
+        mine = set(tags)
+        for step in steps(self._job):
+            if step.name in mine:
+                slurm("scancel", step.id, check=False)
+
+
+def _ended(proc: Child) -> bool:
+    try:
+        proc.wait(timeout=0)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def end_strays(allocation: Allocation, sweep_id: str, keep: set[str]) -> list[str]:
+    """Cancel the steps of this sweep (named `sweep_id.`...) that no attempt being adopted owns: what a dead
+    runner left that nobody follows any more. Returns their names."""
+    ended = []
+    for step in steps(allocation.job):
+        if step.name.startswith(f"{sweep_id}.") and step.name not in keep:
+            slurm("scancel", step.id, check=False)
+            ended.append(step.name)
+    return ended
+
