@@ -258,19 +258,23 @@ def run(
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
-    allocation = _slurm_allocation(SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account),
-                                   hostfile, slots)
+    notes: list[str] = []
+    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    try:  # everything that can be checked before an allocation is asked for
+        ask.check(hostfile, slots)
+        _check_execution(deadline, grace, ssh_config)
+        launch = _split(launcher, "--launcher") if launcher else None
+        chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
+        if events is not None:
+            autotuner.check_events_path(events)
+        # Paths absolute: `resume` reads them again from any directory.
+        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
+                                     metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
+    except UserError as e:
+        raise fail(e) from None
+    allocation = _slurm_allocation(ask)
     with _given_back(allocation):
-        notes: list[str] = []
         try:
-            _check_execution(deadline, grace, ssh_config)
-            launch = _split(launcher, "--launcher") if launcher else None
-            chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
-            if events is not None:
-                autotuner.check_events_path(events)
-            # Paths absolute: `resume` reads them again from any directory.
-            sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
-                                         metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
             cluster = _cluster(allocation, hostfile, include, exclude, slots, sweep, notes.append)
             options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                         retries=retries, deadline=deadline,
@@ -327,15 +331,19 @@ def tune(
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
     documents it; each ZeRO stage's largest micro-batch size that fits is searched, runs out of memory are
     answers, not failures."""
-    allocation = _slurm_allocation(SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account),
-                                   hostfile, slots)
+    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    try:
+        ask.check(hostfile, slots)
+        _check_execution(deadline, grace, ssh_config)
+        launch = _split(launcher, "--launcher") if launcher else None
+        if events is not None:
+            autotuner.check_events_path(events)
+    except UserError as e:
+        raise fail(e) from None
+    allocation = _slurm_allocation(ask)
     with _given_back(allocation):
         notes: list[str] = []
         try:
-            _check_execution(deadline, grace, ssh_config)
-            launch = _split(launcher, "--launcher") if launcher else None
-            if events is not None:
-                autotuner.check_events_path(events)
             cluster = _cluster(allocation, hostfile, include, exclude, slots, None, notes.append)
             options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                         retries=retries, deadline=deadline,
@@ -418,14 +426,15 @@ def _note(line: str) -> None:
     typer.echo(f"autotune: note: {line}", err=True)
 
 
-def _slurm_allocation(ask: SlurmAsk, hostfile: Path | None = None, slots: int | None = None,
-                      recorded: dict[str, Any] | None = None) -> Any:
+def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> Any:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
     try:
-        ask.check(hostfile, slots)
-        return ask.allocation(recorded, log=_note)
+        allocation = ask.allocation(recorded, log=_note)
     except UserError as e:
         raise fail(e) from None
+    for line in allocation.warnings() if allocation is not None else ():
+        _note(line)
+    return allocation
 
 
 def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude: str, slots: int | None,
@@ -644,8 +653,12 @@ def resume(
         raise fail(e) from None
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    allocation = _slurm_allocation(SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account),
-                                   recorded=plan.slurm)
+    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    try:
+        ask.check()
+    except UserError as e:
+        raise fail(e) from None
+    allocation = _slurm_allocation(ask, recorded=plan.slurm)
     with _given_back(allocation):
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, placement=chosen,

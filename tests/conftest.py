@@ -47,3 +47,14 @@ def runners():
     r = Runners()
     yield r
     r.cleanup()
+
+
+@pytest.fixture(scope="session")
+def slurm_lab(tmp_path_factory):
+    """TEMPORARY (the lab helper's fixture replaces it)."""
+    from slurm_lab import SlurmLab
+
+    lab = SlurmLab(tmp_path_factory.mktemp("slurm"))
+    lab.start()
+    yield lab
+    lab.stop()

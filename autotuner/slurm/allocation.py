@@ -32,9 +32,18 @@ def slurm(*argv: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> s
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{shlex.join(argv)}: no answer in {timeout:g} s (is slurmctld up?)") from None
     if check and done.returncode != 0:
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()
-        raise SlurmError(f"{shlex.join(argv)}: {said[-1][:300] if said else f'exit status {done.returncode}'}")
+        raise SlurmError(failure(argv, done.stderr or done.stdout, done.returncode))
     return done
+
+
+def failure(argv: Sequence[str], said: str, code: int) -> str:
+    """One line for a failed Slurm command: its last line of output (which names the command), else the
+    command and its exit status."""
+    lines = said.strip().splitlines()
+    if not lines:
+        return f"{shlex.join(argv)}: exit status {code}"
+    last = lines[-1].strip()[:300]
+    return last if last.startswith(f"{argv[0]}:") else f"{argv[0]}: {last}"
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,17 @@ class Allocation:
     def to_json(self) -> dict[str, Any]:
         """What the ledger keeps (meta `slurm`): enough to find the job again."""
         return {"job": self.job, "owned": self.owned}
+
+    def warnings(self) -> list[str]:
+        """What will slow the sweep down in this allocation, for the user: nodes where it holds fewer CPUs
+        than GPUs (every step needs a CPU per node: steps beyond the CPUs wait for one)."""
+        short = [h for h in self.nodes if 0 < self.cpus.get(h, 0) < self.gpus.get(h, 0)]
+        if not short:
+            return []
+        first = short[0]
+        return [f"Slurm job {self.job} holds {self.cpus[first]} CPU(s) for {self.gpus[first]} GPU(s) on {first}"
+                f"{f' and {len(short) - 1} other node(s)' if len(short) > 1 else ''}: experiments beyond the CPUs "
+                "wait for one; ask for CPUs too (--cpus-per-gpu, or --exclusive)"]
 
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)
@@ -113,8 +133,7 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
         raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
     job = parse.granted_job(done.stderr)
     if done.returncode != 0 or job is None:
-        said = done.stderr.strip().splitlines()
-        raise SlurmError(f"{shlex.join(argv)}: {said[-1][:300] if said else f'exit status {done.returncode}'}")
+        raise SlurmError(failure(argv, done.stderr, done.returncode))
     try:
         return describe(job, owned=True)
     except BaseException:

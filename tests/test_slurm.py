@@ -1,0 +1,270 @@
+"""Sweeps inside a real Slurm cluster (tests/slurm_lab.py: munged, slurmctld and three slurmd on loopback, each
+node with two fake GPUs that Slurm's GRES code hands out): each attempt is a job step on exactly the nodes and
+GPU counts the scheduler reserved; stops, a drained node, a kill -9 of the runner, the allocation's end and an
+allocation asked for by autotune itself. The nodes are this machine: "nothing left" is checked on its process
+table and in Slurm's step list."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from autotuner.states import State
+
+from cli_rig import (
+    Runners,
+    attempts,
+    autotune,
+    finish,
+    latest,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_sweep,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "experiments" / "train.py"
+
+# Each node's launcher (in place of DeepSpeed's) logs what Slurm and the runner gave it, and its first node
+# writes the metrics; then it sleeps $STANDIN_SECONDS.
+NODE_STANDIN = """\
+#!/bin/sh
+dir=$(dirname "$AUTOTUNE_METRICS_PATH")
+echo "node=$SLURM_NODEID step=$SLURM_JOB_ID.$SLURM_STEP_ID host=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES args=$*" \
+  >> "$dir/nodes.log"
+if [ "$SLURM_NODEID" = 0 ]; then printf '{"throughput": 2.0, "latency": 1.0}\\n' > "$AUTOTUNE_METRICS_PATH"; fi
+exec sleep "${STANDIN_SECONDS:-0.5}"
+"""
+
+
+@pytest.fixture
+def runners():
+    rig = Runners()
+    yield rig
+    rig.cleanup()
+
+
+@pytest.fixture
+def allocation(slurm_lab):
+    """A running allocation of the three nodes, two GPUs and both CPUs each; cancelled afterwards."""
+    job = slurm_lab.allocate(3, 2, "--exclusive")
+    yield job
+    slurm_lab.release(job)
+
+
+def lab_env(slurm_lab, job: str | None = None, **extra: object) -> dict[str, str]:
+    environ = dict(slurm_lab.env) | {"AUTOTUNE_SLURM_POLL": "0.2"} | {k: str(v) for k, v in extra.items()}
+    if job is not None:
+        environ["SLURM_JOB_ID"] = job
+    return environ
+
+
+def standin(tmp_path: Path) -> str:
+    path = tmp_path / "node.sh"
+    path.write_text(NODE_STANDIN)
+    return f"sh {path}"
+
+
+def node_lines(results: Path, name: str) -> list[dict[str, str]]:
+    """What each node of each attempt of `name` logged (node, step, host, gpus, args)."""
+    log = results / name / "nodes.log"
+    fields = re.compile(r"(\w+)=(\S*)")
+    return [dict(fields.findall(line.split(" args=")[0])) | {"args": line.split(" args=", 1)[1]}
+            for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def no_step_left(slurm_lab, job: str, sweep: str) -> bool:
+    return not [s for s in slurm_lab.steps(job) if s.name.startswith(f"{sweep}.")] and not tagged_pids(sweep)
+
+
+def test_each_experiment_is_a_step_on_exactly_its_nodes_and_gpus(slurm_lab, allocation, tmp_path):
+    spec = write_sweep(tmp_path, range(6), extra="num_gpus: 1")
+    two = write_sweep(tmp_path, range(2), name="m", extra="num_gpus: 2\n  num_nodes: 2", filename="two.hjson")
+    results = tmp_path / "r"
+    done = autotune("run", spec, two, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                    environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=1.5))
+    assert done.returncode == 0, done.stderr
+    runs = {a.name: a for a in attempts(results)}
+    assert len(runs) == 8 and all(a.state == State.SUCCEEDED and a.attempt == 1 for a in runs.values())
+    steps = [a.step for a in runs.values()]
+    assert all(s and s.startswith(f"{allocation}.") for s in steps) and len(set(steps)) == 8  # one step each
+    held: dict[str, list[tuple[float, float, set[str]]]] = defaultdict(list)
+    for name, attempt in runs.items():
+        lines = node_lines(results, name)
+        hosts = list(attempt.slots)
+        assert sorted(line["host"] for line in lines) == sorted(hosts)  # on exactly the reserved nodes
+        for line in lines:
+            assert line["step"] == attempt.step
+            gpus = line["gpus"].split(",")
+            assert len(gpus) == attempt_gpus(name)  # exactly its GPU count on each node, as Slurm gave them
+            rank = int(line["node"])
+            assert f"--node_rank {rank}" in line["args"] and "--no_ssh" in line["args"]
+            assert f"{hosts[rank]}:{line['gpus']}" in line["args"]  # DeepSpeed told those very GPUs
+            held[line["host"]].append((attempt.started_at, attempt.finished_at, set(gpus)))
+    for host, spans in held.items():  # runs that overlapped in time on one node had different GPUs
+        for i, (start, end, gpus) in enumerate(spans):
+            for other_start, other_end, other_gpus in spans[i + 1:]:
+                if start < other_end and other_start < end:
+                    assert not gpus & other_gpus, host
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def attempt_gpus(name: str) -> int:
+    return 2 if name.startswith("m_") else 1
+
+
+def test_a_timeout_and_a_cancel_end_the_step_and_leave_nothing(slurm_lab, allocation, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
+    results = tmp_path / "timeout"
+    done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q", "--timeout", "2",
+                    "--grace", "2", environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=120))
+    assert done.returncode == 1, done.stderr
+    assert {a.state for a in attempts(results)} == {State.TIMED_OUT}
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+    results = tmp_path / "cancel"
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=120), directory=results)
+    wait_until(lambda: len(slurm_lab.steps(allocation)) == 2, 60, "both steps running")
+    assert autotune("cancel", results, environ=lab_env(slurm_lab)).returncode == 0
+    code, _, err = finish(proc)
+    assert code == 1, err
+    assert {a.state for a in attempts(results)} == {State.CANCELLED}, err
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def test_a_drained_node_is_lost_and_its_experiments_run_again_elsewhere(slurm_lab, allocation, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(6), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results,
+                         environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=4), directory=results)
+    try:
+        wait_until(lambda: len(slurm_lab.steps(allocation)) == 6, 60, "six steps running")
+        on_n3 = [a.name for a in attempts(results) if "n3" in a.slots]  # the ledger exists: the steps run
+        assert len(on_n3) == 2
+        slurm_lab.drain("n3", "failing-fan")
+        code, out, err = finish(proc)
+    finally:
+        slurm_lab.resume_node("n3")
+    assert code == 0, err
+    assert "n3" in out and "failing-fan" in out  # the user is told which node, and Slurm's reason
+    runs = attempts(results)
+    for name in on_n3:
+        first, again = [a for a in runs if a.name == name]
+        assert (first.state, first.reason) == (State.INTERRUPTED, "lost")
+        assert again.state == State.SUCCEEDED and "n3" not in again.slots
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def test_after_kill_9_of_the_runner_resume_adopts_the_steps_still_running(slurm_lab, allocation, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(4), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=5)
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=environ, directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 4,
+               60, "four steps recorded")
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    assert len(slurm_lab.steps(allocation)) == 4  # the steps outlive the runner
+    done = autotune("resume", results, "-q", environ=environ)
+    assert done.returncode == 0, done.stderr
+    runs = attempts(results)
+    assert len(runs) == 4 and all(a.attempt == 1 and a.state == State.SUCCEEDED for a in runs)  # none ran twice
+    assert all(len(node_lines(results, a.name)) == 1 for a in runs)
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def test_the_allocation_end_interrupts_and_resume_in_a_new_one_finishes(slurm_lab, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    first = slurm_lab.allocate(2, 2, "--exclusive", "--time=10")
+    try:
+        proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                             "--grace", "1", environ=lab_env(slurm_lab, first, STANDIN_SECONDS=120),
+                             directory=results)
+        wait_until(lambda: len(slurm_lab.steps(first)) == 3, 60, "three steps running")
+        # The time limit now ends the allocation 33 s from now: the runner stops 31 s (grace + 30) before.
+        end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 33))
+        slurm_lab.run("scontrol", "update", f"jobid={first}", f"EndTime={end}")
+        code, _, err = finish(proc, timeout=60)
+        assert code == 130, err
+        assert {a.state for a in attempts(results)} == {State.INTERRUPTED}
+        assert all("time limit" in (a.detail or "") for a in attempts(results))
+        assert no_step_left(slurm_lab, first, sweep_id(results))
+    finally:
+        slurm_lab.release(first)
+    second = slurm_lab.allocate(1, 2, "--exclusive")
+    try:
+        done = autotune("resume", results, "-q", environ=lab_env(slurm_lab, second, STANDIN_SECONDS=0.5))
+        assert done.returncode == 0, done.stderr
+        final = latest(results)
+        assert all(a.state == State.SUCCEEDED and a.attempt == 2 and a.step.startswith(f"{second}.")
+                   for a in final.values())
+    finally:
+        slurm_lab.release(second)
+
+
+def test_outside_an_allocation_autotune_asks_for_one_and_gives_it_back(slurm_lab, tmp_path):
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    done = autotune("run", spec, "--slurm", "--nodes", "2", "--gpus-per-node", "1", "--launcher", standin(tmp_path),
+                    "-o", results, "-q", environ=lab_env(slurm_lab))
+    assert done.returncode == 0, done.stderr
+    job = re.search(r"gave Slurm job (\d+) back", done.stderr).group(1)
+    assert all(a.step.startswith(f"{job}.") for a in attempts(results))
+    wait_until(lambda: not slurm_lab.run("squeue", "-h", "-j", job, check=False).stdout.strip(), 30, "job gone")
+
+
+def test_a_real_two_node_deepspeed_run_as_one_step(slurm_lab, allocation, tmp_path):
+    extra = 'num_nodes: 2\n  num_gpus: 1\n  env: {GLOO_SOCKET_IFNAME: "lo", DS_ACCELERATOR: "cpu"}'
+    (tmp_path / "sweep.hjson").write_text(f"""{{
+  name: ds
+  script: {TRAIN}
+  args: ["--steps", "7", "--hidden", "64"]
+  {extra}
+  ds_config: {{train_micro_batch_size_per_gpu: 4, optimizer: {{type: "Adam", params: {{lr: 0.001, torch_adam: true}}}}}}
+  space: {{"gradient_accumulation_steps": [1]}}
+}}""")
+    results = tmp_path / "r"
+    done = autotune("run", tmp_path / "sweep.hjson", "--slurm", "--timeout", "300", "-o", results, "-q",
+                    environ=lab_env(slurm_lab, allocation), timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (attempt,) = attempts(results)
+    assert len(attempt.slots) == 2
+    log = (results / attempt.name / "stdout.log").read_text() + (results / attempt.name / "stderr.log").read_text()
+    assert "world_size=2" in log.replace(" ", "") or "dist_world_size=2" in log
+    assert json.loads((results / attempt.name / "metrics.json").read_text())["throughput"] > 0
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--nodes", "2"], "--nodes is for a Slurm allocation: add --slurm"),
+    (["--slurm", "--slots", "2"], "--slurm takes its nodes from the allocation: leave out --slots"),
+    (["--slurm"], "--slurm outside an allocation: give --nodes and --gpus-per-node"),
+    (["--slurm", "--nodes", "1", "--gpus-per-node", "1", "--partition", "nosuch"], "Invalid partition name"),
+])
+def test_bad_slurm_asks_are_one_line(slurm_lab, tmp_path, args, says):
+    spec = write_sweep(tmp_path, range(1))
+    done = autotune("run", spec, *args, "-o", tmp_path / "r", environ=lab_env(slurm_lab))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert says in lines[-1] and "Traceback" not in done.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_slurm_commands_missing_is_one_line(tmp_path):
+    spec = write_sweep(tmp_path, range(1))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | {
+        "SLURM_JOB_ID": "7", "PATH": str(Path(os.__file__).parent)}  # no Slurm command on PATH
+    done = subprocess.run([os.sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slurm"],
+                          capture_output=True, text=True, env=environ, timeout=60)
+    assert done.returncode == 2 and "scontrol: no such command" in done.stderr, done.stderr
