@@ -687,6 +687,7 @@ def status(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     fmt: Brief = _format_option("table: lines for people; json: for programs."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
+    slurm: bool = typer.Option(False, "--slurm", help="The nodes of this Slurm allocation instead of a hostfile."),
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
     try:
@@ -756,8 +757,12 @@ def hosts(
     accept_new_hosts: bool = ACCEPT_NEW_HOSTS,
     fmt: Format = _format_option("table (fitted to the terminal), json, csv or md (Markdown)."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
+    slurm: bool = typer.Option(False, "--slurm", help="The nodes of this Slurm allocation instead of a hostfile."),
 ) -> None:
-    """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load."""
+    """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load. With --slurm:
+    the nodes of the allocation this runs in, their state in Slurm and what each can run."""
+    if slurm:
+        _slurm_hosts("json" if as_json else fmt.value)
     try:
         _check_ssh_config(ssh_config)
         listed, reports = autotuner.check_hosts(hostfile, str(ssh_config) if ssh_config else None,
@@ -767,6 +772,25 @@ def hosts(
     sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports,
                                             "json" if as_json else fmt.value, _screen()))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
+
+
+def _slurm_hosts(fmt: str) -> None:
+    """`hosts --slurm`: exit 0 when every node can run, 1 when Slurm has taken one out."""
+    from . import slurm
+    from .views.tables import render_allocation
+
+    try:
+        job = slurm.current_job()
+        if job is None:
+            raise UserError("hosts --slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run it in salloc "
+                            "or sbatch")
+        allocation = slurm.describe(job)
+        nodes = slurm.allocation.node_states(allocation.nodes)
+        text = render_allocation(allocation, nodes, fmt, _screen())
+    except UserError as e:
+        raise fail(e) from None
+    sys.stdout.write(text)
+    raise typer.Exit(1 if any(n.lost for n in nodes.values()) else 0)
 
 
 # The base of every usage error (a bad option value, an unknown option or command, a missing argument). typer

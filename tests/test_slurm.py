@@ -268,3 +268,35 @@ def test_slurm_commands_missing_is_one_line(tmp_path):
     done = subprocess.run([os.sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slurm"],
                           capture_output=True, text=True, env=environ, timeout=60)
     assert done.returncode == 2 and "scontrol: no such command" in done.stderr, done.stderr
+
+
+def test_hosts_shows_the_allocation_and_a_drained_node(slurm_lab, allocation):
+    environ = lab_env(slurm_lab, allocation)
+    done = autotune("hosts", "--slurm", "--format", "json", environ=environ)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["job"] == allocation and [n["node"] for n in shown["nodes"]] == ["n1", "n2", "n3"]
+    assert all(n["gpus"] == 2 and n["cpus"] == 2 and not n["lost"] for n in shown["nodes"])
+    slurm_lab.drain("n2", "bad-dimm")
+    try:
+        done = autotune("hosts", "--slurm", environ=environ)
+    finally:
+        slurm_lab.resume_node("n2")
+    assert done.returncode == 1  # a node the allocation cannot use
+    row = next(line for line in done.stdout.splitlines() if " n2 " in line)
+    assert "DRAIN" in row and "bad-dimm" in row and "nothing (lost)" in row
+    outside = autotune("hosts", "--slurm", environ=lab_env(slurm_lab))
+    assert outside.returncode == 2 and "not inside a Slurm allocation" in outside.stderr
+
+
+def test_plan_for_this_allocation_or_one_of_a_size_asks_nothing_of_slurm(slurm_lab, allocation, tmp_path):
+    spec = write_sweep(tmp_path, range(12), extra="num_gpus: 1\n  estimate: 60")
+    inside = autotune("plan", spec, "--slurm", "--format", "json", environ=lab_env(slurm_lab, allocation))
+    assert inside.returncode == 0, inside.stderr
+    assert json.loads(inside.stdout)["plans"][0]["makespan_s"]["at_estimates"] == 120.0  # 12 x 60 s on 6 GPUs
+    jobs = slurm_lab.run("squeue", "-h", "-o", "%i").stdout.split()
+    sized = autotune("plan", spec, "--slurm", "--nodes", "4", "--gpus-per-node", "3", "--format", "json",
+                     environ=lab_env(slurm_lab))
+    assert sized.returncode == 0, sized.stderr
+    assert json.loads(sized.stdout)["plans"][0]["makespan_s"]["at_estimates"] == 60.0  # on 12 GPUs
+    assert slurm_lab.run("squeue", "-h", "-o", "%i").stdout.split() == jobs  # no allocation asked for

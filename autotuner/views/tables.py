@@ -28,6 +28,8 @@ from .snapshot import Snapshot, format_slots, load
 if TYPE_CHECKING:
     from ..hostfile import Host
     from ..runner import Result
+    from ..slurm import Allocation
+    from ..slurm.parse import Node
     from ..ssh.probe import HostReport
 
 FORMATS = ("table", "json", "csv", "md")
@@ -437,6 +439,44 @@ def render_hosts(title: str, listed: Mapping[str, Host], reports: Sequence[HostR
                                       for c, r in zip(cells, reports, strict=True)]
     return render_table([Column(name, whole=name == "host") for name in names], styled, title=title,
                         output=output)
+
+
+def render_allocation(allocation: Allocation, nodes: Mapping[str, Node], fmt: str = "table",
+                      output: Output = PLAIN) -> str:
+    """`autotune hosts --slurm`: one row per node of the allocation: its state in Slurm, the GPUs (and their
+    type), CPUs and memory the allocation holds there, and the widest experiment that can run on it."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    usable = [h for h in allocation.nodes if not (h in nodes and nodes[h].lost)]
+    rows: list[dict[str, Any]] = []
+    cells: list[tuple[str, ...]] = []
+    for host in allocation.nodes:
+        node = nodes.get(host)
+        gpus, lost = allocation.gpus.get(host, 0), node is not None and node.lost
+        state = "+".join(sorted(node.states)) if node is not None else "unknown"
+        reason = node.reason if node is not None else None
+        gpu_type, cpus, memory = allocation.types.get(host), allocation.cpus.get(host), allocation.memory_mb.get(host)
+        can = "nothing (lost)" if lost else f"up to {gpus} GPU(s) here, {len(usable)} node(s) at once"
+        rows.append({"node": host, "address": allocation.address(host), "state": state, "reason": reason,
+                     "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus, "memory_mb": memory or None, "can_run": can,
+                     "lost": lost})
+        cells.append((host, allocation.address(host), state + (f" ({reason})" if reason else ""),
+                      f"{gpus}" + (f" x {gpu_type}" if gpu_type else ""), str(cpus or "-"),
+                      f"{memory} MB" if memory else "not tracked", can))
+    if fmt == "json":
+        return json.dumps({"job": allocation.job, "end_time": allocation.end_time, "nodes": rows}, indent=2) + "\n"
+    names = ("node", "address", "state", "GPUs", "CPUs", "memory", "can run")
+    if fmt == "csv":
+        buffer = io.StringIO()
+        csv.writer(buffer, lineterminator="\n").writerows([names, *cells])
+        return buffer.getvalue()
+    if fmt == "md":
+        return markdown_table(names, cells)
+    styled: list[tuple[Cell, ...]] = [(*c[:2], Styled(c[2], "red" if r["lost"] else "green"), *c[3:])
+                                      for c, r in zip(cells, rows, strict=True)]
+    ends = f", ends {allocation.end_time}" if allocation.end_time else ""
+    return render_table([Column(name, whole=name == "node") for name in names], styled,
+                        title=f"Slurm job {allocation.job}{ends}", output=output)
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
