@@ -69,6 +69,10 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None,
         # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
         directory = Path(attempt.dir) if attempt.dir else None
         status = exitstatus.read(directory / exitstatus.FILENAME) if directory else None
+        if attempt.step:  # a Slurm job step: Slurm ends it on every node
+            from .slurm import cancel_step
+
+            cancel_step(attempt.step)
         if attempt.tag:
             end_tagged(attempt.tag, grace)
             remote = [host for host in attempt.slots if not is_local(host)]
@@ -78,7 +82,7 @@ def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None,
                 end_tagged_remote(pool, remote, attempt.tag)
         outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
         if status is not None and directory is not None:
-            local = all(is_local(h) for h in attempt.slots)
+            local = attempt.step is not None or all(is_local(h) for h in attempt.slots)  # srun runs here
             outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status, directory,
                                              metric)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,

@@ -300,3 +300,19 @@ def test_plan_for_this_allocation_or_one_of_a_size_asks_nothing_of_slurm(slurm_l
     assert sized.returncode == 0, sized.stderr
     assert json.loads(sized.stdout)["plans"][0]["makespan_s"]["at_estimates"] == 60.0  # on 12 GPUs
     assert slurm_lab.run("squeue", "-h", "-o", "%i").stdout.split() == jobs  # no allocation asked for
+
+
+def test_cancel_with_no_runner_ends_the_steps_a_dead_one_left(slurm_lab, allocation, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
+    results = tmp_path / "r"
+    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=120)
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=environ, directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+               60, "two steps recorded")
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    done = autotune("cancel", results, environ=environ)
+    assert done.returncode == 0, done.stderr
+    assert {a.state for a in attempts(results)} <= {State.CANCELLED, State.INTERRUPTED}
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from .allocation import (
     Allocation,
     SlurmError,
+    cancel_step,
     cluster_of,
     current_job,
     describe,
@@ -17,5 +18,5 @@ from .allocation import (
 from .executor import SlurmExecutor, end_strays
 from .watch import AllocationWatcher
 
-__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmExecutor", "cluster_of", "current_job",
+__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmExecutor", "cancel_step", "cluster_of", "current_job",
            "describe", "end_strays", "planned_cluster", "release", "request"]

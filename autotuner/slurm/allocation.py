@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import subprocess
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from . import parse
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -144,6 +147,21 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
 def release(job: str) -> None:
     """Give an allocation back (everything still running in it ends)."""
     slurm("scancel", job, check=False)
+
+
+def cancel_step(step: str, within: float = 60.0) -> None:
+    """End a job step (`J.S`) on every node and wait until Slurm no longer lists it; a Slurm that cannot be
+    asked (its commands missing, its controller down) is logged and left: the ledger still records the end."""
+    import time
+
+    job = step.split(".")[0]
+    try:
+        slurm("scancel", step, check=False)
+        end = time.monotonic() + within
+        while time.monotonic() < end and any(s.id == step for s in steps(job)):
+            time.sleep(0.05)
+    except SlurmError as e:
+        log.warning("cannot end Slurm step %s: %s", step, e)
 
 
 def node_states(hosts: Sequence[str]) -> dict[str, parse.Node]:

@@ -27,7 +27,7 @@ from ..executor import Adopted, Child, LocalExecutor
 from ..hostfile import format_hostfile
 from ..launch import Command, Launcher, deepspeed_command, with_autotuning
 from ..outcome import Outcome
-from .allocation import Allocation, slurm, steps
+from .allocation import Allocation, cancel_step, slurm, steps
 
 STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
 STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
@@ -155,12 +155,8 @@ class SlurmExecutor(LocalExecutor):
     def _end_step(self, tag: str) -> None:
         """Kill the step named `tag` if Slurm still lists it, and wait until it does not."""
         step = self._step_of(tag)
-        if step is None:
-            return
-        slurm("scancel", step, check=False)
-        end = time.monotonic() + STEP_ENDS_WITHIN
-        while time.monotonic() < end and self._step_of(tag) is not None:
-            time.sleep(self.poll)
+        if step is not None:
+            cancel_step(step, STEP_ENDS_WITHIN)
 
     def kill_all(self) -> None:
         """At once: every step of ours cancelled, then srun's groups killed (see the local executor)."""
