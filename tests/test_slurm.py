@@ -316,3 +316,18 @@ def test_cancel_with_no_runner_ends_the_steps_a_dead_one_left(slurm_lab, allocat
     assert done.returncode == 0, done.stderr
     assert {a.state for a in attempts(results)} <= {State.CANCELLED, State.INTERRUPTED}
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def test_tune_inside_slurm_searches_on_steps(slurm_lab, allocation, tmp_path):
+    (tmp_path / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [2, 3]},
+        "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}))
+    environ = lab_env(slurm_lab, allocation, OOM_STANDIN_LOG=tmp_path / "launches.log")
+    done = autotune("tune", "--slurm", "-o", tmp_path / "res", "--launcher", f"sh {ROOT / 'tests' / 'oom_standin.sh'}",
+                    "train.py", "--deepspeed_config", "ds.json", environ=environ, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "best: train_z3_mbs45 with throughput" in done.stdout  # the fake GPU's largest fit of stage 3
+    runs = attempts(tmp_path / "res")
+    assert all(a.step and a.step.startswith(f"{allocation}.") for a in runs)
+    assert no_step_left(slurm_lab, allocation, sweep_id(tmp_path / "res"))
