@@ -34,14 +34,17 @@ ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "experiments" / "train.py"
 
 # Each node's launcher (in place of DeepSpeed's) logs what Slurm and the runner gave it, and its first node
-# writes the metrics; then it sleeps $STANDIN_SECONDS.
+# writes the metrics; then it sleeps $STANDIN_SECONDS, and logs a SIGTERM if one comes.
 NODE_STANDIN = """\
 #!/bin/sh
 dir=$(dirname "$AUTOTUNE_METRICS_PATH")
 echo "node=$SLURM_NODEID step=$SLURM_JOB_ID.$SLURM_STEP_ID host=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES args=$*" \
   >> "$dir/nodes.log"
 if [ "$SLURM_NODEID" = 0 ]; then printf '{"throughput": 2.0, "latency": 1.0}\\n' > "$AUTOTUNE_METRICS_PATH"; fi
-exec sleep "${STANDIN_SECONDS:-0.5}"
+sleep "${STANDIN_SECONDS:-0.5}" &
+pid=$!
+trap 'echo "term $SLURM_NODEID" >> "$dir/signals.log"; kill $pid; exit 143' TERM
+wait $pid
 """
 
 
@@ -128,6 +131,8 @@ def test_a_timeout_and_a_cancel_end_the_step_and_leave_nothing(slurm_lab, alloca
                     "--grace", "2", environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=120))
     assert done.returncode == 1, done.stderr
     assert {a.state for a in attempts(results)} == {State.TIMED_OUT}
+    for a in attempts(results):  # each node's launcher was asked to end (SIGTERM) before the step was killed
+        assert sorted((results / a.name / "signals.log").read_text().split()) == ["0", "1", "term", "term"]
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
 
     results = tmp_path / "cancel"

@@ -14,6 +14,7 @@ ends only once Slurm no longer lists the step. The results directory must be on 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -144,13 +145,16 @@ class SlurmExecutor(LocalExecutor):
         return outcome
 
     def _end(self, proc: Child | Adopted, tag: str) -> None:
-        """SIGTERM to the step's tasks on every node, the grace period for srun to end, then the step killed
-        and waited for until Slurm no longer lists it, then srun's group."""
+        """SIGTERM to the step's tasks on every node (`scancel --signal`: a signal to srun itself would kill
+        them at once) and the grace period for them to end; then the step killed and waited for until Slurm no
+        longer lists it; then whatever is left of srun's group."""
         step = self._step_of(tag)
         if step is not None and not self._stops.killing:
-            slurm("scancel", "--signal=TERM", step, check=False)
-        super()._end(proc, tag)
+            slurm("scancel", "--signal=TERM", step, check=False)  # its exit status says nothing (22.05: 225)
+            with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
+                proc.wait(timeout=self.grace)
         self._end_step(tag)
+        super()._end(proc, tag)
 
     def _end_step(self, tag: str) -> None:
         """Kill the step named `tag` if Slurm still lists it, and wait until it does not."""
