@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 
 from . import limits
-from .core import PLACEMENTS, BackfillQueue, Queued, SlotPool, fifo
+from .core import PLACEMENTS, BackfillQueue, Placement, Queued, SlotPool, fifo
 from .core.resources import placement_named
 from .core.scheduler import default_queue
 from .errors import UserError
@@ -236,14 +236,15 @@ class Survival:
 
 def time_left(slots: Mapping[str, Sequence[int]], queued: Sequence[Experiment], running: Sequence[Ongoing],
               seen: Sequence[float], *, down: Sequence[str] = (), timeout: float | None = None,
-              draws: int = 31, seed: int = 0) -> float | None:
+              draws: int = 31, seed: int = 0, placement: Placement | None = None) -> float | None:
     """Seconds until a sweep under way ends: what waits and what runs, re-planned on the scheduler's own
     policies (the runner's defaults), the median of `draws` Monte Carlo plays (fewer for large sweeps). None:
     nothing to go on yet (no run has ended, and not every queued experiment has an estimate).
 
     Durations are drawn from what runs have taken (`Survival`, which also learns from the runs under way); a
     running one's rest given how long it has run already; an experiment with an `estimate` takes it; none
-    runs past its timeout. Using the median of plays, not a play of the means, matters: the sweep ends when
+    runs past its timeout. `placement`: the sweep's own (kept to one GPU type where the sweep has types),
+    default pack. Using the median of plays, not a play of the means, matters: the sweep ends when
     its longest run does, and the mean of each run's rest says nothing of the longest.
     """
     if not queued and not running:
@@ -259,7 +260,7 @@ def time_left(slots: Mapping[str, Sequence[int]], queued: Sequence[Experiment], 
         underway = [Underway(r.experiment, r.slots, r.elapsed, _rest(r, survival, rng, timeout)) for r in running]
         took = {e.name: e.estimate if e.estimate is not None else survival.draw(rng) for e in queued}
         makespans.append(simulate(queued, slots, partial(_took, took), timeout=timeout, underway=underway,
-                                  down=down).makespan)
+                                  down=down, placement=placement).makespan)
     return statistics.median(makespans)
 
 

@@ -1,6 +1,7 @@
 """`autotune plan`: the real scheduler and policies on a simulated clock, checked against makespans worked out by
 hand, against a real stand-in sweep's measured durations, and through the command line."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -250,3 +251,16 @@ def test_a_sweep_too_large_for_every_draw_plays_fewer_and_says_so(monkeypatch):
     plan = plan_sweep([experiment(f"e{i}") for i in range(100)], {"h": [0, 1]}, spread=0.3, samples=100)
     assert (plan.samples, plan.samples_asked) == (9, 100) and len(plan.policies[0].makespans) == 9
     assert "9 draws (of the 100 asked" in render_plan(plan).splitlines()[0]
+
+
+def test_time_left_keeps_experiments_on_their_gpu_type():
+    """Two hosts of one slot, of types A and B; four queued experiments of 10 s pinned to A run one after
+    another on A's one slot (40 s), not two at a time on both (20 s)."""
+    from autotuner.core.resources import placement_named
+    from autotuner.plan import time_left
+
+    queued = [replace(experiment(f"q{i}", estimate=10.0), gpu_type="A") for i in range(4)]
+    slots = {"a": [0], "b": [0]}
+    assert time_left(slots, queued, [], []) == pytest.approx(20.0)  # blind to types
+    typed = placement_named("pack", {"a": "A", "b": "B"})
+    assert time_left(slots, queued, [], [], placement=typed) == pytest.approx(40.0)

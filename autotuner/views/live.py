@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from ..core.resources import placement_named
 from ..metrics import Metric, format_value, metric_named
 from ..outcome import Outcome
 from ..spec import Experiment
@@ -148,6 +149,9 @@ class LiveView:
         self._stopping: str | None = None
         self._ended: float | None = None
         self._experiments = dict(snap.experiments)
+        meta = snap.meta
+        self._placement = placement_named(meta.placement or "pack", {h: (meta.gpu_types or {}).get(h)
+                                                                     for h in self._slots}, meta.gpu_memory)
         self._changes = 0  # observer calls so far: a new plan is due when it moved
         self._planned: tuple[int, float, float | None] | None = None  # (changes, valid until, planned end)
         requeued = set(pending)
@@ -290,7 +294,7 @@ class LiveView:
         running = [Ongoing(known[r.name], r.slots, max(0.0, now - r.started_at))
                    for r in state.running if r.name in known]
         left = time_left(state.slots, [known[name] for name in queued], running, state.durations,
-                         down=sorted(state.down), timeout=self._default_timeout)
+                         down=sorted(state.down), timeout=self._default_timeout, placement=self._placement)
         return None if left is None else now + left
 
     def __rich__(self) -> RenderableType:
