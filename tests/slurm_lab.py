@@ -155,7 +155,10 @@ class SlurmLab:
         """Cancel every job, then end the daemons by the pids in their pid files: the slurmd first, then
         slurmctld, then munged (SIGTERM, SIGKILL after `timeout`); and any step daemon of this lab left over."""
         began = time.monotonic()
-        if self._procs.get("slurmctld") is not None and self._running("slurmctld"):
+        if self._running("slurmctld"):
+            for node in self.nodes:  # a job on a node without its slurmd would wait in COMPLETING
+                if f"slurmd-{node}" not in self._procs:
+                    self.run("scontrol", "update", f"nodename={node}", "state=down", "reason=stopping", check=False)
             self._cancel_all(timeout)
         self._end([f"slurmd-{node}" for node in self.nodes], timeout)
         self._end(["slurmctld"], timeout)
@@ -228,8 +231,12 @@ class SlurmLab:
     def drain(self, node: str, reason: str = "test") -> None:
         self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
 
-    def resume_node(self, node: str) -> None:
+    def resume_node(self, node: str, timeout: float = 30.0) -> None:
+        """Undo `drain`; returns once the node answers again (Slurm marks a resumed node NOT_RESPONDING until its
+        slurmd answers a ping, about 0.1 s)."""
         self.run("scontrol", "update", f"nodename={node}", "state=resume")
+        wait_for(f"{node} to resume", lambda: self._responding(node) and "DRAIN" not in self.node_state(node),
+                 timeout)
 
     def node_state(self, node: str) -> str:
         """Slurm's state of `node`, as `scontrol show node` prints it (e.g. `IDLE`, `MIXED+DRAIN`)."""
@@ -334,7 +341,9 @@ class SlurmLab:
 
     def _cancel_all(self, timeout: float) -> None:
         """Cancel every job and wait (up to `timeout`) until squeue lists none: their steps end with them."""
-        self.run("scancel", "--user=root", check=False)
+        jobs = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if jobs:
+            self.run("scancel", *jobs, check=False)
         with contextlib.suppress(RuntimeError):  # stopping goes on regardless
             wait_for("every job to end", lambda: not self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip(),
                      timeout)
@@ -371,18 +380,43 @@ class SlurmLab:
                 proc.poll()
 
     def _end_stepds(self, timeout: float) -> None:
-        """Kill the lab's slurmstepd left running (a slurmd's death does not end its steps): found by the lab's
-        SLURM_CONF in their environment, which they inherit from the lab's slurmd."""
+        """Kill what is left of the lab's steps: a slurmd's death does not end its steps, so a stepd (and its
+        tasks) of a node stopped by `stop_node` or `down` may still run. A stepd is known by the lab's SLURM_CONF
+        in its environment (it inherits the slurmd's); it is frozen first so that it starts nothing new while
+        its tasks are killed with it."""
         mark = f"SLURM_CONF={self.conf}".encode()
-        left = [pid for pid in _pids() if mark in _environ(pid) and _cmdline(pid).startswith(b"slurmstepd")]
-        for pid in left:
+        stepds = [pid for pid in _pids() if _cmdline(pid).startswith(b"slurmstepd") and mark in _environ(pid)]
+        for pid in stepds:
+            _kill(pid, signal.SIGSTOP)
+        doomed = set(stepds).union(*(_descendants(pid) for pid in stepds))
+        for pid in doomed:
             _kill(pid, signal.SIGKILL)
         with contextlib.suppress(RuntimeError):
-            wait_for("step daemons to end", lambda: not any(_alive(pid) for pid in left), timeout)
+            wait_for("step daemons to end", lambda: not any(_alive(pid) for pid in doomed), timeout)
 
 
 def _pids() -> list[int]:
     return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below `root` (read from /proc), not `root` itself."""
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _environ(pid: int) -> bytes:
