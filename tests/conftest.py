@@ -49,12 +49,26 @@ def runners():
     r.cleanup()
 
 
+# --- a real Slurm cluster on this machine (tests/slurm_lab.py) --------------------------------------------------
+
 @pytest.fixture(scope="session")
 def slurm_lab(tmp_path_factory):
-    """TEMPORARY (the lab helper's fixture replaces it)."""
-    from slurm_lab import SlurmLab
+    """A real Slurm cluster, started once per session: nodes `n1`..`n3` (CPUs=2, Gres=gpu:2 each, fake GPUs that
+    set CUDA_VISIBLE_DEVICES), partition `debug`. Pass `slurm_lab.env` to every Slurm command (SLURM_CONF).
+    Helpers: `allocate(nodes, gpus_per_node, *salloc_args) -> job id`, `release(job)`, `steps(job)`,
+    `drain(node)`, `resume_node(node)`, `down(node)` / `start_node(node)`, `node_state(node)`, `run(*args)`.
+    A test leaves what it changed as it found it (its jobs released, its nodes resumed).
 
-    lab = SlurmLab(tmp_path_factory.mktemp("slurm"))
+    A missing Slurm fails, never skips: .ci/setup-tests installs it.
+    """
+    import slurm_lab
+
+    reason = slurm_lab.unavailable_reason()
+    if reason:
+        pytest.fail(f"no Slurm lab: {reason} (.ci/setup-tests installs it)")
+    lab = slurm_lab.SlurmLab(tmp_path_factory.mktemp("slurm"))
     lab.start()
-    yield lab
-    lab.stop()
+    try:
+        yield lab
+    finally:
+        lab.stop()

@@ -111,11 +111,12 @@ class SlurmLab:
     """munged + slurmctld + one slurmd per node, all under `root`; see the module's docstring."""
 
     def __init__(self, root: Path, nodes: Sequence[str] = NODES, gpus_per_node: int = GPUS_PER_NODE,
-                 cpus_per_node: int = CPUS_PER_NODE):
+                 cpus_per_node: int = CPUS_PER_NODE, slurmd_timeout: int = 300):
         self.root = Path(root).resolve()
         self.nodes = tuple(nodes)
         self.gpus_per_node = gpus_per_node
         self.cpus_per_node = cpus_per_node
+        self.slurmd_timeout = slurmd_timeout  # seconds until the controller marks a silent node DOWN (Slurm's default)
         self.conf = self.root / "slurm.conf"
         self.munge_socket = self.root / "munge" / "munge.socket.2"
         self.log_dir = self.root / "log"
@@ -154,7 +155,10 @@ class SlurmLab:
         """Cancel every job, then end the daemons by the pids in their pid files: the slurmd first, then
         slurmctld, then munged (SIGTERM, SIGKILL after `timeout`); and any step daemon of this lab left over."""
         began = time.monotonic()
-        if self._procs.get("slurmctld") is not None and self._running("slurmctld"):
+        if self._running("slurmctld"):
+            for node in self.nodes:  # a job on a node without its slurmd would wait in COMPLETING
+                if f"slurmd-{node}" not in self._procs:
+                    self.run("scontrol", "update", f"nodename={node}", "state=down", "reason=stopping", check=False)
             self._cancel_all(timeout)
         self._end([f"slurmd-{node}" for node in self.nodes], timeout)
         self._end(["slurmctld"], timeout)
@@ -177,10 +181,21 @@ class SlurmLab:
         """End one node's slurmd (its running steps go on); the controller marks it DOWN after SlurmdTimeout."""
         self._end([f"slurmd-{node}"], timeout)
 
+    def down(self, node: str, reason: str = "test", timeout: float = 10.0) -> None:
+        """Lose a node at once: end its slurmd and mark it DOWN (waiting for SlurmdTimeout would take minutes).
+        A job holding it ends with NODE_FAIL unless it was allocated with --no-kill."""
+        self.stop_node(node, timeout)
+        self.run("scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}")
+
     def start_node(self, node: str, timeout: float = 30.0) -> None:
         """Start one node's slurmd again (after `stop_node`)."""
         self._spawn(f"slurmd-{node}", ["/usr/sbin/slurmd", "-D", "-N", node])
-        wait_for(f"slurmd {node} to register", lambda: self._ok(["scontrol", "show", "node", node], node), timeout)
+        wait_for(f"{node} to respond", lambda: self._responding(node), timeout)
+
+    def _responding(self, node: str) -> bool:
+        self._check_alive(f"slurmd-{node}")
+        state = self.node_state(node)
+        return bool(state) and "DOWN" not in state and "NOT_RESPONDING" not in state
 
     def __enter__(self) -> SlurmLab:
         self.start()
@@ -216,8 +231,12 @@ class SlurmLab:
     def drain(self, node: str, reason: str = "test") -> None:
         self.run("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
 
-    def resume_node(self, node: str) -> None:
+    def resume_node(self, node: str, timeout: float = 30.0) -> None:
+        """Undo `drain`; returns once the node answers again (Slurm marks a resumed node NOT_RESPONDING until its
+        slurmd answers a ping, about 0.1 s)."""
         self.run("scontrol", "update", f"nodename={node}", "state=resume")
+        wait_for(f"{node} to resume", lambda: self._responding(node) and "DRAIN" not in self.node_state(node),
+                 timeout)
 
     def node_state(self, node: str) -> str:
         """Slurm's state of `node`, as `scontrol show node` prints it (e.g. `IDLE`, `MIXED+DRAIN`)."""
@@ -270,6 +289,8 @@ class SlurmLab:
             "JobCompType=jobcomp/filetxt", f"JobCompLoc={d}/log/jobcomp.txt",
             "JobAcctGatherType=jobacct_gather/none",
             "MinJobAge=300",
+            "MailProg=/bin/true",
+            f"SlurmdTimeout={self.slurmd_timeout}",
             "GresTypes=gpu",
         ]
         for node in self.nodes:
@@ -290,24 +311,39 @@ class SlurmLab:
         proc = self._procs.get(daemon)
         return proc is not None and proc.poll() is None
 
+    def _check_alive(self, daemon: str) -> None:
+        """RuntimeError when `daemon` was started and has exited: waiting on it would only time out."""
+        if not self._running(daemon) and daemon in self._procs:
+            raise RuntimeError(f"slurm lab: {daemon} exited with {self._procs[daemon].returncode}:\n"
+                               f"{self._log_tail(daemon)}")
+
+    def _log_tail(self, daemon: str, lines: int = 20) -> str:
+        """The last lines of what `daemon` wrote (its log file, else its captured output)."""
+        for path in (self.log_dir / f"{daemon}.log", self.log_dir / f"{daemon}.out"):
+            with contextlib.suppress(OSError):
+                text = path.read_text(errors="replace").strip()
+                if text:
+                    return f"{path}:\n" + "\n".join(text.splitlines()[-lines:])
+        return f"(nothing in {self.log_dir})"
+
     def _ok(self, args: list[str], daemon: str, expect: bytes = b"") -> bool:
         """True when `args` succeeds (and prints `expect`); RuntimeError when `daemon` has exited meanwhile."""
-        if not self._running(daemon) and daemon in self._procs:
-            raise RuntimeError(f"slurm lab: {daemon} exited with {self._procs[daemon].returncode}; "
-                               f"see {self.log_dir}")
+        self._check_alive(daemon)
         done = subprocess.run(args, env=self.env, capture_output=True, stdin=subprocess.DEVNULL, check=False)
         return done.returncode == 0 and expect in done.stdout
 
     def _all_idle(self) -> bool:
         for node in self.nodes:
-            self._ok(["true"], f"slurmd-{node}")  # raises if that slurmd died
+            self._check_alive(f"slurmd-{node}")
         shown = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.split()
         states = dict(zip(shown[::2], shown[1::2], strict=False))
         return all(states.get(node) == "idle" for node in self.nodes)
 
     def _cancel_all(self, timeout: float) -> None:
         """Cancel every job and wait (up to `timeout`) until squeue lists none: their steps end with them."""
-        self.run("scancel", "--user=root", check=False)
+        jobs = self.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+        if jobs:
+            self.run("scancel", *jobs, check=False)
         with contextlib.suppress(RuntimeError):  # stopping goes on regardless
             wait_for("every job to end", lambda: not self.run("squeue", "-h", "-o", "%i", check=False).stdout.strip(),
                      timeout)
@@ -344,18 +380,43 @@ class SlurmLab:
                 proc.poll()
 
     def _end_stepds(self, timeout: float) -> None:
-        """Kill the lab's slurmstepd left running (a slurmd's death does not end its steps): found by the lab's
-        SLURM_CONF in their environment, which they inherit from the lab's slurmd."""
+        """Kill what is left of the lab's steps: a slurmd's death does not end its steps, so a stepd (and its
+        tasks) of a node stopped by `stop_node` or `down` may still run. A stepd is known by the lab's SLURM_CONF
+        in its environment (it inherits the slurmd's); it is frozen first so that it starts nothing new while
+        its tasks are killed with it."""
         mark = f"SLURM_CONF={self.conf}".encode()
-        left = [pid for pid in _pids() if mark in _environ(pid) and _cmdline(pid).startswith(b"slurmstepd")]
-        for pid in left:
+        stepds = [pid for pid in _pids() if _cmdline(pid).startswith(b"slurmstepd") and mark in _environ(pid)]
+        for pid in stepds:
+            _kill(pid, signal.SIGSTOP)
+        doomed = set(stepds).union(*(_descendants(pid) for pid in stepds))
+        for pid in doomed:
             _kill(pid, signal.SIGKILL)
         with contextlib.suppress(RuntimeError):
-            wait_for("step daemons to end", lambda: not any(_alive(pid) for pid in left), timeout)
+            wait_for("step daemons to end", lambda: not any(_alive(pid) for pid in doomed), timeout)
 
 
 def _pids() -> list[int]:
     return [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+
+
+def _descendants(root: int) -> set[int]:
+    """Every live process below `root` (read from /proc), not `root` itself."""
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        children.setdefault(int(stat[stat.rfind(b")") + 2:].split()[1]), []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 def _environ(pid: int) -> bytes:
