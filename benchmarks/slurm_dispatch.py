@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from slurm_lab import SlurmLab  # noqa: E402
-
 from autotuner.ledger import Ledger  # noqa: E402
+
+from slurm_lab import SlurmLab  # noqa: E402
 
 # Each experiment logs when its command started on the node, writes its metrics and ends at once.
 STANDIN = """#!/bin/sh

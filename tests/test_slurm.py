@@ -336,3 +336,37 @@ def test_tune_inside_slurm_searches_on_steps(slurm_lab, allocation, tmp_path):
     runs = attempts(tmp_path / "res")
     assert all(a.step and a.step.startswith(f"{allocation}.") for a in runs)
     assert no_step_left(slurm_lab, allocation, sweep_id(tmp_path / "res"))
+
+
+# Writes its metrics only at the end: a run cut short by its node's failure has none.
+METRICS_AT_THE_END = """\
+#!/bin/sh
+sleep "${STANDIN_SECONDS:-0.5}"
+if [ "$SLURM_NODEID" = 0 ]; then printf '{"throughput": 2.0}\\n' > "$AUTOTUNE_METRICS_PATH"; fi
+"""
+
+
+def test_a_node_failing_under_a_step_loses_its_run_which_runs_again_elsewhere(slurm_lab, tmp_path, runners):
+    """Slurm ends the step of a node that fails and its srun exits 0: the run is lost with the node, not
+    failed, and runs again on another. The allocation survives its node (--no-kill)."""
+    job = slurm_lab.allocate(2, 1, "--exclusive", "--no-kill")
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    launcher = tmp_path / "late.sh"
+    launcher.write_text(METRICS_AT_THE_END)
+    results = tmp_path / "r"
+    environ = lab_env(slurm_lab, job, STANDIN_SECONDS=6) | {"AUTOTUNE_SLURM_POLL": "60"}  # not the watcher
+    proc = runners.start("run", spec, "--slurm", "--launcher", f"sh {launcher}", "-o", results, "-q",
+                         environ=environ, directory=results)
+    try:
+        wait_until(lambda: (results / "ledger.sqlite").exists() and any(a.step for a in attempts(results)), 60,
+                   "the step recorded")
+        (node,) = attempts(results)[0].slots
+        slurm_lab.down(node, "psu")
+        code, _, err = finish(proc)
+    finally:
+        slurm_lab.start_node(node)  # back in service once its slurmd registers (ReturnToService=2)
+        slurm_lab.release(job)
+    assert code == 0, err
+    first, again = attempts(results)
+    assert (first.state, first.reason) == (State.INTERRUPTED, "lost") and node in (first.detail or "")
+    assert again.state == State.SUCCEEDED and node not in again.slots

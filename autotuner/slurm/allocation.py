@@ -123,8 +123,10 @@ def describe(job_id: str, *, owned: bool = False) -> Allocation:
 
 def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, time: str | None = None,
             account: str | None = None, extra: Sequence[str] = ()) -> Allocation:
-    """A new allocation of whole nodes (`salloc --no-shell --exclusive`), waited for; ours to give back."""
-    argv = ["salloc", "--no-shell", "--exclusive", "--job-name", "autotune", "--nodes", str(nodes),
+    """A new allocation of whole nodes (`salloc --no-shell --exclusive`: every CPU, so that steps do not wait for
+    one), kept when one of its nodes fails (`--no-kill`: only that node's experiments are lost), waited for;
+    ours to give back."""
+    argv = ["salloc", "--no-shell", "--exclusive", "--no-kill", "--job-name", "autotune", "--nodes", str(nodes),
             "--gpus-per-node", str(gpus_per_node)]
     for option, value in (("--partition", partition), ("--time", time), ("--account", account)):
         if value:

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.events import Launched, Post, Run
+from ..core.events import HostLost, Launched, Post, Run
 from ..executor import Adopted, Child, LocalExecutor
 from ..hostfile import format_hostfile
 from ..launch import Command, Launcher, deepspeed_command, with_autotuning
 from ..outcome import Outcome
-from .allocation import Allocation, cancel_step, slurm, steps
+from ..states import Reason, State
+from .allocation import Allocation, SlurmError, cancel_step, node_states, slurm, steps
 
 STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
 STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
@@ -86,6 +87,7 @@ class SlurmExecutor(LocalExecutor):
         if self.allocation is None:
             raise ValueError("a SlurmExecutor needs an allocation")
         self._job = self.allocation.job
+        self._post: Post = lambda event: None
 
     def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
         assert self.allocation is not None
@@ -138,11 +140,31 @@ class SlurmExecutor(LocalExecutor):
     def _step_of(self, tag: str) -> str | None:
         return next((s.id for s in steps(self._job) if s.name == tag), None)
 
+    def start(self, run: Run, post: Post) -> None:
+        self._post = post  # the dispatcher's: a node found lost is told to it (`_follow`)
+        super().start(run, post)
+
+    def adopt(self, run: Run, pid: int | None, post: Post) -> None:
+        self._post = post
+        super().adopt(run, pid, post)
+
     def _follow(self, run: Run, proc: Child | Adopted) -> Outcome:
-        """As the local executor, then: nothing of the step may outlive srun."""
+        """As the local executor, then: nothing of the step may outlive srun. A run that did not succeed on a
+        node Slurm now marks lost was lost with it (srun exits 0 when its node fails): interrupted, to run
+        again elsewhere, and the node is reported at once rather than at the watcher's next look."""
         outcome = super()._follow(run, proc)
         self._end_step(run.tag)
-        return outcome
+        if outcome.state == State.SUCCEEDED:
+            return outcome
+        try:
+            lost = [n for n in node_states(run.reservation.hosts).values() if n.lost]
+        except SlurmError:
+            return outcome
+        if not lost:
+            return outcome
+        why = f"Slurm marks it {'+'.join(sorted(lost[0].states))}"
+        self._post(HostLost(lost[0].name, why))
+        return Outcome(State.INTERRUPTED, Reason.LOST, f"node {lost[0].name} lost: {why}")
 
     def _end(self, proc: Child | Adopted, tag: str) -> None:
         """SIGTERM to the step's tasks on every node (`scancel --signal`: a signal to srun itself would kill

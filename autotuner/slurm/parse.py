@@ -18,7 +18,7 @@ LOST_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILIN
 
 def pairs(line: str) -> list[tuple[str, str]]:
     """The `Key=Value` pairs of one `scontrol show -o` line, in order, repeats kept."""
-    return [(m.group(1), m.group(2)) for m in _PAIR.finditer(line.strip())]
+    return [(m.group(1), m.group(2).strip()) for m in _PAIR.finditer(line.strip())]
 
 
 def record(line: str) -> dict[str, str]:
@@ -38,11 +38,11 @@ def expand_hosts(text: str) -> list[str]:
 
 
 def _top_level(text: str) -> Iterator[str]:
-    """`text` split at the commas outside brackets."""
+    """`text` split at the commas outside brackets and parentheses."""
     depth, start = 0, 0
     for i, ch in enumerate(text):
-        depth += ch == "["
-        depth -= ch == "]"
+        depth += ch in "[("
+        depth -= ch in "])"
         if ch == "," and depth == 0:
             if text[start:i]:
                 yield text[start:i]
@@ -94,7 +94,7 @@ def gpus_of(gres: str) -> Gpus | None:
     """The `gpu` entries of a GRES string (`gpu:2(IDX:0-1)`, `gpu:a100:4(IDX:0-3)`, `gpu:2`, `gres/gpu=2`);
     None when it names no GPU."""
     count, indices, kind = 0, [], None
-    for entry in _top_level(gres.replace("(S:", "(S=")):
+    for entry in _top_level(gres):
         entry = entry.strip()
         if entry.startswith("gres/gpu"):  # TRES form: gres/gpu=2 or gres/gpu:a100=2
             name, _, number = entry.partition("=")
@@ -160,6 +160,11 @@ def job(line: str) -> Job:
             shares[host] = share
     node_list = fields.get("NodeList", "")
     nodes = tuple(expand_hosts(node_list)) if node_list and node_list != "(null)" else ()
+    if nodes and not shares:  # without -d: the same share on every node, from the per-node request
+        per_node = gpus_of(fields.get("TresPerNode", "").replace("gres:", "", 1))
+        share = NodeShare(_int(fields.get("NumCPUs", "0")) // len(nodes), _int(fields.get("MinMemoryNode", "0")),
+                          per_node)
+        shares = dict.fromkeys(nodes, share)
     end = fields.get("EndTime")
     return Job(fields.get("JobId", ""), fields.get("JobState", ""), nodes, shares,
                None if end in (None, "Unknown", "None") else end, fields.get("TimeLimit"), fields.get("Reason"))

@@ -1,0 +1,96 @@
+"""Reading Slurm's text (autotuner/slurm/parse.py) on output recorded from a real Slurm 22.05 cluster
+(tests/data/slurm, see its README), and on hand-made lines for what the lab cannot show (typed GPUs, tracked
+memory, zero-padded host lists)."""
+from pathlib import Path
+
+import pytest
+
+from autotuner.slurm import parse
+from autotuner.slurm.watch import end_seconds
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def text(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+def test_host_lists_expand_as_scontrol_show_hostnames_does():
+    assert parse.expand_hosts("n[1-3]") == text("hostnames.txt").split()
+    assert parse.expand_hosts("gpu[01-03,10],login,a[1-2]b[7-8]") == [
+        "gpu01", "gpu02", "gpu03", "gpu10", "login", "a1b7", "a1b8", "a2b7", "a2b8"]
+    with pytest.raises(ValueError):
+        parse.expand_hosts("n[x-3]")
+
+
+def test_an_allocation_with_per_node_detail():
+    job = parse.job(text("job-with-steps-detail.txt"))
+    assert (job.state, job.nodes) == ("RUNNING", ("n1", "n2"))
+    assert job.shares["n1"] == parse.NodeShare(cpus=2, memory_mb=0, gpus=parse.Gpus(2, (0, 1)))
+    assert job.end_time is None  # no time limit: EndTime=Unknown
+
+
+@pytest.mark.parametrize("name, nodes, gpus, cpus", [
+    ("job-N3-gpus-per-node-2.txt", 3, 2, 1),  # one CPU per node: fewer CPUs than GPUs
+    ("job-N3-gres-gpu-2.txt", 3, 2, 1),
+    ("job-N2-gpus-per-node-1.txt", 2, 1, 1),
+    ("job-N3-gpus-per-node-2-exclusive.txt", 3, 2, 2),
+    ("job-N3-gpus-per-node-2-cpus-per-gpu-1.txt", 3, 2, 2),
+])
+def test_allocations_without_detail_read_from_the_per_node_request(name, nodes, gpus, cpus):
+    job = parse.job(text(name))
+    assert job.state == "RUNNING" and len(job.nodes) == nodes
+    assert {(s.gpus.count if s.gpus else 0, s.cpus) for s in job.shares.values()} == {(gpus, cpus)}
+
+
+@pytest.mark.parametrize("name, state, end", [
+    ("job-cancelled.txt", "CANCELLED", "2026-11-23T22:01:41"),
+    ("job-timeout.txt", "TIMEOUT", "2026-11-23T22:03:11"),
+    ("job-node-fail.txt", "NODE_FAIL", "2026-11-23T22:01:47"),
+    ("job-time-limit-running.txt", "RUNNING", "2026-11-23T22:02:58"),
+])
+def test_a_jobs_state_and_end(name, state, end):
+    job = parse.job(text(name))
+    assert (job.state, job.end_time) == (state, end)
+    assert end_seconds(job.end_time) is not None
+
+
+def test_node_states_drained_down_mixed():
+    nodes = {n.name: n for n in parse.nodes(text("nodes-drained-mixed-down.txt"))}
+    assert nodes["n1"].states == {"IDLE", "DRAIN"} and nodes["n1"].lost
+    assert nodes["n1"].reason == "testdrain [root@2026-11-23T22:01:44]"  # a value with a space, whole
+    assert nodes["n2"].states == {"MIXED"} and not nodes["n2"].lost and nodes["n2"].reason is None
+    assert nodes["n3"].states == {"DOWN"} and nodes["n3"].lost
+    assert all(n.address == "127.0.0.1" and n.gpus == parse.Gpus(2) for n in nodes.values())
+    draining = {n.name: n for n in parse.nodes(text("nodes-draining.txt"))}
+    assert draining["n2"].states == {"ALLOCATED", "DRAIN"} and draining["n2"].lost
+    assert not draining["n1"].lost
+
+
+def test_a_node_that_does_not_answer_is_lost():
+    (node,) = parse.nodes("NodeName=g7 NodeAddr=10.0.0.7 Gres=gpu:a100:8(S:0-1) State=MIXED* Reason=(null)")
+    assert node.lost and "NOT_RESPONDING" in node.states and node.gpus == parse.Gpus(8, (), "a100")
+
+
+def test_steps_and_their_names():
+    steps = parse.steps(text("squeue-steps.txt"))
+    assert steps == [parse.Step("6.0", "exp-a", ("n1",)), parse.Step("6.1", "exp-b", ("n2",))]
+    # %T is not a step field: squeue prints it as is; the first three fields still read
+    assert [s.id for s in parse.steps(text("squeue-steps-percent-T.txt"))] == ["6.0", "6.1"]
+
+
+def test_the_granted_job_of_salloc():
+    assert parse.granted_job(text("salloc-granted.stderr")) == "1"
+    assert parse.granted_job("salloc: error: Job submit/allocate failed: Invalid partition name specified") is None
+
+
+def test_typed_gpus_and_tracked_memory_in_detail():
+    line = ("JobId=77 JobState=RUNNING NodeList=g[01-02] EndTime=2026-12-01T08:00:00 JOB_GRES=gpu:h100:16 "
+            "Nodes=g01 CPU_IDs=0-31 Mem=512000 GRES=gpu:h100:8(IDX:0-7) "
+            "Nodes=g02 CPU_IDs=0-15,32-47 Mem=512000 GRES=gpu:h100:8(IDX:0-7) MinCPUsNode=1")
+    job = parse.job(line)
+    assert job.nodes == ("g01", "g02") and job.end_time == "2026-12-01T08:00:00"
+    assert job.shares["g02"] == parse.NodeShare(32, 512000, parse.Gpus(8, tuple(range(8)), "h100"))
+    assert parse.gpus_of("gres/gpu:a100=4") == parse.Gpus(4, (), "a100")
+    assert parse.gpus_of("gpu:2(IDX:1,3),shard:0") == parse.Gpus(2, (1, 3))
+    assert parse.gpus_of("mps:100") is None
