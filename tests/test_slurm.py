@@ -370,3 +370,28 @@ def test_a_node_failing_under_a_step_loses_its_run_which_runs_again_elsewhere(sl
     first, again = attempts(results)
     assert (first.state, first.reason) == (State.INTERRUPTED, "lost") and node in (first.detail or "")
     assert again.state == State.SUCCEEDED and node not in again.slots
+
+
+def test_ctrl_c_gives_back_the_allocation_autotune_asked_for(slurm_lab, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    proc = runners.start("run", spec, "--slurm", "--nodes", "1", "--gpus-per-node", "2", "--launcher",
+                         standin(tmp_path), "-o", results, "-q", environ=lab_env(slurm_lab, STANDIN_SECONDS=120),
+                         directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+               60, "two steps recorded")
+    job = attempts(results)[0].step.split(".")[0]
+    proc.send_signal(signal.SIGINT)
+    code, _, err = finish(proc)
+    assert code == 130, err
+    assert f"gave Slurm job {job} back" in err
+    assert {a.state for a in attempts(results)} == {State.INTERRUPTED}
+    wait_until(lambda: not slurm_lab.run("squeue", "-h", "-j", job, check=False).stdout.strip(), 30, "job gone")
+
+
+def test_a_job_id_that_is_no_allocation_is_one_line(slurm_lab, tmp_path):
+    spec = write_sweep(tmp_path, range(1))
+    done = autotune("run", spec, "--slurm", "-o", tmp_path / "r", environ=lab_env(slurm_lab, "987654"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Invalid job id" in done.stderr, done.stderr
+    assert not (tmp_path / "r").exists()
