@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import limits
 from .core import (
@@ -284,13 +284,14 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     watcher = remote = None
     allocation_watcher = None
     if options.slurm is not None:
-        from .slurm import AllocationWatcher, end_strays
+        from .slurm import AllocationWatcher, SlurmExecutor, end_strays
 
         stray_steps = end_strays(options.slurm, meta.sweep_id, {a.tag for a in adopt if a.tag})
         if stray_steps:
             options.log(f"{len(stray_steps)} job step(s) a dead runner left in Slurm job {options.slurm.job} "
                         "that no attempt follows any more: cancelled")
         allocation_watcher = AllocationWatcher(options.slurm, dispatcher.post, margin=options.grace + 30)
+        cast(SlurmExecutor, executor).on_lost = allocation_watcher.watch
     if pool is not None:
         from .routing import Router
         from .ssh import HostWatcher, SshExecutor

@@ -366,7 +366,8 @@ def test_a_node_failing_under_a_step_loses_its_run_which_runs_again_elsewhere(sl
     finally:
         slurm_lab.start_node(node)  # back in service once its slurmd registers (ReturnToService=2)
         slurm_lab.release(job)
-    assert code == 0, err
+    assert code == 0, (err, [(a.attempt, a.state, a.reason, a.detail, a.slots, (Path(a.dir) / "stderr.log").read_text())
+                             for a in attempts(results)])
     first, again = attempts(results)
     assert (first.state, first.reason) == (State.INTERRUPTED, "lost") and node in (first.detail or "")
     assert again.state == State.SUCCEEDED and node not in again.slots

@@ -74,7 +74,7 @@ Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
   once (a transient failure with retries left, a run of a lost host, an adopted run that ended unrecorded):
   the Queued is the new attempt (same experiment, next number), the Outcome the ended attempt's, whose
   `reason` says why. This is the one place the retry decision is made: observers read it, never re-derive it;
-- ("host_down" | "host_up", host name, None);
+- ("host_down", host name, Outcome: why), ("host_up", host name, None);
 - ("stopping", sweep id, Outcome(state, reason, detail)), once, when the sweep stops dispatching (Ctrl-C, a
   cancel of the whole sweep, its deadline): what runs is being ended as `state`; `detail` says why.
 An observer that raises is left out from then on (see `Dispatcher._tell`): watching a sweep never stops it.
@@ -374,9 +374,11 @@ class Scheduler:
                 self._stop(run, State.CANCELLED, "cancelled while running")
 
     def _host_lost(self, host: str, reason: str) -> None:
-        self.pool.mark_down(host)
-        self._changed = True  # what needed it may no longer fit anywhere
-        self._note("host_down", host)
+        """Told once per loss (several may tell it: a watcher, each run that ended with the host)."""
+        if not self.pool.is_down(host):
+            self.pool.mark_down(host)
+            self._changed = True  # what needed it may no longer fit anywhere
+            self._note("host_down", host, Outcome(State.INTERRUPTED, Reason.LOST, reason))
         for run in list(self._running.values()):
             if host in run.reservation.hosts:
                 self._stop(run, State.INTERRUPTED, f"host {host} lost: {reason}", Reason.LOST)

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +32,10 @@ from ..hostfile import format_hostfile
 from ..launch import Command, Launcher, deepspeed_command, with_autotuning
 from ..outcome import Outcome
 from ..states import Reason, State
+from . import parse
 from .allocation import Allocation, SlurmError, cancel_step, node_states, slurm, steps
 
+_NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.M)  # srun's own word for a lost node
 STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
 STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
 # Our own job's settings that srun would read from its environment and that conflict with the step's own.
@@ -81,6 +86,7 @@ class SlurmExecutor(LocalExecutor):
 
     allocation: Allocation | None = None
     poll: float = 0.05  # seconds between looks at the step list while waiting on Slurm
+    on_lost: Callable[[str], None] = lambda node: None  # a node found lost here (the watcher follows it back)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -88,6 +94,8 @@ class SlurmExecutor(LocalExecutor):
             raise ValueError("a SlurmExecutor needs an allocation")
         self._job = self.allocation.job
         self._post: Post = lambda event: None
+        self._steps_lock = threading.Lock()
+        self._steps_read: tuple[float, list[parse.Step]] = (float("-inf"), [])
 
     def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
         assert self.allocation is not None
@@ -126,19 +134,27 @@ class SlurmExecutor(LocalExecutor):
 
     def _await_step(self, tag: str, proc: Child) -> str | None:
         """The step's id once Slurm lists it; None if srun ended first or it took too long (a step waiting for
-        resources a moment ago's step still held)."""
+        resources a moment ago's step still held). Looks back off from `poll` to half a second."""
         end = time.monotonic() + STEP_SHOWS_WITHIN
+        pause = self.poll
         while time.monotonic() < end:
-            found = self._step_of(tag)
+            found = self._step_of(tag, fresh=False)
             if found is not None:
                 return found
             if _ended(proc):
                 return None
-            time.sleep(self.poll)
+            time.sleep(pause)
+            pause = min(0.5, pause * 1.5)
         return None
 
-    def _step_of(self, tag: str) -> str | None:
-        return next((s.id for s in steps(self._job) if s.name == tag), None)
+    def _step_of(self, tag: str, *, fresh: bool = True) -> str | None:
+        """The id of the step named `tag`, from a step list read now, or (not `fresh`) up to `poll` seconds ago:
+        attempts starting together share one squeue rather than each asking slurmctld many times a second."""
+        with self._steps_lock:
+            if fresh or time.monotonic() - self._steps_read[0] > self.poll:
+                self._steps_read = (time.monotonic(), steps(self._job))
+            listed = self._steps_read[1]
+        return next((s.id for s in listed if s.name == tag), None)
 
     def start(self, run: Run, post: Post) -> None:
         self._post = post  # the dispatcher's: a node found lost is told to it (`_follow`)
@@ -150,21 +166,32 @@ class SlurmExecutor(LocalExecutor):
 
     def _follow(self, run: Run, proc: Child | Adopted) -> Outcome:
         """As the local executor, then: nothing of the step may outlive srun. A run that did not succeed on a
-        node Slurm now marks lost was lost with it (srun exits 0 when its node fails): interrupted, to run
-        again elsewhere, and the node is reported at once rather than at the watcher's next look."""
+        node Slurm marks lost, or that srun says a node failure ended (it then exits 0, and Slurm may mark the
+        node only later), was lost with the node: interrupted, to run again elsewhere, and the node reported
+        at once rather than at the watcher's next look."""
         outcome = super()._follow(run, proc)
         self._end_step(run.tag)
         if outcome.state == State.SUCCEEDED:
             return outcome
+        lost = self._lost_node(run)
+        if lost is None:
+            return outcome
+        node, why = lost
+        self._post(HostLost(node, why))
+        self.on_lost(node)
+        return Outcome(State.INTERRUPTED, Reason.LOST, f"node {node} lost: {why}")
+
+    def _lost_node(self, run: Run) -> tuple[str, str] | None:
+        """A node of the run that Slurm marks lost, or that srun reported failing; and why, in words."""
         try:
-            lost = [n for n in node_states(run.reservation.hosts).values() if n.lost]
+            marked = [n for n in node_states(run.reservation.hosts).values() if n.lost]
         except SlurmError:
-            return outcome
-        if not lost:
-            return outcome
-        why = f"Slurm marks it {'+'.join(sorted(lost[0].states))}"
-        self._post(HostLost(lost[0].name, why))
-        return Outcome(State.INTERRUPTED, Reason.LOST, f"node {lost[0].name} lost: {why}")
+            marked = []
+        if marked:
+            return marked[0].name, f"Slurm marks it {marked[0].why}"
+        told = _NODE_FAILURE.findall(tail(run.dir / "stderr.log"))
+        failed = [node for node in told if node in run.reservation.hosts]
+        return (failed[0], "srun reported a node failure") if failed else None
 
     def _end(self, proc: Child | Adopted, tag: str) -> None:
         """SIGTERM to the step's tasks on every node (`scancel --signal`: a signal to srun itself would kill
@@ -193,6 +220,16 @@ class SlurmExecutor(LocalExecutor):
         for step in steps(self._job):
             if step.name in mine:
                 slurm("scancel", step.id, check=False)
+
+
+def tail(path: Path, size: int = 65536) -> str:
+    """The end of a log (what srun said last), or nothing when there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _ended(proc: Child) -> bool:

@@ -190,6 +190,11 @@ class Node:
         """Slurm runs nothing new there, or has lost touch with it (`*`)."""
         return bool(self.states & LOST_STATES)
 
+    @property
+    def why(self) -> str:
+        """Its state in Slurm's words, with the reason an admin gave: `DRAIN+MIXED (failing fan)`."""
+        return "+".join(sorted(self.states)) + (f" ({self.reason})" if self.reason else "")
+
 
 def nodes(text: str) -> list[Node]:
     """Every line of `scontrol show node -o`."""

@@ -47,10 +47,16 @@ class AllocationWatcher:
         self.allocation, self.post, self.margin, self.clock = allocation, post, margin, clock
         self.interval = poll_interval() if interval is None else interval
         self._lost: set[str] = set()
+        self._lock = threading.Lock()
         self._ended = False
         self._stop = threading.Event()
         self._workers = Workers("slurm-watch")
         self._workers.start("slurm-watch", self._loop)
+
+    def watch(self, node: str) -> None:
+        """A node found lost elsewhere (a run's srun said so): told back (HostBack) once Slurm shows it fine."""
+        with self._lock:
+            self._lost.add(node)
 
     def close(self) -> None:
         self._stop.set()
@@ -66,12 +72,13 @@ class AllocationWatcher:
     def check(self) -> None:
         """One look at the nodes and the job."""
         for name, node in node_states(self.allocation.nodes).items():
-            if node.lost and name not in self._lost:
-                self._lost.add(name)
-                why = "+".join(sorted(node.states)) + (f" ({node.reason})" if node.reason else "")
-                self.post(HostLost(name, f"Slurm marks it {why}"))
-            elif not node.lost and name in self._lost:
-                self._lost.discard(name)
+            with self._lock:
+                known = name in self._lost
+                if node.lost != known:
+                    (self._lost.add if node.lost else self._lost.discard)(name)
+            if node.lost and not known:
+                self.post(HostLost(name, f"Slurm marks it {node.why}"))
+            elif not node.lost and known:
                 self.post(HostBack(name))
         if self._ended:
             return

@@ -1,7 +1,8 @@
 """A sweep's events as they happen, for scripts (`--events FILE`: one JSON object a line) and for a log that is
 not a terminal (one plain line an event on stdout). Both are scheduler observers: called on the dispatcher
 thread with ("started" | "adopted", Run, None), ("finished", Run or an unstarted Queued, Outcome),
-("requeued", Queued, Outcome), ("host_down" | "host_up", host name, None) and ("stopping", sweep id, Outcome)
+("requeued", Queued, Outcome), ("host_down", host name, Outcome saying why), ("host_up", host name, None) and
+("stopping", sweep id, Outcome)
 (see `core.scheduler.Observer`); they write what they are told and never wait.
 """
 from __future__ import annotations
@@ -69,6 +70,8 @@ class EventLog:
                       "detail": outcome.detail if outcome is not None else None}
         elif isinstance(subject, str):  # a host event
             record = {"event": what, "timestamp": round(self._clock(), 6), "host": subject}
+            if outcome is not None and outcome.detail:
+                record["detail"] = outcome.detail
         else:
             record = event_record(what, subject, outcome, self._metric, self._clock())
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
@@ -174,14 +177,15 @@ def metric_values(metrics: Mapping[str, float] | None, metric: str) -> str:
 
 def event_line(what: str, subject: Run | Queued | str, outcome: Outcome | None, metric: str = "throughput") -> str:
     """One event as a line a person scans: `start     NAME (attempt 2) on node-a:1 node-b:0,2`, `succeeded
-    NAME throughput=1235, latency=81.2`, `failed    NAME [oom] CUDA out of memory`, `lost      host node-b`,
-    `stopping  interrupted: interrupted by the user`."""
+    NAME throughput=1235, latency=81.2`, `failed    NAME [oom] CUDA out of memory`, `lost      host node-b:
+    stopped answering`, `stopping  interrupted: interrupted by the user`."""
     if what == STOPPING:
         if outcome is None:
             return STOPPING
         return f"{STOPPING:<9} {outcome.state}" + (f": {one_line(outcome.detail)}" if outcome.detail else "")
     if isinstance(subject, str):  # a host event
-        return f"{'lost' if what == HOST_DOWN else 'back':<9} host {subject}"
+        why = f": {one_line(outcome.detail)}" if what == HOST_DOWN and outcome and outcome.detail else ""
+        return f"{'lost' if what == HOST_DOWN else 'back':<9} host {subject}{why}"
     name = subject.experiment.name
     if what in (STARTED, ADOPTED):
         where = format_slots(cast("Run", subject).reservation.slots, sep=" ")
