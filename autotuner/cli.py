@@ -305,8 +305,9 @@ def tune(
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
-    documents it; each ZeRO stage's largest micro-batch size that fits is searched, runs out of memory are
-    answers, not failures."""
+    documents it; each ZeRO stage's largest micro-batch size that fits is searched (tuner_type gridsearch), or
+    the grid sampled (random, model_based); runs out of memory are answers, not failures; the best configs are
+    run again before the winner is named."""
     notes: list[str] = []
     try:
         _check_execution(deadline, grace, ssh_config)

@@ -5,7 +5,7 @@ known function."""
 import pytest
 
 from autotuner.outcome import Outcome
-from autotuner.search import MicroBatchSearch, RandomSearch, SearchSpec, search_for, sizes
+from autotuner.search import MicroBatchSearch, SearchSpec, search_for, sizes
 from autotuner.simulate import simulate
 from autotuner.states import Reason, State
 

@@ -217,18 +217,22 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
         best = snap.best
         found = optimal(snap)
         return json_with_rows({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
-                               "best": best.name if best else None, "confirmation": confirmation(snap),
-                               "counts": snap.counts(),
+                               "best": best.name if best else None, "counts": snap.counts(),
                                "parameters": list(results.parameters), "metrics": list(results.metrics),
                                "experiments": [_json_row(r, results.typed) for r in results],
                                "optimal": {"config": found[0], "command": found[1]} if found else None}
-                              | _per_type(snap), "experiments")
+                              | _per_type(snap) | _confirmed(snap), "experiments")
     if fmt == "csv":
         return _csv(results)
     if fmt == "md":
         return _markdown(results)
     confirmed = confirmation(snap)
     return _report_table(results, output, [confirmed] if confirmed else []) + _optimal_text(snap)
+
+
+def _confirmed(snap: Snapshot) -> dict[str, Any]:
+    """A tune's: how its winner was confirmed by re-runs (None: nothing was run again)."""
+    return {"confirmation": confirmation(snap)} if snap.meta.search is not None else {}
 
 
 def _per_type(snap: Snapshot) -> dict[str, Any]:
@@ -398,8 +402,8 @@ def render_result(result: Result, fmt: str = "table") -> str:
             "total": len(snap.attempts), "counts": snap.counts(),
             "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
                      "config": str(result.optimal_config) if result.optimal_config else None,
-                     "command": str(command) if result.optimal_config else None} if best else None,
-            "confirmation": confirmation(snap)}) + "\n"
+                     "command": str(command) if result.optimal_config else None} if best else None}
+            | _confirmed(snap)) + "\n"
     counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
     if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
         oom = sum(1 for a in snap.attempts if a.reason == Reason.OOM)
