@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import autotuner
+
 from cli_rig import autotune, env, sweep_id, tagged_pids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -170,6 +172,9 @@ def test_each_tuner_finds_the_grids_best_and_launches_no_point_known_not_to_fit(
     assert {r["reason"] for r in runs if r["state"] != "succeeded"} == {"oom"}
     reruns = [r["name"] for r in report["experiments"] if "_confirm" in r["name"]]
     assert reruns == ([] if extra else ["train_z1_mbs32_confirm1", "train_z2_mbs32_confirm1"])
+    recorded = autotuner.snapshot(tmp_path / "res").meta.search  # what a resume rebuilds the search from
+    assert (recorded["tuner"], recorded["seed"], recorded["confirm"]) == ((tuner, 3, 0) if extra else (tuner, 0, None))
+    assert (recorded["trials"], recorded["patience"]) == (50, 27)  # DeepSpeed's default budget where none is set
 
 
 def test_model_based_without_optuna_is_one_line_naming_the_extra(tmp_path):
