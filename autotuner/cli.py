@@ -312,6 +312,12 @@ def tune(
                                           help="Seconds an experiment may run; `none`: no limit "
                                                f"\\[default: {limits.DEFAULT_TIMEOUT:g}]."),
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole tuning may run."),
+    confirm: int | None = typer.Option(None, "--confirm", min=0, metavar="K",
+                                       help="Run the K best configs once more and rank them by the mean of their "
+                                            "runs before the winner is named; 0: no re-runs \\[default: 2 when "
+                                            "more than 2 configs succeeded]."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random and model_based tuners: the same seed, the "
+                                               "same search."),
     retries: int = RETRIES,
     grace: float = GRACE,
     launcher: str | None = LAUNCHER,
@@ -329,8 +335,9 @@ def tune(
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
-    documents it; each ZeRO stage's largest micro-batch size that fits is searched, runs out of memory are
-    answers, not failures."""
+    documents it; each ZeRO stage's largest micro-batch size that fits is searched (tuner_type gridsearch), or
+    the grid sampled (random, model_based); runs out of memory are answers, not failures; the best configs are
+    run again before the winner is named."""
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check(hostfile, slots)
@@ -350,7 +357,7 @@ def tune(
                                         timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
             directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
                                                num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
-                                               timeout=options.timeout)
+                                               timeout=options.timeout, seed=seed, confirm=confirm)
         except UserError as e:
             raise fail(e) from None
         for note in notes:

@@ -68,12 +68,16 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
 
 def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: str | Path | None = None, *,
                  num_gpus: int = 1, num_nodes: int = 1, launcher: Sequence[str] | None = None,
-                 timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None) -> Path:
+                 timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None, seed: int = 0,
+                 confirm: int | None = None) -> Path:
     """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config) read,
     checked and recorded as a search; its experiments are proposed while it runs (search.py). Each experiment
-    runs on `num_nodes` x `num_gpus` slots."""
+    runs on `num_nodes` x `num_gpus` slots. `seed`: of the random and model-based tuners; `confirm`: how many of
+    the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none)."""
+    from dataclasses import replace
+
     from .metrics import metric_named
-    from .search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec
+    from .search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec, search_for
     from .spec import Sweep
     from .spec.tuning import name_prefix, read_tuning, split_command
 
@@ -84,8 +88,11 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
     spec = SearchSpec(prefix=name_prefix(command.script), template=template, base=tuning.base,
                       stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
                       max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
-                      global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience)
-    first = MicroBatchSearch(spec).experiment(spec.stages[0], spec.min_mbs)
+                      global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,
+                      tuner=tuning.tuner, seed=seed, confirm=confirm)
+    if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
+        spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
+    first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
     sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(command.config_path))
     from .cluster import check_fits
 

@@ -81,19 +81,41 @@ def summary_text(snap: Snapshot) -> str:
     space_of = {id(a): space for space, attempts in spaces.items() for a in attempts}
     tops: dict[str, Attempt] = {}
     for a in snap.ranked:  # best first: the first of each space is its best
-        if a.state == State.SUCCEEDED and a.metric is not None and id(a) in space_of:
+        if a.state == State.SUCCEEDED and snap.value(a) is not None and id(a) in space_of:
             tops.setdefault(space_of[id(a)], a)
-    rows = [(space, len(spaces[space]), top.metric, top.name) for space, top in sorted(tops.items())
-            if top.metric is not None]
+    rows = [(space, len(spaces[space]), value, top.name) for space, top in sorted(tops.items())
+            if (value := snap.value(top)) is not None]
     best = snap.best
     ran = sum(len(attempts) for attempts in spaces.values())
-    if best is not None and best.metric is not None:
-        rows.append(("global", ran, best.metric, best.name))
+    if best is not None and (value := snap.value(best)) is not None:
+        rows.append(("global", ran, value, best.name))
     text = pipe_table(["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"], rows) if rows else ""
     starts = [a.started_at for a in snap.attempts if a.started_at is not None]
     ends = [a.finished_at for a in snap.attempts if a.finished_at is not None]
     took = datetime.timedelta(seconds=max(ends) - min(starts)) if starts and ends else datetime.timedelta(0)
-    return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
+    confirmed = confirmation(snap)
+    return (f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
+            + (f"{confirmed}.\n" if confirmed else ""))
+
+
+def confirmation(snap: Snapshot) -> str | None:
+    """How `autotune tune`'s winner was confirmed, in one line: which configs were run again, and the winner's
+    runs (how many, their mean and spread). None when nothing was run again."""
+    if not snap.runs:
+        return None
+    reruns = sum(len(runs) - 1 for runs in snap.runs.values())
+    line = (f"Ranked by the mean of each config's runs: the best {len(snap.runs)} config(s) were run again "
+            f"({reruns} re-run(s))")
+    best = snap.best
+    if best is None:
+        return line
+    if best.name not in snap.runs:
+        return line + f"; the winner {best.name} ran once"
+    values = [a.metric for a in snap.runs[best.name] if a.state == State.SUCCEEDED and a.metric is not None]
+    mean, spread = sum(values) / len(values), max(values) - min(values)
+    share = f" ({100 * spread / abs(mean):.1f}% of the mean)" if mean else ""
+    return (line + f"; the winner {best.name} was confirmed: {len(values)} run(s), {snap.metric.name} mean "
+            f"{mean:.6g}, spread {spread:.6g}{share}")
 
 
 def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str | int | float]]) -> str:

@@ -349,9 +349,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
 def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     """`autotune tune`'s search (`spec`: the ledger's meta `search`), rebuilt from the ledger: what it proposed
     and what came of it (search.py)."""
-    from .search import MicroBatchSearch, SearchSpec
+    from .search import SearchSpec, search_for
 
-    search = MicroBatchSearch(SearchSpec.from_json(spec))
+    search = search_for(SearchSpec.from_json(spec))
     latest = {a.name: (a.state, a.reason, a.metric) for a in ledger.latest()}
     search.replay(ledger.experiments(), latest)
     return search

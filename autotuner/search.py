@@ -1,11 +1,21 @@
-"""`autotune tune`'s search: the fastest micro-batch size of each ZeRO stage, found without a hand-written grid.
+"""`autotune tune`'s search: the fastest (ZeRO stage, micro-batch size) without a hand-written grid.
 
 A `Source` for the scheduler (core/scheduler.py): whenever slots are free and nothing waits, it is asked for
-the next experiments, and it learns from every run that ends. Each ZeRO stage is searched on its own, all stages
-at once: the micro-batch size doubles from the smallest until a run runs out of memory (or the largest allowed),
-then a binary search finds the largest size that fits, then a few sizes below it are measured. An OOM is an
-answer (that size and every larger one of the stage do not fit), never retried; a stage whose runs fail for
-another reason is given up. Gradient accumulation is derived so that the global batch stays what the user asked.
+the next experiments, and it learns from every run that ends. Three tuners (DeepSpeed's `tuner_type`) share what
+is learnt (`Search`) and differ only in which point they try next (`choose`):
+
+- gridsearch (`MicroBatchSearch`): the structured walk of the grid. Each ZeRO stage on its own, all stages at
+  once: the micro-batch size doubles from the smallest until a run runs out of memory (or the largest allowed),
+  then a binary search finds the largest size that fits, then a few sizes below it are measured.
+- random (`RandomSearch`): the grid's points (each stage x the sizes that double from the smallest, `sizes`) in
+  an order drawn from the spec's seed.
+- model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
+
+An OOM is an answer (that size and every larger one of the stage do not fit: none of them is ever launched),
+never retried; so is a timeout. A stage whose runs fail for another reason is given up. Gradient accumulation is
+derived so that the global batch stays what the user asked. When the search is over, the best configs are run
+once more (`NAME_confirm1`) and ranked by the mean of their runs, so that one lucky measurement does not name
+the winner (`confirm`).
 
 The ledger stays the truth: every trial is an experiment of the sweep. The search keeps no state of its own
 that the ledger lacks: on resume it is rebuilt by replaying the ledger (`replay`), and makes the same decisions.
@@ -13,6 +23,8 @@ that the ledger lacks: on resume it is rebuilt by replaying the ledger (`replay`
 from __future__ import annotations
 
 import copy
+import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -25,6 +37,21 @@ from .spec.model import with_mapped_args
 from .states import Reason, State
 
 MAX_MICRO_BATCH = 4096  # the largest micro-batch size tried when the user sets no bound
+DEFAULT_TRIALS = 50  # DeepSpeed's tuner_num_trials default: the sampling tuners' budget when none is set
+DEFAULT_PATIENCE = 5  # DeepSpeed's tuner_early_stopping default, likewise
+DEFAULT_CONFIRM = 2  # configs re-run when the user says nothing, once more than this many succeeded
+RERUN = re.compile(r"(.+)_confirm([0-9]+)")
+
+
+def rerun_name(name: str) -> str:
+    """The name of a config's confirming re-run."""
+    return f"{name}_confirm1"
+
+
+def rerun_of(name: str) -> str | None:
+    """The experiment a confirming re-run repeats, or None when `name` is no re-run."""
+    found = RERUN.fullmatch(name)
+    return found.group(1) if found else None
 
 
 @dataclass(frozen=True)
@@ -42,17 +69,31 @@ class SearchSpec:
     global_batch: int | None = None  # the train_batch_size to keep (gradient accumulation derived), if any
     trials: int | None = None  # at most this many experiments (DeepSpeed's tuner_num_trials)
     patience: int | None = None  # stop after this many ended runs without a better one (tuner_early_stopping)
+    tuner: str = "gridsearch"  # spec.tuning.TUNERS
+    seed: int = 0  # of the random and model-based tuners' draws: the same seed, the same decisions
+    confirm: int | None = None  # configs re-run at the end; None: DEFAULT_CONFIRM when more than that succeeded
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SearchSpec:
-        return cls(**{**data, "stages": tuple(data["stages"])})
+        # A ledger from before confirmation re-runs asked for none: its search goes on as it began.
+        return cls(**{"confirm": 0, **data, "stages": tuple(data["stages"])})
 
     @property
     def world(self) -> int:
         return int(self.template.get("num_gpus", 1)) * int(self.template.get("num_nodes", 1))
+
+
+def sizes(spec: SearchSpec) -> list[int]:
+    """The micro-batch sizes of the grid the sampling tuners draw from: doubling from the smallest allowed,
+    the largest allowed last."""
+    found, mbs = [], spec.min_mbs
+    while mbs < spec.max_mbs:
+        found.append(mbs)
+        mbs *= 2
+    return [*found, spec.max_mbs]
 
 
 @dataclass
@@ -62,48 +103,78 @@ class _Stage:
     fits: dict[int, float] = field(default_factory=dict)
     too_big: set[int] = field(default_factory=set)
     out: set[int] = field(default_factory=set)  # proposed, not ended yet
+    crashed: set[int] = field(default_factory=set)  # failed for a reason that says nothing of memory
     given_up: bool = False
 
+    def pruned(self, mbs: int) -> bool:
+        """Known not to fit: a size at or above one that ran out of memory (or time)."""
+        return any(mbs >= small for small in self.too_big)
 
-class MicroBatchSearch:
-    """The structured search (see the module docstring); a `Source`."""
+
+class Search:
+    """What every tuner shares (see the module docstring): what runs taught, the budget, the confirming
+    re-runs, replay, and the experiments. A subclass says which points to try next (`choose`)."""
 
     def __init__(self, spec: SearchSpec):
         self.spec = spec
         self.metric: Metric = metric_named(spec.metric)
         self.stages = {stage: _Stage() for stage in spec.stages}
         self.proposed: set[str] = set()
+        self.trials: list[tuple[int, int]] = []  # the search's points in the order proposed (the ledger's)
         self.best: float | None = None
         self.since_best = 0  # runs ended since the best got better
+        self.configs: dict[str, tuple[int, int]] = {}  # each config that succeeded -> its point, in order
+        self.reruns: dict[str, float | None] = {}  # a config re-run -> the re-run's metric (None: out or failed)
+        self.rerun_out: set[str] = set()
 
     # --- the Source protocol ------------------------------------------------------------------------------
     def propose(self, free_slots: int, now: float) -> list[Experiment]:
-        """The next experiments: one per stage while it searches, several once it measures; none when every
-        stage waits for a run, is done, or the budget is spent."""
-        if self._stopped():
-            return []
+        """The next experiments; none while every point worth trying waits for a run, or the budget is spent.
+        Once the search is over and nothing runs, the confirming re-runs."""
         room = max(1, free_slots // self.spec.world)  # at least one: the queue holds what does not fit yet
-        proposed: list[Experiment] = []
-        for stage, known in self.stages.items():
-            for mbs in self._next(known):
-                if len(proposed) >= room or self._spent():
-                    return proposed
-                experiment = self.experiment(stage, mbs)
-                if experiment.name in self.proposed:
-                    continue
-                known.out.add(mbs)
-                self.proposed.add(experiment.name)
-                proposed.append(experiment)
-        return proposed
+        chosen = [] if self._stopped() else self.choose(room)
+        if chosen or self.busy:
+            return chosen
+        return self._confirmations()
 
     def observe(self, run: Run, outcome: Outcome) -> None:
         self.learn(run.experiment, outcome.state, outcome.reason,
                    outcome.metrics.get(self.metric.name) if outcome.metrics else None)
 
+    def choose(self, room: int) -> list[Experiment]:
+        """At most `room` new experiments (`take`), none of a point known not to fit, within the budget."""
+        raise NotImplementedError
+
+    @property
+    def busy(self) -> bool:
+        """Some point of the search still runs (or waits to)."""
+        return any(known.out for known in self.stages.values())
+
+    def open(self, stage: int, mbs: int) -> bool:
+        """Worth proposing: never tried, and not known not to fit."""
+        known = self.stages.get(stage)
+        return known is not None and not known.given_up and not known.pruned(mbs) and \
+            self.experiment(stage, mbs).name not in self.proposed
+
+    def take(self, stage: int, mbs: int) -> Experiment | None:
+        """The experiment for a point, marked proposed; None when it was proposed before."""
+        experiment = self.experiment(stage, mbs)
+        if experiment.name in self.proposed:
+            return None
+        self.stages[stage].out.add(mbs)
+        self.proposed.add(experiment.name)
+        self.trials.append((stage, mbs))
+        return experiment
+
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None) -> None:
         """One ended run (or, replaying, one recorded). Interrupted or cancelled ones teach nothing: they are
         run again (resume) or were not wanted."""
+        rerun = rerun_of(experiment.name)
+        if rerun is not None:
+            self.rerun_out.discard(rerun)
+            self.reruns[rerun] = value if state == State.SUCCEEDED else None
+            return
         placed = self._place_of(experiment)
         if placed is None or placed[0] not in self.stages:
             return
@@ -112,12 +183,14 @@ class MicroBatchSearch:
         known.out.discard(mbs)
         if state == State.SUCCEEDED and value is not None:
             known.fits[mbs] = value
+            self.configs[experiment.name] = placed
             if self.best is None or self.metric.better(value, self.best):
                 self.best, self.since_best = value, 0
                 return
         elif state in (State.FAILED, State.TIMED_OUT) and (reason == Reason.OOM or state == State.TIMED_OUT):
             known.too_big.add(mbs)
         elif state in (State.FAILED, State.SUCCEEDED):  # a crash, a refused config, no metric: not a size answer
+            known.crashed.add(mbs)
             known.given_up = True
         else:
             return
@@ -130,13 +203,108 @@ class MicroBatchSearch:
         for e in experiments:
             self.proposed.add(e.name)
             placed = self._place_of(e)
+            rerun = rerun_of(e.name)
+            if rerun is None and placed is not None and placed[0] in self.stages:
+                self.trials.append(placed)
             state, reason, value = latest.get(e.name, (State.QUEUED, None, None))
             if state.terminal and state not in (State.INTERRUPTED, State.CANCELLED):
                 self.learn(e, state, reason, value)
-            elif placed is not None and placed[0] in self.stages and state != State.CANCELLED:
+            elif state == State.CANCELLED:
+                continue
+            elif rerun is not None:
+                self.rerun_out.add(rerun)
+            elif placed is not None and placed[0] in self.stages:
                 self.stages[placed[0]].out.add(placed[1])
 
-    # --- deciding -----------------------------------------------------------------------------------------
+    # --- stopping -----------------------------------------------------------------------------------------
+    def _stopped(self) -> bool:
+        """Early stopping: `patience` runs ended without a better result."""
+        return self.spec.patience is not None and self.since_best >= self.spec.patience
+
+    def _spent(self) -> bool:
+        """The trial budget is used up (confirming re-runs are not trials of the search)."""
+        return self.spec.trials is not None and len(self.trials) >= self.spec.trials
+
+    # --- confirming the best ------------------------------------------------------------------------------
+    def mean(self, name: str) -> float:
+        """A config's metric over its runs that succeeded: the first, and its re-run."""
+        stage, mbs = self.configs[name]
+        runs = [self.stages[stage].fits[mbs], self.reruns.get(name)]
+        values = [v for v in runs if v is not None]
+        return sum(values) / len(values)
+
+    def confirm_count(self) -> int:
+        """How many of the best configs are re-run: the spec's number, or by default DEFAULT_CONFIRM once more
+        than that many succeeded (with two or fewer, the search itself is the comparison)."""
+        wanted = self.spec.confirm
+        if wanted is None:
+            wanted = DEFAULT_CONFIRM if len(self.configs) > DEFAULT_CONFIRM else 0
+        return min(wanted, len(self.configs))
+
+    def _confirmations(self) -> list[Experiment]:
+        """Re-runs of the best configs by the mean of their runs until the top `confirm_count` have all been
+        re-run: a config that a re-run brought down makes room for the next, which is re-run in turn."""
+        if self.rerun_out:
+            return []
+        ranked = sorted(self.configs, key=lambda name: self.metric.sort_key(self.mean(name)))  # stable: ties in order
+        wanted = [name for name in ranked[:self.confirm_count()] if name not in self.reruns]
+        proposed = []
+        for name in wanted:
+            stage, mbs = self.configs[name]
+            experiment = self.experiment(stage, mbs, rerun=True)
+            if experiment.name in self.proposed:  # proposed, then cancelled: not wanted
+                continue
+            self.proposed.add(experiment.name)
+            self.rerun_out.add(name)
+            proposed.append(experiment)
+        return proposed
+
+    # --- experiments --------------------------------------------------------------------------------------
+    def experiment(self, stage: int, mbs: int, rerun: bool = False) -> Experiment:
+        """The experiment for one stage and micro-batch size: the user's config with both set, gradient
+        accumulation derived to keep the global batch, and the script's arguments mapped. `rerun`: the
+        confirming re-run of that config."""
+        spec = self.spec
+        config = copy.deepcopy(dict(spec.base))
+        config.setdefault("zero_optimization", {})["stage"] = stage
+        config["train_micro_batch_size_per_gpu"] = mbs
+        name = f"{spec.prefix}_z{stage}_mbs{mbs}"
+        if spec.global_batch is not None:
+            gas = max(1, spec.global_batch // (mbs * spec.world))
+            config["gradient_accumulation_steps"] = gas
+            config["train_batch_size"] = mbs * gas * spec.world
+            name += f"_gas{gas}"
+        template = dict(spec.template)
+        args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
+        return Experiment.from_json({**template, "name": rerun_name(name) if rerun else name, "ds_config": config,
+                                     "args": args})
+
+    @staticmethod
+    def _place_of(experiment: Experiment) -> tuple[int, int] | None:
+        """(stage, micro-batch size) of one of the search's experiments, read from its config."""
+        config = experiment.ds_config
+        stage = (config.get("zero_optimization") or {}).get("stage")
+        mbs = config.get("train_micro_batch_size_per_gpu")
+        if isinstance(stage, int) and isinstance(mbs, int):
+            return stage, mbs
+        return None
+
+
+class MicroBatchSearch(Search):
+    """gridsearch, the structured walk (see the module docstring)."""
+
+    def choose(self, room: int) -> list[Experiment]:
+        """One size per stage while it searches, several once it measures."""
+        proposed: list[Experiment] = []
+        for stage, known in self.stages.items():
+            for mbs in self._next(known):
+                if len(proposed) >= room or self._spent():
+                    return proposed
+                experiment = self.take(stage, mbs)
+                if experiment is not None:
+                    proposed.append(experiment)
+        return proposed
+
     def _next(self, known: _Stage) -> list[int]:
         """The sizes of a stage to try next, given what is known of it."""
         if known.given_up:
@@ -172,38 +340,33 @@ class MicroBatchSearch:
         measured_near = sum(1 for m in known.fits if m >= fit // 4)
         return wanted[:max(0, self.spec.measure - measured_near)]
 
-    def _stopped(self) -> bool:
-        """Early stopping: `patience` runs ended without a better result."""
-        return self.spec.patience is not None and self.since_best >= self.spec.patience
 
-    def _spent(self) -> bool:
-        """The trial budget is used up."""
-        return self.spec.trials is not None and len(self.proposed) >= self.spec.trials
+class RandomSearch(Search):
+    """random: the grid's points in an order drawn from the seed; each one taken in turn unless it was tried or
+    is known not to fit. The order is fixed by the seed alone, so a search rebuilt from the ledger goes on with
+    the same draws."""
 
-    # --- experiments --------------------------------------------------------------------------------------
-    def experiment(self, stage: int, mbs: int) -> Experiment:
-        """The experiment for one stage and micro-batch size: the user's config with both set, gradient
-        accumulation derived to keep the global batch, and the script's arguments mapped."""
-        spec = self.spec
-        config = copy.deepcopy(dict(spec.base))
-        config.setdefault("zero_optimization", {})["stage"] = stage
-        config["train_micro_batch_size_per_gpu"] = mbs
-        name = f"{spec.prefix}_z{stage}_mbs{mbs}"
-        if spec.global_batch is not None:
-            gas = max(1, spec.global_batch // (mbs * spec.world))
-            config["gradient_accumulation_steps"] = gas
-            config["train_batch_size"] = mbs * gas * spec.world
-            name += f"_gas{gas}"
-        template = dict(spec.template)
-        args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
-        return Experiment.from_json({**template, "name": name, "ds_config": config, "args": args})
+    def __init__(self, spec: SearchSpec):
+        super().__init__(spec)
+        self.order = [(stage, mbs) for stage in spec.stages for mbs in sizes(spec)]
+        random.Random(spec.seed).shuffle(self.order)
 
-    @staticmethod
-    def _place_of(experiment: Experiment) -> tuple[int, int] | None:
-        """(stage, micro-batch size) of one of the search's experiments, read from its config."""
-        config = experiment.ds_config
-        stage = (config.get("zero_optimization") or {}).get("stage")
-        mbs = config.get("train_micro_batch_size_per_gpu")
-        if isinstance(stage, int) and isinstance(mbs, int):
-            return stage, mbs
-        return None
+    def choose(self, room: int) -> list[Experiment]:
+        proposed: list[Experiment] = []
+        for stage, mbs in self.order:
+            if len(proposed) >= room or self._spent():
+                break
+            if self.open(stage, mbs) and (experiment := self.take(stage, mbs)) is not None:
+                proposed.append(experiment)
+        return proposed
+
+
+def search_for(spec: SearchSpec) -> Search:
+    """The tuner the spec names (model_based imports Optuna: a UserError when it is not installed)."""
+    if spec.tuner == "random":
+        return RandomSearch(spec)
+    if spec.tuner == "model_based":
+        from .optuna_search import ModelSearch
+
+        return ModelSearch(spec)
+    return MicroBatchSearch(spec)

@@ -43,7 +43,8 @@ def test_help_imports_neither_torch_nor_deepspeed():
             "from typer.testing import CliRunner\n"
             "r = CliRunner().invoke(autotuner.cli.app, ['--help'])\n"
             "assert r.exit_code == 0 and 'resume' in r.output, r.output\n"
-            "bad = [m for m in ('torch', 'deepspeed', 'paramiko', 'fabric', 'matplotlib') if m in sys.modules]\n"
+            "bad = [m for m in ('torch', 'deepspeed', 'paramiko', 'fabric', 'matplotlib', 'optuna')\n"
+            "       if m in sys.modules]\n"
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -52,7 +53,8 @@ def test_help_imports_neither_torch_nor_deepspeed():
 def test_import_autotuner_is_light_and_python_m_autotuner_is_the_command():
     code = ("import sys, autotuner\n"
             "names = [autotuner.prepare, autotuner.cancel, autotuner.run, autotuner.resume, autotuner.UserError]\n"
-            "heavy = ('typer', 'rich', 'fabric', 'paramiko', 'matplotlib', 'torch', 'hjson', 'autotuner.runner')\n"
+            "heavy = ('typer', 'rich', 'fabric', 'paramiko', 'matplotlib', 'torch', 'hjson', 'autotuner.runner',\n"
+            "         'optuna')\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,8 +1,11 @@
-"""`autotune tune`'s micro-batch search, driven by the real scheduler on a simulated clock against a fake GPU
-(named as such): a run needs memory that grows with its ZeRO stage and micro-batch size and fails with the
-runtime's OOM message past a limit; its throughput is a known function."""
+"""`autotune tune`'s searches (the structured one, random, model_based) and the re-runs that confirm the best,
+driven by the real scheduler on a simulated clock against a fake GPU (named as such): a run needs memory that grows
+with its ZeRO stage and micro-batch size and fails with the runtime's OOM message past a limit; its throughput is a
+known function."""
+import pytest
+
 from autotuner.outcome import Outcome
-from autotuner.search import MicroBatchSearch, SearchSpec
+from autotuner.search import MicroBatchSearch, SearchSpec, search_for, sizes
 from autotuner.simulate import simulate
 from autotuner.states import Reason, State
 
@@ -29,7 +32,8 @@ def fake_gpu(e):
 
 def spec(**changes):
     base = dict(prefix="t", template={"script": "/x/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
-                base={"gradient_accumulation_steps": 1}, stages=(0, 1, 2, 3), metric="throughput", max_mbs=256)
+                base={"gradient_accumulation_steps": 1}, stages=(0, 1, 2, 3), metric="throughput", max_mbs=256,
+                confirm=0)  # the search alone: re-runs to confirm the best are tested apart
     return SearchSpec(**(base | changes))
 
 
@@ -115,3 +119,171 @@ def test_a_search_rebuilt_from_the_ledger_makes_the_same_decisions():
                     metric="throughput").played
     assert {p.name for p in rest} | set(ended) == whole
     assert len(rest) + len(ended) == len(whole)
+
+
+# --- the sampling tuners (random, model_based) ------------------------------------------------------------------
+def grid(search_spec):
+    """The points the sampling tuners draw from, and the best of them that fits."""
+    points = [(z, m) for z in search_spec.stages for m in sizes(search_spec)]
+    return points, max((p for p in points if fits(*p)), key=lambda p: throughput(*p))
+
+
+def assert_no_known_oom_launched(played):
+    """No run started at a size at or above one of its stage whose OOM had ended before it started."""
+    ooms = [(place(p.name), p.end) for p in played if p.state == State.FAILED]
+    for p in played:
+        stage, mbs = place(p.name)
+        known = [q for q, end in ooms if q[0] == stage and q[1] <= mbs and end <= p.start]
+        assert not known, f"{p.name} launched at {p.start} after {known} ran out of memory"
+
+
+@pytest.mark.parametrize("tuner", ["random", "model_based"])
+def test_a_sampling_tuner_never_repeats_a_point_never_launches_one_known_not_to_fit_and_finds_the_best(tuner):
+    for seed in range(4):
+        search_spec = spec(tuner=tuner, seed=seed)
+        played = tune(search_for(search_spec)).played
+        points, best = grid(search_spec)
+        ran = [place(p.name) for p in played]
+        assert len(ran) == len(set(ran)) and set(ran) <= set(points)
+        assert_no_known_oom_launched(played)
+        assert best in ran  # no budget: it goes on until every point worth trying was tried
+        assert len(ran) < len(points)  # what an OOM seen had pruned was never run
+
+
+@pytest.mark.parametrize("tuner", ["random", "model_based"])
+def test_a_sampling_tuner_honours_the_trial_budget_and_early_stopping(tuner):
+    assert len(tune(search_for(spec(tuner=tuner, trials=7))).played) == 7
+    stopped = tune(search_for(spec(tuner=tuner, patience=3)), slots=1).played
+    assert len(stopped) < len(tune(search_for(spec(tuner=tuner)), slots=1).played)
+    values = [throughput(*place(p.name)) if p.state == State.SUCCEEDED else None for p in stopped]
+    best_at = max(range(len(values)), key=lambda i: values[i] or -1)
+    assert len(stopped) == best_at + 1 + 3  # three ended runs after the best, none of them better
+
+
+def played_names(search, slots=1, queued=()):
+    return [p.name for p in sorted(simulate(list(queued), {"h": list(range(slots))}, lambda e: 10.0,
+                                            outcome=fake_gpu, source=search, metric="throughput").played,
+                                   key=lambda p: (p.start, p.name))]
+
+
+def recorded(experiment):
+    out = fake_gpu(experiment)
+    return out.state, out.reason, out.metrics.get("throughput") if out.metrics else None
+
+
+@pytest.mark.parametrize("tuner", ["random", "model_based"])
+def test_a_sampling_tuners_draws_are_the_seeds_and_a_resume_replays_them(tuner):
+    """One slot: the order is the search's alone. The same seed draws the same points, another seed others; a
+    search that died after some runs (one still running) and was rebuilt from what the ledger holds runs the same
+    points in the same order as one never interrupted."""
+    whole = played_names(search_for(spec(tuner=tuner, seed=7)))
+    assert played_names(search_for(spec(tuner=tuner, seed=7))) == whole
+    assert played_names(search_for(spec(tuner=tuner, seed=8))) != whole
+    for crash in (1, 5, 11):
+        live = search_for(spec(tuner=tuner, seed=7))
+        ledger, ended = [], {}
+        while len(ended) < crash:  # one slot: propose one, it ends, the next
+            (e,) = live.propose(1, 0.0)
+            ledger.append(e)
+            ended[e.name] = recorded(e)
+            live.learn(e, *ended[e.name])
+        (running,) = live.propose(1, 0.0)  # running when the runner died
+        rebuilt = search_for(spec(tuner=tuner, seed=7))
+        rebuilt.replay([*ledger, running], ended)
+        assert rebuilt.trials == live.trials and rebuilt.stages == live.stages
+        rest = played_names(rebuilt, queued=[running])
+        assert [e.name for e in ledger] + rest == whole
+
+
+def test_model_based_tells_an_oom_as_pruned_never_as_a_failure():
+    """TPE leaves FAIL trials out of its model: an OOM told so would teach it nothing."""
+    import optuna
+
+    search = search_for(spec(tuner="model_based", seed=1))
+    tune(search)
+    trials = search.study().trials
+    assert len(trials) == len(search.trials) > 10
+    states = optuna.trial.TrialState
+    sizes_of = sizes(search.spec)
+    for trial in trials:
+        stage, mbs = trial.params["stage"], sizes_of[trial.params["log2_mbs"]]
+        if fits(stage, mbs):
+            assert trial.state == states.COMPLETE and trial.value == pytest.approx(throughput(stage, mbs))
+        else:
+            assert trial.state == states.PRUNED
+    assert sum(t.state == states.PRUNED for t in trials) >= 3
+
+
+def test_model_based_rebuilt_from_the_ledger_proposes_what_the_live_search_would():
+    """Three slots, runs ending one at a time while others still run (told to TPE as running, its constant
+    liar): at any point, a search rebuilt from the ledger (proposed in order, what ended) proposes the very
+    experiments the live one proposes next, and so on to the end; no point twice."""
+    def drive(search, running, ledger, ended, steps):
+        """End the oldest running experiment, then fill the free slots, `steps` times (or to the end)."""
+        for _ in range(steps):
+            if not running:
+                return
+            e = running.pop(0)
+            ended[e.name] = recorded(e)
+            search.learn(e, *ended[e.name])
+            new = search.propose(3 - len(running), 0.0)
+            running += new
+            ledger += new
+
+    live = search_for(spec(tuner="model_based", seed=3))
+    running = live.propose(3, 0.0)
+    ledger, ended = list(running), {}
+    drive(live, running, ledger, ended, 9)
+    rebuilt = search_for(spec(tuner="model_based", seed=3))
+    rebuilt.replay(ledger, ended)
+    assert rebuilt.trials == live.trials and rebuilt.stages == live.stages
+    twin_running, twin_ledger, twin_ended = list(running), list(ledger), dict(ended)
+    drive(live, running, ledger, ended, 100)
+    drive(rebuilt, twin_running, twin_ledger, twin_ended, 100)
+    assert [e.name for e in twin_ledger] == [e.name for e in ledger]
+    assert len(ledger) > 13 and len({e.name for e in ledger}) == len(ledger)
+
+
+# --- confirming the best ----------------------------------------------------------------------------------------
+def test_the_best_configs_are_run_again_once_the_search_is_over():
+    played = tune(MicroBatchSearch(spec(confirm=None))).played
+    reruns = [p for p in played if p.name.endswith("_confirm1")]
+    assert sorted(p.name for p in reruns) == ["t_z3_mbs88_confirm1", "t_z3_mbs90_confirm1"]  # the best two
+    assert min(p.start for p in reruns) >= max(p.end for p in played if p not in reruns)
+    assert not any(p.name.endswith("_confirm1") for p in tune(MicroBatchSearch(spec(confirm=0))).played)
+    three = [p.name for p in tune(MicroBatchSearch(spec(confirm=3))).played if p.name.endswith("_confirm1")]
+    assert len(three) == 3
+    few = tune(MicroBatchSearch(spec(confirm=None, stages=(3,), max_mbs=2))).played  # two configs: no re-runs
+    assert [p.name for p in few] == ["t_z3_mbs1", "t_z3_mbs2"]
+
+
+def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlier():
+    """z2 mbs53's first run measures 3300 (lucky: its throughput is 2609), above the true best, z3 mbs90
+    (3179). Re-run, its mean falls below z3 mbs90's and z3 mbs88's; z3 mbs88 is re-run in its place, and z3
+    mbs90 wins. A search rebuilt from the record proposes nothing more, and knows the same."""
+    seen = set()
+
+    def lucky_once(e):
+        out = fake_gpu(e)
+        if place(e.name) == (2, 53) and (2, 53) not in seen:
+            seen.add((2, 53))
+            return Outcome(State.SUCCEEDED, metrics={"throughput": 3300.0})
+        return out
+
+    search = MicroBatchSearch(spec(confirm=None, stages=(2, 3)))
+    played = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=lucky_once, source=search,
+                             metric="throughput").played, key=lambda p: p.start)
+    reruns = [p.name for p in played if p.name.endswith("_confirm1")]
+    assert reruns == ["t_z2_mbs53_confirm1", "t_z3_mbs90_confirm1", "t_z3_mbs88_confirm1"]
+    ranked = sorted(search.configs, key=lambda name: -search.mean(name))
+    assert ranked[:2] == ["t_z3_mbs90", "t_z3_mbs88"] and ranked.index("t_z2_mbs53") > 2
+    assert search.mean("t_z2_mbs53") == pytest.approx((3300 + throughput(2, 53)) / 2)
+
+    rebuilt = MicroBatchSearch(spec(confirm=None, stages=(2, 3)))
+    outcomes = {}
+    for p in played:
+        e = rebuilt.experiment(*place(p.name), rerun=p.name.endswith("_confirm1"))
+        out = fake_gpu(e) if p.name != "t_z2_mbs53" else Outcome(State.SUCCEEDED, metrics={"throughput": 3300.0})
+        outcomes[e] = (out.state, out.reason, out.metrics.get("throughput") if out.metrics else None)
+    rebuilt.replay(list(outcomes), {e.name: v for e, v in outcomes.items()})
+    assert rebuilt.propose(2, 0.0) == [] and rebuilt.reruns == search.reruns

@@ -21,6 +21,7 @@ KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "st
         "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
         "model_info_path")
 TUNERS = ("gridsearch", "random", "model_based")
+OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
 
@@ -72,6 +73,7 @@ class Tuning:
     trials: int | None
     patience: int | None
     arg_mappings: dict[str, str]
+    tuner: str = "gridsearch"
 
 
 def read_tuning(path: Path, world: int) -> Tuning:
@@ -92,6 +94,8 @@ def read_tuning(path: Path, world: int) -> Tuning:
     tuner = section.get("tuner_type", "gridsearch")
     if tuner not in TUNERS:
         raise src.error(f"tuner_type {shown(tuner)}: one of {', '.join(TUNERS)}", "tuner_type")
+    if tuner == "model_based" and not _have_optuna():
+        raise src.error(OPTUNA_MISSING, "tuner_type")
     metric = section.get("metric", "throughput")
     if not isinstance(metric, str):
         raise src.error("metric must be a string", "metric")
@@ -117,7 +121,16 @@ def read_tuning(path: Path, world: int) -> Tuning:
         base["autotuning"] = engine
     return Tuning(base, _stages(src, config), metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"],
-                  _mappings(src, section.get("arg_mappings", {})))
+                  _mappings(src, section.get("arg_mappings", {})), tuner)
+
+
+def _have_optuna() -> bool:
+    """Optuna imports (an optional extra; imported here only when the config asks for model_based)."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _count(src: Source, section: dict, key: str) -> int | None:

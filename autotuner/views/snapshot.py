@@ -15,6 +15,7 @@ from ..errors import UserError
 from ..gpus import UNKNOWN
 from ..ledger import FILENAME, Attempt, Ledger, SweepMeta
 from ..metrics import Metric, metric_named
+from ..search import rerun_of
 from ..spec import Experiment
 from ..states import State
 
@@ -32,10 +33,11 @@ class Snapshot:
 
     @cached_property
     def ranked(self) -> list[Attempt]:
-        """Succeeded attempts best first, then every other attempt in sweep order (computed once). A sweep that
-        ran on several GPU types ranks each type apart (throughputs compare only on one GPU model): its types in
-        `types` order, each best first."""
-        scored = [(value, a) for a in self.attempts if a.state == State.SUCCEEDED and (value := a.metric) is not None]
+        """Succeeded attempts best first (by `value`), then every other attempt in sweep order (computed once). A
+        sweep that ran on several GPU types ranks each type apart (throughputs compare only on one GPU model): its
+        types in `types` order, each best first."""
+        scored = [(value, a) for a in self.attempts
+                  if a.state == State.SUCCEEDED and (value := self.value(a)) is not None]
         if self.by_type:
             position: dict[str | None, int] = {t: i for i, t in enumerate(self.types)}
             scored.sort(key=lambda pair: (position.get(self.type_of(pair[1]), len(position)),
@@ -44,6 +46,33 @@ class Snapshot:
             scored.sort(key=lambda pair: self.metric.sort_key(pair[0]))
         chosen = {id(a) for _, a in scored}  # by id: `in` on a list compared dataclasses, O(n^2) on 10k
         return [a for _, a in scored] + [a for a in self.attempts if id(a) not in chosen]
+
+    @cached_property
+    def runs(self) -> dict[str, list[Attempt]]:
+        """`autotune tune`'s configs run again to confirm them (search.py): the experiment's name -> its attempts,
+        the first run, then its re-runs (`NAME_confirm1`), in sweep order. Empty for any other sweep."""
+        if self.meta.search is None:
+            return {}
+        named = {a.name: a for a in self.attempts}
+        groups: dict[str, list[Attempt]] = {}
+        for a in self.attempts:
+            first = rerun_of(a.name)
+            if first is not None and first in named:
+                groups.setdefault(first, [named[first]]).append(a)
+        return groups
+
+    @cached_property
+    def _run_of(self) -> dict[str, str]:
+        return {a.name: first for first, runs in self.runs.items() for a in runs}
+
+    def value(self, attempt: Attempt) -> float | None:
+        """What an attempt is ranked by: its metric; for a config that was run again, the mean of its runs that
+        succeeded (its first run and each re-run then rank by the same value, the first run first)."""
+        first = self._run_of.get(attempt.name)
+        if first is None:
+            return attempt.metric
+        values = [a.metric for a in self.runs[first] if a.state == State.SUCCEEDED and a.metric is not None]
+        return sum(values) / len(values) if values else None
 
     @property
     def best(self) -> Attempt | None:

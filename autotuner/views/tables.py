@@ -19,7 +19,7 @@ from ..errors import UserError
 from ..inventory import gpu_type as type_of_gpus
 from ..lock import holder_pid
 from ..metrics import format_compact, format_value
-from ..results import OPTIMAL_COMMAND, command_file, config_file, optimal
+from ..results import OPTIMAL_COMMAND, command_file, config_file, confirmation, optimal
 from ..spec import ABBREVIATIONS
 from ..states import Reason, State
 from .records import ExperimentRecord, SweepResults, from_snapshot
@@ -223,12 +223,18 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
                                "parameters": list(results.parameters), "metrics": list(results.metrics),
                                "experiments": [_json_row(r, results.typed) for r in results],
                                "optimal": {"config": found[0], "command": found[1]} if found else None}
-                              | _per_type(snap), "experiments")
+                              | _per_type(snap) | _confirmed(snap), "experiments")
     if fmt == "csv":
         return _csv(results)
     if fmt == "md":
         return _markdown(results)
-    return _report_table(results, output) + _optimal_text(snap)
+    confirmed = confirmation(snap)
+    return _report_table(results, output, [confirmed] if confirmed else []) + _optimal_text(snap)
+
+
+def _confirmed(snap: Snapshot) -> dict[str, Any]:
+    """A tune's: how its winner was confirmed by re-runs (None: nothing was run again)."""
+    return {"confirmation": confirmation(snap)} if snap.meta.search is not None else {}
 
 
 def _per_type(snap: Snapshot) -> dict[str, Any]:
@@ -307,7 +313,7 @@ def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
     return out
 
 
-def _report_table(results: SweepResults, output: Output) -> str:
+def _report_table(results: SweepResults, output: Output, more: Sequence[str] = ()) -> str:
     metric = results.metric
     short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
     columns = (Column("#", right=True), Column("name", whole=True),
@@ -320,6 +326,7 @@ def _report_table(results: SweepResults, output: Output) -> str:
     notes = ["columns: " + ", ".join(legend)] if legend else []
     if results.typed:
         notes.append("ranked per GPU type: a metric compares only within one type")
+    notes += more
     title = f"sweep {results.name}: {metric.name} ({metric.direction})"
     return render_table(columns, cells, title=title, notes=notes, output=output, keep=2,
                         row_styles=["bold" if r.best else "" for r in results])
@@ -367,7 +374,7 @@ def render_status(directory: Path, fmt: str = "table") -> str:
             "sweep": snap.name, "runner_pid": pid, "counts": snap.counts(), "total": len(snap.attempts),
             "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
                          "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
-            "best": {"name": best.name, "metric": snap.metric.name, "value": best.metric} if best else None,
+            "best": {"name": best.name, "metric": snap.metric.name, "value": snap.value(best)} if best else None,
         }, indent=2) + "\n"
     unfinished = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in snap.attempts)
     lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
@@ -378,7 +385,7 @@ def render_status(directory: Path, fmt: str = "table") -> str:
         elapsed = f"{now - a.started_at:.0f}s" if a.started_at else "?"
         lines.append(f"  running {a.name} (attempt {a.attempt}) on {format_slots(a.slots)} for {elapsed}")
     if best:
-        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(best.metric)}")
+        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}")
     return "\n".join(lines) + "\n"
 
 
@@ -395,9 +402,10 @@ def render_result(result: Result, fmt: str = "table") -> str:
             "sweep": snap.name, "directory": str(snap.directory), "exit_code": result.exit_code,
             "interrupted": result.interrupted, "metric": snap.metric.name, "minimize": snap.metric.minimize,
             "total": len(snap.attempts), "counts": snap.counts(),
-            "best": {"name": best.name, "value": best.metric, "metrics": dict(best.metrics),
+            "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
                      "config": str(result.optimal_config) if result.optimal_config else None,
-                     "command": str(command) if result.optimal_config else None} if best else None}) + "\n"
+                     "command": str(command) if result.optimal_config else None} if best else None}
+            | _confirmed(snap)) + "\n"
     counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
     if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
         oom = sum(1 for a in snap.attempts if a.reason == Reason.OOM)
@@ -406,7 +414,9 @@ def render_result(result: Result, fmt: str = "table") -> str:
     if best is None:
         lines.append("no experiment succeeded: no best configuration" + (" yet" if result.interrupted else ""))
     else:
-        lines += [f"best: {best.name} with {snap.metric.name} {best.metric:.6g}",
+        confirmed = confirmation(snap)
+        lines += [f"best: {best.name} with {snap.metric.name} {snap.value(best) or 0:.6g}",
+                  *([f"  {confirmed}"] if confirmed else []),
                   f"  config:  {result.optimal_config}", f"  command: {command}"]
     if result.interrupted:
         lines.append(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")

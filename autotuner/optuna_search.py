@@ -1,0 +1,121 @@
+"""tuner_type model_based: Optuna's TPE sampler through its ask/tell interface, on the grid the random tuner
+draws from (each ZeRO stage x the micro-batch sizes that double from the smallest). Optuna is an optional extra
+(`pip install 'ds-autotune[tune]'`), imported only here, only when this tuner is used.
+
+The study is rebuilt from what the search knows (the ledger's trials, in the order they were proposed) at every
+ask, with the sampler seeded by the spec's seed and the trial's number: each decision is a function of the
+ledger alone, so a search rebuilt on resume proposes what the one that died would have.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import UserError
+from .search import Search, SearchSpec, sizes
+from .spec import Experiment
+from .spec.tuning import OPTUNA_MISSING
+
+ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
+STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
+
+
+def load_optuna() -> Any:
+    """The optuna module; a UserError naming the extra when it is not installed."""
+    try:
+        import optuna
+    except ImportError:
+        raise UserError(OPTUNA_MISSING) from None
+    return optuna
+
+
+@contextlib.contextmanager
+def _quiet(optuna: Any) -> Iterator[None]:
+    """Optuna logs every study and trial at INFO to stderr by default: quiet while we use it, then as it was."""
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+class ModelSearch(Search):
+    """model_based (see the module docstring). Points are (stage: categorical among the allowed stages,
+    log2_mbs: int, the size `min_mbs * 2**log2_mbs`, the largest allowed last); runs still out are told to TPE
+    as RUNNING, for its constant liar to steer the next asks away from them."""
+
+    def __init__(self, spec: SearchSpec):
+        super().__init__(spec)
+        self.optuna = load_optuna()
+        self.sizes = sizes(spec)
+        dist = self.optuna.distributions
+        self.space = {"stage": dist.CategoricalDistribution(spec.stages),
+                      "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
+
+    def choose(self, room: int) -> list[Experiment]:
+        proposed: list[Experiment] = []
+        while len(proposed) < room and not self._spent():
+            point = self._ask()
+            experiment = self.take(*point) if point is not None else None
+            if experiment is None:
+                break
+            proposed.append(experiment)
+        return proposed
+
+    def study(self) -> Any:
+        """An Optuna study of the search's trials in the order proposed, each as TPE is told it (`_state`), with
+        a TPE sampler seeded by the spec's seed and the number of trials: rebuilt from the ledger alone."""
+        optuna = self.optuna
+        with _quiet(optuna):
+            sampler = optuna.samplers.TPESampler(seed=self._seed, constant_liar=True, n_startup_trials=STARTUP)
+            study = optuna.create_study(direction="minimize" if self.metric.minimize else "maximize",
+                                        sampler=sampler)
+            for stage, mbs in self.trials:
+                study.add_trial(self._told(stage, mbs))
+        return study
+
+    def _ask(self) -> tuple[int, int] | None:
+        """The next point: TPE's, else (when it keeps choosing points tried or known not to fit) one of the open
+        points drawn with the same seed; None when none is open."""
+        study = self.study()
+        with _quiet(self.optuna):
+            for _ in range(ASKS):
+                trial = study.ask(self.space)
+                point = (trial.params["stage"], self.sizes[trial.params["log2_mbs"]])
+                if self.open(*point):
+                    return point
+                self._tell_known(study, trial, *point)
+        left = [(stage, mbs) for stage in self.spec.stages for mbs in self.sizes if self.open(stage, mbs)]
+        return random.Random(self._seed).choice(left) if left else None
+
+    @property
+    def _seed(self) -> int:
+        """The seed of the next ask: the spec's, and how many trials came before it."""
+        return (self.spec.seed * 1_000_003 + len(self.trials)) % 2**32
+
+    def _told(self, stage: int, mbs: int) -> Any:
+        """One trial of the search as TPE is told it."""
+        state, value = self._state(stage, mbs)
+        return self.optuna.trial.create_trial(params={"stage": stage, "log2_mbs": self.sizes.index(mbs)},
+                                              distributions=self.space, state=state, value=value)
+
+    def _tell_known(self, study: Any, trial: Any, stage: int, mbs: int) -> None:
+        """A point asked again: told what is known of it, for the next ask (one still out stays a liar)."""
+        state, value = self._state(stage, mbs)
+        if state != self.optuna.trial.TrialState.RUNNING:
+            study.tell(trial, value, state=state)
+
+    def _state(self, stage: int, mbs: int) -> tuple[Any, float | None]:
+        """What a point is to TPE. Out of memory (or time) is PRUNED, never FAIL: TPE leaves FAIL trials out of
+        its model, so an OOM told as FAIL teaches it nothing and it samples there again."""
+        states, known = self.optuna.trial.TrialState, self.stages[stage]
+        if mbs in known.fits:
+            return states.COMPLETE, known.fits[mbs]
+        if known.pruned(mbs):
+            return states.PRUNED, None
+        if mbs in known.out:
+            return states.RUNNING, None
+        return states.FAIL, None  # a crash (its stage is given up), or cancelled: nothing learnt

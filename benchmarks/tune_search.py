@@ -1,0 +1,227 @@
+"""`autotune tune`'s tuners against the full grid, through the real runner, on the stand-in launcher with a fake
+GPU (tests/oom_standin.sh: a run past the fake GPU's memory fails with the runtime's OOM message; throughput is a
+known function of ZeRO stage and micro-batch size, best at the largest size that fits, of stage 3).
+
+  python benchmarks/tune_search.py --seeds 5 --slots 3 --seconds 0.3
+
+The space: ZeRO stages 0-3 x micro-batch sizes up to 256. The full grid is every stage x 1, 2, 4, ... 256 (36
+experiments), the grid the random and model_based tuners draw from; gridsearch (the structured walk) also measures
+sizes between its points, so its best may lie off the grid: --every-size also runs the grid of every size
+(1,024 experiments), the space it searches. Each run sleeps --seconds, OOM or not.
+
+For each: experiments until the config it names the winner first ran, and in all (with the re-runs that confirm
+the winner); slot-seconds until the winner's first run ended, and in all; the winner's true throughput against the
+grid's best. The sampling tuners run with DeepSpeed's default budget (tuner_num_trials 50, tuner_early_stopping
+5) and with a larger patience (36: the whole grid if need be), over --seeds seeds; the mean is printed, and how
+many seeds found a config at least as good as the grid's best.
+
+--simulated N plays the same searches N seeds each on the scheduler's simulated clock (autotuner.simulate, every
+run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
+It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import autotuner  # noqa: E402
+
+STANDIN = ROOT / "tests" / "oom_standin.sh"
+STAGES, MAX_MBS = (0, 1, 2, 3), 256
+GRID = [(stage, 2 ** k) for stage in STAGES for k in range(9)]
+EVERY_SIZE = [(stage, mbs) for stage in STAGES for mbs in range(1, MAX_MBS + 1)]
+
+
+def fits(stage: int, mbs: int) -> bool:
+    """The stand-in's memory rule."""
+    return {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs <= 100
+
+
+def throughput(stage: int, mbs: int) -> float:
+    """The stand-in's throughput (the true value, without noise)."""
+    return mbs * 100 / (1 + mbs / 64) * (1 - 0.05 * stage)
+
+
+GRID_BEST = max((p for p in GRID if fits(*p)), key=lambda p: throughput(*p))
+
+
+def write_config(work: Path, autotuning: dict) -> None:
+    (work / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": list(STAGES)},
+              "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": MAX_MBS}
+              | autotuning}
+    (work / "ds.json").write_text(json.dumps(config))
+
+
+def run_tune(work: Path, slots: int, tuner: str, seed: int, patience: int | None) -> autotuner.Snapshot:
+    write_config(work, {"tuner_type": tuner} | ({"tuner_early_stopping": patience} if patience else {}))
+    cluster = autotuner.load_cluster(slots=slots)
+    directory = autotuner.prepare_tune(str(work / "train.py"), ["--deepspeed_config", "ds.json"], cluster,
+                                       work / "res", launcher=["sh", str(STANDIN)], cwd=work, seed=seed)
+    return autotuner.execute(directory, autotuner.Options(grace=1.0)).snapshot
+
+
+def run_grid(work: Path, slots: int, points: list[tuple[int, int]]) -> autotuner.Snapshot:
+    (work / "train.py").write_text("# stand-in\n")
+    experiments = tuple(
+        autotuner.Experiment(name=f"grid_z{stage}_mbs{mbs}", num_gpus=1, num_nodes=1, script=str(work / "train.py"),
+                             ds_config={"train_micro_batch_size_per_gpu": mbs, "zero_optimization": {"stage": stage}},
+                             source="bench") for stage, mbs in points)
+    sweep = autotuner.Sweep(name="grid", experiments=experiments, metric=autotuner.metric_named("throughput"),
+                            source="bench")
+    directory = autotuner.prepare(sweep, autotuner.load_cluster(slots=slots), work / "res",
+                                  launcher=["sh", str(STANDIN)])
+    return autotuner.execute(directory, autotuner.Options(grace=1.0)).snapshot
+
+
+def measure(snap: autotuner.Snapshot) -> dict[str, float]:
+    """Experiments and slot-seconds until the winner's first run ended, and in all; the winner's true value."""
+    best = snap.best
+    assert best is not None, snap.counts()
+    config = snap.experiments[best.name].ds_config
+    point = (config["zero_optimization"]["stage"], config["train_micro_batch_size_per_gpu"])
+    ran = sorted((a for a in snap.attempts if a.started_at is not None), key=lambda a: a.started_at)
+    until = best.finished_at
+
+    def slot_seconds(end: float) -> float:
+        return sum(max(0.0, min(a.finished_at, end) - a.started_at) * sum(len(s) for s in a.slots.values())
+                   for a in ran)
+
+    return {"to_best": 1 + [a.name for a in ran].index(best.name), "experiments": len(ran),
+            "ooms": sum(1 for a in ran if a.reason == "oom"), "slot_s_to_best": slot_seconds(until),
+            "slot_s": slot_seconds(float("inf")), "wall_s": max(a.finished_at for a in ran) - ran[0].started_at,
+            "quality": throughput(*point) / throughput(*GRID_BEST), "grid_best": float(at_least_grid_best(point))}
+
+
+def at_least_grid_best(point: tuple[int, int]) -> bool:
+    return throughput(*point) >= throughput(*GRID_BEST) - 1e-9
+
+
+def row(label: str, results: list[dict[str, float]]) -> str:
+    mean = {k: statistics.mean(r[k] for r in results) for k in results[0]}
+    found = sum(r["grid_best"] for r in results)
+    return (f"| {label} | {mean['to_best']:.1f} | {mean['experiments']:.1f} | {mean['ooms']:.1f} | "
+            f"{mean['slot_s_to_best']:.1f} | {mean['slot_s']:.1f} | {mean['wall_s']:.1f} | {mean['quality']:.3f} | "
+            f"{found:.0f}/{len(results)} |")
+
+
+def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[str, float]:
+    """One search played on the simulated clock: the same figures as `measure`."""
+    from autotuner.outcome import Outcome
+    from autotuner.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
+    from autotuner.simulate import simulate
+
+    def outcome(e: autotuner.Experiment) -> Outcome:
+        point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
+        if not fits(*point):
+            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": throughput(*point)})
+
+    sampled = tuner != "gridsearch"
+    spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
+                      base={}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS, seed=seed,
+                      tuner="model_based" if tuner == "told FAIL" else tuner,
+                      trials=DEFAULT_TRIALS if sampled else None,
+                      patience=(patience or DEFAULT_PATIENCE) if sampled else None)
+    search = told_fail(spec) if tuner == "told FAIL" else search_for(spec)
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+                             metric="throughput").played, key=lambda p: (p.start, p.name))
+    winner = min(search.configs, key=lambda name: -search.mean(name))
+    until = next(p.end for p in played if p.name == winner)
+    point = search.configs[winner]
+    return {"to_best": 1 + [p.name for p in played].index(winner), "experiments": len(played),
+            "ooms": sum(1 for p in played if p.state == autotuner.State.FAILED),
+            "slot_s_to_best": sum(max(0.0, min(p.end, until) - p.start) for p in played),
+            "slot_s": sum(p.end - p.start for p in played), "wall_s": max(p.end for p in played),
+            "quality": throughput(*point) / throughput(*GRID_BEST), "grid_best": float(at_least_grid_best(point))}
+
+
+def told_fail(spec: object) -> object:
+    """model_based with an OOM told to TPE as FAIL (what the tuner does not do), for comparison."""
+    from autotuner.optuna_search import ModelSearch
+
+    class ToldFail(ModelSearch):
+        def _state(self, stage: int, mbs: int) -> tuple[object, float | None]:
+            state, value = super()._state(stage, mbs)
+            pruned = self.optuna.trial.TrialState.PRUNED
+            return (self.optuna.trial.TrialState.FAIL if state == pruned else state), value
+
+    return ToldFail(spec)  # type: ignore[arg-type]
+
+
+HEADER = ("| | experiments to best | experiments | OOMs | slot-s to best | slot-s | wall s | best / grid's best | "
+          "grid's best found |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+
+def simulated_table(seeds: int, slots: int) -> None:
+    print(f"\nsimulated clock, every run 10 s, {slots} slots, mean of {seeds} seeds (gridsearch: one, it draws "
+          "nothing)\n")
+    print(HEADER)
+    cases = [("gridsearch (structured)", "gridsearch", None)]
+    for tuner in ("random", "model_based", "told FAIL"):
+        label = "model_based, OOM told as FAIL" if tuner == "told FAIL" else tuner
+        cases += [(f"{label}, DeepSpeed's defaults", tuner, None), (f"{label}, patience 36", tuner, 36)]
+    for label, tuner, patience in cases:
+        runs = 1 if tuner == "gridsearch" else seeds
+        print(row(label, [simulated(tuner, seed, slots, patience) for seed in range(runs)]), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--slots", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.3)
+    parser.add_argument("--simulated", type=int, default=0, metavar="N",
+                        help="Also play each search N seeds on the simulated clock.")
+    parser.add_argument("--no-real", action="store_true", help="Only the simulated table.")
+    parser.add_argument("--every-size", action="store_true",
+                        help=f"Also run the grid of every size 1-{MAX_MBS} of each stage ({len(EVERY_SIZE)} runs).")
+    opts = parser.parse_args()
+    os.environ["OOM_STANDIN_SECONDS"] = str(opts.seconds)
+    cases: list[tuple[str, str | None, int | None, int]] = [("full grid (powers of two)", None, None, 1)]
+    if opts.every_size:
+        cases.append((f"full grid (every size 1-{MAX_MBS})", "every", None, 1))
+    cases.append(("gridsearch (structured)", "gridsearch", None, 1))
+    for tuner in ("random", "model_based"):
+        cases += [(f"{tuner}, DeepSpeed's defaults", tuner, None, opts.seeds),
+                  (f"{tuner}, patience 36", tuner, 36, opts.seeds)]
+    print(f"grid best {GRID_BEST}: throughput {throughput(*GRID_BEST):.1f}")
+    if not opts.no_real:
+        real_table(cases, opts.slots, opts.seconds)
+    if opts.simulated:
+        simulated_table(opts.simulated, opts.slots)
+
+
+def real_table(cases: list[tuple[str, str | None, int | None, int]], slots: int, seconds: float) -> None:
+    print(f"\nthe real runner, {slots} slots, {seconds} s a run\n")
+    print(HEADER)
+    for label, tuner, patience, seeds in cases:
+        results = []
+        for seed in range(seeds):
+            with tempfile.TemporaryDirectory() as tmp:
+                work = Path(tmp)
+                os.environ["OOM_STANDIN_LOG"] = str(work / "launches.log")
+                started = time.perf_counter()
+                if tuner in (None, "every"):
+                    snap = run_grid(work, slots, GRID if tuner is None else EVERY_SIZE)
+                else:
+                    snap = run_tune(work, slots, tuner, seed, patience)
+                results.append(measure(snap))
+                if tuner in (None, "every"):  # a grid names its winner once all of it ran
+                    results[-1]["to_best"] = results[-1]["experiments"]
+                    results[-1]["slot_s_to_best"] = results[-1]["slot_s"]
+            print(f"  {label} seed {seed}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+        print(row(label, results), flush=True)
+
+
+if __name__ == "__main__":
+    main()
