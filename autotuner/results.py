@@ -93,9 +93,8 @@ def summary_text(snap: Snapshot) -> str:
     starts = [a.started_at for a in snap.attempts if a.started_at is not None]
     ends = [a.finished_at for a in snap.attempts if a.finished_at is not None]
     took = datetime.timedelta(seconds=max(ends) - min(starts)) if starts and ends else datetime.timedelta(0)
-    confirmed = confirmation(snap)
-    return (f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
-            + (f"{confirmed}.\n" if confirmed else ""))
+    # Nothing after DeepSpeed's last line: how a tune's winner was confirmed is in the report and tune's end.
+    return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
 
 
 def confirmation(snap: Snapshot) -> str | None:

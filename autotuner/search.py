@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .core import Run
+from .core import Queued, Run
 from .metrics import Metric, metric_named
 from .outcome import Outcome
 from .spec import Experiment
@@ -137,7 +137,7 @@ class Search:
             return chosen
         return self._confirmations()
 
-    def observe(self, run: Run, outcome: Outcome) -> None:
+    def observe(self, run: Run | Queued, outcome: Outcome) -> None:
         self.learn(run.experiment, outcome.state, outcome.reason,
                    outcome.metrics.get(self.metric.name) if outcome.metrics else None)
 

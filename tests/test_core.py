@@ -187,3 +187,19 @@ def test_abort_stops_what_runs_and_wind_down_records_each_end():
 def test_an_unknown_event_is_a_bug_and_raises():
     with pytest.raises(TypeError):
         core([experiment("a")]).step([object()], 0.0)
+
+
+def test_a_source_is_told_only_final_ends_and_of_what_was_cancelled_before_it_started():
+    """A transient failure the scheduler retries is not the searcher's answer (it would give up a stage on a
+    port clash): only the retry's end is told. A proposal cancelled while it waited is told too, or the
+    searcher would count it as out for ever."""
+    searcher = Searcher(total=3, batch=3)
+    s = core([], slots={"h": [0]}, source=searcher, retries=1)
+    (t0,) = s.step([], 0.0).start
+    launch_failed = Outcome(State.FAILED, Reason.LAUNCH, "address already in use")
+    (retry,) = s.step([Finished(t0, launch_failed, 1.0)], 1.0).start
+    assert retry.experiment.name == "t0" and retry.attempt == 2 and searcher.seen == []
+    s.step([Cancel(("t2",))], 1.5)  # t2 waited in the queue
+    assert searcher.seen == [("t2", State.CANCELLED)]
+    s.step([Finished(retry, OK, 2.0)], 2.0)
+    assert searcher.seen == [("t2", State.CANCELLED), ("t0", State.SUCCEEDED)]

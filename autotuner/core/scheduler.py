@@ -88,8 +88,10 @@ class Source(Protocol):
     def propose(self, free_slots: int, now: float) -> Sequence[Experiment]:
         """Experiments to queue now (new names); none: nothing more until a run ends."""
 
-    def observe(self, run: Run, outcome: Outcome) -> None:
-        """A run of the sweep ended, as recorded."""
+    def observe(self, run: Run | Queued, outcome: Outcome) -> None:
+        """An attempt of the sweep ended for good, as recorded (a run, or one cancelled before it started); an
+        attempt the scheduler queues again (a transient failure with retries left, a lost host) is not told:
+        its next attempt's end is."""
 
 
 @dataclass(frozen=True)
@@ -336,11 +338,12 @@ class Scheduler:
                            detail=outcome.detail, exit_code=outcome.exit_code,
                            metric=self._metric_value(outcome), metrics=outcome.metrics)
         self._note("finished", run, outcome)
-        if self.source is not None:
-            self.source.observe(run, outcome)
         adopted = run.key in self._adopted
         self._adopted.discard(run.key)
-        if not self._stopping and self._runs_again(run.experiment.name, outcome, adopted):
+        again = not self._stopping and self._runs_again(run.experiment.name, outcome, adopted)
+        if self.source is not None and not again:
+            self.source.observe(run, outcome)
+        if again:
             name = run.experiment.name
             item = Queued(run.experiment, self.record.requeue([name], at)[name])
             self._queue.push_front(item)
@@ -408,6 +411,8 @@ class Scheduler:
         self.record.finish(item.experiment.name, item.attempt, outcome.state, now, reason=outcome.reason,
                            detail=outcome.detail)
         self._note("finished", item, outcome)
+        if self.source is not None:
+            self.source.observe(item, outcome)
 
     def _note(self, what: str, subject: Run | Queued | str, outcome: Outcome | None = None) -> None:
         self._actions.notes.append(Note(what, subject, outcome))
