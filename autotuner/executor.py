@@ -109,6 +109,19 @@ def _pidfd_of(pid: int, tag: str) -> int | None:
     return None
 
 
+SHM = Path("/dev/shm")
+
+
+def remove_comm_buffers(master_addr: str, port: int, shm: Path = SHM) -> None:
+    """Remove what DeepSpeed's CPU allreduce (its shm comm op) leaves behind: a 69 MB buffer per rank in
+    /dev/shm, named by the master's address and port, which DeepSpeed 0.19 never unlinks (shm.cpp defines
+    `shared_close` and never calls it). On this machine 349 runs filled its 24 GB of RAM with them, and the OOM
+    killer then ended training runs. Called once the attempt's processes are gone: its port is still its own."""
+    for path in shm.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{master_addr}_{port}_*"):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 @dataclass
 class LocalExecutor:
     """Runs attempts as local processes through DeepSpeed's launcher."""
@@ -234,6 +247,8 @@ class LocalExecutor:
                 end_group(proc.pid, run.tag, 0, lambda _: False)  # lost with it
             outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
         finally:
+            if port is not None:
+                remove_comm_buffers(self.launcher.master_addr, port)
             self._forget(run, port)
         settled = self._stops.settle(run.key, outcome)
         if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its own end
