@@ -1,11 +1,10 @@
 """`autotune plan`: a sweep predicted before it runs, by the very scheduler and policies that will run it,
 played on a simulated clock (simulate.py).
 
-What each experiment takes comes, best first, from a sweep already run (`--from DIR`: the same config, by its
-digest, else the same name), from the sweep file's `estimate`, from the median of what the earlier sweep
-measured, or from a default. With a spread, Monte Carlo draws each duration around its estimate (log-normal,
-mean kept) and gives the makespan's P10/P50/P90; the same draws serve every policy compared, so differences
-between policies are theirs, not the dice's.
+What each experiment takes is estimated by durations.py (a sweep already run, `--from DIR`, cut into start-up
+and steps; the sweep file's `estimate`; a default). With a spread, Monte Carlo draws each duration around its
+estimate (log-normal, mean kept) and gives the makespan's P10/P50/P90; the same draws serve every policy
+compared, so differences between policies are theirs, not the dice's.
 """
 from __future__ import annotations
 
@@ -21,78 +20,14 @@ from . import limits
 from .core import PLACEMENTS, BackfillQueue, Placement, Queued, SlotPool, fifo
 from .core.resources import placement_named
 from .core.scheduler import default_queue
+from .durations import DEFAULT_SECONDS, Durations, durations
 from .errors import UserError
 from .simulate import Timeline, Underway, simulate
 from .spec import Experiment
-from .states import State
 
-DEFAULT_SECONDS = 600.0
 RUN_BUDGET = 2_000_000  # simulated runs one plan may play (100,000 experiments: about 15 s each play here)
 QUEUES: dict[str, Callable[[SlotPool], BackfillQueue[Queued]]] = {
     "backfill": default_queue, "fifo": lambda pool: fifo()}
-
-
-@dataclass(frozen=True)
-class Durations:
-    """Expected seconds per experiment, and where each figure came from (measured, estimate, median, default)."""
-
-    seconds: Mapping[str, float]
-    origin: Mapping[str, str]
-
-    def counts(self) -> dict[str, int]:
-        counted: dict[str, int] = {}
-        for origin in self.origin.values():
-            counted[origin] = counted.get(origin, 0) + 1
-        return counted
-
-
-def measured(directory: Path) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Seconds each attempt of an earlier sweep held its slots (started to finished), by config digest and by
-    name; attempts cancelled or interrupted are left out (they say nothing of how long a run takes)."""
-    from .ledger import Ledger
-    from .prepare import open_sweep
-
-    ledger: Ledger = open_sweep(Path(directory))
-    try:
-        experiments = {e.name: e for e in ledger.experiments()}
-        by_digest: dict[str, list[float]] = {}
-        by_name: dict[str, list[float]] = {}
-        for a in ledger.attempts():
-            if a.state in (State.CANCELLED, State.INTERRUPTED) or a.duration is None or a.duration < 0:
-                continue
-            by_name.setdefault(a.name, []).append(a.duration)
-            if a.name in experiments:
-                by_digest.setdefault(experiments[a.name].digest, []).append(a.duration)
-    finally:
-        ledger.close()
-    return by_digest, by_name
-
-
-def durations(experiments: Sequence[Experiment], past: Path | None = None,
-              default: float = DEFAULT_SECONDS) -> Durations:
-    """What each experiment is expected to take (see the module docstring for the order)."""
-    by_digest: dict[str, list[float]] = {}
-    by_name: dict[str, list[float]] = {}
-    if past is not None:
-        by_digest, by_name = measured(past)
-        if not by_name:
-            raise UserError("--from: this sweep has no finished run to measure durations from", past)
-    every = [d for runs in by_name.values() for d in runs]
-    median = statistics.median(every) if every else None
-    seconds: dict[str, float] = {}
-    origin: dict[str, str] = {}
-    for e in experiments:
-        if e.digest in by_digest:
-            seconds[e.name], origin[e.name] = statistics.median(by_digest[e.digest]), "measured"
-        elif e.name in by_name:
-            seconds[e.name], origin[e.name] = statistics.median(by_name[e.name]), "measured"
-        elif e.estimate is not None:
-            seconds[e.name], origin[e.name] = e.estimate, "estimate"
-        elif median is not None:
-            seconds[e.name], origin[e.name] = median, "median measured"
-        else:
-            seconds[e.name], origin[e.name] = default, "default"
-    return Durations(seconds, origin)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """`autotune plan`: the real scheduler and policies on a simulated clock, checked against makespans worked out by
 hand, against a real stand-in sweep's measured durations, and through the command line."""
 import json
+import statistics
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from helpers import experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
+STEPS_STANDIN = Path(__file__).parent / "steps_standin.py"
 
 
 def seconds_of(table):
@@ -106,12 +109,48 @@ def test_durations_come_from_a_sweep_already_run_then_the_estimate_then_the_medi
     assert ran["quick"] < ran["slow"]
     again = [*exps, experiment("guessed", estimate=42.0), experiment("unknown")]
     plan = plan_sweep(again, {"h": [0, 1]}, past=directory)
+    # the stand-in reports a step of 1 us: its runs are start-up, and the unknown one takes their median
     assert plan.durations.origin == {"quick": "measured", "slow": "measured", "guessed": "estimate",
-                                     "unknown": "median measured"}
+                                     "unknown": "start-up + steps"}
     assert plan.durations.seconds["quick"] == pytest.approx(ran["quick"])
     assert plan.durations.seconds["slow"] == pytest.approx(ran["slow"])
-    assert plan.durations.seconds["unknown"] == pytest.approx((ran["quick"] + ran["slow"]) / 2)
+    assert plan.durations.seconds["unknown"] == pytest.approx((ran["quick"] + ran["slow"]) / 2, abs=1e-3)
     assert plan_sweep([experiment("fresh")], {"h": [0]}).durations.origin == {"fresh": "default"}
+
+
+def _steps_sweep(tmp_path: Path, name: str, sizes: list[int],
+                 end_profile_step: int | None) -> tuple[Path, list[autotuner.Experiment]]:
+    """A sweep of the steps stand-in, run: one experiment per micro-batch size."""
+    profile = {} if end_profile_step is None else {"autotuning": {"end_profile_step": end_profile_step}}
+    exps = [experiment(f"mbs{m}", script=str(STEPS_STANDIN), ds_config={"train_micro_batch_size_per_gpu": m, **profile})
+            for m in sizes]
+    sweep = autotuner.Sweep(name=name, experiments=tuple(exps), metric=autotuner.metric_named("throughput"),
+                            source="test")
+    return autotuner.prepare(sweep, autotuner.load_cluster(slots=2), tmp_path / name,
+                             launcher=[sys.executable, str(STEPS_STANDIN)]), exps
+
+
+def test_a_longer_profile_is_planned_as_the_start_up_plus_the_steps_at_each_configs_measured_step_time(tmp_path):
+    past, _ = _steps_sweep(tmp_path, "short", [1, 4], None)  # DeepSpeed's default profile: 6 steps
+    assert autotuner.execute(past, autotuner.Options(grace=1.0)).exit_code == 0
+    cuts = {}
+    for a in autotuner.snapshot(past).attempts:
+        per_step = a.metrics["latency"] / 1e6
+        cuts[a.name] = (a.finished_at - a.started_at - 6 * per_step, per_step)
+    longer, exps = _steps_sweep(tmp_path, "long", [1, 4, 2], 29)  # 30 steps
+    planned = plan_sweep(exps, {"h": [0, 1]}, past=past).durations
+    assert planned.origin == {"mbs1": "scaled", "mbs4": "scaled", "mbs2": "start-up + steps"}
+    for name, (startup, per_step) in cuts.items():
+        assert planned.seconds[name] == pytest.approx(startup + 30 * per_step)
+    startups, steps = zip(*cuts.values(), strict=True)
+    assert planned.seconds["mbs2"] == pytest.approx(statistics.median(startups) + 30 * statistics.median(steps))
+    # and against the longer sweep run for real: each scaled estimate is nearer what the run took than the
+    # short run's whole duration is
+    assert autotuner.execute(longer, autotuner.Options(grace=1.0)).exit_code == 0
+    took = {a.name: a.finished_at - a.started_at for a in autotuner.snapshot(longer).attempts}
+    short = {a.name: a.finished_at - a.started_at for a in autotuner.snapshot(past).attempts}
+    for name in cuts:
+        assert abs(planned.seconds[name] - took[name]) < abs(short[name] - took[name])
 
 
 def test_bad_plan_arguments_are_one_clear_error():
