@@ -299,14 +299,16 @@ def tune(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script; everything after it goes to the script, which "
                                            "names its DeepSpeed config (--deepspeed_config ds.json, or --deepspeed "
-                                           "ds.json for a Trainer script)."),
+                                           "ds.json for a Trainer script). Or a tune file (.hjson) stating it all."),
     hostfile: Path | None = HOSTFILE,
     include: str = INCLUDE,
     exclude: str = EXCLUDE,
     slots: int | None = typer.Option(None, "--slots", min=1,
                                      help="Tune on this many CPU slots of this machine (no GPU needed)."),
-    num_gpus: int = typer.Option(1, "--num_gpus", "--num-gpus", min=1, help="Slots per node of each experiment."),
-    num_nodes: int = typer.Option(1, "--num_nodes", "--num-nodes", min=1, help="Nodes of each experiment."),
+    num_gpus: int | None = typer.Option(None, "--num_gpus", "--num-gpus", min=1,
+                                        help="Slots per node of each experiment (default: a tune file's, or 1)."),
+    num_nodes: int | None = typer.Option(None, "--num_nodes", "--num-nodes", min=1,
+                                         help="Nodes of each experiment (default: a tune file's, or 1)."),
     results: str | None = RESULTS,
     timeout: str | None = typer.Option(None, "--timeout", parser=_timeout_value, metavar="SECONDS|none",
                                           help="Seconds an experiment may run; `none`: no limit "
@@ -363,7 +365,9 @@ def tune(
         for note in notes:
             typer.echo(f"autotune: note: {note}", err=True)
         if not quiet:
-            typer.echo(f"tuning {script}: experiments of {num_nodes} node(s) x {num_gpus} slot(s) on "
+            template = autotuner.snapshot(directory).meta.search["template"]  # type: ignore[index]
+            typer.echo(f"tuning {script}: experiments of {template['num_nodes']} node(s) x {template['num_gpus']} "
+                       "slot(s) on "
                        f"{sum(len(s) for s in cluster.slots.values())} {cluster.accelerator} slot(s) of "
                        f"{len(cluster.slots)} host(s); results in {directory}")
         _execute(directory, options, quiet, events)

@@ -67,25 +67,38 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
 
 
 def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: str | Path | None = None, *,
-                 num_gpus: int = 1, num_nodes: int = 1, launcher: Sequence[str] | None = None,
+                 num_gpus: int | None = None, num_nodes: int | None = None, launcher: Sequence[str] | None = None,
                  timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None, seed: int = 0,
                  confirm: int | None = None) -> Path:
-    """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config) read,
-    checked and recorded as a search; its experiments are proposed while it runs (search.py). Each experiment
-    runs on `num_nodes` x `num_gpus` slots. `seed`: of the random and model-based tuners; `confirm`: how many of
+    """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config), or a tune
+    file (`script` an .hjson file stating them: spec/tuning.py), read, checked and recorded as a search; its
+    experiments are proposed while it runs (search.py). Each experiment runs on `num_nodes` x `num_gpus` slots
+    (given here, else the tune file's, else 1). `seed`: of the random and model-based tuners; `confirm`: how many of
     the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none)."""
     from dataclasses import replace
 
     from .metrics import metric_named
     from .search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec, search_for
     from .spec import Sweep
-    from .spec.tuning import name_prefix, read_tuning, split_command
+    from .spec.tuning import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
 
-    command = split_command(script, args, cwd or Path.cwd())
-    tuning = read_tuning(command.config_path, num_gpus * num_nodes)
+    where = cwd or Path.cwd()
+    if is_tune_file(script):
+        if args:
+            raise UserError(f"a tune file takes no script arguments (its `args` holds them), not {shown(args[0])}; "
+                            "autotune's own options go before it: autotune tune --slots 2 tune.hjson")
+        told = read_tune_file(Path(script) if Path(script).is_absolute() else where / script)
+        command, located, prefix, env = told.command, told.config, told.name, told.env
+        num_gpus, num_nodes = num_gpus or told.num_gpus or 1, num_nodes or told.num_nodes or 1
+    else:
+        command, located, prefix, env = split_command(script, args, where), None, None, {}
+        num_gpus, num_nodes = num_gpus or 1, num_nodes or 1
+    tuning = read_tuning(command.config_path, num_gpus * num_nodes, located)
     template = {"script": command.script, "args": list(command.args), "num_gpus": num_gpus, "num_nodes": num_nodes,
                 "source": str(command.config_path), "config_flag": command.flag, "arg_mappings": tuning.arg_mappings}
-    spec = SearchSpec(prefix=name_prefix(command.script), template=template, base=tuning.base,
+    if env:
+        template["env"] = env
+    spec = SearchSpec(prefix=prefix or name_prefix(command.script), template=template, base=tuning.base,
                       stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
                       max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
                       global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,

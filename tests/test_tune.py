@@ -192,3 +192,54 @@ def test_model_based_without_optuna_is_one_line_naming_the_extra(tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "pip install 'ds-autotune[tune]'" in lines[0] and "ds.json:" in lines[0] and "tuner_type" in lines[0]
     assert not (tmp_path / "res").exists()  # nothing made
+
+
+TUNE_FILE = """{
+  # the command and config autotune tune is otherwise given on its command line
+  name: mytune
+  script: train.py
+  args: ["--steps", "3"]
+  num_gpus: 1
+  env: {OOM_STANDIN_SECONDS: "0"}
+  ds_config: {
+    train_micro_batch_size_per_gpu: 1
+    zero_optimization: {stage: [2, 3]}
+    autotuning: {
+      metric: throughput
+      max_train_micro_batch_size_per_gpu: 64
+    }
+  }
+}
+"""
+
+
+def test_a_tune_file_states_the_command_and_the_search(tmp_path):
+    environ = setup(tmp_path)
+    (tmp_path / "tune.hjson").write_text(TUNE_FILE)
+    result = autotune("tune", "--slots", "3", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "tune.hjson",
+                      environ=environ, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "best: mytune_z3_mbs45 with throughput" in result.stdout
+    assert {stage for stage, _ in launches(tmp_path)} == {2, 3}
+    command = (tmp_path / "res" / "cmd_optimal.txt").read_text()
+    assert "train.py" in command and "--steps 3" in command and "OOM_STANDIN_SECONDS=0" in command
+
+
+@pytest.mark.parametrize("text, fragment, needle", [
+    (TUNE_FILE.replace("num_gpus: 1", "num_gpu: 1"), "unknown key 'num_gpu' in a tune file", "num_gpu"),
+    (TUNE_FILE.replace("max_train_micro_batch_size_per_gpu: 64", "max_train_micro_batch_size_per_gpu: 0"),
+     "positive whole number", "max_train_micro_batch_size_per_gpu"),
+    (TUNE_FILE.replace("script: train.py", "script: nope.py"), "no such file", "script"),
+    (TUNE_FILE.replace("stage: [2, 3]", "stage: [2, 7]"), "zero_optimization.stage", "stage"),
+])
+def test_a_bad_tune_file_is_one_located_line(tmp_path, text, fragment, needle):
+    environ = setup(tmp_path)
+    (tmp_path / "tune.hjson").write_text(text)
+    result = autotune("tune", "--slots", "1", "-o", tmp_path / "res", "tune.hjson", environ=environ, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if needle + ":" in t)
+    assert len(lines) == 1 and fragment in lines[0] and f"tune.hjson:{line}:" in lines[0], lines
+    assert not (tmp_path / "res").exists()
+    extra = autotune("tune", "--slots", "1", "tune.hjson", "--slots", "2", environ=environ, cwd=tmp_path)
+    assert extra.returncode == 2 and "a tune file takes no script arguments" in extra.stderr

@@ -5,14 +5,24 @@ refused by name rather than silently skipped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import UserError, shown
 from ..metrics import metric_named
-from .model import CONFIG_FLAG, FLAG, UNSAFE, positive_int
-from .reading import Budget, Source, read_source
+from .model import CONFIG_FLAG, FLAG, NAME_MAX, SAFE_NAME, UNSAFE, positive_int
+from .reading import (
+    Budget,
+    Source,
+    abspath,
+    ds_config_of,
+    env_of,
+    positive_count,
+    read_source,
+    script_path,
+    string_list,
+)
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
 KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
@@ -76,9 +86,10 @@ class Tuning:
     tuner: str = "gridsearch"
 
 
-def read_tuning(path: Path, world: int) -> Tuning:
-    """The config at `path` and its autotuning section (DeepSpeed's keys); `world`: GPUs per experiment."""
-    src = read_source(path, Budget(), "DeepSpeed config")
+def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
+    """The config at `path` (or `src`, one read already: a tune file's ds_config) and its autotuning section
+    (DeepSpeed's keys); `world`: GPUs per experiment."""
+    src = src or read_source(path, Budget(), "DeepSpeed config")
     config = src.data
     if not isinstance(config, dict):
         raise UserError("a DeepSpeed config must be an object", path)
@@ -163,3 +174,61 @@ def _mappings(src: Source, value: Any) -> dict[str, str]:
 def name_prefix(script: str) -> str:
     """Experiment names start with the script's name: `train.py` -> `train`."""
     return UNSAFE.sub("-", Path(script).stem).strip("-") or "tune"
+
+
+# A tune file: the command and config `autotune tune` is otherwise given on its command line, as one hjson file.
+TUNE_FILE_KEYS = ("name", "script", "args", "config_flag", "num_gpus", "num_nodes", "env", "ds_config")
+TUNE_FILE_SUFFIXES = (".hjson", ".json")
+
+
+def is_tune_file(path: str) -> bool:
+    """Whether `autotune tune` was handed a tune file rather than a training script."""
+    return Path(path).suffix.lower() in TUNE_FILE_SUFFIXES
+
+
+@dataclass(frozen=True)
+class TuneFile:
+    """A tune file read: the command it states, its ds_config (located in its file, for errors), the rest."""
+
+    command: TuneInput
+    config: Source
+    name: str | None = None
+    num_gpus: int | None = None
+    num_nodes: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def read_tune_file(path: Path) -> TuneFile:
+    """`script` (relative to the file), `args`, `config_flag` (how the script takes its config: DeepSpeed's
+    `--deepspeed_config` by default, `--deepspeed` for a Trainer script), `num_gpus`, `num_nodes`, `env`, and
+    `ds_config` (an object or a JSON file's path) holding DeepSpeed's `autotuning` section: what to search and
+    the budget, read as `read_tuning` reads a config file's."""
+    src = read_source(path, Budget(), "tune file")
+    data = src.data
+    if not isinstance(data, dict):
+        raise UserError("a tune file must be an object", path)
+    for key in data:
+        if key not in TUNE_FILE_KEYS:
+            raise src.error(f"unknown key {shown(key)} in a tune file (keys: {', '.join(TUNE_FILE_KEYS)})", key)
+    for key in ("script", "ds_config"):
+        if data.get(key) is None:
+            raise src.error(f"a tune file needs `{key}`", None)
+    name = data.get("name")
+    if name is not None and (not isinstance(name, str) or SAFE_NAME.fullmatch(name) is None
+                             or len(name) > NAME_MAX - 20):
+        raise src.error(f"name {shown(name)} must be safe as a directory name (letters, digits, . _ -; not "
+                        f"starting with .; at most {NAME_MAX - 20} chars)", "name")
+    flag = data.get("config_flag", CONFIG_FLAG)
+    if not isinstance(flag, str) or FLAG.fullmatch(flag) is None:
+        raise src.error(f"config_flag {shown(flag)} is not a script option (--name)", "config_flag")
+    script = script_path(src, "script", data["script"], path.parent)
+    args = string_list(src, "args", data["args"]) if data.get("args") is not None else ()
+    config = data["ds_config"]
+    if isinstance(config, dict):
+        located = replace(src, data=config)
+    else:  # a file of its own (ds_config_of refuses what is not one): errors point there
+        ds_config_of(src, config)
+        located = read_source(Path(abspath(config, path.parent)), Budget(), "ds_config file")
+    counts = {k: positive_count(src, k, data[k]) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
+    return TuneFile(TuneInput(script, args, flag, located.path), located, name, counts.get("num_gpus"),
+                    counts.get("num_nodes"), env_of(src, data.get("env", {})))
