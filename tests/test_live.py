@@ -104,6 +104,17 @@ def test_a_fresh_sweep_has_no_eta_and_no_best(tmp_path):
     assert node_row(text, "node-a").split()[1:3] == [".", "."]
 
 
+def test_a_search_shows_what_it_proposed_so_far_and_no_eta_of_it(midway):
+    from autotuner.ledger import Ledger
+
+    ledger = Ledger.open(midway)
+    ledger.set_meta("search", {"tuner": "random", "trials": 50})
+    ledger.close()
+    text = text_of(LiveView(snapshot(midway), clock=lambda: T0 + 40), T0 + 40)
+    assert "of 12 proposed (random search, budget 50)" in text
+    assert "ETA ? (the search proposes as runs end)" in text and "ETA ~" not in text
+
+
 def test_observer_calls_move_the_view(midway):
     snap = snapshot(midway)
     clock = [T0 + 40]

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.resources import placement_named
 from ..metrics import Metric, format_value, metric_named
@@ -75,6 +75,15 @@ class Failure:
 
 
 @dataclass(frozen=True)
+class Search:
+    """A sweep whose experiments a search proposes (`autotune tune`): how many it has proposed is no total, and
+    an ETA of them would be one of the search's present step only."""
+
+    tuner: str
+    trials: int | None  # at most this many experiments, where the config sets a budget
+
+
+@dataclass(frozen=True)
 class LiveState:
     """Everything the live view shows, at one instant. Immutable: safe to render from another thread."""
 
@@ -93,6 +102,7 @@ class LiveState:
     failures_seen: int = 0  # failures told since the view began (and found in the snapshot)
     stopping: str | None = None  # why the sweep winds down (Ctrl-C, a cancel of all of it, its deadline)
     ended: float | None = None  # when the watched run returned (`LiveView.end`): the last frame's clock
+    search: Search | None = None  # `autotune tune`'s: its experiments are proposed as runs end
 
     @property
     def left(self) -> bool:
@@ -152,6 +162,7 @@ class LiveView:
         meta = snap.meta
         self._placement = placement_named(meta.placement or "pack", {h: (meta.gpu_types or {}).get(h)
                                                                      for h in self._slots}, meta.gpu_memory)
+        self._search = _search_of(meta.search)
         self._changes = 0  # observer calls so far: a new plan is due when it moved
         self._planned: tuple[int, float, float | None] | None = None  # (changes, valid until, planned end)
         requeued = set(pending)
@@ -270,9 +281,9 @@ class LiveView:
                               tuple(sorted(self._running.values(), key=lambda r: r.started_at)),
                               frozenset(self._down), self._best, tuple(self._durations), self._since,
                               failures=tuple(self._failures), failures_seen=self._failures_seen,
-                              stopping=self._stopping, ended=self._ended)
+                              stopping=self._stopping, ended=self._ended, search=self._search)
             changes, planned = self._changes, self._planned
-        if not state.left or state.stopping is not None or state.ended is not None:
+        if not state.left or state.stopping is not None or state.ended is not None or state.search is not None:
             return state  # nothing to plan: no ETA is shown
         if planned is not None and planned[0] == changes and now < planned[1]:
             return replace(state, planned_end=planned[2])
@@ -335,6 +346,14 @@ def render(state: LiveState, now: float) -> RenderableType:
                  title_align="left", expand=False)
 
 
+def _search_of(recorded: Mapping[str, Any] | None) -> Search | None:
+    """The search of a sweep's meta (search.SearchSpec as JSON), as the view shows it."""
+    if recorded is None:
+        return None
+    trials = recorded.get("trials")
+    return Search(str(recorded.get("tuner", "gridsearch")), trials if isinstance(trials, int) else None)
+
+
 def _counts(state: LiveState) -> Text:
     """`4 done   1 failed   2 timed out   3 running   4 queued   of 14`: failed and timed out apart, as the
     final summary counts them."""
@@ -353,7 +372,11 @@ def _counts(state: LiveState) -> Text:
     for stopped in (State.CANCELLED, State.INTERRUPTED):
         if counts.get(stopped):
             head.append(f"{counts[stopped]} {stopped}   ", style="yellow")
-    head.append(f"of {len(state.states)}")
+    if state.search is None:
+        head.append(f"of {len(state.states)}")
+    else:
+        budget = f", budget {state.search.trials}" if state.search.trials is not None else ""
+        head.append(f"of {len(state.states)} proposed ({state.search.tuner} search{budget})")
     return head
 
 
@@ -377,6 +400,11 @@ def _timing(state: LiveState, now: float) -> Text:
         return Text(f"ended after {total}", style="bold yellow")
     timing = Text(f"elapsed {total}   ")
     eta, mean = state.eta(now), state.mean_duration()
+    if state.search is not None:
+        timing.append("ETA ? (the search proposes as runs end)", style="dim")
+        if mean is not None:
+            timing.append(f" (mean run {seconds(mean)} over {len(state.durations)})", style="dim")
+        return timing
     if eta is None:
         timing.append("ETA ? (no run has ended yet)" if mean is None else "ETA ? (no slot is up)", style="dim")
         return timing
