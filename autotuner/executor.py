@@ -27,7 +27,7 @@ from . import exitstatus, tags
 from .attempt import prepare_directory, record_attempt
 from .cleanup import end_group
 from .core.events import Finished, Key, Launched, Post, Run
-from .launch import Command, Launcher, deepspeed_command, with_autotuning
+from .launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
 from .metrics import Metric
 from .outcome import Outcome
 from .ports import free_port
@@ -117,7 +117,7 @@ def remove_comm_buffers(master_addr: str, port: int, shm: Path = SHM) -> None:
     /dev/shm, named by the master's address and port, which DeepSpeed 0.19 never unlinks (shm.cpp defines
     `shared_close` and never calls it). On this machine 349 runs filled its 24 GB of RAM with them, and the OOM
     killer then ended training runs. Called once the attempt's processes are gone: its port is still its own."""
-    for path in shm.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_{master_addr}_{port}_*"):
+    for path in shm.glob(comm_buffer_prefix(os.getuid(), master_addr, port) + "*"):
         with contextlib.suppress(OSError):
             path.unlink()
 

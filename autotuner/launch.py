@@ -44,6 +44,12 @@ class Command:
         return (f"cd {shlex.quote(self.cwd)} && " if self.cwd else "") + shell_line(self.argv, self.env)
 
 
+def comm_buffer_prefix(uid: int | str, master_addr: str, port: int) -> str:
+    """The start of the names of the /dev/shm buffers DeepSpeed's CPU allreduce makes for a run (one per rank),
+    which DeepSpeed 0.19 never unlinks (see executor.remove_comm_buffers)."""
+    return f"deepspeed_allreduce_buffer_{uid}_{master_addr}_{port}_"
+
+
 def shell_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
     """`K=V ... argv` quoted for a POSIX shell."""
     exports = [f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())]

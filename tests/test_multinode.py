@@ -2,6 +2,7 @@
 node, a hung remote run, host keys. Every node is this machine under another address, so "nothing left on any
 node" is checked once, on the process table here."""
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -71,6 +72,31 @@ def test_single_node_experiments_run_on_both_nodes(ssh_nodes, tmp_path):
     assert {a.state for a in attempts} == {"succeeded"}
     assert {host for a in attempts for host in a.slots} == {"node-1", "node-2"}
     assert leftovers(sweep_id) == []
+
+
+def test_deepspeeds_shared_memory_buffers_are_removed_on_the_nodes_when_a_run_ends(ssh_nodes, tmp_path):
+    """DeepSpeed's CPU allreduce leaves a 69 MB file in /dev/shm per rank and never removes it (see
+    test_executor's test of this machine's runs): a stand-in launcher run on the node makes one the same way, named
+    by the master's address and port, and one of another port that is not ours."""
+    launcher = tmp_path / "shm_standin.sh"
+    launcher.write_text(f"""while [ $# -gt 0 ]; do case "$1" in --master_port) port=$2;; --master_addr) addr=$2;; esac
+shift; done
+echo "$addr $port" >> {tmp_path / 'buffers'}
+: > "/dev/shm/deepspeed_allreduce_buffer_$(id -u)_${{addr}}_${{port}}_0"
+exec sh {STANDIN}
+""")
+    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1_0")
+    other.touch()
+    try:
+        out = autotune("run", sweep(tmp_path, n=3), "-H", hostfile(tmp_path, ("node-1", 2), ("node-2", 2)),
+                       "--ssh-config", ssh_nodes.config_path, "--launcher", f"sh {launcher}", "-o", tmp_path / "r")
+        assert out.returncode == 0, out.stdout + out.stderr
+        made = [line.split() for line in (tmp_path / "buffers").read_text().splitlines()]
+        assert len(made) == 3
+        assert not [p for _, p in made if list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{p}_*"))]
+        assert other.exists()  # not a run of ours
+    finally:
+        other.unlink(missing_ok=True)
 
 
 def test_logs_come_back_over_sftp_from_a_remote_directory(ssh_nodes, tmp_path):

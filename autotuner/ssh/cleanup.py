@@ -4,12 +4,14 @@ The remote half of cleanup: the same /proc check as on this machine, run as a sh
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 import signal
 import time
 from collections.abc import Iterable, Sequence
 
 from .. import tags
+from ..launch import comm_buffer_prefix
 from .errors import HostDown
 from .fanout import Fanout, run_many
 from .pool import SSHPool
@@ -40,6 +42,13 @@ def end_tagged_remote(pool: SSHPool, hosts: Sequence[str], tag: str) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL on {', '.join(todo)}")
+
+
+def remove_comm_buffers(pool: SSHPool, hosts: Sequence[str], master_addr: str, port: int) -> None:
+    """executor.remove_comm_buffers on other hosts: DeepSpeed's CPU allreduce buffers of a run that has ended,
+    on each of its hosts that answers (best effort: a host that does not keeps them until it reboots)."""
+    name = comm_buffer_prefix('"$(id -u)"', shlex.quote(master_addr), port)
+    run_many(pool, hosts, f"rm -f -- /dev/shm/{name}*", 30)
 
 
 def _pids(text: str) -> list[int]:

@@ -14,6 +14,7 @@ follow the attempt to its end (`adopt`) and judge it.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import shlex
@@ -33,7 +34,7 @@ from ..outcome import Outcome
 from ..states import Reason, State
 from ..stops import Stops
 from ..threads import Workers
-from .cleanup import end_tagged_remote
+from .cleanup import end_tagged_remote, remove_comm_buffers
 from .errors import HostDown, RemoteStartError
 from .pool import SSHPool
 from .process import RemoteProcess
@@ -177,9 +178,10 @@ class SshExecutor:
         if multi:
             env["DS_ENV_FILE"] = f"{workdir}/deepspeed_env"
         # A master port taken on the node fails the launch fast, and the launch is retried.
+        master_port = random.randint(*MASTER_PORTS)
         command = deepspeed_command(
             run.experiment, run.reservation, config, hostfile=f"{workdir}/hostfile",
-            master_port=random.randint(*MASTER_PORTS), metric_path=metrics_path, tag=run.tag,
+            master_port=master_port, metric_path=metrics_path, tag=run.tag,
             cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env)
         status_path = f"{workdir}/{exitstatus.FILENAME}"
         setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text),
@@ -200,7 +202,11 @@ class SshExecutor:
         self._track(run, proc)
         post(Launched(run, proc.pid, None, self.clock()))
         record_attempt(run, config, command)
-        return self._follow(run, proc)
+        try:
+            return self._follow(run, proc)
+        finally:  # its processes are gone (or their host is): the port is still the attempt's own
+            with contextlib.suppress(Exception):
+                remove_comm_buffers(self.pool, run.reservation.hosts, launcher.master_addr, master_port)
 
     def _adopted(self, run: Run, pid: int | None) -> Outcome:
         proc = AdoptedRemote(self.pool, run.reservation.hosts[0], pid, run.tag,
