@@ -239,21 +239,32 @@ class LocalExecutor:
 
     def _attempt(self, run: Run, proc: Child | Adopted, port: int | None, post: Post,
                  follow: Callable[[], Outcome]) -> None:
-        """The attempt's own thread: `follow` it to its outcome, which is posted whatever goes wrong."""
+        """The attempt's own thread: `follow` it to its outcome, which is posted whatever goes wrong; then
+        DeepSpeed's leaked buffers are removed, after the post so that the freed slot never waits on it (the
+        port stays the attempt's until then: no new run can take the buffers' names)."""
         try:
-            outcome = follow()
-        except Exception as e:  # e.g. the results disk filled up, or a process SIGKILL does not end
-            with contextlib.suppress(Exception):  # the outcome is posted whatever is left: the slot must not be
-                end_group(proc.pid, run.tag, 0, lambda _: False)  # lost with it
-            outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
+            try:
+                outcome = follow()
+            except Exception as e:  # e.g. the results disk filled up, or a process SIGKILL does not end
+                with contextlib.suppress(Exception):  # the outcome is posted whatever is left: the slot must not
+                    end_group(proc.pid, run.tag, 0, lambda _: False)  # be lost with it
+                outcome = Outcome(State.FAILED, Reason.LAUNCH, f"{type(e).__name__}: {e}")
+            finally:
+                self._forget(run, None)
+            settled = self._stops.settle(run.key, outcome)
+            if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its end
+                exitstatus.forget(run.dir)
+            post(Finished(run, settled, self.clock()))
         finally:
             if port is not None:
-                remove_comm_buffers(self.launcher.master_addr, port)
-            self._forget(run, port)
-        settled = self._stops.settle(run.key, outcome)
-        if settled is not outcome:  # ended on our request: its recorded status tells our stop, not its own end
-            exitstatus.forget(run.dir)
-        post(Finished(run, settled, self.clock()))
+                with contextlib.suppress(Exception):
+                    self.remove_buffers(run, port)
+                self._forget(run, port)
+
+    def remove_buffers(self, run: Run, port: int) -> None:
+        """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended (see `remove_comm_buffers`), where
+        its ranks ran: here."""
+        remove_comm_buffers(self.launcher.master_addr, port)
 
     def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command, port: int,
                post: Post) -> Outcome:

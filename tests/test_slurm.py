@@ -120,6 +120,68 @@ def test_each_experiment_is_a_step_on_exactly_its_nodes_and_gpus(slurm_lab, allo
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
 
 
+def test_deepspeeds_shared_memory_buffers_are_removed_on_the_nodes_when_a_step_ends(slurm_lab, allocation,
+                                                                                     tmp_path):
+    """DeepSpeed's CPU allreduce leaves a 69 MB file in /dev/shm per rank and never removes it (see test_executor):
+    each node of a step makes one the same way, named by the master's address and port; once the step has ended
+    they are gone from its nodes (removed there, by a step of their own: the runner's machine may be no node), and
+    a buffer of another port is left alone."""
+    node = tmp_path / "shm_node.sh"
+    node.write_text(f"""while [ $# -gt 0 ]; do case "$1" in --master_port) port=$2;; --master_addr) addr=$2;; esac
+shift; done
+echo "$SLURMD_NODENAME $addr $port" >> {tmp_path / 'buffers'}
+: > "/dev/shm/deepspeed_allreduce_buffer_$(id -u)_${{addr}}_${{port}}_$SLURM_NODEID"
+exec sh {tmp_path / 'node.sh'}
+""")
+    standin(tmp_path)
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
+    two = write_sweep(tmp_path, range(1), name="m", extra="num_gpus: 1\n  num_nodes: 2", filename="two.hjson")
+    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1_0")
+    other.touch()
+    try:
+        done = autotune("run", spec, two, "--slurm", "--launcher", f"sh {node}", "-o", tmp_path / "r", "-q",
+                        environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=0.2))
+        assert done.returncode == 0, done.stderr
+        made = [line.split() for line in (tmp_path / "buffers").read_text().splitlines()]
+        assert len(made) == 4 and {host for host, _, _ in made} <= set(slurm_lab.nodes)  # 1 + 1 + 2 nodes
+        shm = Path("/dev/shm")
+        assert [b for _, addr, port in made for b in shm.glob(f"deepspeed_allreduce_buffer_*_{addr}_{port}_*")] == []
+        assert other.exists()  # not a run of ours
+        assert no_step_left(slurm_lab, allocation, sweep_id(tmp_path / "r"))
+    finally:
+        other.unlink(missing_ok=True)
+
+
+def test_a_steps_buffers_are_removed_under_its_first_nodes_address_by_a_step_on_its_nodes(slurm_lab, allocation,
+                                                                                          monkeypatch):
+    """The removal is the Slurm executor's own, on the step's nodes, for the address its ranks were told (the
+    first node's, which is not this machine's): with n1 reached at 127.0.0.9, the buffers named by it go, and
+    those named by this machine's address (what a local clean-up would remove) stay."""
+    from types import SimpleNamespace
+
+    from autotuner.metrics import metric_named
+    from autotuner.slurm.allocation import describe
+    from autotuner.slurm.executor import SlurmExecutor
+
+    for key, value in slurm_lab.env.items():
+        monkeypatch.setenv(key, value)
+    found = describe(allocation)
+    moved = type(found)(**{**found.__dict__, "addresses": {**found.addresses, "n1": "127.0.0.9"}})
+    executor = SlurmExecutor("", metric_named("throughput"), time.monotonic, allocation=moved)
+    theirs = [Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.9_23456_{rank}") for rank in (0, 1)]
+    ours = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_23456_0")
+    for path in (*theirs, ours):
+        path.touch()
+    try:
+        run = SimpleNamespace(tag="buffers-test.1", reservation=SimpleNamespace(hosts=("n1", "n2")))
+        executor.remove_buffers(run, 23456)  # type: ignore[arg-type]
+        assert not [p for p in theirs if p.exists()]
+        assert ours.exists()
+    finally:
+        for path in (*theirs, ours):
+            path.unlink(missing_ok=True)
+
+
 def attempt_gpus(name: str) -> int:
     return 2 if name.startswith("m_") else 1
 

@@ -15,6 +15,7 @@ ends only once Slurm no longer lists the step. The results directory must be on 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shlex
@@ -29,15 +30,17 @@ from typing import Any
 from ..core.events import HostLost, Launched, Post, Run
 from ..executor import Adopted, Child, LocalExecutor
 from ..hostfile import format_hostfile
-from ..launch import Command, Launcher, deepspeed_command, with_autotuning
+from ..launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
 from ..outcome import Outcome
 from ..states import Reason, State
 from . import parse
 from .allocation import Allocation, SlurmError, cancel_step, node_states, slurm, steps
 
+log = logging.getLogger(__name__)
 _NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.M)  # srun's own word for a lost node
 STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
 STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
+BUFFERS_WITHIN = 30.0  # seconds for the step that removes an ended run's /dev/shm buffers on its nodes
 # Our own job's settings that srun would read from its environment and that conflict with the step's own.
 _SRUN_INPUTS = ("SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE",
                 "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_TRES_PER_TASK", "SLURM_DISTRIBUTION",
@@ -180,6 +183,27 @@ class SlurmExecutor(LocalExecutor):
         self._post(HostLost(node, why))
         self.on_lost(node)
         return Outcome(State.INTERRUPTED, Reason.LOST, f"node {node} lost: {why}")
+
+    def remove_buffers(self, run: Run, port: int) -> None:
+        """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended, on its nodes (where its ranks ran,
+        named by the first node's address): one short step that overlaps whatever else runs there, so it never
+        waits for a free CPU. Best effort: a node that cannot be reached keeps them until it reboots."""
+        assert self.allocation is not None
+        hosts = run.reservation.hosts
+        name = comm_buffer_prefix('"$(id -u)"', shlex.quote(self.allocation.address(hosts[0])), port)
+        argv = ["srun", "--jobid", self._job, "--overlap", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
+                "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--job-name", f"{run.tag}.shm", "--quiet",
+                "sh", "-c", f"rm -f -- /dev/shm/{name}*"]
+        environ = {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUFFERS_WITHIN, env=environ,
+                                  stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("cannot remove DeepSpeed's /dev/shm buffers of %s on %s: %s", run.tag, ",".join(hosts), e)
+            return
+        if done.returncode != 0:
+            log.warning("cannot remove DeepSpeed's /dev/shm buffers of %s on %s: %s", run.tag, ",".join(hosts),
+                        (done.stderr or done.stdout).strip()[-300:])
 
     def _lost_node(self, run: Run) -> tuple[str, str] | None:
         """A node of the run that Slurm marks lost, or that srun reported failing; and why, in words."""
