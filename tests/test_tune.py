@@ -103,6 +103,12 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
     ({"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 4}, None, "below the smallest",
      '"max_train_micro_batch_size'),
     (None, {"zero_optimization": {"stage": [1, 5]}}, "zero_optimization.stage", '"stage"'),
+    # "auto" (a Trainer fills it from its arguments) for what the search sets, with no arg_mappings entry: every
+    # run would fail on the Trainer's check that the config agrees with its arguments
+    (None, {"train_micro_batch_size_per_gpu": "auto"}, '"arg_mappings": {"train_micro_batch_size_per_gpu": '
+     '"--per_device_train_batch_size"}', '"train_micro_batch_size_per_gpu"'),
+    ({"max_train_batch_size": 64}, {"gradient_accumulation_steps": "auto"}, 'gradient_accumulation_steps is "auto"',
+     '"gradient_accumulation_steps"'),
 ])
 def test_a_bad_autotuning_section_is_one_located_line(tmp_path, autotuning, config, fragment, needle):
     result = tune(tmp_path, setup(tmp_path, autotuning, config))

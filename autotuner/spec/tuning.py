@@ -34,6 +34,9 @@ TUNERS = ("gridsearch", "random", "model_based")
 OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
+# The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
+TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                   "gradient_accumulation_steps": "--gradient_accumulation_steps"}
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,10 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
     if engine:
         base["autotuning"] = engine
+    mappings = _mappings(src, section.get("arg_mappings", {}))
+    _check_auto(src, config, mappings, global_batch is not None)
     return Tuning(base, _stages(src, config), metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
-                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"],
-                  _mappings(src, section.get("arg_mappings", {})), tuner)
+                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner)
 
 
 def _have_optuna() -> bool:
@@ -169,6 +173,18 @@ def _mappings(src: Source, value: Any) -> dict[str, str]:
                                               for k, v in value.items()):
         raise src.error("arg_mappings must map config keys to script options (--name)", "arg_mappings")
     return {k.strip(): v.strip() for k, v in value.items()}
+
+
+def _check_auto(src: Source, config: dict, mappings: dict[str, str], derives_accumulation: bool) -> None:
+    """A value the search sets that the config leaves "auto" is filled by the script from its own arguments (a
+    Hugging Face Trainer does so, and refuses a config that disagrees with them): without an `arg_mappings` entry
+    that hands the script the searched value, every run would fail on that disagreement."""
+    searched = ("train_micro_batch_size_per_gpu", *(("gradient_accumulation_steps",) if derives_accumulation else ()))
+    for key in searched:
+        if config.get(key) == "auto" and key not in mappings:
+            raise src.error(f'{key} is "auto" (the script sets it from its arguments) and the search sets it: map it '
+                            f'to the script\'s option in the autotuning section, e.g. "arg_mappings": {{"{key}": '
+                            f'"{TRAINER_OPTIONS[key]}"}} for a Hugging Face Trainer script', key)
 
 
 def name_prefix(script: str) -> str:

@@ -1,0 +1,84 @@
+"""A real Hugging Face Trainer script (experiments/hf_trainer.py: a tiny Llama built in code, synthetic tokens)
+tuned end to end through the CLI, as its users run it: `autotune tune` where `deepspeed` stood, the config by
+`--deepspeed`, "auto" values the Trainer fills, and the batch sizes handed over as the Trainer's own options
+(`arg_mappings`). Real DeepSpeed on CPU, nothing downloaded (offline, an empty Hugging Face cache). Then the
+winner's cmd_optimal.txt is run as the README says, as a normal training run."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from cli_rig import autotune, env
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "experiments"
+STAGES, SIZES = (1, 2), (4, 8)  # 4 runs on 2 slots: two rounds of about 15 s on a quiet machine
+STEPS = 12  # past the profile's end (step 5): under autotune the engine ends each run there
+
+
+def offline(tmp_path: Path) -> dict[str, str]:
+    """No hub access and an empty cache: a run that needed anything from the Hub would fail."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # deepspeed beside it
+    return env(HF_HUB_OFFLINE=1, TRANSFORMERS_OFFLINE=1, HF_HOME=tmp_path / "hf-home", PATH=path)
+
+
+def per_device_batch(log: str) -> list[int]:
+    """The per-device batch sizes the Trainer logged when it began to train."""
+    return [int(n) for n in re.findall(r"Instantaneous batch size per device = (\d+)", log)]
+
+
+def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp_path):
+    config = json.loads((EXAMPLE / "ds_hf.json").read_text())  # narrowed: CI's minutes are few
+    config["zero_optimization"]["stage"] = list(STAGES)
+    config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": SIZES[0],
+                             "max_train_micro_batch_size_per_gpu": SIZES[-1], "num_tuning_micro_batch_sizes": 2}
+    (tmp_path / "ds_hf.json").write_text(json.dumps(config, indent=2))
+    environ = offline(tmp_path)
+    results = tmp_path / "results"
+    tuned = autotune("tune", "--slots", "2", "-o", results, "--confirm", "0",
+                     "hf_trainer.py", "--deepspeed", tmp_path / "ds_hf.json", "--per_device_train_batch_size", "4",
+                     "--gradient_accumulation_steps", "1", "--output_dir", tmp_path / "out", "--max_steps", STEPS,
+                     "--report_to", "none", "--save_strategy", "no", "--log_level", "info",
+                     environ=environ, cwd=EXAMPLE, timeout=600)
+    assert tuned.returncode == 0, tuned.stdout + tuned.stderr
+
+    report = json.loads(autotune("report", results, "--format", "json").stdout)
+    runs = {(r["parameters"]["zero_optimization.stage"], r["parameters"]["train_micro_batch_size_per_gpu"]):
+            r for r in report["experiments"]}
+    assert set(runs) == {(z, m) for z in STAGES for m in SIZES}
+    assert {r["state"] for r in runs.values()} == {"succeeded"}, [(r["name"], r["reason"]) for r in runs.values()]
+    for (stage, mbs), run in runs.items():
+        directory = results / run["name"]
+        assert json.loads((directory / "ds_config.json").read_text())["zero_optimization"]["stage"] == stage
+        command = (directory / "cmd.txt").read_text()
+        assert f"--per_device_train_batch_size {mbs} " in command and "--deepspeed_config" not in command
+        assert " --deepspeed " in command and "--gradient_accumulation_steps 1 " in command  # "auto": the user's
+        logs = (directory / "stdout.log").read_text() + (directory / "stderr.log").read_text()
+        assert per_device_batch(logs) == [mbs], f"{run['name']}: the Trainer did not train at its mapped batch"
+        metrics = json.loads((directory / "metrics.json").read_text())  # written by DeepSpeed's engine
+        assert metrics["throughput"] > 0 and metrics["latency"] > 0
+        assert "trained " not in logs  # the engine ended the run after its profile steps, before the Trainer did
+
+    best = runs[max(runs, key=lambda p: runs[p]["metric"])]
+    assert f"best: {best['name']} with throughput" in tuned.stdout
+    summary = (results / "summary.txt").read_text()
+    assert all(f"| z{z} " in summary for z in STAGES) and "| global " in summary and best["name"] in summary
+    assert summary.rstrip().splitlines()[-1].startswith("Tuning completed in ")
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    stage, mbs = best["parameters"]["zero_optimization.stage"], best["parameters"]["train_micro_batch_size_per_gpu"]
+    assert "autotuning" not in optimal and optimal["zero_optimization"]["stage"] == stage
+    assert optimal["train_micro_batch_size_per_gpu"] == mbs
+    assert optimal["optimizer"]["params"]["lr"] == "auto" and optimal["train_batch_size"] == "auto"  # the Trainer's
+
+    # The README: cmd_optimal.txt trains with the winner as a normal run (all its steps: no autotuning section).
+    command = (results / "cmd_optimal.txt").read_text().strip()
+    assert f"--deepspeed {results / 'ds_config_optimal.json'}" in command
+    assert f"--per_device_train_batch_size {mbs} " in command
+    trained = subprocess.run(["bash", "-c", command], env=environ, cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert per_device_batch(trained.stdout + trained.stderr) == [mbs]
+    assert f"trained {STEPS} steps of {mbs} samples per device" in trained.stdout
+    assert not (tmp_path / "hf-home").exists()  # nothing was fetched into the Hugging Face cache, nor needed
