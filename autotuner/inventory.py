@@ -29,7 +29,7 @@ class Gpu:
     index: int
     name: str
     memory_total: int
-    memory_free: int
+    memory_free: int | None  # None: not known (a MIG instance `autotune hosts` found with nvidia-smi)
     uuid: str
     mig: int | None = None
     slot: int | None = None

@@ -372,7 +372,8 @@ def _placement(ledger: Ledger, options: Options) -> tuple[Placement, FreeMemory 
         local = reader = FreeMemory()
         measure = lambda host: local.read() if is_local(host) else None  # noqa: E731
     types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
-    return placement_named(name, types, meta.gpu_memory, measure, devices_from_json(meta.devices), meta.slots), reader
+    placement = placement_named(name, types, meta.gpu_memory, measure, devices_from_json(meta.devices), meta.slots)
+    return placement, reader
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,

@@ -43,10 +43,14 @@ def mixed_machine(free_3g: int = 19 * GiB) -> FakeNvml:
 
 
 def test_the_fake_has_pynvmls_names_and_parameters():
-    for name, fake in inspect.getmembers(FakeNvml, inspect.isfunction):
-        if name.startswith("nvml"):
-            real = list(inspect.signature(getattr(pynvml, name)).parameters)
-            assert list(inspect.signature(fake).parameters)[1:] == real[:len(real) - (name == "nvmlDeviceGetMemoryInfo")]
+    """Every call the fake answers is pynvml's, with its required parameters (the fake omits optional ones)."""
+    faked = [(name, fake) for name, fake in inspect.getmembers(FakeNvml, inspect.isfunction) if name.startswith("nvml")]
+    assert {"nvmlDeviceGetMigMode", "nvmlDeviceGetMaxMigDeviceCount", "nvmlDeviceGetMigDeviceHandleByIndex"} <= {
+        name for name, _ in faked}
+    for name, fake in faked:
+        real = inspect.signature(getattr(pynvml, name)).parameters.values()
+        required = [p.name for p in real if p.default is inspect.Parameter.empty]
+        assert list(inspect.signature(fake).parameters)[1:] == required, name
 
 
 # --- inventory -----------------------------------------------------------------------------------------------
@@ -216,3 +220,43 @@ def test_a_sweep_on_mig_instances_and_a_whole_gpu_runs_each_attempt_on_its_own_d
                                                                         in cmd) == (slot != 1)
     snap = autotuner.snapshot(directory)
     assert snap.types == [WHOLE, TYPE_3G, TYPE_2G] and set(snap.best_by_type) == set(snap.types)
+
+
+# --- autotune hosts ------------------------------------------------------------------------------------------
+NVIDIA_SMI = """\
+#!/bin/sh
+# Stands in for nvidia-smi (this machine has no GPU): the two queries the probe makes, as a driver >= R470 answers
+# them on a host whose GPU 0 is in MIG mode.
+if [ "$1" = "-L" ]; then
+  echo "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)"
+  echo "  MIG 3g.20gb     Device  0: (UUID: %s)"
+  echo "  MIG 2g.10gb     Device  1: (UUID: %s)"
+  echo "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-whole)"
+else
+  echo "0, NVIDIA A100-SXM4-40GB, 40000, 40960, GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77"
+  echo "1, NVIDIA A100-SXM4-80GB, 70000, 81920, GPU-whole"
+fi
+""" % (MIG_3G, MIG_2G)
+
+
+def test_hosts_shows_a_gpu_in_mig_mode_as_its_mig_instances(tmp_path):
+    """The probe's own shell script, run here with a stand-in nvidia-smi first on PATH."""
+    from autotuner.hostfile import parse_hostfile
+    from autotuner.ssh.probe import parse_probe, probe_script
+    from autotuner.views.tables import render_hosts
+
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(NVIDIA_SMI)
+    smi.chmod(0o755)
+    path = f"{smi.parent}:{__import__('os').environ['PATH']}"
+    out = subprocess.run(["sh", "-c", probe_script(sys.executable)], capture_output=True, text=True,
+                         env={"PATH": path}, timeout=60)
+    report = parse_probe("gpu-1", out.stdout)
+    assert [(g.index, g.mig, g.name, g.memory_total, g.memory_free, g.uuid) for g in report.gpus] == [
+        (0, 0, "NVIDIA A100-SXM4-40GB MIG 3g.20gb", 20 * 10**9, None, MIG_3G),
+        (0, 1, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * 10**9, None, MIG_2G),
+        (1, None, "NVIDIA A100-SXM4-80GB", 81920 << 20, 70000 << 20, "GPU-whole")]
+    table = render_hosts("t", parse_hostfile("gpu-1 slots=3\n"), [report], "table")
+    row = " ".join(table.split())
+    assert "NVIDIA A100-SXM4-40GB MIG 3g.20gb 19 GiB" in row and "NVIDIA A100-SXM4-80GB 68/80 GiB free" in row
