@@ -35,6 +35,7 @@ from .tags import TAG_ENV
 # Master ports are drawn below Linux's default ephemeral range (32768-60999): between the moment a port is
 # chosen and the moment DeepSpeed's rank 0 binds it (seconds later), no outgoing connection can take it.
 MASTER_PORTS = (20000, 32767)
+DEFAULT_MASTER_PORT = 29500  # DeepSpeed's own default, for a command a person runs
 START_PROFILE_STEP = 3
 END_PROFILE_STEP = 5
 
@@ -162,15 +163,18 @@ def _mig_command(experiment: Experiment, reservation: Reservation, ds_config: Ma
     """One rank on one MIG instance, through DeepSpeed's per-node launcher: its world is this host with the MIG
     UUID as its one GPU id, which it sets as the rank's CUDA_VISIBLE_DEVICES (and LOCAL_RANK 0, WORLD_SIZE 1,
     `--local_rank=0`, as for any one-GPU run). The launcher's own environment names the instance too."""
-    world = base64.urlsafe_b64encode(json.dumps({reservation.hosts[0]: [mig]}).encode()).decode()
-    argv = [
-        launcher_python(launcher.executable), "-u", "-m", "deepspeed.launcher.launch",
-        f"--world_info={world}", f"--master_addr={launcher.master_addr}", f"--master_port={master_port}",
-        experiment.script,
-        *with_config_arg(experiment.args, encode_config(ds_config), experiment.config_flag),
-    ]
+    argv = per_node_argv(launcher, reservation.hosts[0], mig, master_port, experiment.script,
+                         with_config_arg(experiment.args, encode_config(ds_config), experiment.config_flag))
     full_env = {**(env or {}), **experiment.env, VISIBLE_DEVICES: mig, TAG_ENV: tag, METRICS_PATH_ENV: metric_path}
     return Command(tuple(argv), full_env, cwd)
+
+
+def per_node_argv(launcher: Launcher, host: str, mig: str, master_port: int, script: str,
+                  args: Sequence[str]) -> list[str]:
+    """DeepSpeed's per-node launcher running `script` as one rank on the MIG instance `mig` of `host`."""
+    world = base64.urlsafe_b64encode(json.dumps({host: [mig]}).encode()).decode()
+    return [launcher_python(launcher.executable), "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            f"--master_addr={launcher.master_addr}", f"--master_port={master_port}", script, *args]
 
 
 VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -199,8 +203,14 @@ def launcher_python(executable: tuple[str, ...]) -> str:
 
 
 def optimal_command(experiment: Experiment, config_path: str, launcher: Launcher = Launcher(),
-                    env: Mapping[str, str] | None = None) -> str:
-    """A runnable training command for the winner: its config file, any slots of the right shape."""
+                    env: Mapping[str, str] | None = None, mig: str | None = None) -> str:
+    """A runnable training command for the winner: its config file, any slots of the right shape. A winner of a
+    MIG instance (`mig`, its UUID) runs as it did, through DeepSpeed's per-node launcher on that instance: the
+    `deepspeed` runner cannot name one (another instance of the type: its UUID in place of this one's)."""
+    if mig is not None:
+        args = with_config_arg(experiment.args, config_path, experiment.config_flag)
+        argv = per_node_argv(launcher, "localhost", mig, DEFAULT_MASTER_PORT, experiment.script, args)
+        return shell_line(argv, {**(env or {}), **experiment.env, VISIBLE_DEVICES: mig})
     argv = [*launcher.executable]
     if experiment.num_nodes > 1:
         argv += ["--num_nodes", str(experiment.num_nodes)]

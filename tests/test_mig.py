@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import inspect
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -220,23 +221,30 @@ def test_a_sweep_on_mig_instances_and_a_whole_gpu_runs_each_attempt_on_its_own_d
                                                                         in cmd) == (slot != 1)
     snap = autotuner.snapshot(directory)
     assert snap.types == [WHOLE, TYPE_3G, TYPE_2G] and set(snap.best_by_type) == set(snap.types)
+    # Each type's best, runnable as it ran: a MIG type's through the per-node launcher on its instance.
+    words = shlex.split((directory / f"cmd_optimal.{TYPE_3G}.txt").read_text())
+    assert words[0] == f"CUDA_VISIBLE_DEVICES={MIG_3G}" and words[2:5] == ["-u", "-m", "deepspeed.launcher.launch"]
+    assert json.loads(base64.urlsafe_b64decode(words[5].removeprefix("--world_info="))) == {"localhost": [MIG_3G]}
+    assert words[-2:] == ["--deepspeed_config", str((directory / f"ds_config_optimal.{TYPE_3G}.json").resolve())]
+    whole = shlex.split((directory / f"cmd_optimal.{WHOLE}.txt").read_text())
+    assert "--num_gpus" in whole and not any("MIG" in w for w in whole)
 
 
 # --- autotune hosts ------------------------------------------------------------------------------------------
-NVIDIA_SMI = """\
+NVIDIA_SMI = f"""\
 #!/bin/sh
 # Stands in for nvidia-smi (this machine has no GPU): the two queries the probe makes, as a driver >= R470 answers
 # them on a host whose GPU 0 is in MIG mode.
 if [ "$1" = "-L" ]; then
   echo "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77)"
-  echo "  MIG 3g.20gb     Device  0: (UUID: %s)"
-  echo "  MIG 2g.10gb     Device  1: (UUID: %s)"
+  echo "  MIG 3g.20gb     Device  0: (UUID: {MIG_3G})"
+  echo "  MIG 2g.10gb     Device  1: (UUID: {MIG_2G})"
   echo "GPU 1: NVIDIA A100-SXM4-80GB (UUID: GPU-whole)"
 else
   echo "0, NVIDIA A100-SXM4-40GB, 40000, 40960, GPU-5d5ba0d6-d33d-2b2c-524d-9e3d8d2b8a77"
   echo "1, NVIDIA A100-SXM4-80GB, 70000, 81920, GPU-whole"
 fi
-""" % (MIG_3G, MIG_2G)
+"""
 
 
 def test_hosts_shows_a_gpu_in_mig_mode_as_its_mig_instances(tmp_path):

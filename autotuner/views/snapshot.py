@@ -92,6 +92,15 @@ class Snapshot:
         own (MIG instances)."""
         return {h: {i: str(d.get("gpu_type")) for i, d in own.items()} for h, own in (self.meta.devices or {}).items()}
 
+    def mig_of(self, attempt: Attempt) -> str | None:
+        """The UUID of the MIG instance an attempt ran on; None when it ran on anything else."""
+        if len(attempt.slots) != 1:
+            return None
+        ((host, ids),) = attempt.slots.items()
+        device = (self.meta.devices or {}).get(host, {}).get(str(ids[0])) if len(ids) == 1 else None
+        mig = device.get("mig") if device is not None else None
+        return mig if isinstance(mig, str) else None
+
     def type_of(self, attempt: Attempt) -> str | None:
         """The GPU type an attempt ran on, from its recorded slots (a MIG instance's own type) or their hosts':
         `A+B` when it spanned types, `unknown` on hosts of no stated type; None when it never ran."""
