@@ -176,7 +176,8 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
             raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each of one "
                             f"GPU type{' (' + e.gpu_type + ')' if e.gpu_type else ''}; no type has that "
                             f"({_per_type(cluster, named)})"
-                            + ("" if e.gpu_type else "; `gpu_mixed: true` lets it span types"), where,
+                            + ("; `gpu_mixed: true` lets it span types" if not e.gpu_type and by_type.could_fit(
+                                pool, Queued(replace(e, gpu_mixed=True), 1)) else ""), where,
                             origin.line_of("num_nodes" if e.num_nodes > 1 else "num_gpus") if origin else None)
         if e.gpu_memory and not by_size.could_fit(pool, queued):
             largest = max([*(cluster.memory[h] for h, t in kinds.items() if h in cluster.memory

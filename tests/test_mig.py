@@ -145,6 +145,11 @@ def test_a_sweep_that_needs_more_than_one_gpu_on_mig_instances_only_is_refused_a
     assert str(info.value) == (f"{tmp_path / 'sweep.hjson'}:4: experiment s_x1 needs 1 node(s) with 2 GPU(s) each; "
                                "the cluster has only MIG instances, and a process can use one MIG instance only")
     check_fits(autotuner.load_sweep([sweep_file(tmp_path)]), cluster)  # one GPU each: fine
+    beside_one_gpu = local_or_hostfile_cluster(None, nvml=mixed_machine())  # one whole GPU, two MIG instances
+    with pytest.raises(UserError) as info:
+        check_fits(autotuner.load_sweep([sweep_file(tmp_path, "  num_gpus: 2\n")]), beside_one_gpu)
+    assert str(info.value).endswith(f"({WHOLE}: 1 node(s), at most 1 slot(s) on one; {TYPE_3G}: MIG instances, one "
+                                    f"GPU each; {TYPE_2G}: MIG instances, one GPU each)")  # no hint to mix types
 
 
 # --- launch --------------------------------------------------------------------------------------------------
