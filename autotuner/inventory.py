@@ -11,7 +11,7 @@ GPU index, in NVML order (GPU, then MIG index).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,11 +175,16 @@ def gpu_type(gpus: Sequence[Gpu]) -> str | None:
 class FreeMemory:
     """Free memory of this machine's GPUs, read from NVML whenever asked: what the memory placement checks at
     the moment it places. One NVML session for the reader's life (an init per placement would cost more than
-    the reads); `close` ends it. No GPU or no driver reads as None: not measured, never an error."""
+    the reads); `close` ends it. No GPU or no driver reads as None: not measured, never an error.
 
-    def __init__(self, nvml: Any = None):
+    `mig`: the MIG instances a sweep recorded, slot id -> UUID. Their free memory is then read under those slot
+    ids, found by UUID, so that instances made or destroyed since (which move the slot ids `find_gpus` would give)
+    are never mistaken for them: an instance not recorded is left out, a recorded one gone reads as absent."""
+
+    def __init__(self, nvml: Any = None, mig: Mapping[int, str] | None = None):
         self._nvml = nvml
         self._ready: bool | None = None  # None: not tried yet
+        self._mig = {uuid: slot for slot, uuid in (mig or {}).items()}
 
     def _open(self) -> bool:
         if self._ready is None:
@@ -205,8 +210,13 @@ class FreeMemory:
         nvml = self._nvml
         free: dict[int, int] = {}
         try:
-            for slot, _index, _mig, handle in _devices(nvml):
+            for slot, _index, mig, handle in _devices(nvml):
                 with contextlib.suppress(nvml.NVMLError):
+                    if mig is not None and self._mig:
+                        recorded = self._mig.get(_text(nvml.nvmlDeviceGetUUID(handle)))
+                        if recorded is None:
+                            continue
+                        slot = recorded
                     free[slot] = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
         except nvml.NVMLError:
             return None

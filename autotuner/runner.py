@@ -369,7 +369,9 @@ def _placement(ledger: Ledger, options: Options) -> tuple[Placement, FreeMemory 
     reader = None
     measure: Callable[[str], dict[int, int] | None] | None = None
     if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
-        local = reader = FreeMemory()
+        recorded = devices_from_json(meta.devices)
+        mig = {i: d.mig for h, own in recorded.items() if is_local(h) for i, d in own.items() if d.mig}
+        local = reader = FreeMemory(mig=mig)
         measure = lambda host: local.read() if is_local(host) else None  # noqa: E731
     types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
     placement = placement_named(name, types, meta.gpu_memory, measure, devices_from_json(meta.devices), meta.slots)

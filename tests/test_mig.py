@@ -64,6 +64,17 @@ def test_a_gpu_in_mig_mode_gives_its_instances_and_a_whole_gpu_stays_as_it_was()
     assert FreeMemory(mixed_machine(free_3g=5 * GiB)).read() == {2: 5 * GiB, 3: 9 * GiB, 1: 70 * GiB}
 
 
+def test_free_memory_follows_the_recorded_instances_by_uuid_when_the_mig_layout_changed():
+    nvml = mixed_machine()
+    assert nvml.devices[0].mig is not None
+    nvml.devices[0].mig[1] = FakeDevice("NVIDIA A100-SXM4-40GB MIG 1g.5gb", 5 * GiB, 4 * GiB, "MIG-new")
+    assert [g.slot_id for g in find_gpus(nvml)[0]] == [2, 3, 4, 1]  # the 2g.10gb would now read as slot 4
+    reader = FreeMemory(nvml, mig={2: MIG_3G, 3: MIG_2G})  # as the sweep recorded them
+    assert reader.read() == {2: 19 * GiB, 3: 9 * GiB, 1: 70 * GiB}
+    nvml.devices[0].mig[2] = None  # the 2g.10gb destroyed: no reading, so the memory placement never picks it
+    assert reader.read() == {2: 19 * GiB, 1: 70 * GiB}
+
+
 def test_a_mig_instance_named_without_its_profile_still_reads_as_mig():
     nvml = mixed_machine()
     instance = nvml.devices[0].mig[0]  # type: ignore[index]
@@ -273,3 +284,21 @@ def test_hosts_shows_a_gpu_in_mig_mode_as_its_mig_instances(tmp_path):
     table = render_hosts("t", parse_hostfile("gpu-1 slots=3\n"), [report], "table")
     row = " ".join(table.split())
     assert "NVIDIA A100-SXM4-40GB MIG 3g.20gb 19 GiB" in row and "NVIDIA A100-SXM4-80GB 68/80 GiB free" in row
+
+
+def test_the_memory_placement_of_a_sweep_puts_runs_only_on_the_instance_with_room(tmp_path, monkeypatch):
+    """Through the runner: another user's process fills the whole GPU, the 2g.10gb is too small for 12 GB, so
+    both runs go to the 3g.20gb instance, one after the other, read by its UUID."""
+    nvml = mixed_machine()
+    nvml.devices[1].free = 2 * GiB
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "standin.py").write_text(STANDIN)
+    sweep = autotuner.load_sweep([sweep_file(tmp_path, '  gpu_memory: "12GB"\n', script="standin.py", count=2)])
+    directory = autotuner.prepare(sweep, autotuner.load_cluster(), tmp_path / "r")
+    assert autotuner.execute(directory, autotuner.Options(placement="memory", grace=1.0)).exit_code == 0
+    with Ledger.open(directory) as ledger:
+        attempts = ledger.latest()
+    assert [a.slots for a in attempts] == [{"localhost": [2]}] * 2
+    assert {json.loads((directory / a.name / "seen.json").read_text())["CUDA_VISIBLE_DEVICES"]
+            for a in attempts} == {MIG_3G}
