@@ -90,8 +90,9 @@ def _with_mig(found: LocalSlots, include: str, exclude: str) -> Cluster:
     chosen = {h: ids for h, ids in chosen.items() if ids}
     if not chosen:
         mig = sorted(g.slot_id for g in found.gpus if g.mig is not None)
-        raise UserError(f"{'--include' if include else '--exclude'} leaves no slot: a GPU in MIG mode is no slot "
-                        f"itself, its MIG instances are (slots {', '.join(map(str, mig))} of localhost)")
+        flag, listed = "--include" if include else "--exclude", ", ".join(map(str, mig))
+        raise UserError(f"{flag} leaves no slot on this machine (a GPU in MIG mode is no slot itself; its MIG "
+                        f"instances are: slots {listed} of localhost)")
     plain = [by_slot[i] for ids in chosen.values() for i in ids if by_slot[i].mig is None]
     devices = {h: {i: _device(by_slot[i]) for i in ids if by_slot[i].mig is not None} for h, ids in chosen.items()}
     kind = inventory.gpu_type(plain) if plain else None

@@ -90,7 +90,8 @@ def test_this_machine_as_a_cluster_has_a_slot_per_mig_instance_of_its_own_type()
     assert cluster.devices == {"localhost": {2: Device(TYPE_3G, 20 * GiB, MIG_3G),
                                              3: Device(TYPE_2G, 10 * GiB, MIG_2G)}}
     assert local_or_hostfile_cluster(None, "localhost:2", nvml=mixed_machine()).slots == {"localhost": (2,)}
-    with pytest.raises(UserError, match=r"a GPU in MIG mode is no slot itself, its MIG instances are \(slots 2, 3"):
+    with pytest.raises(UserError, match=r"--include leaves no slot on this machine \(a GPU in MIG mode is no slot "
+                                        r"itself; its MIG instances are: slots 2, 3 of localhost\)"):
         local_or_hostfile_cluster(None, "localhost:0", nvml=mixed_machine())
 
 

@@ -466,7 +466,7 @@ class ByType:
         smallest: dict[tuple[str | None, bool], list[int | None]] = {}
         for host, gpu_type in types.items():  # every host of the pool, in hostfile order
             own = devices.get(host, {})
-            plain = [i for i in slots.get(host, ()) if i not in own]
+            plain = [i for i in slots.get(host, ()) if i not in own] if own else []
             if not own or plain:
                 members.setdefault((gpu_type, False), {})[host] = set(plain) if own else None
                 smallest.setdefault((gpu_type, False), []).append(sizes.get(host))
