@@ -420,7 +420,13 @@ class GpuMemory:
     def _holding(self, host: str, ids: list[int], need: int) -> list[int]:
         """Those of `ids` whose GPU has room for `need` bytes."""
         free = self.measure(host) if self.measure is not None else None
-        own = self.devices.get(host, {})
+        own = self.devices.get(host)
+        if not own:  # every GPU of the host alike: one size (the common case, kept quick for `plan` at scale)
+            size = self.sizes.get(host)
+            if free is None:
+                return ids if size is None or size - headroom(size) >= need else []
+            margin = headroom(size) if size is not None else GiB
+            return [i for i in ids if free.get(i, 0) - margin >= need]
         held = []
         for i in ids:
             device = own.get(i)
