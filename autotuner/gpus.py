@@ -24,7 +24,7 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 # The memory a type's name states ("A100-80GB", "H100-80GB-HBM3"): a number right before GB or GiB.
 _NAMED_SIZE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)(GB|GiB)(?![A-Za-z])", re.IGNORECASE)
 # A MIG instance's type ends in its profile ("A100-SXM4-40GB-MIG-3g.20gb"): its memory is the profile's, not the GPU's.
-_MIG_SIZE = re.compile(r"-MIG-\d+g\.(\d+(?:\.\d+)?)gb", re.IGNORECASE)
+_MIG_SIZE = re.compile(r"-MIG-(?:\d+c\.)?\d+g\.(\d+(?:\.\d+)?)gb", re.IGNORECASE)  # 1c.3g.20gb: a compute instance
 
 
 def type_problem(value: object) -> str | None:

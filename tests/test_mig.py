@@ -83,6 +83,17 @@ def test_a_mig_instance_named_without_its_profile_still_reads_as_mig():
     assert find_gpus(nvml)[0][0].name == "NVIDIA A100-SXM4-40GB MIG 20gb"
 
 
+@pytest.mark.parametrize(("name", "gpu_type", "size"), [
+    ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", TYPE_3G, 20 * 10**9),
+    ("NVIDIA A100-SXM4-40GB MIG 1c.3g.20gb", "A100-SXM4-40GB-MIG-1c.3g.20gb", 20 * 10**9),  # a compute instance
+    ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "H100-80GB-HBM3-MIG-1g.10gb-me", 10 * 10**9),
+])
+def test_a_mig_type_states_its_profiles_memory_not_its_gpus(name, gpu_type, size):
+    from autotuner.gpus import size_of_type, type_of_gpu
+
+    assert type_of_gpu(name, size) == gpu_type and size_of_type(gpu_type) == size
+
+
 def test_this_machine_as_a_cluster_has_a_slot_per_mig_instance_of_its_own_type():
     cluster = local_or_hostfile_cluster(None, nvml=mixed_machine())
     assert cluster.slots == {"localhost": (1, 2, 3)} and cluster.capacity == {"localhost": 4}
