@@ -70,6 +70,7 @@ def _devices(nvml: Any, errors: list[str] | None = None) -> Iterator[tuple[int, 
             if errors is not None:
                 errors.append(f"device {index}: {e}")
             continue
+        before = following
         for mig in range(slots):
             try:
                 instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig)
@@ -81,6 +82,8 @@ def _devices(nvml: Any, errors: list[str] | None = None) -> Iterator[tuple[int, 
                 continue
             yield following, index, mig, instance
             following += 1
+        if following == before and errors is not None:
+            errors.append(f"device {index} is in MIG mode without MIG instances (`nvidia-smi mig -cgi` makes them)")
 
 
 def _mig_name(name: str, parent: str, total: int) -> str:

@@ -75,6 +75,12 @@ def test_free_memory_follows_the_recorded_instances_by_uuid_when_the_mig_layout_
     assert reader.read() == {2: 19 * GiB, 1: 70 * GiB}
 
 
+def test_a_gpu_in_mig_mode_without_instances_gives_no_slot_and_says_why():
+    nvml = FakeNvml([FakeDevice("NVIDIA A100-SXM4-40GB", 40 * GiB, 0, "GPU-parent", mig=[None] * 7)])
+    with pytest.raises(UserError, match=r"no GPU found on this machine \(NVML: device 0 is in MIG mode without MIG "):
+        local_or_hostfile_cluster(None, nvml=nvml)
+
+
 def test_a_mig_instance_named_without_its_profile_still_reads_as_mig():
     nvml = mixed_machine()
     instance = nvml.devices[0].mig[0]  # type: ignore[index]
