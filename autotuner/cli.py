@@ -535,7 +535,8 @@ def plan(
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
             placements=placements, spread=spread, samples=samples, seed=seed,
-            timeout=autotuner.timeout_seconds(timeout), types=cluster.host_types, sizes=cluster.memory)
+            timeout=autotuner.timeout_seconds(timeout), types=cluster.host_types, sizes=cluster.memory,
+            devices=cluster.devices)
         text = autotuner.render_plan(predicted, fmt.value, _screen())
         drawn = autotuner.write_plan_plot(predicted, plot) if plot is not None else None
     except UserError as e:

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import inventory
 from .core.events import Queued
-from .core.resources import ByType, Pack, SlotPool, headroom
+from .core.resources import ByType, Device, Devices, Pack, SlotPool, headroom
 from .errors import UserError, shown
-from .gpus import show_size, size_of_type
+from .gpus import show_size, size_of_type, type_of_gpu
 from .hostfile import Host, is_local, load_hostfile, localhost_hosts, select_slots
-from .inventory import local_inventory
+from .inventory import Gpu, LocalSlots, local_inventory
 from .spec import Sweep
 
 
@@ -31,6 +32,8 @@ class Cluster:
     types: Mapping[str, str] = field(default_factory=dict)  # host -> GPU type; a host not here: unknown
     memory: Mapping[str, int] = field(default_factory=dict)  # host -> bytes per GPU, where known
     slurm: Mapping[str, Any] | None = None  # the Slurm allocation it is (`Allocation.to_json`), if one
+    # host -> slot id -> the slots unlike their host's others (this machine's MIG instances): own type and memory
+    devices: Devices = field(default_factory=dict)
 
     @classmethod
     def of(cls, hosts: Mapping[str, Host], selection: Mapping[str, Sequence[int]], accelerator: str) -> Cluster:
@@ -44,6 +47,11 @@ class Cluster:
     def host_types(self) -> dict[str, str | None]:
         """Every host's GPU type (None: unknown), in hostfile order: what a placement keeps experiments within."""
         return {h: self.types.get(h) for h in self.slots}
+
+    def type_of_slot(self, host: str, slot: int) -> str | None:
+        """The GPU type of one slot: its device's own, else its host's (None: unknown)."""
+        device = self.devices.get(host, {}).get(slot)
+        return device.gpu_type if device is not None else self.types.get(host)
 
     @property
     def env(self) -> dict[str, str]:
@@ -62,12 +70,40 @@ def local_or_hostfile_cluster(hostfile: Path | None, include: str = "", exclude:
         accelerator = "cpu" if all(h.attrs.get("accelerator") == "cpu" for h in hosts.values()) else "cuda"
         return Cluster.of(hosts, select_slots(hosts, include, exclude), accelerator)
     found = local_inventory(cpu_slots, nvml)
+    if any(g.mig is not None for g in found.gpus):
+        return _with_mig(found, include, exclude)
     hosts = localhost_hosts(found.count)
     cluster = Cluster.of(hosts, select_slots(hosts, include, exclude), found.accelerator)
     if found.gpu_type is None:
         return cluster
     local = {h: found.gpu_type for h in cluster.slots}
     return replace(cluster, types=local, memory={h: found.memory for h in local if found.memory is not None})
+
+
+def _with_mig(found: LocalSlots, include: str, exclude: str) -> Cluster:
+    """This machine with GPUs in MIG mode: whole GPUs are slots as ever (their NVML index); each MIG instance is
+    a slot of its own id (see inventory), a `Device` of its own type, memory and UUID. A GPU in MIG mode is no
+    slot: `--include localhost:N` naming one is refused."""
+    by_slot = {g.slot_id: g for g in found.gpus}
+    hosts = localhost_hosts(max(by_slot) + 1)
+    chosen = {h: tuple(i for i in ids if i in by_slot) for h, ids in select_slots(hosts, include, exclude).items()}
+    chosen = {h: ids for h, ids in chosen.items() if ids}
+    if not chosen:
+        mig = sorted(g.slot_id for g in found.gpus if g.mig is not None)
+        flag, listed = "--include" if include else "--exclude", ", ".join(map(str, mig))
+        raise UserError(f"{flag} leaves no slot on this machine (a GPU in MIG mode is no slot itself; its MIG "
+                        f"instances are: slots {listed} of localhost)")
+    plain = [by_slot[i] for ids in chosen.values() for i in ids if by_slot[i].mig is None]
+    devices = {h: {i: _device(by_slot[i]) for i in ids if by_slot[i].mig is not None} for h, ids in chosen.items()}
+    kind = inventory.gpu_type(plain) if plain else None
+    return Cluster(chosen, {h: hosts[h].slots for h in chosen}, found.accelerator,
+                   {h: kind for h in chosen} if kind else {},
+                   {h: min(g.memory_total for g in plain) for h in chosen} if plain else {},
+                   devices={h: d for h, d in devices.items() if d})
+
+
+def _device(gpu: Gpu) -> Device:
+    return Device(type_of_gpu(gpu.name, gpu.memory_total), gpu.memory_total, gpu.uuid)
 
 
 def spec_hostfile(sweep: Sweep, hostfile: Path | None, cpu_slots: int | None) -> tuple[Path | None, str | None]:
@@ -115,13 +151,21 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
     need (`gpu_memory`) on GPUs of a size it can have. Each refusal is one line at the key that asks."""
     pool = SlotPool(cluster.slots)
     kinds = cluster.host_types
-    named = list(dict.fromkeys(t for t in kinds.values() if t is not None))
-    by_type = ByType(Pack(), kinds)
-    by_size = ByType(Pack(), kinds, cluster.memory)
+    named = list(dict.fromkeys([*(t for t in kinds.values() if t is not None),
+                                *(d.gpu_type for own in cluster.devices.values() for d in own.values())]))
+    by_type = ByType(Pack(), kinds, devices=cluster.devices, slots=cluster.slots)
+    by_size = ByType(Pack(), kinds, cluster.memory, cluster.devices, cluster.slots)
+    only_mig = bool(cluster.devices) and all(
+        all(i in cluster.devices.get(h, {}) and cluster.devices[h][i].mig for i in ids)
+        for h, ids in cluster.slots.items())
     for e in sweep.experiments:
         origin = sweep.origins.get(e.name)
         where = origin.path if origin else e.source
         queued = Queued(e, 1)
+        if only_mig and (e.num_gpus > 1 or e.num_nodes > 1):
+            raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} GPU(s) each; the "
+                            "cluster has only MIG instances, and a process can use one MIG instance only",
+                            where, origin.line_of("num_nodes" if e.num_nodes > 1 else "num_gpus") if origin else None)
         if e.gpu_type is not None and e.gpu_type not in named:
             told = sweep.inputs is not None and sweep.inputs.gpu_type == e.gpu_type
             has = f"GPU types: {', '.join(named[:8])}" if named else "no host states a GPU type (gpu= in the hostfile)"
@@ -133,22 +177,30 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
             raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each of one "
                             f"GPU type{' (' + e.gpu_type + ')' if e.gpu_type else ''}; no type has that "
                             f"({_per_type(cluster, named)})"
-                            + ("" if e.gpu_type else "; `gpu_mixed: true` lets it span types"), where,
+                            + ("; `gpu_mixed: true` lets it span types" if not e.gpu_type and by_type.could_fit(
+                                pool, Queued(replace(e, gpu_mixed=True), 1)) else ""), where,
                             origin.line_of("num_nodes" if e.num_nodes > 1 else "num_gpus") if origin else None)
         if e.gpu_memory and not by_size.could_fit(pool, queued):
-            largest = max((cluster.memory[h] for h, t in kinds.items() if h in cluster.memory
-                           and (e.gpu_type is None or t == e.gpu_type)), default=0)
+            largest = max([*(cluster.memory[h] for h, t in kinds.items() if h in cluster.memory
+                             and (e.gpu_type is None or t == e.gpu_type)),
+                           *(d.memory for own in cluster.devices.values() for d in own.values() if d.memory
+                             and (e.gpu_type is None or d.gpu_type == e.gpu_type))], default=0)
             raise UserError(f"experiment {e.name} needs {show_size(e.gpu_memory)} on each GPU; the GPUs it may "
                             f"use have {show_size(largest)}, {show_size(headroom(largest))} of it kept free",
                             where, origin.gpu_memory or origin.line if origin else None)
 
 
 def _per_type(cluster: Cluster, named: Sequence[str]) -> str:
-    """Each type's node count and widest node, for a message: `A100-80GB: 2 node(s), at most 8 slot(s) on one`."""
+    """Each type's node count and widest node, for a message: `A100-80GB: 2 node(s), at most 8 slot(s) on one`;
+    MIG instances as such (they take one GPU each)."""
     parts = []
     for gpu_type in [*named[:4], None]:
-        hosts = [h for h, t in cluster.host_types.items() if t == gpu_type]
-        if hosts:
-            widest = max(len(cluster.slots[h]) for h in hosts)
-            parts.append(f"{gpu_type or 'unknown'}: {len(hosts)} node(s), at most {widest} slot(s) on one")
+        widths = {h: sum(1 for i in ids if cluster.type_of_slot(h, i) == gpu_type)
+                  for h, ids in cluster.slots.items()}
+        hosts = [h for h, n in widths.items() if n]
+        if not hosts:
+            continue
+        mig = any(d.mig for own in cluster.devices.values() for d in own.values() if d.gpu_type == gpu_type)
+        parts.append(f"{gpu_type or 'unknown'}: " + ("MIG instances, one GPU each" if mig else
+                     f"{len(hosts)} node(s), at most {max(widths[h] for h in hosts)} slot(s) on one"))
     return "; ".join(parts)

@@ -27,7 +27,8 @@ from . import exitstatus, tags
 from .attempt import prepare_directory, record_attempt
 from .cleanup import end_group
 from .core.events import Finished, Key, Launched, Post, Run
-from .launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
+from .core.resources import Devices
+from .launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, mig_of, with_autotuning
 from .metrics import Metric
 from .outcome import Outcome
 from .ports import free_port
@@ -132,6 +133,7 @@ class LocalExecutor:
     launcher: Launcher = field(default_factory=Launcher)
     env: Mapping[str, str] = field(default_factory=dict)
     grace: float = 10.0
+    devices: Devices = field(default_factory=dict)  # this machine's MIG instances, by host and slot id
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -205,7 +207,7 @@ class LocalExecutor:
         return config, deepspeed_command(
             run.experiment, run.reservation, config, hostfile=self.hostfile, master_port=port,
             metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
-            launcher=self.launcher, env=self.env)
+            launcher=self.launcher, env=self.env, mig=mig_of(run.reservation, self.devices))
 
     def announce(self, run: Run, proc: Child, port: int, post: Post) -> None:
         """Tell the dispatcher the attempt runs (its pid is recorded): at once, here."""

@@ -23,6 +23,8 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 # The memory a type's name states ("A100-80GB", "H100-80GB-HBM3"): a number right before GB or GiB.
 _NAMED_SIZE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)(GB|GiB)(?![A-Za-z])", re.IGNORECASE)
+# A MIG instance's type ends in its profile ("A100-SXM4-40GB-MIG-3g.20gb"): its memory is the profile's, not the GPU's.
+_MIG_SIZE = re.compile(r"-MIG-(?:\d+c\.)?\d+g\.(\d+(?:\.\d+)?)gb", re.IGNORECASE)  # 1c.3g.20gb: a compute instance
 
 
 def type_problem(value: object) -> str | None:
@@ -73,8 +75,10 @@ def type_of_gpu(name: str, total: int) -> str:
 
 def size_of_type(gpu_type: str) -> int | None:
     """The memory per GPU a type's name states ("A100-80GB": 80 GB), None when it states none. GB is read as
-    10^9 bytes, a little less than the GPU has (an "80GB" A100 has 80 GiB): never more than is there."""
-    m = _NAMED_SIZE.search(gpu_type)
+    10^9 bytes, a little less than the GPU has (an "80GB" A100 has 80 GiB): never more than is there. A MIG
+    instance's type states its profile's memory ("...-MIG-3g.20gb": 20 GB)."""
+    m = _MIG_SIZE.search(gpu_type) or _NAMED_SIZE.search(gpu_type)
     if m is None:
         return None
-    return math.floor(float(m[1]) * (GiB if m[2].lower() == "gib" else 10**9)) or None
+    gib = m.re is _NAMED_SIZE and m[2].lower() == "gib"
+    return math.floor(float(m[1]) * (GiB if gib else 10**9)) or None

@@ -2,33 +2,94 @@
 
 NVML answers without creating a CUDA context, so the CLI can count GPUs without importing torch. A machine with
 no GPU or no driver is a normal state here (a laptop, a CPU test rig): it gives an empty list, never a crash.
+
+A GPU in MIG mode runs no CUDA work itself: its MIG instances do, each with its own memory and UUID, and a CUDA
+process can use one of them only. So such a GPU is not a slot; each of its MIG instances is. Slot ids: a whole
+GPU keeps its NVML index (what DeepSpeed's `--include host:N` names), MIG instances are numbered after the last
+GPU index, in NVML order (GPU, then MIG index).
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import limits
 from .errors import UserError, shown
-from .gpus import type_of_gpu
+from .gpus import GiB, type_of_gpu
 
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU as NVML sees it. Memory in bytes; `index` is NVML's, which ignores CUDA_VISIBLE_DEVICES."""
+    """One GPU, or one MIG instance, as NVML sees it. Memory in bytes; `index` is NVML's (for a MIG instance,
+    its GPU's), which ignores CUDA_VISIBLE_DEVICES; `mig` the instance's index on its GPU, None for a whole GPU;
+    `slot` the slot id a MIG instance is scheduled as (a whole GPU's is its index)."""
 
     index: int
     name: str
     memory_total: int
-    memory_free: int
+    memory_free: int | None  # None: not known (a MIG instance `autotune hosts` found with nvidia-smi)
     uuid: str
+    mig: int | None = None
+    slot: int | None = None
+
+    @property
+    def slot_id(self) -> int:
+        return self.index if self.slot is None else self.slot
 
 
 def _text(value: Any) -> str:
     # Old bindings return bytes, newer ones str.
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _mig_enabled(nvml: Any, handle: Any) -> bool:
+    """Whether the GPU is in MIG mode now (GPUs without MIG answer NotSupported: not in MIG mode)."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError:
+        return False
+    return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def _devices(nvml: Any, errors: list[str] | None = None) -> Iterator[tuple[int, int, int | None, Any]]:
+    """(slot id, GPU index, MIG index or None, handle) of each slot NVML has: whole GPUs, and the MIG instances
+    of GPUs in MIG mode (MIG indices without an instance are skipped). A device that cannot be read is left
+    out, its reason added to `errors`; an error of the device count is raised."""
+    count = nvml.nvmlDeviceGetCount()
+    following = count
+    for index in range(count):
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            if not _mig_enabled(nvml, handle):
+                yield index, index, None, handle
+                continue
+            slots = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nvml.NVMLError as e:
+            if errors is not None:
+                errors.append(f"device {index}: {e}")
+            continue
+        before = following
+        for mig in range(slots):
+            try:
+                instance = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig)
+            except nvml.NVMLError_NotFound:
+                continue
+            except nvml.NVMLError as e:
+                if errors is not None:
+                    errors.append(f"device {index} MIG {mig}: {e}")
+                continue
+            yield following, index, mig, instance
+            following += 1
+        if following == before and errors is not None:
+            errors.append(f"device {index} is in MIG mode without MIG instances (`nvidia-smi mig -cgi` makes them)")
+
+
+def _mig_name(name: str, parent: str, total: int) -> str:
+    """A MIG instance's name as NVML gives it ("NVIDIA A100-SXM4-40GB MIG 3g.20gb"); where it does not say
+    MIG, its GPU's name with the instance's size, so that it never reads as a whole GPU."""
+    return name if "MIG" in name.upper() else f"{parent} MIG {round(total / GiB)}gb"
 
 
 def find_gpus(nvml: Any = None) -> tuple[list[Gpu], str]:
@@ -50,22 +111,25 @@ def find_gpus(nvml: Any = None) -> tuple[list[Gpu], str]:
         return [], str(e) or type(e).__name__
     gpus: list[Gpu] = []
     reason = "no devices"
+    errors: list[str] = []
     try:
-        count = nvml.nvmlDeviceGetCount()
-        for index in range(count):
+        for slot, index, mig, handle in _devices(nvml, errors):
             try:
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-                gpus.append(Gpu(index, _text(nvml.nvmlDeviceGetName(handle)), int(memory.total),
-                                int(memory.free), _text(nvml.nvmlDeviceGetUUID(handle))))
+                name = _text(nvml.nvmlDeviceGetName(handle))
+                if mig is not None:
+                    parent = _text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(index)))
+                    name = _mig_name(name, parent, int(memory.total))
+                gpus.append(Gpu(index, name, int(memory.total), int(memory.free),
+                                _text(nvml.nvmlDeviceGetUUID(handle)), mig, slot if mig is not None else None))
             except error as e:  # a lost or inaccessible device is skipped, the others are still usable
-                reason = f"device {index}: {e}"
+                errors.append(f"device {index}{'' if mig is None else f' MIG {mig}'}: {e}")
     except error as e:
-        reason = str(e) or type(e).__name__
+        errors.append(str(e) or type(e).__name__)
     finally:
         with contextlib.suppress(error):
             nvml.nvmlShutdown()
-    return gpus, reason
+    return gpus, errors[-1] if errors else reason
 
 
 @dataclass(frozen=True)
@@ -77,6 +141,7 @@ class LocalSlots:
     accelerator: str
     gpu_type: str | None = None
     memory: int | None = None  # bytes per GPU: the smallest GPU's
+    gpus: tuple[Gpu, ...] = ()  # each slot's GPU or MIG instance (GPUs only)
 
 
 def local_slots(cpu_slots: int | None, nvml: Any = None) -> tuple[int, str]:
@@ -100,7 +165,7 @@ def local_inventory(cpu_slots: int | None, nvml: Any = None) -> LocalSlots:
         return LocalSlots(cpu_slots, "cpu")
     gpus, reason = find_gpus(nvml)
     if gpus:
-        return LocalSlots(len(gpus), "cuda", gpu_type(gpus), min(g.memory_total for g in gpus))
+        return LocalSlots(len(gpus), "cuda", gpu_type(gpus), min(g.memory_total for g in gpus), tuple(gpus))
     raise UserError(f"no GPU found on this machine (NVML: {reason}); pass --slots N to run on N CPU slots")
 
 
@@ -113,11 +178,16 @@ def gpu_type(gpus: Sequence[Gpu]) -> str | None:
 class FreeMemory:
     """Free memory of this machine's GPUs, read from NVML whenever asked: what the memory placement checks at
     the moment it places. One NVML session for the reader's life (an init per placement would cost more than
-    the reads); `close` ends it. No GPU or no driver reads as None: not measured, never an error."""
+    the reads); `close` ends it. No GPU or no driver reads as None: not measured, never an error.
 
-    def __init__(self, nvml: Any = None):
+    `mig`: the MIG instances a sweep recorded, slot id -> UUID. Their free memory is then read under those slot
+    ids, found by UUID, so that instances made or destroyed since (which move the slot ids `find_gpus` would give)
+    are never mistaken for them: an instance not recorded is left out, a recorded one gone reads as absent."""
+
+    def __init__(self, nvml: Any = None, mig: Mapping[int, str] | None = None):
         self._nvml = nvml
         self._ready: bool | None = None  # None: not tried yet
+        self._mig = {uuid: slot for slot, uuid in (mig or {}).items()}
 
     def _open(self) -> bool:
         if self._ready is None:
@@ -136,15 +206,21 @@ class FreeMemory:
         return self._ready
 
     def read(self) -> dict[int, int] | None:
-        """Free bytes by NVML index (a GPU that cannot be read is left out); None: no GPU is measured here."""
+        """Free bytes by slot id (a GPU's NVML index, a MIG instance's own slot id: its own memory); a device that
+        cannot be read is left out; None: no GPU is measured here."""
         if not self._open():
             return None
         nvml = self._nvml
         free: dict[int, int] = {}
         try:
-            for index in range(nvml.nvmlDeviceGetCount()):
+            for slot, _index, mig, handle in _devices(nvml):
                 with contextlib.suppress(nvml.NVMLError):
-                    free[index] = int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(index)).free)
+                    if mig is not None and self._mig:
+                        recorded = self._mig.get(_text(nvml.nvmlDeviceGetUUID(handle)))
+                        if recorded is None:
+                            continue
+                        slot = recorded
+                    free[slot] = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
         except nvml.NVMLError:
             return None
         return free or None

@@ -4,12 +4,20 @@
 The ds_config travels urlsafe-base64 as the value of `--deepspeed_config` (DeepSpeed's engine accepts a path,
 a dict or that encoding), so no config file has to exist on the node that runs it. The `autotuning` section
 is injected so that DeepSpeed's engine measures the profile steps, writes metrics.json and ends the run.
+
+A MIG instance is named by its UUID, and DeepSpeed's runner (`deepspeed`) takes only whole numbers as GPU ids
+(`--include host:N`, its hostfile's `slots=N`; a UUID in CUDA_VISIBLE_DEVICES makes it fail). Its per-node
+launcher (`python -m deepspeed.launcher.launch`, what the runner itself starts for one node) takes the ids from
+`--world_info`, JSON, and writes them into the rank's CUDA_VISIBLE_DEVICES as they are; so a run on a MIG slot
+is started through that per-node launcher, its world naming the MIG UUID.
 """
 from __future__ import annotations
 
 import base64
 import copy
+import functools
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -17,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .core.resources import Reservation
+from .core.resources import Devices, Reservation
 from .hostfile import format_include
 from .metrics import METRICS_PATH_ENV
 from .spec import Experiment
@@ -27,6 +35,7 @@ from .tags import TAG_ENV
 # Master ports are drawn below Linux's default ephemeral range (32768-60999): between the moment a port is
 # chosen and the moment DeepSpeed's rank 0 binds it (seconds later), no outgoing connection can take it.
 MASTER_PORTS = (20000, 32767)
+DEFAULT_MASTER_PORT = 29500  # DeepSpeed's own default, for a command a person runs
 START_PROFILE_STEP = 3
 END_PROFILE_STEP = 5
 
@@ -115,10 +124,14 @@ def deepspeed_command(
     launcher: Launcher = Launcher(),
     env: Mapping[str, str] | None = None,
     placement: Sequence[str] | None = None,
+    mig: str | None = None,
 ) -> Command:
     """The full launch for one attempt on exactly the reserved slots, running `ds_config`. `placement`: the
     launcher's options that pick the slots, if not `--include` of the reservation (a Slurm step adds its own
-    on each node)."""
+    on each node). `mig`: the UUID of the MIG instance the reservation's one slot is (see the module's doc)."""
+    if mig is not None:
+        return _mig_command(experiment, reservation, ds_config, master_port=master_port, metric_path=metric_path,
+                            tag=tag, cwd=cwd, launcher=launcher, env=env, mig=mig)
     if placement is None:
         placement = ("--include", format_include(reservation.as_dict()), "--no_ssh_check")
     argv = [
@@ -135,9 +148,69 @@ def deepspeed_command(
     return Command(tuple(argv), full_env, cwd)
 
 
+def mig_of(reservation: Reservation, devices: Devices) -> str | None:
+    """The MIG UUID of a reservation's one slot, None when it is not a MIG instance."""
+    if len(reservation.slots) != 1 or len(reservation.slots[0][1]) != 1:
+        return None
+    host, (slot,) = reservation.slots[0]
+    device = devices.get(host, {}).get(slot)
+    return device.mig if device is not None else None
+
+
+def _mig_command(experiment: Experiment, reservation: Reservation, ds_config: Mapping, *, master_port: int,
+                 metric_path: str, tag: str, cwd: str, launcher: Launcher, env: Mapping[str, str] | None,
+                 mig: str) -> Command:
+    """One rank on one MIG instance, through DeepSpeed's per-node launcher: its world is this host with the MIG
+    UUID as its one GPU id, which it sets as the rank's CUDA_VISIBLE_DEVICES (and LOCAL_RANK 0, WORLD_SIZE 1,
+    `--local_rank=0`, as for any one-GPU run). The launcher's own environment names the instance too."""
+    argv = per_node_argv(launcher, reservation.hosts[0], mig, master_port, experiment.script,
+                         with_config_arg(experiment.args, encode_config(ds_config), experiment.config_flag))
+    full_env = {**(env or {}), **experiment.env, VISIBLE_DEVICES: mig, TAG_ENV: tag, METRICS_PATH_ENV: metric_path}
+    return Command(tuple(argv), full_env, cwd)
+
+
+def per_node_argv(launcher: Launcher, host: str, mig: str, master_port: int, script: str,
+                  args: Sequence[str]) -> list[str]:
+    """DeepSpeed's per-node launcher running `script` as one rank on the MIG instance `mig` of `host`."""
+    world = base64.urlsafe_b64encode(json.dumps({host: [mig]}).encode()).decode()
+    return [launcher_python(launcher.executable), "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+            f"--master_addr={launcher.master_addr}", f"--master_port={master_port}", script, *args]
+
+
+VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+@functools.lru_cache(maxsize=16)
+def launcher_python(executable: tuple[str, ...]) -> str:
+    """The Python that DeepSpeed's launcher `executable` runs under, for its per-node launcher: the interpreter
+    its script's `#!` line names (pip's `deepspeed` script names its environment's), or the command itself when
+    it is a Python; else this Python."""
+    first = executable[0] if executable else ""
+    if len(executable) > 1:
+        return first if "python" in os.path.basename(first) else sys.executable
+    path = shutil.which(first) or first
+    try:
+        with open(path, "rb") as script:
+            line = script.readline(400)
+    except OSError:
+        return sys.executable
+    words = line[2:].decode("utf-8", "replace").split() if line.startswith(b"#!") else []
+    if words and os.path.basename(words[0]) == "env":
+        words = words[1:]
+    if words and "python" in os.path.basename(words[0]):
+        return shutil.which(words[0]) or words[0]
+    return sys.executable
+
+
 def optimal_command(experiment: Experiment, config_path: str, launcher: Launcher = Launcher(),
-                    env: Mapping[str, str] | None = None) -> str:
-    """A runnable training command for the winner: its config file, any slots of the right shape."""
+                    env: Mapping[str, str] | None = None, mig: str | None = None) -> str:
+    """A runnable training command for the winner: its config file, any slots of the right shape. A winner of a
+    MIG instance (`mig`, its UUID) runs as it did, through DeepSpeed's per-node launcher on that instance: the
+    `deepspeed` runner cannot name one (another instance of the type: its UUID in place of this one's)."""
+    if mig is not None:
+        args = with_config_arg(experiment.args, config_path, experiment.config_flag)
+        argv = per_node_argv(launcher, "localhost", mig, DEFAULT_MASTER_PORT, experiment.script, args)
+        return shell_line(argv, {**(env or {}), **experiment.env, VISIBLE_DEVICES: mig})
     argv = [*launcher.executable]
     if experiment.num_nodes > 1:
         argv += ["--num_nodes", str(experiment.num_nodes)]

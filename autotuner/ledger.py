@@ -90,6 +90,8 @@ class SweepMeta:
     # a cluster that states none): no types, every host as any other.
     gpu_types: Mapping[str, str] | None = None
     gpu_memory: Mapping[str, int] | None = None
+    # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.resources.Device)
+    devices: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
     slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -99,7 +101,7 @@ class SweepMeta:
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
         "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "placement": str, "slurm": (dict, type(None))}
+        "devices": dict, "placement": str, "slurm": (dict, type(None))}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -116,6 +118,11 @@ class SweepMeta:
         if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                    for v in dict(data.get("gpu_memory") or {}).values()):
             return "meta 'gpu_memory' holds a size that is not a positive integer"
+        devices = dict(data.get("devices") or {}).values()
+        if not all(isinstance(own, dict) and all(str(i).isdigit() and isinstance(d, dict)
+                                                 and isinstance(d.get("gpu_type"), str) for i, d in own.items())
+                   for own in devices):
+            return "meta 'devices' holds a slot that is not {gpu_type, memory, mig}"
         return None
 
     @classmethod
@@ -130,13 +137,12 @@ class SweepMeta:
                 values[key] = {str(k): v if key in ("capacity", "gpu_memory") else str(v)
                                for k, v in values[key].items()}
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
-
     def to_json(self) -> dict[str, Any]:
         """The table's values: the same keys and JSON a ledger has always held (`slots` as lists)."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "slurm"):
+        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "devices", "slurm"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import limits
 from .core import PLACEMENTS, BackfillQueue, Placement, Queued, SlotPool, fifo
-from .core.resources import placement_named
+from .core.resources import Devices, placement_named
 from .core.scheduler import default_queue
 from .durations import DEFAULT_SECONDS, Durations, durations
 from .errors import UserError
@@ -85,13 +85,14 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
                default_seconds: float = DEFAULT_SECONDS, queues: Sequence[str] = ("backfill",),
                placements: Sequence[str] = ("pack",), spread: float = 0.0, samples: int = 100, seed: int = 0,
                timeout: float | None = limits.DEFAULT_TIMEOUT, types: Mapping[str, str | None] | None = None,
-               sizes: Mapping[str, int] | None = None) -> Plan:
+               sizes: Mapping[str, int] | None = None, devices: Devices | None = None) -> Plan:
     """Play the sweep with each queue policy x placement: once at the estimates (see `durations`: `past` is a
     results directory to measure them in), and `samples` times with durations drawn around them when `spread`
     (their coefficient of variation) is above 0. `timeout`: seconds a run may take unless its experiment says.
     `types` (host -> GPU type) and `sizes` (host -> bytes per GPU), a cluster's `host_types` and `memory`, keep
-    each experiment on one type as `run` does; the memory placement judges every GPU by its stated size (a
-    plan reads no free memory: what is free now says little about later)."""
+    each experiment on one type as `run` does, and `devices` (a cluster's MIG instances) keep experiments of more
+    than one GPU off MIG instances; the memory placement judges every GPU by its stated size (a plan reads no
+    free memory: what is free now says little about later)."""
     if not experiments:
         raise UserError("nothing to plan: the sweep has no experiments")
     if not (spread >= 0 and math.isfinite(spread)):
@@ -116,7 +117,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
         for placement in placements:
             def play(duration: Mapping[str, float], queue: str = queue, placement: str = placement) -> Timeline:
                 return simulate(experiments, slots, lambda e: duration[e.name], queue=QUEUES[queue],
-                                placement=placement_named(placement, types, sizes), timeout=timeout)
+                                placement=placement_named(placement, types, sizes, devices=devices,
+                                                          slots=slots), timeout=timeout)
 
             at_estimates = play(seconds)
             makespans = sorted(play(d).makespan for d in draws) if draws else [at_estimates.makespan]

@@ -183,6 +183,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
                  timeout: float | None, search: SearchSpec | None = None) -> None:
     import secrets
 
+    from .core.resources import devices_to_json
     from .files import sync_directory, write_atomic
     from .hostfile import format_hostfile
     from .launch import launcher_for_this_python
@@ -203,6 +204,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         launcher=tuple(launcher or launcher_for_this_python().executable), reload=reload,
         search=search.to_json() if search is not None else None,
         gpu_types=dict(cluster.types) or None, gpu_memory=dict(cluster.memory) or None,
+        devices=devices_to_json(cluster.devices) or None,
         slurm=dict(cluster.slurm) if cluster.slurm is not None else None,
     ), filename=staging)
     try:

@@ -43,7 +43,8 @@ def optimal(snap: Snapshot, launcher: Launcher = Launcher(), gpu_type: str | Non
         return None
     experiment = snap.experiments[best.name]
     config_path = (snap.directory / config_file(gpu_type)).resolve()
-    return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, snap.env)
+    return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, snap.env,
+                                                                    snap.mig_of(best))
 
 
 def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:

@@ -30,7 +30,7 @@ from .core import (
     SlotPool,
     Source,
 )
-from .core.resources import PLACEMENTS, Demand, Only, Slots, placement_named
+from .core.resources import PLACEMENTS, Demand, Only, Slots, devices_from_json, placement_named
 from .dispatcher import Dispatcher
 from .errors import UserError, shown
 from .executor import LocalExecutor
@@ -267,7 +267,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
                                  options.grace, allocation=options.slurm)
     else:
         executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                 options.grace)
+                                 options.grace, devices_from_json(meta.devices))
     slot_pool = SlotPool(slots)
     now = time.time()
     placement, memory = _placement(ledger, options)
@@ -369,10 +369,13 @@ def _placement(ledger: Ledger, options: Options) -> tuple[Placement, FreeMemory 
     reader = None
     measure: Callable[[str], dict[int, int] | None] | None = None
     if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
-        local = reader = FreeMemory()
+        recorded = devices_from_json(meta.devices)
+        mig = {i: d.mig for h, own in recorded.items() if is_local(h) for i, d in own.items() if d.mig}
+        local = reader = FreeMemory(mig=mig)
         measure = lambda host: local.read() if is_local(host) else None  # noqa: E731
     types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
-    return placement_named(name, types, meta.gpu_memory, measure), reader
+    placement = placement_named(name, types, meta.gpu_memory, measure, devices_from_json(meta.devices), meta.slots)
+    return placement, reader
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,

@@ -16,22 +16,28 @@ GiB = 1024**3
 
 @dataclass
 class FakeDevice:
+    """A GPU, or a MIG instance. `mig`: None, a GPU without MIG (NVML answers NotSupported); a list, a GPU in MIG
+    mode whose MIG indices hold those instances (None: no instance at that index, NVML's NotFound)."""
+
     name: str | bytes
     total: int
     free: int
     uuid: str | bytes
     fails: type[pynvml.NVMLError] | None = None
+    mig: list[FakeDevice | None] | None = None
 
 
 @dataclass
 class FakeNvml:
-    """Stands in for the pynvml module: same function names, real NVMLError classes."""
+    """Stands in for the pynvml module: same function names and signatures, real NVMLError classes and constants."""
 
     devices: list[FakeDevice] = field(default_factory=list)
     init_error: type[pynvml.NVMLError] | None = None
     count_error: type[pynvml.NVMLError] | None = None
     calls: list[str] = field(default_factory=list)
     NVMLError = pynvml.NVMLError
+    NVMLError_NotFound = pynvml.NVMLError_NotFound
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
 
     def nvmlInit(self) -> None:
         self.calls.append("init")
@@ -60,6 +66,20 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeDevice) -> str | bytes:
         return handle.uuid
+
+    def nvmlDeviceGetMigMode(self, device: FakeDevice) -> list[int]:
+        if device.mig is None:
+            raise pynvml.NVMLError_NotSupported()
+        return [pynvml.NVML_DEVICE_MIG_ENABLE, pynvml.NVML_DEVICE_MIG_ENABLE]  # [current, pending]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, device: FakeDevice) -> int:
+        return len(device.mig or [])
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, device: FakeDevice, index: int) -> FakeDevice:
+        instance = (device.mig or [])[index]
+        if instance is None:
+            raise pynvml.NVMLError_NotFound()
+        return instance
 
 
 def two_gpus() -> FakeNvml:

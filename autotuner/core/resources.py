@@ -254,11 +254,52 @@ def headroom(size: int) -> int:
 
 
 @dataclass(frozen=True)
+class Device:
+    """A slot unlike the other slots of its host: its own GPU type and memory (bytes, where known), and for a MIG
+    instance its UUID. A CUDA process can use one MIG instance only, so a MIG slot takes only experiments of one
+    GPU on one node."""
+
+    gpu_type: str
+    memory: int | None = None
+    mig: str | None = None  # the MIG instance's UUID (`MIG-...`), what CUDA_VISIBLE_DEVICES names it by
+
+    def to_json(self) -> dict[str, object]:
+        return {k: v for k, v in (("gpu_type", self.gpu_type), ("memory", self.memory), ("mig", self.mig))
+                if v is not None}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> Device:
+        memory, mig = data.get("memory"), data.get("mig")
+        return cls(str(data["gpu_type"]), memory if isinstance(memory, int) else None,
+                   mig if isinstance(mig, str) else None)
+
+
+def devices_to_json(devices: Mapping[str, Mapping[int, Device]]) -> dict[str, dict[str, dict[str, object]]]:
+    """Devices as the ledger keeps them (JSON: slot ids as strings)."""
+    return {h: {str(i): d.to_json() for i, d in own.items()} for h, own in devices.items()}
+
+
+def devices_from_json(data: Mapping[str, Mapping[str, Mapping[str, object]]] | None) -> dict[str, dict[int, Device]]:
+    return {h: {int(i): Device.from_json(d) for i, d in own.items()} for h, own in (data or {}).items()}
+
+
+Devices = Mapping[str, Mapping[int, Device]]
+"""host -> slot id -> Device, for the slots that differ from their host (hosts with all slots alike: absent)."""
+
+
+def takes_one_gpu(demand: Demand) -> bool:
+    """Whether a demand can run on a MIG instance: one GPU on one node."""
+    return demand.num_nodes == 1 and demand.num_gpus == 1
+
+
+@dataclass(frozen=True)
 class Only:
-    """The pool as a placement sees it when only the hosts `among` may be used (one GPU type, say)."""
+    """The pool as a placement sees it when only the hosts `among` may be used (one GPU type, say), and of the
+    hosts in `slots` only those slot ids (a host whose slots are of several types)."""
 
     pool: Slots
     among: frozenset[str]
+    slots: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -268,21 +309,28 @@ class Only:
         return self.pool.is_down(host)
 
     def slot_ids(self, host: str) -> frozenset[int]:
-        return self.pool.slot_ids(host)
+        ids = self.pool.slot_ids(host)
+        return ids & self.slots[host] if host in self.slots else ids
 
     def fitting(self, num_gpus: int, *, fewest_first: bool = True) -> Iterator[str]:
-        return (h for h in self.pool.fitting(num_gpus, fewest_first=fewest_first) if h in self.among)
+        return (h for h in self.pool.fitting(num_gpus, fewest_first=fewest_first)
+                if h in self.among and (h not in self.slots or len(self.free_ids(h)) >= max(num_gpus, 1)))
 
     def free_ids(self, host: str) -> list[int]:
-        return self.pool.free_ids(host)
+        ids = self.pool.free_ids(host)
+        return [i for i in ids if i in self.slots[host]] if host in self.slots else ids
 
     def order(self, host: str) -> int:
         return self.pool.order(host)
 
     def could_fit(self, num_nodes: int, num_gpus: int, *, up_only: bool = False,
                   among: frozenset[str] | None = None) -> bool:
-        return self.pool.could_fit(num_nodes, num_gpus, up_only=up_only,
-                                   among=self.among if among is None else self.among & among)
+        hosts = self.among if among is None else self.among & among
+        if not self.slots:
+            return self.pool.could_fit(num_nodes, num_gpus, up_only=up_only, among=hosts)
+        usable = (h for h in self.pool.hosts if h in hosts and not (up_only and self.pool.is_down(h))
+                  and len(self.slot_ids(h)) >= num_gpus)
+        return len(list(itertools.islice(usable, num_nodes))) == num_nodes
 
 
 def _reserve(pool: Slots, hosts: list[str], num_gpus: int) -> Reservation:
@@ -338,11 +386,13 @@ class GpuMemory:
     checked. Experiments that state no need are placed as by `Pack`.
 
     A GPU that a run of the sweep holds is not free in the pool from the moment the run is placed until it has
-    ended, so a run that has not allocated its memory yet is never counted as room (slot id = GPU index)."""
+    ended, so a run that has not allocated its memory yet is never counted as room (slot id = GPU index, or for
+    a MIG instance its own slot id, with its own size in `devices`)."""
 
     sizes: Mapping[str, int] = field(default_factory=dict)
     measure: FreeMemory | None = None
     name: str = "memory"
+    devices: Devices = field(default_factory=dict)
 
     def place(self, pool: Slots, demand: Demand) -> Reservation | None:
         need = need_of(demand).memory
@@ -369,12 +419,25 @@ class GpuMemory:
 
     def _holding(self, host: str, ids: list[int], need: int) -> list[int]:
         """Those of `ids` whose GPU has room for `need` bytes."""
-        size = self.sizes.get(host)
         free = self.measure(host) if self.measure is not None else None
-        if free is None:
-            return ids if size is None or size - headroom(size) >= need else []
-        margin = headroom(size) if size is not None else GiB
-        return [i for i in ids if free.get(i, 0) - margin >= need]
+        own = self.devices.get(host)
+        if not own:  # every GPU of the host alike: one size (the common case, kept quick for `plan` at scale)
+            size = self.sizes.get(host)
+            if free is None:
+                return ids if size is None or size - headroom(size) >= need else []
+            margin = headroom(size) if size is not None else GiB
+            return [i for i in ids if free.get(i, 0) - margin >= need]
+        held = []
+        for i in ids:
+            device = own.get(i)
+            size = device.memory if device is not None else self.sizes.get(host)
+            if free is None:
+                fits = size is None or size - headroom(size) >= need
+            else:
+                fits = free.get(i, 0) - (headroom(size) if size is not None else GiB) >= need
+            if fits:
+                held.append(i)
+        return held
 
 
 PLACEMENTS: dict[str, Callable[[], Placement]] = {"pack": Pack, "spread": Spread, "memory": GpuMemory}
@@ -385,65 +448,102 @@ class _TypeGroup:
     gpu_type: str | None
     hosts: frozenset[str]
     size: int | None  # memory of its smallest GPU; None: not known for every host
+    slots: Mapping[str, frozenset[int]]  # of hosts whose slots are of several types: this type's
+    mig: bool = False  # MIG instances: one GPU on one node only
+
+
+_Part = tuple[frozenset[str], Mapping[str, frozenset[int]]]  # hosts, and the slots of those restricted
 
 
 class ByType:
-    """A placement kept to one GPU type per experiment: it places on one type's hosts at a time, types in
-    hostfile order, and the first that fits wins. Pinned (`gpu_type`): only that type; `mixed`: every host at
+    """A placement kept to one GPU type per experiment: it places on one type's slots at a time, types in
+    hostfile order, and the first that fits wins. Pinned (`gpu_type`): only that type; `mixed`: every slot at
     once. Hosts of no known type are one more type. A type whose GPUs are smaller than an experiment's memory
-    need (less the headroom) is never tried, whatever the placement inside."""
+    need (less the headroom) is never tried, whatever the placement inside. The slots of a host that are
+    `devices` of their own type (MIG instances beside whole GPUs) are their type's; MIG instances are offered
+    to experiments of one GPU on one node only, mixed or not."""
 
-    def __init__(self, placement: Placement, types: Mapping[str, str | None], sizes: Mapping[str, int] | None = None):
-        sizes = sizes or {}
+    def __init__(self, placement: Placement, types: Mapping[str, str | None], sizes: Mapping[str, int] | None = None,
+                 devices: Devices | None = None, slots: Mapping[str, Iterable[int]] | None = None):
+        sizes, devices, slots = sizes or {}, devices or {}, slots or {}
         self.placement = placement
         self.name = getattr(placement, "name", type(placement).__name__)
-        members: dict[str | None, list[str]] = {}
+        members: dict[tuple[str | None, bool], dict[str, set[int] | None]] = {}
+        smallest: dict[tuple[str | None, bool], list[int | None]] = {}
         for host, gpu_type in types.items():  # every host of the pool, in hostfile order
-            members.setdefault(gpu_type, []).append(host)
-        self._groups = [_TypeGroup(t, frozenset(hosts), _smallest(hosts, sizes)) for t, hosts in members.items()]
+            own = devices.get(host, {})
+            plain = [i for i in slots.get(host, ()) if i not in own] if own else []
+            if not own or plain:
+                members.setdefault((gpu_type, False), {})[host] = set(plain) if own else None
+                smallest.setdefault((gpu_type, False), []).append(sizes.get(host))
+            for i, device in sorted(own.items()):
+                key = (device.gpu_type, device.mig is not None)
+                ids = members.setdefault(key, {}).setdefault(host, set())
+                assert ids is not None
+                ids.add(i)
+                smallest.setdefault(key, []).append(device.memory)
+        self._groups = [_TypeGroup(t, frozenset(hosts), _smallest(smallest[(t, mig)]),
+                                   {h: frozenset(ids) for h, ids in hosts.items() if ids is not None}, mig)
+                        for (t, mig), hosts in members.items()]
         self._every = frozenset(types)
-        self._views: dict[GpuNeed, list[frozenset[str]]] = {}
+        self._views: dict[tuple[GpuNeed, bool], list[_Part]] = {}
 
     def place(self, pool: Slots, demand: Demand) -> Reservation | None:
-        for hosts in self._choices(need_of(demand)):
-            found = self.placement.place(self._view(pool, hosts), demand)
+        for part in self._choices(need_of(demand), takes_one_gpu(demand)):
+            found = self.placement.place(self._view(pool, part), demand)
             if found is not None:
                 return found
         return None
 
     def could_fit(self, pool: Slots, demand: Demand) -> bool:
-        return any(self.placement.could_fit(self._view(pool, hosts), demand)
-                   for hosts in self._choices(need_of(demand)))
+        return any(self.placement.could_fit(self._view(pool, part), demand)
+                   for part in self._choices(need_of(demand), takes_one_gpu(demand)))
 
-    def _choices(self, need: GpuNeed) -> list[frozenset[str]]:
-        """The host sets to try, in order: each type's that may hold the need (all of them at once if mixed)."""
-        known = self._views.get(need)
+    def _choices(self, need: GpuNeed, one_gpu: bool) -> list[_Part]:
+        """The slot sets to try, in order: each type's that may hold the need (all of them at once if mixed)."""
+        known = self._views.get((need, one_gpu))
         if known is None:
-            groups = [g.hosts for g in self._groups
-                      if (need.gpu_type is None or g.gpu_type == need.gpu_type)
+            groups = [g for g in self._groups
+                      if (need.gpu_type is None or g.gpu_type == need.gpu_type) and (one_gpu or not g.mig)
                       and not (need.memory and g.size is not None and g.size - headroom(g.size) < need.memory)]
+            parts = [(g.hosts, g.slots) for g in groups]
             if need.mixed and need.gpu_type is None and groups:
-                groups = [frozenset().union(*groups)]
-            known = self._views[need] = groups
+                parts = [_union(groups)]
+            known = self._views[(need, one_gpu)] = parts
         return known
 
-    def _view(self, pool: Slots, hosts: frozenset[str]) -> Slots:
-        return pool if hosts == self._every else Only(pool, hosts)
+    def _view(self, pool: Slots, part: _Part) -> Slots:
+        hosts, slots = part
+        return pool if hosts == self._every and not slots else Only(pool, hosts, slots)
 
 
-def _smallest(hosts: Sequence[str], sizes: Mapping[str, int]) -> int | None:
-    return min(sizes[h] for h in hosts) if all(h in sizes for h in hosts) else None
+def _union(groups: Sequence[_TypeGroup]) -> _Part:
+    """The slots of several types as one part: a host is restricted only where every group restricts it."""
+    hosts = frozenset().union(*(g.hosts for g in groups))
+    slots: dict[str, frozenset[int]] = {}
+    for host in hosts:
+        parts = [g.slots.get(host) for g in groups if host in g.hosts]
+        if all(p is not None for p in parts):
+            slots[host] = frozenset().union(*(p for p in parts if p is not None))
+    return hosts, slots
+
+
+def _smallest(sizes: Sequence[int | None]) -> int | None:
+    return None if any(s is None for s in sizes) else min(s for s in sizes if s is not None)
 
 
 def placement_named(name: str, types: Mapping[str, str | None] | None = None, sizes: Mapping[str, int] | None = None,
-                    measure: FreeMemory | None = None) -> Placement:
+                    measure: FreeMemory | None = None, devices: Devices | None = None,
+                    slots: Mapping[str, Iterable[int]] | None = None) -> Placement:
     """The placement of that name (PLACEMENTS) for a cluster: kept to one GPU type at a time (ByType) where
-    `types` (host -> type, every host) knows any; `sizes` (memory per GPU by host) and `measure` (free memory
-    now) are what `memory` places by."""
-    base = GpuMemory(dict(sizes or {}), measure) if name == "memory" else PLACEMENTS[name]()
-    if not types or all(t is None for t in types.values()):
+    `types` (host -> type, every host) knows any or some slots are `devices` of their own (then `slots`, every
+    host's slot ids, says which are not); `sizes` (memory per GPU by host), the devices' own and `measure` (free
+    memory now) are what `memory` places by."""
+    base = GpuMemory(dict(sizes or {}), measure, devices=dict(devices or {})) if name == "memory" \
+        else PLACEMENTS[name]()
+    if not devices and (not types or all(t is None for t in types.values())):
         return base
-    return ByType(base, types, sizes)
+    return ByType(base, types or {}, sizes, devices, slots)
 
 
 D = TypeVar("D", bound=Demand)

@@ -3,7 +3,8 @@
 `unanswering` is the runner's check before it launches: which hosts do not answer a trivial command, and why.
 `probe_hosts` is what `autotune hosts` shows: one shell script per host, over the host's pooled connection, all
 hosts at once (see fanout): reachable or why not, GPUs with model and free/total memory (nvidia-smi; none on a
-CPU host), python and DeepSpeed versions (read from the package metadata: importing deepspeed takes seconds),
+CPU host; a GPU in MIG mode as its MIG instances, from `nvidia-smi -L`, each with its profile's memory), python
+and DeepSpeed versions (read from the package metadata: importing deepspeed takes seconds),
 and the load average.
 
 The versions are those of the `python3` that a non-interactive SSH command finds on the host's PATH, which is
@@ -11,12 +12,14 @@ what remote experiments will run with: if it is not the intended environment, th
 """
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..gpus import size_of_type
 from ..hostfile import Host, load_hostfile
 from ..inventory import Gpu
 from .errors import HostDown
@@ -53,7 +56,7 @@ class HostReport:
         return {
             "host": self.host, "reachable": self.reachable, "reason": self.reason,
             "gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total,
-                      "memory_free": g.memory_free, "uuid": g.uuid} for g in self.gpus],
+                      "memory_free": g.memory_free, "uuid": g.uuid, "mig": g.mig} for g in self.gpus],
             "gpu_error": self.gpu_error, "python": self.python, "deepspeed": self.deepspeed,
             "loadavg": list(self.loadavg) if self.loadavg is not None else None, "cpus": self.cpus,
             "seconds": round(self.seconds, 3), "notes": list(self.notes),
@@ -71,6 +74,7 @@ def probe_script(python: str = "python3") -> str:
         "gpus": ("if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi "
                  "--query-gpu=index,name,memory.free,memory.total,uuid --format=csv,noheader,nounits; "
                  "else echo none; fi"),
+        "mig": "if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; else echo none; fi",
     }
     return "\n".join(f"echo '{_MARK} {name}'; {{ {command}\n}} 2>&1; echo \"{_MARK}-rc $?\""
                      for name, command in sections.items())
@@ -106,6 +110,38 @@ def parse_nvidia_smi(lines: Sequence[str]) -> list[Gpu]:
             raise ValueError(f"unexpected nvidia-smi line: {line!r}")
         gpus.append(Gpu(int(index), name.strip(), int(total) * MIB, int(free) * MIB, uuid or ""))
     return gpus
+
+
+_GPU_LINE = re.compile(r"GPU (\d+): .*\(UUID: [^)]+\)")
+_MIG_LINE = re.compile(r"\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: ([^)]+)\)")
+
+
+def parse_mig_list(lines: Sequence[str]) -> dict[int, list[tuple[int, str, str]]]:
+    """The MIG instances `nvidia-smi -L` lists under each GPU: GPU index -> [(MIG device index, profile, UUID)];
+    GPUs not in MIG mode are absent. Lines of any other shape are skipped."""
+    found: dict[int, list[tuple[int, str, str]]] = {}
+    gpu: int | None = None
+    for line in lines:
+        if m := _GPU_LINE.match(line):
+            gpu = int(m[1])
+        elif (m := _MIG_LINE.match(line)) and gpu is not None:
+            found.setdefault(gpu, []).append((int(m[2]), m[1], m[3].strip()))
+    return found
+
+
+def with_mig(gpus: Sequence[Gpu], mig: dict[int, list[tuple[int, str, str]]]) -> list[Gpu]:
+    """The GPUs with each one in MIG mode replaced by its MIG instances: named as NVML names them ("NVIDIA
+    A100-SXM4-40GB MIG 3g.20gb"), the memory their profile states, free memory not known (nvidia-smi's query
+    does not give it)."""
+    out: list[Gpu] = []
+    for g in gpus:
+        if g.index not in mig:
+            out.append(g)
+            continue
+        for device, profile, uuid in mig[g.index]:
+            size = size_of_type(f"-MIG-{profile}") or 0
+            out.append(Gpu(g.index, f"{g.name} MIG {profile}", size, None, uuid, mig=device))
+    return out
 
 
 def _last(lines: list[str]) -> str:
@@ -146,6 +182,9 @@ def parse_probe(host: str, text: str, seconds: float = 0.0) -> HostReport:
             report.gpus = parse_nvidia_smi(lines)
         except ValueError as e:
             report.gpu_error = str(e)
+    lines, rc = sections.get("mig", ([], 1))
+    if rc == 0 and report.gpus:
+        report.gpus = with_mig(report.gpus, parse_mig_list(lines))
     return report
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..core.resources import placement_named
+from ..core.resources import devices_from_json, placement_named
 from ..metrics import Metric, format_value, metric_named
 from ..outcome import Outcome
 from ..spec import Experiment
@@ -161,7 +161,8 @@ class LiveView:
         self._experiments = dict(snap.experiments)
         meta = snap.meta
         self._placement = placement_named(meta.placement or "pack", {h: (meta.gpu_types or {}).get(h)
-                                                                     for h in self._slots}, meta.gpu_memory)
+                                                                     for h in self._slots}, meta.gpu_memory,
+                                          devices=devices_from_json(meta.devices), slots=meta.slots)
         self._search = _search_of(meta.search)
         self._changes = 0  # observer calls so far: a new plan is due when it moved
         self._planned: tuple[int, float, float | None] | None = None  # (changes, valid until, planned end)

@@ -86,21 +86,42 @@ class Snapshot:
         """host -> GPU type, as the sweep recorded them (none for a ledger from before types)."""
         return dict(self.meta.gpu_types or {})
 
+    @cached_property
+    def slot_types(self) -> dict[str, dict[str, str]]:
+        """host -> slot id (as the ledger's JSON has it) -> the GPU type of the slots that are devices of their
+        own (MIG instances)."""
+        return {h: {i: str(d.get("gpu_type")) for i, d in own.items()} for h, own in (self.meta.devices or {}).items()}
+
+    def mig_of(self, attempt: Attempt) -> str | None:
+        """The UUID of the MIG instance an attempt ran on; None when it ran on anything else."""
+        if len(attempt.slots) != 1:
+            return None
+        ((host, ids),) = attempt.slots.items()
+        device = (self.meta.devices or {}).get(host, {}).get(str(ids[0])) if len(ids) == 1 else None
+        mig = device.get("mig") if device is not None else None
+        return mig if isinstance(mig, str) else None
+
     def type_of(self, attempt: Attempt) -> str | None:
-        """The GPU type an attempt ran on, from its recorded slots' hosts: `A+B` when it spanned types, `unknown`
-        on hosts of no stated type; None when it never ran."""
+        """The GPU type an attempt ran on, from its recorded slots (a MIG instance's own type) or their hosts':
+        `A+B` when it spanned types, `unknown` on hosts of no stated type; None when it never ran."""
         if not attempt.slots:
             return None
-        found = {self.host_types.get(h, UNKNOWN) for h in attempt.slots}
+        found = set()
+        for h, ids in attempt.slots.items():
+            own = self.slot_types.get(h, {})
+            found |= {own.get(str(i)) or self.host_types.get(h, UNKNOWN) for i in ids} if own \
+                else {self.host_types.get(h, UNKNOWN)}
         return "+".join(sorted(found)) if len(found) > 1 else found.pop()
 
     @cached_property
     def types(self) -> list[str]:
-        """The GPU types the sweep's attempts ran on: in hostfile order, then unknown, then spans of types."""
-        if not self.host_types:  # no types recorded: one kind of GPU, as ever (and no look at each attempt)
+        """The GPU types the sweep's attempts ran on: in hostfile order (a host's own type, then its devices'),
+        then unknown, then spans of types."""
+        if not self.host_types and not self.slot_types:  # no types recorded: one kind of GPU, as ever
             return [UNKNOWN] if any(a.slots for a in self.attempts) else []
         ran = {t for a in self.attempts if (t := self.type_of(a)) is not None}
-        listed = [t for t in dict.fromkeys(self.host_types.values()) if t in ran]
+        order = [t for h in self.meta.slots for t in (self.host_types.get(h), *self.slot_types.get(h, {}).values())]
+        listed = [t for t in dict.fromkeys(order) if t is not None and t in ran]
         return listed + sorted(ran - set(listed), key=lambda t: ("+" in t, t))
 
     @property

@@ -503,7 +503,8 @@ def _type_cell(stated: str | None, found: str | None) -> str:
 
 
 def _host_cells(r: HostReport, slots: int, kind: str | None = None) -> tuple[str, ...]:
-    gpus = ", ".join(f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
+    gpus = ", ".join(f"{g.name} {g.memory_total / 2**30:.0f} GiB" if g.memory_free is None else
+                     f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
                      for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
     load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
     return (r.host, str(slots), *([kind] if kind is not None else []),
