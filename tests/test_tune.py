@@ -36,8 +36,18 @@ def tune(tmp_path, environ, *extra, results="res"):
 
 
 def launches(tmp_path):
-    return [tuple(int(w[1:].removeprefix("bs")) for w in line.split()) for line in
+    """(stage, micro-batch size) of each launch, in order."""
+    return [tuple(int(w[1:].removeprefix("bs")) for w in line.split()[:2]) for line in
             (tmp_path / "launches.log").read_text().splitlines()]
+
+
+def knob_launches(tmp_path):
+    """(stage, micro-batch size, the zero_optimization keys the config set) of each launch, in order."""
+    found = []
+    for line in (tmp_path / "launches.log").read_text().splitlines():
+        z, mbs, *knobs = line.split()
+        found.append((int(z[1:]), int(mbs[3:]), dict((k, json.loads(v)) for k, v in (w.split("=") for w in knobs))))
+    return found
 
 
 def test_tune_finds_the_largest_micro_batch_that_fits_per_stage_and_the_best_overall(tmp_path):
