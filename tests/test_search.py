@@ -356,6 +356,11 @@ def test_a_knob_the_config_fixes_is_never_searched_and_a_list_is_searched_from_i
     assert not any("rbs" in e.name for e in launched)
     assert {e.name for e in launched if "ovl" in e.name} == {"t_z1_mbs35_ovl0", "t_z2_mbs53_ovl0", "t_z3_mbs90_ovl0"}
     assert all(e.ds_config["zero_optimization"]["overlap_comm"] is ("_ovl0" not in e.name) for e in launched)
+    auto = full_spec(tmp_path, {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"})
+    assert {s: list(space) for s, space in auto.knobs.items()} == {  # a Trainer fills "auto" in: fixed too
+        "1": ["allgather_bucket_size"], "2": ["overlap_comm", "reduce_scatter", "contiguous_gradients",
+                                              "allgather_bucket_size"],
+        "3": ["overlap_comm", "reduce_scatter", "contiguous_gradients"]}
 
 
 @pytest.mark.parametrize("tuner", ["gridsearch", "random", "model_based"])

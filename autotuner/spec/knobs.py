@@ -78,7 +78,7 @@ def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fas
             if len(set(values)) != len(values):
                 raise src.error(f"zero_optimization.{key}: a value is listed twice", key)
             listed[key] = values
-        elif knob is not None:
+        elif knob is not None and value != "auto":  # "auto": a Trainer script fills it in (fixed all the same)
             _checked(src, knob, value)
     spaces: dict[int, Space] = {}
     for stage in stages:
