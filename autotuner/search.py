@@ -11,6 +11,12 @@ is learnt (`Search`) and differ only in which point they try next (`choose`):
   an order drawn from the spec's seed.
 - model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
 
+Full mode (`fast: false`) adds each stage's ZeRO knobs (spec/knobs.py): a point is then (stage, size, knobs),
+the knobs those that differ from the values its micro-batch search ran with (`Setting`, in the experiment's name
+and config). gridsearch sweeps them knob by knob at a stage's best size once its micro-batch search is over; the
+sampling tuners draw them with the rest. Knob points are learnt apart (`knob_*`): their answers say nothing of
+the stage's sizes.
+
 An OOM is an answer (that size and every larger one of the stage do not fit: none of them is ever launched),
 never retried; so is a timeout. A stage whose runs fail for another reason is given up. Gradient accumulation is
 derived so that the global batch stays what the user asked. When the search is over, the best configs are run
@@ -139,7 +145,6 @@ class Search:
         self.spaces = {int(s): {k: list(v) for k, v in space.items()} for s, space in spec.knobs.items()}
         self.knob_trials: list[Point] = []  # in the order proposed (the ledger's)
         self.knob_fits: dict[Point, float] = {}
-        self.knob_failed: set[Point] = set()  # ended without a metric: out of memory or time, refused, no metric
         self.knob_oom: dict[tuple[int, Setting], int] = {}  # (stage, knobs) -> the smallest size out of memory
         self.knob_out: set[Point] = set()
         self.reruns: dict[str, float | None] = {}  # a config re-run -> the re-run's metric (None: out or failed)
@@ -253,8 +258,7 @@ class Search:
             if self.best is None or self.metric.better(value, self.best):
                 self.best, self.since_best = value, 0
                 return
-        elif state in (State.FAILED, State.TIMED_OUT, State.SUCCEEDED):
-            self.knob_failed.add(point)
+        elif state in (State.FAILED, State.TIMED_OUT, State.SUCCEEDED):  # no metric
             if state == State.TIMED_OUT or reason == Reason.OOM:
                 stage, mbs, knobs = point
                 self.knob_oom[(stage, knobs)] = min(mbs, self.knob_oom.get((stage, knobs), mbs))
