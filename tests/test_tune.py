@@ -287,6 +287,11 @@ def test_full_mode_finds_the_best_zero_knobs_and_writes_them_in_the_best_config(
     assert {"train_z2_mbs40_ovl1", "train_z2_mbs40_ovl1_rbs1e9", "train_z3_mbs45_ovl0", "train_z1_mbs35_rbs1e9",
             "train_z2_mbs40_ovl1_rbs1e9_abs1e9"} <= set(names)
     assert names["train_z2_mbs40_ovl1_rbs1e9_abs1e9"]["reason"] == "oom"
+    summary = (tmp_path / "res" / "summary.txt").read_text().splitlines()
+    rows = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in summary if line.startswith("| z")
+            or line.startswith("| global")}
+    assert rows == {"z1": "train_z1_mbs35_rbs1e9", "z2": "train_z2_mbs40_ovl1_rbs1e9", "z3": "train_z3_mbs45_rbs1e9",
+                    "global": "train_z2_mbs40_ovl1_rbs1e9"}  # a stage's knob runs are of its tuning space
     fast = tmp_path / "fast"
     fast.mkdir()
     assert tune(fast, setup(fast)).returncode == 0
