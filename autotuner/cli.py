@@ -338,8 +338,9 @@ def tune(
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
     documents it; each ZeRO stage's largest micro-batch size that fits is searched (tuner_type gridsearch), or
-    the grid sampled (random, model_based); runs out of memory are answers, not failures; the best configs are
-    run again before the winner is named."""
+    the grid sampled (random, model_based); with `fast: false` each stage's ZeRO knobs too (bucket sizes,
+    overlap_comm, reduce_scatter, contiguous_gradients); runs out of memory are answers, not failures; the best
+    configs are run again before the winner is named."""
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check(hostfile, slots)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .errors import UserError
-from .search import Search, SearchSpec, sizes
+from .search import Search, SearchSpec, Setting, sizes
 from .spec import Experiment
 from .spec.tuning import OPTUNA_MISSING
 
@@ -45,7 +45,8 @@ def _quiet(optuna: Any) -> Iterator[None]:
 class ModelSearch(Search):
     """model_based (see the module docstring). Points are (stage: categorical among the allowed stages,
     log2_mbs: int, the size `min_mbs * 2**log2_mbs`, the largest allowed last); runs still out are told to TPE
-    as RUNNING, for its constant liar to steer the next asks away from them."""
+    as RUNNING, for its constant liar to steer the next asks away from them. In full mode a stage's ZeRO knobs
+    join the point as categorical parameters of that stage (`z2_overlap_comm`), asked once the stage is drawn."""
 
     def __init__(self, spec: SearchSpec):
         super().__init__(spec)
@@ -75,43 +76,68 @@ class ModelSearch(Search):
                                         sampler=sampler)
             for stage, mbs in self.trials:
                 study.add_trial(self._told(stage, mbs))
+            for stage, mbs, knobs in self.knob_trials:
+                study.add_trial(self._told(stage, mbs, knobs))
         return study
 
-    def _ask(self) -> tuple[int, int] | None:
+    def _ask(self) -> tuple[int, int, Setting] | None:
         """The next point: TPE's, else (when it keeps choosing points tried or known not to fit) one of the open
         points drawn with the same seed; None when none is open."""
         study = self.study()
         with _quiet(self.optuna):
             for _ in range(ASKS):
                 trial = study.ask(self.space)
-                point = (trial.params["stage"], self.sizes[trial.params["log2_mbs"]])
+                stage = trial.params["stage"]
+                values = {key: trial.suggest_categorical(self._param(stage, key), choices)
+                          for key, choices in self.spaces.get(stage, {}).items()}
+                point = (stage, self.sizes[trial.params["log2_mbs"]], self.setting(stage, values))
                 if self.open(*point):
                     return point
                 self._tell_known(study, trial, *point)
-        left = [(stage, mbs) for stage in self.spec.stages for mbs in self.sizes if self.open(stage, mbs)]
+        left = [(stage, mbs, knobs) for stage in self.spec.stages for mbs in self.sizes
+                for knobs in self.settings(stage) if self.open(stage, mbs, knobs)]
         return random.Random(self._seed).choice(left) if left else None
 
     @property
     def _seed(self) -> int:
         """The seed of the next ask: the spec's, and how many trials came before it."""
-        return (self.spec.seed * 1_000_003 + len(self.trials)) % 2**32
+        return (self.spec.seed * 1_000_003 + len(self.trials) + len(self.knob_trials)) % 2**32
 
-    def _told(self, stage: int, mbs: int) -> Any:
+    @staticmethod
+    def _param(stage: int, key: str) -> str:
+        """A knob's parameter: one per stage, as a knob's values (its first) may differ between stages."""
+        return f"z{stage}_{key}"
+
+    def _told(self, stage: int, mbs: int, knobs: Setting = ()) -> Any:
         """One trial of the search as TPE is told it."""
-        state, value = self._state(stage, mbs)
-        return self.optuna.trial.create_trial(params={"stage": stage, "log2_mbs": self.sizes.index(mbs)},
-                                              distributions=self.space, state=state, value=value)
+        state, value = self._state(stage, mbs, knobs)
+        space = self.spaces.get(stage, {})
+        values = {k: v[0] for k, v in space.items()} | dict(knobs)
+        dist = self.optuna.distributions
+        return self.optuna.trial.create_trial(
+            params={"stage": stage, "log2_mbs": self.sizes.index(mbs)}
+            | {self._param(stage, k): v for k, v in values.items()},
+            distributions=self.space | {self._param(stage, k): dist.CategoricalDistribution(v)
+                                        for k, v in space.items()},
+            state=state, value=value)
 
-    def _tell_known(self, study: Any, trial: Any, stage: int, mbs: int) -> None:
+    def _tell_known(self, study: Any, trial: Any, stage: int, mbs: int, knobs: Setting = ()) -> None:
         """A point asked again: told what is known of it, for the next ask (one still out stays a liar)."""
-        state, value = self._state(stage, mbs)
+        state, value = self._state(stage, mbs, knobs)
         if state != self.optuna.trial.TrialState.RUNNING:
             study.tell(trial, value, state=state)
 
-    def _state(self, stage: int, mbs: int) -> tuple[Any, float | None]:
+    def _state(self, stage: int, mbs: int, knobs: Setting = ()) -> tuple[Any, float | None]:
         """What a point is to TPE. Out of memory (or time) is PRUNED, never FAIL: TPE leaves FAIL trials out of
         its model, so an OOM told as FAIL teaches it nothing and it samples there again."""
         states, known = self.optuna.trial.TrialState, self.stages[stage]
+        if knobs:
+            point = (stage, mbs, knobs)
+            if point in self.knob_fits:
+                return states.COMPLETE, self.knob_fits[point]
+            if known.pruned(mbs) or mbs >= self.knob_oom.get((stage, knobs), mbs + 1):
+                return states.PRUNED, None
+            return (states.RUNNING if point in self.knob_out else states.FAIL), None
         if mbs in known.fits:
             return states.COMPLETE, known.fits[mbs]
         if known.pruned(mbs):

@@ -102,7 +102,8 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
                       stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
                       max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
                       global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,
-                      tuner=tuning.tuner, seed=seed, confirm=confirm)
+                      tuner=tuning.tuner, seed=seed, confirm=confirm,
+                      knobs={str(stage): space for stage, space in tuning.knobs.items() if space})
     if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
         spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)

@@ -11,6 +11,12 @@ is learnt (`Search`) and differ only in which point they try next (`choose`):
   an order drawn from the spec's seed.
 - model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
 
+Full mode (`fast: false`) adds each stage's ZeRO knobs (spec/knobs.py): a point is then (stage, size, knobs),
+the knobs those that differ from the values its micro-batch search ran with (`Setting`, in the experiment's name
+and config). gridsearch sweeps them knob by knob at a stage's best size once its micro-batch search is over; the
+sampling tuners draw them with the rest. Knob points are learnt apart (`knob_*`): their answers say nothing of
+the stage's sizes.
+
 An OOM is an answer (that size and every larger one of the stage do not fit: none of them is ever launched),
 never retried; so is a timeout. A stage whose runs fail for another reason is given up. Gradient accumulation is
 derived so that the global batch stays what the user asked. When the search is over, the best configs are run
@@ -23,6 +29,7 @@ that the ledger lacks: on resume it is rebuilt by replaying the ledger (`replay`
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -33,6 +40,7 @@ from .core import Queued, Run
 from .metrics import Metric, metric_named
 from .outcome import Outcome
 from .spec import Experiment
+from .spec.knobs import BY_KEY, tag_value
 from .spec.model import with_mapped_args
 from .states import Reason, State
 
@@ -41,6 +49,11 @@ DEFAULT_TRIALS = 50  # DeepSpeed's tuner_num_trials default: the sampling tuners
 DEFAULT_PATIENCE = 5  # DeepSpeed's tuner_early_stopping default, likewise
 DEFAULT_CONFIRM = 2  # configs re-run when the user says nothing, once more than this many succeeded
 RERUN = re.compile(r"(.+)_confirm([0-9]+)")
+
+# A point's ZeRO knobs (full mode): the (key, value) pairs that differ from the stage's first values, in the
+# order of the stage's knob space; () is the config its micro-batch search runs.
+Setting = tuple[tuple[str, Any], ...]
+Point = tuple[int, int, Setting]  # (stage, micro-batch size, knobs)
 
 
 def rerun_name(name: str) -> str:
@@ -72,9 +85,12 @@ class SearchSpec:
     tuner: str = "gridsearch"  # spec.tuning.TUNERS
     seed: int = 0  # of the random and model-based tuners' draws: the same seed, the same decisions
     confirm: int | None = None  # configs re-run at the end; None: DEFAULT_CONFIRM when more than that succeeded
+    # full mode: stage ("2") -> its ZeRO knobs to search -> their values, the one its micro-batches ran with first
+    knobs: Mapping[str, Mapping[str, Sequence[Any]]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base)}
+        return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
+                               "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()}}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SearchSpec:
@@ -123,7 +139,14 @@ class Search:
         self.trials: list[tuple[int, int]] = []  # the search's points in the order proposed (the ledger's)
         self.best: float | None = None
         self.since_best = 0  # runs ended since the best got better
-        self.configs: dict[str, tuple[int, int]] = {}  # each config that succeeded -> its point, in order
+        self.configs: dict[str, Point] = {}  # each config that succeeded -> its point, in order
+        self.first: dict[str, float] = {}  # each config that succeeded -> the metric of its first run
+        # full mode: each stage's knob space, and what the knob points (those with a Setting) taught
+        self.spaces = {int(s): {k: list(v) for k, v in space.items()} for s, space in spec.knobs.items()}
+        self.knob_trials: list[Point] = []  # in the order proposed (the ledger's)
+        self.knob_fits: dict[Point, float] = {}
+        self.knob_oom: dict[tuple[int, Setting], int] = {}  # (stage, knobs) -> the smallest size out of memory
+        self.knob_out: set[Point] = set()
         self.reruns: dict[str, float | None] = {}  # a config re-run -> the re-run's metric (None: out or failed)
         self.rerun_out: set[str] = set()
 
@@ -148,23 +171,46 @@ class Search:
     @property
     def busy(self) -> bool:
         """Some point of the search still runs (or waits to)."""
-        return any(known.out for known in self.stages.values())
+        return any(known.out for known in self.stages.values()) or bool(self.knob_out)
 
-    def open(self, stage: int, mbs: int) -> bool:
-        """Worth proposing: never tried, and not known not to fit."""
+    def open(self, stage: int, mbs: int, knobs: Setting = ()) -> bool:
+        """Worth proposing: never tried, and not known not to fit (with those knobs: an OOM without knobs says
+        so for every setting; one with knobs, for those knobs)."""
         known = self.stages.get(stage)
         return known is not None and not known.given_up and not known.pruned(mbs) and \
-            self.experiment(stage, mbs).name not in self.proposed
+            mbs < self.knob_oom.get((stage, knobs), mbs + 1) and \
+            self.experiment(stage, mbs, knobs=knobs).name not in self.proposed
 
-    def take(self, stage: int, mbs: int) -> Experiment | None:
+    def take(self, stage: int, mbs: int, knobs: Setting = ()) -> Experiment | None:
         """The experiment for a point, marked proposed; None when it was proposed before."""
-        experiment = self.experiment(stage, mbs)
+        experiment = self.experiment(stage, mbs, knobs=knobs)
         if experiment.name in self.proposed:
             return None
-        self.stages[stage].out.add(mbs)
         self.proposed.add(experiment.name)
-        self.trials.append((stage, mbs))
+        if knobs:
+            self.knob_out.add((stage, mbs, knobs))
+            self.knob_trials.append((stage, mbs, knobs))
+        else:
+            self.stages[stage].out.add(mbs)
+            self.trials.append((stage, mbs))
         return experiment
+
+    def settings(self, stage: int) -> list[Setting]:
+        """Every combination of a stage's knobs (full mode), the one its micro-batches ran with first; [()] in
+        fast mode."""
+        space = self.spaces.get(stage, {})
+        return [self.setting(stage, dict(zip(space, values, strict=True)))
+                for values in itertools.product(*space.values())]
+
+    def setting(self, stage: int, values: Mapping[str, Any]) -> Setting:
+        """Knob values as a point holds them: those that differ from the stage's first values, in its order."""
+        space = self.spaces.get(stage, {})
+        return tuple((k, values[k]) for k in space if k in values and values[k] != space[k][0])
+
+    def best_size(self, stage: int) -> int:
+        """The micro-batch size of a stage with the best metric (ties: the larger)."""
+        fits = self.stages[stage].fits
+        return min(fits, key=lambda mbs: (self.metric.sort_key(fits[mbs]), -mbs))
 
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None) -> None:
@@ -179,11 +225,16 @@ class Search:
         if placed is None or placed[0] not in self.stages:
             return
         stage, mbs = placed
+        knobs = self._setting_of(experiment)
+        if knobs:
+            self._learn_knobs(experiment.name, (stage, mbs, knobs), state, reason, value)
+            return
         known = self.stages[stage]
         known.out.discard(mbs)
         if state == State.SUCCEEDED and value is not None:
             known.fits[mbs] = value
-            self.configs[experiment.name] = placed
+            self.configs[experiment.name] = (stage, mbs, ())
+            self.first[experiment.name] = value
             if self.best is None or self.metric.better(value, self.best):
                 self.best, self.since_best = value, 0
                 return
@@ -196,6 +247,25 @@ class Search:
             return
         self.since_best += 1
 
+    def _learn_knobs(self, name: str, point: Point, state: State, reason: str | None, value: float | None) -> None:
+        """One ended run of a knob point: its metric, or that those knobs do not run at that size (out of memory
+        or time: not at any larger size either; refused or no metric: that point only). The stage's micro-batch
+        answers are not touched."""
+        self.knob_out.discard(point)
+        if state == State.SUCCEEDED and value is not None:
+            self.knob_fits[point] = value
+            self.configs[name], self.first[name] = point, value
+            if self.best is None or self.metric.better(value, self.best):
+                self.best, self.since_best = value, 0
+                return
+        elif state in (State.FAILED, State.TIMED_OUT, State.SUCCEEDED):  # no metric
+            if state == State.TIMED_OUT or reason == Reason.OOM:
+                stage, mbs, knobs = point
+                self.knob_oom[(stage, knobs)] = min(mbs, self.knob_oom.get((stage, knobs), mbs))
+        else:
+            return
+        self.since_best += 1
+
     def replay(self, experiments: Sequence[Experiment], latest: Mapping[str, tuple[State, str | None,
                                                                                     float | None]]) -> None:
         """Rebuild from the ledger: every experiment it holds was proposed; those ended are learnt, in the
@@ -204,8 +274,12 @@ class Search:
             self.proposed.add(e.name)
             placed = self._place_of(e)
             rerun = rerun_of(e.name)
+            knobs = self._setting_of(e) if placed is not None else ()
             if rerun is None and placed is not None and placed[0] in self.stages:
-                self.trials.append(placed)
+                if knobs:
+                    self.knob_trials.append((*placed, knobs))
+                else:
+                    self.trials.append(placed)
             state, reason, value = latest.get(e.name, (State.QUEUED, None, None))
             if state.terminal and state not in (State.INTERRUPTED, State.CANCELLED):
                 self.learn(e, state, reason, value)
@@ -214,7 +288,10 @@ class Search:
             elif rerun is not None:
                 self.rerun_out.add(rerun)
             elif placed is not None and placed[0] in self.stages:
-                self.stages[placed[0]].out.add(placed[1])
+                if knobs:
+                    self.knob_out.add((*placed, knobs))
+                else:
+                    self.stages[placed[0]].out.add(placed[1])
 
     # --- stopping -----------------------------------------------------------------------------------------
     def _stopped(self) -> bool:
@@ -223,13 +300,12 @@ class Search:
 
     def _spent(self) -> bool:
         """The trial budget is used up (confirming re-runs are not trials of the search)."""
-        return self.spec.trials is not None and len(self.trials) >= self.spec.trials
+        return self.spec.trials is not None and len(self.trials) + len(self.knob_trials) >= self.spec.trials
 
     # --- confirming the best ------------------------------------------------------------------------------
     def mean(self, name: str) -> float:
         """A config's metric over its runs that succeeded: the first, and its re-run."""
-        stage, mbs = self.configs[name]
-        runs = [self.stages[stage].fits[mbs], self.reruns.get(name)]
+        runs = [self.first[name], self.reruns.get(name)]
         values = [v for v in runs if v is not None]
         return sum(values) / len(values)
 
@@ -250,8 +326,8 @@ class Search:
         wanted = [name for name in ranked[:self.confirm_count()] if name not in self.reruns]
         proposed = []
         for name in wanted:
-            stage, mbs = self.configs[name]
-            experiment = self.experiment(stage, mbs, rerun=True)
+            stage, mbs, knobs = self.configs[name]
+            experiment = self.experiment(stage, mbs, rerun=True, knobs=knobs)
             if experiment.name in self.proposed:  # proposed, then cancelled: not wanted
                 continue
             self.proposed.add(experiment.name)
@@ -260,13 +336,14 @@ class Search:
         return proposed
 
     # --- experiments --------------------------------------------------------------------------------------
-    def experiment(self, stage: int, mbs: int, rerun: bool = False) -> Experiment:
-        """The experiment for one stage and micro-batch size: the user's config with both set, gradient
-        accumulation derived to keep the global batch, and the script's arguments mapped. `rerun`: the
-        confirming re-run of that config."""
+    def experiment(self, stage: int, mbs: int, rerun: bool = False, knobs: Setting = ()) -> Experiment:
+        """The experiment for one stage and micro-batch size (and, in full mode, ZeRO knobs): the user's config
+        with them set, gradient accumulation derived to keep the global batch, and the script's arguments mapped.
+        `rerun`: the confirming re-run of that config."""
         spec = self.spec
         config = copy.deepcopy(dict(spec.base))
         config.setdefault("zero_optimization", {})["stage"] = stage
+        config["zero_optimization"].update(dict(knobs))
         config["train_micro_batch_size_per_gpu"] = mbs
         name = f"{spec.prefix}_z{stage}_mbs{mbs}"
         if spec.global_batch is not None:
@@ -274,6 +351,7 @@ class Search:
             config["gradient_accumulation_steps"] = gas
             config["train_batch_size"] = mbs * gas * spec.world
             name += f"_gas{gas}"
+        name += "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
         template = dict(spec.template)
         args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
         return Experiment.from_json({**template, "name": rerun_name(name) if rerun else name, "ds_config": config,
@@ -289,6 +367,13 @@ class Search:
             return stage, mbs
         return None
 
+    def _setting_of(self, experiment: Experiment) -> Setting:
+        """The knobs of one of the search's experiments, read from its config (() for a micro-batch trial)."""
+        config = experiment.ds_config
+        zero = config.get("zero_optimization") or {}
+        stage = zero.get("stage")
+        return self.setting(stage, zero) if isinstance(stage, int) else ()
+
 
 class MicroBatchSearch(Search):
     """gridsearch, the structured walk (see the module docstring)."""
@@ -303,7 +388,33 @@ class MicroBatchSearch(Search):
                 experiment = self.take(stage, mbs)
                 if experiment is not None:
                     proposed.append(experiment)
+            for knobs in self._knob_walk(stage, known):
+                if len(proposed) >= room or self._spent():
+                    return proposed
+                experiment = self.take(stage, self.best_size(stage), knobs)
+                if experiment is not None:
+                    proposed.append(experiment)
         return proposed
+
+    def _knob_walk(self, stage: int, known: _Stage) -> list[Setting]:
+        """Full mode, once a stage's micro-batch search is over: its knobs, one at a time, at its best size. Each
+        knob's other values are tried with the others at the best found so far, the best kept (ties keep what
+        was), then the next knob. The knobs that wait for a run, or none once every knob was swept."""
+        space = self.spaces.get(stage)
+        if not space or known.given_up or known.out or not known.fits or self._next(known):
+            return []
+        mbs = self.best_size(stage)
+        best, value = {k: v[0] for k, v in space.items()}, known.fits[mbs]
+        for key, values in space.items():
+            tries = [self.setting(stage, best | {key: v}) for v in values if v != best[key]]
+            fresh = [k for k in tries if self.experiment(stage, mbs, knobs=k).name not in self.proposed]
+            if fresh or any((stage, mbs, k) in self.knob_out for k in tries):
+                return fresh
+            for knobs in tries:  # all ended (or cancelled: nothing learnt)
+                measured = self.knob_fits.get((stage, mbs, knobs))
+                if measured is not None and self.metric.better(measured, value):
+                    best, value = best | dict(knobs), measured
+        return []
 
     def _next(self, known: _Stage) -> list[int]:
         """The sizes of a stage to try next, given what is known of it."""
@@ -348,15 +459,16 @@ class RandomSearch(Search):
 
     def __init__(self, spec: SearchSpec):
         super().__init__(spec)
-        self.order = [(stage, mbs) for stage in spec.stages for mbs in sizes(spec)]
+        self.order = [(stage, mbs, knobs) for stage in spec.stages for mbs in sizes(spec)
+                      for knobs in self.settings(stage)]
         random.Random(spec.seed).shuffle(self.order)
 
     def choose(self, room: int) -> list[Experiment]:
         proposed: list[Experiment] = []
-        for stage, mbs in self.order:
+        for stage, mbs, knobs in self.order:
             if len(proposed) >= room or self._spent():
                 break
-            if self.open(stage, mbs) and (experiment := self.take(stage, mbs)) is not None:
+            if self.open(stage, mbs, knobs) and (experiment := self.take(stage, mbs, knobs)) is not None:
                 proposed.append(experiment)
         return proposed
 

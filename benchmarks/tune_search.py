@@ -15,6 +15,9 @@ grid's best. The sampling tuners run with DeepSpeed's default budget (tuner_num_
 5) and with a larger patience (36: the whole grid if need be), over --seeds seeds; the mean is printed, and how
 many seeds found a config at least as good as the grid's best.
 
+--full plays full mode (fast: false, ZeRO's knobs too: the stand-in counts them as known factors) on the simulated
+clock: gridsearch's knob sweep against the grid of every knob setting at each stage's best size.
+
 --simulated N plays the same searches N seeds each on the scheduler's simulated clock (autotuner.simulate, every
 run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
 It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
@@ -137,7 +140,7 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     winner = min(search.configs, key=lambda name: -search.mean(name))
     until = next(p.end for p in played if p.name == winner)
-    point = search.configs[winner]
+    point = search.configs[winner][:2]  # (stage, size); no knobs in fast mode
     return {"to_best": 1 + [p.name for p in played].index(winner), "experiments": len(played),
             "ooms": sum(1 for p in played if p.state == autotuner.State.FAILED),
             "slot_s_to_best": sum(max(0.0, min(p.end, until) - p.start) for p in played),
@@ -150,8 +153,8 @@ def told_fail(spec: object) -> object:
     from autotuner.optuna_search import ModelSearch
 
     class ToldFail(ModelSearch):
-        def _state(self, stage: int, mbs: int) -> tuple[object, float | None]:
-            state, value = super()._state(stage, mbs)
+        def _state(self, stage: int, mbs: int, knobs: tuple = ()) -> tuple[object, float | None]:
+            state, value = super()._state(stage, mbs, knobs)
             pruned = self.optuna.trial.TrialState.PRUNED
             return (self.optuna.trial.TrialState.FAIL if state == pruned else state), value
 
@@ -183,6 +186,7 @@ def main() -> None:
     parser.add_argument("--simulated", type=int, default=0, metavar="N",
                         help="Also play each search N seeds on the simulated clock.")
     parser.add_argument("--no-real", action="store_true", help="Only the simulated table.")
+    parser.add_argument("--full", action="store_true", help="Also play full mode (ZeRO's knobs) simulated.")
     parser.add_argument("--every-size", action="store_true",
                         help=f"Also run the grid of every size 1-{MAX_MBS} of each stage ({len(EVERY_SIZE)} runs).")
     opts = parser.parse_args()
@@ -199,6 +203,58 @@ def main() -> None:
         real_table(cases, opts.slots, opts.seconds)
     if opts.simulated:
         simulated_table(opts.simulated, opts.slots)
+    if opts.full:
+        full_mode_table(opts.slots)
+
+
+def knob_factor(stage: int, zero: dict) -> tuple[float, float]:
+    """The stand-in's ZeRO knobs: (throughput factor, GiB more memory needed)."""
+    factor = (1.1 if zero.get("overlap_comm", stage == 3) else 1.0) / (1.1 if stage == 3 else 1.0)
+    factor *= {5e7: 0.95, 5e8: 1.0, 1e9: 1.04}.get(zero.get("reduce_bucket_size", 5e8), 1.0)
+    factor *= 1.0 if zero.get("contiguous_gradients", True) else 0.97
+    allgather = zero.get("allgather_bucket_size", 5e8)
+    return factor * (0.99 if allgather == 5e7 else 1.0), (5.0 if allgather >= 1e9 else 0.0)
+
+
+def full_mode_table(slots: int) -> None:
+    """gridsearch in full mode against every knob setting at each stage's best size, on the simulated clock."""
+    from autotuner.outcome import Outcome
+    from autotuner.search import MicroBatchSearch, SearchSpec
+    from autotuner.simulate import simulate
+    from autotuner.spec.knobs import KNOBS
+
+    def value(stage: int, mbs: int, zero: dict) -> float | None:
+        factor, more = knob_factor(stage, zero)
+        fixed = {0: 40, 1: 30, 2: 20, 3: 10}[stage]
+        return None if fixed + 2.0 * mbs + more > 100 else throughput(stage, mbs) * factor
+
+    def outcome(e: autotuner.Experiment) -> Outcome:
+        zero = e.ds_config["zero_optimization"]
+        measured = value(zero["stage"], e.ds_config["train_micro_batch_size_per_gpu"], zero)
+        if measured is None:
+            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": measured})
+
+    spaces = {str(stage): {k.key: [k.default(stage), *(v for v in k.values if v != k.default(stage))]
+                           for k in KNOBS if stage in k.searched} for stage in STAGES if stage}
+    spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
+                      base={}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS, knobs=spaces, confirm=0)
+    search = MicroBatchSearch(spec)
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+                             metric="throughput").played, key=lambda p: (p.start, p.name))
+    winner = min(search.configs, key=lambda name: -search.mean(name))
+    knob_runs = len(search.knob_trials)
+    exhaustive, best = 0, 0.0
+    for stage in STAGES:  # every knob setting at the stage's best size, as the search found it
+        mbs = search.best_size(stage)
+        for knobs in search.settings(stage):
+            exhaustive += 1
+            best = max(best, value(stage, mbs, dict(knobs)) or 0.0)
+    print(f"\nfull mode, simulated clock, every run 10 s, {slots} slots\n")
+    print("| | experiments | knob runs | winner | its throughput / the knob grid's best |\n|---|---:|---:|---|---:|")
+    print(f"| gridsearch, knob by knob | {len(played)} | {knob_runs} | {winner} | "
+          f"{search.mean(winner) / best:.3f} |")
+    print(f"| every knob setting at each stage's best size | {exhaustive} (knob runs alone) | {exhaustive} | | 1.000 |")
 
 
 def real_table(cases: list[tuple[str, str | None, int | None, int]], slots: int, seconds: float) -> None:

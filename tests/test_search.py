@@ -2,6 +2,8 @@
 driven by the real scheduler on a simulated clock against a fake GPU (named as such): a run needs memory that grows
 with its ZeRO stage and micro-batch size and fails with the runtime's OOM message past a limit; its throughput is a
 known function."""
+import json
+
 import pytest
 
 from autotuner.outcome import Outcome
@@ -23,11 +25,23 @@ def throughput(stage, mbs):
     return mbs * 100 / (1 + mbs / 64) * (1 - 0.05 * stage)
 
 
+def knob_factor(stage, zero):
+    """ZeRO knobs (full mode) as known factors, 1 at DeepSpeed's defaults (as tests/oom_standin.sh counts them):
+    overlap_comm on 10% faster than off, reduce_bucket_size 1e9 4% faster than 5e8 (5e7 5% slower),
+    contiguous_gradients off 3% slower, allgather_bucket_size 5e7 1% slower; the others change nothing."""
+    factor = (1.1 if zero.get("overlap_comm", stage == 3) else 1.0) / (1.1 if stage == 3 else 1.0)
+    factor *= {5e7: 0.95, 5e8: 1.0, 1e9: 1.04}[zero.get("reduce_bucket_size", 5e8)]
+    factor *= 1.0 if zero.get("contiguous_gradients", True) else 0.97
+    return factor * (0.99 if zero.get("allgather_bucket_size") == 5e7 else 1.0)
+
+
 def fake_gpu(e):
-    stage, mbs = e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"]
-    if not fits(stage, mbs):
+    """allgather_bucket_size 1e9 needs 5 GiB more."""
+    zero = e.ds_config["zero_optimization"]
+    stage, mbs = zero["stage"], e.ds_config["train_micro_batch_size_per_gpu"]
+    if not fits(stage, mbs) or (zero.get("allgather_bucket_size") == 1e9 and not fits(stage, mbs + 5 / NEED[stage][1])):
         return Outcome(State.FAILED, Reason.OOM, "torch.OutOfMemoryError: CUDA out of memory", 1)
-    return Outcome(State.SUCCEEDED, metrics={"throughput": throughput(stage, mbs)})
+    return Outcome(State.SUCCEEDED, metrics={"throughput": throughput(stage, mbs) * knob_factor(stage, zero)})
 
 
 def spec(**changes):
@@ -287,3 +301,129 @@ def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlie
         outcomes[e] = (out.state, out.reason, out.metrics.get("throughput") if out.metrics else None)
     rebuilt.replay(list(outcomes), {e.name: v for e, v in outcomes.items()})
     assert rebuilt.propose(2, 0.0) == [] and rebuilt.reruns == search.reruns
+
+
+# --- full mode: the ZeRO knobs ----------------------------------------------------------------------------------
+def full_spec(tmp_path, zero=None, **changes):
+    """A full-mode spec as `autotune tune` reads it from a config (`fast: false`), with `zero` in its
+    zero_optimization."""
+    from autotuner.spec.tuning import read_tuning
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"stage": [1, 2, 3]} | (zero or {}),
+                                "autotuning": {"fast": False}}))
+    tuning = read_tuning(path, 1)
+    return spec(**{"base": tuning.base | {"gradient_accumulation_steps": 1}, "stages": tuning.stages,
+                   "knobs": {str(s): space for s, space in tuning.knobs.items() if space}} | changes)
+
+
+def test_full_mode_sweeps_each_stages_knobs_at_its_best_size_once_its_micro_batch_search_is_over(tmp_path):
+    """Knob by knob (the table's order), each other value with the rest at the best so far: z2 keeps
+    overlap_comm on (10% faster), not reduce_scatter off (no faster: a tie keeps what was) nor contiguous gradients
+    off (slower), then reduce_bucket_size 1e9; allgather_bucket_size 1e9 runs out of memory at that size, an
+    answer about those knobs only. The winner carries its knobs."""
+    search = MicroBatchSearch(full_spec(tmp_path))
+    played = tune(search).played
+    knob_runs = {z: sorted(p.name.removeprefix(f"t_z{z}_") for p in played if place(p.name)[0] == z
+                           and p.name.count("_") > 2) for z in (1, 2, 3)}
+    assert knob_runs[2] == sorted(["mbs53_ovl1", "mbs53_ovl1_rs0", "mbs53_ovl1_cg0", "mbs53_ovl1_rbs5e7",
+                                   "mbs53_ovl1_rbs1e9", "mbs53_ovl1_rbs1e9_abs5e7", "mbs53_ovl1_rbs1e9_abs1e9"])
+    assert knob_runs[3] == sorted(["mbs90_ovl0", "mbs90_rs0", "mbs90_cg0", "mbs90_rbs5e7", "mbs90_rbs1e9",
+                                   "mbs90_rbs1e9_pbs5e6", "mbs90_rbs1e9_pbs5e8"])
+    assert knob_runs[1] == sorted(["mbs35_rbs5e7", "mbs35_rbs1e9", "mbs35_rbs1e9_abs5e7", "mbs35_rbs1e9_abs1e9"])
+    for z in (1, 2, 3):  # no knob run before the stage's micro-batch search had ended
+        sizes_end = max(p.end for p in played if place(p.name)[0] == z and p.name.count("_") == 2)
+        assert all(p.start >= sizes_end for p in played if place(p.name)[0] == z and p.name.count("_") > 2)
+    oom = next(p for p in played if p.name == "t_z2_mbs53_ovl1_rbs1e9_abs1e9")
+    assert oom.state == State.FAILED and max(search.stages[2].fits) == 53 and min(search.stages[2].too_big) == 54
+    best = max(search.configs, key=lambda name: search.mean(name))
+    assert best == "t_z3_mbs90_rbs1e9"
+    stage, mbs, knobs = search.configs[best]
+    e = search.experiment(stage, mbs, knobs=knobs)
+    assert e.ds_config["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 1_000_000_000}
+    fast = {p.name for p in tune(MicroBatchSearch(spec(stages=(1, 2, 3)))).played}
+    assert fast == {p.name for p in played if p.name.count("_") == 2}  # the same micro-batch search as fast mode
+
+
+def test_a_knob_the_config_fixes_is_never_searched_and_a_list_is_searched_from_its_first_value(tmp_path):
+    """reduce_bucket_size fixed at 5e7: every run has it, no name varies it. overlap_comm listed [true, false]:
+    every stage's micro-batch search runs with it on, and its knob sweep tries it off."""
+    search = MicroBatchSearch(full_spec(tmp_path, {"reduce_bucket_size": 5e7, "overlap_comm": [True, False]}))
+    launched = []
+    simulate([], {"h": [0, 1, 2, 3]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or fake_gpu(e),
+             source=search, metric="throughput")
+    assert launched and all(e.ds_config["zero_optimization"]["reduce_bucket_size"] == 5e7 for e in launched)
+    assert not any("rbs" in e.name for e in launched)
+    assert {e.name for e in launched if "ovl" in e.name} == {"t_z1_mbs35_ovl0", "t_z2_mbs53_ovl0", "t_z3_mbs90_ovl0"}
+    assert all(e.ds_config["zero_optimization"]["overlap_comm"] is ("_ovl0" not in e.name) for e in launched)
+    auto = full_spec(tmp_path, {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"})
+    assert {s: list(space) for s, space in auto.knobs.items()} == {  # a Trainer fills "auto" in: fixed too
+        "1": ["allgather_bucket_size"], "2": ["overlap_comm", "reduce_scatter", "contiguous_gradients",
+                                              "allgather_bucket_size"],
+        "3": ["overlap_comm", "reduce_scatter", "contiguous_gradients"]}
+
+
+@pytest.mark.parametrize("tuner", ["gridsearch", "random", "model_based"])
+def test_full_mode_rebuilt_from_the_ledger_makes_the_same_decisions(tmp_path, tuner):
+    """One slot: a full-mode search that died after some runs, knob runs among them (one still running), rebuilt
+    from what the ledger holds, runs the same points in the same order as one never interrupted."""
+    zero = {} if tuner == "gridsearch" else {"reduce_scatter": True, "contiguous_gradients": True,
+                                             "allgather_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7}
+    made = full_spec(tmp_path, zero, tuner=tuner, seed=5, max_mbs=64, trials=40)
+    whole = played_names(search_for(made))
+    assert any(name.count("_") > 2 for name in whole[:30])
+    for crash in (3, 17, 29):
+        live = search_for(made)
+        ledger, ended = [], {}
+        while len(ended) < crash:
+            (e,) = live.propose(1, 0.0)
+            ledger.append(e)
+            ended[e.name] = recorded(e)
+            live.learn(e, *ended[e.name])
+        (running,) = live.propose(1, 0.0)
+        rebuilt = search_for(made)
+        rebuilt.replay([*ledger, running], ended)
+        assert (rebuilt.trials, rebuilt.knob_trials, rebuilt.knob_fits, rebuilt.knob_out) == \
+            (live.trials, live.knob_trials, live.knob_fits, live.knob_out)
+        assert [e.name for e in ledger] + played_names(rebuilt, queued=[running]) == whole
+
+
+@pytest.mark.parametrize("tuner", ["random", "model_based"])
+def test_a_sampling_tuner_in_full_mode_samples_the_knobs_too_and_finds_the_best(tmp_path, tuner):
+    """overlap_comm and reduce_bucket_size searched (the rest fixed): 2 stages x 7 sizes x 6 settings. No point
+    twice, none known not to fit (a knob run's OOM bounds its knobs only: knobs change the memory a run needs),
+    the best found; an OOM told to TPE as pruned."""
+    zero = {"reduce_scatter": True, "contiguous_gradients": True, "allgather_bucket_size": 5e8,
+            "stage3_prefetch_bucket_size": 5e7, "stage": [2, 3]}
+    made = full_spec(tmp_path, zero, tuner=tuner, seed=2, max_mbs=64)
+    search = search_for(made)
+    played = tune(search).played
+    ran = [p.name for p in played]
+    assert len(ran) == len(set(ran)) and any("_ovl" in n for n in ran) and any("_rbs" in n for n in ran)
+    ooms = [(p.name, p.end) for p in played if p.state == State.FAILED]
+    for p in played:  # an OOM without knobs bounds every setting of its stage; one with knobs, those knobs
+        stage, mbs = place(p.name)
+        knobs = p.name.split("_")[3:]
+        known = [q for q, end in ooms if end <= p.start and place(q)[0] == stage and place(q)[1] <= mbs
+                 and q.split("_")[3:] in ([], knobs)]
+        assert not known, f"{p.name} launched at {p.start} after {known} ran out of memory"
+    assert any(name.count("_") > 2 for name, _ in ooms)
+    best = max(search.configs, key=lambda name: search.mean(name))
+    assert best == "t_z3_mbs64_rbs1e9"  # overlap_comm is on at ZeRO-3 by default: 1.04 x z3's best beats z2's
+    if tuner == "model_based":
+        import optuna
+
+        trials = search.study().trials
+        assert len(trials) == len(ran)
+        assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in trials)
+
+
+def test_the_trial_budget_and_re_runs_count_knob_runs(tmp_path):
+    sized = len([p for p in tune(MicroBatchSearch(spec(stages=(1, 2, 3)))).played])
+    played = tune(MicroBatchSearch(full_spec(tmp_path, trials=sized + 3))).played
+    assert len(played) == sized + 3 and sum(p.name.count("_") > 2 for p in played) >= 3  # stage 1's knobs start early
+    stopped = tune(MicroBatchSearch(full_spec(tmp_path, stages=(3,), patience=2)), slots=1).played
+    assert len(stopped) < len(tune(MicroBatchSearch(full_spec(tmp_path, stages=(3,))), slots=1).played)
+    confirmed = tune(MicroBatchSearch(full_spec(tmp_path, confirm=None))).played
+    assert sorted(p.name for p in confirmed if p.name.endswith("_confirm1")) == [
+        "t_z3_mbs90_rbs1e9_confirm1", "t_z3_mbs90_rbs1e9_pbs5e6_confirm1"]

@@ -36,8 +36,18 @@ def tune(tmp_path, environ, *extra, results="res"):
 
 
 def launches(tmp_path):
-    return [tuple(int(w[1:].removeprefix("bs")) for w in line.split()) for line in
+    """(stage, micro-batch size) of each launch, in order."""
+    return [tuple(int(w[1:].removeprefix("bs")) for w in line.split()[:2]) for line in
             (tmp_path / "launches.log").read_text().splitlines()]
+
+
+def knob_launches(tmp_path):
+    """(stage, micro-batch size, the zero_optimization keys the config set) of each launch, in order."""
+    found = []
+    for line in (tmp_path / "launches.log").read_text().splitlines():
+        z, mbs, *knobs = line.split()
+        found.append((int(z[1:]), int(mbs[3:]), dict((k, json.loads(v)) for k, v in (w.split("=") for w in knobs))))
+    return found
 
 
 def test_tune_finds_the_largest_micro_batch_that_fits_per_stage_and_the_best_overall(tmp_path):
@@ -96,7 +106,17 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
 
 @pytest.mark.parametrize(("autotuning", "config", "fragment", "needle"), [
     ({"tuner_typ": "random"}, None, "unknown autotuning key 'tuner_typ'", '"tuner_typ"'),
-    ({"fast": False}, None, "fast: false", '"fast"'),
+    ({"fast": "no"}, None, "fast must be true or false", '"fast"'),
+    ({"fast": False}, {"zero_optimization": {"stage": [1, 2], "overlap_comm": "yes"}},
+     "zero_optimization.overlap_comm must be true or false", '"overlap_comm"'),
+    ({"fast": False}, {"zero_optimization": {"stage": 2, "reduce_bucket_size": [5e8, -1]}},
+     "reduce_bucket_size must be a positive whole number of elements", '"reduce_bucket_size"'),
+    ({"fast": False}, {"zero_optimization": {"stage": 2, "reduce_bucket_size": []}}, "an empty list",
+     '"reduce_bucket_size"'),
+    ({"fast": False}, {"zero_optimization": {"stage": 2, "sub_group_size": [1e9, 1e12]}},
+     "can be searched only for overlap_comm", '"sub_group_size"'),
+    (None, {"zero_optimization": {"stage": 2, "overlap_comm": [True, False]}},
+     "searched in full mode only: set autotuning.fast to false", '"overlap_comm"'),
     ({"tuner_type": "bayes"}, None, "tuner_type 'bayes'", '"tuner_type"'),
     ({"metric": "speed"}, None, "unknown metric 'speed'", '"metric"'),
     ({"max_train_micro_batch_size_per_gpu": 0}, None, "positive whole number", '"max_train_micro_batch_size'),
@@ -249,3 +269,67 @@ def test_a_bad_tune_file_is_one_located_line(tmp_path, text, fragment, needle):
     assert not (tmp_path / "res").exists()
     extra = autotune("tune", "--slots", "1", "tune.hjson", "--slots", "2", environ=environ, cwd=tmp_path)
     assert extra.returncode == 2 and "a tune file takes no script arguments" in extra.stderr
+
+
+def test_full_mode_finds_the_best_zero_knobs_and_writes_them_in_the_best_config(tmp_path):
+    """fast: false. After each stage's micro-batch search, its knobs one at a time at its best size (the stand-in:
+    overlap_comm on 10% faster, reduce_bucket_size 1e9 4%; allgather_bucket_size 1e9 runs out of memory there):
+    z2 mbs40 with both wins, confirmed by its re-run; every knob run is an experiment with a readable name."""
+    result = tune(tmp_path, setup(tmp_path, {"fast": False}))
+    assert result.returncode == 0, result.stdout + result.stderr  # knob OOMs too are answers
+    assert "best: train_z2_mbs40_ovl1_rbs1e9 with throughput" in result.stdout
+    assert "the winner train_z2_mbs40_ovl1_rbs1e9 was confirmed" in result.stdout
+    optimal = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"] == {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 1_000_000_000}
+    assert optimal["train_micro_batch_size_per_gpu"] == 40
+    report = json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    names = {r["name"]: r for r in report["experiments"]}
+    assert {"train_z2_mbs40_ovl1", "train_z2_mbs40_ovl1_rbs1e9", "train_z3_mbs45_ovl0", "train_z1_mbs35_rbs1e9",
+            "train_z2_mbs40_ovl1_rbs1e9_abs1e9"} <= set(names)
+    assert names["train_z2_mbs40_ovl1_rbs1e9_abs1e9"]["reason"] == "oom"
+    summary = (tmp_path / "res" / "summary.txt").read_text().splitlines()
+    rows = {line.split("|")[1].strip(): line.split("|")[4].strip() for line in summary if line.startswith("| z")
+            or line.startswith("| global")}
+    assert rows == {"z1": "train_z1_mbs35_rbs1e9", "z2": "train_z2_mbs40_ovl1_rbs1e9", "z3": "train_z3_mbs45_rbs1e9",
+                    "global": "train_z2_mbs40_ovl1_rbs1e9"}  # a stage's knob runs are of its tuning space
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    assert tune(fast, setup(fast)).returncode == 0
+    sized = Counter((z, m) for z, m, knobs in knob_launches(tmp_path) if not knobs)
+    assert sized == Counter(set(launches(fast)))  # fast mode's micro-batch search, each size once (no re-runs)
+
+
+def test_full_mode_never_varies_a_knob_the_config_fixes(tmp_path):
+    environ = setup(tmp_path, {"fast": False}, {"zero_optimization": {"stage": [1, 2, 3], "reduce_bucket_size": 5e7}})
+    result = tune(tmp_path, environ)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = knob_launches(tmp_path)
+    assert all(knobs.get("reduce_bucket_size") == 5e7 for _, _, knobs in ran)
+    assert any(knobs.get("overlap_comm") is True for _, _, knobs in ran)
+    assert "best: train_z2_mbs40_ovl1 with throughput" in result.stdout
+    optimal = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": True}
+
+
+def test_full_mode_after_a_kill_9_resumes_with_the_same_decisions(tmp_path, runners):
+    environ = setup(tmp_path, {"fast": False}) | {"OOM_STANDIN_SECONDS": "0.3"}
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    assert tune(whole, setup(whole, {"fast": False})).returncode == 0
+    clean = Counter(json.dumps(run, sort_keys=True) for run in knob_launches(whole))
+
+    proc = runners.start("tune", "--slots", "3", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "train.py",
+                         "--deepspeed_config", "ds.json", "--steps", "3", environ=environ, cwd=tmp_path,
+                         directory=tmp_path / "res")
+    deadline = time.monotonic() + 90
+    while sum(1 for *_, knobs in (knob_launches(tmp_path) if (tmp_path / "launches.log").exists() else [])
+              if knobs) < 4:  # killed in the knob search
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed = autotune("resume", tmp_path / "res", environ=environ, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert Counter(json.dumps(run, sort_keys=True) for run in knob_launches(tmp_path)) == clean
+    assert "best: train_z2_mbs40_ovl1_rbs1e9 with throughput" in resumed.stdout
+    assert tagged_pids(sweep_id(tmp_path / "res")) == []

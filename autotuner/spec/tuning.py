@@ -1,7 +1,7 @@
 """What `autotune tune` is given: the user's own DeepSpeed command (the script, its arguments and the config
 they name with `--deepspeed_config` or `--deepspeed`), and that config's `autotuning` section, read as DeepSpeed
-documents it. Unknown or mistyped keys are located errors, never ignored; what the search does not do yet is
-refused by name rather than silently skipped."""
+documents it (full mode, `fast: false`, adds the ZeRO knobs of spec/knobs.py). Unknown or mistyped keys are
+located errors, never ignored; what the search does not do yet is refused by name rather than silently skipped."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import UserError, shown
 from ..metrics import metric_named
+from .knobs import Space, first_values, knob_spaces
 from .model import CONFIG_FLAG, FLAG, NAME_MAX, SAFE_NAME, UNSAFE, positive_int
 from .reading import (
     Budget,
@@ -87,6 +88,7 @@ class Tuning:
     patience: int | None
     arg_mappings: dict[str, str]
     tuner: str = "gridsearch"
+    knobs: dict[int, Space] = field(default_factory=dict)  # full mode: each stage's ZeRO knobs to search
 
 
 def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
@@ -102,9 +104,9 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     for key in section:
         if key not in KEYS:
             raise src.error(f"unknown autotuning key {shown(key)} (DeepSpeed's keys: {', '.join(KEYS)})", key)
-    if section.get("fast") is False:
-        raise src.error("fast: false (tuning ZeRO's other knobs too) is not supported yet: only the micro-batch "
-                        "size per ZeRO stage is searched; leave `fast` out or set it true", "fast")
+    fast = section.get("fast", True)
+    if not isinstance(fast, bool):
+        raise src.error(f"fast must be true or false, not {shown(fast)}", "fast")
     tuner = section.get("tuner_type", "gridsearch")
     if tuner not in TUNERS:
         raise src.error(f"tuner_type {shown(tuner)}: one of {', '.join(TUNERS)}", "tuner_type")
@@ -129,14 +131,20 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
         raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
                         "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
                         else "autotuning")
+    stages = _stages(src, config)
+    zero = config.get("zero_optimization", {})
+    zero = zero if isinstance(zero, dict) else {}
+    spaces = knob_spaces(src, zero, stages, fast)
     base = {k: v for k, v in config.items() if k != "autotuning"}
+    if zero:
+        base["zero_optimization"] = first_values(zero)
     engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
     if engine:
         base["autotuning"] = engine
     mappings = _mappings(src, section.get("arg_mappings", {}))
     _check_auto(src, config, mappings, global_batch is not None)
-    return Tuning(base, _stages(src, config), metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
-                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner)
+    return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
+                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces)
 
 
 def _have_optuna() -> bool:
