@@ -29,7 +29,7 @@ FILENAME = "ledger.sqlite"
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """  -- version 1's tables: a new ledger gets them, then every migration (`_schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,8 +52,9 @@ _TABLES = ("meta", "experiments", "attempts", "transitions", "requests")
 
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
-# 1 -> 2: a Slurm job step's id per attempt.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = ((), ("ALTER TABLE attempts ADD COLUMN step TEXT",))
+# 1 -> 2: a Slurm job step's id per attempt. 2 -> 3: the peak GPU memory an attempt held (peaks.py).
+_MIGRATIONS: tuple[tuple[str, ...], ...] = ((), ("ALTER TABLE attempts ADD COLUMN step TEXT",),
+                                            ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",))
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,
@@ -164,6 +165,7 @@ class Attempt:
     metric: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     step: str | None = None  # the Slurm job step (`J.S`) that ran it, in a sweep run inside Slurm
+    peak_memory: int | None = None  # bytes: the most it held on one GPU, where measured (peaks.py)
 
     @property
     def terminal(self) -> bool:
@@ -521,14 +523,17 @@ class Ledger:
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
-               metrics: Mapping[str, float] | None = None) -> None:
-        """queued|running -> a terminal state (queued ones can be cancelled or interrupted unstarted)."""
+               metrics: Mapping[str, float] | None = None, peak_memory: int | None = None) -> None:
+        """queued|running -> a terminal state (queued ones can be cancelled or interrupted unstarted);
+        `peak_memory`: the most the attempt held on one GPU, where it was measured (peaks.py)."""
         if not state.terminal:
             raise TransitionError(f"{state} is not a terminal state")
         with self._transaction():
             self._move(name, attempt, (State.QUEUED, State.RUNNING), state, at,
-                       "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?",
-                       (at, reason, detail, exit_code, metric, json.dumps(dict(metrics)) if metrics else None),
+                       "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?, "
+                       "peak_memory = ?",
+                       (at, reason, detail, exit_code, metric, json.dumps(dict(metrics)) if metrics else None,
+                        peak_memory),
                        None, reason)
 
     def _move(self, name: str, attempt: int, from_states: tuple[State, ...], to: State, at: float,
