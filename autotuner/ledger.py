@@ -92,6 +92,8 @@ class SweepMeta:
     gpu_types: Mapping[str, str] | None = None
     gpu_memory: Mapping[str, int] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
+    # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
+    learned_memory: Mapping[str, int] | None = None
     slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -100,7 +102,7 @@ class SweepMeta:
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
         "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "placement": str, "slurm": (dict, type(None))}
+        "placement": str, "slurm": (dict, type(None)), "learned_memory": dict}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -114,9 +116,10 @@ class SweepMeta:
                 return f"meta {key!r} is not a {'number' if key == 'created' else _json_kind(kind)}"
         if not all(isinstance(v, str) for v in dict(data.get("gpu_types") or {}).values()):
             return "meta 'gpu_types' holds a type that is not a string"
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                   for v in dict(data.get("gpu_memory") or {}).values()):
-            return "meta 'gpu_memory' holds a size that is not a positive integer"
+        for key in ("gpu_memory", "learned_memory"):
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for v in dict(data.get(key) or {}).values()):
+                return f"meta {key!r} holds a size that is not a positive integer"
         return None
 
     @classmethod
@@ -126,9 +129,9 @@ class SweepMeta:
         values = {k: v for k, v in data.items() if k in known}
         values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
         values["launcher"] = tuple(values["launcher"])
-        for key in ("env", "capacity", "gpu_types", "gpu_memory"):
+        for key in ("env", "capacity", "gpu_types", "gpu_memory", "learned_memory"):
             if key in values:
-                values[key] = {str(k): v if key in ("capacity", "gpu_memory") else str(v)
+                values[key] = {str(k): v if key in ("capacity", "gpu_memory", "learned_memory") else str(v)
                                for k, v in values[key].items()}
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
 
@@ -137,7 +140,8 @@ class SweepMeta:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "slurm"):
+        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "slurm",
+                    "learned_memory"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)
@@ -595,6 +599,12 @@ class Ledger:
         rows = self._db.execute(query + (" WHERE a.name = ?" if name else "") + " ORDER BY e.position, a.attempt",
                                 (name,) if name else ()).fetchall()
         return [self._attempt(r) for r in rows]
+
+    def peaks(self) -> dict[str, int]:
+        """name -> the highest peak GPU memory measured over its attempts (bytes), of the experiments measured:
+        even an attempt that ran out of memory held at least that much. One query, no attempt decoded."""
+        return {name: int(peak) for name, peak in self._db.execute(
+            "SELECT name, MAX(peak_memory) FROM attempts WHERE peak_memory > 0 GROUP BY name")}
 
     def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))

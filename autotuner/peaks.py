@@ -124,7 +124,9 @@ class PeakMemory:
                 continue
             for process in processes:
                 used = getattr(process, "usedGpuMemory", None)  # None: NVML cannot say (pynvml's N/A)
-                key = owner.get(tags.tag_of(process.pid, self._proc) or "") if used else None
+                if not used:
+                    continue
+                key = owner.get(tags.tag_of(process.pid, self._proc) or "")
                 if key is not None and index in watched[key][1]:
                     on_gpu[(key, index)] = on_gpu.get((key, index), 0) + int(used)
         held: dict[Key, int] = {}

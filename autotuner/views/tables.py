@@ -321,7 +321,8 @@ def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
 
 def _report_table(results: SweepResults, output: Output, more: Sequence[str] = ()) -> str:
     metric = results.metric
-    short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
+    short = headers(results.parameters,
+                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
     columns = (Column("#", right=True), Column("name", whole=True),
                *([Column("GPU type", whole=True)] if results.typed else []), Column("state", whole=True),
                *(Column(short[k], right=True) for k in results.parameters),
