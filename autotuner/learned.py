@@ -29,15 +29,15 @@ def need_of_peak(peak: int, sizes: Mapping[str, int] | None = None) -> int:
     return need if usable is None else min(need, max(usable, peak))
 
 
-def peaks_by_digest(directory: Path) -> dict[str, int]:
-    """An earlier sweep's peaks by config digest; a UserError when it measured none (a CPU sweep, a GPU sweep
-    that NVML could not watch), which a user who asked to learn from it must hear."""
+def peaks_by_digest(directory: Path, required: bool = True) -> dict[str, int]:
+    """An earlier sweep's peaks by config digest. `required`: a UserError when it measured none (a CPU sweep, a
+    GPU sweep that NVML could not watch), which a user who asked to learn memory from it must hear."""
     from .prepare import open_sweep
 
     with open_sweep(Path(directory)) as ledger:
         by_name = ledger.peaks()
         digests = ledger.digests()
-    if not by_name:
+    if not by_name and required:
         raise UserError("--from: this sweep has no measured GPU memory to learn from", directory)
     found: dict[str, int] = {}
     for name, peak in by_name.items():

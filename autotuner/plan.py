@@ -22,6 +22,7 @@ from .core.resources import placement_named
 from .core.scheduler import default_queue
 from .durations import DEFAULT_SECONDS, Durations, durations
 from .errors import UserError
+from .learned import learned_needs, peaks_by_digest, with_needs
 from .simulate import Timeline, Underway, simulate
 from .spec import Experiment
 
@@ -91,7 +92,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     (their coefficient of variation) is above 0. `timeout`: seconds a run may take unless its experiment says.
     `types` (host -> GPU type) and `sizes` (host -> bytes per GPU), a cluster's `host_types` and `memory`, keep
     each experiment on one type as `run` does; the memory placement judges every GPU by its stated size (a
-    plan reads no free memory: what is free now says little about later)."""
+    plan reads no free memory: what is free now says little about later). `past` teaches memory needs too: the
+    peak each config held there (learned.py), for experiments that state none."""
     if not experiments:
         raise UserError("nothing to plan: the sweep has no experiments")
     if not (spread >= 0 and math.isfinite(spread)):
@@ -99,6 +101,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     if samples < 1:
         raise UserError(f"--samples must be at least 1, not {samples}")
     expected = durations(experiments, past, default_seconds)
+    if past is not None:  # what the earlier sweep's runs held: the memory needs of those that state none
+        experiments = with_needs(experiments, learned_needs(experiments, peaks_by_digest(past, required=False), sizes))
     for name in queues:
         if name not in QUEUES:
             raise UserError(f"--policy {name!r}: not a queue policy ({', '.join(QUEUES)})")
