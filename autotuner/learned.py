@@ -18,13 +18,15 @@ from .errors import UserError
 from .spec import Experiment
 
 MARGIN = 10  # percent over the measured peak: runs of one config vary (data, allocator fragmentation)
+STEP = 256 << 20  # needs are rounded up to this: experiments of one need are one kind for the queue (resources.py)
 
 
 def need_of_peak(peak: int, sizes: Mapping[str, int] | None = None) -> int:
-    """What a config measured at `peak` bytes is taken to need on each GPU. Capped at what the biggest GPU of
-    `sizes` (bytes per GPU, by host) holds less the placement's headroom, but never below the peak: a config
-    that ran is never made unplaceable by the margin."""
-    need = peak + peak * MARGIN // 100
+    """What a config measured at `peak` bytes is taken to need on each GPU: the peak and the margin, rounded up
+    to a STEP (needs that differ by a few bytes would each be a kind of their own in the queue). Capped at what
+    the biggest GPU of `sizes` (bytes per GPU, by host) holds less the placement's headroom, but never below the
+    peak: a config that ran is never made unplaceable by the margin."""
+    need = -(-(peak + peak * MARGIN // 100) // STEP) * STEP
     usable = max((size - headroom(size) for size in (sizes or {}).values()), default=None)
     return need if usable is None else min(need, max(usable, peak))
 

@@ -602,7 +602,10 @@ class Ledger:
 
     def peaks(self) -> dict[str, int]:
         """name -> the highest peak GPU memory measured over its attempts (bytes), of the experiments measured:
-        even an attempt that ran out of memory held at least that much. One query, no attempt decoded."""
+        even an attempt that ran out of memory held at least that much. One query, no attempt decoded. A ledger
+        from before peaks were recorded (read, not migrated: an earlier sweep's) has none."""
+        if self.version() < 3:
+            return {}
         return {name: int(peak) for name, peak in self._db.execute(
             "SELECT name, MAX(peak_memory) FROM attempts WHERE peak_memory > 0 GROUP BY name")}
 

@@ -110,7 +110,8 @@ class PeakMemory:
                 for key, used in held.items():
                     if key in self._watched:
                         self._peaks[key] = max(self._peaks.get(key, 0), used)
-                self._cond.wait(self._period)
+                if not self._closed:  # a close that came while reading found no one waiting to notify
+                    self._cond.wait(self._period)
 
     def _read(self, watched: Mapping[Key, tuple[str, frozenset[int]]]) -> dict[Key, int]:
         """What each watched attempt holds now on the GPU where it holds the most."""

@@ -56,6 +56,7 @@ class Plan:
     samples: int  # Monte Carlo draws played (1: none, only the estimates)
     policies: Sequence[PolicyPlan]
     samples_asked: int = 1  # more than `samples` when the sweep was too large to play them all (RUN_BUDGET)
+    learned_memory: int = 0  # experiments whose GPU memory need was learned from `past` (learned.py)
 
     @property
     def slot_count(self) -> int:
@@ -101,8 +102,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     if samples < 1:
         raise UserError(f"--samples must be at least 1, not {samples}")
     expected = durations(experiments, past, default_seconds)
-    if past is not None:  # what the earlier sweep's runs held: the memory needs of those that state none
-        experiments = with_needs(experiments, learned_needs(experiments, peaks_by_digest(past, required=False), sizes))
+    learned = learned_needs(experiments, peaks_by_digest(past, required=False), sizes) if past is not None else {}
+    experiments = with_needs(experiments, learned)  # what the earlier runs held: the needs of those that state none
     for name in queues:
         if name not in QUEUES:
             raise UserError(f"--policy {name!r}: not a queue policy ({', '.join(QUEUES)})")
@@ -125,7 +126,7 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
             at_estimates = play(seconds)
             makespans = sorted(play(d).makespan for d in draws) if draws else [at_estimates.makespan]
             policies.append(PolicyPlan(queue, placement, at_estimates, makespans))
-    return Plan(experiments, slots, expected, timeout, spread, samples, policies, asked)
+    return Plan(experiments, slots, expected, timeout, spread, samples, policies, asked, len(learned))
 
 
 def _draw(experiments: Sequence[Experiment], seconds: Mapping[str, float], spread: float,
