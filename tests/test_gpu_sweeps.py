@@ -298,6 +298,37 @@ def test_peak_memory_is_recorded_shown_and_learned_by_a_retry_a_later_sweep_and_
     assert {e["name"]: sorted(e["slots"]) for e in without["plans"][0]["experiments"]}["s_x1"] == ["r0"]
 
 
+# Reports its own peak in its metrics file, as a script may (torch.cuda.max_memory_reserved()): 30 GiB for s_x1.
+REPORTS_PEAK = SLEEP_THEN_SUCCEED.replace(
+    '"latency": 1.0}', '"latency": 1.0, "peak_memory": %s}').replace(
+    '"$((ck % 100000 + 1))"', '"$((ck % 100000 + 1))" "$(if [ "$name" = s_x1 ]; then echo 32212254720; '
+                              'else echo 2147483648; fi)"')
+
+
+def test_a_peak_the_script_reports_is_recorded_and_keeps_a_big_run_off_the_small_gpu_host(tmp_path):
+    """No NVML sees these runs (CPU slots): the script's own figure is the peak. A later sweep on a hostfile of a
+    24 GB host and an 80 GB one learns it (`--from`): s_x1 needs 33 GiB and runs on the 80 GB host, which is not
+    the first type tried; the others, small, on the 24 GB one."""
+    spec, _, _ = setup(tmp_path, count=3)
+    launcher = write_launcher(tmp_path, REPORTS_PEAK, "reports.sh")
+    first = tmp_path / "first"
+    assert autotune("run", spec, "--slots", "2", "--launcher", launcher, "-o", first, "-q",
+                    environ=run_env(tmp_path)).returncode == 0
+    with Ledger.open(first) as ledger:
+        assert ledger.peaks() == {"s_x1": 30 * GiB, "s_x2": 2 * GiB, "s_x3": 2 * GiB}
+    hosts = tmp_path / "sizes"
+    hosts.write_text("localhost slots=2 accelerator=cpu gpu=RTX-24GB\n127.0.0.1 slots=2 accelerator=cpu gpu=A100-80GB\n")
+    ran = {}
+    for learn in ([], ["--from", first]):
+        results = tmp_path / f"second{len(learn)}"
+        out = autotune("run", spec, "-H", hosts, "--launcher", launcher, "-o", results, "-q", "--placement", "memory",
+                       *learn, environ=run_env(tmp_path))
+        assert out.returncode == 0, out.stderr
+        ran[bool(learn)] = {n: sorted(a.slots) for n, a in recorded(results)[1].items()}
+    assert ran[False] == {"s_x1": ["localhost"], "s_x2": ["localhost"], "s_x3": ["127.0.0.1"]}  # the first type
+    assert ran[True] == {"s_x1": ["127.0.0.1"], "s_x2": ["localhost"], "s_x3": ["localhost"]}
+
+
 def test_learning_from_a_sweep_that_measured_no_gpu_memory_is_one_line_and_nothing_is_created(tmp_path):
     spec, hosts, launcher = setup(tmp_path, count=2)
     cpu = tmp_path / "cpu"

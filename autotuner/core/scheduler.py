@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from ..gpus import show_size
+from ..metrics import reported_peak
 from ..outcome import Outcome
 from ..spec import Experiment
 from ..states import Reason, State
@@ -330,13 +331,15 @@ class Scheduler:
         self._actions.start.append(run)
 
     def _finished(self, run: Run, outcome: Outcome, at: float, peak_memory: int | None = None) -> None:
+        """`peak_memory`: measured while it ran (peaks.py); else what the script reported, if it did."""
         self._running.pop(run.key)
         self._changed = True
         self._limits.pop(run.key, None)
         self.pool.give_back(run.reservation)
         self.record.finish(run.experiment.name, run.attempt, outcome.state, at, reason=outcome.reason,
                            detail=outcome.detail, exit_code=outcome.exit_code,
-                           metric=self._metric_value(outcome), metrics=outcome.metrics, peak_memory=peak_memory)
+                           metric=self._metric_value(outcome), metrics=outcome.metrics,
+                           peak_memory=peak_memory or reported_peak(outcome.metrics))
         self._note("finished", run, outcome)
         adopted = run.key in self._adopted
         self._adopted.discard(run.key)
