@@ -317,7 +317,8 @@ def test_a_peak_the_script_reports_is_recorded_and_keeps_a_big_run_off_the_small
     with Ledger.open(first) as ledger:
         assert ledger.peaks() == {"s_x1": 30 * GiB, "s_x2": 2 * GiB, "s_x3": 2 * GiB}
     hosts = tmp_path / "sizes"
-    hosts.write_text("localhost slots=2 accelerator=cpu gpu=RTX-24GB\n127.0.0.1 slots=2 accelerator=cpu gpu=A100-80GB\n")
+    hosts.write_text("localhost slots=2 accelerator=cpu gpu=RTX-24GB\n"
+                     "127.0.0.1 slots=2 accelerator=cpu gpu=A100-80GB\n")
     ran = {}
     for learn in ([], ["--from", first]):
         results = tmp_path / f"second{len(learn)}"
