@@ -269,6 +269,9 @@ def test_peak_memory_is_recorded_shown_and_learned_by_a_retry_a_later_sweep_and_
     table = autotune("report", first).stdout
     assert "peak mem" in table and "30 GiB" in table and "12 GiB" in table
     assert "peak_memory" in autotune("report", first, "--format", "csv").stdout.splitlines()[0]
+    assert autotune("report", first, "--html", tmp_path / "r.html").returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "peak mem" in page and f'data-v="{30 * GiB}">30 GiB' in page
 
     assert autotuner.resume(first, retry_failed=True).exit_code == 0
     with Ledger.open(first) as ledger:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
 
@@ -75,9 +76,10 @@ class SweepResults(Sequence[ExperimentRecord]):
     def best(self) -> ExperimentRecord | None:
         return next((r for r in self.records if r.best), None)
 
-    @property
+    @cached_property
     def measured_memory(self) -> bool:
-        """Whether any experiment's peak GPU memory was measured: the table and Markdown show the column then."""
+        """Whether any experiment's peak GPU memory was measured: the table, Markdown and HTML show the column
+        then (asked once per row: kept)."""
         return any(r.peak_memory is not None for r in self.records)
 
     def __len__(self) -> int:
