@@ -14,6 +14,7 @@ host's pids): nothing is measured, never an error.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -25,6 +26,8 @@ from .core.events import Event, Finished, Key, Post, Run
 from .core.scheduler import Executor
 from .states import Reason, State
 from .threads import Workers
+
+log = logging.getLogger(__name__)
 
 PERIOD = 1.0  # seconds between two readings while attempts run: NVML answers in microseconds, runs last minutes
 
@@ -46,6 +49,7 @@ class PeakMemory:
         self._closed = False
         self._workers = Workers("peak-memory")
         self._reading = False
+        self._unseen_told = False  # NVML's pids not in our /proc: said once
 
     def watch(self, key: Key, tag: str, gpus: frozenset[int]) -> None:
         """Read the attempt's GPUs from now until `done(key)`; nothing when there are none, or no NVML."""
@@ -127,7 +131,12 @@ class PeakMemory:
                 used = getattr(process, "usedGpuMemory", None)  # None: NVML cannot say (pynvml's N/A)
                 if not used:
                     continue
-                key = owner.get(tags.tag_of(process.pid, self._proc) or "")
+                tag = tags.tag_of(process.pid, self._proc)
+                if tag is None and not self._unseen_told and not (self._proc / str(process.pid)).exists():
+                    self._unseen_told = True
+                    log.info("NVML lists a process on GPU %d (pid %d) that is not visible here: pids of another PID "
+                             "namespace (a container?) are not measured", index, process.pid)
+                key = owner.get(tag or "")
                 if key is not None and index in watched[key][1]:
                     on_gpu[(key, index)] = on_gpu.get((key, index), 0) + int(used)
         held: dict[Key, int] = {}

@@ -37,7 +37,8 @@ def test_tag_of_reads_the_tag_a_process_carries(tmp_path):
     assert (tag_of(7, proc), tag_of(8, proc), tag_of(9, proc)) == ("s.a.1", None, None)
 
 
-def test_an_attempts_peak_is_what_its_processes_hold_together_on_its_fullest_gpu(tmp_path):
+def test_an_attempts_peak_is_what_its_processes_hold_together_on_its_fullest_gpu(tmp_path, caplog):
+    caplog.set_level("INFO", logger="autotuner.peaks")
     proc = fake_proc(tmp_path, {100: {TAG_ENV: "s.a.1"}, 101: {TAG_ENV: "s.a.1"}, 102: {TAG_ENV: "s.a.1"},
                                 200: {TAG_ENV: "s.b.1"}, 300: {"USER": "someone-else"}})
     held = {0: [(100, 5 * GiB), (102, 1 * GiB), (300, 50 * GiB)],  # a's two processes on GPU 0: 6 GiB together
@@ -54,6 +55,9 @@ def test_an_attempts_peak_is_what_its_processes_hold_together_on_its_fullest_gpu
     wait_for(lambda: nvml.calls.count("processes") >= 12)
     assert peaks.done(("a", 1)) == 8 * GiB and peaks.done(("b", 1)) == 3 * GiB
     assert peaks.done(("c", 1)) is None  # never watched
+    unseen = [r.getMessage() for r in caplog.records if "not visible here" in r.getMessage()]
+    assert unseen == ["NVML lists a process on GPU 1 (pid 999) that is not visible here: pids of another PID "
+                      "namespace (a container?) are not measured"]  # once, not at every reading
     peaks.close()
     assert nvml.calls.count("init") == nvml.calls.count("shutdown") == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("peak-memory")]
