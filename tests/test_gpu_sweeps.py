@@ -287,6 +287,9 @@ def test_peak_memory_is_recorded_shown_and_learned_by_a_retry_a_later_sweep_and_
         assert ledger.peaks() == HOLDS  # measured again
     # s_x1 (33 GiB) only fits on GPU 1; s_x2 (13.2 GiB), placed beside it, fits in GPU 0's 16 GiB free
     assert (attempts["s_x1"].slots, attempts["s_x2"].slots) == ({"localhost": [1]}, {"localhost": [0]})
+    assert json.loads((second / "s_x1" / "exp.json").read_text())["gpu_memory"] == 33 * GiB  # placed by
+    with Ledger.open(second) as ledger:
+        assert all(e.gpu_memory is None for e in ledger.experiments())  # the specs as written
     assert nvml.calls.count("init") == nvml.calls.count("shutdown")
 
     hosts = tmp_path / "plan-hosts"
