@@ -241,6 +241,9 @@ def run(
     launcher: str | None = LAUNCHER,
     placement: str = typer.Option("pack", "--placement", help="pack (best fit), spread, or memory (only GPUs with "
                                                               "room for the sweep's gpu_memory)."),
+    past: Path | None = typer.Option(None, "--from", help="A sweep already run: the peak GPU memory each config held "
+                                                          "there is the need of the same config here, where its "
+                                                          "spec states no gpu_memory."),
     gpu_type: str | None = GPU_TYPE,
     gpu_mixed: bool = GPU_MIXED,
     ssh_config: Path | None = SSH_CONFIG,
@@ -281,7 +284,7 @@ def run(
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
                                         fail_on=fail_on, slurm=allocation)
             directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch,
-                                          timeout=options.timeout)
+                                          timeout=options.timeout, memory_from=past)
         except UserError as e:
             raise fail(e) from None
         for note in notes:
@@ -500,7 +503,8 @@ def plan(
     exclude: str = EXCLUDE,
     slots: int | None = typer.Option(None, "--slots", min=1, help="Plan for this many slots of this machine."),
     script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
-    past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations."),
+    past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations, and the "
+                                                          "peak GPU memory of each config as its need."),
     duration: float = typer.Option(600.0, "--duration",
                                    help="Seconds an experiment takes when nothing better is known."),
     spread: float = typer.Option(0.0, "--spread", help="Coefficient of variation of durations: with it, "

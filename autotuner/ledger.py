@@ -29,7 +29,7 @@ FILENAME = "ledger.sqlite"
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _SCHEMA = """  -- version 1's tables: a new ledger gets them, then every migration (`_schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,8 +52,9 @@ _TABLES = ("meta", "experiments", "attempts", "transitions", "requests")
 
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
-# 1 -> 2: a Slurm job step's id per attempt.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = ((), ("ALTER TABLE attempts ADD COLUMN step TEXT",))
+# 1 -> 2: a Slurm job step's id per attempt. 2 -> 3: the peak GPU memory an attempt held (peaks.py).
+_MIGRATIONS: tuple[tuple[str, ...], ...] = ((), ("ALTER TABLE attempts ADD COLUMN step TEXT",),
+                                            ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",))
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,
@@ -93,6 +94,8 @@ class SweepMeta:
     # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.resources.Device)
     devices: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
+    # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
+    learned_memory: Mapping[str, int] | None = None
     slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
     extra: Mapping[str, Any] = field(default_factory=dict)
 
@@ -101,7 +104,7 @@ class SweepMeta:
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
         "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "devices": dict, "placement": str, "slurm": (dict, type(None))}
+        "devices": dict, "placement": str, "slurm": (dict, type(None)), "learned_memory": dict}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -115,9 +118,10 @@ class SweepMeta:
                 return f"meta {key!r} is not a {'number' if key == 'created' else _json_kind(kind)}"
         if not all(isinstance(v, str) for v in dict(data.get("gpu_types") or {}).values()):
             return "meta 'gpu_types' holds a type that is not a string"
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                   for v in dict(data.get("gpu_memory") or {}).values()):
-            return "meta 'gpu_memory' holds a size that is not a positive integer"
+        for key in ("gpu_memory", "learned_memory"):
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for v in dict(data.get(key) or {}).values()):
+                return f"meta {key!r} holds a size that is not a positive integer"
         devices = dict(data.get("devices") or {}).values()
         if not all(isinstance(own, dict) and all(str(i).isdigit() and isinstance(d, dict)
                                                  and isinstance(d.get("gpu_type"), str) for i, d in own.items())
@@ -132,9 +136,9 @@ class SweepMeta:
         values = {k: v for k, v in data.items() if k in known}
         values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
         values["launcher"] = tuple(values["launcher"])
-        for key in ("env", "capacity", "gpu_types", "gpu_memory"):
+        for key in ("env", "capacity", "gpu_types", "gpu_memory", "learned_memory"):
             if key in values:
-                values[key] = {str(k): v if key in ("capacity", "gpu_memory") else str(v)
+                values[key] = {str(k): v if key in ("capacity", "gpu_memory", "learned_memory") else str(v)
                                for k, v in values[key].items()}
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
     def to_json(self) -> dict[str, Any]:
@@ -142,7 +146,8 @@ class SweepMeta:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "devices", "slurm"):
+        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "devices", "slurm",
+                    "learned_memory"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)
@@ -170,6 +175,7 @@ class Attempt:
     metric: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     step: str | None = None  # the Slurm job step (`J.S`) that ran it, in a sweep run inside Slurm
+    peak_memory: int | None = None  # bytes: the most it held on one GPU, where measured (peaks.py)
 
     @property
     def terminal(self) -> bool:
@@ -527,14 +533,17 @@ class Ledger:
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
-               metrics: Mapping[str, float] | None = None) -> None:
-        """queued|running -> a terminal state (queued ones can be cancelled or interrupted unstarted)."""
+               metrics: Mapping[str, float] | None = None, peak_memory: int | None = None) -> None:
+        """queued|running -> a terminal state (queued ones can be cancelled or interrupted unstarted);
+        `peak_memory`: the most the attempt held on one GPU, where it was measured (peaks.py)."""
         if not state.terminal:
             raise TransitionError(f"{state} is not a terminal state")
         with self._transaction():
             self._move(name, attempt, (State.QUEUED, State.RUNNING), state, at,
-                       "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?",
-                       (at, reason, detail, exit_code, metric, json.dumps(dict(metrics)) if metrics else None),
+                       "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?, "
+                       "peak_memory = ?",
+                       (at, reason, detail, exit_code, metric, json.dumps(dict(metrics)) if metrics else None,
+                        peak_memory),
                        None, reason)
 
     def _move(self, name: str, attempt: int, from_states: tuple[State, ...], to: State, at: float,
@@ -596,6 +605,15 @@ class Ledger:
         rows = self._db.execute(query + (" WHERE a.name = ?" if name else "") + " ORDER BY e.position, a.attempt",
                                 (name,) if name else ()).fetchall()
         return [self._attempt(r) for r in rows]
+
+    def peaks(self) -> dict[str, int]:
+        """name -> the highest peak GPU memory measured over its attempts (bytes), of the experiments measured:
+        even an attempt that ran out of memory held at least that much. One query, no attempt decoded. A ledger
+        from before peaks were recorded (read, not migrated: an earlier sweep's) has none."""
+        if self.version() < 3:
+            return {}
+        return {name: int(peak) for name, peak in self._db.execute(
+            "SELECT name, MAX(peak_memory) FROM attempts WHERE peak_memory > 0 GROUP BY name")}
 
     def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))

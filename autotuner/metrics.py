@@ -24,6 +24,7 @@ import math
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,17 @@ FLOPS_PER_GPU = Metric("FLOPS_per_gpu", minimize=False)
 KNOWN: dict[str, Metric] = {m.name: m for m in (THROUGHPUT, LATENCY, FLOPS_PER_GPU)}
 # DeepSpeed's autotuning config calls the FLOPS metric "flops"; its engine writes the key FLOPS_per_gpu.
 _ALIASES = {"flops": FLOPS_PER_GPU}
+
+
+PEAK_MEMORY = "peak_memory"
+"""A metrics key a script may write: the most it held on one GPU, in bytes (e.g. torch.cuda.max_memory_reserved()).
+Where the runner measured nothing (a run on another host, NVML blind to its processes) it is the attempt's peak."""
+
+
+def reported_peak(metrics: Mapping[str, float] | None) -> int | None:
+    """The script's own peak GPU memory figure (PEAK_MEMORY) in whole bytes; None where it reported none."""
+    value = (metrics or {}).get(PEAK_MEMORY)
+    return int(value) if value is not None and 1 <= value < 1 << 60 else None  # what an SQLite integer holds
 
 
 def format_value(value: float | None) -> str:

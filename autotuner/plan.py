@@ -22,6 +22,7 @@ from .core.resources import Devices, placement_named
 from .core.scheduler import default_queue
 from .durations import DEFAULT_SECONDS, Durations, durations
 from .errors import UserError
+from .learned import learned_needs, peaks_by_digest, with_needs
 from .simulate import Timeline, Underway, simulate
 from .spec import Experiment
 
@@ -55,6 +56,7 @@ class Plan:
     samples: int  # Monte Carlo draws played (1: none, only the estimates)
     policies: Sequence[PolicyPlan]
     samples_asked: int = 1  # more than `samples` when the sweep was too large to play them all (RUN_BUDGET)
+    learned_memory: int = 0  # experiments whose GPU memory need was learned from `past` (learned.py)
 
     @property
     def slot_count(self) -> int:
@@ -92,7 +94,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     `types` (host -> GPU type) and `sizes` (host -> bytes per GPU), a cluster's `host_types` and `memory`, keep
     each experiment on one type as `run` does, and `devices` (a cluster's MIG instances) keep experiments of more
     than one GPU off MIG instances; the memory placement judges every GPU by its stated size (a plan reads no
-    free memory: what is free now says little about later)."""
+    free memory: what is free now says little about later). `past` teaches memory needs too: the peak each
+    config held there (learned.py), for experiments that state none."""
     if not experiments:
         raise UserError("nothing to plan: the sweep has no experiments")
     if not (spread >= 0 and math.isfinite(spread)):
@@ -100,6 +103,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     if samples < 1:
         raise UserError(f"--samples must be at least 1, not {samples}")
     expected = durations(experiments, past, default_seconds)
+    learned = learned_needs(experiments, peaks_by_digest(past, required=False), sizes) if past is not None else {}
+    experiments = with_needs(experiments, learned)  # what the earlier runs held: the needs of those that state none
     for name in queues:
         if name not in QUEUES:
             raise UserError(f"--policy {name!r}: not a queue policy ({', '.join(QUEUES)})")
@@ -123,7 +128,7 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
             at_estimates = play(seconds)
             makespans = sorted(play(d).makespan for d in draws) if draws else [at_estimates.makespan]
             policies.append(PolicyPlan(queue, placement, at_estimates, makespans))
-    return Plan(experiments, slots, expected, timeout, spread, samples, policies, asked)
+    return Plan(experiments, slots, expected, timeout, spread, samples, policies, asked, len(learned))
 
 
 def _draw(experiments: Sequence[Experiment], seconds: Mapping[str, float], spread: float,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,14 +34,16 @@ def default_directory(sweep: Sweep, now: float | None = None) -> Path:
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, *,
             launcher: Sequence[str] | None = None, timeout: float | None = limits.DEFAULT_TIMEOUT,
-            search: SearchSpec | None = None) -> Path:
+            search: SearchSpec | None = None, memory_from: str | Path | None = None) -> Path:
     """Validate, then create the results directory (default: `default_directory`) with its hostfile and ledger.
 
     `launcher` is the command that starts DeepSpeed's launcher (default: the one beside this Python, else
     `deepspeed`); `timeout` (seconds; None: no limit) is recorded for `resume` as the limit of experiments whose
     spec gives none. A directory that cannot be used (read-only, full, a name too long) is a UserError, and
     whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
-    `search`: the experiments are proposed while it runs (`autotune tune`), by this search.
+    `search`: the experiments are proposed while it runs (`autotune tune`), by this search. `memory_from`: an
+    earlier sweep whose measured peak GPU memory per config becomes the need of the experiments that state none
+    (learned.py), recorded in the ledger.
     """
     import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
 
@@ -50,11 +52,16 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
 
     check_fits(sweep, cluster)
     _check_launcher(launcher, cluster)
+    learned = None
+    if memory_from is not None:
+        from .learned import learned_needs, peaks_by_digest
+
+        learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)), cluster.memory)
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
     try:
-        _write_sweep(sweep, cluster, directory, launcher, timeout, search)
+        _write_sweep(sweep, cluster, directory, launcher, timeout, search, learned)
     except BaseException as e:
         for path in [*ours, *_staging(directory)]:  # what this call made; a file there before is not ours
             _unlink_quietly(path)
@@ -181,7 +188,8 @@ def _staging(directory: Path) -> list[Path]:
 
 
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
-                 timeout: float | None, search: SearchSpec | None = None) -> None:
+                 timeout: float | None, search: SearchSpec | None = None,
+                 learned: Mapping[str, int] | None = None) -> None:
     import secrets
 
     from .core.resources import devices_to_json
@@ -207,6 +215,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         gpu_types=dict(cluster.types) or None, gpu_memory=dict(cluster.memory) or None,
         devices=devices_to_json(cluster.devices) or None,
         slurm=dict(cluster.slurm) if cluster.slurm is not None else None,
+        learned_memory=dict(learned) if learned else None,
     ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())

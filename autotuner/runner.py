@@ -39,9 +39,11 @@ from .hostfile import (
 )
 from .inventory import FreeMemory
 from .launch import Launcher
+from .learned import needs_of_sweep, with_needs
 from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
 from .metrics import metric_named
+from .peaks import Measured, PeakMemory
 from .prepare import HOSTFILE, open_sweep
 from .results import write_outcome_files
 from .spec import Experiment
@@ -278,7 +280,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
-    waiting = [Queued(e, queued[e.name]) for e in ledger.experiments(queued)]
+    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), meta.gpu_memory)
+    waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     if options.slurm is None:
         waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
     watcher = remote = None
@@ -301,9 +304,12 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = dispatcher.executor = Router(executor, remote)
+    peaks = PeakMemory() if meta.accelerator != "cpu" and any(is_local(h) for h in slots) else None
+    if peaks is not None:  # runs on this machine's GPUs: their peak memory is read while they run
+        executor = dispatcher.executor = Measured(executor, peaks, is_local)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
-    experiments = {e.name: e for e in ledger.experiments({a.name for a in adopt})} if adopt else {}
+    experiments = {e.name: e for e in with_needs(ledger.experiments({a.name for a in adopt}), needs)} if adopt else {}
     stray = []
     for a in adopt:
         since = a.launched_at or a.started_at or now
@@ -338,6 +344,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         if memory is not None:
             memory.close()
         executor.close()  # every run has posted its end: its threads are ending, or ended
+        if peaks is not None:
+            peaks.close()
         if watcher is not None:
             watcher.close()
         if allocation_watcher is not None:

@@ -49,6 +49,16 @@ def carries(pid: int, tag: str, proc: Path = Path("/proc")) -> bool:
     return needle in _read(os.path.join(proc, str(pid), "environ")).split(b"\0")
 
 
+def tag_of(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The tag process `pid` carries, if it is alive here and carries one (what a GPU's process list is matched
+    against: NVML names processes by pid only)."""
+    prefix = f"{TAG_ENV}=".encode()
+    for entry in _read(os.path.join(proc, str(pid), "environ")).split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
 def _read(path: str) -> bytes:
     """The whole file, or b"" when it is gone or not ours to read."""
     try:

@@ -15,6 +15,7 @@ from test_inventory import FakeDevice, FakeNvml
 import autotuner
 from autotuner.hostfile import parse_hostfile
 from autotuner.inventory import Gpu
+from autotuner.learned import need_of_peak
 from autotuner.ledger import Ledger
 from autotuner.ssh.probe import HostReport
 from autotuner.views.tables import render_hosts
@@ -209,6 +210,142 @@ def test_with_pack_the_same_sweep_takes_the_busy_gpu(tmp_path, monkeypatch):
     assert autotuner.execute(directory, autotuner.Options(grace=1.0)).exit_code == 0
     _, attempts = recorded(directory)
     assert 0 in {a.slots["localhost"][0] for a in attempts.values()}
+
+
+# --- learned memory ---------------------------------------------------------------------------------------------
+# A stand-in that tells the FakeNvml which GPUs it runs on (its --include) and its pid; fails s_x1's first launch.
+HOLD_GPU = SLEEP_THEN_SUCCEED.replace(
+    'sleep "${STANDIN_SECONDS:-0.1}"\n',
+    'prev=; for a; do [ "$prev" = --include ] && gpus=${a#*:}; prev=$a; done\n'
+    'echo "$$ $gpus" > "$(dirname "$AUTOTUNE_METRICS_PATH")/gpu.pid"\n'
+    'sleep "${STANDIN_SECONDS:-0.1}"\n'
+    'if [ "$name" = s_x1 ] && mkdir "$LAUNCH_LOG.failed" 2>/dev/null; then exit 1; fi\n')
+HOLDS = {"s_x1": 30 * GiB, "s_x2": 12 * GiB, "s_x3": 8 * GiB}  # what each stand-in run holds on its GPU
+
+
+def holding(results: list[Path]) -> FakeNvml:
+    """busy_gpu_0, whose process lists show the stand-in runs of the sweeps in `results` holding HOLDS."""
+    nvml = busy_gpu_0()
+
+    def processes(index: int) -> list[tuple[int, int | None]]:
+        found = []
+        for pid_file in (p for r in results for p in r.glob("*/gpu.pid")):
+            pid, gpus = pid_file.read_text().split()
+            if str(index) in gpus.split(","):
+                found.append((int(pid), HOLDS[pid_file.parent.name]))
+        return found
+
+    for index, device in enumerate(nvml.devices):
+        device.processes = lambda index=index: processes(index)
+    return nvml
+
+
+def test_peak_memory_is_recorded_shown_and_learned_by_a_retry_a_later_sweep_and_plan(tmp_path, monkeypatch):
+    """Nothing states gpu_memory. The first sweep (memory placement) runs s_x1 on GPU 0, the busy one, where it
+    holds 30 GiB and fails; its peak is recorded and shown. Its retry needs 33 GiB (the peak and 10%): GPU 1.
+    A second sweep learns the needs from the first (`--from`) and runs s_x1 on GPU 1 from the start; the others,
+    small enough, on GPU 0. `plan --from` keeps s_x1 off the 24 GB host."""
+    import autotuner.peaks
+
+    monkeypatch.setattr(autotuner.peaks, "PERIOD", 0.05)
+    first, second = tmp_path / "first", tmp_path / "second"
+    nvml = holding([first, second])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    for name, value in env(LAUNCH_LOG=tmp_path / "launches.log", STANDIN_SECONDS=0.5).items():
+        monkeypatch.setenv(name, value)
+    spec, _, _ = setup(tmp_path, count=3)
+    launcher = write_launcher(tmp_path, HOLD_GPU, "holding.sh").split()
+    sweep = autotuner.load_sweep([spec])
+    options = autotuner.Options(placement="memory", grace=1.0, retries=0)
+    autotuner.prepare(sweep, autotuner.load_cluster(), first, launcher=launcher)
+    assert autotuner.execute(first, options).exit_code == 1
+    with Ledger.open(first) as ledger:
+        ran = {(a.name, a.attempt): a.peak_memory for a in ledger.attempts()}
+        assert ledger.attempts("s_x1")[0].slots == {"localhost": [0]}  # no need stated: best fit, GPU 0 first
+    assert ran == {(name, 1): held for name, held in HOLDS.items()}
+
+    report = json.loads(autotune("report", first, "--format", "json").stdout)
+    assert {r["name"]: r["peak_memory"] for r in report["experiments"]} == HOLDS
+    table = autotune("report", first).stdout
+    assert "peak mem" in table and "30 GiB" in table and "12 GiB" in table
+    assert "peak_memory" in autotune("report", first, "--format", "csv").stdout.splitlines()[0]
+    assert autotune("report", first, "--html", tmp_path / "r.html").returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "peak mem" in page and f'data-v="{30 * GiB}">30 GiB' in page
+
+    assert autotuner.resume(first, retry_failed=True).exit_code == 0
+    with Ledger.open(first) as ledger:
+        retried = ledger.attempts("s_x1")[-1]
+    assert (retried.attempt, retried.slots, retried.peak_memory) == (2, {"localhost": [1]}, 30 * GiB)
+
+    autotuner.prepare(sweep, autotuner.load_cluster(), second, launcher=launcher, memory_from=first)
+    assert autotuner.execute(second, options).exit_code == 0
+    meta, attempts = recorded(second)
+    assert meta.learned_memory == {n: need_of_peak(h) for n, h in HOLDS.items()}
+    assert need_of_peak(30 * GiB) == 33 * GiB and need_of_peak(12 * GiB) == 13.25 * GiB  # 10%, up to 256 MiB
+    with Ledger.open(second) as ledger:
+        assert ledger.peaks() == HOLDS  # measured again
+    # s_x1 (33 GiB) only fits on GPU 1; s_x2 (13.2 GiB), placed beside it, fits in GPU 0's 16 GiB free
+    assert (attempts["s_x1"].slots, attempts["s_x2"].slots) == ({"localhost": [1]}, {"localhost": [0]})
+    assert json.loads((second / "s_x1" / "exp.json").read_text())["gpu_memory"] == 33 * GiB  # placed by
+    with Ledger.open(second) as ledger:
+        assert all(e.gpu_memory is None for e in ledger.experiments())  # the specs as written
+    assert nvml.calls.count("init") == nvml.calls.count("shutdown")
+
+    hosts = tmp_path / "plan-hosts"
+    hosts.write_text(PLAN_HOSTS)
+    out = autotune("plan", spec, "-H", hosts, "--placement", "memory", "--from", first, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+    assert planned["learned_memory"] == 3
+    placed = {e["name"]: sorted(e["slots"]) for e in planned["plans"][0]["experiments"]}
+    assert placed["s_x1"] == ["a0"] and placed["s_x2"] == placed["s_x3"] == ["r0"]
+    without = json.loads(autotune("plan", spec, "-H", hosts, "--placement", "memory", "--format", "json").stdout)
+    assert {e["name"]: sorted(e["slots"]) for e in without["plans"][0]["experiments"]}["s_x1"] == ["r0"]
+
+
+# Reports its own peak in its metrics file, as a script may (torch.cuda.max_memory_reserved()): 30 GiB for s_x1.
+REPORTS_PEAK = SLEEP_THEN_SUCCEED.replace(
+    '"latency": 1.0}', '"latency": 1.0, "peak_memory": %s}').replace(
+    '"$((ck % 100000 + 1))"', '"$((ck % 100000 + 1))" "$(if [ "$name" = s_x1 ]; then echo 32212254720; '
+                              'else echo 2147483648; fi)"')
+
+
+def test_a_peak_the_script_reports_is_recorded_and_keeps_a_big_run_off_the_small_gpu_host(tmp_path):
+    """No NVML sees these runs (CPU slots): the script's own figure is the peak. A later sweep on a hostfile of a
+    24 GB host and an 80 GB one learns it (`--from`): s_x1 needs 33 GiB and runs on the 80 GB host, which is not
+    the first type tried; the others, small, on the 24 GB one."""
+    spec, _, _ = setup(tmp_path, count=3)
+    launcher = write_launcher(tmp_path, REPORTS_PEAK, "reports.sh")
+    first = tmp_path / "first"
+    assert autotune("run", spec, "--slots", "2", "--launcher", launcher, "-o", first, "-q",
+                    environ=run_env(tmp_path)).returncode == 0
+    with Ledger.open(first) as ledger:
+        assert ledger.peaks() == {"s_x1": 30 * GiB, "s_x2": 2 * GiB, "s_x3": 2 * GiB}
+    hosts = tmp_path / "sizes"
+    hosts.write_text("localhost slots=2 accelerator=cpu gpu=RTX-24GB\n"
+                     "127.0.0.1 slots=2 accelerator=cpu gpu=A100-80GB\n")
+    ran = {}
+    for learn in ([], ["--from", first]):
+        results = tmp_path / f"second{len(learn)}"
+        out = autotune("run", spec, "-H", hosts, "--launcher", launcher, "-o", results, "-q", "--placement", "memory",
+                       *learn, environ=run_env(tmp_path))
+        assert out.returncode == 0, out.stderr
+        ran[bool(learn)] = {n: sorted(a.slots) for n, a in recorded(results)[1].items()}
+    assert ran[False] == {"s_x1": ["localhost"], "s_x2": ["localhost"], "s_x3": ["127.0.0.1"]}  # the first type
+    assert ran[True] == {"s_x1": ["127.0.0.1"], "s_x2": ["localhost"], "s_x3": ["localhost"]}
+
+
+def test_learning_from_a_sweep_that_measured_no_gpu_memory_is_one_line_and_nothing_is_created(tmp_path):
+    spec, hosts, launcher = setup(tmp_path, count=2)
+    cpu = tmp_path / "cpu"
+    assert autotune("run", spec, "--slots", "2", "--launcher", launcher, "-o", cpu, "-q",
+                    environ=run_env(tmp_path)).returncode == 0
+    out = autotune("run", spec, "-H", hosts, "--launcher", launcher, "-o", tmp_path / "r", "--from", cpu,
+                   environ=run_env(tmp_path))
+    assert out.returncode == 2 and not (tmp_path / "r").exists()
+    assert out.stderr.strip() == (f"autotune: error: {cpu}: --from: this sweep has no measured GPU memory to "
+                                  "learn from"), out.stderr
 
 
 # --- autotune plan ----------------------------------------------------------------------------------------------

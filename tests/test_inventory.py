@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -25,6 +26,9 @@ class FakeDevice:
     uuid: str | bytes
     fails: type[pynvml.NVMLError] | None = None
     mig: list[FakeDevice | None] | None = None
+    # The compute processes on it, as (pid, bytes used; None: NVML cannot say), read at each call: a test hands in
+    # what the stand-in runs it started hold. None: the driver will not list processes (NVMLError_NotSupported).
+    processes: Callable[[], list[tuple[int, int | None]]] | None = field(default=lambda: [])
 
 
 @dataclass
@@ -80,6 +84,13 @@ class FakeNvml:
         if instance is None:
             raise pynvml.NVMLError_NotFound()
         return instance
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeDevice) -> list[SimpleNamespace]:
+        """As pynvml's: objects with `pid` and `usedGpuMemory` (None where NVML reports it not available)."""
+        self.calls.append("processes")
+        if handle.processes is None:
+            raise pynvml.NVMLError_NotSupported()
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes()]
 
 
 def two_gpus() -> FakeNvml:

@@ -9,6 +9,7 @@ migrated by the runner.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import sqlite3
 from collections.abc import Callable
@@ -136,8 +137,8 @@ BAD_LEDGERS = {
     "directory": (replace_with_directory, "not a sweep ledger (a directory)"),
     "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
     "truncated": (truncate, "corrupt sweep ledger"),
-    "newer_version": (sql("PRAGMA user_version = 3"),
-                      "written by a newer autotuner (ledger schema 3; this one reads up to 2): upgrade autotuner"),
+    "newer_version": (sql("PRAGMA user_version = 4"),
+                      "written by a newer autotuner (ledger schema 4; this one reads up to 3): upgrade autotuner"),
     "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
                        "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
     "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
@@ -145,6 +146,7 @@ BAD_LEDGERS = {
     "column_dropped": (sql("ALTER TABLE attempts DROP COLUMN metrics"),
                        "corrupt sweep ledger: table attempts: no column metrics"),
     "column_renamed_before_versions": (sql("ALTER TABLE attempts DROP COLUMN step",
+                                           "ALTER TABLE attempts DROP COLUMN peak_memory",
                                            "ALTER TABLE attempts RENAME COLUMN state TO status",
                                            "PRAGMA user_version = 0"),
                                        "corrupt sweep ledger: table attempts: no column state; unknown column status"),
@@ -221,22 +223,26 @@ def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_n
                                                "PRAGMA user_version = 7"))
     line = one_line_error(autotune("status", results))
     assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
-                    "(ledger schema 7; this one reads up to 2): upgrade autotuner")
+                    "(ledger schema 7; this one reads up to 3): upgrade autotuner")
 
 
 def test_a_new_ledger_carries_the_schema_version(pristine):
     db = sqlite3.connect(pristine / FILENAME)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     finally:
         db.close()
 
 
 # --- a ledger from before schema versions (version 0) ---------------------------------------------------------
+# Version 1's tables, no version: what main wrote before versions.
+VERSION_0 = ("ALTER TABLE attempts DROP COLUMN peak_memory", "ALTER TABLE attempts DROP COLUMN step",
+             "PRAGMA user_version = 0")
+
+
 def test_a_version_0_ledger_is_read_unchanged_and_migrated_by_resume(tmp_path):
     results = make_sweep(tmp_path, 4, finished=2)
-    # Version 1's tables, no version: what main wrote before versions.
-    sql("ALTER TABLE attempts DROP COLUMN step", "PRAGMA user_version = 0")(results / FILENAME)
+    sql(*VERSION_0)(results / FILENAME)
     ledger_bytes = (results / FILENAME).read_bytes()
     before = snapshot_of(tmp_path)
 
@@ -260,7 +266,7 @@ def test_a_version_0_ledger_is_read_unchanged_and_migrated_by_resume(tmp_path):
 
 def test_migration_is_one_transaction_by_the_runner_only(tmp_path):
     results = make_sweep(tmp_path, 2)
-    sql("ALTER TABLE attempts DROP COLUMN step", "PRAGMA user_version = 0")(results / FILENAME)
+    sql(*VERSION_0)(results / FILENAME)
     statements: list[str] = []
     with Ledger.open(results) as ledger:
         ledger._db.set_trace_callback(statements.append)
@@ -270,6 +276,28 @@ def test_migration_is_one_transaction_by_the_runner_only(tmp_path):
         statements.clear()
         ledger.upgrade()  # already current: nothing written
     assert not any(s.startswith(("BEGIN", "PRAGMA user_version =")) for s in statements), statements
+
+
+def test_a_version_2_ledger_is_read_as_it_is_and_resume_adds_the_peak_memory_column(tmp_path):
+    """Version 2 had no peak GPU memory per attempt: readers see none, the runner migrates it and the attempts
+    already recorded keep every value they had."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    sql("ALTER TABLE attempts DROP COLUMN peak_memory", "PRAGMA user_version = 2")(results / FILENAME)
+    ledger_bytes = (results / FILENAME).read_bytes()
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == 2
+        before = [a.to_json() for a in ledger.attempts()]
+        assert before and all(a["peak_memory"] is None for a in before)
+    report = autotune("report", results, "--format", "json")
+    assert report.returncode == 0 and all(r["peak_memory"] is None for r in json.loads(report.stdout)["experiments"])
+    assert (results / FILENAME).read_bytes() == ledger_bytes
+    done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
+    assert done.returncode == 0, done.stderr
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == SCHEMA_VERSION == 3
+        assert "peak_memory" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
+        kept = {(a.name, a.attempt): a.to_json() for a in ledger.attempts()}
+    assert all(kept[(a["name"], a["attempt"])] == a for a in before if a["state"] == State.SUCCEEDED)
 
 
 # --- the lock a user could break ----------------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def test_csv_has_a_column_for_every_parameter_and_metric(sweep):
     # DeepSpeed's `rank` would take the report's own rank column: it gets the metrics. prefix
     assert header == ["rank", "best", "name", "state", *PARAMETERS, "throughput", "latency", "FLOPS_per_gpu", "fwd",
                       "bwd", "step", "metrics.rank", "tokens_per_s", "metric", "reason", "detail", "attempt",
-                      "started", "finished", "duration_s", "slots"]
+                      "started", "finished", "duration_s", "peak_memory", "slots"]
     assert len(rows) == 24 and len({r["name"] for r in rows}) == 24
     best = rows[0]
     assert best["name"] == "zm_z0_mbs32_gas1" and best["best"] == "True" and best["rank"] == "1"

@@ -71,11 +71,13 @@ class Launched:
 
 @dataclass(frozen=True)
 class Finished:
-    """The run ended, judged: its slots are free again."""
+    """The run ended, judged: its slots are free again. `peak_memory`: the most it held on one GPU (bytes),
+    where that was measured (peaks.py)."""
 
     run: Run
     outcome: Outcome
     at: float
+    peak_memory: int | None = None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ class Record(Protocol):
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
-               metrics: Mapping[str, float] | None = None) -> None: ...
+               metrics: Mapping[str, float] | None = None, peak_memory: int | None = None) -> None: ...
 
     def take_requests(self) -> list[tuple[str, list[str]]]: ...
 
@@ -64,7 +64,7 @@ class MemoryRecord:
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
-               metrics: Mapping[str, float] | None = None) -> None:
+               metrics: Mapping[str, float] | None = None, peak_memory: int | None = None) -> None:
         self.finished[(name, attempt)] = (state, at)
 
     def take_requests(self) -> list[tuple[str, list[str]]]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from ..gpus import show_size
+from ..metrics import reported_peak
 from ..outcome import Outcome
 from ..spec import Experiment
 from ..states import Reason, State
@@ -246,7 +247,7 @@ class Scheduler:
         stays `running`, which resume knows how to finish); nothing new is placed or stopped."""
         for event in events:
             if isinstance(event, Finished) and event.run.key in self._running:
-                _quietly(self._finished, event.run, event.outcome, event.at)
+                _quietly(self._finished, event.run, event.outcome, event.at, event.peak_memory)
                 if self._running.pop(event.run.key, None) is not None:  # _finished failed before letting go
                     self.pool.give_back(event.run.reservation)
             elif isinstance(event, Launched):
@@ -261,8 +262,8 @@ class Scheduler:
                 self.record.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at, step=step)
                 if run.key in self._running:
                     self._arm(run, at)
-            case Finished(run=run, outcome=outcome, at=at):
-                self._finished(run, outcome, at)
+            case Finished(run=run, outcome=outcome, at=at, peak_memory=peak):
+                self._finished(run, outcome, at, peak)
             case Cancel(names=names):
                 self._cancel(set(names), now)
             case CheckRequests():
@@ -329,14 +330,16 @@ class Scheduler:
         self._note("started", run)
         self._actions.start.append(run)
 
-    def _finished(self, run: Run, outcome: Outcome, at: float) -> None:
+    def _finished(self, run: Run, outcome: Outcome, at: float, peak_memory: int | None = None) -> None:
+        """`peak_memory`: measured while it ran (peaks.py); else what the script reported, if it did."""
         self._running.pop(run.key)
         self._changed = True
         self._limits.pop(run.key, None)
         self.pool.give_back(run.reservation)
         self.record.finish(run.experiment.name, run.attempt, outcome.state, at, reason=outcome.reason,
                            detail=outcome.detail, exit_code=outcome.exit_code,
-                           metric=self._metric_value(outcome), metrics=outcome.metrics)
+                           metric=self._metric_value(outcome), metrics=outcome.metrics,
+                           peak_memory=peak_memory or reported_peak(outcome.metrics))
         self._note("finished", run, outcome)
         adopted = run.key in self._adopted
         self._adopted.discard(run.key)

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..files import write_atomic
+from ..gpus import show_size
 from ..lock import holder_pid
 from ..metrics import UNITS, format_compact, format_value
 from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, config_file, optimal
@@ -180,13 +181,16 @@ def _number(value: Any) -> str:
 
 def _experiments_table(results: SweepResults, links: Mapping[str, Mapping[str, str]]) -> str:
     """Every experiment: rank, name, state, swept parameters, metrics, time, slots, why, and its files."""
-    short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
+    short = headers(results.parameters,
+                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
     head = [_sortable("#", "rank"), _sortable("name"), *([_sortable("GPU type")] if results.typed else []),
             _sortable("state"),
             *(_sortable(short[k], k) for k in results.parameters),
             *(_sortable(c, f"{m} ({UNITS[m]})" if m in UNITS else m)
               for c, m in zip(results.metric_columns(), results.metrics, strict=True)),
-            _sortable("time", "seconds it ran"), _sortable("slots"), _sortable("why"), "<th>files</th>"]
+            _sortable("time", "seconds it ran"),
+            *([_sortable("peak mem", "the most it held on one GPU")] if results.measured_memory else []),
+            _sortable("slots"), _sortable("why"), "<th>files</th>"]
     out = ['<table id="experiments"><thead><tr>' + "".join(head) + "</tr></thead><tbody>"]
     out += [_experiment_row(r, results, links.get(r.name, {})) for r in results]
     out.append("</tbody></table>")
@@ -209,8 +213,11 @@ def _experiment_row(r: ExperimentRecord, results: SweepResults, files: Mapping[s
         value = r.metrics.get(name)
         cells.append(f'<td class="num" data-v="{_number(value)}" title="{escape(format_value(value))}">'
                      f"{escape(format_compact(value)) if value is not None else ''}</td>")
-    cells += [f'<td class="num" data-v="{_number(r.duration)}">{duration}</td>',
-              f'<td class="slots">{escape(format_slots(r.slots))}</td>', f'<td class="why">{escape(why)}</td>',
+    cells.append(f'<td class="num" data-v="{_number(r.duration)}">{duration}</td>')
+    if results.measured_memory:
+        peak = show_size(r.peak_memory) if r.peak_memory is not None else ""
+        cells.append(f'<td class="num" data-v="{_number(r.peak_memory)}">{peak}</td>')
+    cells += [f'<td class="slots">{escape(format_slots(r.slots))}</td>', f'<td class="why">{escape(why)}</td>',
               '<td class="logs">' + " ".join(f'<a href="{escape(url)}">{escape(name.split(".")[0])}</a>'
                                              for name, url in files.items()) + "</td>"]
     return f'<tr class="{" ".join(classes)}" data-name="{escape(r.name)}">' + "".join(cells) + "</tr>"

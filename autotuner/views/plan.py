@@ -36,7 +36,7 @@ def _policy_json(plan: Plan, p: PolicyPlan) -> dict[str, Any]:
 def plan_json(plan: Plan) -> dict[str, Any]:
     return {"experiments": len(plan.experiments), "slots": plan.slot_count, "hosts": len(plan.slots),
             "durations": plan.durations.counts(), "spread": plan.spread, "samples": plan.samples,
-            "samples_asked": plan.samples_asked,
+            "samples_asked": plan.samples_asked, "learned_memory": plan.learned_memory,
             "timeout_s": plan.timeout, "work_slot_s": plan.work, "longest_s": plan.longest,
             "lower_bound_s": plan.lower_bound, "plans": [_policy_json(plan, p) for p in plan.policies]}
 
@@ -50,7 +50,8 @@ def render_plan(plan: Plan, fmt: str = "table", output: Output = PLAIN) -> str:
     head = (f"plan: {len(plan.experiments)} experiments on {plan.slot_count} slot(s) of {len(plan.slots)} host(s); "
             f"durations: {origins}" + (f"; spread {plan.spread:g}, {plan.samples} draws" if plan.spread else "")
             + (f" (of the {plan.samples_asked} asked: a plan plays at most {RUN_BUDGET:,} runs)"
-               if plan.spread and plan.samples < plan.samples_asked else ""))
+               if plan.spread and plan.samples < plan.samples_asked else "")
+            + (f"; GPU memory needs: {plan.learned_memory} learned" if plan.learned_memory else ""))
     bound = (f"lower bound {seconds(plan.lower_bound)}: max(work {plan.work / 3600:,.2f} slot-hours / "
              f"{plan.slot_count} slots, longest experiment {seconds(plan.longest)})")
     columns = [Column("policy"), Column("placement"), Column("makespan P10", True), Column("P50", True),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
 
@@ -22,7 +23,7 @@ from .snapshot import Snapshot, format_slots, load
 
 # The flat columns every row has, around the parameters and metrics (see `SweepResults.columns`).
 LEADING = ("rank", "best", "name", "state")
-TRAILING = ("metric", "reason", "detail", "attempt", "started", "finished", "duration_s", "slots")
+TRAILING = ("metric", "reason", "detail", "attempt", "started", "finished", "duration_s", "peak_memory", "slots")
 PANDAS_HINT = "to_dataframe() needs pandas, which is not installed: pip install pandas"
 
 
@@ -45,6 +46,7 @@ class ExperimentRecord:
     slots: Mapping[str, tuple[int, ...]]  # host -> slot ids it ran on
     sweep_directory: Path
     gpu_type: str | None = None  # the GPU type it ran on, in a sweep that ran on several (else None)
+    peak_memory: int | None = None  # bytes: the most it held on one GPU, where measured (peaks.py)
 
     @property
     def directory(self) -> Path:
@@ -73,6 +75,12 @@ class SweepResults(Sequence[ExperimentRecord]):
     @property
     def best(self) -> ExperimentRecord | None:
         return next((r for r in self.records if r.best), None)
+
+    @cached_property
+    def measured_memory(self) -> bool:
+        """Whether any experiment's peak GPU memory was measured: the table, Markdown and HTML show the column
+        then (asked once per row: kept)."""
+        return any(r.peak_memory is not None for r in self.records)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -141,7 +149,8 @@ class SweepResults(Sequence[ExperimentRecord]):
 def _trailing(r: ExperimentRecord) -> dict[str, Any]:
     return {"metric": r.metric, "reason": None if r.reason is None else str(r.reason), "detail": r.detail,
             "attempt": r.attempt, "started": r.started, "finished": r.finished,
-            "duration_s": None if r.duration is None else round(r.duration, 3), "slots": format_slots(r.slots)}
+            "duration_s": None if r.duration is None else round(r.duration, 3), "peak_memory": r.peak_memory,
+            "slots": format_slots(r.slots)}
 
 
 def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
@@ -176,7 +185,8 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
             best=id(a) in bests if typed else best is not None and a.name == best.name,
             metric=a.metric, parameters={k: row.get(k) for k in keys}, metrics=metrics,
             started=a.started_at, finished=a.finished_at,
-            slots={h: tuple(ids) for h, ids in a.slots.items()}, sweep_directory=snap.directory, gpu_type=kind))
+            slots={h: tuple(ids) for h, ids in a.slots.items()}, sweep_directory=snap.directory, gpu_type=kind,
+            peak_memory=a.peak_memory))
     return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
                         metric_names(snap.metric, [r.metrics for r in records]), tuple(records), typed)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from ..errors import UserError
+from ..gpus import show_size
 from ..inventory import gpu_type as type_of_gpus
 from ..lock import holder_pid
 from ..metrics import format_compact, format_value
@@ -204,7 +205,8 @@ def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, Any]:
     return {"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if typed else {}) | {
             "state": r.state, "metric": r.metric,
             "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
-            "duration_s": round(r.duration, 3) if r.duration is not None else None, "slots": format_slots(r.slots),
+            "duration_s": round(r.duration, 3) if r.duration is not None else None, "peak_memory": r.peak_memory,
+            "slots": format_slots(r.slots),
             "parameters": dict(r.parameters), "metrics": dict(r.metrics), "started_at": r.started,
             "finished_at": r.finished}
 
@@ -285,14 +287,18 @@ def _duration(r: ExperimentRecord) -> str:
     return f"{r.duration:.1f}s" if r.duration is not None else ""
 
 
+def _peak(r: ExperimentRecord) -> str:
+    return show_size(r.peak_memory) if r.peak_memory is not None else ""
+
+
 def _markdown(results: SweepResults) -> str:
-    typed = results.typed
+    typed, peaks = results.typed, results.measured_memory
     head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
-            "time", "reason"]
+            "time", *(["peak memory"] if peaks else []), "reason"]
     return markdown_table(head, [
         ["**best**" if r.best else str(r.rank or ""), r.name, *([r.gpu_type or ""] if typed else []), r.state,
          *(_value_text(r.parameters[k]) for k in results.parameters),
-         *(format_compact(r.metrics.get(m)) for m in results.metrics), _duration(r),
+         *(format_compact(r.metrics.get(m)) for m in results.metrics), _duration(r), *([_peak(r)] if peaks else []),
          f"{r.reason}: {r.detail}" if r.reason else ""] for r in results])
 
 
@@ -315,12 +321,14 @@ def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
 
 def _report_table(results: SweepResults, output: Output, more: Sequence[str] = ()) -> str:
     metric = results.metric
-    short = headers(results.parameters, ("#", "name", "state", *results.metric_columns(), "time", "slots", "why"))
+    short = headers(results.parameters,
+                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
     columns = (Column("#", right=True), Column("name", whole=True),
                *([Column("GPU type", whole=True)] if results.typed else []), Column("state", whole=True),
                *(Column(short[k], right=True) for k in results.parameters),
                *(Column(m, right=True) for m in results.metric_columns()),
-               Column("time", right=True), Column("slots"), Column("why"))
+               Column("time", right=True), *([Column("peak mem", right=True)] if results.measured_memory else []),
+               Column("slots"), Column("why"))
     cells = [_report_cells(r, results) for r in results]
     legend = [f"{short[k]} = {k}" for k in results.parameters if short[k] != k]
     notes = ["columns: " + ", ".join(legend)] if legend else []
@@ -337,7 +345,8 @@ def _report_cells(r: ExperimentRecord, results: SweepResults) -> tuple[Cell, ...
             Styled(r.state, _STATE_STYLES.get(r.state, "")),
             *(_value_text(r.parameters[k]) for k in results.parameters),
             *(format_compact(r.metrics.get(m)) for m in results.metrics),
-            _duration(r), format_slots(r.slots), Styled(_why(r), "red" if r.reason else ""))
+            _duration(r), *([_peak(r)] if results.measured_memory else []), format_slots(r.slots),
+            Styled(_why(r), "red" if r.reason else ""))
 
 
 def _optimal_text(snap: Snapshot) -> str:
