@@ -37,8 +37,8 @@ that the ledger lacks: on resume it is rebuilt by replaying the ledger (`replay`
 from __future__ import annotations
 
 import copy
-import logging
 import itertools
+import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
