@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import tags
-from .launch import end_profile_step
+from .launch import MODEL_INFO, end_profile_step
 from .metrics import Metric
 from .outcome import Outcome, judge
 from .states import Reason, State
@@ -86,10 +86,26 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     if exit_code is None:
         return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
     metrics = directory / "metrics.json"
+    if exit_code == 0 and not metrics.exists() and (directory / MODEL_INFO).exists():
+        return _profiled(directory / MODEL_INFO)
     # The profile window only explains a missing metrics file: the config is read for that case alone, not
     # after every run.
     profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
     return judge(exit_code, metrics, metric, [directory / "stderr.log", directory / "stdout.log"], profile_end)
+
+
+def _profiled(path: Path) -> Outcome:
+    """A profile run (`autotuning.model_info.profile`): it succeeded when DeepSpeed's engine wrote its model info,
+    a JSON object with the parameter count; its numbers are the run's metrics (the ledger keeps them)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return Outcome(State.FAILED, Reason.METRICS, f"the model info file {path.name} cannot be read: {e}", 0)
+    numbers = {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} \
+        if isinstance(data, dict) else {}
+    if numbers.get("num_params", 0) <= 0:
+        return Outcome(State.FAILED, Reason.METRICS, f"the model info file {path.name} holds no num_params", 0)
+    return Outcome(State.SUCCEEDED, exit_code=0, metrics=numbers)
 
 
 def _end_profile_step(directory: Path) -> int | None:

@@ -38,6 +38,7 @@ MASTER_PORTS = (20000, 32767)
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's own default, for a command a person runs
 START_PROFILE_STEP = 3
 END_PROFILE_STEP = 5
+MODEL_INFO = "model_info.json"  # what DeepSpeed's engine writes on a profile run (autotuning.model_info.profile)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ def with_autotuning(ds_config: Mapping, metric_path: str, metric: str) -> dict:
     section.update(enabled=True, metric_path=metric_path, metric=metric)
     section.setdefault("start_profile_step", START_PROFILE_STEP)
     section.setdefault("end_profile_step", END_PROFILE_STEP)
+    model_info = section.get("model_info")
+    if isinstance(model_info, Mapping) and model_info.get("profile"):  # a profile run: its model info file beside
+        section["model_info_path"] = str(Path(metric_path).with_name(MODEL_INFO))  # the metrics file's place
     config["autotuning"] = section
     return config
 

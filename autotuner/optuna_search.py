@@ -93,6 +93,8 @@ class ModelSearch(Search):
                 point = (stage, self.sizes[trial.params["log2_mbs"]], self.setting(stage, values))
                 if self.open(*point):
                     return point
+                if (bounded := self.substitute(*point)) is not None:  # the memory model's bound stands for it
+                    return point[0], bounded, point[2]
                 self._tell_known(study, trial, *point)
         left = [(stage, mbs, knobs) for stage in self.spec.stages for mbs in self.sizes
                 for knobs in self.settings(stage) if self.open(stage, mbs, knobs)]
@@ -115,11 +117,16 @@ class ModelSearch(Search):
         values = {k: v[0] for k, v in space.items()} | dict(knobs)
         dist = self.optuna.distributions
         return self.optuna.trial.create_trial(
-            params={"stage": stage, "log2_mbs": self.sizes.index(mbs)}
+            params={"stage": stage, "log2_mbs": self._index(mbs)}
             | {self._param(stage, k): v for k, v in values.items()},
             distributions=self.space | {self._param(stage, k): dist.CategoricalDistribution(v)
                                         for k, v in space.items()},
             state=state, value=value)
+
+    def _index(self, mbs: int) -> int:
+        """A size's place on the grid; one between its points (the memory model's bound) is told as the point
+        below it."""
+        return max(i for i, size in enumerate(self.sizes) if size <= mbs)
 
     def _tell_known(self, study: Any, trial: Any, stage: int, mbs: int, knobs: Setting = ()) -> None:
         """A point asked again: told what is known of it, for the next ask (one still out stays a liar)."""

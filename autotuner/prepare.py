@@ -110,7 +110,8 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
                       max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
                       global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,
                       tuner=tuning.tuner, seed=seed, confirm=confirm,
-                      knobs={str(stage): space for stage, space in tuning.knobs.items() if space})
+                      knobs={str(stage): space for stage, space in tuning.knobs.items() if space},
+                      gpu_memory=_gpu_memory(cluster), facts=tuning.facts, mp=tuning.mp)
     if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
         spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
@@ -120,6 +121,14 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
     check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
     return prepare(Sweep(spec.prefix, (), sweep.metric, sweep.source), cluster, directory, launcher=launcher,
                    timeout=timeout, search=spec)
+
+
+def _gpu_memory(cluster: Cluster) -> int | None:
+    """The memory of one GPU the memory model bounds a tune's experiments by: of the largest GPUs of the cluster
+    (an experiment may land on them; smaller ones teach by running out of memory), None when a host's is not
+    known (CPU slots, a type that states no size): then the model skips nothing."""
+    known = [cluster.memory[host] for host in cluster.slots if host in cluster.memory]
+    return max(known) if known and len(known) == len(cluster.slots) else None
 
 
 def open_sweep(directory: str | Path) -> Ledger:

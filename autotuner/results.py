@@ -8,6 +8,7 @@ the two plain files then hold the best of its first type (hostfile order) that h
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,8 +74,9 @@ def summary_text(snap: Snapshot) -> str:
     `global` row, then "Tuning completed in H:MM:SS[.ffffff]. Total number of experiments: N." Names whole,
     numbers as plain as DeepSpeed prints them (no thousands separators). `autotune report` shows the rest."""
     spaces: dict[str, list[Attempt]] = {}
+    profiles = _profile_runs(snap)
     for attempt in snap.attempts:
-        if attempt.started_at is None:
+        if attempt.started_at is None or attempt.name in profiles:  # DeepSpeed counts no profile run either
             continue
         experiment = snap.experiments.get(attempt.name)
         stage = experiment.ds_config.get("zero_optimization", {}).get("stage", 0) if experiment else 0
@@ -116,6 +118,65 @@ def confirmation(snap: Snapshot) -> str | None:
     share = f" ({100 * spread / abs(mean):.1f}% of the mean)" if mean else ""
     return (line + f"; the winner {best.name} was confirmed: {len(values)} run(s), {snap.metric.name} mean "
             f"{mean:.6g}, spread {spread:.6g}{share}")
+
+
+def _profile_runs(snap: Snapshot) -> set[str]:
+    """The names of a tune's profile runs (memory model facts, no metric)."""
+    if snap.meta.search is None:
+        return set()
+    from .search import SearchSpec
+
+    spec = SearchSpec.from_json(snap.meta.search)
+    return {a.name for a in snap.attempts if spec.profile_of(a.name) is not None}
+
+
+_PLACE = re.compile(r"_z([0-3])_mbs([0-9]+)(?:_gas[0-9]+)?")
+
+
+def memory_note(snap: Snapshot) -> str | None:
+    """What `autotune tune`'s memory model said, in one line: its facts and where they come from, each stage
+    skipped (cannot fit) or bounded (the predicted largest micro-batch, and the largest that ran when runs went
+    past it). None when it had no GPU memory to go by (CPU slots, a type of no stated size)."""
+    if snap.meta.search is None:
+        return None
+    from .memory import Facts, budget, show
+    from .search import SearchSpec, profile_facts
+
+    spec = SearchSpec.from_json(snap.meta.search)
+    if spec.gpu_memory is None:
+        return None
+    facts = Facts.from_json(spec.facts) if spec.facts is not None else None
+    if facts is None:
+        profiles = [a for a in snap.attempts if spec.profile_of(a.name) is not None]
+        profile = profiles[-1] if profiles else None  # the last: those before it ran out of memory
+        if profile is None or not profile.state.terminal or profile.state == State.INTERRUPTED:
+            return f"Memory model: waiting for the profile run {profile.name if profile else spec.profile_name()}"
+        facts = profile_facts(spec, profile.metrics, profile.name) if profile.state == State.SUCCEEDED else None
+        if facts is None:
+            return (f"No memory model: the profile run {profile.name} {profile.state.value} "
+                    "(no model info); the sizes that fit were found by running")
+    ran: dict[int, int] = {}
+    for a in snap.attempts:
+        found = _PLACE.fullmatch(a.name[len(spec.prefix):]) if a.name.startswith(spec.prefix) else None
+        if found and a.state == State.SUCCEEDED:
+            stage, mbs = int(found[1]), int(found[2])
+            ran[stage] = max(mbs, ran.get(stage, 0))
+    parts = []
+    for stage, bound in spec.bounds(facts).items():
+        if bound.largest == 0 and bound.states >= budget(spec.gpu_memory):
+            parts.append(f"z{stage} skipped, cannot fit (model states {show(bound.states)})")
+        elif bound.largest == 0:
+            parts.append(f"z{stage} skipped, cannot fit micro-batch {spec.min_mbs} (model states "
+                         f"{show(bound.states)}, activations {show((facts.activation or 0) * spec.min_mbs)})")
+        elif bound.largest is None:
+            parts.append(f"z{stage} fits (model states {show(bound.states)}), no size predicted")
+        else:
+            raised = f", ran up to {ran[stage]}" if ran.get(stage, 0) > bound.largest else ""
+            above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
+            parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
+    activation = f", {show(facts.activation)} of activations per sample" if facts.activation else ""
+    return (f"Memory model ({facts.source}: {facts.num_params} parameters{activation}; GPUs of "
+            f"{show(spec.gpu_memory)}, {show(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
 
 
 def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str | int | float]]) -> str:

@@ -360,8 +360,9 @@ def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     from .search import SearchSpec, search_for
 
     search = search_for(SearchSpec.from_json(spec))
-    latest = {a.name: (a.state, a.reason, a.metric) for a in ledger.latest()}
-    search.replay(ledger.experiments(), latest)
+    attempts = ledger.latest()
+    latest = {a.name: (a.state, a.reason, a.metric) for a in attempts}
+    search.replay(ledger.experiments(), latest, {a.name: a.metrics for a in attempts})
     return search
 
 

@@ -17,6 +17,14 @@ and config). gridsearch sweeps them knob by knob at a stage's best size once its
 sampling tuners draw them with the rest. Knob points are learnt apart (`knob_*`): their answers say nothing of
 the stage's sizes.
 
+Memory (memory.py): with the memory of the GPUs known (`gpu_memory`), the model's facts come from `model_info`
+(the spec's `facts`) or else from a profile run (`NAME_profile`, first of all: DeepSpeed's engine at the smallest
+stage and size writes the parameter count and the activation memory, then ends; out of memory, the next stage is
+profiled, `NAME_profile_zS`). A stage whose model states
+cannot fit is skipped (never run); the others' micro-batch sizes start at the predicted largest and stay below it
+until a run there fits, then one probe past it: a success there shows the model low and lifts the bound. A
+profile run that fails leaves the search without a model, as with CPU slots: runs out of memory bound it.
+
 An OOM is an answer (that size and every larger one of the stage do not fit: none of them is ever launched),
 never retried; so is a timeout. A stage whose runs fail for another reason is given up. Gradient accumulation is
 derived so that the global batch stays what the user asked. When the search is over, the best configs are run
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -37,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .core import Queued, Run
+from .memory import Bound, Facts, Training, bound
 from .metrics import Metric, metric_named
 from .outcome import Outcome
 from .spec import Experiment
@@ -49,6 +59,8 @@ DEFAULT_TRIALS = 50  # DeepSpeed's tuner_num_trials default: the sampling tuners
 DEFAULT_PATIENCE = 5  # DeepSpeed's tuner_early_stopping default, likewise
 DEFAULT_CONFIRM = 2  # configs re-run when the user says nothing, once more than this many succeeded
 RERUN = re.compile(r"(.+)_confirm([0-9]+)")
+PROFILE = "profile"  # the profile run's name: PREFIX_profile
+log = logging.getLogger(__name__)
 
 # A point's ZeRO knobs (full mode): the (key, value) pairs that differ from the stage's first values, in the
 # order of the stage's knob space; () is the config its micro-batch search runs.
@@ -87,10 +99,14 @@ class SearchSpec:
     confirm: int | None = None  # configs re-run at the end; None: DEFAULT_CONFIRM when more than that succeeded
     # full mode: stage ("2") -> its ZeRO knobs to search -> their values, the one its micro-batches ran with first
     knobs: Mapping[str, Mapping[str, Sequence[Any]]] = field(default_factory=dict)
+    gpu_memory: int | None = None  # bytes of one GPU the experiments run on (None: unknown, no memory model)
+    facts: Mapping[str, Any] | None = None  # memory.Facts from model_info (None: a profile run finds them)
+    mp: int = 1  # model-parallel degree (DeepSpeed's mp_size)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
-                               "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()}}
+                               "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()},
+                               "facts": dict(self.facts) if self.facts is not None else None}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SearchSpec:
@@ -100,6 +116,42 @@ class SearchSpec:
     @property
     def world(self) -> int:
         return int(self.template.get("num_gpus", 1)) * int(self.template.get("num_nodes", 1))
+
+    @property
+    def profiles(self) -> bool:
+        """A profile run comes first: the GPUs' memory is known and model_info states no parameter count."""
+        return self.gpu_memory is not None and self.facts is None
+
+    def profile_name(self, stage: int | None = None) -> str:
+        """The profile run's name: PREFIX_profile at the smallest stage; PREFIX_profile_zS at a larger stage
+        (the next one tuned, when a smaller one's ran out of memory)."""
+        return f"{self.prefix}_{PROFILE}" if stage is None or stage == min(self.stages) else \
+            f"{self.prefix}_{PROFILE}_z{stage}"
+
+    def profile_of(self, name: str) -> int | None:
+        """The stage of a profile run's name; None for any other name."""
+        return next((stage for stage in self.stages if self.profile_name(stage) == name), None)
+
+    def bounds(self, facts: Facts) -> dict[int, Bound]:
+        """The memory model's bound of each stage on the spec's GPUs (memory.py); none with no GPU memory."""
+        if self.gpu_memory is None:
+            return {}
+        training = Training.of(self.base)
+        dp = max(1, self.world // self.mp)
+        return {stage: bound(facts, training, stage, self.gpu_memory, dp, self.mp, self.min_mbs)
+                for stage in self.stages}
+
+
+def profile_facts(spec: SearchSpec, metrics: Mapping[str, float] | None, name: str) -> Facts | None:
+    """The facts of a profile run's metrics (what DeepSpeed's engine wrote to its model info file): the activation
+    memory it measured at the smallest size, per sample; None when it holds no parameter count."""
+    num_params = (metrics or {}).get("num_params")
+    if not num_params or num_params <= 0:
+        return None
+    activation = (metrics or {}).get("activation_mem_per_gpu")
+    per_sample = activation / spec.min_mbs if activation and activation > 0 else None
+    return Facts(int(num_params), per_sample, f"profile run {name}")
+
 
 
 def sizes(spec: SearchSpec) -> list[int]:
@@ -121,10 +173,23 @@ class _Stage:
     out: set[int] = field(default_factory=set)  # proposed, not ended yet
     crashed: set[int] = field(default_factory=set)  # failed for a reason that says nothing of memory
     given_up: bool = False
+    predicted: int | None = None  # the memory model's largest size that fits (0: none, the stage is skipped)
+    top: int = MAX_MICRO_BATCH  # the largest size the user allows
 
     def pruned(self, mbs: int) -> bool:
-        """Known not to fit: a size at or above one that ran out of memory (or time)."""
-        return any(mbs >= small for small in self.too_big)
+        """Known not to fit: a size at or above one that ran out of memory (or time), or above the ceiling."""
+        return any(mbs >= small for small in self.too_big) or mbs > self.ceiling()
+
+    def ceiling(self) -> int:
+        """The largest size worth trying: the predicted largest until a run there fits; then a probe past it
+        (an eighth more), and while probes fit (the model was low), probes twice as far each time."""
+        if self.predicted is None or self.predicted >= self.top:
+            return self.top
+        fit = max(self.fits, default=0)
+        ceiling, step = self.predicted, max(1, self.predicted // 8)
+        while fit >= ceiling and ceiling < self.top:
+            ceiling, step = ceiling + step, step * 2
+        return min(ceiling, self.top)
 
 
 class Search:
@@ -149,18 +214,77 @@ class Search:
         self.knob_out: set[Point] = set()
         self.reruns: dict[str, float | None] = {}  # a config re-run -> the re-run's metric (None: out or failed)
         self.rerun_out: set[str] = set()
+        for known in self.stages.values():
+            known.top = spec.max_mbs
+        self.facts: Facts | None = None
+        self.profile: str | None = "wanted" if spec.profiles else None  # wanted, out, done, failed
+        self.profile_stage = min(spec.stages)  # of the profile run wanted or out
+        if spec.facts is not None:
+            self.apply(Facts.from_json(spec.facts))
+
+    # --- the memory model ---------------------------------------------------------------------------------
+    def apply(self, facts: Facts) -> None:
+        """The model's bounds, from `facts`: a stage that cannot fit is skipped, the others bounded."""
+        self.facts = facts
+        for stage, found in self.spec.bounds(facts).items():
+            known = self.stages[stage]
+            known.predicted = found.largest
+            if found.largest == 0:
+                known.given_up = True
+
+    def learn_profile(self, stage: int, state: State, reason: str | None, metrics: Mapping[str, float] | None,
+                      detail: str | None = None, live: bool = True) -> None:
+        """A profile run ended: its facts bound the search. Out of memory, it showed that its stage cannot fit at
+        the smallest size (as that stage's own run would have), and the next stage tuned is profiled. Failed
+        otherwise (no model info written), the search goes on without a model, said in one line."""
+        name = self.spec.profile_name(stage)
+        facts = profile_facts(self.spec, metrics, name) if state == State.SUCCEEDED else None
+        if facts is not None:
+            self.profile = "done"
+            self.apply(facts)
+            return
+        later = [s for s in sorted(self.spec.stages) if s > stage]
+        if reason == Reason.OOM:
+            self.stages[stage].too_big.add(self.spec.min_mbs)
+            if later:
+                self.profile, self.profile_stage = "wanted", later[0]
+                return
+        self.profile = "failed"
+        if live:
+            log.warning("the profile run %s %s%s: searching without a memory model (runs that run out of "
+                        "memory bound the search instead)", name, state.value,
+                        f" ({detail})" if detail else " without writing the model info")
+
+    def _profile_run(self) -> list[Experiment]:
+        """The profile run, once: DeepSpeed's engine at the smallest stage and size, told to write its model
+        info (`autotuning.model_info.profile`), the rest of the user's config as it is."""
+        if self.profile != "wanted":
+            return []
+        self.profile = "out"
+        data = self.experiment(self.profile_stage, self.spec.min_mbs).to_json()
+        config = data["ds_config"]
+        config["autotuning"] = {**config.get("autotuning", {}), "model_info": {"profile": True}}
+        name = self.spec.profile_name(self.profile_stage)
+        self.proposed.add(name)
+        return [Experiment.from_json({**data, "name": name})]
 
     # --- the Source protocol ------------------------------------------------------------------------------
     def propose(self, free_slots: int, now: float) -> list[Experiment]:
         """The next experiments; none while every point worth trying waits for a run, or the budget is spent.
         Once the search is over and nothing runs, the confirming re-runs."""
         room = max(1, free_slots // self.spec.world)  # at least one: the queue holds what does not fit yet
+        if self.profile in ("wanted", "out"):  # nothing else until the model is known
+            return self._profile_run()
         chosen = [] if self._stopped() else self.choose(room)
         if chosen or self.busy:
             return chosen
         return self._confirmations()
 
     def observe(self, run: Run | Queued, outcome: Outcome) -> None:
+        profiled = self.spec.profile_of(run.experiment.name)
+        if profiled is not None:
+            self.learn_profile(profiled, outcome.state, outcome.reason, outcome.metrics, outcome.detail)
+            return
         self.learn(run.experiment, outcome.state, outcome.reason,
                    outcome.metrics.get(self.metric.name) if outcome.metrics else None)
 
@@ -180,6 +304,15 @@ class Search:
         return known is not None and not known.given_up and not known.pruned(mbs) and \
             mbs < self.knob_oom.get((stage, knobs), mbs + 1) and \
             self.experiment(stage, mbs, knobs=knobs).name not in self.proposed
+
+    def substitute(self, stage: int, mbs: int, knobs: Setting = ()) -> int | None:
+        """For the sampling tuners: a point above the memory model's ceiling that no run ruled out stands for the
+        ceiling itself (the predicted largest size, or the probe past it), when that is open; else None."""
+        known = self.stages.get(stage)
+        if known is None or known.predicted is None or any(mbs >= small for small in known.too_big):
+            return None
+        ceiling = known.ceiling()
+        return ceiling if mbs > ceiling >= self.spec.min_mbs and self.open(stage, ceiling, knobs) else None
 
     def take(self, stage: int, mbs: int, knobs: Setting = ()) -> Experiment | None:
         """The experiment for a point, marked proposed; None when it was proposed before."""
@@ -217,6 +350,8 @@ class Search:
         """One ended run (or, replaying, one recorded). Interrupted or cancelled ones teach nothing: they are
         run again (resume) or were not wanted."""
         rerun = rerun_of(experiment.name)
+        if self.spec.profile_of(experiment.name) is not None:
+            return
         if rerun is not None:
             self.rerun_out.discard(rerun)
             self.reruns[rerun] = value if state == State.SUCCEEDED else None
@@ -267,11 +402,21 @@ class Search:
         self.since_best += 1
 
     def replay(self, experiments: Sequence[Experiment], latest: Mapping[str, tuple[State, str | None,
-                                                                                    float | None]]) -> None:
+                                                                                    float | None]],
+               metrics: Mapping[str, Mapping[str, float]] | None = None) -> None:
         """Rebuild from the ledger: every experiment it holds was proposed; those ended are learnt, in the
-        ledger's order; the others (queued, running, interrupted: to run again) are out."""
+        ledger's order; the others (queued, running, interrupted: to run again) are out. `metrics`: each
+        experiment's recorded metrics (the profile run's model info)."""
         for e in experiments:
             self.proposed.add(e.name)
+            profiled = self.spec.profile_of(e.name)
+            if profiled is not None:
+                state, reason, _ = latest.get(e.name, (State.QUEUED, None, None))
+                if state.terminal and state != State.INTERRUPTED:
+                    self.learn_profile(profiled, state, reason, (metrics or {}).get(e.name), live=False)
+                else:
+                    self.profile, self.profile_stage = "out", profiled
+                continue
             placed = self._place_of(e)
             rerun = rerun_of(e.name)
             knobs = self._setting_of(e) if placed is not None else ()
@@ -425,11 +570,14 @@ class MicroBatchSearch(Search):
         small = min(known.too_big, default=None)
         if known.out:
             return self._measure(known, fit) if self._searched(known, fit, small) else []
-        if fit is None:
-            return [spec.min_mbs] if small is None else []  # the smallest does not fit: the stage is out
+        if fit is None:  # from the predicted largest, else the smallest; the smallest does not fit: the stage is out
+            if small is None:
+                return [max(spec.min_mbs, min(known.predicted or spec.min_mbs, spec.max_mbs))]
+            return [spec.min_mbs] if small > spec.min_mbs else []
         if small is None:
-            if fit < spec.max_mbs:
-                return [min(fit * 2, spec.max_mbs)]
+            ceiling = known.ceiling()
+            if fit < ceiling:
+                return [min(fit * 2, ceiling)]
         elif small - fit > 1:
             return [(fit + small) // 2]
         return self._measure(known, fit)
@@ -468,6 +616,8 @@ class RandomSearch(Search):
         for stage, mbs, knobs in self.order:
             if len(proposed) >= room or self._spent():
                 break
+            if not self.open(stage, mbs, knobs):
+                mbs = self.substitute(stage, mbs, knobs) or mbs
             if self.open(stage, mbs, knobs) and (experiment := self.take(stage, mbs, knobs)) is not None:
                 proposed.append(experiment)
         return proposed

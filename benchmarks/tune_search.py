@@ -18,6 +18,12 @@ many seeds found a config at least as good as the grid's best.
 --full plays full mode (fast: false, ZeRO's knobs too: the stand-in counts them as known factors) on the simulated
 clock: gridsearch's knob sweep against the grid of every knob setting at each stage's best size.
 
+--memory runs the tuners with and without the memory model (autotuner/memory.py), through the real runner, on the
+stand-in's DeepSpeed-like fake GPU (OOM_STANDIN_MODEL: 5e9 parameters in fp16 with Adam, 1e9 bytes of activations a
+sample, each experiment on 2 GPUs of an "A100-80GB", 80e9 bytes; stage 0 cannot fit, the largest sizes that fit
+are 28, 33, 38 for stages 1-3, the best z3 mbs38): without a model (the hostfile states no GPU type), with
+`model_info` stated, and with the profile run finding the facts; and the same on the simulated clock.
+
 --simulated N plays the same searches N seeds each on the scheduler's simulated clock (autotuner.simulate, every
 run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
 It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
@@ -178,6 +184,127 @@ def simulated_table(seeds: int, slots: int) -> None:
         print(row(label, [simulated(tuner, seed, slots, patience) for seed in range(runs)]), flush=True)
 
 
+MODEL = (5e9, 1e9, 80e9)  # the stand-in's model: parameters, activation bytes a sample, GPU bytes
+
+
+def model_fits(stage: int, mbs: int) -> bool:
+    """The stand-in's DeepSpeed-like rule (OOM_STANDIN_MODEL), on 2 GPUs."""
+    params, per_sample, gpu = MODEL
+    states = {0: 16 * params, 1: 4 * params + 6 * params, 2: 2 * params + 7 * params, 3: 8 * params}[stage]
+    return states + per_sample * mbs + 1.5e9 <= gpu
+
+
+MODEL_BEST = max(((z, m) for z in STAGES for m in range(1, MAX_MBS + 1) if model_fits(z, m)),
+                 key=lambda p: throughput(*p))
+VARIANTS = ("no model", "model_info", "profile run")
+
+
+def run_memory_tune(work: Path, slots: int, tuner: str, seed: int, variant: str) -> autotuner.Snapshot:
+    """One tune on the stand-in's DeepSpeed-like fake GPU: `variant` says where the model's facts come from."""
+    (work / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    autotuning: dict = {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": MAX_MBS,
+                        "tuner_type": tuner}
+    if variant == "model_info":
+        autotuning["model_info"] = {"num_params": int(MODEL[0]), "activation_mem_per_gpu": int(MODEL[1])}
+    config = {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "autotuning": autotuning,
+              "zero_optimization": {"stage": list(STAGES)}}
+    (work / "ds.json").write_text(json.dumps(config))
+    (work / "hostfile").write_text(f"localhost slots={slots}{'' if variant == 'no model' else ' gpu=A100-80GB'}\n")
+    cluster = autotuner.load_cluster(hostfile=work / "hostfile")
+    directory = autotuner.prepare_tune(str(work / "train.py"), ["--deepspeed_config", "ds.json"], cluster,
+                                       work / "res", num_gpus=2, launcher=["sh", str(STANDIN)], cwd=work,
+                                       seed=seed)
+    return autotuner.execute(directory, autotuner.Options(grace=1.0)).snapshot
+
+
+def measure_memory(snap: autotuner.Snapshot) -> dict[str, float]:
+    """Experiments until the winner first started and in all (the profile run counted), OOM runs, wall seconds,
+    the winner's true throughput against the best that fits."""
+    best = snap.best
+    assert best is not None, snap.counts()
+    config = snap.experiments[best.name].ds_config
+    point = (config["zero_optimization"]["stage"], config["train_micro_batch_size_per_gpu"])
+    ran = sorted((a for a in snap.attempts if a.started_at is not None), key=lambda a: a.started_at)
+    return {"to_best": 1 + [a.name for a in ran].index(best.name), "experiments": len(ran),
+            "ooms": sum(1 for a in ran if a.reason == "oom"),
+            "wall_s": max(a.finished_at for a in ran) - ran[0].started_at,
+            "quality": throughput(*point) / throughput(*MODEL_BEST), "found": float(point == MODEL_BEST)}
+
+
+def memory_row(label: str, results: list[dict[str, float]]) -> str:
+    mean = {k: statistics.mean(r[k] for r in results) for k in results[0]}
+    return (f"| {label} | {mean['to_best']:.1f} | {mean['experiments']:.1f} | {mean['ooms']:.1f} | "
+            f"{mean['wall_s']:.1f} | {mean['quality']:.3f} | {sum(r['found'] for r in results):.0f}/{len(results)} |")
+
+
+MEMORY_HEADER = ("| | experiments to best | experiments | OOMs | wall s | best / true best | true best found |\n"
+                 "|---|---:|---:|---:|---:|---:|---:|")
+
+
+def memory_table(seeds: int, slots: int, seconds: float) -> None:
+    print(f"\nmemory model, the real runner, {slots} slots (2 a run), {seconds} s a run; sampling tuners: mean of "
+          f"{seeds} seeds, DeepSpeed's defaults\n")
+    print(MEMORY_HEADER)
+    os.environ["OOM_STANDIN_MODEL"] = " ".join(str(figure) for figure in MODEL)
+    for tuner in ("gridsearch", "random", "model_based"):
+        for variant in VARIANTS:
+            results = []
+            for seed in range(1 if tuner == "gridsearch" else seeds):
+                with tempfile.TemporaryDirectory() as tmp:
+                    work = Path(tmp)
+                    os.environ["OOM_STANDIN_LOG"] = str(work / "launches.log")
+                    results.append(measure_memory(run_memory_tune(work, slots, tuner, seed, variant)))
+            print(memory_row(f"{tuner}, {variant}", results), flush=True)
+
+
+def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[str, float]:
+    """One search with or without the memory model on the simulated clock (every run 10 s), the stand-in's
+    DeepSpeed-like rule as the outcome."""
+    from autotuner.memory import Facts
+    from autotuner.outcome import Outcome
+    from autotuner.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
+    from autotuner.simulate import simulate
+
+    def outcome(e: autotuner.Experiment) -> Outcome:
+        point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
+        if not model_fits(*point):
+            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+        if (e.ds_config.get("autotuning") or {}).get("model_info"):  # a profile run: the engine's model info
+            return Outcome(autotuner.State.SUCCEEDED, metrics={"num_params": MODEL[0],
+                                                                "activation_mem_per_gpu": MODEL[1] * point[1]})
+        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": throughput(*point)})
+
+    sampled = tuner != "gridsearch"
+    spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 2, "num_nodes": 1, "args": []},
+                      base={"fp16": {"enabled": True}}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS,
+                      seed=seed, tuner=tuner, trials=DEFAULT_TRIALS if sampled else None,
+                      patience=DEFAULT_PATIENCE if sampled else None,
+                      gpu_memory=None if variant == "no model" else int(MODEL[2]),
+                      facts=Facts(int(MODEL[0]), MODEL[1]).to_json() if variant == "model_info" else None)
+    search = search_for(spec)
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+                             metric="throughput").played, key=lambda p: (p.start, p.name))
+    ooms = sum(1 for p in played if p.state == autotuner.State.FAILED)
+    if not search.configs:  # stopped early with nothing that fits (random's patience spent on OOMs)
+        return {"to_best": len(played), "experiments": len(played), "ooms": ooms,
+                "wall_s": max(p.end for p in played), "quality": 0.0, "found": 0.0}
+    winner = min(search.configs, key=lambda name: -search.mean(name))
+    point = search.configs[winner][:2]  # (stage, size); no knobs in fast mode
+    return {"to_best": 1 + [p.name for p in played].index(winner), "experiments": len(played), "ooms": ooms,
+            "wall_s": max(p.end for p in played), "quality": throughput(*point) / throughput(*MODEL_BEST),
+            "found": float(point == MODEL_BEST)}
+
+
+def simulated_memory_table(seeds: int, slots: int) -> None:
+    print(f"\nmemory model, simulated clock, every run 10 s, {slots} slots (2 a run), mean of {seeds} seeds\n")
+    print(MEMORY_HEADER)
+    for tuner in ("gridsearch", "random", "model_based"):
+        for variant in VARIANTS:
+            runs = 1 if tuner == "gridsearch" else seeds
+            print(memory_row(f"{tuner}, {variant}", [simulated_memory(tuner, seed, slots, variant)
+                                                     for seed in range(runs)]), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -187,6 +314,7 @@ def main() -> None:
                         help="Also play each search N seeds on the simulated clock.")
     parser.add_argument("--no-real", action="store_true", help="Only the simulated table.")
     parser.add_argument("--full", action="store_true", help="Also play full mode (ZeRO's knobs) simulated.")
+    parser.add_argument("--memory", action="store_true", help="Only the tuners with and without the memory model.")
     parser.add_argument("--every-size", action="store_true",
                         help=f"Also run the grid of every size 1-{MAX_MBS} of each stage ({len(EVERY_SIZE)} runs).")
     opts = parser.parse_args()
@@ -198,6 +326,13 @@ def main() -> None:
     for tuner in ("random", "model_based"):
         cases += [(f"{tuner}, DeepSpeed's defaults", tuner, None, opts.seeds),
                   (f"{tuner}, patience 36", tuner, 36, opts.seeds)]
+    if opts.memory:
+        print(f"true best {MODEL_BEST}: throughput {throughput(*MODEL_BEST):.1f}")
+        if not opts.no_real:
+            memory_table(opts.seeds, 2 * opts.slots, opts.seconds)
+        if opts.simulated:
+            simulated_memory_table(opts.simulated, 2 * opts.slots)
+        return
     print(f"grid best {GRID_BEST}: throughput {throughput(*GRID_BEST):.1f}")
     if not opts.no_real:
         real_table(cases, opts.slots, opts.seconds)

@@ -8,21 +8,44 @@
 # factors, 1 at DeepSpeed's defaults: overlap_comm on is 10% faster than off; reduce_bucket_size 1e9 is 4% faster
 # than 5e8, 5e7 5% slower; contiguous_gradients off 3% slower; allgather_bucket_size 5e7 1% slower, and 1e9 needs
 # 5 GiB more; the other knobs change nothing. The knobs a config sets follow its line in the log (key=value).
-while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; esac; shift; done
-exec python3 - "$cfg" <<'PY'
+# $OOM_STANDIN_MODEL="PARAMS BYTES_PER_SAMPLE GPU_BYTES": a DeepSpeed-like need instead, on a fake GPU of
+# GPU_BYTES: a model of PARAMS parameters in fp16 with Adam (2 + 2 + 12 bytes a parameter, stage 1 partitioning
+# the 12 over the GPUs of --include, stage 2 the gradients too, stage 3 everything), plus BYTES_PER_SAMPLE times
+# the micro-batch, plus 1.5e9 the runtime keeps. A profile run (autotuning.model_info.profile) writes the model
+# info DeepSpeed's engine would to autotuning.model_info_path, and ends (logged as "profile zS mbsM").
+while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;; esac; shift; done
+exec python3 - "$cfg" "$inc" <<'PY'
 import base64, json, os, sys, time
 config = json.loads(base64.urlsafe_b64decode(sys.argv[1]))
 zero = config["zero_optimization"]
 stage, mbs = zero["stage"], config["train_micro_batch_size_per_gpu"]
+world = sum(len(part.split(":", 1)[1].split(",")) if ":" in part else 1 for part in sys.argv[2].split("@")) \
+    if sys.argv[2] else 1
+profile = (config["autotuning"].get("model_info") or {}).get("profile")
 line = " ".join([f"z{stage} mbs{mbs}", *(f"{k}={json.dumps(v)}" for k, v in zero.items() if k != "stage")])
 with open(os.environ["OOM_STANDIN_LOG"], "a") as log:
-    log.write(line + "\n")
+    log.write(("profile " if profile else "") + line + "\n")
 with open(os.environ["OOM_STANDIN_LOG"]) as log:
     first = log.read().splitlines().count(line) == 1
 time.sleep(float(os.environ.get("OOM_STANDIN_SECONDS", "0")))
 allgather = zero.get("allgather_bucket_size", 500_000_000)
-if {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs + (5 if allgather >= 1e9 else 0) > 100:
+model = os.environ.get("OOM_STANDIN_MODEL", "").split()
+if profile and not model:
+    sys.exit("stand-in: no OOM_STANDIN_MODEL to write the model info from")
+if model:
+    params, per_sample, gpu = (float(w) for w in model)
+    states = {0: 16 * params, 1: 4 * params + 12 * params / world, 2: 2 * params + 14 * params / world,
+              3: 16 * params / world}[stage]
+    oom = states + per_sample * mbs + 1.5e9 > gpu
+else:
+    oom = {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs + (5 if allgather >= 1e9 else 0) > 100
+if oom:
     sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+if profile:
+    with open(config["autotuning"]["model_info_path"], "w") as f:
+        json.dump({"num_params": int(params), "trainable_num_params": int(params),
+                   "activation_mem_per_gpu": per_sample * mbs}, f)
+    sys.exit(0)
 throughput = mbs * 100 / (1 + mbs / 64) * (1 - 0.05 * stage)
 throughput *= (1.1 if zero.get("overlap_comm", stage == 3) else 1.0) / (1.1 if stage == 3 else 1.0)
 throughput *= {5e7: 0.95, 5e8: 1.0, 1e9: 1.04}.get(zero.get("reduce_bucket_size", 5e8), 1.0)

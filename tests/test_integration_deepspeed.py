@@ -140,3 +140,27 @@ def test_tune_on_the_real_example_with_deepspeeds_autotuning_section(tmp_path):
     assert all(f"| z{z} " in summary for z in (0, 2)) and "| global " in summary
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] in (0, 2) and "autotuning" not in optimal
+
+
+def test_tune_profiles_the_real_example_with_deepspeeds_engine_on_cpu(tmp_path):
+    """The profile run for real: with the slots' memory stated (a hostfile's `gpu=`, as for GPUs; CPU slots
+    state none otherwise, and then no profile runs), DeepSpeed's engine on CPU counts the example's parameters and
+    measures its activations at the user's stage and smallest size, writes its model info and ends; the search goes
+    on with the facts. Kept short: one stage, one size, nothing run again."""
+    results = tmp_path / "results"
+    config = json.loads((ROOT / "experiments" / "ds_tune.json").read_text())
+    config["zero_optimization"]["stage"] = [1]
+    config["autotuning"]["max_train_micro_batch_size_per_gpu"] = 4
+    (tmp_path / "ds_tune.json").write_text(json.dumps(config))
+    (tmp_path / "hostfile").write_text("localhost slots=1 accelerator=cpu gpu=cpu-16GB\n")
+    run = subprocess.run([sys.executable, "-m", "autotuner.cli", "tune", "--hostfile", str(tmp_path / "hostfile"),
+                          "--confirm", "0", "-o", str(results), "train.py", "--deepspeed_config",
+                          str(tmp_path / "ds_tune.json"), "--steps", "7", "--hidden", "64"],
+                         capture_output=True, text=True, timeout=900, cwd=ROOT / "experiments")
+    assert run.returncode == 0, run.stdout + run.stderr
+    info = json.loads((results / "train_profile" / "model_info.json").read_text())  # the engine's own file
+    assert info["num_params"] == (64 * 64 + 64) * 2 + 65  # the example's MLP with --hidden 64
+    profiled = json.loads((results / "train_profile" / "ds_config.json").read_text())
+    assert profiled["zero_optimization"]["stage"] == 1 and profiled["train_micro_batch_size_per_gpu"] == 4
+    assert "Memory model (profile run train_profile: 8385 parameters" in run.stdout
+    assert (results / "train_z1_mbs4" / "metrics.json").exists()

@@ -4,6 +4,7 @@ documents it (full mode, `fast: false`, adds the ZeRO knobs of spec/knobs.py). U
 located errors, never ignored; what the search does not do yet is refused by name rather than silently skipped."""
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,6 +39,9 @@ STAGES = (0, 1, 2, 3)
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
+# model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
+MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
+                   "activation_mem_per_gpu")
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,8 @@ class Tuning:
     arg_mappings: dict[str, str]
     tuner: str = "gridsearch"
     knobs: dict[int, Space] = field(default_factory=dict)  # full mode: each stage's ZeRO knobs to search
+    facts: dict[str, Any] | None = None  # memory.Facts as JSON, from model_info or model_info_path
+    mp: int = 1  # mp_size
 
 
 def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
@@ -119,7 +125,8 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     whole = {k: _count(src, section, k) for k in ("min_train_micro_batch_size_per_gpu",
                                                    "max_train_micro_batch_size_per_gpu", "max_train_batch_size",
                                                    "num_tuning_micro_batch_sizes", "tuner_num_trials",
-                                                   "tuner_early_stopping", "start_profile_step", "end_profile_step")}
+                                                   "tuner_early_stopping", "start_profile_step", "end_profile_step",
+                                                   "mp_size")}
     min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
     max_mbs = whole["max_train_micro_batch_size_per_gpu"]
     batch = config.get("train_batch_size")
@@ -144,7 +151,49 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     mappings = _mappings(src, section.get("arg_mappings", {}))
     _check_auto(src, config, mappings, global_batch is not None)
     return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
-                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces)
+                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
+                  _facts(src, section, path), whole["mp_size"] or 1)
+
+def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
+    """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
+    `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
+    `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
+    them. `hidden_size` and `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
+    info = section.get("model_info")
+    if info is not None:
+        if not isinstance(info, dict):
+            raise src.error("model_info must be an object", "model_info")
+        for key, value in info.items():
+            if key not in MODEL_INFO_KEYS:
+                raise src.error(f"unknown model_info key {shown(key)} (keys: {', '.join(MODEL_INFO_KEYS)})", key)
+            if key == "profile" and not isinstance(value, bool):
+                raise src.error(f"model_info.profile must be true or false, not {shown(value)}", key)
+            if key != "profile" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                                     or (key != "activation_mem_per_gpu" and not positive_int(value))):
+                raise src.error(f"model_info.{key} must be a positive whole number"
+                                f"{' of bytes' if key == 'activation_mem_per_gpu' else ''}, not {shown(value)}", key)
+        if "num_params" in info:
+            return {"num_params": info["num_params"], "activation": info.get("activation_mem_per_gpu") or None,
+                    "source": "model_info"}
+    named = section.get("model_info_path")
+    if named is None:
+        return None
+    if not isinstance(named, str) or not named:
+        raise src.error("model_info_path must be the path of a model info file", "model_info_path")
+    file = Path(abspath(named, path.parent))
+    try:
+        data = json.loads(file.read_text())
+    except OSError as e:
+        raise src.error(f"model_info_path {shown(named)}: {e.strerror or e}", "model_info_path") from None
+    except ValueError:
+        raise src.error(f"model_info_path {shown(named)}: not a JSON file", "model_info_path") from None
+    num_params = data.get("num_params") if isinstance(data, dict) else None
+    if not positive_int(num_params):
+        raise src.error(f"model_info_path {shown(named)}: holds no num_params (a positive whole number)",
+                        "model_info_path")
+    activation = data.get("activation_mem_per_gpu")
+    usable = isinstance(activation, (int, float)) and not isinstance(activation, bool) and activation > 0
+    return {"num_params": num_params, "activation": activation if usable else None, "source": f"model_info_path {file}"}
 
 
 def _have_optuna() -> bool:
