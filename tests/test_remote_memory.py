@@ -89,10 +89,10 @@ def test_a_reading_older_than_the_bound_falls_back_to_the_stated_size_then_to_no
 
 def test_a_gpu_that_a_run_of_the_sweep_holds_keeps_the_reading_from_before_the_run():
     """A reading taken while our run held GPU 0 shows our own run's memory, gone once it ends: it is not used for
-    GPU 0. When the run ends the host is read again at once, and that reading counts."""
+    GPU 0. When the run ends the host is read again (once its period is up), and that reading counts."""
     free = {0: (79 * GiB, 80 * GiB), 1: (79 * GiB, 80 * GiB)}
     transport = Transport({"w0": free})
-    memory, clock = reader(transport, {"w0": [0, 1]})
+    memory, clock = reader(transport, {"w0": [0, 1]}, period=5)
     memory.read_now()
     run = run_on("w0", (0,))
     memory.note("started", run, None)
@@ -100,10 +100,10 @@ def test_a_gpu_that_a_run_of_the_sweep_holds_keeps_the_reading_from_before_the_r
     clock.now += 10
     memory.read_now()
     assert memory.free("w0") == {0: 79 * GiB, 1: 50 * GiB}
-    assert memory.due_in() is None or memory.due_in() > 0  # nothing makes w0 due but the placement looking
     free[0] = (78 * GiB, 80 * GiB)
     memory.note("finished", run, OK)
-    assert memory.due_in() == 0.0
+    assert memory.due_in() == 5.0 and memory.round() == []
+    clock.now += 5
     assert memory.round() == ["w0"] and memory.free("w0") == {0: 78 * GiB, 1: 50 * GiB}
 
 
@@ -130,7 +130,7 @@ def test_a_reading_asked_for_before_a_run_was_placed_still_counts_for_its_gpu():
     assert memory.free("w0") == {0: 79 * GiB, 1: 79 * GiB}
 
 
-def test_hosts_the_placement_looked_at_are_read_every_period_and_no_more_often():
+def test_hosts_looked_at_or_where_runs_ended_are_read_every_period_and_no_more_often():
     transport = Transport({"w0": {0: (10 * GiB, 80 * GiB)}, "w1": {0: (79 * GiB, 80 * GiB)}})
     posted = []
     memory, clock = reader(transport, {"w0": [0], "w1": [0]}, period=5)
@@ -142,7 +142,8 @@ def test_hosts_the_placement_looked_at_are_read_every_period_and_no_more_often()
     clock.now += 5
     assert memory.round() == ["w0"] and posted == [Measured(("w0",))]
     memory.free("w0")
-    memory.free("w0")
+    for name in ("a", "b", "c"):  # short runs ending there: still one reading per period
+        memory.note("finished", run_on("w0", (0,), name), OK)
     clock.now += 2
     assert memory.due_in() == 3.0 and memory.round() == []
     clock.now += 3

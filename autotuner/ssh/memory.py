@@ -4,12 +4,11 @@ kept here, fresh, by a thread of its own; the placement only looks the latest va
 A placement decides in microseconds, a reading costs a pooled SSH round trip and an nvidia-smi (tens of ms), so
 no placement ever waits for one (`RemoteMemory.free` takes a lock held only to copy a few numbers). Readings
 are taken
-- for every host at the start, before anything is placed (`read_now`);
-- when one of the sweep's runs on a host ends (its GPUs held our own run's memory until then), and when a lost
-  host is back;
-- for the hosts the placement looked at since their last reading (something waits for memory there: the GPUs
-  of other users' processes may empty), once that reading is `period` seconds old: while something waits, its
-  hosts are read every `period` seconds, and none is read more often.
+- of every host at the start, before anything is placed (`read_now`), and of a lost host once it is back;
+- of a host where one of the sweep's runs ended (its GPUs held our own run's memory until then), and of the
+  hosts the placement looked at (something waits for memory there: the GPUs of other users' processes may
+  empty): once the host's last reading is `period` seconds old. So while something waits, its hosts are read
+  every `period` seconds, and no host is read more often however short the runs.
 Each round is followed by a `Measured` event: the scheduler places again with the new values.
 
 What the placement gets, per GPU (slot id = GPU index, as on this machine):
@@ -96,8 +95,7 @@ class RemoteMemory:
         self._gpus: dict[str, dict[int, _Reading]] = {h: {} for h in self._slots}
         self._asked_at: dict[str, float] = {}  # when each host was last read (asked for)
         self._held: dict[str, set[int]] = {h: set() for h in self._slots}  # GPUs our runs hold
-        self._looked: set[str] = set()  # hosts the placement looked at since their last reading
-        self._due: set[str] = set()  # hosts to read at once
+        self._wanted: set[str] = set()  # hosts to read once their period is up (looked at, a run ended there)
         self._down: set[str] = set()
         self._cv = threading.Condition()
         self._closed = False
@@ -112,8 +110,8 @@ class RemoteMemory:
             return None
         now = self._clock()
         with self._cv:
-            if host not in self._looked:  # read again once its period is up (at once if it is already)
-                self._looked.add(host)
+            if host not in self._wanted:  # read again once its period is up (at once if it is already)
+                self._wanted.add(host)
                 self._cv.notify()
             gpus = self._gpus[host]
             fresh = {i: r.free for i, r in gpus.items() if now - r.at <= self.stale_after}
@@ -137,7 +135,7 @@ class RemoteMemory:
                         continue
                     if what == "finished":
                         self._held[host].difference_update(ids)
-                        self._due.add(host)
+                        self._wanted.add(host)
                     else:
                         self._held[host].update(ids)
             elif isinstance(subject, str) and subject in self._slots and what in ("host_down", "host_up"):
@@ -145,7 +143,8 @@ class RemoteMemory:
                     self._down.add(subject)
                 else:
                     self._down.discard(subject)
-                    self._due.add(subject)
+                    self._asked_at.pop(subject, None)  # at once
+                    self._wanted.add(subject)
             else:
                 return
             self._cv.notify()
@@ -163,23 +162,20 @@ class RemoteMemory:
             return self._due_in(self._clock())
 
     def _due_in(self, now: float) -> float | None:
-        if self._due - self._down:
-            return 0.0
-        waits = [self._next_read(h) - now for h in self._looked - self._down]
+        waits = [self._next_read(h) - now for h in self._wanted - self._down]
         return max(0.0, min(waits)) if waits else None
 
     def _next_read(self, host: str) -> float:
-        """The earliest time a looked-at host is read again: `period` after its last reading; never read: now."""
+        """The earliest time a wanted host is read again: `period` after its last reading; never read: now."""
         at = self._asked_at.get(host)
         return float("-inf") if at is None else at + self.period
 
     def round(self) -> list[str]:
-        """Read the hosts due now (a run ended there, a stale one was looked at, a looked-at one's period is up)
+        """Read the wanted hosts whose period is up (a run ended there, the placement looked at it, it is back)
         and tell the scheduler; returns them."""
         now = self._clock()
         with self._cv:
-            hosts = sorted(h for h in (self._due | self._looked) - self._down
-                           if h in self._due or self._next_read(h) <= now)
+            hosts = sorted(h for h in self._wanted - self._down if self._next_read(h) <= now)
         self._read_hosts(hosts)
         if hosts and self._post is not None:
             self._post(Measured(tuple(hosts)))
@@ -193,8 +189,7 @@ class RemoteMemory:
         with self._cv:
             at = self._clock()
             held = frozenset(self._held[host])  # GPUs whose reading would show our own runs' memory
-            self._due.discard(host)
-            self._looked.discard(host)
+            self._wanted.discard(host)
             self._asked_at[host] = at
         values = self._read(host)
         if values is None:
