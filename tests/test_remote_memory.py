@@ -11,7 +11,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import fake_nvidia_smi as smi
 import pytest
 
 from autotuner.core import Finished, Measured, MemoryRecord, Queued, Reservation, Run, Scheduler, SlotPool
@@ -22,6 +21,7 @@ from autotuner.ssh import SSHPool
 from autotuner.ssh.memory import RemoteMemory, nvidia_smi
 from autotuner.states import State
 
+import fake_nvidia_smi as smi
 from helpers import experiment
 
 GiB = 1 << 30

@@ -191,7 +191,11 @@ class RemoteMemory:
             held = frozenset(self._held[host])  # GPUs whose reading would show our own runs' memory
             self._wanted.discard(host)
             self._asked_at[host] = at
-        values = self._read(host)
+        try:
+            values = self._read(host)
+        except Exception:  # a bug or a fault no reader foresaw: the host goes unmeasured, the sweep goes on
+            log.exception("reading the GPU memory of %s failed", host)
+            return
         if values is None:
             return
         with self._cv:
