@@ -66,7 +66,7 @@ def nvidia_smi(pool: SSHPool, timeout: float = 10.0) -> Read:
         except ValueError as e:
             log.debug("GPU memory of %s not read: %s", host, e)
             return None
-        return {g.index: (g.memory_free, g.memory_total) for g in gpus} or None
+        return {g.index: (g.memory_free, g.memory_total) for g in gpus if g.memory_free is not None} or None
     return read
 
 
