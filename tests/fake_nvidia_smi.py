@@ -1,10 +1,11 @@
 """A FAKE nvidia-smi, for test nodes that have no GPU: it answers `--query-gpu=FIELDS --format=csv,...` as the real
-one does (one line per GPU, fields in the order asked, memory in MiB; `noheader`, `nounits`), from a state file
-a test writes, and fails as the real one does when its driver cannot be reached (exit 9). Every call is
-appended to `calls.log` beside the state, so a test can count the readings.
+one does (one line per GPU, fields in the order asked, memory in MiB; `noheader`, `nounits`) and `-L` (the GPU
+list; the fake has no MIG instances), from a state file a test writes, and fails as the real one does when its
+driver cannot be reached (exit 9). Every call is appended to `calls.log` beside the state, so a test can count
+the readings.
 
 `install(bin_dir, gpus)` puts it into a test node's `bin` directory (tests/sshnodes.py: first on the PATH of
-the node's sessions) as `nvidia-smi`; `set_gpus` changes what it reports, `fail` makes it fail.
+the node's sessions) as `nvidia-smi`; `set_gpus` changes what it reports (`failing=True`: its driver fails).
 """
 from __future__ import annotations
 
@@ -70,6 +71,10 @@ def main(argv: list[str]) -> int:
     if state.get("failing"):
         print(DRIVER_FAILED)
         return 9
+    if argv == ["-L"]:  # the GPU list, as the real one prints it (no MIG instances: the fake has none)
+        for i, g in enumerate(state["gpus"]):
+            print(f"GPU {i}: {g['name']} (UUID: GPU-fake-{i:04d})")
+        return 0
     options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     fields = options.get("--query-gpu", "").split(",")
     form = options.get("--format", "").split(",")
