@@ -77,19 +77,24 @@ def test_the_placement_sees_the_latest_reading_and_never_reads_itself():
     assert len(transport.reads) == 2  # looking is not reading
 
 
-def test_a_reading_older_than_the_bound_falls_back_to_the_stated_size_then_to_not_measured():
+def test_a_host_whose_readings_stop_answering_is_judged_by_its_stated_size_after_the_bound():
     transport = Transport({"w0": {0: (10 * GiB, 80 * GiB), 1: (70 * GiB, 80 * GiB)}})
     memory, clock = reader(transport, {"w0": [0, 1, 2]}, {"w0": 80 * 10**9}, stale_after=60)
     memory.read_now()
-    # GPU 2 is not among what nvidia-smi shows: the stated size stands in for it, as for a stale GPU
+    # GPU 2 is not among what nvidia-smi shows: the stated size stands in for it
     assert memory.free("w0") == {0: 10 * GiB, 1: 70 * GiB, 2: 80 * 10**9}
-    clock.now += 61
-    assert memory.free("w0") is None  # nothing fresh: the placement judges it by its type's size
+    transport.hosts["w0"] = None  # its driver fails from now on
+    clock.now += 30
+    memory.read_now()
+    assert memory.free("w0") == {0: 10 * GiB, 1: 70 * GiB, 2: 80 * 10**9}  # answered 30 s ago: still used
+    clock.now += 31
+    assert memory.free("w0") is None  # no answer for 61 s: the placement judges it by its type's size
 
 
 def test_a_gpu_that_a_run_of_the_sweep_holds_keeps_the_reading_from_before_the_run():
     """A reading taken while our run held GPU 0 shows our own run's memory, gone once it ends: it is not used for
-    GPU 0. When the run ends the host is read again (once its period is up), and that reading counts."""
+    GPU 0, which keeps its value from before, however long our runs hold it. When the run ends the host is read
+    again (once its period is up), and that reading counts."""
     free = {0: (79 * GiB, 80 * GiB), 1: (79 * GiB, 80 * GiB)}
     transport = Transport({"w0": free})
     memory, clock = reader(transport, {"w0": [0, 1]}, period=5)
@@ -98,6 +103,9 @@ def test_a_gpu_that_a_run_of_the_sweep_holds_keeps_the_reading_from_before_the_r
     memory.note("started", run, None)
     free[0], free[1] = (9 * GiB, 80 * GiB), (50 * GiB, 80 * GiB)  # our run took 70 GiB; another user 29 GiB
     clock.now += 10
+    memory.read_now()
+    assert memory.free("w0") == {0: 79 * GiB, 1: 50 * GiB}
+    clock.now += 300  # our runs keep GPU 0 busy for long: it keeps what other users held before, not its size
     memory.read_now()
     assert memory.free("w0") == {0: 79 * GiB, 1: 50 * GiB}
     free[0] = (78 * GiB, 80 * GiB)

@@ -13,13 +13,16 @@ Each round is followed by a `Measured` event: the scheduler places again with th
 
 What the placement gets, per GPU (slot id = GPU index, as on this machine):
 - the free memory of the latest reading asked for while no run of this sweep held that GPU: a reading taken
-  while our run held it shows our run's memory, gone once the run ends. A reading asked for just before a run
-  was placed shows the GPU as the run found it, before it allocated; that run's slot is the pool's until the
-  run ends, so it can never make room for a second run of ours;
-- once that reading is older than `stale_after`, or was never taken: the host's stated size (its GPU type's),
-  else the total memory the host last reported; a host with no fresh reading at all is not measured (None):
-  judged by its type's size, as before readings existed. A host that cannot be read is never an error here;
-  a lost one is the executor's HostLost, and is not read again until it is back.
+  while our run held it shows our run's memory, gone once the run ends, so the GPU keeps the value it had
+  before (what other users held then; the next reading between our runs updates it). A reading
+  asked for just before a run was placed shows the GPU as the run found it, before it allocated; that run's
+  slot is the pool's until the run ends, so it can never make room for a second run of ours;
+- for a GPU never read so (our run held it at every reading, or the host's nvidia-smi does not show it): the
+  host's stated size (its GPU type's), else the GPU's total memory as reported, else nothing (no room: not a
+  GPU the host shows).
+A host whose readings have not answered for `stale_after` seconds (or never) is not measured (None): judged by
+its type's size, as before readings existed. A host that cannot be read is never an error here; a lost one is
+the executor's HostLost, and is not read again until it is back.
 
 nvidia-smi is the reader (`--query-gpu`, as `autotune hosts` probes): it is on every host with the NVIDIA
 driver, whatever Python the host has; asking NVML through `python -c` would need nvidia-ml-py in the host's
@@ -73,7 +76,6 @@ def nvidia_smi(pool: SSHPool, timeout: float = 10.0) -> Read:
 @dataclass(frozen=True)
 class _Reading:
     free: int
-    total: int
     at: float  # when it was asked for
 
 
@@ -93,7 +95,9 @@ class RemoteMemory:
         self.stale_after = stale_after
         self._clock = clock
         self._gpus: dict[str, dict[int, _Reading]] = {h: {} for h in self._slots}
+        self._totals: dict[str, dict[int, int]] = {h: {} for h in self._slots}  # each GPU's size, as reported
         self._asked_at: dict[str, float] = {}  # when each host was last read (asked for)
+        self._read_at: dict[str, float] = {}  # when each host's last reading that answered was asked for
         self._held: dict[str, set[int]] = {h: set() for h in self._slots}  # GPUs our runs hold
         self._wanted: set[str] = set()  # hosts to read once their period is up (looked at, a run ended there)
         self._down: set[str] = set()
@@ -104,8 +108,9 @@ class RemoteMemory:
 
     # --- the placement's side (the dispatcher thread): never blocks on a reading ---------------------------
     def free(self, host: str) -> dict[int, int] | None:
-        """Free bytes per GPU (slot id) of `host` as last read, what is stale replaced by the stated size; None:
-        not measured (no fresh reading, or not a host of this reader)."""
+        """Free bytes per GPU (slot id) of `host`: each GPU's latest reading taken while the sweep did not hold
+        it, where none the stated size; None: not measured (the host has not answered a reading for
+        `stale_after` seconds, or ever; or it is not a host of this reader)."""
         if host not in self._slots:
             return None
         now = self._clock()
@@ -113,17 +118,17 @@ class RemoteMemory:
             if host not in self._wanted:  # read again once its period is up (at once if it is already)
                 self._wanted.add(host)
                 self._cv.notify()
-            gpus = self._gpus[host]
-            fresh = {i: r.free for i, r in gpus.items() if now - r.at <= self.stale_after}
-            if not fresh:
+            answered = self._read_at.get(host)
+            if answered is None or now - answered > self.stale_after:
                 return None
+            gpus, totals = self._gpus[host], self._totals[host]
             size = self._sizes.get(host)
             values = {}
             for i in self._slots[host]:
-                if i in fresh:
-                    values[i] = fresh[i]
-                elif size is not None or i in gpus:
-                    values[i] = size if size is not None else gpus[i].total
+                if i in gpus:
+                    values[i] = gpus[i].free
+                elif size is not None or i in totals:
+                    values[i] = size if size is not None else totals[i]
             return values
 
     def note(self, what: str, subject: Run | object, outcome: object = None) -> None:
@@ -199,10 +204,12 @@ class RemoteMemory:
         if values is None:
             return
         with self._cv:
+            self._read_at[host] = max(at, self._read_at.get(host, at))
             gpus = self._gpus[host]
             for index, (free, total) in values.items():
+                self._totals[host][index] = total
                 if index not in held:
-                    gpus[index] = _Reading(free, total, at)
+                    gpus[index] = _Reading(free, at)
 
     # --- the thread -----------------------------------------------------------------------------------------
     def start(self, post: Post) -> None:
