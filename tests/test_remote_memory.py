@@ -1,6 +1,6 @@
 """GPU memory of SSH hosts for the memory placement (ssh/memory.py): the reader with a fake clock and a fake
 transport (what the placement sees, when hosts are read, that a reading never blocks the placement), the core
-placing again on `Measured`, and sweeps on real sshd nodes whose FAKE nvidia-smi (tests/fake_nvidia_smi.py, on
+placing again on `MemoryRead`, and sweeps on real sshd nodes whose FAKE nvidia-smi (tests/fake_nvidia_smi.py, on
 the node's PATH) reports chosen free memory."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.core import Finished, Measured, MemoryRecord, Queued, Reservation, Run, Scheduler, SlotPool
+from autotuner.core import Finished, MemoryRead, MemoryRecord, Queued, Reservation, Run, Scheduler, SlotPool
 from autotuner.core.resources import placement_named
 from autotuner.ledger import Ledger
 from autotuner.outcome import Outcome
@@ -148,7 +148,7 @@ def test_hosts_looked_at_or_where_runs_ended_are_read_every_period_and_no_more_o
     memory.free("w0")  # a placement looked at w0: something waits for memory there
     assert memory.due_in() == 5.0 and memory.round() == []
     clock.now += 5
-    assert memory.round() == ["w0"] and posted == [Measured(("w0",))]
+    assert memory.round() == ["w0"] and posted == [MemoryRead(("w0",))]
     memory.free("w0")
     for name in ("a", "b", "c"):  # short runs ending there: still one reading per period
         memory.note("finished", run_on("w0", (0,), name), OK)
@@ -196,7 +196,7 @@ def test_the_reading_runs_on_the_readers_thread_and_the_placement_never_waits_fo
         deadline = time.monotonic() + 5
         while not posted and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert posted and posted[0] == Measured(("w0",)) and memory.free("w0") == {0: 79 * GiB}
+        assert posted and posted[0] == MemoryRead(("w0",)) and memory.free("w0") == {0: 79 * GiB}
     finally:
         gate.set()
         memory.close()
@@ -204,10 +204,10 @@ def test_the_reading_runs_on_the_readers_thread_and_the_placement_never_waits_fo
     assert threading.current_thread().name not in threads
 
 
-# --- the core places again on Measured --------------------------------------------------------------------------
+# --- the core places again on MemoryRead ------------------------------------------------------------------------
 def test_the_scheduler_places_again_when_new_readings_come():
     """Our run keeps w1 busy; the experiment that needs 30 GiB waits, w0's GPU being another user's. When the
-    reader finds it free (and posts Measured), the next step places it there, with no run of ours ending."""
+    reader finds it free (and posts MemoryRead), the next step places it there, with no run of ours ending."""
     values = {"w0": {0: (10 * GiB, 80 * GiB)}, "w1": {0: (79 * GiB, 80 * GiB)}}
     memory, _ = reader(Transport(values), {"w0": [0], "w1": [0]}, {"w0": 80 * 10**9, "w1": 80 * 10**9})
     memory.read_now()
@@ -223,7 +223,7 @@ def test_the_scheduler_places_again_when_new_readings_come():
     assert s.step([], 1.0).start == []
     values["w0"][0] = (79 * GiB, 80 * GiB)
     memory.read_now(["w0"])
-    (second,) = s.step([Measured(("w0",))], 2.0).start
+    (second,) = s.step([MemoryRead(("w0",))], 2.0).start
     assert second.reservation.hosts == ("w0",)
     s.step([Finished(first, OK, 3.0), Finished(second, OK, 3.0)], 3.0)
     assert s.done

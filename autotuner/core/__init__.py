@@ -21,7 +21,7 @@ from .events import (
     Interrupt,
     Key,
     Launched,
-    Measured,
+    MemoryRead,
     Post,
     Queued,
     Run,
@@ -32,7 +32,7 @@ from .scheduler import Actions, Executor, Note, Observer, Scheduler, Source, Sto
 
 __all__ = [
     "PLACEMENTS", "Actions", "BackfillQueue", "Cancel", "CheckRequests", "Deadline", "Event", "Executor", "Finished",
-    "HostBack", "HostLost", "Interrupt", "Key", "Launched", "Measured", "MemoryRecord", "Note", "Observer", "Pack",
+    "HostBack", "HostLost", "Interrupt", "Key", "Launched", "MemoryRead", "MemoryRecord", "Note", "Observer", "Pack",
     "Placement", "Post", "Queued", "Record", "Reservation", "Run", "Scheduler", "SlotPool", "Source", "Spread", "Stop",
     "fifo",
 ]

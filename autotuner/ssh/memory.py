@@ -9,7 +9,7 @@ are taken
   hosts the placement looked at (something waits for memory there: the GPUs of other users' processes may
   empty): once the host's last reading is `period` seconds old. So while something waits, its hosts are read
   every `period` seconds, and no host is read more often however short the runs.
-Each round is followed by a `Measured` event: the scheduler places again with the new values.
+Each round is followed by a `MemoryRead` event: the scheduler places again with the new values.
 
 What the placement gets, per GPU (slot id = GPU index, as on this machine):
 - the free memory of the latest reading asked for while no run of this sweep held that GPU: a reading taken
@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..core.events import Measured, Post, Run
+from ..core.events import MemoryRead, Post, Run
 from ..threads import Workers
 from .errors import HostDown
 from .fanout import each
@@ -183,7 +183,7 @@ class RemoteMemory:
             hosts = sorted(h for h in self._wanted - self._down if self._next_read(h) <= now)
         self._read_hosts(hosts)
         if hosts and self._post is not None:
-            self._post(Measured(tuple(hosts)))
+            self._post(MemoryRead(tuple(hosts)))
         return hosts
 
     def _read_hosts(self, hosts: Sequence[str]) -> None:
