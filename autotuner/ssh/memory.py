@@ -87,7 +87,7 @@ class RemoteMemory:
     notes say which GPUs the sweep holds."""
 
     def __init__(self, read: Read, slots: Mapping[str, Sequence[int]], sizes: Mapping[str, int] | None = None, *,
-                 period: float = 5.0, stale_after: float = 120.0, clock: Callable[[], float] = time.monotonic):
+                 period: float = 10.0, stale_after: float = 120.0, clock: Callable[[], float] = time.monotonic):
         self._read = read
         self._slots = {h: tuple(ids) for h, ids in slots.items()}
         self._sizes = dict(sizes or {})
