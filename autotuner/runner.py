@@ -55,6 +55,7 @@ from .views.snapshot import Snapshot, snapshot
 if TYPE_CHECKING:
     from .slurm import Allocation
     from .ssh import SSHPool
+    from .ssh.memory import RemoteMemory
 
 log = logging.getLogger(__name__)
 
@@ -272,12 +273,14 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
                                  options.grace, devices_from_json(meta.devices))
     slot_pool = SlotPool(slots)
     now = time.time()
-    placement, memory = _placement(ledger, options)
+    placement, memory, remote_memory = _placement(ledger, options, pool)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
                           source=_search(ledger, meta.search) if meta.search is not None else None)
     dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
+    if remote_memory is not None:
+        dispatcher.observers.insert(0, remote_memory.note)  # which GPUs the sweep's runs hold
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), meta.gpu_memory)
@@ -318,6 +321,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
             stray.append(a)
         else:
             executor.adopt(run, a.pid, dispatcher.post)
+            if remote_memory is not None:  # before the first reading: its GPUs show the run's own memory
+                remote_memory.note("adopted", run)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
         from .cleanup import recover
 
@@ -337,12 +342,20 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         if all(slot_pool.is_down(h) for h in slots):
             watcher.close()
             raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
+    if remote_memory is not None:  # the first placement sees every host's GPUs as they are now
+        for host in slots:
+            if slot_pool.is_down(host):
+                remote_memory.note("host_down", host)
+        remote_memory.read_now()
+        remote_memory.start(dispatcher.post)
     scheduler.submit(waiting)
     try:
         return _run_with_signals(dispatcher)
     finally:
         if memory is not None:
             memory.close()
+        if remote_memory is not None:
+            remote_memory.close()
         executor.close()  # every run has posted its end: its threads are ending, or ended
         if peaks is not None:
             peaks.close()
@@ -366,25 +379,35 @@ def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     return search
 
 
-def _placement(ledger: Ledger, options: Options) -> tuple[Placement, FreeMemory | None]:
+def _placement(ledger: Ledger, options: Options, pool: SSHPool | None = None
+               ) -> tuple[Placement, FreeMemory | None, RemoteMemory | None]:
     """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
     recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` reads this
-    machine's GPUs (NVML) each time it places; other hosts are judged by their type's stated size. Returns the
-    reader too, for the caller to close."""
+    machine's GPUs (NVML) each time it places, and the latest readings of the other hosts' GPUs that a
+    RemoteMemory keeps (ssh/memory.py: read over `pool`, off the dispatcher; the caller starts it); a host
+    not measured is judged by its type's stated size. Returns the readers too, for the caller to close."""
     meta = ledger.meta()
     name = options.placement or meta.placement or "pack"
     if options.placement is not None and options.placement != meta.placement:
         ledger.set_meta("placement", options.placement)
-    reader = None
-    measure: Callable[[str], dict[int, int] | None] | None = None
+    local = remote = None
+    devices = devices_from_json(meta.devices)
     if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
-        recorded = devices_from_json(meta.devices)
-        mig = {i: d.mig for h, own in recorded.items() if is_local(h) for i, d in own.items() if d.mig}
-        local = reader = FreeMemory(mig=mig)
-        measure = lambda host: local.read() if is_local(host) else None  # noqa: E731
+        mig = {i: d.mig for h, own in devices.items() if is_local(h) for i, d in own.items() if d.mig}
+        local = FreeMemory(mig=mig)
+    remote_hosts = {h: ids for h, ids in meta.slots.items() if not is_local(h) and not devices.get(h)}
+    if name == "memory" and pool is not None and remote_hosts:  # (MIG instances are read on this machine only)
+        from .ssh.memory import RemoteMemory, nvidia_smi
+
+        remote = RemoteMemory(nvidia_smi(pool), remote_hosts, meta.gpu_memory)
+    measure: Callable[[str], dict[int, int] | None] | None = None
+    if local is not None or remote is not None:
+        def measure(host: str) -> dict[int, int] | None:
+            if is_local(host):
+                return local.read() if local is not None else None
+            return remote.free(host) if remote is not None else None
     types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
-    placement = placement_named(name, types, meta.gpu_memory, measure, devices_from_json(meta.devices), meta.slots)
-    return placement, reader
+    return placement_named(name, types, meta.gpu_memory, measure, devices, meta.slots), local, remote
 
 
 def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,

@@ -9,6 +9,9 @@ and fabric (through `ssh_config_path`) reach them by name.
 the sessions already open (and the commands they run) would otherwise outlive the listener.
 `Node.start()` brings it back on the same address, port and host key.
 
+Each node's sessions find `Node.bin` (empty until a test puts something there) first on their PATH: that is where
+a test puts fakes of tools a real node has and this machine lacks, such as `fake_nvidia_smi.py` as `nvidia-smi`.
+
 Needs root (sshd must switch users and bind port 22), /usr/sbin/sshd, ssh-keygen and /run/sshd.
 """
 from __future__ import annotations
@@ -26,6 +29,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+# The PATH sshd gives a session (Debian's build: root's, else a user's); each node's own bin directory goes first.
+SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" if os.geteuid() == 0 \
+    else "/usr/local/bin:/usr/bin:/bin:/usr/games"
 PRIVSEP_DIR = Path("/run/sshd")
 
 
@@ -115,6 +121,8 @@ class Node:
         client_pub = _keygen(self.client_key_path, f"autotune-test@{name}")
         self.authorized_keys = self.dir / "authorized_keys"
         self.authorized_keys.write_text(client_pub + "\n")
+        self.bin = self.dir / "bin"  # first on the PATH of the node's sessions: fakes of the node's tools
+        self.bin.mkdir(exist_ok=True)
         self.config_path = self.dir / "sshd_config"
         self.log_path = self.dir / "sshd.log"
         self.config_path.write_text("\n".join([
@@ -133,6 +141,7 @@ class Node:
             "MaxStartups 100",  # many parallel connects (probes, benchmarks) must not be dropped
             "PermitUserEnvironment no",
             "AcceptEnv AUTOTUNE_*",
+            f"SetEnv PATH={self.bin}:{SESSION_PATH}",
             "UseDNS no",
             "PrintMotd no",
             "X11Forwarding no",

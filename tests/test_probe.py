@@ -10,6 +10,8 @@ from autotuner.inventory import Gpu
 from autotuner.ssh import HostReport, SSHPool, probe_hosts
 from autotuner.ssh.probe import parse_nvidia_smi, parse_probe, probe_script
 
+import fake_nvidia_smi as smi
+
 
 def test_probe_two_up_one_down(ssh_nodes):
     ssh_nodes["node-3"].stop()
@@ -29,6 +31,20 @@ def test_probe_two_up_one_down(ssh_nodes):
     assert down.gpus == [] and down.python is None
     table = json.loads(json.dumps([r.to_json() for r in reports]))
     assert [row["reachable"] for row in table] == [True, True, False]
+
+
+def test_probe_shows_a_nodes_gpus_from_its_nvidia_smi(ssh_nodes):
+    """A node with GPUs: the FAKE nvidia-smi on its PATH stands in for the real one (same query, same output)."""
+    node = ssh_nodes["node-1"]
+    smi.install(node.bin, [smi.gpu(free_gib=10), smi.gpu(free_gib=79)])
+    try:
+        with SSHPool(ssh_nodes.config_path) as pool:
+            report, = probe_hosts(["node-1"], pool, timeout=60)
+    finally:
+        smi.uninstall(node.bin)
+    assert report.gpu_error is None and report.gpu_model == "NVIDIA A100-SXM4-80GB"
+    assert [(g.index, g.memory_free, g.memory_total) for g in report.gpus] == [
+        (0, 10 * 2**30, 80 * 2**30), (1, 79 * 2**30, 80 * 2**30)]
 
 
 def test_probe_uses_pooled_connections(ssh_nodes):

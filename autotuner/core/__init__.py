@@ -21,6 +21,7 @@ from .events import (
     Interrupt,
     Key,
     Launched,
+    MemoryRead,
     Post,
     Queued,
     Run,
@@ -31,6 +32,7 @@ from .scheduler import Actions, Executor, Note, Observer, Scheduler, Source, Sto
 
 __all__ = [
     "PLACEMENTS", "Actions", "BackfillQueue", "Cancel", "CheckRequests", "Deadline", "Event", "Executor", "Finished",
-    "HostBack", "HostLost", "Interrupt", "Key", "Launched", "MemoryRecord", "Note", "Observer", "Pack", "Placement",
-    "Post", "Queued", "Record", "Reservation", "Run", "Scheduler", "SlotPool", "Source", "Spread", "Stop", "fifo",
+    "HostBack", "HostLost", "Interrupt", "Key", "Launched", "MemoryRead", "MemoryRecord", "Note", "Observer", "Pack",
+    "Placement", "Post", "Queued", "Record", "Reservation", "Run", "Scheduler", "SlotPool", "Source", "Spread", "Stop",
+    "fifo",
 ]

@@ -113,11 +113,20 @@ class HostBack:
 
 
 @dataclass(frozen=True)
+class MemoryRead:
+    """New free-memory readings of GPUs (other users' processes come and go): what waits for GPU memory may
+    fit now, so the next step places again. The readings themselves stay with whoever measured them (the
+    memory placement's `measure`); the core only learns that they changed."""
+
+    hosts: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Deadline:
     """The sweep's time is up: running experiments are ended as timed out, queued ones stay for resume."""
 
 
-Event = Launched | Finished | Cancel | Interrupt | CheckRequests | HostLost | HostBack | Deadline
+Event = Launched | Finished | Cancel | Interrupt | CheckRequests | HostLost | HostBack | MemoryRead | Deadline
 Post = Callable[[Event], None]
 """Hands an event to the dispatcher; thread-safe (`Scheduler.post`)."""
 

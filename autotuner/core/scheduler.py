@@ -36,6 +36,7 @@ from .events import (
     Interrupt,
     Key,
     Launched,
+    MemoryRead,
     Post,
     Queued,
     Run,
@@ -278,6 +279,8 @@ class Scheduler:
                 self.pool.mark_up(host)
                 self._changed = True
                 self._note("host_up", host)
+            case MemoryRead():
+                self._changed = True  # the placement reads the new values itself
             case Deadline():
                 self._stop_all(State.TIMED_OUT, "the sweep's deadline passed", Reason.TIMEOUT)
             case _:
