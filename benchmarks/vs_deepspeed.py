@@ -23,6 +23,7 @@ so the bests are compared by measurements taken alike, not by the lucky draws th
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -63,6 +64,9 @@ class Run:
     to_best_exps: int | None = None
     failed: int = 0  # experiments without a metrics file
     noise: list[float] = field(default_factory=list)  # autotune: |run - mean| / mean of each re-run config
+    gap_s: float | None = None  # median idle time of a slot between one experiment's end and the next's start
+    reported: int | None = None  # DeepSpeed: the experiments its summary.txt says it ran
+    profile_s: float | None = None  # DeepSpeed: its model-info profile run
 
 
 def tune_config(work: Path, stages: list[int], min_mbs: int, max_mbs: int, start: int, end: int) -> Path:
@@ -133,6 +137,15 @@ def read_deepspeed(work: Path, rnd: int, rc: int, start: float, end: float) -> R
                          and not (d / "model_info.json").exists()))
     best = summary_best(results / "summary.txt")
     order = [d.name for _, d in ran]
+    # an experiment's exp.json is written at its launch, its stdout.log last at its launcher's exit
+    spans = [((d / "exp.json").stat().st_mtime, (d / "stdout.log").stat().st_mtime) for _, d in ran
+             if (d / "stdout.log").exists()]
+    run.gap_s = median([b[0] - a[1] for a, b in itertools.pairwise(spans)])
+    if spans and order[0] == "profile_model_info":
+        run.profile_s = spans[0][1] - spans[0][0]
+    if (results / "summary.txt").exists():
+        tail = (results / "summary.txt").read_text().rsplit("Total number of experiments:", 1)
+        run.reported = int(tail[1].strip().rstrip(".")) if len(tail) == 2 else None
     if best is None or best not in order:
         return run
     directory = results / best
@@ -154,6 +167,11 @@ def read_autotune(work: Path, tool: str, rnd: int, rc: int, start: float, end: f
         if len(values) > 1:
             mean = statistics.mean(values)
             run.noise += [abs(v - mean) / mean for v in values]
+    by_slot: dict[str, list[tuple[float, float]]] = {}
+    for a in ran:
+        if a.started_at is not None and a.finished_at is not None:
+            by_slot.setdefault(json.dumps(dict(a.slots), sort_keys=True), []).append((a.started_at, a.finished_at))
+    run.gap_s = median([b[0] - a[1] for spans in by_slot.values() for a, b in itertools.pairwise(spans)])
     best = snap.best
     if best is None:
         return run
@@ -172,10 +190,25 @@ def one(tool: str, rnd: int, base: Path, args: argparse.Namespace) -> Run:
     steps = args.end_step + 2
     if tool == "deepspeed":
         rc, start, end = run_deepspeed(work, steps)
-        return read_deepspeed(work, rnd, rc, start, end)
-    slots = int(tool.rsplit("-", 1)[1])
-    rc, start, end = run_autotune(work, slots, steps)
-    return read_autotune(work, tool, rnd, rc, start, end)
+    else:
+        rc, start, end = run_autotune(work, int(tool.rsplit("-", 1)[1]), steps)
+    (work / "timing.json").write_text(json.dumps({"rc": rc, "start": start, "end": end}))
+    return read_run(work)
+
+
+def read_run(work: Path) -> Run:
+    """A finished run's figures from its directory (`--read` reports kept runs again). Without timing.json (a run
+    cut short): its start is when its config was written, its end its output's last write."""
+    rnd, tool = work.name[1:].split("-", 1)
+    timing = work / "timing.json"
+    if timing.exists():
+        t = json.loads(timing.read_text())
+        rc, start, end = int(t["rc"]), float(t["start"]), float(t["end"])
+    else:
+        rc, start, end = -1, (work / "ds.json").stat().st_mtime, (work / "out.log").stat().st_mtime
+    if tool == "deepspeed":
+        return read_deepspeed(work, int(rnd), rc, start, end)
+    return read_autotune(work, tool, int(rnd), rc, start, end)
 
 
 def verify(points: list[tuple[int, int, int]], times: int, base: Path, args: argparse.Namespace
@@ -218,19 +251,27 @@ def report(runs: list[Run], tools: list[str]) -> str:
                      f"{r.to_best_exps or '-'} | {point} | {fmt(r.value, 0)} | {r.failed} |")
     lines += ["", "| tool | runs | median wall s | median time-to-best s | median experiments | "
                   "median experiments-to-best | median best throughput "
-                  "| time-to-best / DeepSpeed's (median of rounds) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| time-to-best / DeepSpeed's (median of rounds) | wall / DeepSpeed's | slot idle between runs s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     by_round = {(r.tool, r.round): r for r in runs}
     for tool in tools:
         mine = [r for r in runs if r.tool == tool]
         ratios = [r.to_best_s / ds.to_best_s for r in mine
                   if (ds := by_round.get(("deepspeed", r.round))) and r.to_best_s and ds.to_best_s]
+        walls = [r.wall_s / ds.wall_s for r in mine if (ds := by_round.get(("deepspeed", r.round)))]
         lines.append(
             f"| {tool} | {len(mine)} | {fmt(median([r.wall_s for r in mine]))} | "
             f"{fmt(median([r.to_best_s for r in mine if r.to_best_s is not None]))} | "
             f"{fmt(median([float(r.experiments) for r in mine]))} | "
             f"{fmt(median([float(r.to_best_exps) for r in mine if r.to_best_exps]))} | "
-            f"{fmt(median([r.value for r in mine if r.value is not None]), 0)} | {fmt(median(ratios), 2)} |")
+            f"{fmt(median([r.value for r in mine if r.value is not None]), 0)} | {fmt(median(ratios), 2)} | "
+            f"{fmt(median(walls), 2)} | {fmt(median([r.gap_s for r in mine if r.gap_s is not None]), 2)} |")
+    ds_runs = [r for r in runs if r.tool == "deepspeed"]
+    if ds_runs:
+        lines += ["", "DeepSpeed's own count (summary.txt, 'Total number of experiments') against the experiments "
+                      "it ran (profile run included): " + ", ".join(f"{r.reported} vs {r.experiments}" for r in ds_runs)
+                  + "; its model-info profile run (ZeRO-3, micro-batch 1) took "
+                  + ", ".join(f"{fmt(r.profile_s)} s" for r in ds_runs)]
     noise = [n for r in runs for n in r.noise]
     if noise:
         lines += ["", f"Noise of one measurement (autotune's re-runs of a config: |run - mean| / mean): median "
@@ -264,6 +305,7 @@ def main() -> None:
     parser.add_argument("--verify", type=int, default=0, help="run each named config this many times more")
     parser.add_argument("--keep", type=Path, help="keep every run's directory here (default: a temporary one)")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
+    parser.add_argument("--read", type=Path, help="run nothing: report the runs kept in this directory (--keep)")
     args = parser.parse_args()
     try:
         import tabulate  # noqa: F401  (DeepSpeed's autotuner asserts it is installed)
@@ -271,10 +313,14 @@ def main() -> None:
         sys.exit("DeepSpeed's autotuner needs tabulate: pip install tabulate")
     if shutil.which(DEEPSPEED) is None:
         sys.exit("no `deepspeed` launcher on PATH")
-    base = args.keep or Path(tempfile.mkdtemp(prefix="vs_deepspeed-"))
+    base = args.read or args.keep or Path(tempfile.mkdtemp(prefix="vs_deepspeed-"))
     tools = ["deepspeed"] + [f"autotune-{n}" for n in args.slots]
     runs: list[Run] = []
-    for rnd in range(args.rounds):
+    if args.read:
+        runs = [read_run(d) for d in sorted(args.read.glob("r*-*/"), key=lambda d: (int(d.name[1:].split("-")[0]),
+                                                                                       d.stat().st_mtime))
+                if (d / "out.log").exists()]
+    for rnd in range(0 if args.read else args.rounds):
         shift = rnd % len(tools)
         for tool in tools[shift:] + tools[:shift]:
             run = one(tool, rnd, base, args)
@@ -294,7 +340,7 @@ def main() -> None:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs],
                                          "verify": {f"z{s}_mbs{m}_gas{g}": v for (s, m, g), v in measured.items()}},
                                         indent=1))
-    if args.keep is None:
+    if args.keep is None and args.read is None:
         shutil.rmtree(base, ignore_errors=True)
 
 
