@@ -5,8 +5,10 @@ the next experiments, and it learns from every run that ends. Three tuners (Deep
 is learnt (`Search`) and differ only in which point they try next (`choose`):
 
 - gridsearch (`MicroBatchSearch`): the structured walk of the grid. Each ZeRO stage on its own, all stages at
-  once: the micro-batch size doubles from the smallest until a run runs out of memory (or the largest allowed),
-  then a binary search finds the largest size that fits, then a few sizes below it are measured.
+  once: the first run is at the largest size the user allows (or the memory model predicts), since the largest
+  size that fits is most often the fastest and one run there settles it; with no bound, the size doubles from
+  the smallest until a run runs out of memory. Then a binary search finds the largest size that fits, then a few
+  sizes below it are measured.
 - random (`RandomSearch`): the grid's points (each stage x the sizes that double from the smallest, `sizes`) in
   an order drawn from the spec's seed.
 - model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
@@ -524,10 +526,20 @@ class MicroBatchSearch(Search):
     """gridsearch, the structured walk (see the module docstring)."""
 
     def choose(self, room: int) -> list[Experiment]:
-        """One size per stage while it searches, several once it measures."""
+        """One size per stage while it searches, several once it measures; breadth first: each stage's next size
+        before any stage's second, the stages that have had the fewest answers first, so that with few slots every
+        stage gets its first answers early."""
         proposed: list[Experiment] = []
+        wanted = {stage: self._next(known) for stage, known in self.stages.items()}
+        answers = {stage: len(known.fits) + len(known.too_big) for stage, known in self.stages.items()}
+        for stage in sorted(wanted, key=answers.__getitem__):
+            sizes = wanted[stage]
+            if sizes and len(proposed) < room and not self._spent():
+                experiment = self.take(stage, sizes[0])
+                if experiment is not None:
+                    proposed.append(experiment)
         for stage, known in self.stages.items():
-            for mbs in self._next(known):
+            for mbs in wanted[stage][1:]:
                 if len(proposed) >= room or self._spent():
                     return proposed
                 experiment = self.take(stage, mbs)
@@ -570,9 +582,10 @@ class MicroBatchSearch(Search):
         small = min(known.too_big, default=None)
         if known.out:
             return self._measure(known, fit) if self._searched(known, fit, small) else []
-        if fit is None:  # from the predicted largest, else the smallest; the smallest does not fit: the stage is out
+        if fit is None:  # from the largest allowed (or predicted), else the smallest; out if the smallest does not fit
             if small is None:
-                return [max(spec.min_mbs, min(known.predicted or spec.min_mbs, spec.max_mbs))]
+                bounded = spec.max_mbs if spec.max_mbs < MAX_MICRO_BATCH else spec.min_mbs
+                return [max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))]
             return [spec.min_mbs] if small > spec.min_mbs else []
         if small is None:
             ceiling = known.ceiling()

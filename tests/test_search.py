@@ -7,7 +7,7 @@ import json
 import pytest
 
 from autotuner.outcome import Outcome
-from autotuner.search import MicroBatchSearch, SearchSpec, search_for, sizes
+from autotuner.search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec, search_for, sizes
 from autotuner.simulate import simulate
 from autotuner.states import Reason, State
 
@@ -84,13 +84,15 @@ def test_no_size_known_not_to_fit_is_ever_launched():
             smallest_oom[stage] = min(mbs, smallest_oom.get(stage, 10**9))
 
 
-def test_a_stage_that_cannot_fit_at_all_costs_one_run_and_a_crash_gives_a_stage_up():
+def test_a_stage_that_cannot_fit_at_all_costs_one_run_past_its_first_and_a_crash_gives_a_stage_up():
     NEED[4] = (120.0, 1.0)  # never fits
     try:
-        played = tune(MicroBatchSearch(spec(stages=(4, 3)))).played
+        bounded = tune(MicroBatchSearch(spec(stages=(4, 3)))).played
+        unbounded = tune(MicroBatchSearch(spec(stages=(4, 3), max_mbs=MAX_MICRO_BATCH))).played
     finally:
         del NEED[4]
-    assert [p.name for p in played if place(p.name)[0] == 4] == ["t_z4_mbs1"]
+    assert [p.name for p in bounded if place(p.name)[0] == 4] == ["t_z4_mbs256", "t_z4_mbs1"]  # largest, smallest
+    assert [p.name for p in unbounded if place(p.name)[0] == 4] == ["t_z4_mbs1"]
 
     def broken(e):  # stage 2 refuses its config: not an answer about sizes
         if e.ds_config["zero_optimization"]["stage"] == 2:
@@ -99,7 +101,7 @@ def test_a_stage_that_cannot_fit_at_all_costs_one_run_and_a_crash_gives_a_stage_
 
     search = MicroBatchSearch(spec(stages=(2, 3)))
     played = simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=broken, source=search, metric="throughput").played
-    assert [p.name for p in played if place(p.name)[0] == 2] == ["t_z2_mbs1"]
+    assert [p.name for p in played if place(p.name)[0] == 2] == ["t_z2_mbs256"]
 
 
 def test_gradient_accumulation_keeps_the_global_batch_and_the_budget_and_patience_stop_it():
@@ -111,8 +113,17 @@ def test_gradient_accumulation_keeps_the_global_batch_and_the_budget_and_patienc
         _, mbs = place(p.name)
         assert p.name.endswith(f"_gas{512 // (mbs * 4)}")
     assert len(tune(MicroBatchSearch(spec(trials=7))).played) == 7
-    assert len(tune(MicroBatchSearch(spec(stages=(3,), patience=2)), slots=1).played) < \
-        len(tune(MicroBatchSearch(spec(stages=(3,))), slots=1).played)
+    unbounded = dict(stages=(3,), max_mbs=MAX_MICRO_BATCH)  # doubling: runs out of memory twice in a row
+    assert len(tune(MicroBatchSearch(spec(**unbounded, patience=2)), slots=1).played) < \
+        len(tune(MicroBatchSearch(spec(**unbounded)), slots=1).played)
+
+
+def test_a_bounded_search_starts_at_the_largest_size_allowed_and_settles_there_when_it_fits():
+    """The largest size that fits is most often the fastest: with a bound the user set, one run per stage at it,
+    then only the sizes worth measuring below it (none of the doubling from the smallest)."""
+    played = tune(MicroBatchSearch(spec(stages=(2, 3), max_mbs=32)), slots=1).played
+    assert [p.name for p in played[:2]] == ["t_z2_mbs32", "t_z3_mbs32"]
+    assert sorted(place(p.name)[1] for p in played) == [16, 16, 24, 24, 32, 32]
 
 
 def test_a_search_rebuilt_from_the_ledger_makes_the_same_decisions():
@@ -268,7 +279,7 @@ def test_the_best_configs_are_run_again_once_the_search_is_over():
     three = [p.name for p in tune(MicroBatchSearch(spec(confirm=3))).played if p.name.endswith("_confirm1")]
     assert len(three) == 3
     few = tune(MicroBatchSearch(spec(confirm=None, stages=(3,), max_mbs=2))).played  # two configs: no re-runs
-    assert [p.name for p in few] == ["t_z3_mbs1", "t_z3_mbs2"]
+    assert [p.name for p in few] == ["t_z3_mbs2", "t_z3_mbs1"]
 
 
 def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlier():
