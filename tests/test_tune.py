@@ -123,6 +123,14 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
     ({"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 4}, None, "below the smallest",
      '"max_train_micro_batch_size'),
     (None, {"zero_optimization": {"stage": [1, 5]}}, "zero_optimization.stage", '"stage"'),
+    (None, {"zero_optimization": {"stage": [2, 1.0]}}, "zero_optimization.stage", '"stage"'),
+    ({"fast": False}, {"zero_optimization": 3}, "zero_optimization must be an object", '"zero_optimization"'),
+    ({"fast": False}, {"zero_optimization": [1, 2]}, "zero_optimization must be an object", '"zero_optimization"'),
+    # a list of values for a knob no searched stage reads would be searched nowhere
+    ({"fast": False}, {"zero_optimization": {"stage": 3, "allgather_bucket_size": [5e8, 1e9]}},
+     "no stage searched (3) reads it", '"allgather_bucket_size"'),
+    ({"fast": False}, {"zero_optimization": {"stage": 0, "overlap_comm": [True, False]}},
+     "no stage searched (0) reads it", '"overlap_comm"'),
     # "auto" (a Trainer fills it from its arguments) for what the search sets, with no arg_mappings entry: every
     # run would fail on the Trainer's check that the config agrees with its arguments
     (None, {"train_micro_batch_size_per_gpu": "auto"}, '"arg_mappings": {"train_micro_batch_size_per_gpu": '

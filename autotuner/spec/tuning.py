@@ -138,9 +138,10 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
         raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
                         "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
                         else "autotuning")
-    stages = _stages(src, config)
     zero = config.get("zero_optimization", {})
-    zero = zero if isinstance(zero, dict) else {}
+    if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
+        raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
+    stages = _stages(src, config)
     spaces = knob_spaces(src, zero, stages, fast)
     base = {k: v for k, v in config.items() if k != "autotuning"}
     if zero:
@@ -219,7 +220,7 @@ def _stages(src: Source, config: dict) -> tuple[int, ...]:
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", "all") if isinstance(zero, dict) else "all"
     listed = list(STAGES) if stage == "all" else stage if isinstance(stage, list) else [stage]
-    if not listed or any(s not in STAGES or isinstance(s, bool) for s in listed):
+    if not listed or any(s not in STAGES or not isinstance(s, int) or isinstance(s, bool) for s in listed):
         raise src.error(f"zero_optimization.stage {shown(stage)}: a stage (0-3), a list of them, or \"all\"",
                         "stage")
     return tuple(dict.fromkeys(listed))
