@@ -157,6 +157,20 @@ def test_a_command_without_a_config_or_script_is_refused(tmp_path):
     assert no_script.returncode == 2 and "no such training script" in no_script.stderr
 
 
+@pytest.mark.parametrize("config_args", [("--deepspeed", "ds.json", "--deepspeed", "other.json"),
+                                         ("--deepspeed_config", "ds.json", "--deepspeed=other.json"),
+                                         ("--deepspeed_config=ds.json", "--deepspeed_config", "other.json")])
+def test_a_command_naming_its_config_twice_is_refused(tmp_path, config_args):
+    """The script's parser decides which of two configs it takes: the tune neither guesses nor runs."""
+    environ = setup(tmp_path)
+    result = autotune("tune", "--slots", "1", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "train.py",
+                      *config_args, "--steps", "3", environ=environ, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "names a DeepSpeed config twice" in lines[0] and "other.json" in lines[0], lines
+    assert not (tmp_path / "res").exists() and not (tmp_path / "launches.log").exists()
+
+
 def test_a_lucky_first_measurement_is_seen_through_by_the_re_runs(tmp_path):
     """z1 mbs35's first run measures 7% above its true throughput, and above the true best (z3 mbs45): the
     re-runs of the two best bring its mean below z3 mbs45's, which is named the winner."""
@@ -265,6 +279,8 @@ def test_a_tune_file_states_the_command_and_the_search(tmp_path):
      "positive whole number", "max_train_micro_batch_size_per_gpu"),
     (TUNE_FILE.replace("script: train.py", "script: nope.py"), "no such file", "script"),
     (TUNE_FILE.replace("stage: [2, 3]", "stage: [2, 7]"), "zero_optimization.stage", "stage"),
+    (TUNE_FILE.replace('"--steps", "3"', '"--steps", "3", "--deepspeed_config", "ds.json"'),
+     "args name a DeepSpeed config", "args"),
 ])
 def test_a_bad_tune_file_is_one_located_line(tmp_path, text, fragment, needle):
     environ = setup(tmp_path)
