@@ -107,9 +107,20 @@ def test_this_machine_as_a_cluster_has_a_slot_per_mig_instance_of_its_own_type()
     assert cluster.devices == {"localhost": {2: Device(TYPE_3G, 20 * GiB, MIG_3G),
                                              3: Device(TYPE_2G, 10 * GiB, MIG_2G)}}
     assert local_or_hostfile_cluster(None, "localhost:2", nvml=mixed_machine()).slots == {"localhost": (2,)}
-    with pytest.raises(UserError, match=r"--include leaves no slot on this machine \(a GPU in MIG mode is no slot "
+    with pytest.raises(UserError, match=r"--exclude leaves no slot on this machine \(a GPU in MIG mode is no slot "
                                         r"itself; its MIG instances are: slots 2, 3 of localhost\)"):
-        local_or_hostfile_cluster(None, "localhost:0", nvml=mixed_machine())
+        local_or_hostfile_cluster(None, "", "localhost:1,2,3", nvml=mixed_machine())
+
+
+@pytest.mark.parametrize(("include", "exclude"), [("localhost:0", ""), ("localhost:0,2", ""), ("", "localhost:0"),
+                                                  ("", "localhost:0,1")])
+def test_naming_a_gpu_in_mig_mode_in_include_or_exclude_is_refused_naming_its_instances(include, exclude):
+    """GPU 0 is in MIG mode: no slot. Picking it would silently run elsewhere, leaving it out would still run on
+    its instances: neither is guessed."""
+    option = "--include" if include else "--exclude"
+    with pytest.raises(UserError, match=rf"{option} '.*': slot 0 is GPU 0, in MIG mode: no slot itself; its MIG "
+                                        r"instances are slots 2, 3 of localhost$"):
+        local_or_hostfile_cluster(None, include, exclude, nvml=mixed_machine())
 
 
 # --- placement -----------------------------------------------------------------------------------------------
