@@ -307,7 +307,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = dispatcher.executor = Router(executor, remote)
-    peaks = PeakMemory() if meta.accelerator != "cpu" and any(is_local(h) for h in slots) else None
+    mig = {i: d.mig for h, own in devices_from_json(meta.devices).items() if is_local(h) for i, d in own.items()
+           if d.mig}  # this machine's MIG instances: read by their UUIDs
+    peaks = PeakMemory(mig=mig) if meta.accelerator != "cpu" and any(is_local(h) for h in slots) else None
     if peaks is not None:  # runs on this machine's GPUs: their peak memory is read while they run
         executor = dispatcher.executor = Measured(executor, peaks, is_local)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the

@@ -331,3 +331,44 @@ def test_the_memory_placement_of_a_sweep_puts_runs_only_on_the_instance_with_roo
     assert [a.slots for a in attempts] == [{"localhost": [2]}] * 2
     assert {json.loads((directory / a.name / "seen.json").read_text())["CUDA_VISIBLE_DEVICES"]
             for a in attempts} == {MIG_3G}
+
+
+HOLDING = STANDIN + """\
+import time
+with open(os.path.join(os.path.dirname(path), "gpu.pid"), "w") as f:
+    f.write(f"{os.getpid()} {os.environ['CUDA_VISIBLE_DEVICES']}")
+time.sleep(2.5)  # past two of the peak reader's readings (one a second)
+"""
+
+
+def test_the_peak_memory_of_a_run_on_a_mig_instance_is_read_from_that_instance(tmp_path, monkeypatch):
+    """A MIG instance's slot id is no NVML index: the reader finds the instance by its UUID and records what the
+    run holds there (each device of the fake lists the stand-in runs that saw it as theirs)."""
+    nvml = mixed_machine()
+    holds = {MIG_3G: 15 * GiB, MIG_2G: 7 * GiB, "1": 50 * GiB}
+    directory = tmp_path / "r"
+
+    def processes(device: str) -> list[tuple[int, int | None]]:
+        found = []
+        for pid_file in directory.glob("*/gpu.pid"):
+            pid, seen = pid_file.read_text().split()
+            if seen == device:
+                found.append((int(pid), holds[device]))
+        return found
+
+    whole, parent = nvml.devices[1], nvml.devices[0]
+    whole.processes = lambda: processes("1")
+    for instance in parent.mig or []:
+        if instance is not None:
+            instance.processes = lambda uuid=str(instance.uuid.decode() if isinstance(instance.uuid, bytes)
+                                                 else instance.uuid): processes(uuid)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "standin.py").write_text(HOLDING)
+    sweep = autotuner.load_sweep([sweep_file(tmp_path, script="standin.py", count=3)])
+    autotuner.prepare(sweep, autotuner.load_cluster(), directory)
+    assert autotuner.execute(directory, autotuner.Options(grace=1.0)).exit_code == 0
+    with Ledger.open(directory) as ledger:
+        slot_of = {a.name: a.slots["localhost"][0] for a in ledger.latest()}
+        peaks = ledger.peaks()
+    assert {slot_of[name]: peak for name, peak in peaks.items()} == {1: 50 * GiB, 2: 15 * GiB, 3: 7 * GiB}
