@@ -372,3 +372,36 @@ def test_the_peak_memory_of_a_run_on_a_mig_instance_is_read_from_that_instance(t
         slot_of = {a.name: a.slots["localhost"][0] for a in ledger.latest()}
         peaks = ledger.peaks()
     assert {slot_of[name]: peak for name, peak in peaks.items()} == {1: 50 * GiB, 2: 15 * GiB, 3: 7 * GiB}
+
+
+def test_a_config_measured_on_a_mig_instance_is_never_made_too_big_for_it_by_the_margin(tmp_path, monkeypatch):
+    """A machine of MIG instances only (3g: 20 GiB, 19 free; 2g: 10 GiB). s_x1 held 18 GiB on the 3g instance: the
+    10% margin would make it 20 GiB, which no instance has; capped at what the biggest instance holds less the
+    headroom (19 GiB), the sweep that learns it (--from) runs it there again."""
+    nvml = FakeNvml([mixed_machine().devices[0]])
+    first, second = tmp_path / "first", tmp_path / "second"
+
+    def processes(uuid: str) -> list[tuple[int, int | None]]:
+        return [(int(pid), 18 * GiB if uuid == MIG_3G else 1 * GiB) for d in (first, second)
+                for pid, seen in (f.read_text().split() for f in d.glob("*/gpu.pid")) if seen == uuid]
+
+    for instance in nvml.devices[0].mig or []:
+        if instance is not None:
+            instance.processes = lambda uuid=str(instance.uuid.decode() if isinstance(instance.uuid, bytes)
+                                                 else instance.uuid): processes(uuid)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "standin.py").write_text(HOLDING)
+    sweep = autotuner.load_sweep([sweep_file(tmp_path, script="standin.py", count=1)])
+    autotuner.prepare(sweep, autotuner.load_cluster(), first)
+    assert autotuner.execute(first, autotuner.Options(grace=1.0)).exit_code == 0
+    with Ledger.open(first) as ledger:
+        assert ledger.peaks() == {"s_x1": 18 * GiB} and ledger.latest()[0].slots == {"localhost": [1]}
+    autotuner.prepare(sweep, autotuner.load_cluster(), second, memory_from=first)
+    with Ledger.open(second) as ledger:
+        assert ledger.meta().learned_memory == {"s_x1": 19 * GiB}  # 20 GiB less its 1 GiB of headroom
+    result = autotuner.execute(second, autotuner.Options(grace=1.0))
+    with Ledger.open(second) as ledger:
+        attempts = ledger.latest()
+    assert result.exit_code == 0, [(a.name, a.state, a.detail) for a in attempts]
+    assert attempts[0].slots == {"localhost": [1]}
