@@ -115,6 +115,10 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
                       gpu_memory=_gpu_memory(cluster), facts=tuning.facts, mp=tuning.mp)
     if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
         spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
+    try:  # a long script or tune name, with full mode's knob tags, would make names no directory takes
+        spec = spec.fitted()
+    except ValueError as e:
+        raise UserError(f"{e}: list shorter knob values in zero_optimization", command.config_path) from None
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
     sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(command.config_path))
     from .cluster import check_fits

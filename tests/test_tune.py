@@ -335,6 +335,34 @@ def test_full_mode_never_varies_a_knob_the_config_fixes(tmp_path):
     assert optimal["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": True}
 
 
+def test_a_long_tune_name_in_full_mode_is_cut_so_every_experiment_name_is_a_safe_one(tmp_path):
+    """A tune file's name may take 100 characters; full mode's knob tags and a re-run's suffix add more than the
+    20 left: the names' common prefix is cut (it was a traceback mid-tune), and knob values too long for any
+    name are one line before anything starts."""
+    environ = setup(tmp_path)
+    long = "n" * 95
+    text = TUNE_FILE.replace("name: mytune", f"name: {long}").replace("stage: [2, 3]", "stage: [2]").replace(
+        "metric: throughput", "metric: throughput\n      fast: false").replace("max_train_micro_batch_size_per_gpu: 64",
+                                                                            "max_train_micro_batch_size_per_gpu: 4")
+    (tmp_path / "tune.hjson").write_text(text)
+    result = autotune("tune", "--slots", "2", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "tune.hjson",
+                      environ=environ, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    names = [r["name"] for r in json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)[
+        "experiments"]]
+    assert any(n.endswith("_confirm1") for n in names) and any("_ovl1_rbs" in n for n in names)
+    assert max(len(n) for n in names) <= 120 and all(n.startswith("n" * 60) for n in names)
+    huge = ", ".join(str(10**40 + i) for i in range(3))
+    (tmp_path / "tune.hjson").write_text(text.replace("zero_optimization: {stage: [2]}",
+                                                      f"zero_optimization: {{stage: [2], reduce_bucket_size: [{huge}], "
+                                                      f"allgather_bucket_size: [{huge}]}}"))
+    refused = autotune("tune", "--slots", "2", "-o", tmp_path / "res2", "--launcher", f"sh {STANDIN}", "tune.hjson",
+                       environ=environ, cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stdout + refused.stderr
+    assert "experiment names would be longer than 120 characters" in refused.stderr
+    assert not (tmp_path / "res2").exists()
+
+
 def test_full_mode_after_a_kill_9_resumes_with_the_same_decisions(tmp_path, runners):
     environ = setup(tmp_path, {"fast": False}) | {"OOM_STANDIN_SECONDS": "0.3"}
     whole = tmp_path / "whole"
