@@ -16,7 +16,7 @@ from .core.events import Queued
 from .core.resources import ByType, Device, Devices, Pack, SlotPool, headroom
 from .errors import UserError, shown
 from .gpus import show_size, size_of_type, type_of_gpu
-from .hostfile import Host, is_local, load_hostfile, localhost_hosts, select_slots
+from .hostfile import Host, is_local, load_hostfile, localhost_hosts, parse_filter, select_slots
 from .inventory import Gpu, LocalSlots, local_inventory
 from .spec import Sweep
 
@@ -86,7 +86,9 @@ def _with_mig(found: LocalSlots, include: str, exclude: str) -> Cluster:
     slot: `--include localhost:N` naming one is refused."""
     by_slot = {g.slot_id: g for g in found.gpus}
     hosts = localhost_hosts(max(by_slot) + 1)
-    chosen = {h: tuple(i for i in ids if i in by_slot) for h, ids in select_slots(hosts, include, exclude).items()}
+    selected = select_slots(hosts, include, exclude)
+    _refuse_mig_parents(by_slot, hosts, include, exclude)
+    chosen = {h: tuple(i for i in ids if i in by_slot) for h, ids in selected.items()}
     chosen = {h: ids for h, ids in chosen.items() if ids}
     if not chosen:
         mig = sorted(g.slot_id for g in found.gpus if g.mig is not None)
@@ -100,6 +102,19 @@ def _with_mig(found: LocalSlots, include: str, exclude: str) -> Cluster:
                    {h: kind for h in chosen} if kind else {},
                    {h: min(g.memory_total for g in plain) for h in chosen} if plain else {},
                    devices={h: d for h, d in devices.items() if d})
+
+
+def _refuse_mig_parents(by_slot: Mapping[int, Gpu], hosts: Mapping[str, Host], include: str, exclude: str) -> None:
+    """--include/--exclude naming the id of a GPU in MIG mode: it is no slot, and neither picking nor leaving
+    it out would touch its MIG instances, which is surely what was meant: refused, naming them."""
+    option, spec = ("--include", include) if include.strip() else ("--exclude", exclude)
+    if not spec.strip():
+        return
+    named = set().union(*(ids or set() for ids in parse_filter(spec.strip(), hosts, option).values()))
+    for gpu in sorted(named - set(by_slot)):
+        own = [str(g.slot_id) for g in by_slot.values() if g.index == gpu and g.mig is not None]
+        raise UserError(f"{option} {shown(spec.strip())}: slot {gpu} is GPU {gpu}, in MIG mode: no slot itself; its "
+                        f"MIG instances are slots {', '.join(own) or 'none'} of localhost")
 
 
 def _device(gpu: Gpu) -> Device:

@@ -97,7 +97,7 @@ def load_hostfile(path: str | Path) -> dict[str, Host]:
     return parse_hostfile(read_user_file(path, "hostfile"), path)
 
 
-def _parse_filter(spec: str, hosts: Mapping[str, Host], option: str) -> dict[str, set[int] | None]:
+def parse_filter(spec: str, hosts: Mapping[str, Host], option: str) -> dict[str, set[int] | None]:
     """`h1:0,2@h2` -> {h1: {0, 2}, h2: None}; None means every slot of that host."""
     wanted: dict[str, set[int] | None] = {}
     for part in spec.split("@"):
@@ -140,10 +140,10 @@ def select_slots(hosts: Mapping[str, Host], include: str = "", exclude: str = ""
         raise UserError(f"{source} and {exclude_source} cannot be used together")
     every = {name: set(range(h.slots)) for name, h in hosts.items()}
     if include:
-        wanted = _parse_filter(include, hosts, source)
+        wanted = parse_filter(include, hosts, source)
         chosen = {n: every[n] if ids is None else ids for n, ids in wanted.items()}
     elif exclude:
-        unwanted = _parse_filter(exclude, hosts, exclude_source)
+        unwanted = parse_filter(exclude, hosts, exclude_source)
         chosen = {}
         for n, ids in every.items():
             drop = unwanted.get(n, set())

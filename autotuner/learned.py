@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .core.resources import headroom
+from .core.resources import Devices, headroom
 from .errors import UserError
 from .spec import Experiment
 
@@ -29,6 +29,15 @@ def need_of_peak(peak: int, sizes: Mapping[str, int] | None = None) -> int:
     need = -(-(peak + peak * MARGIN // 100) // STEP) * STEP
     usable = max((size - headroom(size) for size in (sizes or {}).values()), default=None)
     return need if usable is None else min(need, max(usable, peak))
+
+
+def gpu_sizes(memory: Mapping[str, int] | None, devices: Devices | None) -> dict[str, int]:
+    """Bytes per GPU by host (a cluster's `memory`), and each slot of its own size (`devices`: a MIG instance)
+    as `host:slot`: what `need_of_peak` caps a need by, so that a config measured on a MIG instance of a machine
+    of MIG instances only is never made too big for it by the margin."""
+    own = {f"{host}:{slot}": d.memory for host, by_slot in (devices or {}).items() for slot, d in by_slot.items()
+           if d.memory}
+    return dict(memory or {}) | own
 
 
 def peaks_by_digest(directory: Path, required: bool = True) -> dict[str, int]:

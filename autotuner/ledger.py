@@ -348,6 +348,7 @@ class Ledger:
             for table, column, kind in (("experiments", "spec", dict), ("attempts", "slots", dict),
                                         ("attempts", "metrics", dict), ("requests", "names", list)):
                 self._check_json(table, column, kind)
+            self.peaks()  # a peak_memory we did not write (text, a real) is refused as reading it would be
             for column, words in (("state", State), ("reason", Reason)):  # what reading them would refuse later
                 known = [str(w) for w in words]
                 marks = ",".join("?" * len(known))
@@ -413,7 +414,14 @@ class Ledger:
             raise self._corrupt(f"attempts: {_short(str(data['name']))} attempt {data['attempt']} has an unknown "
                                 f"state or reason ({_short(str(data['state']))}, "
                                 f"{_short(str(data['reason']))})") from None
+        peak = data.get("peak_memory")
+        if peak is not None and (not isinstance(peak, int) or isinstance(peak, bool)):
+            raise self._odd_peak(data["name"], peak)
         return Attempt(**data)
+
+    def _odd_peak(self, name: object, peak: object) -> UserError:
+        return self._corrupt(f"attempts: {_short(str(name))} has a peak_memory that is no whole number of bytes "
+                             f"({_short(str(peak))!r})")
 
     def _experiment(self, spec: str) -> Experiment:
         data = self._json(spec, "experiments.spec", dict)
@@ -612,6 +620,10 @@ class Ledger:
         from before peaks were recorded (read, not migrated: an earlier sweep's) has none."""
         if self.version() < 3:
             return {}
+        odd = self._db.execute("SELECT name, peak_memory FROM attempts WHERE peak_memory IS NOT NULL AND "
+                               "typeof(peak_memory) != 'integer' LIMIT 1").fetchone()
+        if odd is not None:  # we write whole bytes only: a text or real one was not written by us
+            raise self._odd_peak(odd[0], odd[1])
         return {name: int(peak) for name, peak in self._db.execute(
             "SELECT name, MAX(peak_memory) FROM attempts WHERE peak_memory > 0 GROUP BY name")}
 

@@ -36,10 +36,13 @@ class PeakMemory:
     """The most each watched attempt has held on one of its GPUs so far (bytes), read by a thread of its own.
 
     `nvml` stands in for the `pynvml` module (tests pass a fake); by default the real one, imported on the first
-    `watch`. One NVML session from then until `close`."""
+    `watch`. One NVML session from then until `close`. `mig`: the sweep's MIG instances, slot id -> UUID: their
+    slot ids are no NVML index (inventory.py), so each is read through the handle of its UUID."""
 
-    def __init__(self, nvml: Any = None, period: float | None = None, proc: Path = Path("/proc")):
+    def __init__(self, nvml: Any = None, period: float | None = None, proc: Path = Path("/proc"),
+                 mig: Mapping[int, str] | None = None):
         self._nvml = nvml
+        self._mig = dict(mig or {})
         self._period = PERIOD if period is None else period
         self._proc = proc
         self._ready: bool | None = None  # None: NVML not tried yet
@@ -124,7 +127,9 @@ class PeakMemory:
         on_gpu: dict[tuple[Key, int], int] = {}
         for index in sorted(set().union(*(gpus for _, gpus in watched.values()))):
             try:
-                processes = nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(index))
+                handle = (nvml.nvmlDeviceGetHandleByUUID(self._mig[index]) if index in self._mig
+                          else nvml.nvmlDeviceGetHandleByIndex(index))
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             except nvml.NVMLError:  # a lost GPU, a driver that does not list processes: not measured
                 continue
             for process in processes:

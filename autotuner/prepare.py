@@ -54,9 +54,10 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     _check_launcher(launcher, cluster)
     learned = None
     if memory_from is not None:
-        from .learned import learned_needs, peaks_by_digest
+        from .learned import gpu_sizes, learned_needs, peaks_by_digest
 
-        learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)), cluster.memory)
+        learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)),
+                                gpu_sizes(cluster.memory, cluster.devices))
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
@@ -114,6 +115,10 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
                       gpu_memory=_gpu_memory(cluster), facts=tuning.facts, mp=tuning.mp)
     if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
         spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
+    try:  # a long script or tune name, with full mode's knob tags, would make names no directory takes
+        spec = spec.fitted()
+    except ValueError as e:
+        raise UserError(f"{e}: list shorter knob values in zero_optimization", command.config_path) from None
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
     sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(command.config_path))
     from .cluster import check_fits

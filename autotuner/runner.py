@@ -39,7 +39,7 @@ from .hostfile import (
 )
 from .inventory import FreeMemory
 from .launch import Launcher
-from .learned import needs_of_sweep, with_needs
+from .learned import gpu_sizes, needs_of_sweep, with_needs
 from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
 from .metrics import metric_named
@@ -283,7 +283,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         dispatcher.observers.insert(0, remote_memory.note)  # which GPUs the sweep's runs hold
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
-    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), meta.gpu_memory)
+    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), gpu_sizes(meta.gpu_memory,
+                                                                          devices_from_json(meta.devices)))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     if options.slurm is None:
         waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
@@ -307,7 +308,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.grace, ssh.remote_root, on_lost=watcher.watch)
         executor = dispatcher.executor = Router(executor, remote)
-    peaks = PeakMemory() if meta.accelerator != "cpu" and any(is_local(h) for h in slots) else None
+    mig = {i: d.mig for h, own in devices_from_json(meta.devices).items() if is_local(h) for i, d in own.items()
+           if d.mig}  # this machine's MIG instances: read by their UUIDs
+    peaks = PeakMemory(mig=mig) if meta.accelerator != "cpu" and any(is_local(h) for h in slots) else None
     if peaks is not None:  # runs on this machine's GPUs: their peak memory is read while they run
         executor = dispatcher.executor = Measured(executor, peaks, is_local)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the

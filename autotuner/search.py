@@ -44,7 +44,7 @@ import logging
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .core import Queued, Run
@@ -53,7 +53,7 @@ from .metrics import Metric, metric_named
 from .outcome import Outcome
 from .spec import Experiment
 from .spec.knobs import BY_KEY, tag_value
-from .spec.model import with_mapped_args
+from .spec.model import NAME_MAX, with_mapped_args
 from .states import Reason, State
 
 MAX_MICRO_BATCH = 4096  # the largest micro-batch size tried when the user sets no bound
@@ -109,6 +109,20 @@ class SearchSpec:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
                                "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()},
                                "facts": dict(self.facts) if self.facts is not None else None}
+
+    def fitted(self) -> SearchSpec:
+        """This spec with its prefix cut so that every experiment name it can make (the longest: the largest
+        stage, micro-batch size and accumulation, each knob at its longest value, a re-run) is a safe name;
+        a ValueError where even an empty prefix would not do (knob values too long to write)."""
+        gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.world))}" if self.global_batch else ""
+        longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}") + sum(
+            max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
+            for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
+        room = NAME_MAX - longest - len(rerun_name(""))
+        prefix = self.prefix[:room].rstrip("-._")
+        if not prefix:
+            raise ValueError(f"experiment names would be longer than {NAME_MAX} characters")
+        return self if prefix == self.prefix else replace(self, prefix=prefix)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SearchSpec:

@@ -57,10 +57,21 @@ class FakeNvml:
         return len(self.devices)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeDevice:
+        if not 0 <= index < len(self.devices):  # as NVML answers an index it has no GPU of
+            raise pynvml.NVMLError_InvalidArgument()
         device = self.devices[index]
         if device.fails:
             raise device.fails()
         return device
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeDevice:
+        """A whole GPU's or a MIG instance's handle by its UUID, as NVML finds either."""
+        text = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for device in self.devices:
+            for found in [device, *(device.mig or [])]:
+                if found is not None and (found.uuid.decode() if isinstance(found.uuid, bytes) else found.uuid) == text:
+                    return found
+        raise pynvml.NVMLError_NotFound()
 
     def nvmlDeviceGetName(self, handle: FakeDevice) -> str | bytes:
         return handle.name

@@ -168,6 +168,9 @@ BAD_LEDGERS = {
                               "corrupt sweep ledger: attempts.metrics is not a JSON object"),
     "spec_not_json": (sql("UPDATE experiments SET spec = '{\"name\": '"),
                       "corrupt sweep ledger: experiments.spec is not JSON"),
+    "peak_not_a_number": (sql("UPDATE attempts SET peak_memory = 'lots'"),
+                          "has a peak_memory that is no whole number of bytes ('lots')"),
+    "peak_a_real": (sql("UPDATE attempts SET peak_memory = 1.5e300"), "has a peak_memory that is no whole number"),
 }
 
 

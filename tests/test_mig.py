@@ -107,9 +107,20 @@ def test_this_machine_as_a_cluster_has_a_slot_per_mig_instance_of_its_own_type()
     assert cluster.devices == {"localhost": {2: Device(TYPE_3G, 20 * GiB, MIG_3G),
                                              3: Device(TYPE_2G, 10 * GiB, MIG_2G)}}
     assert local_or_hostfile_cluster(None, "localhost:2", nvml=mixed_machine()).slots == {"localhost": (2,)}
-    with pytest.raises(UserError, match=r"--include leaves no slot on this machine \(a GPU in MIG mode is no slot "
+    with pytest.raises(UserError, match=r"--exclude leaves no slot on this machine \(a GPU in MIG mode is no slot "
                                         r"itself; its MIG instances are: slots 2, 3 of localhost\)"):
-        local_or_hostfile_cluster(None, "localhost:0", nvml=mixed_machine())
+        local_or_hostfile_cluster(None, "", "localhost:1,2,3", nvml=mixed_machine())
+
+
+@pytest.mark.parametrize(("include", "exclude"), [("localhost:0", ""), ("localhost:0,2", ""), ("", "localhost:0"),
+                                                  ("", "localhost:0,1")])
+def test_naming_a_gpu_in_mig_mode_in_include_or_exclude_is_refused_naming_its_instances(include, exclude):
+    """GPU 0 is in MIG mode: no slot. Picking it would silently run elsewhere, leaving it out would still run on
+    its instances: neither is guessed."""
+    option = "--include" if include else "--exclude"
+    with pytest.raises(UserError, match=rf"{option} '.*': slot 0 is GPU 0, in MIG mode: no slot itself; its MIG "
+                                        r"instances are slots 2, 3 of localhost$"):
+        local_or_hostfile_cluster(None, include, exclude, nvml=mixed_machine())
 
 
 # --- placement -----------------------------------------------------------------------------------------------
@@ -320,3 +331,77 @@ def test_the_memory_placement_of_a_sweep_puts_runs_only_on_the_instance_with_roo
     assert [a.slots for a in attempts] == [{"localhost": [2]}] * 2
     assert {json.loads((directory / a.name / "seen.json").read_text())["CUDA_VISIBLE_DEVICES"]
             for a in attempts} == {MIG_3G}
+
+
+HOLDING = STANDIN + """\
+import time
+with open(os.path.join(os.path.dirname(path), "gpu.pid"), "w") as f:
+    f.write(f"{os.getpid()} {os.environ['CUDA_VISIBLE_DEVICES']}")
+time.sleep(2.5)  # past two of the peak reader's readings (one a second)
+"""
+
+
+def test_the_peak_memory_of_a_run_on_a_mig_instance_is_read_from_that_instance(tmp_path, monkeypatch):
+    """A MIG instance's slot id is no NVML index: the reader finds the instance by its UUID and records what the
+    run holds there (each device of the fake lists the stand-in runs that saw it as theirs)."""
+    nvml = mixed_machine()
+    holds = {MIG_3G: 15 * GiB, MIG_2G: 7 * GiB, "1": 50 * GiB}
+    directory = tmp_path / "r"
+
+    def processes(device: str) -> list[tuple[int, int | None]]:
+        found = []
+        for pid_file in directory.glob("*/gpu.pid"):
+            pid, seen = pid_file.read_text().split()
+            if seen == device:
+                found.append((int(pid), holds[device]))
+        return found
+
+    whole, parent = nvml.devices[1], nvml.devices[0]
+    whole.processes = lambda: processes("1")
+    for instance in parent.mig or []:
+        if instance is not None:
+            instance.processes = lambda uuid=str(instance.uuid.decode() if isinstance(instance.uuid, bytes)
+                                                 else instance.uuid): processes(uuid)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "standin.py").write_text(HOLDING)
+    sweep = autotuner.load_sweep([sweep_file(tmp_path, script="standin.py", count=3)])
+    autotuner.prepare(sweep, autotuner.load_cluster(), directory)
+    assert autotuner.execute(directory, autotuner.Options(grace=1.0)).exit_code == 0
+    with Ledger.open(directory) as ledger:
+        slot_of = {a.name: a.slots["localhost"][0] for a in ledger.latest()}
+        peaks = ledger.peaks()
+    assert {slot_of[name]: peak for name, peak in peaks.items()} == {1: 50 * GiB, 2: 15 * GiB, 3: 7 * GiB}
+
+
+def test_a_config_measured_on_a_mig_instance_is_never_made_too_big_for_it_by_the_margin(tmp_path, monkeypatch):
+    """A machine of MIG instances only (3g: 20 GiB, 19 free; 2g: 10 GiB). s_x1 held 18 GiB on the 3g instance: the
+    10% margin would make it 20 GiB, which no instance has; capped at what the biggest instance holds less the
+    headroom (19 GiB), the sweep that learns it (--from) runs it there again."""
+    nvml = FakeNvml([mixed_machine().devices[0]])
+    first, second = tmp_path / "first", tmp_path / "second"
+
+    def processes(uuid: str) -> list[tuple[int, int | None]]:
+        return [(int(pid), 18 * GiB if uuid == MIG_3G else 1 * GiB) for d in (first, second)
+                for pid, seen in (f.read_text().split() for f in d.glob("*/gpu.pid")) if seen == uuid]
+
+    for instance in nvml.devices[0].mig or []:
+        if instance is not None:
+            instance.processes = lambda uuid=str(instance.uuid.decode() if isinstance(instance.uuid, bytes)
+                                                 else instance.uuid): processes(uuid)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    (tmp_path / "standin.py").write_text(HOLDING)
+    sweep = autotuner.load_sweep([sweep_file(tmp_path, script="standin.py", count=1)])
+    autotuner.prepare(sweep, autotuner.load_cluster(), first)
+    assert autotuner.execute(first, autotuner.Options(grace=1.0)).exit_code == 0
+    with Ledger.open(first) as ledger:
+        assert ledger.peaks() == {"s_x1": 18 * GiB} and ledger.latest()[0].slots == {"localhost": [1]}
+    autotuner.prepare(sweep, autotuner.load_cluster(), second, memory_from=first)
+    with Ledger.open(second) as ledger:
+        assert ledger.meta().learned_memory == {"s_x1": 19 * GiB}  # 20 GiB less its 1 GiB of headroom
+    result = autotuner.execute(second, autotuner.Options(grace=1.0))
+    with Ledger.open(second) as ledger:
+        attempts = ledger.latest()
+    assert result.exit_code == 0, [(a.name, a.state, a.detail) for a in attempts]
+    assert attempts[0].slots == {"localhost": [1]}

@@ -572,6 +572,25 @@ def test_the_config_goes_to_the_flag_the_users_command_uses_replacing_what_the_a
     assert "--deepspeed /tmp/best.json" in optimal_command(e, "/tmp/best.json")
 
 
+def test_an_option_the_args_give_twice_is_replaced_both_times(tmp_path, script):
+    """A parser takes an option's last value: the config and a mapped or varied option, given twice in the args,
+    are the experiment's at both places (the last one was the user's own: every run got the user's config file
+    and batch size, not the experiment's)."""
+    from autotuner.core import Reservation
+    from autotuner.launch import deepspeed_command, encode_config
+
+    body = TRAINER.replace('"--learning_rate=0.1"]', '"--learning_rate=0.1", "--deepspeed", "other.json", '
+                           '"--per_device_train_batch_size", "1", "--learning_rate", "0.5", '
+                           '"--per_device_train_batch_size", "2"]')
+    e = load_sweep([write(tmp_path, "hf.hjson", body)]).experiments[0]
+    at = [i for i, a in enumerate(e.args) if a == "--per_device_train_batch_size"]
+    assert [e.args[i + 1] for i in at] == ["4", "4"]
+    assert "0.5" not in e.args and "--learning_rate=0.001" in e.args
+    argv = deepspeed_command(e, Reservation.of({"localhost": [0]}), e.config(), hostfile="h", master_port=1,
+                             metric_path="m", tag="t", cwd="/").argv
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--deepspeed"] == [encode_config(e.config())] * 2
+
+
 def test_an_auto_value_is_left_to_the_script_and_the_default_flag_keeps_old_digests(tmp_path, script):
     body = TRAINER.replace('"train_micro_batch_size_per_gpu": [4, 8]', '"zero_optimization.stage": [0]')
     e = load_sweep([write(tmp_path, "hf.hjson", body)]).experiments[0]

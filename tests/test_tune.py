@@ -123,6 +123,14 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
     ({"min_train_micro_batch_size_per_gpu": 8, "max_train_micro_batch_size_per_gpu": 4}, None, "below the smallest",
      '"max_train_micro_batch_size'),
     (None, {"zero_optimization": {"stage": [1, 5]}}, "zero_optimization.stage", '"stage"'),
+    (None, {"zero_optimization": {"stage": [2, 1.0]}}, "zero_optimization.stage", '"stage"'),
+    ({"fast": False}, {"zero_optimization": 3}, "zero_optimization must be an object", '"zero_optimization"'),
+    ({"fast": False}, {"zero_optimization": [1, 2]}, "zero_optimization must be an object", '"zero_optimization"'),
+    # a list of values for a knob no searched stage reads would be searched nowhere
+    ({"fast": False}, {"zero_optimization": {"stage": 3, "allgather_bucket_size": [5e8, 1e9]}},
+     "no stage searched (3) reads it", '"allgather_bucket_size"'),
+    ({"fast": False}, {"zero_optimization": {"stage": 0, "overlap_comm": [True, False]}},
+     "no stage searched (0) reads it", '"overlap_comm"'),
     # "auto" (a Trainer fills it from its arguments) for what the search sets, with no arg_mappings entry: every
     # run would fail on the Trainer's check that the config agrees with its arguments
     (None, {"train_micro_batch_size_per_gpu": "auto"}, '"arg_mappings": {"train_micro_batch_size_per_gpu": '
@@ -147,6 +155,20 @@ def test_a_command_without_a_config_or_script_is_refused(tmp_path):
     no_script = autotune("tune", "--slots", "1", "nope.py", "--deepspeed_config", "ds.json", environ=environ,
                          cwd=tmp_path)
     assert no_script.returncode == 2 and "no such training script" in no_script.stderr
+
+
+@pytest.mark.parametrize("config_args", [("--deepspeed", "ds.json", "--deepspeed", "other.json"),
+                                         ("--deepspeed_config", "ds.json", "--deepspeed=other.json"),
+                                         ("--deepspeed_config=ds.json", "--deepspeed_config", "other.json")])
+def test_a_command_naming_its_config_twice_is_refused(tmp_path, config_args):
+    """The script's parser decides which of two configs it takes: the tune neither guesses nor runs."""
+    environ = setup(tmp_path)
+    result = autotune("tune", "--slots", "1", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "train.py",
+                      *config_args, "--steps", "3", environ=environ, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "names a DeepSpeed config twice" in lines[0] and "other.json" in lines[0], lines
+    assert not (tmp_path / "res").exists() and not (tmp_path / "launches.log").exists()
 
 
 def test_a_lucky_first_measurement_is_seen_through_by_the_re_runs(tmp_path):
@@ -257,6 +279,8 @@ def test_a_tune_file_states_the_command_and_the_search(tmp_path):
      "positive whole number", "max_train_micro_batch_size_per_gpu"),
     (TUNE_FILE.replace("script: train.py", "script: nope.py"), "no such file", "script"),
     (TUNE_FILE.replace("stage: [2, 3]", "stage: [2, 7]"), "zero_optimization.stage", "stage"),
+    (TUNE_FILE.replace('"--steps", "3"', '"--steps", "3", "--deepspeed_config", "ds.json"'),
+     "args name a DeepSpeed config", "args"),
 ])
 def test_a_bad_tune_file_is_one_located_line(tmp_path, text, fragment, needle):
     environ = setup(tmp_path)
@@ -309,6 +333,34 @@ def test_full_mode_never_varies_a_knob_the_config_fixes(tmp_path):
     assert "best: train_z2_mbs40_ovl1 with throughput" in result.stdout
     optimal = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": True}
+
+
+def test_a_long_tune_name_in_full_mode_is_cut_so_every_experiment_name_is_a_safe_one(tmp_path):
+    """A tune file's name may take 100 characters; full mode's knob tags and a re-run's suffix add more than the
+    20 left: the names' common prefix is cut (it was a traceback mid-tune), and knob values too long for any
+    name are one line before anything starts."""
+    environ = setup(tmp_path)
+    long = "n" * 95
+    text = TUNE_FILE.replace("name: mytune", f"name: {long}").replace("stage: [2, 3]", "stage: [2]").replace(
+        "metric: throughput", "metric: throughput\n      fast: false").replace("max_train_micro_batch_size_per_gpu: 64",
+                                                                            "max_train_micro_batch_size_per_gpu: 4")
+    (tmp_path / "tune.hjson").write_text(text)
+    result = autotune("tune", "--slots", "2", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "tune.hjson",
+                      environ=environ, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    names = [r["name"] for r in json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)[
+        "experiments"]]
+    assert any(n.endswith("_confirm1") for n in names) and any("_ovl1_rbs" in n for n in names)
+    assert max(len(n) for n in names) <= 120 and all(n.startswith("n" * 60) for n in names)
+    huge = ", ".join(str(10**40 + i) for i in range(3))
+    (tmp_path / "tune.hjson").write_text(text.replace("zero_optimization: {stage: [2]}",
+                                                      f"zero_optimization: {{stage: [2], reduce_bucket_size: [{huge}], "
+                                                      f"allgather_bucket_size: [{huge}]}}"))
+    refused = autotune("tune", "--slots", "2", "-o", tmp_path / "res2", "--launcher", f"sh {STANDIN}", "tune.hjson",
+                       environ=environ, cwd=tmp_path)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stdout + refused.stderr
+    assert "experiment names would be longer than 120 characters" in refused.stderr
+    assert not (tmp_path / "res2").exists()
 
 
 def test_full_mode_after_a_kill_9_resumes_with_the_same_decisions(tmp_path, runners):

@@ -77,6 +77,10 @@ def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fas
             values = [_checked(src, knob, v) for v in value]
             if len(set(values)) != len(values):
                 raise src.error(f"zero_optimization.{key}: a value is listed twice", key)
+            if not any(stage in knob.read for stage in stages):  # searched nowhere: refused, not skipped
+                raise src.error(f"zero_optimization.{key}: a list of values, but the engine of no stage searched "
+                                f"({', '.join(map(str, stages))}) reads it (read at stages "
+                                f"{', '.join(map(str, sorted(knob.read)))})", key)
             listed[key] = values
         elif knob is not None and value != "auto":  # "auto": a Trainer script fills it in (fixed all the same)
             _checked(src, knob, value)

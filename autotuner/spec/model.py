@@ -45,17 +45,16 @@ FLAG = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_.-]*")  # a script option a sweep ma
 
 
 def with_arg(args: Sequence[str], flag: str, value: str) -> list[str]:
-    """`args` (a fresh list) with option `flag` set to `value`: replaced where present (`--f v` or `--f=v`),
-    appended otherwise."""
+    """`args` (a fresh list) with option `flag` set to `value`: replaced wherever present (`--f v` or `--f=v`;
+    every time it is given, since a parser takes the last), appended otherwise."""
     out = list(args)
+    found = False
     for i, arg in enumerate(out):
         if arg == flag and i + 1 < len(out):
-            out[i + 1] = value
-            return out
-        if arg.startswith(flag + "="):
-            out[i] = f"{flag}={value}"
-            return out
-    return [*out, flag, value]
+            out[i + 1], found = value, True
+        elif arg.startswith(flag + "="):
+            out[i], found = f"{flag}={value}", True
+    return out if found else [*out, flag, value]
 
 
 def option_text(value: Any) -> str:

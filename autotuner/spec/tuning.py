@@ -63,18 +63,30 @@ def split_command(script: str, args: Sequence[str], cwd: Path) -> TuneInput:
         raise UserError("no such training script" if not path.exists() else "not a file: the training script",
                         path)
     rest = list(args)
+    found = _config_option(rest)
+    if found is None:
+        raise UserError(f"the command names no DeepSpeed config: give it as `{CONFIG_FLAG} ds.json` (or `--deepspeed "
+                        "ds.json` for a Trainer script), as you would to deepspeed")
+    flag, value, i, end = found
+    rest = rest[:i] + rest[end:]
+    again = _config_option(rest)
+    if again is not None:  # which one the script would take depends on its parser: neither is guessed
+        raise UserError(f"the command names a DeepSpeed config twice ({flag} {value}, {again[0]} {again[1]}): give "
+                        "it once")
+    config = Path(value) if Path(value).is_absolute() else cwd / value
+    return TuneInput(str(path.resolve()), tuple(rest), flag, config)
+
+
+def _config_option(args: Sequence[str]) -> tuple[str, str, int, int] | None:
+    """The first config option in `args`: (flag, path, where it starts, where it ends), `--deepspeed_config`
+    before `--deepspeed PATH`."""
     for flag in (CONFIG_FLAG, "--deepspeed"):
-        for i, arg in enumerate(rest):
-            value = None
-            if arg == flag and i + 1 < len(rest) and not rest[i + 1].startswith("--"):
-                value, end = rest[i + 1], i + 2
-            elif arg.startswith(flag + "="):
-                value, end = arg.split("=", 1)[1], i + 1
-            if value is not None:
-                config = Path(value) if Path(value).is_absolute() else cwd / value
-                return TuneInput(str(path.resolve()), tuple(rest[:i] + rest[end:]), flag, config)
-    raise UserError(f"the command names no DeepSpeed config: give it as `{CONFIG_FLAG} ds.json` (or `--deepspeed "
-                    "ds.json` for a Trainer script), as you would to deepspeed")
+        for i, arg in enumerate(args):
+            if arg == flag and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                return flag, args[i + 1], i, i + 2
+            if arg.startswith(flag + "="):
+                return flag, arg.split("=", 1)[1], i, i + 1
+    return None
 
 
 @dataclass(frozen=True)
@@ -138,9 +150,10 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
         raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
                         "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
                         else "autotuning")
-    stages = _stages(src, config)
     zero = config.get("zero_optimization", {})
-    zero = zero if isinstance(zero, dict) else {}
+    if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
+        raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
+    stages = _stages(src, config)
     spaces = knob_spaces(src, zero, stages, fast)
     base = {k: v for k, v in config.items() if k != "autotuning"}
     if zero:
@@ -219,7 +232,7 @@ def _stages(src: Source, config: dict) -> tuple[int, ...]:
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", "all") if isinstance(zero, dict) else "all"
     listed = list(STAGES) if stage == "all" else stage if isinstance(stage, list) else [stage]
-    if not listed or any(s not in STAGES or isinstance(s, bool) for s in listed):
+    if not listed or any(s not in STAGES or not isinstance(s, int) or isinstance(s, bool) for s in listed):
         raise src.error(f"zero_optimization.stage {shown(stage)}: a stage (0-3), a list of them, or \"all\"",
                         "stage")
     return tuple(dict.fromkeys(listed))
@@ -296,6 +309,10 @@ def read_tune_file(path: Path) -> TuneFile:
         raise src.error(f"config_flag {shown(flag)} is not a script option (--name)", "config_flag")
     script = script_path(src, "script", data["script"], path.parent)
     args = string_list(src, "args", data["args"]) if data.get("args") is not None else ()
+    named = _config_option(args)
+    if named is not None:  # ds_config is the config: a second in the arguments would leave the script to choose
+        raise src.error(f"args name a DeepSpeed config ({named[0]} {named[1]}): the tune file's ds_config is it",
+                        "args")
     config = data["ds_config"]
     if isinstance(config, dict):
         located = replace(src, data=config)
