@@ -421,7 +421,7 @@ class SlurmAsk:
                             "salloc or sbatch)")
         log(f"asking Slurm for {self.nodes} node(s) x {self.gpus_per_node} GPU(s)")
         return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
-                             account=self.account)
+                             account=self.account, log=log)
 
 
 def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str, slots: int | None,
@@ -443,10 +443,15 @@ def _note(line: str) -> None:
 
 def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> Any:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
+    from .slurm import Withdrawn
+
     try:
         allocation = ask.allocation(recorded, log=_note)
     except UserError as e:
         raise fail(e) from None
+    except Withdrawn as e:
+        _echo_err(f"autotune: interrupted while waiting for the allocation: Slurm job {e.job} withdrawn")
+        raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
     for line in allocation.warnings() if allocation is not None else ():
         _note(line)
     return allocation

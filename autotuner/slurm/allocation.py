@@ -3,13 +3,17 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import UserError
 from . import parse
@@ -122,28 +126,100 @@ def describe(job_id: str, *, owned: bool = False) -> Allocation:
 
 
 def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, time: str | None = None,
-            account: str | None = None, extra: Sequence[str] = ()) -> Allocation:
+            account: str | None = None, extra: Sequence[str] = (),
+            log: Callable[[str], None] = lambda line: None) -> Allocation:
     """A new allocation of whole nodes (`salloc --no-shell --exclusive`: every CPU, so that steps do not wait for
     one), kept when one of its nodes fails (`--no-kill`: only that node's experiments are lost), waited for;
-    ours to give back."""
+    ours to give back. Interrupted while it waits (Ctrl-C, or SIGTERM): the request is withdrawn, so that no
+    allocation starts later that nobody gives back."""
     argv = ["salloc", "--no-shell", "--exclusive", "--no-kill", "--job-name", "autotune", "--nodes", str(nodes),
             "--gpus-per-node", str(gpus_per_node)]
     for option, value in (("--partition", partition), ("--time", time), ("--account", account)):
         if value:
             argv += [option, value]
     argv += list(extra)
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
-    job = parse.granted_job(done.stderr)
-    if done.returncode != 0 or job is None:
-        raise SlurmError(failure(argv, done.stderr, done.returncode))
+    with tempfile.TemporaryFile("w+") as said:
+        try:
+            proc = subprocess.Popen(argv, stdout=said, stderr=said, text=True, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
+        try:
+            with _sigterm_interrupts():
+                _wait_granted(proc, said, log)
+        except BaseException:
+            _withdraw(proc, said)
+            raise
+        said.seek(0)
+        text = said.read()
+    job = parse.granted_job(text)
+    if proc.returncode != 0 or job is None:
+        raise SlurmError(failure(argv, text, proc.returncode))
     try:
         return describe(job, owned=True)
     except BaseException:
         release(job)
         raise
+
+
+def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str], None]) -> None:
+    """Until salloc ends; the job it queued told once (the user then knows what waits, and why)."""
+    told = False
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if not told:
+            said.seek(0)
+            queued = parse.pending_job(said.read())
+            if queued is not None:
+                log(f"Slurm job {queued} is queued, waiting for resources (Ctrl-C withdraws it)")
+                told = True
+
+
+def _withdraw(proc: subprocess.Popen[str], said: IO[str]) -> None:
+    """salloc interrupted as Ctrl-C would (it then revokes a pending request), its job cancelled whatever
+    state it reached: queued, or granted in the meantime."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    said.seek(0)
+    text = said.read()
+    job = parse.granted_job(text) or parse.pending_job(text)
+    if job is not None:
+        with contextlib.suppress(SlurmError):
+            release(job)
+        raise Withdrawn(job)
+
+
+class Withdrawn(KeyboardInterrupt):
+    """An allocation request interrupted: its job (`job`) was cancelled before it could run."""
+
+    def __init__(self, job: str):
+        super().__init__(job)
+        self.job = job
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM taken as Ctrl-C while salloc waits (its default would end us and leave salloc waiting)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def release(job: str) -> None:
