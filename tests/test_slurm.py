@@ -503,3 +503,45 @@ def test_a_signal_while_the_allocation_is_pending_withdraws_the_request(slurm_la
         for pid in salloc_children(proc.pid):
             os.kill(pid, signal.SIGKILL)
     assert not (results / "ledger.sqlite").exists()
+
+
+def hanging_standin(directory: Path, command: str, flag: Path) -> Path:
+    """A stand-in for the Slurm command `command`, first on PATH: it hangs while `flag` exists (a slurmctld
+    that does not answer), and is the real command otherwise. Returns the directory to put on PATH."""
+    import shutil
+
+    real = shutil.which(command)
+    assert real is not None
+    directory.mkdir(exist_ok=True)
+    path = directory / command
+    path.write_text(f"#!/bin/sh\n# stand-in for {command}: hangs while {flag} exists\n"
+                    f"while [ -e {flag} ]; do sleep 0.1; done\nexec {real} \"$@\"\n")
+    path.chmod(0o755)
+    return directory
+
+
+def test_a_slurm_that_does_not_answer_as_runs_end_fails_none_of_them(slurm_lab, allocation, tmp_path, runners):
+    """squeue hangs (past AUTOTUNE_SLURM_TIMEOUT) while the steps end: each run is judged by what it did,
+    once, never failed and run again because Slurm could not be asked whether its step was gone."""
+    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    flag = tmp_path / "hang"
+    bin_dir = hanging_standin(tmp_path / "bin", "squeue", flag)
+    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=3, AUTOTUNE_SLURM_TIMEOUT=1)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=environ, directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 3,
+               60, "three steps recorded")
+    flag.touch()
+    try:
+        wait_until(lambda: all((Path(a.dir) / "exit_status").exists() for a in attempts(results)), 60,
+                   "the runs ended")
+        time.sleep(3)  # the runner asks Slurm whether the steps are gone: no answer
+    finally:
+        flag.unlink()
+    code, _, err = finish(proc)
+    runs = attempts(results)
+    assert code == 0, (err, [(a.name, a.state, a.detail) for a in runs])
+    assert len(runs) == 3 and {a.state for a in runs} == {State.SUCCEEDED}
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))

@@ -24,14 +24,24 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
 
 COMMAND_TIMEOUT = 60.0  # seconds for one scontrol/squeue/scancel call: slurmctld answers in milliseconds
+TIMEOUT_ENV = "AUTOTUNE_SLURM_TIMEOUT"  # seconds, in place of COMMAND_TIMEOUT
+
+
+def command_timeout() -> float:
+    """Seconds one Slurm command may take (`AUTOTUNE_SLURM_TIMEOUT`, else COMMAND_TIMEOUT)."""
+    try:
+        return max(0.1, float(os.environ.get(TIMEOUT_ENV, COMMAND_TIMEOUT)))
+    except ValueError:
+        return COMMAND_TIMEOUT
 
 
 class SlurmError(UserError):
     """A Slurm command failed or is missing: one line, naming the command."""
 
 
-def slurm(*argv: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess[str]:
+def slurm(*argv: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command; a missing command, a hang or (with `check`) a failure is a SlurmError."""
+    timeout = command_timeout() if timeout is None else timeout
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:

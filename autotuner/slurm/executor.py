@@ -155,7 +155,11 @@ class SlurmExecutor(LocalExecutor):
         attempts starting together share one squeue rather than each asking slurmctld many times a second."""
         with self._steps_lock:
             if fresh or time.monotonic() - self._steps_read[0] > self.poll:
-                self._steps_read = (time.monotonic(), steps(self._job))
+                try:
+                    self._steps_read = (time.monotonic(), steps(self._job))
+                except SlurmError as e:  # a slurmctld that does not answer fails no run: the step is not known
+                    log.warning("cannot list the steps of Slurm job %s: %s", self._job, e)
+                    return None
             listed = self._steps_read[1]
         return next((s.id for s in listed if s.name == tag), None)
 
@@ -223,9 +227,13 @@ class SlurmExecutor(LocalExecutor):
         longer lists it; then whatever is left of srun's group."""
         step = self._step_of(tag)
         if step is not None and not self._stops.killing:
-            slurm("scancel", "--signal=TERM", step, check=False)  # its exit status says nothing (22.05: 225)
-            with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
-                proc.wait(timeout=self.grace)
+            try:
+                slurm("scancel", "--signal=TERM", step, check=False)  # its exit status says nothing (22.05: 225)
+            except SlurmError as e:  # not told: srun's group still gets SIGTERM below, the grace, then SIGKILL
+                log.warning("cannot signal Slurm step %s: %s", step, e)
+            else:
+                with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
+                    proc.wait(timeout=self.grace)
         self._end_step(tag)
         super()._end(proc, tag)
 
@@ -241,9 +249,12 @@ class SlurmExecutor(LocalExecutor):
             tags = list(self._tags.values())
         super().kill_all()
         mine = set(tags)
-        for step in steps(self._job):
-            if step.name in mine:
-                slurm("scancel", step.id, check=False)
+        try:
+            for step in steps(self._job):
+                if step.name in mine:
+                    slurm("scancel", step.id, check=False)
+        except SlurmError as e:  # srun's groups are killed already: Slurm ends their steps without being told
+            log.warning("cannot cancel the steps of Slurm job %s: %s", self._job, e)
 
 
 def tail(path: Path, size: int = 65536) -> str:
