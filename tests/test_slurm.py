@@ -182,6 +182,32 @@ def test_a_steps_buffers_are_removed_under_its_first_nodes_address_by_a_step_on_
             path.unlink(missing_ok=True)
 
 
+def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm_lab, monkeypatch):
+    """`salloc --gpus=2 -N2`: a step that names no GPUs of its own inherits the job's two, which no single node
+    holds, and Slurm refuses it ("Invalid generic resource"); the removal step asks for none."""
+    from types import SimpleNamespace
+
+    from autotuner.metrics import metric_named
+    from autotuner.slurm.allocation import describe
+    from autotuner.slurm.executor import SlurmExecutor
+
+    for key, value in slurm_lab.env.items():
+        monkeypatch.setenv(key, value)
+    job = slurm_lab.allocate(2, 0, "--gpus=2", "--ntasks=2")
+    buffer = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_23457_0")
+    buffer.touch()
+    try:
+        found = describe(job)
+        assert sum(found.gpus.values()) == 2
+        executor = SlurmExecutor("", metric_named("throughput"), time.monotonic, allocation=found)
+        run = SimpleNamespace(tag="buffers-test.2", reservation=SimpleNamespace(hosts=(found.nodes[0],)))
+        executor.remove_buffers(run, 23457)  # type: ignore[arg-type]
+        assert not buffer.exists()
+    finally:
+        buffer.unlink(missing_ok=True)
+        slurm_lab.release(job)
+
+
 def attempt_gpus(name: str) -> int:
     return 2 if name.startswith("m_") else 1
 

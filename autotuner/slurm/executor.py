@@ -196,8 +196,8 @@ class SlurmExecutor(LocalExecutor):
         hosts = run.reservation.hosts
         name = comm_buffer_prefix('"$(id -u)"', shlex.quote(self.allocation.address(hosts[0])), port)
         argv = ["srun", "--jobid", self._job, "--overlap", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
-                "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--job-name", f"{run.tag}.shm", "--quiet",
-                "sh", "-c", f"rm -f -- /dev/shm/{name}*"]
+                "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--gres=none", "--job-name", f"{run.tag}.shm",
+                "--quiet", "sh", "-c", f"rm -f -- /dev/shm/{name}*"]
         environ = {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=BUFFERS_WITHIN, env=environ,
