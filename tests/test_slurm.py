@@ -571,3 +571,20 @@ def test_a_slurm_that_does_not_answer_as_runs_end_fails_none_of_them(slurm_lab, 
     assert code == 0, (err, [(a.name, a.state, a.detail) for a in runs])
     assert len(runs) == 3 and {a.state for a in runs} == {State.SUCCEEDED}
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def test_an_allocation_with_fewer_cpus_than_gpus_runs_an_experiment_on_all_its_gpus(slurm_lab, tmp_path):
+    """One CPU for two GPUs: a two-GPU experiment's step asks for the one CPU there is (it asked for two, and
+    Slurm refused every such step: "More processors requested than permitted")."""
+    job = slurm_lab.allocate(1, 2, "--ntasks=1", "--cpus-per-task=1")
+    try:
+        spec = write_sweep(tmp_path, range(2), extra="num_gpus: 2")
+        results = tmp_path / "r"
+        done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                        environ=lab_env(slurm_lab, job, STANDIN_SECONDS=0.2))
+        assert "holds 1 CPU(s) for 2 GPU(s)" in done.stderr
+        assert done.returncode == 0, (done.stderr, [(a.name, a.detail) for a in attempts(results)])
+        assert all(line["gpus"] == "0,1" for a in attempts(results) for line in node_lines(results, a.name))
+        assert no_step_left(slurm_lab, job, sweep_id(results))
+    finally:
+        slurm_lab.release(job)

@@ -101,6 +101,12 @@ class Allocation:
         gpus = self.gpus.get(node, 0)
         return max(1, self.cpus.get(node, 0) // gpus) if gpus else 1
 
+    def cpus_for(self, node: str, gpus: int) -> int:
+        """CPUs a step of `gpus` GPUs asks for on `node`: its share, but never more than the allocation holds
+        there (one CPU for two GPUs: a two-GPU step gets the one)."""
+        wanted, held = self.cpus_per_gpu(node) * gpus, self.cpus.get(node, 0)
+        return max(1, min(wanted, held)) if held else wanted
+
     def memory_per_gpu_mb(self, node: str) -> int | None:
         """Memory (MB) a step asks per GPU where memory is tracked, so that steps do not each claim all of it
         and run one after another; None where it is not tracked."""

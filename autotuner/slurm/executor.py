@@ -75,7 +75,7 @@ def srun_argv(allocation: Allocation, run: Run, node_argv: list[str]) -> list[st
     gpus = run.experiment.num_gpus
     argv = ["srun", "--jobid", allocation.job, "--exact", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
             "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--gpus-per-node", str(gpus),
-            "--cpus-per-task", str(min(allocation.cpus_per_gpu(h) for h in hosts) * gpus),
+            "--cpus-per-task", str(min(allocation.cpus_for(h, gpus) for h in hosts)),
             "--kill-on-bad-exit=1", "--job-name", run.tag, "--export", "ALL", "--quiet"]
     memory = [allocation.memory_per_gpu_mb(h) for h in hosts]
     if all(m is not None for m in memory):
