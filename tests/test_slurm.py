@@ -588,3 +588,36 @@ def test_an_allocation_with_fewer_cpus_than_gpus_runs_an_experiment_on_all_its_g
         assert no_step_left(slurm_lab, job, sweep_id(results))
     finally:
         slurm_lab.release(job)
+
+
+def test_a_controller_that_cannot_be_reached_for_a_moment_does_not_end_the_sweep(slurm_lab, allocation, tmp_path,
+                                                                                 runners):
+    """`scontrol show job` failing as it does while slurmctld restarts ("Unable to contact slurm controller")
+    is no word on the job: the watcher asks again, the sweep goes on (it read as the allocation gone, and
+    interrupted the sweep)."""
+    import shutil
+
+    flag = tmp_path / "unreachable"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\n# stand-in for scontrol: `show job` cannot reach the controller while the flag exists\n"
+        f'if [ -e {flag} ] && [ "$2" = job ]; then\n'
+        '  echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1\nfi\n'
+        f'exec {shutil.which("scontrol")} "$@"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=3)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=environ, directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+               60, "two steps recorded")
+    flag.touch()
+    time.sleep(1.5)  # several looks of the watcher (every 0.2 s)
+    flag.unlink()
+    code, _, err = finish(proc)
+    runs = attempts(results)
+    assert code == 0, (err, [(a.name, a.state, a.detail) for a in runs])
+    assert len(runs) == 2 and {a.state for a in runs} == {State.SUCCEEDED}

@@ -264,10 +264,15 @@ def node_states(hosts: Sequence[str]) -> dict[str, parse.Node]:
 
 
 def job_state(job_id: str) -> parse.Job | None:
-    """The job now; None once Slurm has forgotten it."""
+    """The job now; None once Slurm has forgotten it ("Invalid job id"). Any other failure (slurmctld
+    restarting, unreachable) says nothing about the job: a SlurmError."""
     done = slurm("scontrol", "show", "job", "-d", "-o", job_id, check=False)
     line = next((line for line in done.stdout.splitlines() if line.strip()), "")
-    return parse.job(line) if done.returncode == 0 and line else None
+    if done.returncode == 0:
+        return parse.job(line) if line else None
+    if "Invalid job id" in done.stderr:
+        return None
+    raise SlurmError(failure(("scontrol", "show", "job", job_id), done.stderr or done.stdout, done.returncode))
 
 
 def steps(job_id: str) -> list[parse.Step]:
