@@ -478,15 +478,35 @@ def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude
 
 @contextlib.contextmanager
 def _given_back(allocation: Any) -> Iterator[None]:
-    """An allocation we asked for is given back however the command ends."""
+    """An allocation we asked for is given back however the command ends; one that cannot be (Slurm does not
+    answer) is named with what to do, and a command that would have succeeded exits 2."""
     try:
         yield
-    finally:
-        if allocation is not None and allocation.owned:
-            from .slurm import release
+    except typer.Exit as e:
+        if not _give_back(allocation) and e.exit_code == 0:
+            raise typer.Exit(autotuner.EXIT_USAGE) from None
+        raise
+    except BaseException:
+        _give_back(allocation)
+        raise
+    if not _give_back(allocation):
+        raise typer.Exit(autotuner.EXIT_USAGE)
 
-            release(allocation.job)
-            _echo_err(f"autotune: note: gave Slurm job {allocation.job} back")
+
+def _give_back(allocation: Any) -> bool:
+    """Cancel an allocation autotune asked for (True), or say in one line that it still runs (False)."""
+    if allocation is None or not allocation.owned:
+        return True
+    from .slurm import SlurmError, release
+
+    try:
+        release(allocation.job)
+    except SlurmError as e:
+        _echo_err(f"autotune: error: Slurm job {allocation.job} was not given back ({e}): it still holds its "
+                  f"nodes; `scancel {allocation.job}` ends it")
+        return False
+    _echo_err(f"autotune: note: gave Slurm job {allocation.job} back")
+    return True
 
 
 def _names(text: str, option: str, known: Any, one: bool = False) -> list[str]:

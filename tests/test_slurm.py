@@ -621,3 +621,25 @@ def test_a_controller_that_cannot_be_reached_for_a_moment_does_not_end_the_sweep
     runs = attempts(results)
     assert code == 0, (err, [(a.name, a.state, a.detail) for a in runs])
     assert len(runs) == 2 and {a.state for a in runs} == {State.SUCCEEDED}
+
+
+def test_an_allocation_that_cannot_be_given_back_is_one_line_and_exit_2(slurm_lab, tmp_path):
+    """scancel gets no answer at the end: the job autotune asked for still runs, and the user is told which, and
+    how to end it, in one line (it was a traceback)."""
+    flag = tmp_path / "hang"
+    flag.touch()
+    bin_dir = hanging_standin(tmp_path / "bin", "scancel", flag)
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    environ = lab_env(slurm_lab, STANDIN_SECONDS=0.2, AUTOTUNE_SLURM_TIMEOUT=1)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    done = autotune("run", spec, "--slurm", "--nodes", "1", "--gpus-per-node", "1", "--launcher", standin(tmp_path),
+                    "-o", tmp_path / "r", "-q", environ=environ)
+    flag.unlink()
+    running = slurm_lab.run("squeue", "-h", "-n", "autotune", "-o", "%i").stdout.split()
+    for job in running:
+        slurm_lab.release(job)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (job,) = running
+    (line,) = [line for line in done.stderr.splitlines() if "not given back" in line]
+    assert f"Slurm job {job} was not given back" in line and f"`scancel {job}`" in line
+    assert [a.state for a in attempts(tmp_path / "r")] == [State.SUCCEEDED]
