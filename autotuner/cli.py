@@ -443,6 +443,8 @@ def _note(line: str) -> None:
 
 def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> Any:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
+    if not ask.slurm and recorded is None:
+        return None
     from .slurm import Withdrawn
 
     try:

@@ -643,3 +643,39 @@ def test_an_allocation_that_cannot_be_given_back_is_one_line_and_exit_2(slurm_la
     (line,) = [line for line in done.stderr.splitlines() if "not given back" in line]
     assert f"Slurm job {job} was not given back" in line and f"`scancel {job}`" in line
     assert [a.state for a in attempts(tmp_path / "r")] == [State.SUCCEEDED]
+
+
+def test_a_results_directory_a_node_does_not_share_is_one_line_before_anything_runs(slurm_lab, tmp_path):
+    """n3's slurmd (and so its steps) runs in a mount namespace of its own, with an empty tmpfs over the
+    directory the results go in: a node that does not share it, as a node's local /tmp is not shared. The
+    sweep is refused in one line naming the node, nothing launched (each run placed there failed, with a word
+    about DeepSpeed's profile window)."""
+    private = tmp_path / "private"
+    private.mkdir()
+    slurm_lab.stop_node("n3")
+    apart = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                              f"mount -t tmpfs tmpfs {private} && exec /usr/sbin/slurmd -D -N n3"],
+                             env=slurm_lab.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    job = None
+    try:
+        wait_until(lambda: apart.poll() is None and "RESP" not in slurm_lab.node_state("n3")
+                   and "DOWN" not in slurm_lab.node_state("n3"), 30, "n3 apart")
+        job = slurm_lab.allocate(3, 1)
+        spec = write_sweep(tmp_path, range(3), extra="num_gpus: 1")
+        done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", private / "r", "-q",
+                        environ=lab_env(slurm_lab, job, STANDIN_SECONDS=0.2))
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "node(s) n3 of Slurm job" in line and "do not see this results directory" in line
+        assert {a.state for a in attempts(private / "r")} == {State.QUEUED}  # none launched
+        assert not list((private / "r").glob(".shared-*"))
+        shared = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", tmp_path / "r", "-q",
+                          environ=lab_env(slurm_lab, job, STANDIN_SECONDS=0.2))
+        assert shared.returncode == 0, shared.stderr
+    finally:
+        if job is not None:
+            slurm_lab.release(job)
+        os.killpg(apart.pid, signal.SIGTERM)
+        apart.wait(timeout=30)
+        slurm_lab.start_node("n3")

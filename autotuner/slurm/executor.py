@@ -62,6 +62,11 @@ exec "${{@:1:{k}}}" --no_ssh --node_rank "$me" --include "$include" "${{@:{rest}
 """
 
 
+def srun_environment() -> dict[str, str]:
+    """Ours without our own job's step settings, which srun would read as those of the step it starts."""
+    return {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
+
+
 def node_script(nodes: tuple[str, ...], gpus: int, launcher_words: int) -> str:
     """The bash text each node of a step runs (see `_NODE`)."""
     return _NODE.format(default=",".join(map(str, range(gpus))), nodes=" ".join(map(shlex.quote, nodes)),
@@ -198,9 +203,8 @@ class SlurmExecutor(LocalExecutor):
         argv = ["srun", "--jobid", self._job, "--overlap", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
                 "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--gres=none", "--job-name", f"{run.tag}.shm",
                 "--quiet", "sh", "-c", f"rm -f -- /dev/shm/{name}*"]
-        environ = {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUFFERS_WITHIN, env=environ,
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUFFERS_WITHIN, env=srun_environment(),
                                   stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("cannot remove DeepSpeed's /dev/shm buffers of %s on %s: %s", run.tag, ",".join(hosts), e)
