@@ -388,10 +388,14 @@ class SlurmAsk:
     time: str | None = None
     account: str | None = None
 
+    def asked(self) -> list[str]:
+        """The options given that ask Slurm for a new allocation."""
+        return [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
+                                         ("--partition", self.partition), ("--time", self.time),
+                                         ("--account", self.account)) if value is not None]
+
     def check(self, hostfile: Path | None = None, slots: int | None = None) -> None:
-        asked = [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
-                                          ("--partition", self.partition), ("--time", self.time),
-                                          ("--account", self.account)) if value is not None]
+        asked = self.asked()
         if asked and not self.slurm:
             raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
         if self.slurm and (hostfile is not None or slots is not None):
@@ -408,9 +412,10 @@ class SlurmAsk:
 
         current = slurm.current_job()
         if current is not None:
-            if self.nodes is not None or self.gpus_per_node is not None:
-                raise UserError(f"--nodes and --gpus-per-node ask for a new allocation; this runs inside Slurm job "
-                                f"{current} already: leave them out")
+            asked = self.asked()
+            if asked:
+                raise UserError(f"{asked[0]} asks for a new allocation; this runs inside Slurm job {current} "
+                                "already: leave it out")
             return slurm.describe(current)
         if recorded is not None and self.nodes is None:
             job = slurm.allocation.job_state(str(recorded.get("job")))

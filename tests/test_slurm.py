@@ -679,3 +679,16 @@ def test_a_results_directory_a_node_does_not_share_is_one_line_before_anything_r
         os.killpg(apart.pid, signal.SIGTERM)
         apart.wait(timeout=30)
         slurm_lab.start_node("n3")
+
+
+@pytest.mark.parametrize("args", [["--time", "1:00"], ["--partition", "debug"], ["--account", "a"],
+                                  ["--nodes", "1"]])
+def test_asks_for_a_new_allocation_inside_one_are_one_line(slurm_lab, allocation, tmp_path, args):
+    """Inside an allocation, --time, --partition and --account (like --nodes) would ask for another one: refused
+    in one line, not silently dropped."""
+    spec = write_sweep(tmp_path, range(1))
+    done = autotune("run", spec, "--slurm", *args, "-o", tmp_path / "r", environ=lab_env(slurm_lab, allocation))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{args[0]} asks for a new allocation" in line and f"Slurm job {allocation}" in line
+    assert not (tmp_path / "r").exists()
