@@ -692,3 +692,27 @@ def test_asks_for_a_new_allocation_inside_one_are_one_line(slurm_lab, allocation
     (line,) = done.stderr.strip().splitlines()
     assert f"{args[0]} asks for a new allocation" in line and f"Slurm job {allocation}" in line
     assert not (tmp_path / "r").exists()
+
+
+def test_a_step_held_back_by_a_step_not_ours_is_told_and_runs_once_free(slurm_lab, allocation, tmp_path):
+    """A step of the job that autotune did not start holds n1's GPUs: the step of the run placed there waits,
+    unlisted, and the user is told why past STEP_SHOWS_WITHIN (30 s); it runs once they are free, once."""
+    from autotuner.slurm.executor import STEP_SHOWS_WITHIN
+
+    holder = subprocess.Popen(["srun", "--jobid", allocation, "--exact", "-N1", "-n1", "-w", "n1",
+                               "--gpus-per-node", "2", "-c2", "sleep", str(STEP_SHOWS_WITHIN + 5)],
+                              env=slurm_lab.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: [s for s in slurm_lab.steps(allocation) if s.name == "sleep"], 30, "the holder listed")
+        spec = write_sweep(tmp_path, range(1), extra="num_gpus: 2")  # n1 first: placed there
+        results = tmp_path / "r"
+        done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                        environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=0.2), timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 0, done.stderr
+    (run,) = attempts(results)
+    assert run.slots == {"n1": [0, 1]} and run.state == State.SUCCEEDED
+    assert "Slurm has not started its step in 30 s" in done.stderr
+    assert len(node_lines(results, run.name)) == 1

@@ -153,6 +153,9 @@ class SlurmExecutor(LocalExecutor):
                 return None
             time.sleep(pause)
             pause = min(0.5, pause * 1.5)
+        log.warning("%s: Slurm has not started its step in %g s: something else holds its nodes' GPUs or CPUs (a "
+                    "step of Slurm job %s that is not ours?); it starts once they are free, its timeout counted "
+                    "from now", tag, STEP_SHOWS_WITHIN, self._job)
         return None
 
     def _step_of(self, tag: str, *, fresh: bool = True) -> str | None:
