@@ -486,9 +486,16 @@ def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude
 @contextlib.contextmanager
 def _given_back(allocation: Any) -> Iterator[None]:
     """An allocation we asked for is given back however the command ends; one that cannot be (Slurm does not
-    answer) is named with what to do, and a command that would have succeeded exits 2."""
+    answer) is named with what to do, and a command that would have succeeded exits 2. SIGTERM meanwhile is
+    taken as Ctrl-C (the sweep installs its own handler while it runs)."""
+    guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if allocation is not None and allocation.owned:
+        from .slurm.allocation import sigterm_interrupts
+
+        guard = sigterm_interrupts()
     try:
-        yield
+        with guard:
+            yield
     except typer.Exit as e:
         if not _give_back(allocation) and e.exit_code == 0:
             raise typer.Exit(autotuner.EXIT_USAGE) from None

@@ -716,3 +716,33 @@ def test_a_step_held_back_by_a_step_not_ours_is_told_and_runs_once_free(slurm_la
     assert run.slots == {"n1": [0, 1]} and run.state == State.SUCCEEDED
     assert "Slurm has not started its step in 30 s" in done.stderr
     assert len(node_lines(results, run.name)) == 1
+
+
+def test_sigterm_before_the_sweep_runs_gives_back_the_allocation_autotune_asked_for(slurm_lab, tmp_path, runners):
+    """SIGTERM once the allocation is granted but before the sweep's own handler is in place (here: while the
+    first srun, a stand-in that hangs, checks the results directory): the allocation is given back (SIGTERM's
+    default ended autotune there and left it held until its time limit)."""
+    flag = tmp_path / "hang"
+    flag.touch()
+    bin_dir = hanging_standin(tmp_path / "bin", "srun", flag)
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    environ = lab_env(slurm_lab)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    proc = runners.start("run", spec, "--slurm", "--nodes", "1", "--gpus-per-node", "1", "--launcher",
+                         standin(tmp_path), "-o", tmp_path / "r", "-q", environ=environ)
+
+    def running() -> list[str]:
+        return slurm_lab.run("squeue", "-h", "-t", "R", "-n", "autotune", "-o", "%i").stdout.split()
+
+    try:
+        (job,) = wait_until(running, 30, "the allocation granted")
+        wait_until(lambda: (tmp_path / "r" / "ledger.sqlite").exists(), 30, "the sweep set up")
+        time.sleep(0.5)  # in the stand-in srun
+        proc.send_signal(signal.SIGTERM)
+        code, _, err = finish(proc, timeout=60)
+        assert f"gave Slurm job {job} back" in err, (code, err)
+        wait_until(lambda: not running(), 10, "the allocation given back")
+    finally:
+        flag.unlink()
+        for left in running():
+            slurm_lab.release(left)

@@ -160,7 +160,7 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
         except FileNotFoundError:
             raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
         try:
-            with _sigterm_interrupts():
+            with sigterm_interrupts():
                 _wait_granted(proc, said, log)
         except BaseException:
             _withdraw(proc, said)
@@ -222,8 +222,9 @@ class Withdrawn(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM taken as Ctrl-C while salloc waits (its default would end us and leave salloc waiting)."""
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM taken as Ctrl-C while salloc waits, or while an allocation of ours is held: its default would end
+    us at once, salloc left waiting or the allocation never given back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
