@@ -388,10 +388,14 @@ class SlurmAsk:
     time: str | None = None
     account: str | None = None
 
+    def asked(self) -> list[str]:
+        """The options given that ask Slurm for a new allocation."""
+        return [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
+                                         ("--partition", self.partition), ("--time", self.time),
+                                         ("--account", self.account)) if value is not None]
+
     def check(self, hostfile: Path | None = None, slots: int | None = None) -> None:
-        asked = [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
-                                          ("--partition", self.partition), ("--time", self.time),
-                                          ("--account", self.account)) if value is not None]
+        asked = self.asked()
         if asked and not self.slurm:
             raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
         if self.slurm and (hostfile is not None or slots is not None):
@@ -408,9 +412,10 @@ class SlurmAsk:
 
         current = slurm.current_job()
         if current is not None:
-            if self.nodes is not None or self.gpus_per_node is not None:
-                raise UserError(f"--nodes and --gpus-per-node ask for a new allocation; this runs inside Slurm job "
-                                f"{current} already: leave them out")
+            asked = self.asked()
+            if asked:
+                raise UserError(f"{asked[0]} asks for a new allocation; this runs inside Slurm job {current} "
+                                "already: leave it out")
             return slurm.describe(current)
         if recorded is not None and self.nodes is None:
             job = slurm.allocation.job_state(str(recorded.get("job")))
@@ -421,7 +426,7 @@ class SlurmAsk:
                             "salloc or sbatch)")
         log(f"asking Slurm for {self.nodes} node(s) x {self.gpus_per_node} GPU(s)")
         return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
-                             account=self.account)
+                             account=self.account, log=log)
 
 
 def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str, slots: int | None,
@@ -443,10 +448,17 @@ def _note(line: str) -> None:
 
 def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> Any:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
+    if not ask.slurm and recorded is None:
+        return None
+    from .slurm import Withdrawn
+
     try:
         allocation = ask.allocation(recorded, log=_note)
     except UserError as e:
         raise fail(e) from None
+    except Withdrawn as e:
+        _echo_err(f"autotune: interrupted while waiting for the allocation: Slurm job {e.job} withdrawn")
+        raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
     for line in allocation.warnings() if allocation is not None else ():
         _note(line)
     return allocation
@@ -473,15 +485,42 @@ def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude
 
 @contextlib.contextmanager
 def _given_back(allocation: Any) -> Iterator[None]:
-    """An allocation we asked for is given back however the command ends."""
-    try:
-        yield
-    finally:
-        if allocation is not None and allocation.owned:
-            from .slurm import release
+    """An allocation we asked for is given back however the command ends; one that cannot be (Slurm does not
+    answer) is named with what to do, and a command that would have succeeded exits 2. SIGTERM meanwhile is
+    taken as Ctrl-C (the sweep installs its own handler while it runs)."""
+    guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if allocation is not None and allocation.owned:
+        from .slurm.allocation import sigterm_interrupts
 
-            release(allocation.job)
-            _echo_err(f"autotune: note: gave Slurm job {allocation.job} back")
+        guard = sigterm_interrupts()
+    try:
+        with guard:
+            yield
+    except typer.Exit as e:
+        if not _give_back(allocation) and e.exit_code == 0:
+            raise typer.Exit(autotuner.EXIT_USAGE) from None
+        raise
+    except BaseException:
+        _give_back(allocation)
+        raise
+    if not _give_back(allocation):
+        raise typer.Exit(autotuner.EXIT_USAGE)
+
+
+def _give_back(allocation: Any) -> bool:
+    """Cancel an allocation autotune asked for (True), or say in one line that it still runs (False)."""
+    if allocation is None or not allocation.owned:
+        return True
+    from .slurm import SlurmError, release
+
+    try:
+        release(allocation.job)
+    except SlurmError as e:
+        _echo_err(f"autotune: error: Slurm job {allocation.job} was not given back ({e}): it still holds its "
+                  f"nodes; `scancel {allocation.job}` ends it")
+        return False
+    _echo_err(f"autotune: note: gave Slurm job {allocation.job} back")
+    return True
 
 
 def _names(text: str, option: str, known: Any, one: bool = False) -> list[str]:

@@ -232,7 +232,13 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | Non
     from .files import write_atomic
     from .hostfile import format_hostfile
     from .slurm import cluster_of
+    from .slurm.shared import unshared_nodes
 
+    unseen = unshared_nodes(allocation, directory)
+    if unseen:
+        raise UserError(f"node(s) {', '.join(unseen)} of Slurm job {allocation.job} do not see this results "
+                        "directory (the first node of each experiment writes its metrics there): put it on a "
+                        "filesystem the nodes share, such as home or project space", directory)
     cluster = cluster_of(allocation)
     if meta.slurm == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
         return

@@ -182,6 +182,32 @@ def test_a_steps_buffers_are_removed_under_its_first_nodes_address_by_a_step_on_
             path.unlink(missing_ok=True)
 
 
+def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm_lab, monkeypatch):
+    """`salloc --gpus=2 -N2`: a step that names no GPUs of its own inherits the job's two, which no single node
+    holds, and Slurm refuses it ("Invalid generic resource"); the removal step asks for none."""
+    from types import SimpleNamespace
+
+    from autotuner.metrics import metric_named
+    from autotuner.slurm.allocation import describe
+    from autotuner.slurm.executor import SlurmExecutor
+
+    for key, value in slurm_lab.env.items():
+        monkeypatch.setenv(key, value)
+    job = slurm_lab.allocate(2, 0, "--gpus=2", "--ntasks=2")
+    buffer = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_23457_0")
+    buffer.touch()
+    try:
+        found = describe(job)
+        assert sum(found.gpus.values()) == 2
+        executor = SlurmExecutor("", metric_named("throughput"), time.monotonic, allocation=found)
+        run = SimpleNamespace(tag="buffers-test.2", reservation=SimpleNamespace(hosts=(found.nodes[0],)))
+        executor.remove_buffers(run, 23457)  # type: ignore[arg-type]
+        assert not buffer.exists()
+    finally:
+        buffer.unlink(missing_ok=True)
+        slurm_lab.release(job)
+
+
 def attempt_gpus(name: str) -> int:
     return 2 if name.startswith("m_") else 1
 
@@ -458,3 +484,265 @@ def test_a_job_id_that_is_no_allocation_is_one_line(slurm_lab, tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Invalid job id" in done.stderr, done.stderr
     assert not (tmp_path / "r").exists()
+
+
+def salloc_children(pid: int) -> list[int]:
+    """The `salloc` processes whose parent is `pid`, or that lost their parent (orphans of a killed runner)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (entry / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name == "salloc" and int(fields[1]) in (pid, 1):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_allocation_is_pending_withdraws_the_request(slurm_lab, tmp_path, runners, sig):
+    """Ctrl-C (or SIGTERM) sent to autotune alone while salloc waits: the pending job is withdrawn, no salloc
+    is left waiting, and nothing can start later in an allocation nobody gives back. Five nodes of a three-node
+    partition: the job waits forever."""
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    proc = runners.start("run", spec, "--slurm", "--nodes", "5", "--gpus-per-node", "1", "--launcher",
+                         standin(tmp_path), "-o", results, "-q", environ=lab_env(slurm_lab))
+
+    def pending() -> list[str]:
+        return slurm_lab.run("squeue", "-h", "-t", "PD", "-n", "autotune", "-o", "%i").stdout.split()
+
+    (job,) = wait_until(pending, 30, "the allocation queued")
+    assert salloc_children(proc.pid)
+    proc.send_signal(sig)  # to autotune only, not its process group
+    code, _, err = finish(proc, timeout=60)
+    try:
+        assert code == 130, err
+        assert f"Slurm job {job}" in err and "Traceback" not in err
+        wait_until(lambda: not pending(), 10, "the pending job withdrawn")
+        assert not salloc_children(proc.pid)
+    finally:
+        slurm_lab.run("scancel", "-n", "autotune", "-t", "PD", check=False)
+        for pid in salloc_children(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert not (results / "ledger.sqlite").exists()
+
+
+def hanging_standin(directory: Path, command: str, flag: Path) -> Path:
+    """A stand-in for the Slurm command `command`, first on PATH: it hangs while `flag` exists (a slurmctld
+    that does not answer), and is the real command otherwise. Returns the directory to put on PATH."""
+    import shutil
+
+    real = shutil.which(command)
+    assert real is not None
+    directory.mkdir(exist_ok=True)
+    path = directory / command
+    path.write_text(f"#!/bin/sh\n# stand-in for {command}: hangs while {flag} exists\n"
+                    f"while [ -e {flag} ]; do sleep 0.1; done\nexec {real} \"$@\"\n")
+    path.chmod(0o755)
+    return directory
+
+
+def test_a_slurm_that_does_not_answer_as_runs_end_fails_none_of_them(slurm_lab, allocation, tmp_path, runners):
+    """squeue hangs (past AUTOTUNE_SLURM_TIMEOUT) while the steps end: each run is judged by what it did,
+    once, never failed and run again because Slurm could not be asked whether its step was gone."""
+    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    flag = tmp_path / "hang"
+    bin_dir = hanging_standin(tmp_path / "bin", "squeue", flag)
+    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=3, AUTOTUNE_SLURM_TIMEOUT=1)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=environ, directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 3,
+               60, "three steps recorded")
+    flag.touch()
+    try:
+        wait_until(lambda: all((Path(a.dir) / "exit_status").exists() for a in attempts(results)), 60,
+                   "the runs ended")
+        time.sleep(3)  # the runner asks Slurm whether the steps are gone: no answer
+    finally:
+        flag.unlink()
+    code, _, err = finish(proc)
+    runs = attempts(results)
+    assert code == 0, (err, [(a.name, a.state, a.detail) for a in runs])
+    assert len(runs) == 3 and {a.state for a in runs} == {State.SUCCEEDED}
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+def test_an_allocation_with_fewer_cpus_than_gpus_runs_an_experiment_on_all_its_gpus(slurm_lab, tmp_path):
+    """One CPU for two GPUs: a two-GPU experiment's step asks for the one CPU there is (it asked for two, and
+    Slurm refused every such step: "More processors requested than permitted")."""
+    job = slurm_lab.allocate(1, 2, "--ntasks=1", "--cpus-per-task=1")
+    try:
+        spec = write_sweep(tmp_path, range(2), extra="num_gpus: 2")
+        results = tmp_path / "r"
+        done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                        environ=lab_env(slurm_lab, job, STANDIN_SECONDS=0.2))
+        assert "holds 1 CPU(s) for 2 GPU(s)" in done.stderr
+        assert done.returncode == 0, (done.stderr, [(a.name, a.detail) for a in attempts(results)])
+        assert all(line["gpus"] == "0,1" for a in attempts(results) for line in node_lines(results, a.name))
+        assert no_step_left(slurm_lab, job, sweep_id(results))
+    finally:
+        slurm_lab.release(job)
+
+
+def test_a_controller_that_cannot_be_reached_for_a_moment_does_not_end_the_sweep(slurm_lab, allocation, tmp_path,
+                                                                                 runners):
+    """`scontrol show job` failing as it does while slurmctld restarts ("Unable to contact slurm controller")
+    is no word on the job: the watcher asks again, the sweep goes on (it read as the allocation gone, and
+    interrupted the sweep)."""
+    import shutil
+
+    flag = tmp_path / "unreachable"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\n# stand-in for scontrol: `show job` cannot reach the controller while the flag exists\n"
+        f'if [ -e {flag} ] && [ "$2" = job ]; then\n'
+        '  echo "slurm_load_jobs error: Unable to contact slurm controller (connect failure)" >&2; exit 1\nfi\n'
+        f'exec {shutil.which("scontrol")} "$@"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=3)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                         environ=environ, directory=results)
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+               60, "two steps recorded")
+    flag.touch()
+    time.sleep(1.5)  # several looks of the watcher (every 0.2 s)
+    flag.unlink()
+    code, _, err = finish(proc)
+    runs = attempts(results)
+    assert code == 0, (err, [(a.name, a.state, a.detail) for a in runs])
+    assert len(runs) == 2 and {a.state for a in runs} == {State.SUCCEEDED}
+
+
+def test_an_allocation_that_cannot_be_given_back_is_one_line_and_exit_2(slurm_lab, tmp_path):
+    """scancel gets no answer at the end: the job autotune asked for still runs, and the user is told which, and
+    how to end it, in one line (it was a traceback)."""
+    flag = tmp_path / "hang"
+    flag.touch()
+    bin_dir = hanging_standin(tmp_path / "bin", "scancel", flag)
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    environ = lab_env(slurm_lab, STANDIN_SECONDS=0.2, AUTOTUNE_SLURM_TIMEOUT=1)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    done = autotune("run", spec, "--slurm", "--nodes", "1", "--gpus-per-node", "1", "--launcher", standin(tmp_path),
+                    "-o", tmp_path / "r", "-q", environ=environ)
+    flag.unlink()
+    running = slurm_lab.run("squeue", "-h", "-n", "autotune", "-o", "%i").stdout.split()
+    for job in running:
+        slurm_lab.release(job)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    (job,) = running
+    (line,) = [line for line in done.stderr.splitlines() if "not given back" in line]
+    assert f"Slurm job {job} was not given back" in line and f"`scancel {job}`" in line
+    assert [a.state for a in attempts(tmp_path / "r")] == [State.SUCCEEDED]
+
+
+def test_a_results_directory_a_node_does_not_share_is_one_line_before_anything_runs(slurm_lab, tmp_path):
+    """n3's slurmd (and so its steps) runs in a mount namespace of its own, with an empty tmpfs over the
+    directory the results go in: a node that does not share it, as a node's local /tmp is not shared. The
+    sweep is refused in one line naming the node, nothing launched (each run placed there failed, with a word
+    about DeepSpeed's profile window)."""
+    private = tmp_path / "private"
+    private.mkdir()
+    slurm_lab.stop_node("n3")
+    apart = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                              f"mount -t tmpfs tmpfs {private} && exec /usr/sbin/slurmd -D -N n3"],
+                             env=slurm_lab.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    job = None
+    try:
+        wait_until(lambda: apart.poll() is None and "RESP" not in slurm_lab.node_state("n3")
+                   and "DOWN" not in slurm_lab.node_state("n3"), 30, "n3 apart")
+        job = slurm_lab.allocate(3, 1)
+        spec = write_sweep(tmp_path, range(3), extra="num_gpus: 1")
+        done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", private / "r", "-q",
+                        environ=lab_env(slurm_lab, job, STANDIN_SECONDS=0.2))
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "node(s) n3 of Slurm job" in line and "do not see this results directory" in line
+        assert {a.state for a in attempts(private / "r")} == {State.QUEUED}  # none launched
+        assert not list((private / "r").glob(".shared-*"))
+        shared = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", tmp_path / "r", "-q",
+                          environ=lab_env(slurm_lab, job, STANDIN_SECONDS=0.2))
+        assert shared.returncode == 0, shared.stderr
+    finally:
+        if job is not None:
+            slurm_lab.release(job)
+        os.killpg(apart.pid, signal.SIGTERM)
+        apart.wait(timeout=30)
+        slurm_lab.start_node("n3")
+
+
+@pytest.mark.parametrize("args", [["--time", "1:00"], ["--partition", "debug"], ["--account", "a"],
+                                  ["--nodes", "1"]])
+def test_asks_for_a_new_allocation_inside_one_are_one_line(slurm_lab, allocation, tmp_path, args):
+    """Inside an allocation, --time, --partition and --account (like --nodes) would ask for another one: refused
+    in one line, not silently dropped."""
+    spec = write_sweep(tmp_path, range(1))
+    done = autotune("run", spec, "--slurm", *args, "-o", tmp_path / "r", environ=lab_env(slurm_lab, allocation))
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{args[0]} asks for a new allocation" in line and f"Slurm job {allocation}" in line
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_step_held_back_by_a_step_not_ours_is_told_and_runs_once_free(slurm_lab, allocation, tmp_path):
+    """A step of the job that autotune did not start holds n1's GPUs: the step of the run placed there waits,
+    unlisted, and the user is told why past STEP_SHOWS_WITHIN (30 s); it runs once they are free, once."""
+    from autotuner.slurm.executor import STEP_SHOWS_WITHIN
+
+    holder = subprocess.Popen(["srun", "--jobid", allocation, "--exact", "-N1", "-n1", "-w", "n1",
+                               "--gpus-per-node", "2", "-c2", "sleep", str(STEP_SHOWS_WITHIN + 5)],
+                              env=slurm_lab.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: [s for s in slurm_lab.steps(allocation) if s.name == "sleep"], 30, "the holder listed")
+        spec = write_sweep(tmp_path, range(1), extra="num_gpus: 2")  # n1 first: placed there
+        results = tmp_path / "r"
+        done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
+                        environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=0.2), timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 0, done.stderr
+    (run,) = attempts(results)
+    assert run.slots == {"n1": [0, 1]} and run.state == State.SUCCEEDED
+    assert "Slurm has not started its step in 30 s" in done.stderr
+    assert len(node_lines(results, run.name)) == 1
+
+
+def test_sigterm_before_the_sweep_runs_gives_back_the_allocation_autotune_asked_for(slurm_lab, tmp_path, runners):
+    """SIGTERM once the allocation is granted but before the sweep's own handler is in place (here: while the
+    first srun, a stand-in that hangs, checks the results directory): the allocation is given back (SIGTERM's
+    default ended autotune there and left it held until its time limit)."""
+    flag = tmp_path / "hang"
+    flag.touch()
+    bin_dir = hanging_standin(tmp_path / "bin", "srun", flag)
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    environ = lab_env(slurm_lab)
+    environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
+    proc = runners.start("run", spec, "--slurm", "--nodes", "1", "--gpus-per-node", "1", "--launcher",
+                         standin(tmp_path), "-o", tmp_path / "r", "-q", environ=environ)
+
+    def running() -> list[str]:
+        return slurm_lab.run("squeue", "-h", "-t", "R", "-n", "autotune", "-o", "%i").stdout.split()
+
+    try:
+        (job,) = wait_until(running, 30, "the allocation granted")
+        wait_until(lambda: (tmp_path / "r" / "ledger.sqlite").exists(), 30, "the sweep set up")
+        time.sleep(0.5)  # in the stand-in srun
+        proc.send_signal(signal.SIGTERM)
+        code, _, err = finish(proc, timeout=60)
+        assert f"gave Slurm job {job} back" in err, (code, err)
+        wait_until(lambda: not running(), 10, "the allocation given back")
+    finally:
+        flag.unlink()
+        for left in running():
+            slurm_lab.release(left)

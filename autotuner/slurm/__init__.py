@@ -7,6 +7,7 @@ from __future__ import annotations
 from .allocation import (
     Allocation,
     SlurmError,
+    Withdrawn,
     cancel_step,
     cluster_of,
     current_job,
@@ -18,5 +19,5 @@ from .allocation import (
 from .executor import SlurmExecutor, end_strays
 from .watch import AllocationWatcher
 
-__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmExecutor", "cancel_step", "cluster_of", "current_job",
-           "describe", "end_strays", "planned_cluster", "release", "request"]
+__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmExecutor", "Withdrawn", "cancel_step", "cluster_of",
+           "current_job", "describe", "end_strays", "planned_cluster", "release", "request"]

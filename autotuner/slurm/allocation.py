@@ -3,13 +3,17 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import UserError
 from . import parse
@@ -20,14 +24,24 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
 
 COMMAND_TIMEOUT = 60.0  # seconds for one scontrol/squeue/scancel call: slurmctld answers in milliseconds
+TIMEOUT_ENV = "AUTOTUNE_SLURM_TIMEOUT"  # seconds, in place of COMMAND_TIMEOUT
+
+
+def command_timeout() -> float:
+    """Seconds one Slurm command may take (`AUTOTUNE_SLURM_TIMEOUT`, else COMMAND_TIMEOUT)."""
+    try:
+        return max(0.1, float(os.environ.get(TIMEOUT_ENV, COMMAND_TIMEOUT)))
+    except ValueError:
+        return COMMAND_TIMEOUT
 
 
 class SlurmError(UserError):
     """A Slurm command failed or is missing: one line, naming the command."""
 
 
-def slurm(*argv: str, timeout: float = COMMAND_TIMEOUT, check: bool = True) -> subprocess.CompletedProcess[str]:
+def slurm(*argv: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command; a missing command, a hang or (with `check`) a failure is a SlurmError."""
+    timeout = command_timeout() if timeout is None else timeout
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
@@ -87,6 +101,12 @@ class Allocation:
         gpus = self.gpus.get(node, 0)
         return max(1, self.cpus.get(node, 0) // gpus) if gpus else 1
 
+    def cpus_for(self, node: str, gpus: int) -> int:
+        """CPUs a step of `gpus` GPUs asks for on `node`: its share, but never more than the allocation holds
+        there (one CPU for two GPUs: a two-GPU step gets the one)."""
+        wanted, held = self.cpus_per_gpu(node) * gpus, self.cpus.get(node, 0)
+        return max(1, min(wanted, held)) if held else wanted
+
     def memory_per_gpu_mb(self, node: str) -> int | None:
         """Memory (MB) a step asks per GPU where memory is tracked, so that steps do not each claim all of it
         and run one after another; None where it is not tracked."""
@@ -122,28 +142,101 @@ def describe(job_id: str, *, owned: bool = False) -> Allocation:
 
 
 def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, time: str | None = None,
-            account: str | None = None, extra: Sequence[str] = ()) -> Allocation:
+            account: str | None = None, extra: Sequence[str] = (),
+            log: Callable[[str], None] = lambda line: None) -> Allocation:
     """A new allocation of whole nodes (`salloc --no-shell --exclusive`: every CPU, so that steps do not wait for
     one), kept when one of its nodes fails (`--no-kill`: only that node's experiments are lost), waited for;
-    ours to give back."""
+    ours to give back. Interrupted while it waits (Ctrl-C, or SIGTERM): the request is withdrawn, so that no
+    allocation starts later that nobody gives back."""
     argv = ["salloc", "--no-shell", "--exclusive", "--no-kill", "--job-name", "autotune", "--nodes", str(nodes),
             "--gpus-per-node", str(gpus_per_node)]
     for option, value in (("--partition", partition), ("--time", time), ("--account", account)):
         if value:
             argv += [option, value]
     argv += list(extra)
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
-    job = parse.granted_job(done.stderr)
-    if done.returncode != 0 or job is None:
-        raise SlurmError(failure(argv, done.stderr, done.returncode))
+    with tempfile.TemporaryFile("w+") as said:
+        try:
+            proc = subprocess.Popen(argv, stdout=said, stderr=said, text=True, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
+        try:
+            with sigterm_interrupts():
+                _wait_granted(proc, said, log)
+        except BaseException:
+            _withdraw(proc, said)
+            raise
+        said.seek(0)
+        text = said.read()
+    job = parse.granted_job(text)
+    if proc.returncode != 0 or job is None:
+        raise SlurmError(failure(argv, text, proc.returncode))
     try:
         return describe(job, owned=True)
     except BaseException:
         release(job)
         raise
+
+
+def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str], None]) -> None:
+    """Until salloc ends; the job it queued told once (the user then knows what waits, and why)."""
+    told = False
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if not told:
+            said.seek(0)
+            queued = parse.pending_job(said.read())
+            if queued is not None:
+                log(f"Slurm job {queued} is queued, waiting for resources (Ctrl-C withdraws it)")
+                told = True
+
+
+def _withdraw(proc: subprocess.Popen[str], said: IO[str]) -> None:
+    """salloc interrupted as Ctrl-C would (it then revokes a pending request), its job cancelled whatever
+    state it reached: queued, or granted in the meantime."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    said.seek(0)
+    text = said.read()
+    job = parse.granted_job(text) or parse.pending_job(text)
+    if job is not None:
+        with contextlib.suppress(SlurmError):
+            release(job)
+        raise Withdrawn(job)
+
+
+class Withdrawn(KeyboardInterrupt):
+    """An allocation request interrupted: its job (`job`) was cancelled before it could run."""
+
+    def __init__(self, job: str):
+        super().__init__(job)
+        self.job = job
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM taken as Ctrl-C while salloc waits, or while an allocation of ours is held: its default would end
+    us at once, salloc left waiting or the allocation never given back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def release(job: str) -> None:
@@ -172,10 +265,15 @@ def node_states(hosts: Sequence[str]) -> dict[str, parse.Node]:
 
 
 def job_state(job_id: str) -> parse.Job | None:
-    """The job now; None once Slurm has forgotten it."""
+    """The job now; None once Slurm has forgotten it ("Invalid job id"). Any other failure (slurmctld
+    restarting, unreachable) says nothing about the job: a SlurmError."""
     done = slurm("scontrol", "show", "job", "-d", "-o", job_id, check=False)
     line = next((line for line in done.stdout.splitlines() if line.strip()), "")
-    return parse.job(line) if done.returncode == 0 and line else None
+    if done.returncode == 0:
+        return parse.job(line) if line else None
+    if "Invalid job id" in done.stderr:
+        return None
+    raise SlurmError(failure(("scontrol", "show", "job", job_id), done.stderr or done.stdout, done.returncode))
 
 
 def steps(job_id: str) -> list[parse.Step]:

@@ -62,6 +62,11 @@ exec "${{@:1:{k}}}" --no_ssh --node_rank "$me" --include "$include" "${{@:{rest}
 """
 
 
+def srun_environment() -> dict[str, str]:
+    """Ours without our own job's step settings, which srun would read as those of the step it starts."""
+    return {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
+
+
 def node_script(nodes: tuple[str, ...], gpus: int, launcher_words: int) -> str:
     """The bash text each node of a step runs (see `_NODE`)."""
     return _NODE.format(default=",".join(map(str, range(gpus))), nodes=" ".join(map(shlex.quote, nodes)),
@@ -75,7 +80,7 @@ def srun_argv(allocation: Allocation, run: Run, node_argv: list[str]) -> list[st
     gpus = run.experiment.num_gpus
     argv = ["srun", "--jobid", allocation.job, "--exact", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
             "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--gpus-per-node", str(gpus),
-            "--cpus-per-task", str(min(allocation.cpus_per_gpu(h) for h in hosts) * gpus),
+            "--cpus-per-task", str(min(allocation.cpus_for(h, gpus) for h in hosts)),
             "--kill-on-bad-exit=1", "--job-name", run.tag, "--export", "ALL", "--quiet"]
     memory = [allocation.memory_per_gpu_mb(h) for h in hosts]
     if all(m is not None for m in memory):
@@ -148,6 +153,9 @@ class SlurmExecutor(LocalExecutor):
                 return None
             time.sleep(pause)
             pause = min(0.5, pause * 1.5)
+        log.warning("%s: Slurm has not started its step in %g s: something else holds its nodes' GPUs or CPUs (a "
+                    "step of Slurm job %s that is not ours?); it starts once they are free, its timeout counted "
+                    "from now", tag, STEP_SHOWS_WITHIN, self._job)
         return None
 
     def _step_of(self, tag: str, *, fresh: bool = True) -> str | None:
@@ -155,7 +163,11 @@ class SlurmExecutor(LocalExecutor):
         attempts starting together share one squeue rather than each asking slurmctld many times a second."""
         with self._steps_lock:
             if fresh or time.monotonic() - self._steps_read[0] > self.poll:
-                self._steps_read = (time.monotonic(), steps(self._job))
+                try:
+                    self._steps_read = (time.monotonic(), steps(self._job))
+                except SlurmError as e:  # a slurmctld that does not answer fails no run: the step is not known
+                    log.warning("cannot list the steps of Slurm job %s: %s", self._job, e)
+                    return None
             listed = self._steps_read[1]
         return next((s.id for s in listed if s.name == tag), None)
 
@@ -192,11 +204,10 @@ class SlurmExecutor(LocalExecutor):
         hosts = run.reservation.hosts
         name = comm_buffer_prefix('"$(id -u)"', shlex.quote(self.allocation.address(hosts[0])), port)
         argv = ["srun", "--jobid", self._job, "--overlap", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
-                "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--job-name", f"{run.tag}.shm", "--quiet",
-                "sh", "-c", f"rm -f -- /dev/shm/{name}*"]
-        environ = {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
+                "--ntasks", str(len(hosts)), "--ntasks-per-node", "1", "--gres=none", "--job-name", f"{run.tag}.shm",
+                "--quiet", "sh", "-c", f"rm -f -- /dev/shm/{name}*"]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUFFERS_WITHIN, env=environ,
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=BUFFERS_WITHIN, env=srun_environment(),
                                   stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("cannot remove DeepSpeed's /dev/shm buffers of %s on %s: %s", run.tag, ",".join(hosts), e)
@@ -223,9 +234,13 @@ class SlurmExecutor(LocalExecutor):
         longer lists it; then whatever is left of srun's group."""
         step = self._step_of(tag)
         if step is not None and not self._stops.killing:
-            slurm("scancel", "--signal=TERM", step, check=False)  # its exit status says nothing (22.05: 225)
-            with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
-                proc.wait(timeout=self.grace)
+            try:
+                slurm("scancel", "--signal=TERM", step, check=False)  # its exit status says nothing (22.05: 225)
+            except SlurmError as e:  # not told: srun's group still gets SIGTERM below, the grace, then SIGKILL
+                log.warning("cannot signal Slurm step %s: %s", step, e)
+            else:
+                with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
+                    proc.wait(timeout=self.grace)
         self._end_step(tag)
         super()._end(proc, tag)
 
@@ -241,9 +256,12 @@ class SlurmExecutor(LocalExecutor):
             tags = list(self._tags.values())
         super().kill_all()
         mine = set(tags)
-        for step in steps(self._job):
-            if step.name in mine:
-                slurm("scancel", step.id, check=False)
+        try:
+            for step in steps(self._job):
+                if step.name in mine:
+                    slurm("scancel", step.id, check=False)
+        except SlurmError as e:  # srun's groups are killed already: Slurm ends their steps without being told
+            log.warning("cannot cancel the steps of Slurm job %s: %s", self._job, e)
 
 
 def tail(path: Path, size: int = 65536) -> str:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 # sometimes spaces, e.g. a node's Reason, but never ` Word=`).
 _PAIR = re.compile(r"([A-Za-z][\w/:]*)=(.*?)(?= [A-Za-z][\w/:]*=|$)")
 _GRANTED = re.compile(r"\bGranted job allocation (\d+)")
+_PENDING = re.compile(r"\bPending job allocation (\d+)")
 _BRACKETS = re.compile(r"\[([^\]]*)\]")
 # Node states in which a node runs nothing new, or may have lost what it ran: its slots are lost to the sweep.
 LOST_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING",
@@ -238,4 +239,10 @@ def steps(text: str) -> list[Step]:
 def granted_job(text: str) -> str | None:
     """The job id in `salloc`'s "Granted job allocation J" line."""
     match = _GRANTED.search(text)
+    return match.group(1) if match else None
+
+
+def pending_job(text: str) -> str | None:
+    """The job id in `salloc`'s "Pending job allocation J" line (its request queued)."""
+    match = _PENDING.search(text)
     return match.group(1) if match else None
