@@ -323,6 +323,9 @@ def tune(
                                             "more than 2 configs succeeded]."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random and model_based tuners: the same seed, the "
                                                "same search."),
+    min_improvement: float = typer.Option(0.0, "--min-improvement", min=0.0, max=1000.0, metavar="PERCENT",
+                                          help="Early stopping (tuner_early_stopping N) counts a run as progress "
+                                               "only when it beats the best so far by this many percent."),
     retries: int = RETRIES,
     grace: float = GRACE,
     launcher: str | None = LAUNCHER,
@@ -363,7 +366,8 @@ def tune(
                                         timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
             directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
                                                num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
-                                               timeout=options.timeout, seed=seed, confirm=confirm)
+                                               timeout=options.timeout, seed=seed, confirm=confirm,
+                                               min_gain=min_improvement / 100)
         except UserError as e:
             raise fail(e) from None
         for note in notes:

@@ -77,12 +77,13 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
 def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: str | Path | None = None, *,
                  num_gpus: int | None = None, num_nodes: int | None = None, launcher: Sequence[str] | None = None,
                  timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None, seed: int = 0,
-                 confirm: int | None = None) -> Path:
+                 confirm: int | None = None, min_gain: float = 0.0) -> Path:
     """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config), or a tune
     file (`script` an .hjson file stating them: spec/tuning.py), read, checked and recorded as a search; its
     experiments are proposed while it runs (search.py). Each experiment runs on `num_nodes` x `num_gpus` slots
     (given here, else the tune file's, else 1). `seed`: of the random and model-based tuners; `confirm`: how many of
-    the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none)."""
+    the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none);
+    `min_gain`: the fraction by which a run must beat the best so far to count as progress for early stopping."""
     from dataclasses import replace
 
     from .metrics import metric_named
@@ -110,7 +111,7 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
                       stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
                       max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
                       global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,
-                      tuner=tuning.tuner, seed=seed, confirm=confirm,
+                      tuner=tuning.tuner, seed=seed, confirm=confirm, min_gain=min_gain,
                       knobs={str(stage): space for stage, space in tuning.knobs.items() if space},
                       gpu_memory=_gpu_memory(cluster), facts=tuning.facts, mp=tuning.mp)
     if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none

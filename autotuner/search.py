@@ -104,6 +104,7 @@ class SearchSpec:
     gpu_memory: int | None = None  # bytes of one GPU the experiments run on (None: unknown, no memory model)
     facts: Mapping[str, Any] | None = None  # memory.Facts from model_info (None: a profile run finds them)
     mp: int = 1  # model-parallel degree (DeepSpeed's mp_size)
+    min_gain: float = 0.0  # a better run resets `patience` only when better by this fraction of the best
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
@@ -386,8 +387,8 @@ class Search:
             known.fits[mbs] = value
             self.configs[experiment.name] = (stage, mbs, ())
             self.first[experiment.name] = value
-            if self.best is None or self.metric.better(value, self.best):
-                self.best, self.since_best = value, 0
+            if self._improves(value):
+                self.since_best = 0
                 return
         elif state in (State.FAILED, State.TIMED_OUT) and (reason == Reason.OOM or state == State.TIMED_OUT):
             known.too_big.add(mbs)
@@ -398,6 +399,16 @@ class Search:
             return
         self.since_best += 1
 
+    def _improves(self, value: float) -> bool:
+        """Whether `value` improves on the best so far by the spec's margin (`min_gain`, a fraction of the best):
+        what early stopping counts as progress. A better value becomes the best either way, so creeping gains
+        below the margin do not keep a search alive."""
+        best = self.best
+        if best is not None and not self.metric.better(value, best):
+            return False
+        self.best = value
+        return best is None or abs(value - best) >= self.spec.min_gain * abs(best)
+
     def _learn_knobs(self, name: str, point: Point, state: State, reason: str | None, value: float | None) -> None:
         """One ended run of a knob point: its metric, or that those knobs do not run at that size (out of memory
         or time: not at any larger size either; refused or no metric: that point only). The stage's micro-batch
@@ -406,8 +417,8 @@ class Search:
         if state == State.SUCCEEDED and value is not None:
             self.knob_fits[point] = value
             self.configs[name], self.first[name] = point, value
-            if self.best is None or self.metric.better(value, self.best):
-                self.best, self.since_best = value, 0
+            if self._improves(value):
+                self.since_best = 0
                 return
         elif state in (State.FAILED, State.TIMED_OUT, State.SUCCEEDED):  # no metric
             if state == State.TIMED_OUT or reason == Reason.OOM:
@@ -623,7 +634,7 @@ class MicroBatchSearch(Search):
             mbs = max(self.spec.min_mbs, int(fit * fraction))
             if mbs not in known.fits and mbs not in known.too_big and mbs not in known.out and mbs not in wanted:
                 wanted.append(mbs)
-        measured_near = sum(1 for m in known.fits if m >= fit // 4)
+        measured_near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)  # out: being measured
         return wanted[:max(0, self.spec.measure - measured_near)]
 
 

@@ -118,6 +118,20 @@ def test_gradient_accumulation_keeps_the_global_batch_and_the_budget_and_patienc
         len(tune(MicroBatchSearch(spec(**unbounded)), slots=1).played)
 
 
+def test_early_stopping_counts_only_gains_of_the_margin_asked_for():
+    """With min_gain, a run better than the best by less than the margin is no progress: the same patience stops
+    the search sooner; a margin of zero is the plain rule (any better run is progress)."""
+    unbounded = dict(stages=(3,), max_mbs=MAX_MICRO_BATCH, patience=3)
+    plain = tune(MicroBatchSearch(spec(**unbounded)), slots=1).played
+    strict = tune(MicroBatchSearch(spec(**unbounded, min_gain=0.5)), slots=1).played
+    assert len(strict) < len(plain)
+    gains = [p.name for p in strict]
+    assert gains[:4] == ["t_z3_mbs1", "t_z3_mbs2", "t_z3_mbs4", "t_z3_mbs8"]  # each still half as fast again
+    search = MicroBatchSearch(spec(min_gain=0.1))
+    assert search._improves(100.0) and not search._improves(105.0) and search.best == 105.0
+    assert search._improves(116.0) and not search._improves(100.0) and search.best == 116.0
+
+
 def test_a_bounded_search_starts_at_the_largest_size_allowed_and_settles_there_when_it_fits():
     """The largest size that fits is most often the fastest: with a bound the user set, one run per stage at it,
     then only the sizes worth measuring below it (none of the doubling from the smallest)."""

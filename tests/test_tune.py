@@ -226,6 +226,15 @@ def test_each_tuner_finds_the_grids_best_and_launches_no_point_known_not_to_fit(
     assert (recorded["trials"], recorded["patience"]) == (50, 27)  # DeepSpeed's default budget where none is set
 
 
+def test_min_improvement_is_recorded_for_the_search_and_a_bad_one_is_refused(tmp_path):
+    environ = setup(tmp_path, {"max_train_micro_batch_size_per_gpu": 8, "tuner_early_stopping": 2})
+    result = tune(tmp_path, environ, "--min-improvement", "5", "--confirm", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert autotuner.snapshot(tmp_path / "res").meta.search["min_gain"] == pytest.approx(0.05)
+    refused = tune(tmp_path, environ, "--min-improvement", "-1", results="other")
+    assert refused.returncode == 2 and "--min-improvement" in refused.stderr and not (tmp_path / "other").exists()
+
+
 def test_model_based_without_optuna_is_one_line_naming_the_extra(tmp_path):
     """Where Optuna cannot be imported (here: a package of that name that fails as a missing one would), the
     config's tuner_type is refused before anything is made, with the install line."""
