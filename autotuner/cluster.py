@@ -141,7 +141,7 @@ def with_hosts_mig(cluster: Cluster, found: Mapping[str, Sequence[Gpu]], hostfil
         if capacity[host] != count:
             log(f"{hostfile}: {host} slots={capacity[host]}, but the host has {count} GPU(s), in MIG mode or not: "
                 f"using its {len(own)} slot(s) ({len(own) - sum(g.mig is None for g in gpus)} MIG instance(s))")
-        slots[host], capacity[host] = tuple(own), count
+        slots[host], capacity[host] = tuple(sorted(own)), count
         plain = [g for g in gpus if g.mig is None]
         devices[host] = {i: _device(g) for i, g in own.items() if g.mig is not None}
         if not plain:

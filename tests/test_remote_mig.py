@@ -59,6 +59,10 @@ def test_a_hosts_mig_instances_become_its_slots_and_a_disagreeing_slots_count_is
         1: (TYPE_3G, 20 * 10**9, MIG_A), 2: (TYPE_3G, 20 * 10**9, MIG_B)}
     assert lines == [f"{hostfile}: node-1 slots=4, but the host has 1 GPU(s), in MIG mode or not: using its 2 slot(s) "
                      "(2 MIG instance(s))"]
+    beside = [*mig_host(), Gpu(1, "NVIDIA A100-SXM4-80GB", 80 * GiB, 80 * GiB, "GPU-y")]  # a whole GPU 1 too
+    mixed = with_hosts_mig(local_or_hostfile_cluster(hostfile), {"node-1": beside}, hostfile, lines.append)
+    assert mixed.slots["node-1"] == (1, 2, 3) and set(mixed.devices["node-1"]) == {2, 3}  # as this machine's
+    assert mixed.types["node-1"] == "A100-40GB"  # the hostfile's gpu= for its whole GPU(s), as ever
     with pytest.raises(UserError, match="pick slots 0 of node-1, whose GPUs are in MIG mode"):
         with_hosts_mig(local_or_hostfile_cluster(hostfile, include="node-1:0"), {"node-1": mig_host()}, hostfile,
                        lines.append)
