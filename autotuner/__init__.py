@@ -144,23 +144,36 @@ def __dir__() -> list[str]:
 
 def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclude: str = "",
                  slots: int | None = None, sweep: Sweep | None = None,
-                 log: Callable[[str], None] | None = None) -> Cluster:
+                 log: Callable[[str], None] | None = None, probe: Ssh | None = None) -> Cluster:
     """The slots a sweep may use: a DeepSpeed hostfile's (filtered by DeepSpeed's --include / --exclude syntax),
     or with none this machine's GPUs, or `slots` CPU slots of this machine.
 
     With `sweep`, a hostfile its DeepSpeed experiment files name is used when no `hostfile` (nor `slots`) is
     given; `log` (a callable taking a line) is told which, or why not.
+
+    With `probe` (how to reach the hosts), the hostfile's other hosts are probed over SSH: one whose GPUs are
+    in MIG mode has its MIG instances as slots (cluster.with_hosts_mig); `log` is told where its `slots=N`
+    disagrees.
     """
     from pathlib import Path
 
     from .cluster import local_or_hostfile_cluster, spec_hostfile
+    from .hostfile import is_local
 
     path = Path(hostfile) if hostfile is not None else None
     if sweep is not None:
         path, note = spec_hostfile(sweep, path, slots)
         if note and log is not None:
             log(note)
-    return local_or_hostfile_cluster(path, include, exclude, slots)
+    cluster = local_or_hostfile_cluster(path, include, exclude, slots)
+    remote = [h for h in cluster.slots if not is_local(h)]
+    if probe is None or path is None or not remote or cluster.accelerator == "cpu":
+        return cluster
+    from .cluster import with_hosts_mig
+    from .ssh.probe import mig_hosts
+
+    found = mig_hosts(remote, probe.config, probe.accept_new_hosts)
+    return with_hosts_mig(cluster, found, path, log or (lambda line: None))
 
 
 def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,

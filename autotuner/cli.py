@@ -278,8 +278,10 @@ def run(
     allocation = _slurm_allocation(ask)
     with _given_back(allocation):
         try:
-            cluster = _cluster(allocation, hostfile, include, exclude, slots, sweep, notes.append)
-            options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+            ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
+            cluster = _cluster(allocation, hostfile, include, exclude, slots, sweep, notes.append,
+                               ssh or autotuner.Ssh())
+            options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
                                         fail_on=fail_on, slurm=allocation)
@@ -360,8 +362,10 @@ def tune(
     with _given_back(allocation):
         notes: list[str] = []
         try:
-            cluster = _cluster(allocation, hostfile, include, exclude, slots, None, notes.append)
-            options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
+            ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
+            cluster = _cluster(allocation, hostfile, include, exclude, slots, None, notes.append,
+                               ssh or autotuner.Ssh())
+            options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
             directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
@@ -434,8 +438,10 @@ class SlurmAsk:
 
 
 def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str, slots: int | None,
-             sweep: autotuner.Sweep | None, log: Callable[[str], None]) -> autotuner.Cluster:
-    """The allocation's nodes and GPUs, or the hostfile's, or this machine's."""
+             sweep: autotuner.Sweep | None, log: Callable[[str], None],
+             probe: autotuner.Ssh | None = None) -> autotuner.Cluster:
+    """The allocation's nodes and GPUs, or the hostfile's (with `probe`, its hosts' MIG instances as found over
+    SSH), or this machine's."""
     if allocation is not None:
         from .slurm import cluster_of
 
@@ -443,7 +449,8 @@ def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str,
             raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
                             "the nodes")
         return cluster_of(allocation)
-    return autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log)
+    return autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log,
+                                  probe=probe)
 
 
 def _note(line: str) -> None:

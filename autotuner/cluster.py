@@ -6,7 +6,7 @@ them, or `--slots N` CPU slots where there is none.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,41 @@ def _refuse_mig_parents(by_slot: Mapping[int, Gpu], hosts: Mapping[str, Host], i
         own = [str(g.slot_id) for g in by_slot.values() if g.index == gpu and g.mig is not None]
         raise UserError(f"{option} {shown(spec.strip())}: slot {gpu} is GPU {gpu}, in MIG mode: no slot itself; its "
                         f"MIG instances are slots {', '.join(own) or 'none'} of localhost")
+
+
+def with_hosts_mig(cluster: Cluster, found: Mapping[str, Sequence[Gpu]], hostfile: Path | str,
+                   log: Callable[[str], None]) -> Cluster:
+    """The hostfile's cluster with each host whose GPUs are in MIG mode (`found`: its GPUs as the SSH probe
+    lists them, ssh/probe.py) given the slots that host has, as this machine's are (`_with_mig`): whole GPUs keep
+    their index, each MIG instance is a slot numbered after them, a `Device` of its profile's type, memory and
+    UUID. The hostfile's `slots=N` counts GPUs for DeepSpeed's runner, which cannot use MIG instances: where it
+    is not the host's GPU count, one line says so and the host's own slots are used. Picking some slots of such
+    a host (--include/--exclude host:N) is refused: N would name no MIG instance for sure."""
+    slots, capacity = dict(cluster.slots), dict(cluster.capacity)
+    types, memory, devices = dict(cluster.types), dict(cluster.memory), dict(cluster.devices)
+    for host, gpus in found.items():
+        if host not in slots or not any(g.mig is not None for g in gpus):
+            continue
+        count = max(g.index for g in gpus) + 1
+        if tuple(slots[host]) != tuple(range(capacity[host])):
+            picked = ", ".join(map(str, slots[host]))
+            raise UserError(f"--include/--exclude pick slots {picked} of {host}, whose GPUs are in MIG mode"
+                            " (its slots are its MIG instances, numbered after its GPUs): pick the host "
+                            "whole or leave it out", hostfile)
+        ids = iter(range(count, count + len(gpus)))
+        own = {g.index if g.mig is None else next(ids): g for g in gpus}
+        if capacity[host] != count:
+            log(f"{hostfile}: {host} slots={capacity[host]}, but the host has {count} GPU(s), in MIG mode or not: "
+                f"using its {len(own)} slot(s) ({len(own) - sum(g.mig is None for g in gpus)} MIG instance(s))")
+        slots[host], capacity[host] = tuple(sorted(own)), count
+        plain = [g for g in gpus if g.mig is None]
+        devices[host] = {i: _device(g) for i, g in own.items() if g.mig is not None}
+        if not plain:
+            types.pop(host, None)
+            memory.pop(host, None)
+        elif host not in types and (kind := inventory.gpu_type(plain)) is not None:
+            types[host], memory[host] = kind, min(g.memory_total for g in plain)
+    return replace(cluster, slots=slots, capacity=capacity, types=types, memory=memory, devices=devices)
 
 
 def _device(gpu: Gpu) -> Device:

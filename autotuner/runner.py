@@ -312,7 +312,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         watcher = HostWatcher(pool, dispatcher.post)
         ssh = Ssh(**dict(ledger.meta().ssh or {}))
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
-                             options.grace, ssh.remote_root, on_lost=watcher.watch)
+                             options.grace, ssh.remote_root, on_lost=watcher.watch,
+                             devices=devices_from_json(meta.devices))
         executor = dispatcher.executor = Router(executor, remote)
     mig = {i: d.mig for h, own in devices_from_json(meta.devices).items() if is_local(h) for i, d in own.items()
            if d.mig}  # this machine's MIG instances: read by their UUIDs

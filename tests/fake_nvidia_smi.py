@@ -1,6 +1,7 @@
 """A FAKE nvidia-smi, for test nodes that have no GPU: it answers `--query-gpu=FIELDS --format=csv,...` as the real
 one does (one line per GPU, fields in the order asked, memory in MiB; `noheader`, `nounits`) and `-L` (the GPU
-list; the fake has no MIG instances), from a state file a test writes, and fails as the real one does when its
+list, and under a GPU in MIG mode its MIG instances, indented, as the real one lists them), from a state file a
+test writes, and fails as the real one does when its
 driver cannot be reached (exit 9). Every call is appended to `calls.log` beside the state, so a test can count
 the readings.
 
@@ -49,8 +50,11 @@ def calls(bin_dir: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def gpu(name: str = "NVIDIA A100-SXM4-80GB", total_gib: float = 80, free_gib: float = 79) -> dict:
-    return {"name": name, "total_mib": int(total_gib * 1024), "free_mib": int(free_gib * 1024)}
+def gpu(name: str = "NVIDIA A100-SXM4-80GB", total_gib: float = 80, free_gib: float = 79,
+        mig: list[tuple[str, str]] | None = None) -> dict:
+    """One GPU; `mig`: it is in MIG mode, with these instances as (profile, UUID), e.g. ("3g.20gb", "MIG-...")."""
+    return {"name": name, "total_mib": int(total_gib * 1024), "free_mib": int(free_gib * 1024),
+            "mig": [list(m) for m in mig or []]}
 
 
 def _field(index: int, gpu: dict, name: str, units: bool) -> str:
@@ -71,9 +75,11 @@ def main(argv: list[str]) -> int:
     if state.get("failing"):
         print(DRIVER_FAILED)
         return 9
-    if argv == ["-L"]:  # the GPU list, as the real one prints it (no MIG instances: the fake has none)
+    if argv == ["-L"]:  # the GPU list, as the real one prints it: a GPU in MIG mode with its instances under it
         for i, g in enumerate(state["gpus"]):
             print(f"GPU {i}: {g['name']} (UUID: GPU-fake-{i:04d})")
+            for device, (profile, uuid) in enumerate(g.get("mig") or []):
+                print(f"  MIG {profile:<11} Device {device:>2}: (UUID: {uuid})")
         return 0
     options = dict(a.split("=", 1) for a in argv if a.startswith("--") and "=" in a)
     fields = options.get("--query-gpu", "").split(",")

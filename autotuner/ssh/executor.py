@@ -28,7 +28,8 @@ from pathlib import Path
 from .. import exitstatus, tags
 from ..attempt import prepare_directory, record_attempt
 from ..core.events import Finished, HostLost, Launched, Post, Run
-from ..launch import MASTER_PORTS, Launcher, deepspeed_command, with_autotuning
+from ..core.resources import Devices
+from ..launch import MASTER_PORTS, Launcher, deepspeed_command, mig_of, with_autotuning
 from ..metrics import Metric
 from ..outcome import Outcome
 from ..states import Reason, State
@@ -70,6 +71,7 @@ class SshExecutor:
     grace: float = 10.0
     remote_root: str | None = None  # None: write into the results directory (a shared filesystem)
     on_lost: Callable[[str], None] = lambda host: None
+    devices: Devices = field(default_factory=dict)  # the hosts' MIG instances: a run on one names its UUID
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -182,7 +184,8 @@ class SshExecutor:
         command = deepspeed_command(
             run.experiment, run.reservation, config, hostfile=f"{workdir}/hostfile",
             master_port=master_port, metric_path=metrics_path, tag=run.tag,
-            cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env)
+            cwd=str(Path(run.experiment.script).parent), launcher=launcher, env=env,
+            mig=mig_of(run.reservation, self.devices))
         status_path = f"{workdir}/{exitstatus.FILENAME}"
         setup = [write_file_command(f"{workdir}/hostfile", self.hostfile_text),
                  f"rm -f -- {shlex.quote(metrics_path)} {shlex.quote(status_path)}"]

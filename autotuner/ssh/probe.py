@@ -216,6 +216,16 @@ def probe_hosts(hosts: Sequence[str], pool: SSHPool, timeout: float = 30.0,
     return [reports[host] for host in hosts]
 
 
+def mig_hosts(hosts: Sequence[str], ssh_config: str | None, accept_new_hosts: bool = False,
+              timeout: float = 10.0) -> dict[str, list[Gpu]]:
+    """Of `hosts`, probed at once, those that answer with GPUs in MIG mode, each with its GPUs as `with_mig`
+    lists them: what a sweep's slots on such a host are (cluster.with_hosts_mig). A host that does not answer
+    is left as the hostfile says; the runner finds it down and leaves it out until it answers."""
+    with SSHPool(ssh_config, accept_new_hosts=accept_new_hosts) as pool:
+        reports = probe_hosts(hosts, pool, timeout)
+    return {r.host: r.gpus for r in reports if any(g.mig is not None for g in r.gpus)}
+
+
 def check_hostfile(hostfile: str | Path, ssh_config: str | None = None,
                    accept_new_hosts: bool = False) -> tuple[dict[str, Host], list[HostReport]]:
     """The hosts of a hostfile and, probed in parallel over fresh pooled connections, a report on each."""
