@@ -175,6 +175,38 @@ def gpu_type(gpus: Sequence[Gpu]) -> str | None:
     return types.pop() if len(types) == 1 else None
 
 
+class NvmlSession:
+    """One NVML session, opened on first use and kept until `close` (an init per reading would cost more than the
+    readings). No GPU or no driver opens as False: not measured, never an error. `nvml` stands in for the `pynvml`
+    module (tests pass a fake); by default the real one, imported on the first `open`."""
+
+    def __init__(self, nvml: Any = None):
+        self.nvml = nvml
+        self._ready: bool | None = None  # None: not tried yet
+
+    def open(self) -> bool:
+        if self._ready is None:
+            if self.nvml is None:
+                try:
+                    import pynvml  # lazy, as in find_gpus
+                except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
+                    self._ready = False
+                    return False
+                self.nvml = pynvml
+            try:
+                self.nvml.nvmlInit()
+                self._ready = True
+            except self.nvml.NVMLError:
+                self._ready = False
+        return self._ready
+
+    def close(self) -> None:
+        if self._ready:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+        self._ready = None
+
+
 class FreeMemory:
     """Free memory of this machine's GPUs, read from NVML whenever asked: what the memory placement checks at
     the moment it places. One NVML session for the reader's life (an init per placement would cost more than
@@ -185,32 +217,15 @@ class FreeMemory:
     are never mistaken for them: an instance not recorded is left out, a recorded one gone reads as absent."""
 
     def __init__(self, nvml: Any = None, mig: Mapping[int, str] | None = None):
-        self._nvml = nvml
-        self._ready: bool | None = None  # None: not tried yet
+        self._session = NvmlSession(nvml)
         self._mig = {uuid: slot for slot, uuid in (mig or {}).items()}
-
-    def _open(self) -> bool:
-        if self._ready is None:
-            if self._nvml is None:
-                try:
-                    import pynvml  # lazy, as in find_gpus
-                except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
-                    self._ready = False
-                    return False
-                self._nvml = pynvml
-            try:
-                self._nvml.nvmlInit()
-                self._ready = True
-            except self._nvml.NVMLError:
-                self._ready = False
-        return self._ready
 
     def read(self) -> dict[int, int] | None:
         """Free bytes by slot id (a GPU's NVML index, a MIG instance's own slot id: its own memory); a device that
         cannot be read is left out; None: no GPU is measured here."""
-        if not self._open():
+        if not self._session.open():
             return None
-        nvml = self._nvml
+        nvml = self._session.nvml
         free: dict[int, int] = {}
         try:
             for slot, _index, mig, handle in _devices(nvml):
@@ -226,7 +241,4 @@ class FreeMemory:
         return free or None
 
     def close(self) -> None:
-        if self._ready:
-            with contextlib.suppress(self._nvml.NVMLError):
-                self._nvml.nvmlShutdown()
-        self._ready = None
+        self._session.close()

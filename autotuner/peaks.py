@@ -13,7 +13,6 @@ host's pids): nothing is measured, never an error.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -24,6 +23,7 @@ from typing import Any
 from . import tags
 from .core.events import Event, Finished, Key, Post, Run
 from .core.scheduler import Executor
+from .inventory import NvmlSession
 from .states import Reason, State
 from .threads import Workers
 
@@ -41,11 +41,10 @@ class PeakMemory:
 
     def __init__(self, nvml: Any = None, period: float | None = None, proc: Path = Path("/proc"),
                  mig: Mapping[int, str] | None = None):
-        self._nvml = nvml
+        self._session = NvmlSession(nvml)  # a CPU sweep never loads pynvml: opened on the first watch
         self._mig = dict(mig or {})
         self._period = PERIOD if period is None else period
         self._proc = proc
-        self._ready: bool | None = None  # None: NVML not tried yet
         self._cond = threading.Condition()
         self._watched: dict[Key, tuple[str, frozenset[int]]] = {}  # attempt -> (its tag, its GPUs' NVML indices)
         self._peaks: dict[Key, int] = {}
@@ -56,7 +55,7 @@ class PeakMemory:
 
     def watch(self, key: Key, tag: str, gpus: frozenset[int]) -> None:
         """Read the attempt's GPUs from now until `done(key)`; nothing when there are none, or no NVML."""
-        if not gpus or not self._open():
+        if not gpus or not self._session.open():
             return
         with self._cond:
             if self._closed:
@@ -79,26 +78,7 @@ class PeakMemory:
             self._closed = True
             self._cond.notify()
         self._workers.close()
-        if self._ready:
-            with contextlib.suppress(self._nvml.NVMLError):
-                self._nvml.nvmlShutdown()
-        self._ready = None
-
-    def _open(self) -> bool:
-        if self._ready is None:
-            if self._nvml is None:
-                try:
-                    import pynvml  # lazy: a CPU sweep never loads it
-                except ImportError:  # pragma: no cover - nvidia-ml-py is a dependency
-                    self._ready = False
-                    return False
-                self._nvml = pynvml
-            try:
-                self._nvml.nvmlInit()
-                self._ready = True
-            except self._nvml.NVMLError:
-                self._ready = False
-        return self._ready
+        self._session.close()
 
     def _loop(self) -> None:
         """Read while attempts are watched; wait on the condition (no wake-ups) while none is."""
@@ -122,7 +102,7 @@ class PeakMemory:
 
     def _read(self, watched: Mapping[Key, tuple[str, frozenset[int]]]) -> dict[Key, int]:
         """What each watched attempt holds now on the GPU where it holds the most."""
-        nvml = self._nvml
+        nvml = self._session.nvml
         owner = {tag: key for key, (tag, _) in watched.items()}
         on_gpu: dict[tuple[Key, int], int] = {}
         for index in sorted(set().union(*(gpus for _, gpus in watched.values()))):
