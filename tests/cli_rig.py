@@ -132,6 +132,17 @@ def wait_until(what: Callable[[], object], timeout: float = 30, message: str = "
         time.sleep(0.02)
 
 
+def kill_9_once(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float = 60) -> None:
+    """SIGKILL the runner `proc` as soon as `ready()` holds, which it must while the runner is alive (a crash
+    test's moment of death), and reap it."""
+    end = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < end and proc.poll() is None, "the runner ended, or the moment never came"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 # --- what a sweep left behind ------------------------------------------------------------------------------
 def sweep_id(directory: Path) -> str | None:
     if not (Path(directory) / "ledger.sqlite").exists():

@@ -4,8 +4,6 @@ the best is found, no size known not to fit is launched, fewer experiments than 
 each tuner_type searches, and bad input is one located line."""
 import json
 import os
-import signal
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 import autotuner
 
-from cli_rig import autotune, env, sweep_id, tagged_pids
+from cli_rig import autotune, env, kill_9_once, sweep_id, tagged_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -90,12 +88,7 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
     proc = runners.start("tune", "--slots", "3", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "train.py",
                          "--deepspeed_config", "ds.json", "--steps", "3", environ=environ, cwd=tmp_path,
                          directory=tmp_path / "res")
-    deadline = time.monotonic() + 60
-    while len(launches(tmp_path) if (tmp_path / "launches.log").exists() else []) < 10:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_once(proc, lambda: (tmp_path / "launches.log").exists() and len(launches(tmp_path)) >= 10)
     resumed = autotune("resume", tmp_path / "res", environ=environ, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     # The same decisions as a tuning never interrupted, and what ran when the runner died was adopted, not run
@@ -382,13 +375,8 @@ def test_full_mode_after_a_kill_9_resumes_with_the_same_decisions(tmp_path, runn
     proc = runners.start("tune", "--slots", "3", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", "train.py",
                          "--deepspeed_config", "ds.json", "--steps", "3", environ=environ, cwd=tmp_path,
                          directory=tmp_path / "res")
-    deadline = time.monotonic() + 90
-    while sum(1 for *_, knobs in (knob_launches(tmp_path) if (tmp_path / "launches.log").exists() else [])
-              if knobs) < 4:  # killed in the knob search
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_once(proc, lambda: (tmp_path / "launches.log").exists()  # killed in the knob search
+                and sum(1 for *_, knobs in knob_launches(tmp_path) if knobs) >= 4, timeout=90)
     resumed = autotune("resume", tmp_path / "res", environ=environ, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert Counter(json.dumps(run, sort_keys=True) for run in knob_launches(tmp_path)) == clean

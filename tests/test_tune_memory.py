@@ -4,16 +4,13 @@ memory need is DeepSpeed-like (oom_standin.sh with OOM_STANDIN_MODEL): the hostf
 is never launched, fewer runs run out of memory than without the model, the report says what the model said, and
 a kill -9 then `resume` replays the profile run's facts."""
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
 import autotuner
 
-from cli_rig import autotune, env, sweep_id, tagged_pids
+from cli_rig import autotune, env, kill_9_once, sweep_id, tagged_pids
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -94,12 +91,7 @@ def test_the_profile_run_comes_first_and_a_kill_9_then_resume_replays_it(tmp_pat
 
     environ = setup(tmp_path, stages=(1, 2, 3)) | {"OOM_STANDIN_SECONDS": "0.3"}
     proc = runners.start(*command(tmp_path), environ=environ, cwd=tmp_path, directory=tmp_path / "res")
-    deadline = time.monotonic() + 60
-    while len(launches(tmp_path) if (tmp_path / "launches.log").exists() else []) < 4:
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_9_once(proc, lambda: (tmp_path / "launches.log").exists() and len(launches(tmp_path)) >= 4)
     resumed = autotune("resume", tmp_path / "res", environ=environ, timeout=300)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert sorted(launches(tmp_path)) == sorted(clean)  # nothing twice, nothing lost, the profile once
