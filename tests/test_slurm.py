@@ -416,7 +416,8 @@ def test_tune_inside_slurm_searches_on_steps(slurm_lab, allocation, tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps({
         "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [2, 3]},
         "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}))
-    environ = lab_env(slurm_lab, allocation, OOM_STANDIN_LOG=tmp_path / "launches.log")
+    # Each run long enough for Slurm to list its step (a run out of memory at once may end before squeue shows it).
+    environ = lab_env(slurm_lab, allocation, OOM_STANDIN_LOG=tmp_path / "launches.log", OOM_STANDIN_SECONDS=0.5)
     done = autotune("tune", "--slurm", "-o", tmp_path / "res", "--launcher", f"sh {ROOT / 'tests' / 'oom_standin.sh'}",
                     "train.py", "--deepspeed_config", "ds.json", environ=environ, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
