@@ -30,7 +30,7 @@ from .core import (
     SlotPool,
     Source,
 )
-from .core.resources import PLACEMENTS, Demand, Only, Slots, devices_from_json, placement_named
+from .core.resources import PLACEMENTS, Demand, Devices, Only, Slots, devices_from_json, placement_named
 from .dispatcher import Dispatcher
 from .errors import UserError, shown
 from .executor import LocalExecutor
@@ -268,6 +268,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     slots = meta.slots
     launcher = Launcher(meta.launcher)
     env = dict(meta.env)
+    devices = devices_from_json(meta.devices)
     executor: Executor
     if options.slurm is not None:
         from .slurm import SlurmExecutor
@@ -276,10 +277,10 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
                                  options.grace, allocation=options.slurm)
     else:
         executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                 options.grace, devices_from_json(meta.devices))
+                                 options.grace, devices)
     slot_pool = SlotPool(slots)
     now = time.time()
-    placement, memory, remote_memory = _placement(ledger, options, pool)
+    placement, memory, remote_memory = _placement(ledger, options, devices, pool)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
@@ -289,8 +290,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         dispatcher.observers.insert(0, remote_memory.note)  # which GPUs the sweep's runs hold
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
-    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), gpu_sizes(meta.gpu_memory,
-                                                                          devices_from_json(meta.devices)))
+    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), gpu_sizes(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     if options.slurm is None:
         waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
@@ -313,11 +313,10 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         ssh = Ssh(**dict(ledger.meta().ssh or {}))
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
                              options.grace, ssh.remote_root, on_lost=watcher.watch,
-                             devices=devices_from_json(meta.devices))
+                             devices=devices)
         executor = dispatcher.executor = Router(executor, remote)
-    mig = {i: d.mig for h, own in devices_from_json(meta.devices).items() if is_local(h) for i, d in own.items()
-           if d.mig}  # this machine's MIG instances: read by their UUIDs
-    peaks = PeakMemory(mig=mig) if meta.accelerator != "cpu" and any(is_local(h) for h in slots) else None
+    on_gpus_here = meta.accelerator != "cpu" and any(is_local(h) for h in slots)
+    peaks = PeakMemory(mig=_local_mig(devices)) if on_gpus_here else None
     if peaks is not None:  # runs on this machine's GPUs: their peak memory is read while they run
         executor = dispatcher.executor = Measured(executor, peaks, is_local)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
@@ -389,7 +388,12 @@ def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     return search
 
 
-def _placement(ledger: Ledger, options: Options, pool: SSHPool | None = None
+def _local_mig(devices: Devices) -> dict[int, str]:
+    """This machine's MIG instances, slot id -> UUID: NVML readers find them by UUID, not by index."""
+    return {i: d.mig for h, own in devices.items() if is_local(h) for i, d in own.items() if d.mig}
+
+
+def _placement(ledger: Ledger, options: Options, devices: Devices, pool: SSHPool | None = None
                ) -> tuple[Placement, FreeMemory | None, RemoteMemory | None]:
     """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
     recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` reads this
@@ -401,10 +405,8 @@ def _placement(ledger: Ledger, options: Options, pool: SSHPool | None = None
     if options.placement is not None and options.placement != meta.placement:
         ledger.set_meta("placement", options.placement)
     local = remote = None
-    devices = devices_from_json(meta.devices)
     if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
-        mig = {i: d.mig for h, own in devices.items() if is_local(h) for i, d in own.items() if d.mig}
-        local = FreeMemory(mig=mig)
+        local = FreeMemory(mig=_local_mig(devices))
     remote_hosts = {h: ids for h, ids in meta.slots.items() if not is_local(h) and not devices.get(h)}
     if name == "memory" and pool is not None and remote_hosts:  # (MIG instances are read on this machine only)
         from .ssh.memory import RemoteMemory, nvidia_smi
