@@ -341,6 +341,14 @@ time.sleep(2.5)  # past two of the peak reader's readings (one a second)
 """
 
 
+def hold_on_instances(parent: FakeDevice, processes) -> None:
+    """Each MIG instance of `parent` lists, as NVML's compute processes, what `processes(its UUID)` says."""
+    for instance in parent.mig or []:
+        if instance is not None:
+            uuid = instance.uuid.decode() if isinstance(instance.uuid, bytes) else str(instance.uuid)
+            instance.processes = lambda uuid=uuid: processes(uuid)
+
+
 def test_the_peak_memory_of_a_run_on_a_mig_instance_is_read_from_that_instance(tmp_path, monkeypatch):
     """A MIG instance's slot id is no NVML index: the reader finds the instance by its UUID and records what the
     run holds there (each device of the fake lists the stand-in runs that saw it as theirs)."""
@@ -358,10 +366,7 @@ def test_the_peak_memory_of_a_run_on_a_mig_instance_is_read_from_that_instance(t
 
     whole, parent = nvml.devices[1], nvml.devices[0]
     whole.processes = lambda: processes("1")
-    for instance in parent.mig or []:
-        if instance is not None:
-            instance.processes = lambda uuid=str(instance.uuid.decode() if isinstance(instance.uuid, bytes)
-                                                 else instance.uuid): processes(uuid)
+    hold_on_instances(parent, processes)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     (tmp_path / "standin.py").write_text(HOLDING)
@@ -385,10 +390,7 @@ def test_a_config_measured_on_a_mig_instance_is_never_made_too_big_for_it_by_the
         return [(int(pid), 18 * GiB if uuid == MIG_3G else 1 * GiB) for d in (first, second)
                 for pid, seen in (f.read_text().split() for f in d.glob("*/gpu.pid")) if seen == uuid]
 
-    for instance in nvml.devices[0].mig or []:
-        if instance is not None:
-            instance.processes = lambda uuid=str(instance.uuid.decode() if isinstance(instance.uuid, bytes)
-                                                 else instance.uuid): processes(uuid)
+    hold_on_instances(nvml.devices[0], processes)
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     (tmp_path / "standin.py").write_text(HOLDING)
