@@ -21,23 +21,23 @@ MARGIN = 10  # percent over the measured peak: runs of one config vary (data, al
 STEP = 256 << 20  # needs are rounded up to this: experiments of one need are one kind for the queue (resources.py)
 
 
-def need_of_peak(peak: int, sizes: Mapping[str, int] | None = None) -> int:
+def need_of_peak(peak: int, usable: int | None = None) -> int:
     """What a config measured at `peak` bytes is taken to need on each GPU: the peak and the margin, rounded up
-    to a STEP (needs that differ by a few bytes would each be a kind of their own in the queue). Capped at what
-    the biggest GPU of `sizes` (bytes per GPU, by host) holds less the placement's headroom, but never below the
-    peak: a config that ran is never made unplaceable by the margin."""
+    to a STEP (needs that differ by a few bytes would each be a kind of their own in the queue). Capped at
+    `usable` (`largest_usable`), but never below the peak: a config that ran is never made unplaceable by the
+    margin."""
     need = -(-(peak + peak * MARGIN // 100) // STEP) * STEP
-    usable = max((size - headroom(size) for size in (sizes or {}).values()), default=None)
     return need if usable is None else min(need, max(usable, peak))
 
 
-def gpu_sizes(memory: Mapping[str, int] | None, devices: Devices | None) -> dict[str, int]:
-    """Bytes per GPU by host (a cluster's `memory`), and each slot of its own size (`devices`: a MIG instance)
-    as `host:slot`: what `need_of_peak` caps a need by, so that a config measured on a MIG instance of a machine
-    of MIG instances only is never made too big for it by the margin."""
-    own = {f"{host}:{slot}": d.memory for host, by_slot in (devices or {}).items() for slot, d in by_slot.items()
-           if d.memory}
-    return dict(memory or {}) | own
+def largest_usable(memory: Mapping[str, int] | None, devices: Devices | None) -> int | None:
+    """What the biggest GPU of a cluster holds less the placement's headroom: its hosts' GPUs (`memory`, bytes
+    per GPU by host) and the slots of a size of their own (`devices`: MIG instances, so that a config measured on
+    a MIG instance of a machine of MIG instances only is never made too big for it by the margin). None: no GPU
+    size is known."""
+    sizes = [*(memory or {}).values(), *(d.memory for own in (devices or {}).values() for d in own.values()
+                                         if d.memory)]
+    return max((size - headroom(size) for size in sizes), default=None)
 
 
 def peaks_by_digest(directory: Path, required: bool = True) -> dict[str, int]:
@@ -58,9 +58,9 @@ def peaks_by_digest(directory: Path, required: bool = True) -> dict[str, int]:
 
 
 def learned_needs(experiments: Sequence[Experiment], by_digest: Mapping[str, int],
-                  sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+                  usable: int | None = None) -> dict[str, int]:
     """The need of each experiment that states none and whose config was measured, by name."""
-    return {e.name: need_of_peak(peak, sizes) for e in experiments
+    return {e.name: need_of_peak(peak, usable) for e in experiments
             if e.gpu_memory is None and (peak := by_digest.get(e.digest))}
 
 
@@ -72,7 +72,7 @@ def with_needs(experiments: Iterable[Experiment], needs: Mapping[str, int]) -> l
 
 
 def needs_of_sweep(recorded: Mapping[str, int] | None, own: Mapping[str, int],
-                   sizes: Mapping[str, int] | None = None) -> dict[str, int]:
+                   usable: int | None = None) -> dict[str, int]:
     """What a sweep's runner places by: the needs recorded when it was prepared (`--from`), overridden by the
     peaks measured of its own attempts (`own`: `Ledger.peaks`)."""
-    return dict(recorded or {}) | {name: need_of_peak(peak, sizes) for name, peak in own.items()}
+    return dict(recorded or {}) | {name: need_of_peak(peak, usable) for name, peak in own.items()}

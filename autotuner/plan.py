@@ -22,7 +22,7 @@ from .core.resources import Devices, placement_named
 from .core.scheduler import default_queue
 from .durations import DEFAULT_SECONDS, Durations, durations
 from .errors import UserError
-from .learned import gpu_sizes, learned_needs, peaks_by_digest, with_needs
+from .learned import largest_usable, learned_needs, peaks_by_digest, with_needs
 from .simulate import Timeline, Underway, simulate
 from .spec import Experiment
 
@@ -103,7 +103,7 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     if samples < 1:
         raise UserError(f"--samples must be at least 1, not {samples}")
     expected = durations(experiments, past, default_seconds)
-    learned = (learned_needs(experiments, peaks_by_digest(past, required=False), gpu_sizes(sizes, devices))
+    learned = (learned_needs(experiments, peaks_by_digest(past, required=False), largest_usable(sizes, devices))
                if past is not None else {})
     experiments = with_needs(experiments, learned)  # what the earlier runs held: the needs of those that state none
     for name in queues:

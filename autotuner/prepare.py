@@ -54,10 +54,10 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     _check_launcher(launcher, cluster)
     learned = None
     if memory_from is not None:
-        from .learned import gpu_sizes, learned_needs, peaks_by_digest
+        from .learned import largest_usable, learned_needs, peaks_by_digest
 
         learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)),
-                                gpu_sizes(cluster.memory, cluster.devices))
+                                largest_usable(cluster.memory, cluster.devices))
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]

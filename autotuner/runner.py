@@ -39,7 +39,7 @@ from .hostfile import (
 )
 from .inventory import FreeMemory
 from .launch import Launcher
-from .learned import gpu_sizes, needs_of_sweep, with_needs
+from .learned import largest_usable, needs_of_sweep, with_needs
 from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
 from .metrics import metric_named
@@ -290,7 +290,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         dispatcher.observers.insert(0, remote_memory.note)  # which GPUs the sweep's runs hold
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
-    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), gpu_sizes(meta.gpu_memory, devices))
+    needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     if options.slurm is None:
         waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)

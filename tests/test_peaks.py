@@ -10,7 +10,7 @@ from pathlib import Path
 import pynvml
 from test_inventory import FakeDevice, FakeNvml
 
-from autotuner.learned import MARGIN, STEP, need_of_peak, needs_of_sweep
+from autotuner.learned import MARGIN, STEP, largest_usable, need_of_peak, needs_of_sweep
 from autotuner.peaks import PeakMemory
 from autotuner.tags import TAG_ENV, tag_of
 
@@ -96,9 +96,9 @@ def test_no_gpu_or_no_process_list_measures_nothing_and_raises_nothing(tmp_path)
 def test_a_need_is_the_peak_plus_the_margin_never_more_than_the_biggest_gpu_holds_nor_less_than_the_peak():
     assert need_of_peak(30 * GiB) == 30 * GiB + 30 * GiB * MARGIN // 100
     assert need_of_peak(GiB + 1) % STEP == 0 and GiB + 1 + GiB // 10 <= need_of_peak(GiB + 1) < GiB * 1.1 + STEP + 1
-    sizes = {"a": 80 * GiB, "r": 24 * GiB}  # the biggest holds 80 GiB less 4 GiB of headroom
-    assert need_of_peak(70 * GiB, sizes) == 76 * GiB
-    assert need_of_peak(78 * GiB, sizes) == 78 * GiB  # it ran, so it is not made unplaceable
+    usable = largest_usable({"a": 80 * GiB, "r": 24 * GiB}, None)  # the biggest: 80 GiB less 4 GiB of headroom
+    assert need_of_peak(70 * GiB, usable) == 76 * GiB
+    assert need_of_peak(78 * GiB, usable) == 78 * GiB  # it ran, so it is not made unplaceable
     # the sweep's own attempts override what was learned from an earlier sweep
     assert needs_of_sweep({"x": 5 * GiB, "y": 6 * GiB}, {"x": 10 * GiB}) == {"x": need_of_peak(10 * GiB),
                                                                          "y": 6 * GiB}
