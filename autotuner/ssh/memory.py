@@ -34,7 +34,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from ..core.events import MemoryRead, Post, Run
 from ..threads import Workers
@@ -73,12 +72,6 @@ def nvidia_smi(pool: SSHPool, timeout: float = 10.0) -> Read:
     return read
 
 
-@dataclass(frozen=True)
-class _Reading:
-    free: int
-    at: float  # when it was asked for
-
-
 class RemoteMemory:
     """The latest free memory of each GPU of some hosts (see the module docstring); thread-safe.
 
@@ -94,7 +87,7 @@ class RemoteMemory:
         self.period = period
         self.stale_after = stale_after
         self._clock = clock
-        self._gpus: dict[str, dict[int, _Reading]] = {h: {} for h in self._slots}
+        self._gpus: dict[str, dict[int, int]] = {h: {} for h in self._slots}  # free bytes, latest counted reading
         self._totals: dict[str, dict[int, int]] = {h: {} for h in self._slots}  # each GPU's size, as reported
         self._asked_at: dict[str, float] = {}  # when each host was last read (asked for)
         self._read_at: dict[str, float] = {}  # when each host's last reading that answered was asked for
@@ -126,7 +119,7 @@ class RemoteMemory:
             values = {}
             for i in self._slots[host]:
                 if i in gpus:
-                    values[i] = gpus[i].free
+                    values[i] = gpus[i]
                 elif size is not None or i in totals:
                     values[i] = size if size is not None else totals[i]
             return values
@@ -209,7 +202,7 @@ class RemoteMemory:
             for index, (free, total) in values.items():
                 self._totals[host][index] = total
                 if index not in held:
-                    gpus[index] = _Reading(free, at)
+                    gpus[index] = free
 
     # --- the thread -----------------------------------------------------------------------------------------
     def start(self, post: Post) -> None:
