@@ -13,7 +13,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -202,6 +202,17 @@ def _results_path(results: str | None) -> Path | None:
     return None if results is None else Path(results)
 
 
+def _check_outputs(events: Path | None, results: Path | None, inputs: Sequence[str | Path | None],
+                   specs: Sequence[Path] = ()) -> None:
+    """What `run` and `tune` write, checked against what they read, before anything is asked of a cluster: the
+    --events file, and the results directory (its own files over an input; a directory of experiment files)."""
+    if events is not None:
+        autotuner.check_output(events, "--events", inputs)
+        autotuner.check_events_path(events)
+    if results is not None:
+        autotuner.check_results_directory(results, inputs, [p for p in specs if p.is_dir()])
+
+
 def _check_execution(deadline: float | None, grace: float, ssh_config: Path | None) -> None:
     """What `run`, `tune` and `resume` check of how to execute before anything is created or launched."""
     _seconds(deadline, "--deadline", positive=True)
@@ -263,16 +274,16 @@ def run(
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
-    try:  # everything that can be checked before an allocation is asked for
-        ask.check(hostfile, slots)
+    try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
+        ask.check(hostfile, slots, include, exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
-        if events is not None:
-            autotuner.check_events_path(events)
+        directory_asked = _results_path(results)
         # Paths absolute: `resume` reads them again from any directory.
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
                                      metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
+        _check_outputs(events, directory_asked, [*sweep.paths(), hostfile, ssh_config], specs)
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask)
@@ -285,7 +296,7 @@ def run(
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
                                         fail_on=fail_on, slurm=allocation)
-            directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch,
+            directory = autotuner.prepare(sweep, cluster, directory_asked, launcher=launch,
                                           timeout=options.timeout, memory_from=past)
         except UserError as e:
             raise fail(e) from None
@@ -325,9 +336,10 @@ def tune(
                                             "more than 2 configs succeeded]."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random and model_based tuners: the same seed, the "
                                                "same search."),
-    min_improvement: float = typer.Option(0.0, "--min-improvement", min=0.0, max=1000.0, metavar="PERCENT",
+    min_improvement: float = typer.Option(0.0, "--min-improvement", metavar="PERCENT",
                                           help="Early stopping (tuner_early_stopping N) counts a run as progress "
-                                               "only when it beats the best so far by this many percent."),
+                                               "only when it beats the best so far by this many percent "
+                                               "(0 to 1000)."),
     retries: int = RETRIES,
     grace: float = GRACE,
     launcher: str | None = LAUNCHER,
@@ -350,12 +362,14 @@ def tune(
     overlap_comm, reduce_scatter, contiguous_gradients); runs out of memory are answers, not failures; the best
     configs are run again before the winner is named."""
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
-    try:
-        ask.check(hostfile, slots)
+    try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
+        ask.check(hostfile, slots, include, exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
-        if events is not None:
-            autotuner.check_events_path(events)
+        chosen = _results_path(results)
+        request = autotuner.read_tune(script, list(ctx.args), num_gpus=num_gpus, num_nodes=num_nodes, seed=seed,
+                                      confirm=confirm, min_gain=min_improvement / 100)
+        _check_outputs(events, chosen, [*request.inputs, hostfile, ssh_config])
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask)
@@ -368,10 +382,8 @@ def tune(
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
-            directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
-                                               num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
-                                               timeout=options.timeout, seed=seed, confirm=confirm,
-                                               min_gain=min_improvement / 100)
+            directory = autotuner.prepare_tune(request, (), cluster, chosen, launcher=launch,
+                                               timeout=options.timeout)
         except UserError as e:
             raise fail(e) from None
         for note in notes:
@@ -402,13 +414,33 @@ class SlurmAsk:
                                          ("--partition", self.partition), ("--time", self.time),
                                          ("--account", self.account)) if value is not None]
 
-    def check(self, hostfile: Path | None = None, slots: int | None = None) -> None:
+    def check(self, hostfile: Path | None = None, slots: int | None = None, include: str = "",
+              exclude: str = "") -> None:
+        """What can be told wrong with the ask before Slurm is asked anything: options that need --slurm, options
+        that --slurm replaces, a size past the limits (a plan would build it), a time limit Slurm cannot read."""
         asked = self.asked()
         if asked and not self.slurm:
             raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
         if self.slurm and (hostfile is not None or slots is not None):
             raise UserError(f"--slurm takes its nodes from the allocation: leave out "
                             f"{'--hostfile' if hostfile is not None else '--slots'}")
+        if self.slurm and (include or exclude):
+            raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
+                            "the nodes")
+        if self.gpus_per_node is not None and self.gpus_per_node > limits.SLOTS_PER_HOST:
+            raise UserError(f"--gpus-per-node {self.gpus_per_node:,} is more than {limits.SLOTS_PER_HOST:,}, the most "
+                            "slots one host may have")
+        if self.nodes is not None and self.nodes * (self.gpus_per_node or 1) > limits.SLOTS:
+            raise UserError(f"--nodes {self.nodes:,} x --gpus-per-node {self.gpus_per_node or 1:,} is more than "
+                            f"{limits.SLOTS:,} slots, the most a cluster may have")
+        given = [(o, v) for o, v in (("--time", self.time), ("--partition", self.partition),
+                                     ("--account", self.account)) if v is not None]
+        if given:
+            from .slurm.parse import value_problem
+
+            problem = next((p for o, v in given if (p := value_problem(o, v)) is not None), None)
+            if problem is not None:
+                raise UserError(problem)
 
     def allocation(self, recorded: dict[str, Any] | None = None,
                    log: Callable[[str], None] = lambda line: None) -> Any:
@@ -432,7 +464,6 @@ class SlurmAsk:
         if self.nodes is None or self.gpus_per_node is None:
             raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
                             "salloc or sbatch)")
-        log(f"asking Slurm for {self.nodes} node(s) x {self.gpus_per_node} GPU(s)")
         return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
                              account=self.account, log=log)
 
@@ -479,7 +510,7 @@ def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude
                      sweep: autotuner.Sweep, log: Callable[[str], None]) -> autotuner.Cluster:
     """What `plan` plans for: with --slurm, the allocation this runs in or one of the size asked (never asked
     for: a plan spends nothing); else as `run` would."""
-    ask.check(hostfile, slots)
+    ask.check(hostfile, slots, include, exclude)
     if not ask.slurm:
         return _cluster(None, hostfile, include, exclude, slots, sweep, log)
     from . import slurm
@@ -584,6 +615,9 @@ def plan(
         placements = _names(placement, "--placement", autotuner.PLACEMENTS)
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
                                      gpu_mixed=gpu_mixed)
+        if plot is not None:
+            autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, hostfile,
+                                                    past / "ledger.sqlite" if past is not None else None])
         cluster = _planned_cluster(SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
                                    sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
@@ -709,22 +743,18 @@ def resume(
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
     allocation, in the one it ran in while that still runs, or in a new one (--nodes, --gpus-per-node)."""
-    try:
+    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    try:  # everything that can be checked before a cluster is asked for anything
+        ask.check()
         _check_execution(deadline, grace, ssh_config)
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
             else None
-        if events is not None:
-            autotuner.check_events_path(events)
         plan = autotuner.resume_plan(directory, only_new=only_new)
+        _check_outputs(events, None, [*plan.inputs, ssh_config])
     except UserError as e:
         raise fail(e) from None
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
-    try:
-        ask.check()
-    except UserError as e:
-        raise fail(e) from None
     allocation = _slurm_allocation(ask, recorded=plan.slurm)
     with _given_back(allocation):
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,

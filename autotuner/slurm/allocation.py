@@ -161,7 +161,9 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
             raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
         try:
             with sigterm_interrupts():
-                _wait_granted(proc, said, log)
+                _wait_granted(proc, said, lambda job: log(
+                    f"asked Slurm for {nodes} node(s) x {gpus_per_node} GPU(s): job {job} is queued, waiting for "
+                    "resources (Ctrl-C withdraws it)"))
         except BaseException:
             _withdraw(proc, said)
             raise
@@ -177,8 +179,9 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
         raise
 
 
-def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str], None]) -> None:
-    """Until salloc ends; the job it queued told once (the user then knows what waits, and why)."""
+def _wait_granted(proc: subprocess.Popen[str], said: IO[str], queued: Callable[[str], None]) -> None:
+    """Until salloc ends; the job it queued told once (the user then knows what waits, and why). Nothing is said
+    before: a request Slurm refuses at once is its one line of refusal."""
     told = False
     while True:
         try:
@@ -188,9 +191,9 @@ def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str
             pass
         if not told:
             said.seek(0)
-            queued = parse.pending_job(said.read())
-            if queued is not None:
-                log(f"Slurm job {queued} is queued, waiting for resources (Ctrl-C withdraws it)")
+            job = parse.pending_job(said.read())
+            if job is not None:
+                queued(job)
                 told = True
 
 
