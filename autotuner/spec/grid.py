@@ -44,6 +44,7 @@ from .model import (
     with_mapped_args,
 )
 from .reading import (
+    CONFIG_OPTIONS,
     Defaults,
     Loaded,
     Source,
@@ -189,9 +190,9 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
 def _check_option_axis(src: Source, key: str, values: list[Any], config_flag: str, line: int | None) -> None:
     """A space key that varies a script option: a proper option, not the config's own, with plain values."""
     script_option(src, "space key", key, key, line)
-    if key == config_flag:
-        raise src.error(f"space key {key} is the option the config itself is handed to: vary the config's keys",
-                        key, line)
+    if key == config_flag or key in CONFIG_OPTIONS:
+        whose = "the option the config itself is handed to" if key == config_flag else "DeepSpeed's own config option"
+        raise src.error(f"space key {key} is {whose}: vary the config's keys", key, line)
     for value in values:
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
             raise src.error(f"space key {key}: every value must be a string, number or boolean, not "
