@@ -36,6 +36,7 @@ KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "st
         "model_info_path")
 TUNERS = ("gridsearch", "random", "model_based")
 OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
+PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
@@ -146,6 +147,11 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
                                                    "num_tuning_micro_batch_sizes", "tuner_num_trials",
                                                    "tuner_early_stopping", "start_profile_step", "end_profile_step",
                                                    "mp_size")}
+    _check_steps(src, whole["start_profile_step"], whole["end_profile_step"])
+    if whole["mp_size"] is not None and world % whole["mp_size"]:
+        raise src.error(f"mp_size {whole['mp_size']} does not divide the {world} GPU(s) of each experiment "
+                        "(--num_gpus x --num_nodes)", "mp_size")
+    _check_batch_keys(src, config)
     min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
     max_mbs = whole["max_train_micro_batch_size_per_gpu"]
     batch = config.get("train_batch_size")
@@ -174,6 +180,24 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
                   facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)))
+
+def _check_steps(src: Source, start: int | None, end: int | None) -> None:
+    """DeepSpeed's engine profiles at `start_profile_step` and writes the metrics after `end_profile_step` (3 and
+    5 unless set): a start past the end would end every run before its measurement."""
+    first, last = start or PROFILE_STEPS[0], end or PROFILE_STEPS[1]
+    if first > last:
+        raise src.error(f"start_profile_step {first} is past end_profile_step {last}: DeepSpeed's engine would "
+                        "write the metrics before it measured", "start_profile_step" if start else "end_profile_step")
+
+
+def _check_batch_keys(src: Source, config: dict) -> None:
+    """The batch sizes the search leaves to the config: a positive whole number, or "auto" (the script's), as
+    DeepSpeed takes them; anything else fails every run."""
+    for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+        value = config.get(key)
+        if value is not None and value != "auto" and not positive_int(value):
+            raise src.error(f"{key} must be a positive whole number or \"auto\", not {shown(value)}", key)
+
 
 def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
     """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
