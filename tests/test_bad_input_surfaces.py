@@ -151,14 +151,15 @@ def test_arg_mappings_follow_one_rule_in_sweep_files_and_tune(tmp_path, flag, ma
     """Mapped onto the config option, every run got the script's own batch size while its config said
     another (a Trainer script failed all runs but one); tune took what a sweep file refused."""
     path = config(tmp_path, {"arg_mappings": mappings})
-    where = f"{path}:{line_of(path, list(mappings)[-1])}:"
+    needle = f'"{list(mappings)[-1]}": "'  # the mapping's line, not the config's own key
+    where = f"{path}:{line_of(path, needle)}:"
     refused(tune(tmp_path, "--slots", 1, config_option=flag), where, fragment, tmp_path=tmp_path)
     assert not (tmp_path / "launches.log").exists()
     sweep = tmp_path / "sweep.hjson"
     sweep.write_text(json.dumps({"script": "train.py", "config_flag": flag, "arg_mappings": mappings,
                                  "ds_config": {"train_micro_batch_size_per_gpu": 1}}, indent=1))
     refused(autotune("run", sweep, "--slots", 1, "-o", tmp_path / "results"),
-            f"{sweep}:{line_of(sweep, list(mappings)[-1])}:", fragment, tmp_path=tmp_path)
+            f"{sweep}:{line_of(sweep, needle)}:", fragment, tmp_path=tmp_path)
 
 
 # --- every local check before a cluster is asked -------------------------------------------------------------------
@@ -183,7 +184,7 @@ SLURM = ("--slurm", "--nodes", "1", "--gpus-per-node", "1")
 
 @pytest.mark.parametrize(("case", "options", "where", "fragment"), [
     ("missing config", (), "missing.json", "no such file"),
-    ("bad autotuning", (), "ds.json:", "unknown autotuning key"),
+    ("bad autotuning", (), "ds.json:", "tuner_type 'nope'"),
     ("bad time", ("--time", "1h"), "--time", "not a time limit"),
     ("bad partition", ("--partition", "a b"), "--partition", "not a name"),
     ("include", ("--include", "localhost:0"), "--include", "with --slurm"),
@@ -195,7 +196,7 @@ def test_tune_checks_everything_local_before_slurm_is_asked(tmp_path, case, opti
     """`tune --slurm` asked for an allocation before it read the script and its config: on a busy cluster the
     user waited in the queue to learn of a typo."""
     environ = fake_slurm(tmp_path)
-    config(tmp_path, {"no_such_key": 1} if case == "bad autotuning" else None)
+    config(tmp_path, {"tuner_type": "nope"} if case == "bad autotuning" else None)
     name = "missing.json" if case == "missing config" else "ds.json"
     result = tune(tmp_path, *SLURM, *options, name=name, environ=environ)
     refused(result, tmp_path / where if where.endswith((".json", ".json:")) else where, fragment, tmp_path=tmp_path)
@@ -261,7 +262,7 @@ def test_events_never_write_over_an_input(tmp_path):
     sweep, ds, hostfile = plan_inputs(tmp_path)
     for events in (sweep, ds, hostfile, tmp_path / "train.py"):
         before = events.read_bytes()
-        refused(autotune("run", sweep, "--slots", 1, "-o", tmp_path / "results", "--events", events),
+        refused(autotune("run", sweep, "--hostfile", hostfile, "-o", tmp_path / "results", "--events", events),
                 events, "--events would write over", tmp_path=tmp_path)
         assert events.read_bytes() == before
     tuned = config(tmp_path, name="tune.json")

@@ -253,7 +253,7 @@ def _model_number(key: str, value: Any) -> str | None:
     wanted = "a non-negative number of bytes" if bytes_ else "a positive whole number"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (bytes_ or positive_int(value)):
         return f"must be {wanted}, not {shown(value)}"
-    if not math.isfinite(value) or value < 0 or value > MODEL_NUMBER:
+    if (isinstance(value, float) and not math.isfinite(value)) or value < 0 or value > MODEL_NUMBER:
         return f"must be {wanted} of at most 10^15, not {shown(value)}"
     return None
 
