@@ -617,7 +617,8 @@ def plan(
                                      gpu_mixed=gpu_mixed)
         if plot is not None:
             autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, hostfile,
-                                                    past / "ledger.sqlite" if past is not None else None])
+                                                    past / "ledger.sqlite" if past is not None else None],
+                                   replaced=True)
         cluster = _planned_cluster(SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
                                    sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
@@ -811,6 +812,9 @@ def report(
     try:
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
+        if html:  # before anything is printed: a refusal is the one line
+            autotuner.check_output(Path(html), "--html", [directory / "ledger.sqlite"], own_files=False,
+                                   replaced=True)
         sys.stdout.write(autotuner.render_report(directory, fmt.value, _screen()))
         if plot:
             paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)

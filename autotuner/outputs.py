@@ -7,10 +7,11 @@ spelling of the path is the same file), and by the resolved path where it does n
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import UserError
+from .errors import UserError, kind_of
 from .spec.model import RESERVED_NAMES
 
 
@@ -23,10 +24,19 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def check_output(path: str | Path, option: str, inputs: Iterable[str | Path | None], *,
-                 own_files: bool = True) -> None:
+                 own_files: bool = True, replaced: bool = False) -> None:
     """Refuse `path`, which `option` writes, when it is one of `inputs` (the files the command reads; None
-    entries are options not given), or (with `own_files`) one of a sweep's own files, its ledger above all."""
+    entries are options not given), or (with `own_files`) one of a sweep's own files, its ledger above all. With
+    `replaced` (a file written whole and renamed into place: a plot, a page), also where something other than a
+    regular file is there: the rename would replace it (as root, /dev/null or /dev/full with a PNG)."""
     path = Path(path)
+    if replaced:
+        try:
+            mode = path.stat().st_mode
+        except OSError:  # nothing there yet (or nothing to look at): the write says what is wrong
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise UserError(f"is {kind_of(mode)}; {option} writes a file of its own in its place: name a file", path)
     for given in inputs:
         if given is not None and same_file(path, given):
             raise UserError(f"{option} would write over {given}, an input of this command: name another file",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import limits
 from .errors import UserError, shown
 from .memory import Bound, Facts, budget, show
 
@@ -55,6 +56,7 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, 
     else:
         command, located, prefix, env = split_command(script, args, where), None, None, {}
         num_gpus, num_nodes = num_gpus or 1, num_nodes or 1
+    _check_shape(num_gpus, num_nodes)
     tuning = read_tuning(command.config_path, num_gpus * num_nodes, located, command.flag)
     template = {"script": command.script, "args": list(command.args), "num_gpus": num_gpus, "num_nodes": num_nodes,
                 "source": str(command.config_path), "config_flag": command.flag, "arg_mappings": tuning.arg_mappings}
@@ -74,6 +76,17 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, 
     except ValueError as e:
         raise UserError(f"{e}: list shorter knob values in zero_optimization", command.config_path) from None
     return TuneRequest(spec, command.config_path, tuning.facts_line, (*tuning.files, command.script))
+
+
+def _check_shape(num_gpus: int, num_nodes: int) -> None:
+    """num_gpus and num_nodes (--num_gpus, --num_nodes, or a tune file's) within the limits of any cluster, told
+    before one is asked for (a Slurm allocation): past them no cluster could run an experiment."""
+    if num_gpus > limits.SLOTS_PER_HOST:
+        raise UserError(f"num_gpus {num_gpus:,} is more than {limits.SLOTS_PER_HOST:,}, the most slots one host may "
+                        "have")
+    if num_nodes * num_gpus > limits.SLOTS:
+        raise UserError(f"num_nodes {num_nodes:,} x num_gpus {num_gpus:,} is more than {limits.SLOTS:,}, the most "
+                        "GPUs of one experiment")
 
 
 def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSpec]:

@@ -308,3 +308,20 @@ def test_a_tune_the_memory_model_rules_out_is_refused_up_front(tmp_path):
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}})
     result = tune(tmp_path, "--hostfile", hostfile, "--num_gpus", 2, "--confirm", 0)
     assert "fits no GPU" not in result.stderr and (tmp_path / "results" / "ledger.sqlite").exists(), result.stderr
+
+
+def test_a_plot_or_page_is_never_renamed_over_a_device_or_a_pipe(tmp_path):
+    """`plan --plot /dev/full` renamed a PNG over the device (as root): a plot or page is written whole and
+    renamed into place, so what is there must be a regular file."""
+    sweep, _, _ = plan_inputs(tmp_path)
+    fifo = tmp_path / "timeline.png"
+    os.mkfifo(fifo)
+    refused(autotune("plan", sweep, "--slots", 2, "--plot", fifo, cwd=tmp_path), fifo, "is a pipe", "--plot")
+    assert fifo.is_fifo()
+    launcher = write_launcher(tmp_path, OK_STANDIN)
+    assert autotune("run", sweep, "--slots", 1, "-o", tmp_path / "results", "--launcher", launcher, "-q",
+                    cwd=tmp_path).returncode == 0
+    page = tmp_path / "page.html"
+    os.mkfifo(page)
+    refused(autotune("report", tmp_path / "results", "--html", page, cwd=tmp_path), page, "is a pipe", "--html")
+    assert page.is_fifo()
