@@ -325,3 +325,24 @@ def test_a_plot_or_page_is_never_renamed_over_a_device_or_a_pipe(tmp_path):
     os.mkfifo(page)
     refused(autotune("report", tmp_path / "results", "--html", page, cwd=tmp_path), page, "is a pipe", "--html")
     assert page.is_fifo()
+
+
+# --- GPU needs on MIG instances ------------------------------------------------------------------------------------
+
+
+def test_a_memory_need_no_mig_instance_of_its_type_holds_says_memory_at_its_line(tmp_path, monkeypatch):
+    """A need of 15 GB pinned to 2g.10gb instances was refused as "no type has 1 node with 1 slot" (the slot
+    is there; its memory is short), at no line. Fake NVML (no GPU here): this machine as test_mig's."""
+    import sys
+
+    import autotuner
+    from autotuner import UserError
+    from test_mig import TYPE_2G, mixed_machine
+
+    monkeypatch.setitem(sys.modules, "pynvml", mixed_machine())
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "m.hjson"
+    path.write_text(f'{{\n  script: train.py\n  gpu_memory: "15GB"\n  gpu_type: {TYPE_2G}\n  ds_config: {{}}\n}}\n')
+    with pytest.raises(UserError) as refusal:
+        autotuner.check_gpu_needs(autotuner.load_sweep([path]), autotuner.load_cluster())
+    assert refusal.value.line == 3 and "needs 14 GiB on each GPU" in str(refusal.value), str(refusal.value)
