@@ -276,6 +276,7 @@ def run(
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
         ask.check(hostfile, slots, include, exclude)
+        ask.check_runnable()
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
@@ -364,6 +365,7 @@ def tune(
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
         ask.check(hostfile, slots, include, exclude)
+        ask.check_runnable()
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _results_path(results)
@@ -441,6 +443,21 @@ class SlurmAsk:
             problem = next((p for o, v in given if (p := value_problem(o, v)) is not None), None)
             if problem is not None:
                 raise UserError(problem)
+
+    def check_runnable(self) -> None:
+        """For `run` and `tune` (which need an allocation now): inside one, nothing asks for another; outside,
+        the size to ask for is given. Told before any other command is run."""
+        if not self.slurm:
+            return
+        from .slurm import current_job
+
+        current = current_job()
+        if current is not None and self.asked():
+            raise UserError(f"{self.asked()[0]} asks for a new allocation; this runs inside Slurm job {current} "
+                            "already: leave it out")
+        if current is None and (self.nodes is None or self.gpus_per_node is None):
+            raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
+                            "salloc or sbatch)")
 
     def allocation(self, recorded: dict[str, Any] | None = None,
                    log: Callable[[str], None] = lambda line: None) -> Any:
