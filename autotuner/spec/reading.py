@@ -244,7 +244,8 @@ def script_path(src: Source, key: str, value: Any, base: Path | None) -> str:
         raise src.error(f"{key} must be a path (a string)", key)
     script = abspath(value, base)
     if not os.path.isfile(script):
-        raise src.error(f"{key} {shown(value)}: no such file ({shown(script, 200, quoted=False)})", key)
+        missing = "no such file" if not os.path.exists(script) else "not a regular file"
+        raise src.error(f"{key} {shown(value)}: {missing} ({shown(script, 200, quoted=False)})", key)
     return script
 
 
@@ -313,6 +314,9 @@ def ds_config_of(src: Source, value: Any) -> dict:
         path = Path(abspath(value, src.path.parent))
         if not path.exists():
             raise src.error(f"ds_config {shown(value)}: no such file ({shown(str(path), 200, quoted=False)})",
+                            "ds_config")
+        if os.path.samefile(path, src.path):  # its keys (script, space...) would be taken for DeepSpeed's
+            raise src.error(f"ds_config {shown(value)} names this file itself: name the DeepSpeed config",
                             "ds_config")
         config = read_source(path, src.budget, "ds_config file")
         if not isinstance(config.data, dict):
