@@ -42,7 +42,7 @@ HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none
 INCLUDE = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1.")
 EXCLUDE = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0.")
 RESULTS = typer.Option(None, "--results", "-o", help="Results directory \\[default: results/NAME-TIME].")
-RETRIES = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host).")
+RETRIES = typer.Option(1, "--retries", min=0, max=100, help="Retries of transient failures (launch, lost host).")
 LAUNCHER = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher \\[default: deepspeed].")
 GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run.")
 SSH_CONFIG = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config.")
@@ -741,7 +741,7 @@ def resume(
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                "limit \\[default: as the sweep was started]."),
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
-    retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
+    retries: int = typer.Option(1, "--retries", min=0, max=100, help="Retries of transient failures."),
     grace: float = GRACE,
     placement: str | None = typer.Option(None, "--placement", help="pack, spread or memory \\[default: as the "
                                                                       "sweep last ran]."),

@@ -11,13 +11,17 @@ import json
 import os
 import resource
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from test_bad_input import OK_STANDIN, line_of, refused
+from test_mig import TYPE_2G, mixed_machine
+
+import autotuner
+from autotuner import UserError
 
 from cli_rig import autotune, cli, env, write_launcher
-
-from test_bad_input import OK_STANDIN, line_of, refused
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -102,7 +106,7 @@ def test_nan_and_infinity_in_a_json_config_are_located_at_their_line(tmp_path, w
 
 
 def test_nan_in_a_string_is_no_number(tmp_path):
-    path = config(tmp_path, extra={"note": "NaN Infinity 1e999"})
+    config(tmp_path, extra={"note": "NaN Infinity 1e999"})
     result = tune(tmp_path, "--slots", 1, "--confirm", 0)
     assert result.returncode in (0, 1) and "not a number" not in result.stderr, result.stderr
 
@@ -268,6 +272,12 @@ def test_events_never_write_over_an_input(tmp_path):
     tuned = config(tmp_path, name="tune.json")
     refused(tune(tmp_path, "--slots", 1, "--events", tuned, name="tune.json"), tuned, "--events would write over",
             tmp_path=tmp_path)
+    launcher = write_launcher(tmp_path, OK_STANDIN)
+    done = autotune("run", sweep, "--slots", 1, "-o", tmp_path / "results", "--launcher", launcher, "-q")
+    assert done.returncode == 0, done.stderr
+    before = sweep.read_bytes()
+    refused(autotune("resume", tmp_path / "results", "--events", sweep), sweep, "--events would write over")
+    assert sweep.read_bytes() == before
 
 
 def test_a_results_directory_never_writes_over_an_input(tmp_path):
@@ -333,12 +343,6 @@ def test_a_plot_or_page_is_never_renamed_over_a_device_or_a_pipe(tmp_path):
 def test_a_memory_need_no_mig_instance_of_its_type_holds_says_memory_at_its_line(tmp_path, monkeypatch):
     """A need of 15 GB pinned to 2g.10gb instances was refused as "no type has 1 node with 1 slot" (the slot
     is there; its memory is short), at no line. Fake NVML (no GPU here): this machine as test_mig's."""
-    import sys
-
-    import autotuner
-    from autotuner import UserError
-    from test_mig import TYPE_2G, mixed_machine
-
     monkeypatch.setitem(sys.modules, "pynvml", mixed_machine())
     (tmp_path / "train.py").touch()
     path = tmp_path / "m.hjson"

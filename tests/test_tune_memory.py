@@ -116,7 +116,8 @@ def test_a_profile_run_that_fails_is_one_line_and_the_search_goes_on(tmp_path):
     ({"model_info": {"num_params": 10, "activation_mem_per_gpu": "1GB"}}, "activation_mem_per_gpu", '"activation'),
     ({"model_info": {"profile": "yes"}}, "model_info.profile must be true or false", '"profile"'),
     ({"model_info": 5}, "model_info must be an object", '"model_info"'),
-    ({"model_info_path": "nope.json"}, "model_info_path 'nope.json': model info file: no such file", '"model_info_path"'),
+    ({"model_info_path": "nope.json"}, "model_info_path 'nope.json': model info file: no such file",
+     '"model_info_path"'),
     ({"mp_size": 0}, "mp_size must be a positive whole number", '"mp_size"'),
 ])
 def test_bad_model_facts_are_one_located_line(tmp_path, autotuning, fragment, needle):
