@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
 
     from .cluster import Cluster, check_gpu_needs
     from .core import PLACEMENTS
+    from .learned import peaks_by_digest as measured_peaks
     from .metrics import KNOWN, Metric, metric_named
     from .outputs import check_output, check_results_directory
     from .plan import QUEUES, Plan, plan_sweep
@@ -119,6 +120,7 @@ _LAZY = {
     "watching": (".views.live", "watching"),
     "check_events_path": (".views.events", "check_events_path"),
     "check_output": (".outputs", "check_output"),
+    "measured_peaks": (".learned", "peaks_by_digest"),
     "check_results_directory": (".outputs", "check_results_directory"),
     "read_tune": (".tunerequest", "read_tune"),
     "TuneRequest": (".tunerequest", "TuneRequest"),
@@ -129,10 +131,10 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", 
            "Output", "Plan", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped",
            "Sweep", "SweepResults", "TuneRequest", "UserError", "__version__", "cancel", "check_events_path",
            "check_gpu_needs", "check_hosts", "check_output", "check_results_directory", "default_directory",
-           "execute", "load", "load_cluster", "load_sweep", "metric_named", "plan_sweep", "prepare", "prepare_tune",
-           "read_tune", "render_compare", "render_hosts", "render_plan", "render_report", "render_result",
-           "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes", "timeout_seconds", "watching",
-           "write_html", "write_plan_plot", "write_plots"]
+           "execute", "load", "load_cluster", "load_sweep", "measured_peaks", "metric_named", "plan_sweep", "prepare",
+           "prepare_tune", "read_tune", "render_compare", "render_hosts", "render_plan", "render_report",
+           "render_result", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
+           "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:

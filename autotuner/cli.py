@@ -285,6 +285,7 @@ def run(
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
                                      metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
         _check_outputs(events, directory_asked, [*sweep.paths(), hostfile, ssh_config], specs)
+        peaks = autotuner.measured_peaks(past) if past is not None else None
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask)
@@ -298,7 +299,7 @@ def run(
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
                                         fail_on=fail_on, slurm=allocation)
             directory = autotuner.prepare(sweep, cluster, directory_asked, launcher=launch,
-                                          timeout=options.timeout, memory_from=past)
+                                          timeout=options.timeout, memory_from=peaks)
         except UserError as e:
             raise fail(e) from None
         for note in notes:

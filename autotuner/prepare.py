@@ -35,7 +35,7 @@ def default_directory(sweep: Sweep, now: float | None = None) -> Path:
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, *,
             launcher: Sequence[str] | None = None, timeout: float | None = limits.DEFAULT_TIMEOUT,
-            search: SearchSpec | None = None, memory_from: str | Path | None = None) -> Path:
+            search: SearchSpec | None = None, memory_from: str | Path | Mapping[str, int] | None = None) -> Path:
     """Validate, then create the results directory (default: `default_directory`) with its hostfile and ledger.
 
     `launcher` is the command that starts DeepSpeed's launcher (default: the one beside this Python, else
@@ -44,7 +44,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
     `search`: the experiments are proposed while it runs (`autotune tune`), by this search. `memory_from`: an
     earlier sweep whose measured peak GPU memory per config becomes the need of the experiments that state none
-    (learned.py), recorded in the ledger.
+    (learned.py), recorded in the ledger; or its peaks read already (`measured_peaks`, by config digest), for a
+    caller that reads them before it asks a cluster for anything.
     """
     import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
 
@@ -57,8 +58,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     if memory_from is not None:
         from .learned import largest_usable, learned_needs, peaks_by_digest
 
-        learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)),
-                                largest_usable(cluster.memory, cluster.devices))
+        peaks = memory_from if isinstance(memory_from, Mapping) else peaks_by_digest(Path(memory_from))
+        learned = learned_needs(sweep.experiments, peaks, largest_usable(cluster.memory, cluster.devices))
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
