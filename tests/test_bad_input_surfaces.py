@@ -213,7 +213,8 @@ def test_run_and_resume_check_everything_local_before_slurm_is_asked(tmp_path):
     sweep = tmp_path / "sweep.hjson"
     sweep.write_text("{\n  script: train.py\n  ds_config: {}\n  space: {x: [1, 2]}\n}\n")
     for options, fragment in ((("--exclude", "a"), "with --slurm"), (("--time", "soon"), "not a time limit"),
-                              (("--events", sweep), "an input of this command"), (("-o", ""), "empty path")):
+                              (("--events", sweep), "an input of this command"), (("-o", ""), "empty path"),
+                              (("--from", tmp_path), "no sweep here")):
         args = ("-o", tmp_path / "results", *options) if options[0] != "-o" else options
         result = autotune("run", sweep, *SLURM, *args, environ=environ, cwd=tmp_path)
         refused(result, "", fragment, tmp_path=tmp_path)
@@ -350,3 +351,16 @@ def test_a_memory_need_no_mig_instance_of_its_type_holds_says_memory_at_its_line
     with pytest.raises(UserError) as refusal:
         autotuner.check_gpu_needs(autotuner.load_sweep([path]), autotuner.load_cluster())
     assert refusal.value.line == 3 and "needs 14 GiB on each GPU" in str(refusal.value), str(refusal.value)
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("inf", 60.0), ("nan", 60.0), ("1e300", 60.0), ("-5", 60.0),
+                                                ("soon", 60.0), ("2.5", 2.5), ("0", 0.1)])
+def test_slurm_waits_set_in_the_environment_stay_numbers_a_wait_can_take(monkeypatch, value, seconds):
+    """AUTOTUNE_SLURM_TIMEOUT=inf overflowed the wait of the first Slurm command: a traceback."""
+    from autotuner.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
+    from autotuner.slurm.watch import POLL, POLL_ENV, poll_interval
+
+    monkeypatch.setenv(TIMEOUT_ENV, value)
+    monkeypatch.setenv(POLL_ENV, value)
+    assert command_timeout() == (COMMAND_TIMEOUT if seconds == 60.0 else seconds)
+    assert poll_interval() == (POLL if seconds == 60.0 else seconds)
