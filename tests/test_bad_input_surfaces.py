@@ -20,6 +20,8 @@ from test_mig import TYPE_2G, mixed_machine
 
 import autotuner
 from autotuner import UserError
+from autotuner.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
+from autotuner.slurm.watch import POLL, POLL_ENV, poll_interval
 
 from cli_rig import autotune, cli, env, write_launcher
 
@@ -357,9 +359,6 @@ def test_a_memory_need_no_mig_instance_of_its_type_holds_says_memory_at_its_line
                                                 ("soon", 60.0), ("2.5", 2.5), ("0", 0.1)])
 def test_slurm_waits_set_in_the_environment_stay_numbers_a_wait_can_take(monkeypatch, value, seconds):
     """AUTOTUNE_SLURM_TIMEOUT=inf overflowed the wait of the first Slurm command: a traceback."""
-    from autotuner.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
-    from autotuner.slurm.watch import POLL, POLL_ENV, poll_interval
-
     monkeypatch.setenv(TIMEOUT_ENV, value)
     monkeypatch.setenv(POLL_ENV, value)
     assert command_timeout() == (COMMAND_TIMEOUT if seconds == 60.0 else seconds)
