@@ -42,9 +42,9 @@ STAGES = (0, 1, 2, 3)
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
-# model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 COUNT_MAX = 10 ** 9  # the most a whole number of the section may be: sizes, steps, trials (none is near it)
 MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
+# model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
                    "activation_mem_per_gpu")
 
@@ -181,9 +181,11 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
                   facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)))
 
+
 def _check_steps(src: Source, start: int | None, end: int | None) -> None:
     """DeepSpeed's engine profiles at `start_profile_step` and writes the metrics after `end_profile_step` (3 and
-    5 unless set): a start past the end would end every run before its measurement."""
+    5 unless set), in one step when they are equal: a start past the end would end every run before it measured
+    (its engine then fails on the FLOPS it never counted)."""
     first, last = start or PROFILE_STEPS[0], end or PROFILE_STEPS[1]
     if first > last:
         raise src.error(f"start_profile_step {first} is past end_profile_step {last}: DeepSpeed's engine would "
