@@ -20,6 +20,7 @@ from test_mig import TYPE_2G, mixed_machine
 
 import autotuner
 from autotuner import UserError
+from autotuner.gpus import size_of_type
 from autotuner.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
 from autotuner.slurm.watch import POLL, POLL_ENV, poll_interval
 
@@ -363,3 +364,49 @@ def test_slurm_waits_set_in_the_environment_stay_numbers_a_wait_can_take(monkeyp
     monkeypatch.setenv(POLL_ENV, value)
     assert command_timeout() == (COMMAND_TIMEOUT if seconds == 60.0 else seconds)
     assert poll_interval() == (POLL if seconds == 60.0 else seconds)
+
+
+# --- found trying bad inputs: each a class of its own --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("section", "extra", "key", "fragment"), [
+    ({"start_profile_step": 5, "end_profile_step": 3}, None, "start_profile_step", "past end_profile_step 3"),
+    ({"end_profile_step": 2}, None, "end_profile_step", "start_profile_step 3 is past"),
+    ({"mp_size": 4}, None, "mp_size", "does not divide the 1 GPU(s)"),
+    (None, {"train_batch_size": 0}, "train_batch_size", "positive whole number or \"auto\""),
+    (None, {"gradient_accumulation_steps": 2.5}, "gradient_accumulation_steps", "not 2.5"),
+])
+def test_a_tune_config_every_run_would_fail_on_is_refused_at_its_line(tmp_path, section, extra, key, fragment):
+    """Each was accepted: a start past the end failed every run in DeepSpeed's engine (on FLOPS it never
+    counted), a train_batch_size of 0 every run too."""
+    path = config(tmp_path, section, extra)
+    refused(tune(tmp_path, "--slots", 1), f"{path}:{line_of(path, key)}:", fragment, tmp_path=tmp_path)
+    assert not (tmp_path / "launches.log").exists()
+
+
+def test_a_ds_config_naming_its_own_file_is_refused(tmp_path):
+    (tmp_path / "train.py").touch()
+    tuned = tmp_path / "tune.hjson"
+    tuned.write_text("{\n  script: train.py\n  ds_config: tune.hjson\n}\n")
+    refused(autotune("tune", "--slots", 1, "-o", tmp_path / "results", tuned), f"{tuned}:3:", "names this file itself",
+            tmp_path=tmp_path)
+    sweep = tmp_path / "sweep.hjson"
+    sweep.write_text("{\n  script: train.py\n  ds_config: sweep.hjson\n}\n")
+    refused(autotune("run", sweep, "--slots", 1, "-o", tmp_path / "results"), f"{sweep}:3:", "names this file itself",
+            tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize(("attributes", "fragment"), [
+    ("gpu=A100-0GB", "states 0GB"), ("gpu=A100-99999999999GB", "at most 16384 GiB"),
+    ("accelerator=tpu", "accelerator=tpu: one of cuda, cpu"), ("GPU=A100-80GB", "lower case (gpu=)"),
+])
+def test_hostfile_attributes_we_read_are_checked_at_their_line(tmp_path, attributes, fragment):
+    """Each was taken silently: a type of 0 GB or 10^20 bytes, an accelerator nobody knows (run as cuda), a
+    type under GPU= (lost: the sweep ran with no type and no memory model)."""
+    sweep, _, hostfile = plan_inputs(tmp_path)
+    hostfile.write_text(f"# two GPUs\nnode1 slots=2 {attributes}\n")
+    refused(autotune("plan", sweep, "--hostfile", hostfile, cwd=tmp_path), f"{hostfile}:2:", fragment)
+
+
+def test_a_type_whose_size_is_written_with_an_exponent_states_none():
+    assert size_of_type("H100-1e3GB") is None and size_of_type("A100-80GB") == 80 * 10**9
