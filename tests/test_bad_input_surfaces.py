@@ -410,3 +410,13 @@ def test_hostfile_attributes_we_read_are_checked_at_their_line(tmp_path, attribu
 
 def test_a_type_whose_size_is_written_with_an_exponent_states_none():
     assert size_of_type("H100-1e3GB") is None and size_of_type("A100-80GB") == 80 * 10**9
+
+
+@pytest.mark.parametrize("value", ["-NaN", "+1", ".5", "0x10"])
+def test_a_json_config_is_told_where_json_stops_not_where_hjson_does(tmp_path, value):
+    """hjson reads a bad JSON value to the end of its line and then fails at the end of the file: the line it
+    names was the file's last, never the mistake's."""
+    path = config(tmp_path)
+    path.write_text('{"train_micro_batch_size_per_gpu": 1,\n "optimizer": {"type": "Adam", "params": {"lr": '
+                    f'{value}}}}},\n "zero_optimization": {{"stage": 1}}\n}}\n')
+    refused(tune(tmp_path, "--slots", 1), f"{path}:2:", "malformed JSON", tmp_path=tmp_path)

@@ -127,6 +127,17 @@ def _parse(text: str) -> Any:
         return hjson.loads(text, object_pairs_hook=_pairs)
 
 
+def _json_error(text: str) -> json.JSONDecodeError | None:
+    """Where JSON's own parser stops in `text` (None: it does not, or not for its syntax)."""
+    try:
+        json.loads(text, parse_constant=lambda name: None)
+    except json.JSONDecodeError as e:
+        return e
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
 # A JSON string (skipped), or a number or one of the words JSON lacks.
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?(?:Infinity|NaN)|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
 
@@ -160,6 +171,9 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
     try:
         data = _parse(text)
     except hjson.HjsonDecodeError as e:
+        json_error = _json_error(text) if path.suffix.lower() == ".json" else None
+        if json_error is not None:  # a JSON file is told where JSON's parser stopped, not hjson's (often the end)
+            raise UserError(f"malformed JSON: {json_error.msg}", path, json_error.lineno, json_error.colno) from None
         raise UserError(f"malformed hjson: {e.msg}", path, e.lineno, e.colno) from None
     except _DuplicateKey as e:
         src = Source(path, text, None)
