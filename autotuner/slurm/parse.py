@@ -254,7 +254,8 @@ def pending_job(text: str) -> str | None:
 # days-hours:minutes, days-hours:minutes:seconds; or no limit.
 _TIME_LIMIT = re.compile(r"\d{1,9}(:\d{1,9}){0,2}|\d{1,9}-\d{1,9}(:\d{1,9}){0,2}|UNLIMITED|INFINITE", re.I)
 # A partition or account: Slurm's names (a comma-separated list of partitions), no spaces or control characters.
-_SLURM_NAMES = re.compile(r"[A-Za-z0-9_.\-]{1,200}(,[A-Za-z0-9_.\-]{1,200}){0,63}")
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+_SLURM_NAMES = re.compile(rf"{_SLURM_NAME.pattern}(,{_SLURM_NAME.pattern}){{0,63}}")
 
 
 def value_problem(option: str, value: str | None) -> str | None:
@@ -262,9 +263,10 @@ def value_problem(option: str, value: str | None) -> str | None:
     before an allocation is asked for, so a typo is one line at once, not one after a wait in the queue."""
     if value is None:
         return None
-    pattern = _TIME_LIMIT if option == "--time" else _SLURM_NAMES
+    pattern = {"--time": _TIME_LIMIT, "--partition": _SLURM_NAMES}.get(option, _SLURM_NAME)
     if pattern.fullmatch(value) is not None:
         return None
-    wanted = ("minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED" if option == "--time"
-              else "a Slurm name: letters, digits, _ . - (partitions: a comma-separated list)")
+    wanted = {"--time": "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
+              "--partition": "Slurm names: letters, digits, _ . -, comma-separated"}.get(
+                  option, "a Slurm name: letters, digits, _ . -")
     return f"{option} {shown(value)}: not {'a time limit Slurm reads' if option == '--time' else 'a name'} ({wanted})"
