@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
 
     from .cluster import Cluster, check_gpu_needs
     from .core import PLACEMENTS
+    from .dashboard import serve as serve_dashboard
     from .metrics import KNOWN, Metric, metric_named
     from .plan import QUEUES, Plan, plan_sweep
     from .results import OPTIMAL_COMMAND
@@ -116,6 +117,8 @@ _LAZY = {
     "write_html": (".views.html", "write_html"),
     "watching": (".views.live", "watching"),
     "check_events_path": (".views.events", "check_events_path"),
+    # `autotune dashboard`: the web stack (an optional extra) only when served.
+    "serve_dashboard": (".dashboard", "serve"),
 }
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
@@ -124,8 +127,8 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", 
            "Sweep", "SweepResults", "UserError", "__version__", "cancel", "check_events_path", "check_gpu_needs",
            "check_hosts", "default_directory", "execute", "load", "load_cluster", "load_sweep", "metric_named",
            "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts", "render_plan", "render_report",
-           "render_result", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
-           "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
+           "render_result", "render_status", "resume", "resume_plan", "run", "serve_dashboard", "snapshot",
+           "spec_changes", "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:
