@@ -164,7 +164,19 @@ def experiment(request: Request, dashboard: Dashboard) -> Response:
         if not found:
             raise Problem(404, "no such experiment in this sweep")
         attempts = reader.ledger.attempts(name)
-    return JSONResponse({"spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts]})
+    where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
+    return JSONResponse({"spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts],
+                         "logs": {k: f"{where}/{k}.log" for k in ("stdout", "stderr")}})
+
+
+def _run_directory(sweep_dir: Path, recorded: str | None, name: str) -> str:
+    """Where the latest attempt's files are, relative to the sweep (as recorded; the experiment's name else)."""
+    if recorded:
+        try:
+            return Path(recorded).resolve().relative_to(sweep_dir.resolve()).as_posix()
+        except ValueError:
+            pass
+    return name
 
 
 def file(request: Request, dashboard: Dashboard) -> Response:
