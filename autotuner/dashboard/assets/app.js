@@ -335,7 +335,7 @@ function theme() {
   const css = getComputedStyle(document.documentElement);
   const v = (n) => css.getPropertyValue(n).trim();
   return { paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: { color: v("--fg"), size: 12 },
-    margin: { l: 60, r: 20, t: 40, b: 50 }, legend: { orientation: "h", y: -0.2 },
+    margin: { l: 60, r: 20, t: 40, b: 80 }, legend: { orientation: "h", y: -0.3 },
     xaxis: { gridcolor: v("--line"), zerolinecolor: v("--line") }, yaxis: { gridcolor: v("--line"), zerolinecolor: v("--line") } };
 }
 
@@ -345,7 +345,7 @@ function drawPlots(S) {
   const c = S.col, m = S.summary.metric.name, rows = [...S.rows.values()];
   const ok = rows.filter((r) => r[c.state] === "succeeded" && r[c.metric] !== null);
   const base = theme(), opts = { responsive: true, displaylogo: false };
-  const layout = (title, extra) => ({ ...base, title: { text: title, font: { size: 14 } }, ...extra,
+  const layout = (title, extra) => ({ ...base, title: { text: title, font: { size: 14 }, x: 0.01, xanchor: "left" }, ...extra,
     xaxis: { ...base.xaxis, ...(extra && extra.xaxis) }, yaxis: { ...base.yaxis, ...(extra && extra.yaxis) } });
   // The metric against the x key, a line per value of the lines key (per GPU type where several).
   const [x, lines] = S.axes, xi = c["param:" + x], li = lines ? c["param:" + lines] : undefined;
@@ -360,7 +360,9 @@ function drawPlots(S) {
     return { type: "scatter", mode: "lines+markers", name: key ? (lines ? lines.split(".").pop() + " " : "") + key : m,
       x: rs.map((r) => xi !== undefined ? r[xi] : r[c.position]), y: rs.map((r) => r[c.metric]), text: rs.map((r) => r[0]) };
   });
-  Plotly.react(S.plots.metric, traces, layout(m + " by " + (xi !== undefined ? x : "experiment"), { xaxis: { title: { text: x }, type: "log" }, yaxis: { title: { text: m } } }), opts);
+  const xs = traces.flatMap((t) => t.x), logx = xi !== undefined && xs.length && xs.every((v) => typeof v === "number" && v > 0);
+  const xlabel = xi !== undefined ? x : "experiment (sweep order)";
+  Plotly.react(S.plots.metric, traces, layout(m + " by " + xlabel, { xaxis: { title: { text: xlabel }, type: logx ? "log" : "-" }, yaxis: { title: { text: m } } }), opts);
   // Best so far over time.
   const lower = S.summary.metric.direction.startsWith("lower");
   const done = ok.filter((r) => r[c.finished]).sort((a, b) => a[c.finished] - b[c.finished]);
@@ -470,6 +472,10 @@ async function follow(R, kind, path) {
 
 // --- start ---------------------------------------------------------------------------------------------------
 window.addEventListener("hashchange", route);
+// The plots take their colours from the page's: drawn again when the system switches light and dark.
+window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+  if (view && view.kind === "sweep" && view.tab === "plots") { view.plotted = 0; drawPlots(view); }
+});
 window.addEventListener("DOMContentLoaded", async () => {
   if (token) {
     try { config = await (await api("/api/config")).json(); } catch (e) { live(false, e.message); }
