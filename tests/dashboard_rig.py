@@ -71,7 +71,9 @@ def start_dashboard(runners: Runners, *args: object) -> Dashboard:
     assert proc.stdout is not None
     while True:
         line = proc.stdout.readline()
-        assert line, f"the dashboard ended before printing its URL: {printed} {proc.stderr.read() if proc.stderr else ''}"
+        if not line:
+            raise AssertionError(f"the dashboard ended before printing its URL: {printed} "
+                                 f"{proc.stderr.read() if proc.stderr else ''}")
         printed.append(line.rstrip("\n"))
         if line.startswith("open "):
             url = line.split()[1]

@@ -5,7 +5,9 @@ The ledger numbers every transition (`transitions.seq`), so "what changed since 
 page that last saw transition N is sent the rows of the experiments whose attempts moved since. The file is
 opened with SQLite's read-only URI (`mode=ro`, `query_only`) on every read: the dashboard never writes into a
 sweep, never takes its lock, and holds no connection between reads, so it is safe beside a running runner,
-`resume` and `cancel`.
+`resume` and `cancel`. A ledger that no writer has open (no `-wal` file beside it) is read as immutable, since
+even a read-only connection to a WAL database leaves `-wal` and `-shm` files behind; should a writer open it
+during that read, the read is done again the usual way.
 """
 from __future__ import annotations
 
@@ -42,15 +44,26 @@ class Reader:
 
     ledger: Ledger
     db: sqlite3.Connection
+    immutable: bool  # read as a file no writer has open
+
+    def raced(self) -> bool:
+        """A writer opened the ledger while it was read as immutable: what was read may be torn."""
+        return self.immutable and _wal(self.ledger.path).exists()
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
 
 
 @contextmanager
-def read_only(directory: Path) -> Iterator[Reader]:
-    """The sweep's ledger opened read only: SQLite refuses any write through this connection."""
+def read_only(directory: Path, *, quiet: bool = True) -> Iterator[Reader]:
+    """The sweep's ledger opened read only: SQLite refuses any write through this connection. `quiet`: read a
+    ledger no writer has open as immutable (nothing created beside it); check `Reader.raced` after."""
     path = Path(directory) / FILENAME
     if not path.is_file():
         raise UserError("no sweep here (no ledger.sqlite)", directory)
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro"
+    immutable = quiet and not _wal(path).exists()
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro" + ("&immutable=1" if immutable else "")
     db = sqlite3.connect(uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False)
     try:
         db.row_factory = sqlite3.Row
@@ -60,7 +73,7 @@ def read_only(directory: Path) -> Iterator[Reader]:
         version = ledger.version()
         if version > SCHEMA_VERSION:
             raise UserError(f"written by a newer autotuner (ledger schema {version}): upgrade autotuner", path)
-        yield Reader(ledger, db)
+        yield Reader(ledger, db, immutable)
     except sqlite3.DatabaseError as e:
         raise UserError(f"cannot read the ledger: {e}", path) from None
     finally:
@@ -122,29 +135,39 @@ class SweepFeed:
     # --- reading the ledger ------------------------------------------------------------------------------
     def refresh(self) -> bool:
         """Read what the ledger recorded since the last read; True when anything moved."""
-        with self._lock, read_only(self.directory) as reader:
-            ledger = reader.ledger
-            top = reader.db.execute("SELECT COALESCE(MAX(seq), 0) FROM transitions").fetchone()[0]
-            if top == self.seq:
-                return False
-            self.meta = ledger.meta()
-            moved = [r[0] for r in reader.db.execute(
-                "SELECT DISTINCT name FROM transitions WHERE seq > ? AND seq <= ?", (self.seq, top))]
-            added = self._read_experiments(reader)
-            if self.seq < 0 or len(moved) > BULK:
-                latest = ledger.latest()
-            else:
-                latest = [found[-1] for name in moved if (found := ledger.attempts(name))]
-            for a in latest:
-                self.attempts[a.name] = a
-            for name in (a.name for a in latest) if self.seq >= 0 else self.attempts:
-                self.changed[name] = top
-            if added:
-                self.attempts = {n: self.attempts[n] for n in self.experiments if n in self.attempts}
-            self._columns(top, added)
-            self.seq = top
-            self._snapshot = None
-            return True
+        with self._lock:
+            seq = self.seq
+            with read_only(self.directory) as reader:
+                moved = self._read(reader)
+                if not reader.raced():
+                    return moved
+            self.seq = seq  # a writer opened it meanwhile: read again, the way a live ledger is read
+            with read_only(self.directory, quiet=False) as reader:
+                return self._read(reader) or moved
+
+    def _read(self, reader: Reader) -> bool:
+        ledger = reader.ledger
+        top = reader.db.execute("SELECT COALESCE(MAX(seq), 0) FROM transitions").fetchone()[0]
+        if top == self.seq:
+            return False
+        self.meta = ledger.meta()
+        moved = [r[0] for r in reader.db.execute(
+            "SELECT DISTINCT name FROM transitions WHERE seq > ? AND seq <= ?", (self.seq, top))]
+        added = self._read_experiments(reader)
+        if self.seq < 0 or len(moved) > BULK:
+            latest = ledger.latest()
+        else:
+            latest = [found[-1] for name in moved if (found := ledger.attempts(name))]
+        for a in latest:
+            self.attempts[a.name] = a
+        for name in (a.name for a in latest) if self.seq >= 0 else self.attempts:
+            self.changed[name] = top
+        if added:
+            self.attempts = {n: self.attempts[n] for n in self.experiments if n in self.attempts}
+        self._columns(top, added)
+        self.seq = top
+        self._snapshot = None
+        return True
 
     def _read_experiments(self, reader: Reader) -> bool:
         """New experiments (a tune proposes them as it goes; a resume may add some); True when any."""
