@@ -15,14 +15,16 @@ from typing import Any
 
 from cli_rig import PREAMBLE, WRITE_METRICS, Runners, env, write_launcher, write_sweep
 
-# A stand-in that prints a numbered line to stdout every 0.2 s for $STANDIN_SECONDS (1 s by default), then
-# writes metrics; an experiment whose name holds "long" runs for $LONG_SECONDS instead.
+# A stand-in that prints a numbered line to stdout (and one to stderr) every 0.2 s for $STANDIN_SECONDS (1 s by
+# default), then writes metrics; an experiment whose name holds "long" runs for $LONG_SECONDS instead, and one
+# whose name holds "gate" until the file $GATE exists (a test opens it when it has seen the run running).
 TALKING = PREAMBLE + """\
 seconds=${STANDIN_SECONDS:-1}
 case "$name" in *long*) seconds=${LONG_SECONDS:-60};; esac
 i=0
 end=$(( $(date +%s) + ${seconds%.*} ))
-while [ "$(date +%s)" -lt "$end" ] || [ "$i" -lt 2 ]; do
+held() { case "$name" in *gate*) [ ! -e "$GATE" ];; *) false;; esac; }
+while [ "$(date +%s)" -lt "$end" ] || [ "$i" -lt 2 ] || held; do
     i=$((i + 1)); echo "step $i of $name"; echo "warning $i" >&2; sleep 0.2
 done
 """ + WRITE_METRICS

@@ -1,0 +1,142 @@
+"""The dashboard as a user sees it: headless Chromium (Selenium, Debian's chromium-driver) on a stand-in sweep
+that runs. The page updates without a reload, a run's log follows, sorting and filtering work, a cancel from the
+page ends the run and the ledger says so, a page without the token gets nothing; screenshots light, dark and
+narrow (kept under AUTOTUNE_SCREENSHOTS when set, for a person to look at).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.common.by import By
+
+from autotuner.states import State
+
+from cli_rig import finish, states, wait_until
+from dashboard_rig import chromium_driver, stand_in_sweep, start_dashboard
+
+
+@pytest.fixture
+def browser(tmp_path):
+    driver = chromium_driver(tmp_path / "profile")
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _texts(browser, selector: str) -> list[str]:
+    return [e.text for e in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def _row_state(browser, name: str) -> str | None:
+    found = browser.find_elements(By.CSS_SELECTOR, f'#experiments tr[data-name="{name}"] .state')
+    return found[0].text if found else None
+
+
+def _keep(browser, tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.png"
+    assert browser.save_screenshot(str(path))
+    keep = os.environ.get("AUTOTUNE_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(keep) / path.name)
+    return path
+
+
+def test_the_page_follows_a_running_sweep_and_cancels_from_the_page(tmp_path, runners, browser):
+    # Short runs, one held until the test opens its gate, and a long one that keeps running to the end.
+    gate = tmp_path / "gate"
+    out, run = stand_in_sweep(tmp_path / "a", [1, 2, 4, '"gate"', '"long"'], runners=runners, STANDIN_SECONDS=1,
+                              LONG_SECONDS=120, GATE=gate)
+    wait_until(lambda: (out / "ledger.sqlite").exists(), message="the sweep started")
+    shown = start_dashboard(runners, out.parent, "--allow-cancel")
+    browser.get(f"{shown.base}/?token={shown.token}")
+    wait_until(lambda: _texts(browser, "#sweeps a"), message="the sweep listed")
+    assert "token=" not in browser.current_url  # taken out of the address bar
+    browser.find_element(By.CSS_SELECTOR, "#sweeps a").click()
+    wait_until(lambda: _row_state(browser, "s_x1"), message="the table drawn")
+    browser.execute_script("window.notReloaded = true")
+
+    # Live: states move on the page as the runner records them, without a reload.
+    wait_until(lambda: _row_state(browser, "s_xgate") == "running", timeout=60, message="s_xgate running")
+    gate.touch()
+    wait_until(lambda: _row_state(browser, "s_xgate") == "succeeded", timeout=60, message="s_xgate succeeded")
+    wait_until(lambda: "4 succeeded" in browser.find_element(By.CSS_SELECTOR, ".counts").text, timeout=30)
+    assert browser.execute_script("return window.notReloaded") is True
+    assert browser.find_element(By.CSS_SELECTOR, "#best a").text in {"s_x1", "s_x2", "s_x4", "s_xgate"}
+
+    # Sorting by the metric, both ways; filtering by name and by state.
+    def throughputs() -> list[float]:
+        column = _texts(browser, "#experiments th").index("throughput") + 1
+        cells = _texts(browser, f"#experiments tbody td:nth-child({column})")
+        return [float(c.replace(",", "")) for c in cells if c]
+
+    browser.find_element(By.CSS_SELECTOR, '#experiments th[data-col="metric:throughput"]').click()
+    assert throughputs() == sorted(throughputs(), reverse=True) and len(throughputs()) == 4
+    browser.find_element(By.CSS_SELECTOR, '#experiments th[data-col="metric:throughput"]').click()
+    assert throughputs() == sorted(throughputs())
+    browser.find_element(By.ID, "filter").send_keys("xgat")
+    assert _texts(browser, "#experiments tbody td.name") == ["s_xgate"]
+    browser.find_element(By.ID, "filter").clear()  # clear() fires no input event: the page is told
+    browser.execute_script("document.getElementById('filter').dispatchEvent(new Event('input'))")
+    assert len(_texts(browser, "#experiments tbody td.name")) == 5
+    browser.find_element(By.CSS_SELECTOR, '#state-filter option[value="running"]').click()
+    assert _texts(browser, "#experiments tbody td.name") == ["s_xlong"]
+
+    # The long run's log, followed as it grows.
+    browser.find_element(By.LINK_TEXT, "s_xlong").click()
+    wait_until(lambda: "step 2 of s_xlong" in browser.find_element(By.ID, "log-stdout").text, timeout=30)
+    seen = browser.find_element(By.ID, "log-stdout").text.count("\n")
+    wait_until(lambda: browser.find_element(By.ID, "log-stdout").text.count("\n") >= seen + 5, timeout=30,
+               message="more lines followed")
+    assert "warning" in browser.find_element(By.ID, "log-stderr").text
+    assert browser.execute_script("return window.notReloaded") is True
+
+    # Cancel from the page: the run ends, and the ledger says so.
+    browser.find_element(By.ID, "cancel-run").click()
+    browser.switch_to.alert.accept()
+    wait_until(lambda: states(out).get("s_xlong") == State.CANCELLED, timeout=60, message="cancelled in the ledger")
+    code, _, err = finish(run)
+    assert code == 1, err  # a sweep with a cancelled experiment
+    wait_until(lambda: "cancelled" in _texts(browser, "#attempts .state"), timeout=10, message="the page says so")
+
+
+def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp_path, runners, browser):
+    out, run = stand_in_sweep(tmp_path / "b", [1, 2, 4], runners=runners, STANDIN_SECONDS=0.2)
+    assert finish(run)[0] == 0
+    shown = start_dashboard(runners, out.parent)
+
+    browser.get(shown.base + "/")  # no token: a notice, and the API refuses the page
+    wait_until(lambda: "token" in browser.find_element(By.ID, "main").text)
+    status = browser.execute_async_script(
+        "const done = arguments[0]; fetch('/api/sweeps').then((r) => done(r.status))")
+    assert status == 403
+
+    (sid,) = shown.sweep_ids()
+    browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}")
+    wait_until(lambda: _row_state(browser, "s_x4") == "succeeded")
+    light = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+    _keep(browser, tmp_path, "dashboard-light")
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                            {"features": [{"name": "prefers-color-scheme", "value": "dark"}]})
+    dark = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
+    assert light == "rgb(247, 248, 250)" and dark == "rgb(17, 20, 24)"
+    browser.get(f"{shown.base}/#/s/{sid}/plots")
+    wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".plot .main-svg")) >= 4, timeout=30,
+               message="four plots drawn")
+    # Plotly's text takes the page's colours: light text on the dark page.
+    fill = browser.execute_script("return document.querySelector('#plot-metric .gtitle').style.fill")
+    assert fill in ("rgb(230, 233, 239)", "#e6e9ef"), fill
+    _keep(browser, tmp_path, "dashboard-dark-plots")
+
+    browser.set_window_size(400, 900)
+    browser.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                            {"features": [{"name": "prefers-color-scheme", "value": "light"}]})
+    browser.get(f"{shown.base}/#/s/{sid}")
+    wait_until(lambda: _row_state(browser, "s_x4") == "succeeded")
+    # Nothing but the table's own scroller is wider than a narrow window.
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
+    _keep(browser, tmp_path, "dashboard-narrow")
