@@ -11,6 +11,7 @@ during that read, the read is done again the usual way.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import sqlite3
 import threading
@@ -123,7 +124,7 @@ class SweepFeed:
         self.meta: SweepMeta | None = None
         self.experiments: dict[str, Experiment] = {}
         self.attempts: dict[str, Attempt] = {}  # name -> latest attempt, in the sweep's order
-        self.changed: dict[str, int] = {}  # name -> the transition that last moved it
+        self._moved: list[tuple[int, list[str]]] = []  # (transition, the experiments moved up to it), each read
         self.keys: list[str] = []  # the swept parameters
         self.metric_columns: tuple[str, ...] = ()
         self.layout_seq = 0  # the transition at which the columns last changed
@@ -160,8 +161,8 @@ class SweepFeed:
             latest = [found[-1] for name in moved if (found := ledger.attempts(name))]
         for a in latest:
             self.attempts[a.name] = a
-        for name in (a.name for a in latest) if self.seq >= 0 else self.attempts:
-            self.changed[name] = top
+        if self.seq >= 0:
+            self._moved.append((top, [a.name for a in latest]))
         if added:
             self.attempts = {n: self.attempts[n] for n in self.experiments if n in self.attempts}
         self._columns(top, added)
@@ -212,7 +213,11 @@ class SweepFeed:
         snap = self.snapshot()
         with self._lock:
             full = since < 0 or since < self.layout_seq or since > self.seq
-            names = list(self.attempts) if full else [n for n, seq in self.changed.items() if seq > since]
+            if full:
+                names = list(self.attempts)
+            else:  # the reads after `since`, found by bisection: an idle poll costs nothing per experiment
+                first = bisect.bisect_right(self._moved, since, key=lambda m: m[0])
+                names = list(dict.fromkeys(n for _, moved in self._moved[first:] for n in moved))
             typed = snap.by_type
             rows = [self._row(self.attempts[n], snap, typed) for n in names if n in self.attempts]
             return Changes(self.seq, full, self.columns(), rows)

@@ -61,11 +61,10 @@ def best(snap: Snapshot) -> list[dict[str, Any]]:
     return out
 
 
-def eta(snap: Snapshot, seq: int, runner: int | None, lost: set[str], planner: Planner,
+def eta(snap: Snapshot, counts: Mapping[str, int], seq: int, runner: int | None, lost: set[str], planner: Planner,
         now: float) -> dict[str, Any]:
     """{"end": planned end or None, "why": why there is none}: the live view's re-planned ETA, while a runner
     works on the sweep and something is left."""
-    counts = snap.counts()
     left = counts.get(State.QUEUED, 0) + counts.get(State.RUNNING, 0)
     if not left:
         return {"end": None, "why": "finished"}
@@ -79,20 +78,24 @@ def eta(snap: Snapshot, seq: int, runner: int | None, lost: set[str], planner: P
     return {"end": plan.end, "why": None if plan.end is not None else "no run has ended yet"}
 
 
-def summary(snap: Snapshot, seq: int, runner: int | None, planner: Planner, sweep_id: str,
-            root: Path) -> dict[str, Any]:
-    """Everything above the table, as JSON."""
-    now = time.time()
-    lost = lost_hosts(snap.attempts)
+def standing(snap: Snapshot, sweep_id: str, root: Path) -> dict[str, Any]:
+    """What the ledger alone says (worked out once per transition): all of the summary but the runner and ETA."""
     meta = snap.meta
+    lost = lost_hosts(snap.attempts)
     started = [a.started_at for a in snap.attempts if a.started_at is not None]
     return {"id": sweep_id, "name": snap.name, "directory": _shown(snap.directory, root),
             "metric": {"name": snap.metric.name, "direction": snap.metric.direction},
             "created": meta.created, "first_start": min(started) if started else None,
-            "runner": runner, "counts": snap.counts(), "total": len(snap.attempts),
+            "counts": snap.counts(), "total": len(snap.attempts),
             "search": None if meta.search is None else str(meta.search.get("tuner", "gridsearch")),
-            "eta": eta(snap, seq, runner, lost, planner, now), "best": best(snap),
-            "nodes": nodes(snap, lost), "types": snap.types if snap.by_type else []}
+            "best": best(snap), "nodes": nodes(snap, lost), "lost": sorted(lost),
+            "types": snap.types if snap.by_type else []}
+
+
+def summary(snap: Snapshot, base: Mapping[str, Any], seq: int, runner: int | None, planner: Planner) -> dict[str, Any]:
+    """Everything above the table, as JSON: what the ledger says, the runner, the ETA."""
+    return {**base, "runner": runner,
+            "eta": eta(snap, base["counts"], seq, runner, set(base["lost"]), planner, time.time())}
 
 
 def _shown(directory: Path, root: Path) -> str:
