@@ -91,14 +91,17 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
     print(f"sweep of {n}: {', '.join(f'{k} {v}' for k, v in counts.items())}", flush=True)
     served = Served(directory)
     try:
-        (sid,) = [s["id"] for s in decoded(served.get("/api/sweeps")[3])["sweeps"]]
+        listed = served.get("/api/sweeps")
+        (sid,) = [s["id"] for s in decoded(listed[3])["sweeps"]]
+        print(f"the list of sweeps, cold (the dashboard's first read of the ledger): server {listed[0]:.0f} ms, "
+              f"wall {listed[1]:.0f} ms, {listed[2]} B")
         assets = [served.get(p)[2] for p in ("/", "/static/app.js", "/static/app.css", "/static/plotly.min.js")]
         print(f"page assets (gzip): {sum(assets) / 1e6:.2f} MB, of which plotly.min.js {assets[-1] / 1e6:.2f} MB")
-        cold = served.get(f"/api/sweeps/{sid}?since=-1")
+        cold = served.get(f"/api/sweeps/{sid}?since=-1")  # its first: the rows are encoded for the first time
         firsts = [served.get(f"/api/sweeps/{sid}?since=-1") for _ in range(rounds)]
         raw = served.get(f"/api/sweeps/{sid}?since=-1", gzip=False)
         first = decoded(cold[3])
-        print(f"first answer, cold: server {cold[0]:.0f} ms, wall {cold[1]:.0f} ms, {cold[2] / 1e3:.0f} kB gzip "
+        print(f"first answer: server {cold[0]:.0f} ms, wall {cold[1]:.0f} ms, {cold[2] / 1e3:.0f} kB gzip "
               f"({raw[2] / 1e6:.2f} MB raw), {len(first['rows'])} rows")
         print(f"first answer, warm (median of {rounds}): server {statistics.median(f[0] for f in firsts):.0f} ms, "
               f"wall {statistics.median(f[1] for f in firsts):.0f} ms")
@@ -190,7 +193,7 @@ def main() -> None:
                 results[dashboard].append(r)
                 print(f"round {i + 1} {'with' if dashboard else 'without'} a dashboard: "
                       + "  ".join(f"{k}={v:.3f}" for k, v in r.items()), flush=True)
-        for dashboard, rs in results.items():
+        for dashboard, rs in ((d, rs) for d, rs in results.items() if rs):
             print(f"{'with' if dashboard else 'without'} a dashboard, median of {len(rs)}: makespan/ideal "
                   f"{statistics.median(r['ratio'] for r in rs):.3f}"
                   + (f", dashboard CPU {statistics.median(r['dashboard_cpu_s'] for r in rs):.2f} s over "

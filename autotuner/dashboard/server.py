@@ -285,7 +285,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
         Route("/api/sweeps/{sweep}/experiments/{name}", api(experiment)),
         Route("/api/sweeps/{sweep}/cancel", cancel_endpoint, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024)])
+    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024, compresslevel=5)])
     app.state.dashboard = dashboard
     return app
 
