@@ -347,29 +347,38 @@ function drawPlots(S) {
   const base = theme(), opts = { responsive: true, displaylogo: false };
   const layout = (title, extra) => ({ ...base, title: { text: title, font: { size: 14 }, x: 0.01, xanchor: "left" }, ...extra,
     xaxis: { ...base.xaxis, ...(extra && extra.xaxis) }, yaxis: { ...base.yaxis, ...(extra && extra.yaxis) } });
-  // The metric against the x key, a line per value of the lines key (per GPU type where several).
+  // The metric against the x key: the best run of each x value, a line per value of the lines key (per GPU type
+  // where several); every run as a faint dot behind.
   const [x, lines] = S.axes, xi = c["param:" + x], li = lines ? c["param:" + lines] : undefined;
+  const lower = S.summary.metric.direction.startsWith("lower");
+  const xOf = (r) => (xi !== undefined ? r[xi] : r[c.position]);
   const groups = new Map();
   for (const r of ok) {
     const key = [r[c.gpu_type], li !== undefined ? r[li] : null].filter((v) => v !== null && v !== undefined).join(" · ");
-    if (!groups.has(key)) groups.set(key, []);
-    groups.get(key).push(r);
+    if (!groups.has(key)) groups.set(key, new Map());
+    const byX = groups.get(key), at = JSON.stringify(xOf(r)), seen = byX.get(at);
+    if (!seen || (lower ? r[c.metric] < seen[c.metric] : r[c.metric] > seen[c.metric])) byX.set(at, r);
   }
-  const traces = [...groups].sort().map(([key, rs]) => {
-    rs.sort((a, b) => (a[xi] > b[xi] ? 1 : a[xi] < b[xi] ? -1 : 0));
+  const order = (a, b) => (typeof a === "number" && typeof b === "number" ? a - b : String(a).localeCompare(String(b)));
+  const xs = [...new Set(ok.map(xOf))].sort(order);
+  const few = xs.length <= 16;
+  const traces = [...groups].sort().map(([key, byX]) => {
+    const rs = [...byX.values()].sort((a, b) => order(xOf(a), xOf(b)));
     return { type: "scatter", mode: "lines+markers", name: key ? (lines ? lines.split(".").pop() + " " : "") + key : m,
-      x: rs.map((r) => xi !== undefined ? r[xi] : r[c.position]), y: rs.map((r) => r[c.metric]), text: rs.map((r) => r[0]) };
+      x: rs.map((r) => (few ? String(xOf(r)) : xOf(r))), y: rs.map((r) => r[c.metric]), text: rs.map((r) => r[0]) };
   });
-  const xs = traces.flatMap((t) => t.x), logx = xi !== undefined && xs.length && xs.every((v) => typeof v === "number" && v > 0);
+  const dots = ok.slice(-3000);
+  traces.unshift({ type: "scatter", mode: "markers", name: "every run", x: dots.map((r) => (few ? String(xOf(r)) : xOf(r))),
+    y: dots.map((r) => r[c.metric]), text: dots.map((r) => r[0]), marker: { size: 4, color: "rgba(128,128,128,.35)" }, showlegend: false });
   const xlabel = xi !== undefined ? x : "experiment (sweep order)";
-  Plotly.react(S.plots.metric, traces, layout(m + " by " + xlabel, { xaxis: { title: { text: xlabel }, type: logx ? "log" : "-" }, yaxis: { title: { text: m } } }), opts);
-  // Best so far over time.
-  const lower = S.summary.metric.direction.startsWith("lower");
+  const xaxis = few ? { type: "category", categoryorder: "array", categoryarray: xs.map(String) } : { type: xs.every((v) => typeof v === "number" && v > 0) ? "log" : "-" };
+  Plotly.react(S.plots.metric, traces, layout("best " + m + " by " + xlabel, { xaxis: { title: { text: xlabel }, ...xaxis }, yaxis: { title: { text: m } } }), opts);
+  // Best so far over time (the latest 3,000 runs as dots).
   const done = ok.filter((r) => r[c.finished]).sort((a, b) => a[c.finished] - b[c.finished]);
   let bestv = null; const bx = [], by = [];
   for (const r of done) { const v = r[c.metric]; if (bestv === null || (lower ? v < bestv : v > bestv)) bestv = v; bx.push(new Date(r[c.finished] * 1000)); by.push(bestv); }
   Plotly.react(S.plots.best, [{ type: "scatter", mode: "lines", line: { shape: "hv" }, x: bx, y: by, name: "best" },
-    { type: "scatter", mode: "markers", x: done.map((r) => new Date(r[c.finished] * 1000)), y: done.map((r) => r[c.metric]), name: "runs", marker: { size: 4, opacity: .5 } }],
+    { type: "scatter", mode: "markers", x: done.slice(-3000).map((r) => new Date(r[c.finished] * 1000)), y: done.slice(-3000).map((r) => r[c.metric]), name: "runs", marker: { size: 4, color: "rgba(128,128,128,.45)" } }],
   layout("best " + m + " so far", { yaxis: { title: { text: m } } }), opts);
   // The slot timeline: each run a bar on its first slot (the latest 1,500).
   const now = Date.now() / 1000, colors = { succeeded: "#1f8a4c", failed: "#c8372d", timed_out: "#c8372d", running: "#0e7c9b", cancelled: "#b7791f", interrupted: "#b7791f" };
@@ -379,19 +388,20 @@ function drawPlots(S) {
   Plotly.react(S.plots.timeline, [...byState].map(([s, rs]) => ({ type: "bar", orientation: "h", name: s, marker: { color: colors[s] || "#888" },
     y: rs.map((r) => r[c.slots].split("@")[0].replace(/,.*/, "")), base: rs.map((r) => new Date(r[c.started] * 1000)),
     x: rs.map((r) => ((r[c.finished] || now) - r[c.started]) * 1000), text: rs.map((r) => r[0]), hovertemplate: "%{text}<extra>" + s + "</extra>" })),
-  layout("slot timeline", { barmode: "overlay", xaxis: { type: "date" }, yaxis: { type: "category", autorange: "reversed" } }), opts);
+  layout("slot timeline", { barmode: "overlay", xaxis: { type: "date" }, yaxis: { type: "category", categoryorder: "category descending" } }), opts);
   // Parallel coordinates over the swept keys, coloured by the metric.
   const keys = S.columns.filter((k) => k.startsWith("param:"));
   const sample = ok.slice(-5000);
+  const short = (k) => { const last = k.split(".").pop(); return last.length > 16 ? last.slice(0, 15) + "…" : last; };
   const dims = keys.map((k) => {
     const vals = sample.map((r) => r[c[k]]);
-    if (vals.every((v) => typeof v === "number")) return { label: k.slice(6).split(".").pop(), values: vals };
+    if (vals.every((v) => typeof v === "number")) return { label: short(k.slice(6)), values: vals };
     const cats = [...new Set(vals.map((v) => JSON.stringify(v)))].sort();
-    return { label: k.slice(6).split(".").pop(), values: vals.map((v) => cats.indexOf(JSON.stringify(v))), tickvals: cats.map((_, i) => i), ticktext: cats };
+    return { label: short(k.slice(6)), values: vals.map((v) => cats.indexOf(JSON.stringify(v))), tickvals: cats.map((_, i) => i), ticktext: cats };
   });
   dims.push({ label: m, values: sample.map((r) => r[c.metric]) });
   Plotly.react(S.plots.parallel, sample.length ? [{ type: "parcoords", dimensions: dims, line: { color: sample.map((r) => r[c.metric]), colorscale: "Viridis", showscale: true } }] : [],
-    layout("parallel coordinates", { margin: { l: 60, r: 60, t: 70, b: 30 } }), opts);
+    layout("parallel coordinates", { margin: { l: 60, r: 60, t: 90, b: 30 } }), opts);
 }
 
 // --- two sweeps compared ---------------------------------------------------------------------------------------
