@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
 
 from autotuner.states import State
@@ -27,13 +28,34 @@ def browser(tmp_path):
         driver.quit()
 
 
+# The page redraws what changed several times a second: each read and click is one script, so it cannot meet an
+# element replaced between finding it and using it.
 def _texts(browser, selector: str) -> list[str]:
-    return [e.text for e in browser.find_elements(By.CSS_SELECTOR, selector)]
+    return browser.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((e) => e.innerText)", selector)
+
+
+def _text(browser, selector: str) -> str:
+    return "\n".join(_texts(browser, selector))
 
 
 def _row_state(browser, name: str) -> str | None:
-    found = browser.find_elements(By.CSS_SELECTOR, f'#experiments tr[data-name="{name}"] .state')
-    return found[0].text if found else None
+    found = _texts(browser, f'#experiments tr[data-name="{name}"] .state')
+    return found[0] if found else None
+
+
+def _click(browser, selector: str) -> None:
+    """Clicked once the script has returned (a click that opens a confirm() would hold the script)."""
+    assert browser.execute_script(
+        "const e = document.querySelector(arguments[0]); if (e) setTimeout(() => e.click(), 0); return !!e",
+        selector), selector
+
+
+def _alert(browser):
+    try:
+        return browser.switch_to.alert
+    except NoAlertPresentException:
+        return None
 
 
 def _keep(browser, tmp_path: Path, name: str) -> Path:
@@ -56,7 +78,7 @@ def test_the_page_follows_a_running_sweep_and_cancels_from_the_page(tmp_path, ru
     browser.get(f"{shown.base}/?token={shown.token}")
     wait_until(lambda: _texts(browser, "#sweeps a"), message="the sweep listed")
     assert "token=" not in browser.current_url  # taken out of the address bar
-    browser.find_element(By.CSS_SELECTOR, "#sweeps a").click()
+    _click(browser, "#sweeps a")
     wait_until(lambda: _row_state(browser, "s_x1"), message="the table drawn")
     browser.execute_script("window.notReloaded = true")
 
@@ -64,19 +86,24 @@ def test_the_page_follows_a_running_sweep_and_cancels_from_the_page(tmp_path, ru
     wait_until(lambda: _row_state(browser, "s_xgate") == "running", timeout=60, message="s_xgate running")
     gate.touch()
     wait_until(lambda: _row_state(browser, "s_xgate") == "succeeded", timeout=60, message="s_xgate succeeded")
-    wait_until(lambda: "4 succeeded" in browser.find_element(By.CSS_SELECTOR, ".counts").text, timeout=30)
+    wait_until(lambda: "4 succeeded" in _text(browser, ".counts"), timeout=30)
     assert browser.execute_script("return window.notReloaded") is True
-    assert browser.find_element(By.CSS_SELECTOR, "#best a").text in {"s_x1", "s_x2", "s_x4", "s_xgate"}
+    assert _text(browser, "#best a") in {"s_x1", "s_x2", "s_x4", "s_xgate"}
 
     # Sorting by the metric, both ways; filtering by name and by state.
     def throughputs() -> list[float]:
-        column = _texts(browser, "#experiments th").index("throughput") + 1
-        cells = _texts(browser, f"#experiments tbody td:nth-child({column})")
+        cells = browser.execute_script(
+            "const i = [...document.querySelectorAll('#experiments th')].findIndex((t) => t.innerText === "
+            "'throughput'); return [...document.querySelectorAll('#experiments tbody tr')].map("
+            "(r) => r.children[i].innerText)")
         return [float(c.replace(",", "")) for c in cells if c]
 
-    browser.find_element(By.CSS_SELECTOR, '#experiments th[data-col="metric:throughput"]').click()
+    header = '#experiments th[data-col="metric:throughput"]'
+    _click(browser, header)
+    wait_until(lambda: "sorted-desc" in browser.execute_script(f"return document.querySelector('{header}').className"))
     assert throughputs() == sorted(throughputs(), reverse=True) and len(throughputs()) == 4
-    browser.find_element(By.CSS_SELECTOR, '#experiments th[data-col="metric:throughput"]').click()
+    _click(browser, header)
+    wait_until(lambda: "sorted-asc" in browser.execute_script(f"return document.querySelector('{header}').className"))
     assert throughputs() == sorted(throughputs())
     browser.find_element(By.ID, "filter").send_keys("xgat")
     assert _texts(browser, "#experiments tbody td.name") == ["s_xgate"]
@@ -87,17 +114,18 @@ def test_the_page_follows_a_running_sweep_and_cancels_from_the_page(tmp_path, ru
     assert _texts(browser, "#experiments tbody td.name") == ["s_xlong"]
 
     # The long run's log, followed as it grows.
-    browser.find_element(By.LINK_TEXT, "s_xlong").click()
-    wait_until(lambda: "step 2 of s_xlong" in browser.find_element(By.ID, "log-stdout").text, timeout=30)
-    seen = browser.find_element(By.ID, "log-stdout").text.count("\n")
-    wait_until(lambda: browser.find_element(By.ID, "log-stdout").text.count("\n") >= seen + 5, timeout=30,
+    _click(browser, '#experiments tr[data-name="s_xlong"] td.name a')
+    wait_until(lambda: "step 2 of s_xlong" in _text(browser, "#log-stdout"), timeout=30)
+    seen = _text(browser, "#log-stdout").count("\n")
+    wait_until(lambda: _text(browser, "#log-stdout").count("\n") >= seen + 5, timeout=30,
                message="more lines followed")
-    assert "warning" in browser.find_element(By.ID, "log-stderr").text
+    assert "warning" in _text(browser, "#log-stderr")
     assert browser.execute_script("return window.notReloaded") is True
 
     # Cancel from the page: the run ends, and the ledger says so.
-    browser.find_element(By.ID, "cancel-run").click()
-    browser.switch_to.alert.accept()
+    wait_until(lambda: _texts(browser, "#cancel-run"), message="the run page drawn")
+    _click(browser, "#cancel-run")
+    wait_until(lambda: _alert(browser), message="the page asks to confirm").accept()
     wait_until(lambda: states(out).get("s_xlong") == State.CANCELLED, timeout=60, message="cancelled in the ledger")
     code, _, err = finish(run)
     assert code == 1, err  # a sweep with a cancelled experiment
@@ -110,7 +138,7 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     shown = start_dashboard(runners, out.parent)
 
     browser.get(shown.base + "/")  # no token: a notice, and the API refuses the page
-    wait_until(lambda: "token" in browser.find_element(By.ID, "main").text)
+    wait_until(lambda: "token" in _text(browser, "#main"))
     status = browser.execute_async_script(
         "const done = arguments[0]; fetch('/api/sweeps').then((r) => done(r.status))")
     assert status == 403
