@@ -225,3 +225,26 @@ def test_the_command_line_does_not_import_the_web_stack():
             "if m in sys.modules]; print(bad)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_new_sweeps_appear_and_two_are_compared(tmp_path, runners):
+    results = tmp_path / "results"
+    results.mkdir()
+    shown = start_dashboard(runners, results)
+    assert shown.json("/api/sweeps")["sweeps"] == []
+    launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)
+    for name in ("first", "second"):  # the same experiment names: a pair each
+        (tmp_path / name).mkdir()
+        spec = write_sweep(tmp_path / name, [1, 2, 4], name="pair")
+        ran = autotune("run", spec, "--slots", 2, "--launcher", launcher, "-o", results / name, "-q",
+                       environ=env(LAUNCH_LOG=tmp_path / "launches.log", STANDIN_SECONDS=0.05))
+        assert ran.returncode == 0, ran.stderr
+    listed = shown.json("/api/sweeps")["sweeps"]
+    assert sorted(s["directory"] for s in listed) == ["results/first", "results/second"]
+    assert all(s["counts"] == {"succeeded": 3} and s["runner"] is None for s in listed)
+    ids = {s["directory"].split("/")[-1]: s["id"] for s in listed}
+    compared = shown.json(f"/api/compare?a={ids['first']}&b={ids['second']}")
+    assert [r["name"] for r in compared["rows"]] == ["pair_x1", "pair_x2", "pair_x4"]
+    # The stand-ins' throughput is a function of the name alone: each pair is the same, B / A is 1.
+    assert all(r["ratio"] == 1.0 and r["verdict"] == "same" for r in compared["rows"])
+    assert compared["only_a"] == compared["only_b"] == []

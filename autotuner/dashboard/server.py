@@ -182,8 +182,9 @@ def experiment(request: Request, dashboard: Dashboard) -> Response:
         if not found:
             raise Problem(404, "no such experiment in this sweep")
         attempts = reader.ledger.attempts(name)
+        sweep_name = reader.ledger.meta().name
     where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
-    return JSONResponse({"spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts],
+    return JSONResponse({"sweep": sweep_name, "spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts],
                          "logs": {k: f"{where}/{k}.log" for k in ("stdout", "stderr")}})
 
 

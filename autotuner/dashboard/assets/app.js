@@ -449,6 +449,7 @@ function showRun(main, id, name) {
 }
 
 function drawRun(R, d) {
+  crumbs(el("a", { href: "#/" }, "sweeps"), el("a", { href: "#/s/" + R.id }, d.sweep), R.name);
   const last = d.attempts[d.attempts.length - 1];
   R.running = last && ["running", "queued"].includes(last.state);
   R.info.replaceChildren(el("div", { class: "row spread" }, el("h1", {}, R.name),
