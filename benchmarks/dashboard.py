@@ -7,8 +7,8 @@
   update   what the page asks every 0.5 s: "what changed since transition N", after one experiment started and
            another ended (as a runner records them), and with nothing new
   beside   the scheduling benchmark (N x S s on K slots, benchmarks/scheduling.py's round) with a dashboard
-           open (a client polling as the page does) against without, interleaved: makespan / ideal both ways,
-           and the dashboard's own CPU time
+           open (a client polling as the page does, in a process of its own) against without, interleaved:
+           makespan / ideal both ways, and the dashboard's own CPU time
 
   python benchmarks/dashboard.py --experiments 10000 --rounds 5 --beside-rounds 3
 """
@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -128,19 +127,19 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
         served.close()
 
 
-def poll(served: Served, root: Path, stop: threading.Event) -> int:
-    """As the page does: the sweep's changes every 0.5 s, from its first answer on."""
-    asked, seq, sv, sid = 0, -1, "", None
-    while not stop.is_set():
+def poll(port: int, token: str) -> None:
+    """As the page does, in a process of its own (a browser's): the sweep's changes every 0.5 s until ended."""
+    served = Served.__new__(Served)
+    served.port, served.token = port, token
+    seq, sv, sid = -1, "", None
+    while True:
         if sid is None:
             found = decoded(served.get("/api/sweeps")[3])["sweeps"]
             sid = found[0]["id"] if found else None
         else:
             body = decoded(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}")[3])
             seq, sv = body["seq"], body.get("sv", sv)
-        asked += 1
-        stop.wait(0.5)
-    return asked
+        time.sleep(0.5)
 
 
 def scheduling_round(n: int, seconds: float, slots: int, workdir: Path, dashboard: bool) -> dict[str, float]:
@@ -154,26 +153,20 @@ def scheduling_round(n: int, seconds: float, slots: int, workdir: Path, dashboar
     directory = autotuner.prepare(sweep, autotuner.load_cluster(slots=slots), root / "sweep",
                                   launcher=["sh", str(STANDIN)])
     served = Served(root) if dashboard else None
-    stop = threading.Event()
-    asked: list[int] = []
-    poller = threading.Thread(target=lambda: asked.append(poll(served, root, stop))) if served else None
+    poller = subprocess.Popen([sys.executable, __file__, "--poll", str(served.port), served.token]) if served else None
     try:
         cpu = served.cpu_seconds() if served else 0.0
-        if poller:
-            poller.start()
         started = time.perf_counter()
         autotuner.execute(directory, autotuner.Options(grace=1.0))
         wall = time.perf_counter() - started
-        stop.set()
-        if poller:
-            poller.join()
         used = served.cpu_seconds() - cpu if served else 0.0
     finally:
-        stop.set()
+        if poller:
+            poller.terminate()
+            poller.wait()
         if served:
             served.close()
-    return {"ratio": wall / (n * seconds / slots), "dashboard_cpu_s": used, "wall_s": wall,
-            "polls": float(asked[0]) if asked else 0.0}
+    return {"ratio": wall / (n * seconds / slots), "dashboard_cpu_s": used, "wall_s": wall}
 
 
 def main() -> None:
@@ -182,7 +175,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--beside-rounds", type=int, default=3)
     parser.add_argument("--beside", default="500x0.2x8", help="the scheduling sweep: NxSECONDSxSLOTS")
+    parser.add_argument("--poll", nargs=2, metavar=("PORT", "TOKEN"), help=argparse.SUPPRESS)
     opts = parser.parse_args()
+    if opts.poll:
+        poll(int(opts.poll[0]), opts.poll[1])
+        return
     with tempfile.TemporaryDirectory() as tmp:
         page_and_updates(opts.experiments, opts.rounds, Path(tmp))
         n, seconds, slots = opts.beside.split("x")

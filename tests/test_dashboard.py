@@ -14,12 +14,15 @@ import sys
 
 import pytest
 
+from autotuner.dashboard.eta import Planner, planned_end
 from autotuner.dashboard.feed import SweepFeed, read_only, runner_pid
 from autotuner.ledger import Ledger
 from autotuner.lock import SweepLock
 from autotuner.states import State
+from autotuner.views.live import LiveView
+from autotuner.views.snapshot import snapshot
 
-from cli_rig import SLEEP_THEN_SUCCEED, Runners, autotune, env, write_launcher, write_sweep
+from cli_rig import SLEEP_THEN_SUCCEED, Runners, autotune, env, wait_until, write_launcher, write_sweep
 from dashboard_rig import start_dashboard
 from helpers import SWEEP_META, experiment
 
@@ -248,3 +251,29 @@ def test_new_sweeps_appear_and_two_are_compared(tmp_path, runners):
     # The stand-ins' throughput is a function of the name alone: each pair is the same, B / A is 1.
     assert all(r["ratio"] == 1.0 and r["verdict"] == "same" for r in compared["rows"])
     assert compared["only_a"] == compared["only_b"] == []
+
+
+def test_the_eta_is_the_terminals(tmp_path):
+    """The page's ETA is the live view's: the same re-plan of what waits and runs, at the same instant."""
+    ledger = Ledger.create(tmp_path, SWEEP_META)
+    ledger.add_experiments([experiment(f"e{i}") for i in range(8)], at=0.0)
+    for i in range(3):  # three ended, after 10, 20 and 30 s; one runs since t=95; four wait
+        ledger.start(f"e{i}", 1, slots={"localhost": [0]}, tag=f"t{i}", dir=str(tmp_path / f"e{i}"), at=10.0 * i)
+        ledger.finish(f"e{i}", 1, State.SUCCEEDED, 10.0 * i + 10 * (i + 1), metric=1.0, metrics={"throughput": 1.0})
+    ledger.start("e3", 1, slots={"localhost": [0]}, tag="t3", dir=str(tmp_path / "e3"), at=95.0)
+    ledger.close()
+    now = 100.0
+    snap = snapshot(tmp_path)
+    terminal = LiveView(snap, clock=lambda: now).state().planned_end
+    assert terminal is not None and terminal > now
+    assert planned_end(snap, (), now) == terminal
+
+    planner = Planner()
+    try:
+        feed = SweepFeed(tmp_path)
+        feed.refresh()
+        ours = feed.snapshot()  # the feed's own read model: only the experiments that wait or run are built
+        plan = wait_until(lambda: planner.end(ours, feed.seq, set(), now), message="a plan")
+        assert plan.end == terminal
+    finally:
+        planner.close()

@@ -1,8 +1,9 @@
 """The ETA the page shows: the terminal's own (`plan.time_left`, the scheduler's policies re-played on what
 waits and what runs), worked out on a thread of its own so that no request waits for a re-plan.
 
-Like the live view, a plan holds until the sweep moves or it has aged (`REPLAN_SECONDS`, or ten times what it
-cost); one plan at a time per sweep.
+A plan holds until it has aged (`REPLAN_SECONDS`, as the live view's, or ten times what it cost), however much the
+sweep moved meanwhile: a busy sweep moves several times a second, and a re-plan of hundreds of waiting
+experiments would then take a core from the runner. One plan at a time per sweep.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class Planner:
         key = snap.directory
         with self._lock:
             plan = self._plans.get(key)
-            due = plan is None or now >= plan.valid_until or (plan.seq != seq and now >= plan.made + 1.0)
+            due = plan is None or now >= plan.valid_until
             if due and key not in self._busy:
                 self._busy.add(key)
                 self._workers.start("plan", self._plan, snap, seq, tuple(lost), now)

@@ -36,6 +36,7 @@ from ..views.snapshot import Snapshot
 # The columns of a row before the swept parameters (then one per swept key, then one per metric).
 COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
            "peak_memory", "position")
+_MISSING = object()  # a swept key an experiment lacks
 # Past this many experiments moved since the last read, every latest attempt is read again in one query.
 BULK = 200
 
@@ -263,10 +264,12 @@ def _representatives(names: Sequence[str], table: Sequence[Mapping[str, Any]], k
     """The first experiment with each value of each swept key (and the first that lacks it), in sweep order:
     what `choose_axes` concludes from them is what it would from all, at a fraction of the cost."""
     chosen: dict[str, None] = {}
-    seen: set[tuple[str, str]] = set()
+    seen: set[tuple[str, tuple[str, Any]]] = set()
     for name, row in zip(names, table, strict=True):
         for key in keys:
-            mark = (key, json.dumps(row[key], sort_keys=True, default=str) if key in row else "\0missing")
+            value = row.get(key, _MISSING)
+            mark = (key, (type(value).__name__, value if isinstance(value, (str, int, float, bool, type(None)))
+                          else json.dumps(value, sort_keys=True, default=str)))
             if mark not in seen:
                 seen.add(mark)
                 chosen.setdefault(name)

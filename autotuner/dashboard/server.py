@@ -14,6 +14,7 @@ import logging
 import secrets
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -322,7 +323,8 @@ def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8
     bound = sock.getsockname()[1]
     # A cancel from the page with no runner alive holds the sweep's lock for a moment; `autotune cancel` run
     # meanwhile signals the holder (SIGUSR1), whose default action would end this server.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     server = uvicorn.Server(uvicorn.Config(create_app(dashboard), log_level="warning", access_log=False,
                                            lifespan="off"))
     announce(f"serving {len(dashboard.sweeps.scan())} sweep(s) under {', '.join(map(str, dashboard.roots))}")
