@@ -277,3 +277,13 @@ def test_the_eta_is_the_terminals(tmp_path):
         assert plan.end == terminal
     finally:
         planner.close()
+
+
+def test_without_the_extra_the_command_says_what_to_install(tmp_path):
+    code = ("import sys; sys.modules['uvicorn'] = None\n"  # as if the dashboard extra were not installed
+            "from autotuner.cli import main\n"
+            f"sys.argv = ['autotune', 'dashboard', {str(tmp_path)!r}]\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "pip install 'ds-autotune[dashboard]'" in done.stderr and done.stderr.count("\n") == 1
