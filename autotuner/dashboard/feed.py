@@ -221,9 +221,15 @@ class SweepFeed:
                 # config and command), as `snapshot(every_experiment=False)` reads them.
                 probe = Snapshot(self.directory, self.meta.name, metric, {}, attempts, self.meta)
                 needed = [a.name for a in attempts if a.state in (State.QUEUED, State.RUNNING)]
-                needed += [a.name for a in probe.best_by_type.values()] + ([probe.best.name] if probe.best else [])
+                needed += [a.name for a in probe.best_by_type.values()] if probe.by_type else []
+                needed += [probe.best.name] if probe.best else []
                 experiments = {n: e for n in needed if (e := self._experiment(n)) is not None}
-                self._snapshot = Snapshot(self.directory, self.meta.name, metric, experiments, attempts, self.meta)
+                snap = Snapshot(self.directory, self.meta.name, metric, experiments, attempts, self.meta)
+                # The ranking and the types do not depend on the experiments: worked out once, not twice.
+                for key in ("ranked", "runs", "_run_of", "host_types", "slot_types", "types", "best_by_type"):
+                    if key in probe.__dict__:
+                        snap.__dict__[key] = probe.__dict__[key]
+                self._snapshot = snap
             return self._snapshot
 
     def columns(self) -> tuple[str, ...]:
