@@ -90,23 +90,27 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
     print(f"sweep of {n}: {', '.join(f'{k} {v}' for k, v in counts.items())}", flush=True)
     served = Served(directory)
     try:
+        cpu = served.cpu_seconds()
         listed = served.get("/api/sweeps")
+        used = served.cpu_seconds() - cpu
         (sid,) = [s["id"] for s in decoded(listed[3])["sweeps"]]
-        print(f"the list of sweeps, cold (the dashboard's first read of the ledger): server {listed[0]:.0f} ms, "
-              f"wall {listed[1]:.0f} ms, {listed[2]} B")
+        print(f"the list of sweeps, cold (the dashboard's first read of the ledger): server {listed[0]:.0f} ms "
+              f"(CPU {used * 1000:.0f} ms), wall {listed[1]:.0f} ms, {listed[2]} B")
         assets = [served.get(p)[2] for p in ("/", "/static/app.js", "/static/app.css", "/static/plotly.min.js")]
         print(f"page assets (gzip): {sum(assets) / 1e6:.2f} MB, of which plotly.min.js {assets[-1] / 1e6:.2f} MB")
+        cpu = served.cpu_seconds()
         cold = served.get(f"/api/sweeps/{sid}?since=-1")  # its first: the rows are encoded for the first time
+        used = served.cpu_seconds() - cpu
         firsts = [served.get(f"/api/sweeps/{sid}?since=-1") for _ in range(rounds)]
         raw = served.get(f"/api/sweeps/{sid}?since=-1", gzip=False)
         first = decoded(cold[3])
-        print(f"first answer: server {cold[0]:.0f} ms, wall {cold[1]:.0f} ms, {cold[2] / 1e3:.0f} kB gzip "
-              f"({raw[2] / 1e6:.2f} MB raw), {len(first['rows'])} rows")
+        print(f"first answer: server {cold[0]:.0f} ms (CPU {used * 1000:.0f} ms, gzip included), wall "
+              f"{cold[1]:.0f} ms, {cold[2] / 1e3:.0f} kB gzip ({raw[2] / 1e6:.2f} MB raw), {len(first['rows'])} rows")
         print(f"first answer, warm (median of {rounds}): server {statistics.median(f[0] for f in firsts):.0f} ms, "
               f"wall {statistics.median(f[1] for f in firsts):.0f} ms")
         seq, sv = first["seq"], first["sv"]
         queued = [r[0] for r in first["rows"] if r[1] == State.QUEUED]
-        changed, idle = [], []
+        changed, idle, spent = [], [], []
         for name in queued[:rounds]:
             ledger = Ledger.open(directory)
             ledger.start(name, 1, slots={"localhost": [0]}, tag=f"bench.{name}.1", dir=str(directory / name),
@@ -114,12 +118,15 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
             ledger.finish(name, 1, State.SUCCEEDED, time.time(), exit_code=0, metric=9999.0,
                           metrics={"throughput": 9999.0})
             ledger.close()
+            cpu = served.cpu_seconds()
             got = served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}")
+            spent.append(served.cpu_seconds() - cpu)
             body = decoded(got[3])
             assert not body["full"] and [r[0] for r in body["rows"]] == [name], body["rows"]
             changed.append(got)
             seq, sv = body["seq"], body.get("sv", sv)
             idle.append(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}"))
+        print(f"update, one experiment ran: CPU {statistics.median(spent) * 1000:.0f} ms (median)")
         for label, got in (("update, one experiment ran", changed), ("update, nothing new", idle)):
             print(f"{label} (median of {len(got)}): server {statistics.median(g[0] for g in got):.1f} ms, "
                   f"wall {statistics.median(g[1] for g in got):.1f} ms, {statistics.median(g[2] for g in got):.0f} B")
