@@ -11,14 +11,16 @@ import socket
 import sqlite3
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from autotuner.dashboard.eta import Planner, planned_end
-from autotuner.dashboard.feed import SweepFeed, read_only, runner_pid
+from autotuner.dashboard.feed import COLUMNS, SweepFeed, read_only, runner_pid
+from autotuner.dashboard.summary import standing
 from autotuner.ledger import Ledger
 from autotuner.lock import SweepLock
-from autotuner.states import State
+from autotuner.states import Reason, State
 from autotuner.views.live import LiveView
 from autotuner.views.snapshot import snapshot
 
@@ -287,3 +289,28 @@ def test_without_the_extra_the_command_says_what_to_install(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "pip install 'ds-autotune[dashboard]'" in done.stderr and done.stderr.count("\n") == 1
+
+
+def test_per_gpu_type_bests_and_lost_nodes(tmp_path):
+    meta = replace(SWEEP_META, slots={"a": (0, 1), "b": (0,)}, gpu_types={"a": "A100", "b": "H100"})
+    ledger = Ledger.create(tmp_path, meta)
+    ledger.add_experiments([experiment(f"e{i}") for i in range(5)], at=0.0)
+    for i, (host, value) in enumerate((("a", 5.0), ("a", 7.0), ("b", 3.0))):
+        ledger.start(f"e{i}", 1, slots={host: [0]}, tag=f"t{i}", dir=str(tmp_path / f"e{i}"), at=1.0)
+        ledger.finish(f"e{i}", 1, State.SUCCEEDED, 2.0, metric=value, metrics={"throughput": value})
+    ledger.start("e3", 1, slots={"b": [0]}, tag="t3", dir=str(tmp_path / "e3"), at=3.0)
+    ledger.finish("e3", 1, State.FAILED, 4.0, reason=Reason.LOST, detail="host b stopped answering")
+    ledger.start("e4", 1, slots={"a": [1]}, tag="t4", dir=str(tmp_path / "e4"), at=5.0)
+    ledger.close()
+    feed = SweepFeed(tmp_path)
+    feed.refresh()
+    snap = feed.snapshot()
+    made = standing(snap, "id", tmp_path.parent)
+    assert [(b["gpu_type"], b["name"], b["value"]) for b in made["best"]] == [("A100", "e1", 7.0), ("H100", "e2", 3.0)]
+    assert all(b["config"] is not None and "--deepspeed_config" in b["command"] for b in made["best"])
+    assert made["types"] == ["A100", "H100"] and made["lost"] == ["b"]
+    nodes = {n["host"]: n for n in made["nodes"]}
+    assert nodes["b"]["lost"] and not nodes["a"]["lost"]
+    assert [s["run"] for s in nodes["a"]["slots"]] == [None, "e4"]
+    rows = {r[0]: r for r in feed.changes(-1).rows}
+    assert rows["e1"][COLUMNS.index("gpu_type")] == "A100" and rows["e2"][COLUMNS.index("gpu_type")] == "H100"
