@@ -145,7 +145,7 @@ function sweepLine(s) {
   const eta = s.eta.end ? seconds(s.eta.end - Date.now() / 1000) : (s.eta.why === "finished" ? "done" : "?");
   return el("tr", {},
     el("td", { class: "name" }, el("a", { href: "#/s/" + s.id }, s.name)), el("td", {}, s.directory),
-    el("td", {}, s.runner ? stateBadge("running") : el("span", { class: "muted" }, "no runner")),
+    el("td", {}, s.runner ? stateBadge("running") : el("span", { class: "muted" }, (c.queued || c.running) ? "stopped (no runner)" : "finished")),
     el("td", { class: "num" }, number(c.succeeded || 0) + " / " + number(s.total)),
     el("td", { class: "num" }, number(c.running || 0)), el("td", { class: "num" }, number(c.queued || 0)),
     el("td", { class: "num" }, number((c.failed || 0) + (c.timed_out || 0))),
@@ -414,13 +414,15 @@ async function buildCompare(S) {
   pick.onchange = async () => {
     if (!pick.value) return out.replaceChildren();
     const d = await (await api("/api/compare?a=" + S.id + "&b=" + pick.value)).json();
-    out.replaceChildren(
+    const other = sweeps.find((s) => s.id === pick.value);
+    out.replaceChildren(...[
       el("p", {}, "B / A of " + d.metric + ": geometric mean " + (d.geomean_ratio ? d.geomean_ratio.toFixed(3) : "?") + " (" + (d.verdict || "nothing to compare") + ")",
-        el("br"), el("span", { class: "muted" }, "A: " + d.a + " · B: " + d.b)),
+        el("br"), el("span", { class: "muted" }, "A: " + (S.summary ? S.summary.directory : d.a) + " · B: " + (other ? other.directory : d.b))),
       el("div", { class: "tablewrap" }, el("table", { id: "comparison" }, el("thead", {}, el("tr", {}, ["experiment", "A", "A " + d.metric, "B", "B " + d.metric, "B / A", ""].map((h) => el("th", {}, h)))),
         el("tbody", {}, d.rows.map((r) => el("tr", {}, el("td", { class: "name" }, r.name), el("td", {}, stateBadge(r.a_state)), el("td", { class: "num" }, number(r.a_metric)),
           el("td", {}, stateBadge(r.b_state)), el("td", { class: "num" }, number(r.b_metric)), el("td", { class: "num" }, r.ratio ? r.ratio.toFixed(3) : ""), el("td", {}, r.verdict)))))),
-      d.only_a.length || d.only_b.length ? el("p", { class: "muted" }, "only in A: " + (d.only_a.join(", ") || "none") + " · only in B: " + (d.only_b.join(", ") || "none")) : null);
+      d.only_a.length || d.only_b.length ? el("p", { class: "muted" }, "only in A: " + (d.only_a.join(", ") || "none") + " · only in B: " + (d.only_b.join(", ") || "none")) : null,
+    ].filter(Boolean));
   };
 }
 
