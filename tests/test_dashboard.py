@@ -314,3 +314,20 @@ def test_per_gpu_type_bests_and_lost_nodes(tmp_path):
     assert [s["run"] for s in nodes["a"]["slots"]] == [None, "e4"]
     rows = {r[0]: r for r in feed.changes(-1).rows}
     assert rows["e1"][COLUMNS.index("gpu_type")] == "A100" and rows["e2"][COLUMNS.index("gpu_type")] == "H100"
+
+
+def test_a_page_further_behind_than_the_reads_kept_gets_every_row(tmp_path, monkeypatch):
+    monkeypatch.setattr("autotuner.dashboard.feed.KEPT_READS", 4)
+    ledger = Ledger.create(tmp_path, SWEEP_META)
+    ledger.add_experiments([experiment(f"e{i}") for i in range(6)], at=0.0)
+    feed = SweepFeed(tmp_path)
+    feed.refresh()
+    seen = [feed.seq]
+    for i in range(6):
+        ledger.finish(f"e{i}", 1, State.CANCELLED, 1.0 + i)
+        feed.refresh()
+        seen.append(feed.seq)
+    ledger.close()
+    assert feed.changes(seen[0]).full  # its reads were let go
+    recent = feed.changes(seen[-2])
+    assert not recent.full and [r[0] for r in recent.rows] == ["e5"]

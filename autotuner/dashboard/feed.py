@@ -37,6 +37,7 @@ from ..views.snapshot import Snapshot
 COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
            "peak_memory", "position")
 _MISSING = object()  # a swept key an experiment lacks
+KEPT_READS = 10_000  # reads whose moved experiments are kept to answer "since N" (a long tune reads many)
 # Past this many experiments moved since the last read, every latest attempt is read again in one query.
 BULK = 200
 
@@ -132,6 +133,7 @@ class SweepFeed:
         self.keys: list[str] = []  # the swept parameters
         self.metric_columns: tuple[str, ...] = ()
         self.layout_seq = 0  # the transition at which the columns last changed
+        self._floor = 0  # the last transition whose moves were let go (`KEPT_READS`)
         self.axes: tuple[str, str | None] = ("train_micro_batch_size_per_gpu", "zero_optimization.stage")
         self._params: dict[str, list[Any]] = {}
         self._position: dict[str, int] = {}
@@ -167,6 +169,9 @@ class SweepFeed:
             self.attempts[a.name] = a
         if self.seq >= 0:
             self._moved.append((top, [a.name for a in latest]))
+            if len(self._moved) > KEPT_READS:  # a page further behind than the reads kept is sent every row
+                self._floor = self._moved[KEPT_READS // 2 - 1][0]
+                del self._moved[:KEPT_READS // 2]
         if added:
             self.attempts = {n: self.attempts[n] for n in self.specs if n in self.attempts}
         self._columns(top, added)
@@ -239,7 +244,7 @@ class SweepFeed:
         """The rows a page that last saw transition `since` lacks (all when `since` < 0 or the columns moved)."""
         snap = self.snapshot()
         with self._lock:
-            full = since < 0 or since < self.layout_seq or since > self.seq
+            full = since < 0 or since < max(self.layout_seq, self._floor) or since > self.seq
             if full:
                 names = list(self.attempts)
             else:  # the reads after `since`, found by bisection: an idle poll costs nothing per experiment
