@@ -12,7 +12,8 @@ CHUNK = 256 * 1024  # the most one request returns: a long log is followed in pi
 
 
 class Refused(Exception):
-    """A path the dashboard does not serve, with the HTTP status that says why."""
+    """A request the dashboard refuses (a path it does not serve, a bad value, no token): the HTTP status and
+    one line saying why."""
 
     def __init__(self, status: int, message: str):
         super().__init__(message)

@@ -93,18 +93,10 @@ class Dashboard:
         return kept[1]
 
 
-class Problem(Exception):
-    """A request refused: its HTTP status and one line saying why."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
 def _authorized(request: Request, dashboard: Dashboard) -> None:
     given = request.headers.get(TOKEN_HEADER, "")
     if not hmac.compare_digest(given.encode(), dashboard.token.encode()):
-        raise Problem(403, "the token printed with the dashboard's URL is needed (open that URL)")
+        raise Refused(403, "the token printed with the dashboard's URL is needed (open that URL)")
 
 
 def _int(request: Request, name: str, default: int) -> int:
@@ -114,14 +106,14 @@ def _int(request: Request, name: str, default: int) -> int:
     try:
         return int(text)
     except ValueError:
-        raise Problem(400, f"{name} must be a whole number") from None
+        raise Refused(400, f"{name} must be a whole number") from None
 
 
 def _sweep(request: Request, dashboard: Dashboard, key: str | None = None) -> Served:
     sid = key if key is not None else str(request.path_params["sweep"])
     served = dashboard.sweeps.get(sid)
     if served is None:
-        raise Problem(404, f"no sweep {sid[:40]!r} is served here")
+        raise Refused(404, f"no sweep {sid[:40]!r} is served here")
     return served
 
 
@@ -133,7 +125,7 @@ def api(handler: Callable[[Request, Dashboard], Response]) -> Callable[[Request]
         try:
             _authorized(request, dashboard)
             response = handler(request, dashboard)
-        except (Problem, Refused) as e:
+        except Refused as e:
             response = JSONResponse({"error": str(e)}, status_code=e.status)
         except UserError as e:
             response = JSONResponse({"error": str(e)}, status_code=409)
@@ -181,7 +173,7 @@ def experiment(request: Request, dashboard: Dashboard) -> Response:
     with read_only(served.feed.directory) as reader:
         found = reader.ledger.experiments([name])
         if not found:
-            raise Problem(404, "no such experiment in this sweep")
+            raise Refused(404, "no such experiment in this sweep")
         attempts = reader.ledger.attempts(name)
         sweep_name = reader.ledger.meta().name
     where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
@@ -227,12 +219,12 @@ def comparison(request: Request, dashboard: Dashboard) -> Response:
 def cancel_runs(request: Request, dashboard: Dashboard) -> Response:
     """Cancel experiments (or the whole sweep: no names) through `autotuner.cancel`, as `autotune cancel` does."""
     if not dashboard.allow_cancel:
-        raise Problem(403, "cancelling from the page is off: start the dashboard with --allow-cancel")
+        raise Refused(403, "cancelling from the page is off: start the dashboard with --allow-cancel")
     origin = request.headers.get("origin")
     if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
-        raise Problem(403, "a request from another origin is refused")
+        raise Refused(403, "a request from another origin is refused")
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
-        raise Problem(415, "send JSON: {\"names\": [...]}")
+        raise Refused(415, "send JSON: {\"names\": [...]}")
     served = _sweep(request, dashboard)
     names = _names(request.state.body)
     done = cancel(served.feed.directory, names)
@@ -243,10 +235,10 @@ def _names(body: bytes) -> list[str]:
     try:
         data = json.loads(body or b"{}")
     except (ValueError, RecursionError):
-        raise Problem(400, "the body is not JSON") from None
+        raise Refused(400, "the body is not JSON") from None
     names = data.get("names", []) if isinstance(data, dict) else None
     if not isinstance(names, list) or len(names) > MAX_NAMES or not all(isinstance(n, str) and n for n in names):
-        raise Problem(400, "names must be a list of experiment names (empty: the whole sweep)")
+        raise Refused(400, "names must be a list of experiment names (empty: the whole sweep)")
     return names
 
 
