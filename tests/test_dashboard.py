@@ -217,6 +217,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         assert "Traceback" not in done.stderr and done.stdout == ""
     done = autotune("dashboard", tmp_path / "nope")
     assert done.stderr.strip().count("\n") == 0 and "nope: no such directory" in done.stderr
+    with socket.create_server(("127.0.0.1", 0)) as taken:  # a port another program listens on
+        done = autotune("dashboard", tmp_path, "--port", taken.getsockname()[1])
+    assert done.returncode == 2 and "cannot listen on 127.0.0.1" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_binding_beyond_loopback_says_what_that_means(finished, runners):
