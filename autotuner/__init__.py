@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
 
     from .cluster import Cluster, check_gpu_needs
     from .core import PLACEMENTS
+    from .dashboard import serve as serve_dashboard
     from .learned import peaks_by_digest as measured_peaks
     from .metrics import KNOWN, Metric, metric_named
     from .outputs import check_output, check_results_directory
@@ -124,6 +125,8 @@ _LAZY = {
     "check_results_directory": (".outputs", "check_results_directory"),
     "read_tune": (".tunerequest", "read_tune"),
     "TuneRequest": (".tunerequest", "TuneRequest"),
+    # `autotune dashboard`: the web stack (an optional extra) only when served.
+    "serve_dashboard": (".dashboard", "serve"),
 }
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
@@ -133,8 +136,8 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", 
            "check_gpu_needs", "check_hosts", "check_output", "check_results_directory", "default_directory",
            "execute", "load", "load_cluster", "load_sweep", "measured_peaks", "metric_named", "plan_sweep", "prepare",
            "prepare_tune", "read_tune", "render_compare", "render_hosts", "render_plan", "render_report",
-           "render_result", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
-           "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
+           "render_result", "render_status", "resume", "resume_plan", "run", "serve_dashboard", "snapshot",
+           "spec_changes", "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:
