@@ -61,6 +61,10 @@ assert len(_MIGRATIONS) == SCHEMA_VERSION
 # SQLITE_FORMAT, SQLITE_NOTADB. A full disk or a lock is something else, and is not reported as damage.
 _DAMAGE_CODES = (11, 24, 26)
 
+# Experiments read by name in one query when there are at most this many (SQLite bounds a statement's
+# parameters); more are read with the rest and picked in Python.
+_FEW = 500
+
 
 class TransitionError(Exception):
     """A transition the state machine forbids (e.g. leaving a terminal state): a bug, not bad input."""
@@ -523,9 +527,14 @@ class Ledger:
 
     def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
         """Every experiment in the sweep's order, or only those named (only their specs are decoded)."""
-        rows = self._db.execute("SELECT name, spec FROM experiments ORDER BY position").fetchall()
-        wanted = None if names is None else set(names)
-        return [self._experiment(r["spec"]) for r in rows if wanted is None or r["name"] in wanted]
+        wanted = None if names is None else sorted(set(names))
+        if wanted is not None and len(wanted) <= _FEW:  # a report's bests: only their rows are read
+            rows = self._db.execute(f"SELECT name, spec FROM experiments WHERE name IN ({','.join('?' * len(wanted))}) "
+                                    "ORDER BY position", wanted).fetchall()
+        else:
+            rows = self._db.execute("SELECT name, spec FROM experiments ORDER BY position").fetchall()
+        chosen = None if wanted is None else set(wanted)
+        return [self._experiment(r["spec"]) for r in rows if chosen is None or r["name"] in chosen]
 
     def specs(self) -> list[dict[str, Any]]:
         """Every experiment's recorded spec as JSON data, in the sweep's order, without building `Experiment`s
