@@ -5,11 +5,16 @@ The search is driven in process (no runner, no processes): a space large enough 
 0-3, micro-batch sizes 1..1024 doubling, full mode's knobs on stages 1 and 2: 1,606 points), proposals of 8 at a
 time each told its outcome at once by a fixed rule (a size past a stage's memory runs out of memory, throughput a
 known function of stage and size). Then one decision (`propose(1)`) is timed, `--repeat` times, each told its
-outcome before the next; the median is printed. gridsearch walks each stage's sizes and ends after a few dozen
-trials: its row says how many it ran. A tuner that ends before N trials says so.
+outcome before the next; the median is printed, in CPU time (the search runs in this one thread: on a loaded
+machine its CPU time moves far less than its wall time). gridsearch walks each stage's sizes and ends after a few
+dozen trials: its row says how many it ran.
 
   python benchmarks/tuner_cost.py --trials 10,100,1000 --tuners gridsearch,random,model_based
-  python benchmarks/tuner_cost.py --trials 1000 --tuners model_based --resume
+  python benchmarks/tuner_cost.py --trials 1000 --tuners model_based --resume --via random
+
+model_based's own history to 1,000 trials takes long to grow (every decision is TPE's sampling, several asks when
+it keeps choosing points tried); `--via random` grows it with the random tuner's draws on the same points and
+replays them into the tuner timed, as `resume` would: the decisions timed are then that tuner's own.
 """
 from __future__ import annotations
 
@@ -49,9 +54,10 @@ def outcome(e: Experiment) -> Outcome:
         1.1 if zero.get("overlap_comm") else 1.0)
 
 
-def grown(tuner: str, trials: int) -> tuple[Search, list[Experiment]]:
-    """A search that has proposed and learnt about `trials` experiments (fewer if it ended first)."""
-    search = search_for(spec(tuner))
+def grown(tuner: str, trials: int, via: str | None = None) -> tuple[Search, list[Experiment]]:
+    """A search that has proposed and learnt about `trials` experiments (fewer if it ended first). `via`: the
+    history is another tuner's (on the same points), replayed into this one as a resume would."""
+    search = search_for(spec(via or tuner))
     ledger: list[Experiment] = []
     while len(ledger) < trials:
         got = search.propose(min(8, trials - len(ledger)), 0.0)
@@ -60,29 +66,32 @@ def grown(tuner: str, trials: int) -> tuple[Search, list[Experiment]]:
         for e in got:
             search.learn(e, *outcome(e))
         ledger += got
+    if via is not None:
+        search = search_for(spec(tuner))
+        search.replay(ledger, {e.name: outcome(e) for e in ledger})
     return search, ledger
 
 
 def decision(search: Search, repeat: int) -> float:
-    """Median seconds of one `propose(1)`, each told its outcome before the next."""
+    """Median CPU seconds of one `propose(1)`, each told its outcome before the next."""
     took = []
     for _ in range(repeat):
-        started = time.perf_counter()
+        started = time.process_time()
         got = search.propose(1, 0.0)
-        took.append(time.perf_counter() - started)
+        took.append(time.process_time() - started)
         for e in got:
             search.learn(e, *outcome(e))
     return statistics.median(took)
 
 
 def rebuilt(tuner: str, ledger: list[Experiment]) -> float:
-    """Seconds from a new search to its first decision, rebuilt from a ledger of `ledger` (as `resume` does)."""
+    """CPU seconds from a new search to its first decision, rebuilt from a ledger of `ledger` (as `resume` does)."""
     ended = {e.name: outcome(e) for e in ledger}
-    started = time.perf_counter()
+    started = time.process_time()
     search = search_for(spec(tuner))
     search.replay(ledger, ended)
     search.propose(1, 0.0)
-    return time.perf_counter() - started
+    return time.process_time() - started
 
 
 def main() -> None:
@@ -91,11 +100,12 @@ def main() -> None:
     parser.add_argument("--tuners", default="gridsearch,random,model_based")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--resume", action="store_true", help="also time a rebuilt search's first decision")
+    parser.add_argument("--via", help="grow each history with this tuner (random: fast), replayed into the one timed")
     opts = parser.parse_args()
     for tuner in opts.tuners.split(","):
         for n in map(int, opts.trials.split(",")):
             started = time.perf_counter()
-            search, ledger = grown(tuner, n)
+            search, ledger = grown(tuner, n, opts.via)
             built = time.perf_counter() - started
             cost = decision(search, opts.repeat)
             line = f"{tuner:<12} {len(ledger):>5} trials: one decision {cost * 1000:8.2f} ms (median of {opts.repeat})"
