@@ -119,7 +119,7 @@ def wall(*args: object, code: Path | None = None, command: list[str] | None = No
     CPU time moves far less than the wall time."""
     cpu, started = cpu_of_children(), time.perf_counter()
     done = subprocess.run(command or cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          env=code_env(code))
+                          env=code_env(code), cwd=code or ROOT)  # `-m` and `-c` put the cwd first on sys.path
     took = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(map(str, command or args))} failed: {done.stderr}")
@@ -156,7 +156,7 @@ def first_launch(template: Path, workdir: Path, round_: int, code: Path | None =
     env = {**code_env(code), "STANDIN_SECONDS": "5"}
     started = time.time()
     proc = subprocess.Popen(cli("resume", directory, "-q", "--grace", "1"), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, cwd=code or ROOT)
     try:
         seen = None
         while seen is None:
@@ -171,7 +171,8 @@ def first_launch(template: Path, workdir: Path, round_: int, code: Path | None =
             if seen is None:
                 time.sleep(0.005)
         took = seen - started
-        stop = subprocess.run(cli("cancel", directory), capture_output=True, text=True, env=code_env(code))
+        stop = subprocess.run(cli("cancel", directory), capture_output=True, text=True, env=code_env(code),
+                              cwd=code or ROOT)
         if stop.returncode != 0:
             proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
