@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,8 @@ DEFAULT_TRIALS = 50  # DeepSpeed's tuner_num_trials default: the sampling tuners
 DEFAULT_PATIENCE = 5  # DeepSpeed's tuner_early_stopping default, likewise
 DEFAULT_CONFIRM = 2  # configs re-run when the user says nothing, once more than this many succeeded
 RERUN = re.compile(r"(.+)_confirm([0-9]+)")
+WORTH = 0.01  # a larger size is sought only while it could measure this fraction better (see `_worth`)
+CAPPED = 1 / 3  # how far a lower stage probes towards a size a higher stage's run may yet rule out (log scale)
 PROFILE = "profile"  # the profile run's name: PREFIX_profile
 log = logging.getLogger(__name__)
 
@@ -171,6 +174,12 @@ def profile_facts(spec: SearchSpec, metrics: Mapping[str, float] | None, name: s
 
 
 
+def midpoint(low: int, high: int, share: float = 0.5) -> int:
+    """The size `share` of the way from `low` to `high` on the log scale (halfway: bisection), strictly between
+    them (`low` when none is)."""
+    return max(low + 1, min(high - 1, round(low * (high / low) ** share))) if high - low > 1 else low
+
+
 def sizes(spec: SearchSpec) -> list[int]:
     """The micro-batch sizes of the grid the sampling tuners draw from: doubling from the smallest allowed,
     the largest allowed last."""
@@ -187,6 +196,7 @@ class _Stage:
 
     fits: dict[int, float] = field(default_factory=dict)
     too_big: set[int] = field(default_factory=set)
+    oom: set[int] = field(default_factory=set)  # of too_big, those that ran out of memory (not out of time)
     out: set[int] = field(default_factory=set)  # proposed, not ended yet
     crashed: set[int] = field(default_factory=set)  # failed for a reason that says nothing of memory
     given_up: bool = False
@@ -319,6 +329,7 @@ class Search:
         so for every setting; one with knobs, for those knobs)."""
         known = self.stages.get(stage)
         return known is not None and not known.given_up and not known.pruned(mbs) and \
+            mbs < (self.ruled_out_above(stage) or mbs + 1) and \
             mbs < self.knob_oom.get((stage, knobs), mbs + 1) and \
             self.experiment(stage, mbs, knobs=knobs).name not in self.proposed
 
@@ -362,6 +373,26 @@ class Search:
         fits = self.stages[stage].fits
         return min(fits, key=lambda mbs: (self.metric.sort_key(fits[mbs]), -mbs))
 
+    # --- what the stages tell each other -----------------------------------------------------------------
+    def ordered(self) -> bool:
+        """Whether the runs agree that a lower ZeRO stage needs at least the memory of a higher one at the same
+        size (what partitioning more implies; with one data-parallel GPU only the buffers differ): no stage
+        fits at or above a size where a higher stage ran out of memory. A run that contradicts it turns the
+        inference off (`vouched`, `ruled_out_above`)."""
+        return not any(fit >= oom for high, known in self.stages.items() for oom in known.oom
+                       for low, other in self.stages.items() if low < high for fit in other.fits)
+
+    def vouched(self, stage: int) -> int | None:
+        """The largest size known to fit at `stage`: its own, or one that fits at a lower stage."""
+        lower = [s for s in self.stages if s < stage] if self.ordered() else []
+        return max((m for s in (stage, *lower) for m in self.stages[s].fits), default=None)
+
+    def ruled_out_above(self, stage: int) -> int | None:
+        """The smallest size known not to fit at `stage`: its own out of memory or time, or one where a higher
+        stage ran out of memory."""
+        higher = [s for s in self.stages if s > stage] if self.ordered() else []
+        return min([*self.stages[stage].too_big, *(m for s in higher for m in self.stages[s].oom)], default=None)
+
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None) -> None:
         """One ended run (or, replaying, one recorded). Interrupted or cancelled ones teach nothing: they are
@@ -392,6 +423,8 @@ class Search:
                 return
         elif state in (State.FAILED, State.TIMED_OUT) and (reason == Reason.OOM or state == State.TIMED_OUT):
             known.too_big.add(mbs)
+            if reason == Reason.OOM:
+                known.oom.add(mbs)
         elif state in (State.FAILED, State.SUCCEEDED):  # a crash, a refused config, no metric: not a size answer
             known.crashed.add(mbs)
             known.given_up = True
@@ -551,20 +584,20 @@ class MicroBatchSearch(Search):
     """gridsearch, the structured walk (see the module docstring)."""
 
     def choose(self, room: int) -> list[Experiment]:
-        """One size per stage while it searches, several once it measures; breadth first: each stage's next size
-        before any stage's second, the stages that have had the fewest answers first, so that with few slots every
-        stage gets its first answers early."""
+        """One size per stage while it searches, several once it measures; each stage's next size before any
+        stage's second, the highest stage first (its OOMs rule out the lower stages' sizes, and a lower stage
+        probes below a size a higher one has out: `_next`)."""
         proposed: list[Experiment] = []
-        wanted = {stage: self._next(known) for stage, known in self.stages.items()}
-        answers = {stage: len(known.fits) + len(known.too_big) for stage, known in self.stages.items()}
-        for stage in sorted(wanted, key=answers.__getitem__):
-            sizes = wanted[stage]
+        order = sorted(self.stages, reverse=True)
+        for stage in order:
+            sizes = self._next(stage)  # after the higher stages' takes: they bound it
             if sizes and len(proposed) < room and not self._spent():
                 experiment = self.take(stage, sizes[0])
                 if experiment is not None:
                     proposed.append(experiment)
-        for stage, known in self.stages.items():
-            for mbs in wanted[stage][1:]:
+        for stage in order:
+            known = self.stages[stage]
+            for mbs in self._next(stage) if known.fits and not self._probe(stage) else []:
                 if len(proposed) >= room or self._spent():
                     return proposed
                 experiment = self.take(stage, mbs)
@@ -583,7 +616,7 @@ class MicroBatchSearch(Search):
         knob's other values are tried with the others at the best found so far, the best kept (ties keep what
         was), then the next knob. The knobs that wait for a run, or none once every knob was swept."""
         space = self.spaces.get(stage)
-        if not space or known.given_up or known.out or not known.fits or self._next(known):
+        if not space or known.given_up or known.out or not known.fits or self._next(stage):
             return []
         mbs = self.best_size(stage)
         best, value = {k: v[0] for k, v in space.items()}, known.fits[mbs]
@@ -598,32 +631,73 @@ class MicroBatchSearch(Search):
                     best, value = best | dict(knobs), measured
         return []
 
-    def _next(self, known: _Stage) -> list[int]:
-        """The sizes of a stage to try next, given what is known of it."""
+    def _next(self, stage: int) -> list[int]:
+        """The sizes of a stage to try next, given what is known of it and of the other stages: while it
+        searches, the one size `_probe` names; once the largest worth knowing is known, those to measure."""
+        known = self.stages[stage]
         if known.given_up:
             return []
-        spec = self.spec
         fit = max(known.fits, default=None)
-        small = min(known.too_big, default=None)
+        probe = self._probe(stage)
         if known.out:
-            return self._measure(known, fit) if self._searched(known, fit, small) else []
-        if fit is None:  # from the largest allowed (or predicted), else the smallest; out if the smallest does not fit
+            searched = probe is None and not any(m > (fit or 0) for m in known.out)
+            return self._measure(known, fit) if searched else []
+        if probe is None:
+            return self._measure(known, fit)
+        pending = min((m for s, other in self.stages.items() if s > stage and self.ordered() for m in other.out),
+                      default=None)
+        if pending is not None and probe >= pending:  # a higher stage's run there may rule it out: probe below it
+            below = self._probe(stage, pending)
+            return [below] if below is not None and below < pending else []
+        return [probe]
+
+    def _probe(self, stage: int, cap: int | None = None) -> int | None:
+        """The size the search of a stage tries next; None once the largest size worth knowing is known.
+        Between the largest size known to fit (`vouched`) and the smallest known not to (`ruled_out_above`),
+        bisection on the log scale (the largest size that fits is unknown by orders of magnitude); with no
+        size known not to fit, doubling; with none known to fit, from the largest allowed (or predicted)."""
+        spec, known = self.spec, self.stages[stage]
+        low, small = self.vouched(stage), self.ruled_out_above(stage)
+        share = 0.5
+        if cap is not None:  # a size a run that has not ended may rule out, taken as ruled out, and kept far from
+            small, share = min(small or cap, cap), CAPPED
+        if low is None:
             if small is None:
                 bounded = spec.max_mbs if spec.max_mbs < MAX_MICRO_BATCH else spec.min_mbs
-                return [max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))]
-            return [spec.min_mbs] if small > spec.min_mbs else []
-        if small is None:
-            ceiling = known.ceiling()
-            if fit < ceiling:
-                return [min(fit * 2, ceiling)]
-        elif small - fit > 1:
-            return [(fit + small) // 2]
-        return self._measure(known, fit)
+                return max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))
+            if small <= spec.min_mbs:
+                return None
+            if stage == min(self.stages):  # the most memory: whether it fits at all, in one run
+                return spec.min_mbs
+            return min(midpoint(spec.min_mbs, small, share), known.ceiling())
+        fit, ceiling = max(known.fits, default=None), known.ceiling()
+        if small is None and low < ceiling:
+            return min(low * 2, ceiling)
+        if small is not None and small - low > 1 and low < ceiling and \
+                (fit is None or self._worth(stage, fit, small)):
+            return min(midpoint(low, small, share), ceiling)
+        return low if low not in known.fits else None  # vouched for by a lower stage: measured here too
 
-    def _searched(self, known: _Stage, fit: int | None, small: int | None) -> bool:
-        """The largest size that fits is known (only measuring remains)."""
-        return fit is not None and (fit >= self.spec.max_mbs or (small is not None and small - fit <= 1)) \
-            and not any(m > fit for m in known.out)
+    def _worth(self, stage: int, fit: int, small: int) -> bool:
+        """Whether sizes between `fit` (the largest that fits) and `small` (the smallest that does not) are worth
+        their runs: the best such a size could measure beats the best of the search, and beats `fit` by WORTH.
+        The best it could measure is `fit`'s value grown as the stage's two largest fits grew with the size
+        (at most in proportion: a step of more samples takes no less time); the search's best is each config's
+        mean over its runs, so that a lucky first measurement, once re-run, stops cutting the others short. A
+        metric better lower (latency)
+        has no such bound: its search goes on to the exact size."""
+        if self.metric.minimize:
+            return True
+        known = self.stages[stage]
+        value, growth = known.fits[fit], 1.0
+        below = [m for m in known.fits if m < fit]
+        if below:
+            near = max(below)
+            if known.fits[near] > 0 and value > 0:
+                growth = min(1.0, max(0.0, math.log(value / known.fits[near]) / math.log(fit / near)))
+        gain = ((small - 1) / fit) ** growth - 1
+        best = max((self.mean(name) for name in self.configs), default=None)  # re-runs correct a lucky first
+        return gain >= WORTH and (best is None or value * (1 + gain) > best)
 
     def _measure(self, known: _Stage, fit: int | None) -> list[int]:
         """Sizes below the largest that fits, worth measuring: three quarters and half of it, and so on."""
