@@ -588,6 +588,8 @@ class MicroBatchSearch(Search):
         stage's second, the highest stage first (its OOMs rule out the lower stages' sizes, and a lower stage
         probes below a size a higher one has out: `_next`)."""
         proposed: list[Experiment] = []
+        if self.busy:  # in rounds: what a stage learns bounds the others, so decisions wait for every answer
+            return proposed
         order = sorted(self.stages, reverse=True)
         for stage in order:
             sizes = self._next(stage)  # after the higher stages' takes: they bound it
@@ -662,9 +664,12 @@ class MicroBatchSearch(Search):
         if cap is not None:  # a size a run that has not ended may rule out, taken as ruled out, and kept far from
             small, share = min(small or cap, cap), CAPPED
         if low is None:
+            bounded = spec.max_mbs if spec.max_mbs < MAX_MICRO_BATCH else spec.min_mbs
+            start = max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))
             if small is None:
-                bounded = spec.max_mbs if spec.max_mbs < MAX_MICRO_BATCH else spec.min_mbs
-                return max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))
+                return start
+            if known.predicted is not None and not known.too_big:  # the model's size, below what others ruled out
+                return min(start, small - 1) if small > spec.min_mbs else None
             if small <= spec.min_mbs:
                 return None
             if stage == min(self.stages):  # the most memory: whether it fits at all, in one run
