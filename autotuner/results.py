@@ -175,7 +175,8 @@ def memory_note(snap: Snapshot) -> str | None:
             above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
             parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
     activation = f", {show(facts.activation)} of activations per sample" if facts.activation else ""
-    return (f"Memory model ({facts.source}: {facts.num_params} parameters{activation}; GPUs of "
+    trained = f" ({facts.trainable} trainable)" if facts.frozen else ""
+    return (f"Memory model ({facts.source}: {facts.num_params} parameters{trained}{activation}; GPUs of "
             f"{show(spec.gpu_memory)}, {show(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
 
 

@@ -164,13 +164,16 @@ class SearchSpec:
 
 def profile_facts(spec: SearchSpec, metrics: Mapping[str, float] | None, name: str) -> Facts | None:
     """The facts of a profile run's metrics (what DeepSpeed's engine wrote to its model info file): the activation
-    memory it measured at the smallest size, per sample; None when it holds no parameter count."""
+    memory it measured at the smallest size, per sample, and the trainable parameters it counted; None when it
+    holds no parameter count."""
     num_params = (metrics or {}).get("num_params")
     if not num_params or num_params <= 0:
         return None
     activation = (metrics or {}).get("activation_mem_per_gpu")
     per_sample = activation / spec.min_mbs if activation and activation > 0 else None
-    return Facts(int(num_params), per_sample, f"profile run {name}")
+    trainable = (metrics or {}).get("trainable_num_params")
+    return Facts(int(num_params), per_sample, f"profile run {name}",
+                 int(trainable) if trainable is not None and 0 <= trainable < num_params else None)
 
 
 

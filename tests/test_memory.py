@@ -323,3 +323,58 @@ def test_a_sampling_tuner_tries_the_predicted_size_for_a_point_above_it_and_a_re
         rebuilt.replay([*ledger, running], ended)
         assert rebuilt.trials == live.trials and rebuilt.stages == live.stages
         assert [e.name for e in ledger] + names(rebuilt, [running]) == whole
+
+
+# --- frozen parameters (LoRA, PEFT) ------------------------------------------------------------------------------
+FROZEN_PARAMS, TRAINABLE = 5 * 10**9, 5 * 10**7  # 1% trains, as a LoRA adapter does
+# by hand, fp16 Adam on 2 GPUs: every parameter held (2 B, stage 3 halves it), gradients (2 B) and the fp32 copy
+# with Adam's states (12 B) of the trainable ones only, partitioned from stage 2 and 1 on
+FROZEN_STATES = {0: 10 * G + 0.1 * G + 0.6 * G, 1: 10 * G + 0.1 * G + 0.3 * G, 2: 10 * G + 0.05 * G + 0.3 * G,
+                 3: 5 * G + 0.05 * G + 0.3 * G}
+
+
+def test_frozen_parameters_have_no_gradients_nor_optimizer_states():
+    half = Training(half=True)
+    for stage, figure in FROZEN_STATES.items():
+        assert model_states(FROZEN_PARAMS, stage, half, dp=2, trainable=TRAINABLE) == pytest.approx(figure)
+    assert model_states(10**9, 0, half, dp=1, trainable=None) == model_states(10**9, 0, half, dp=1, trainable=10**9)
+    # all counted, stage 0 needs 80e9 and is skipped on an 80 GB GPU; the trainable counted apart, it fits 65
+    assert bound(Facts(FROZEN_PARAMS, 1e9), half, 0, GPU, dp=2).largest == 0
+    assert bound(Facts(FROZEN_PARAMS, 1e9, trainable=TRAINABLE), half, 0, GPU, dp=2).largest == 65
+
+
+def frozen_gpu(e):
+    """The fake GPU with a model of which 1% trains; its profile run reports the trainable count as DeepSpeed's
+    engine does (`trainable_num_params`)."""
+    config = e.ds_config
+    stage, mbs = config["zero_optimization"]["stage"], config["train_micro_batch_size_per_gpu"]
+    if FROZEN_STATES[stage] + PER_SAMPLE * mbs + CONTEXT > GPU:
+        return Outcome(State.FAILED, Reason.OOM, "torch.OutOfMemoryError: CUDA out of memory", 1)
+    if config.get("autotuning", {}).get("model_info", {}).get("profile"):
+        return Outcome(State.SUCCEEDED, metrics={"num_params": FROZEN_PARAMS, "trainable_num_params": TRAINABLE,
+                                                 "activation_mem_per_gpu": PER_SAMPLE * mbs})
+    return Outcome(State.SUCCEEDED, metrics={"throughput": throughput(stage, mbs)})
+
+
+def test_a_frozen_model_is_tuned_at_the_stages_an_all_parameters_count_would_skip():
+    """Counting every parameter as trainable skips stage 0 (and bounds the others far too low): the winner is a
+    slower config. Counted apart (model_info's trainable_num_params, or the profile run's), stage 0 is searched
+    from its true largest size and wins."""
+    def run(facts):
+        search = MicroBatchSearch(spec(facts=facts.to_json() if facts else None))
+        played = sorted(simulate([], {"h": list(range(4))}, lambda e: 10.0, outcome=frozen_gpu, source=search,
+                                 metric="throughput").played, key=lambda p: (p.start, p.name))
+        return search, played
+
+    all_counted, played_all = run(Facts(FROZEN_PARAMS, PER_SAMPLE))
+    apart, played_apart = run(Facts(FROZEN_PARAMS, PER_SAMPLE, trainable=TRAINABLE))
+    profiled, played_profiled = run(None)
+    assert all_counted.stages[0].given_up and not any(place(p.name)[0] == 0 for p in played_all)
+    for search, played in ((apart, played_apart), (profiled, played_profiled)):
+        winner = max(search.configs, key=search.mean)
+        assert search.configs[winner][:2] == (0, 67)  # the true largest: 10.7e9 + 67e9 + 1.5e9 <= 80e9
+        assert not any(p.state == State.FAILED for p in played if "profile" not in p.name
+                       and place(p.name)[0] == 0 and place(p.name)[1] <= 67)
+    assert profiled.facts is not None and profiled.facts.trainable == TRAINABLE
+    best_all = max(all_counted.configs, key=all_counted.mean)
+    assert throughput(*all_counted.configs[best_all][:2]) < throughput(0, 67)

@@ -119,6 +119,8 @@ def test_a_profile_run_that_fails_is_one_line_and_the_search_goes_on(tmp_path):
     ({"model_info": 5}, "model_info must be an object", '"model_info"'),
     ({"model_info_path": "nope.json"}, "model_info_path 'nope.json': No such file", '"model_info_path"'),
     ({"mp_size": 0}, "mp_size must be a positive whole number", '"mp_size"'),
+    ({"model_info": {"num_params": 10, "trainable_num_params": 20}},
+     "trainable_num_params (20) is more than num_params (10)", '"trainable_num_params"'),
 ])
 def test_bad_model_facts_are_one_located_line(tmp_path, autotuning, fragment, needle):
     environ = setup(tmp_path)
@@ -137,7 +139,7 @@ def test_bad_model_facts_are_one_located_line(tmp_path, autotuning, fragment, ne
 def test_a_model_info_file_of_an_earlier_profile_run_gives_the_facts(tmp_path):
     """model_info_path names the file DeepSpeed's engine wrote (here, the stand-in's): no profile runs."""
     environ = setup(tmp_path, stages=(1, 2, 3))
-    (tmp_path / "info.json").write_text(json.dumps({"num_params": 5_000_000_000, "trainable_num_params": 1,
+    (tmp_path / "info.json").write_text(json.dumps({"num_params": 5_000_000_000, "trainable_num_params": 5_000_000_000,
                                                     "activation_mem_per_gpu": 10**9, "rank": 0}))
     ds = json.loads((tmp_path / "ds.json").read_text())
     ds["autotuning"]["model_info_path"] = "info.json"

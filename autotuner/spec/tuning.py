@@ -171,7 +171,8 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
     """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
     `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
     `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
-    them. `hidden_size` and `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
+    them. `trainable_num_params` (LoRA, PEFT) counts gradients and optimizer states apart. `hidden_size` and
+    `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
     info = section.get("model_info")
     if info is not None:
         if not isinstance(info, dict):
@@ -186,8 +187,12 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
                 raise src.error(f"model_info.{key} must be a positive whole number"
                                 f"{' of bytes' if key == 'activation_mem_per_gpu' else ''}, not {shown(value)}", key)
         if "num_params" in info:
+            trainable = info.get("trainable_num_params")
+            if trainable is not None and trainable > info["num_params"]:
+                raise src.error(f"model_info.trainable_num_params ({trainable}) is more than num_params "
+                                f"({info['num_params']})", "trainable_num_params")
             return {"num_params": info["num_params"], "activation": info.get("activation_mem_per_gpu") or None,
-                    "source": "model_info"}
+                    "source": "model_info", "trainable": trainable}
     named = section.get("model_info_path")
     if named is None:
         return None
@@ -206,7 +211,9 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
                         "model_info_path")
     activation = data.get("activation_mem_per_gpu")
     usable = isinstance(activation, (int, float)) and not isinstance(activation, bool) and activation > 0
-    return {"num_params": num_params, "activation": activation if usable else None, "source": f"model_info_path {file}"}
+    trainable = data.get("trainable_num_params")
+    return {"num_params": num_params, "activation": activation if usable else None, "source": f"model_info_path {file}",
+            "trainable": trainable if positive_int(trainable) and trainable < num_params else None}
 
 
 def _have_optuna() -> bool:
