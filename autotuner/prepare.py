@@ -110,7 +110,8 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
     spec = SearchSpec(prefix=prefix or name_prefix(command.script), template=template, base=tuning.base,
                       stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
                       max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
-                      global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,
+                      global_batch=tuning.global_batch, fixed_batch=tuning.fixed_batch, trials=tuning.trials,
+                      patience=tuning.patience,
                       tuner=tuning.tuner, seed=seed, confirm=confirm, min_gain=min_gain,
                       knobs={str(stage): space for stage, space in tuning.knobs.items() if space},
                       gpu_memory=_gpu_memory(cluster), facts=tuning.facts, mp=tuning.mp)

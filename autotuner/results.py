@@ -120,6 +120,25 @@ def confirmation(snap: Snapshot) -> str | None:
             f"{mean:.6g}, spread {spread:.6g}{share}")
 
 
+def batch_note(snap: Snapshot) -> str | None:
+    """How `autotune tune` kept the config's fixed train_batch_size, in one line: the sizes that keep it and those
+    skipped because they cannot. None without a fixed batch."""
+    if snap.meta.search is None:
+        return None
+    from .search import SearchSpec
+
+    spec = SearchSpec.from_json(snap.meta.search)
+    if not spec.fixed_batch or spec.global_batch is None:
+        return None
+    sizes = range(spec.min_mbs, spec.max_mbs + 1)
+    kept = [m for m in sizes if spec.keeps(m)]
+    skipped = len(sizes) - len(kept)
+    shown_kept = ", ".join(map(str, kept[:12])) + (", ..." if len(kept) > 12 else "")
+    return (f"train_batch_size {spec.global_batch} kept by every candidate (micro-batch x accumulation x "
+            f"{spec.dp} data-parallel GPU(s)): micro-batch sizes {shown_kept}; {skipped} size(s) from "
+            f"{spec.min_mbs} to {spec.max_mbs} skipped, they cannot keep it")
+
+
 def _profile_runs(snap: Snapshot) -> set[str]:
     """The names of a tune's profile runs (memory model facts, no metric)."""
     if snap.meta.search is None:

@@ -99,7 +99,8 @@ class SearchSpec:
     min_mbs: int = 1
     max_mbs: int = MAX_MICRO_BATCH
     measure: int = 3  # micro-batch sizes measured near the largest that fits (DeepSpeed's num_tuning_...)
-    global_batch: int | None = None  # the train_batch_size to keep (gradient accumulation derived), if any
+    global_batch: int | None = None  # train_batch_size (fixed_batch) or max_train_batch_size: see `accumulation`
+    fixed_batch: bool = False  # global_batch is the config's train_batch_size: every candidate keeps it exactly
     trials: int | None = None  # at most this many experiments (DeepSpeed's tuner_num_trials)
     patience: int | None = None  # stop after this many ended runs without a better one (tuner_early_stopping)
     tuner: str = "gridsearch"  # spec.tuning.TUNERS
@@ -121,7 +122,7 @@ class SearchSpec:
         """This spec with its prefix cut so that every experiment name it can make (the longest: the largest
         stage, micro-batch size and accumulation, each knob at its longest value, a re-run) is a safe name;
         a ValueError where even an empty prefix would not do (knob values too long to write)."""
-        gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.world))}" if self.global_batch else ""
+        gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.dp))}" if self.global_batch else ""
         longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}") + sum(
             max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
             for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
@@ -139,6 +140,30 @@ class SearchSpec:
     @property
     def world(self) -> int:
         return int(self.template.get("num_gpus", 1)) * int(self.template.get("num_nodes", 1))
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel GPUs of an experiment: its GPUs over the model-parallel degree (DeepSpeed's)."""
+        return max(1, self.world // self.mp)
+
+    def keeps(self, mbs: int) -> bool:
+        """Whether a micro-batch size can keep a fixed train_batch_size: micro-batch x accumulation x data-parallel
+        GPUs equals it for a whole accumulation (DeepSpeed refuses a config where it does not)."""
+        return not self.fixed_batch or self.global_batch is None or self.global_batch % (mbs * self.dp) == 0
+
+    def kept(self, mbs: int, low: int = 0) -> int | None:
+        """The largest size at or below `mbs` and above `low` that keeps the batch (`keeps`); None when none does."""
+        return next((m for m in range(mbs, max(low, self.min_mbs - 1), -1) if self.keeps(m)), None)
+
+    def accumulation(self, mbs: int) -> int | None:
+        """The gradient accumulation of a micro-batch size, as DeepSpeed derives it: a fixed train_batch_size over
+        micro-batch x data-parallel GPUs; max_train_batch_size's share of one GPU over the micro-batch (at least
+        1); None: the config's own."""
+        if self.global_batch is None:
+            return None
+        if self.fixed_batch:
+            return max(1, self.global_batch // (mbs * self.dp))
+        return max(1, self.global_batch // self.dp // mbs)
 
     @property
     def profiles(self) -> bool:
@@ -160,8 +185,7 @@ class SearchSpec:
         if self.gpu_memory is None:
             return {}
         training = Training.of(self.base)
-        dp = max(1, self.world // self.mp)
-        return {stage: bound(facts, training, stage, self.gpu_memory, dp, self.mp, self.min_mbs)
+        return {stage: bound(facts, training, stage, self.gpu_memory, self.dp, self.mp, self.min_mbs)
                 for stage in self.stages}
 
 
@@ -193,7 +217,8 @@ def sizes(spec: SearchSpec) -> list[int]:
     while mbs < spec.max_mbs:
         found.append(mbs)
         mbs *= 2
-    return [*found, spec.max_mbs]
+    kept = (spec.kept(m) for m in [*found, spec.max_mbs])  # with a fixed batch, the largest size below that keeps it
+    return list(dict.fromkeys(m for m in kept if m is not None))
 
 
 @dataclass
@@ -557,10 +582,10 @@ class Search:
         config["zero_optimization"].update(dict(knobs))
         config["train_micro_batch_size_per_gpu"] = mbs
         name = f"{spec.prefix}_z{stage}_mbs{mbs}"
-        if spec.global_batch is not None:
-            gas = max(1, spec.global_batch // (mbs * spec.world))
+        gas = spec.accumulation(mbs)
+        if gas is not None:
             config["gradient_accumulation_steps"] = gas
-            config["train_batch_size"] = mbs * gas * spec.world
+            config["train_batch_size"] = mbs * gas * spec.dp
             name += f"_gas{gas}"
         name += "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
         template = dict(spec.template)
@@ -660,6 +685,16 @@ class MicroBatchSearch(Search):
         return [probe]
 
     def _probe(self, stage: int, cap: int | None = None) -> int | None:
+        """`_size`, moved to a size that keeps a fixed train_batch_size (the largest below it, above the largest
+        known to fit): a size that cannot keep it is never run."""
+        size = self._size(stage, cap)
+        if size is None or self.spec.keeps(size):
+            return size
+        low = self.vouched(stage) or 0
+        kept = self.spec.kept(size, low)
+        return kept if kept is not None else (low if low and low not in self.stages[stage].fits else None)
+
+    def _size(self, stage: int, cap: int | None = None) -> int | None:
         """The size the search of a stage tries next; None once the largest size worth knowing is known.
         Between the largest size known to fit (`vouched`) and the smallest known not to (`ruled_out_above`),
         bisection on the log scale (the largest size that fits is unknown by orders of magnitude); with no
@@ -716,7 +751,9 @@ class MicroBatchSearch(Search):
             return []
         wanted = []
         for fraction in (3 / 4, 1 / 2, 3 / 8, 1 / 4):
-            mbs = max(self.spec.min_mbs, int(fit * fraction))
+            mbs = self.spec.kept(max(self.spec.min_mbs, int(fit * fraction)))
+            if mbs is None:
+                continue
             if mbs not in known.fits and mbs not in known.too_big and mbs not in known.out and mbs not in wanted:
                 wanted.append(mbs)
         measured_near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)  # out: being measured

@@ -142,6 +142,30 @@ def test_gradient_accumulation_keeps_the_global_batch_and_the_budget_and_patienc
         len(tune(MicroBatchSearch(spec(**unbounded)), slots=1).played)
 
 
+def test_a_fixed_train_batch_size_is_kept_by_every_candidate():
+    """train_batch_size 96 on 4 GPUs with mp_size 2 (2 data-parallel): micro-batch x accumulation x 2 is 96 in
+    every experiment; only sizes that divide 48 are run, and the best of them is found (z2 fits up to 53, so 48)."""
+    fixed = spec(stages=(2, 3), global_batch=96, fixed_batch=True, max_mbs=48, mp=2,
+                 template={"script": "/x", "num_gpus": 4, "num_nodes": 1, "args": []})
+    search = MicroBatchSearch(fixed)
+    played = tune(search).played
+    assert played
+    for p in played:
+        _, mbs = place(p.name)
+        e = search.experiment(*place(p.name))
+        assert 48 % mbs == 0 and p.name.endswith(f"_gas{48 // mbs}")
+        assert e.ds_config["train_batch_size"] == 96 == mbs * e.ds_config["gradient_accumulation_steps"] * 2
+    best = max(search.configs, key=search.mean)
+    assert search.configs[best][:2] == (2, 48)
+    assert fixed.keeps(16) and not fixed.keeps(20) and fixed.kept(47) == 24 and fixed.kept(5, low=4) is None
+    assert sizes(fixed) == [1, 2, 4, 8, 16, 24, 48]  # 32 cannot keep it: 24 stands for it
+    # max_train_batch_size is a bound, as DeepSpeed reads it: accumulation = its share of a GPU // micro-batch
+    bounded = spec(stages=(3,), global_batch=100, max_mbs=50, template={"script": "/x", "num_gpus": 2,
+                                                                         "num_nodes": 1, "args": []})
+    assert bounded.accumulation(7) == 7 and bounded.keeps(7)
+    assert MicroBatchSearch(bounded).experiment(3, 7).ds_config["train_batch_size"] == 7 * 7 * 2
+
+
 def test_early_stopping_counts_only_gains_of_the_margin_asked_for():
     """With min_gain, a run better than the best by less than the margin is no progress: the same patience stops
     the search sooner; a margin of zero is the plain rule (any better run is progress)."""

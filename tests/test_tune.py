@@ -108,6 +108,8 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
      '"reduce_bucket_size"'),
     ({"fast": False}, {"zero_optimization": {"stage": 2, "sub_group_size": [1e9, 1e12]}},
      "can be searched only for overlap_comm", '"sub_group_size"'),
+    ({"min_train_micro_batch_size_per_gpu": 2}, {"train_batch_size": 97}, "train_batch_size 97 cannot be kept",
+     '"train_batch_size"'),
     (None, {"zero_optimization": {"stage": 2, "overlap_comm": [True, False]}},
      "searched in full mode only: set autotuning.fast to false", '"overlap_comm"'),
     ({"tuner_type": "bayes"}, None, "tuner_type 'bayes'", '"tuner_type"'),
@@ -382,3 +384,19 @@ def test_full_mode_after_a_kill_9_resumes_with_the_same_decisions(tmp_path, runn
     assert Counter(json.dumps(run, sort_keys=True) for run in knob_launches(tmp_path)) == clean
     assert "best: train_z2_mbs40_ovl1_rbs1e9 with throughput" in resumed.stdout
     assert tagged_pids(sweep_id(tmp_path / "res")) == []
+
+
+def test_a_fixed_train_batch_size_is_kept_and_the_sizes_that_cannot_keep_it_are_skipped(tmp_path):
+    """train_batch_size 90 on one GPU: every launch's micro-batch size divides 90 (accumulation 90 / size), the best
+    is z3 mbs45 as without it (45 divides 90), and the end of tune and the report say which sizes were skipped."""
+    result = tune(tmp_path, setup(tmp_path, config={"train_batch_size": 90}))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert all(90 % mbs == 0 for _, mbs in launches(tmp_path))
+    assert "best: train_z3_mbs45_gas2 with throughput" in result.stdout
+    note = ("train_batch_size 90 kept by every candidate (micro-batch x accumulation x 1 data-parallel GPU(s)): "
+            "micro-batch sizes 1, 2, 3, 5, 6, 9, 10, 15, 18, 30, 45; 53 size(s) from 1 to 64 skipped")
+    assert note in result.stdout
+    report = json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    assert report["batch"].startswith(note)
+    optimal = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
+    assert (optimal["train_batch_size"], optimal["gradient_accumulation_steps"]) == (90, 2)

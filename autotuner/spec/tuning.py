@@ -107,6 +107,7 @@ class Tuning:
     knobs: dict[int, Space] = field(default_factory=dict)  # full mode: each stage's ZeRO knobs to search
     facts: dict[str, Any] | None = None  # memory.Facts as JSON, from model_info or model_info_path
     mp: int = 1  # mp_size
+    fixed_batch: bool = False  # global_batch is the config's train_batch_size, kept by every candidate
 
 
 def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
@@ -142,10 +143,17 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
     max_mbs = whole["max_train_micro_batch_size_per_gpu"]
     batch = config.get("train_batch_size")
-    global_batch = whole["max_train_batch_size"] or (batch if isinstance(batch, int) and batch > 0 else None)
+    fixed = isinstance(batch, int) and not isinstance(batch, bool) and batch > 0
+    global_batch = batch if fixed else whole["max_train_batch_size"]
+    dp = max(1, world // (whole["mp_size"] or 1))
     if global_batch is not None:
-        by_batch = max(1, global_batch // world)
+        by_batch = max(1, global_batch // dp)
         max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
+    sizes = range(min_mbs, (max_mbs or min_mbs) + 1)
+    if fixed and global_batch is not None and not any(global_batch % (m * dp) == 0 for m in sizes):
+        raise src.error(f"train_batch_size {batch} cannot be kept: no micro-batch size from {min_mbs} to "
+                        f"{max_mbs} times the accumulation times {dp} data-parallel GPU(s) makes it",
+                        "train_batch_size")
     if max_mbs is not None and max_mbs < min_mbs:
         raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
                         "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
@@ -165,7 +173,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     _check_auto(src, config, mappings, global_batch is not None)
     return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
-                  _facts(src, section, path), whole["mp_size"] or 1)
+                  _facts(src, section, path), whole["mp_size"] or 1, fixed)
 
 def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
     """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
