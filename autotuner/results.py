@@ -100,9 +100,13 @@ def summary_text(snap: Snapshot) -> str:
     return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
 
 
+DISAGREE = 0.1  # runs of one config that differ by more than this share of their mean measured the machine
+
+
 def confirmation(snap: Snapshot) -> str | None:
     """How `autotune tune`'s winner was confirmed, in one line: which configs were run again, and the winner's
-    runs (how many, their mean and spread). None when nothing was run again."""
+    runs (how many, their mean and spread), or why it is uncertain (`uncertain`). None when nothing was run
+    again."""
     if not snap.runs:
         return None
     reruns = sum(len(runs) - 1 for runs in snap.runs.values())
@@ -113,11 +117,44 @@ def confirmation(snap: Snapshot) -> str | None:
         return line
     if best.name not in snap.runs:
         return line + f"; the winner {best.name} ran once"
-    values = [a.metric for a in snap.runs[best.name] if a.state == State.SUCCEEDED and a.metric is not None]
+    values = _values(snap, best.name)
     mean, spread = sum(values) / len(values), max(values) - min(values)
     share = f" ({100 * spread / abs(mean):.1f}% of the mean)" if mean else ""
+    why = uncertain(snap)
+    if why is not None:
+        return (line + f"; the winner {best.name} is uncertain: its {len(values)} runs measured "
+                f"{min(values):.6g} to {max(values):.6g}, spread {spread:.6g}{share}, {why}: the measurements "
+                "disagree beyond their noise (runs that share cores skew each other: fewer slots, or slots "
+                "bound to their own cores, steady them)")
     return (line + f"; the winner {best.name} was confirmed: {len(values)} run(s), {snap.metric.name} mean "
             f"{mean:.6g}, spread {spread:.6g}{share}")
+
+
+def _values(snap: Snapshot, name: str) -> list[float]:
+    return [a.metric for a in snap.runs[name] if a.state == State.SUCCEEDED and a.metric is not None]
+
+
+def uncertain(snap: Snapshot) -> str | None:
+    """Why the winner's re-runs do not confirm it, or None when they do: its runs differ by more than its lead
+    over the runner-up (the next config run again, by mean), or by more than DISAGREE of their mean. A winner
+    whose own measurements disagree more than it leads by could as well be second."""
+    best = snap.best
+    if best is None or best.name not in snap.runs:
+        return None
+    values = _values(snap, best.name)
+    if len(values) < 2:
+        return None
+    mean, spread = sum(values) / len(values), max(values) - min(values)
+    others = [(sum(v) / len(v), name) for name in snap.runs if name != best.name and (v := _values(snap, name))]
+    if others:
+        runner, name = min(others, key=lambda pair: snap.metric.sort_key(pair[0]))
+        lead = abs(mean - runner)
+        if spread > lead:
+            return (f"more than its lead over the runner-up {name} ({lead:.6g}, "
+                    f"{100 * lead / abs(mean) if mean else 0:.1f}%)")
+    if mean and spread > DISAGREE * abs(mean):
+        return f"more than {100 * DISAGREE:.0f}% of their mean"
+    return None
 
 
 def batch_note(snap: Snapshot) -> str | None:

@@ -137,7 +137,7 @@ def test_tune_on_the_real_example_with_deepspeeds_autotuning_section(tmp_path):
     assert searched <= names and len(reruns) >= 2 and {f"{n}_confirm1" for n in searched} >= reruns, names
     summary = (results / "summary.txt").read_text()
     assert summary.rstrip().splitlines()[-1].startswith("Tuning completed in ")  # DeepSpeed's last line, last
-    assert "was confirmed" in run.stdout
+    assert "was confirmed" in run.stdout or "is uncertain: its 2 runs measured" in run.stdout  # a loaded machine
     assert all(f"| z{z} " in summary for z in (0, 2)) and "| global " in summary
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] in (0, 2) and "autotuning" not in optimal

@@ -176,6 +176,7 @@ def test_a_lucky_first_measurement_is_seen_through_by_the_re_runs(tmp_path):
     assert {point for point, n in Counter(launches(tmp_path)).items() if n > 1} == {(2, 40), (3, 45)}
     report = json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)
     assert report["best"] == "train_z3_mbs45" and "the winner train_z3_mbs45 was confirmed" in report["confirmation"]
+    assert report["confirmed"] is True  # its runs agree (spread 0), and it leads the runner-up's mean
     ranked = [r["name"] for r in report["experiments"] if r["rank"] is not None]
     assert ranked[:4] == ["train_z3_mbs45", "train_z3_mbs45_confirm1", "train_z2_mbs40", "train_z2_mbs40_confirm1"]
     lucky = {r["name"]: r["metric"] for r in report["experiments"] if r["name"].startswith("train_z2_mbs40")}
@@ -400,3 +401,18 @@ def test_a_fixed_train_batch_size_is_kept_and_the_sizes_that_cannot_keep_it_are_
     assert report["batch"].startswith(note)
     optimal = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
     assert (optimal["train_batch_size"], optimal["gradient_accumulation_steps"]) == (90, 2)
+
+
+def test_a_winner_whose_re_run_disagrees_beyond_its_lead_is_named_uncertain_not_confirmed(tmp_path):
+    """z3 mbs45's first run measures 1.5x its throughput, its re-run the true value: the two differ by more than
+    its lead over the runner-up (a z2 size) and by more than a tenth of their mean. It is still the best by mean,
+    but tune and the report call it uncertain and say why, never confirmed."""
+    result = tune(tmp_path, setup(tmp_path) | {"OOM_STANDIN_LUCKY": "3 45 1.5"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "best: train_z3_mbs45 with throughput" in result.stdout
+    assert "the winner train_z3_mbs45 is uncertain: its 2 runs measured 2245.87 to 3368.8" in result.stdout
+    assert "more than its lead over the runner-up train_z2_mbs" in result.stdout and "was confirmed" not in \
+        result.stdout
+    report = json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    assert report["confirmed"] is False and "is uncertain" in report["confirmation"]
+    assert "is uncertain" in autotune("report", tmp_path / "res").stdout

@@ -20,7 +20,16 @@ from ..gpus import show_size
 from ..inventory import gpu_type as type_of_gpus
 from ..lock import holder_pid
 from ..metrics import format_compact, format_value
-from ..results import OPTIMAL_COMMAND, batch_note, command_file, config_file, confirmation, memory_note, optimal
+from ..results import (
+    OPTIMAL_COMMAND,
+    batch_note,
+    command_file,
+    config_file,
+    confirmation,
+    memory_note,
+    optimal,
+    uncertain,
+)
 from ..spec import ABBREVIATIONS
 from ..states import Reason, State
 from .records import ExperimentRecord, SweepResults, from_snapshot
@@ -236,8 +245,10 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
 
 def _confirmed(snap: Snapshot) -> dict[str, Any]:
     """A tune's: how its winner was confirmed by re-runs (None: nothing was run again), what its memory model said."""
-    return {"confirmation": confirmation(snap), "memory": memory_note(snap), "batch": batch_note(snap)} \
-        if snap.meta.search is not None else {}
+    if snap.meta.search is None:
+        return {}
+    return {"confirmation": confirmation(snap), "confirmed": (uncertain(snap) is None) if snap.runs else None,
+            "memory": memory_note(snap), "batch": batch_note(snap)}
 
 
 def _per_type(snap: Snapshot) -> dict[str, Any]:
