@@ -276,8 +276,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         executor = SlurmExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
                                  options.grace, allocation=options.slurm)
     else:
+        cpu_slots = {h: list(ids) for h, ids in slots.items() if is_local(h)} if meta.accelerator == "cpu" else {}
         executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                 options.grace, devices)
+                                 options.grace, devices, cpu_slots)
     slot_pool = SlotPool(slots)
     now = time.time()
     placement, memory, remote_memory = _placement(ledger, options, devices, pool)
