@@ -52,8 +52,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .core import Queued, Run
-from .memory import Bound, Facts, Training, bound
-from .metrics import Metric, metric_named
+from .memory import Bound, Facts, Training, bound, model_states
+from .metrics import Metric, metric_named, reported_peak
 from .outcome import Outcome
 from .spec import Experiment
 from .spec.knobs import BY_KEY, tag_value
@@ -274,7 +274,8 @@ class Search:
         self.rerun_out: set[str] = set()
         for known in self.stages.values():
             known.top = spec.max_mbs
-        self.facts: Facts | None = None
+        self.facts: Facts | None = None  # as stated or profiled; `model` is what runs corrected them to
+        self.peaks: dict[tuple[int, int], float] = {}  # (stage, size) that fit -> the peak memory it held
         self.profile: str | None = "wanted" if spec.profiles else None  # wanted, out, done, failed
         self.profile_stage = min(spec.stages)  # of the profile run wanted or out
         if spec.facts is not None:
@@ -284,11 +285,54 @@ class Search:
     def apply(self, facts: Facts) -> None:
         """The model's bounds, from `facts`: a stage that cannot fit is skipped, the others bounded."""
         self.facts = facts
+        self._bound(facts)
+
+    def _bound(self, facts: Facts) -> None:
+        """Each stage's bound from `facts`, for the stages no run has answered or is answering yet (a stage's
+        search keeps the bound it started with)."""
         for stage, found in self.spec.bounds(facts).items():
             known = self.stages[stage]
+            if known.fits or known.too_big or known.out or known.crashed:
+                continue
             known.predicted = found.largest
-            if found.largest == 0:
-                known.given_up = True
+            known.given_up = found.largest == 0
+
+    def model(self) -> Facts | None:
+        """The memory model's facts corrected by what runs showed (the loop closed): the activation memory per
+        sample each run that fit measured (its peak less the model states of its stage, over its size), and
+        the least each run out of memory needed (the GPU less those states, over its size); the largest of
+        those figures, once there is one, stands for the stated one. A wrong model then stops launching runs
+        that run out of memory at the stages still to come."""
+        facts, gpu = self.facts, self.spec.gpu_memory
+        if facts is None or gpu is None:
+            return facts
+        training = Training.of(self.spec.base)
+        states = {stage: model_states(facts.num_params, stage, training, self.spec.dp, self.spec.mp, facts.trainable)
+                  for stage in self.stages}
+        seen = [figure for stage in self.stages if (figure := self._per_sample(stage, states[stage])) is not None]
+        seen += [(gpu - states[stage]) / mbs for stage, known in self.stages.items() for mbs in known.oom
+                 if gpu > states[stage] and (known.predicted is None or mbs <= known.predicted)]
+        if not seen:
+            return facts
+        return replace(facts, activation=max(seen), source=f"{facts.source}, corrected by {len(seen)} run(s)")
+
+    def _per_sample(self, stage: int, states: float) -> float | None:
+        """The activation memory per sample a stage's measured peaks show: the slope between its smallest and
+        largest size measured (what the runtime keeps on top cancels out), or with one size, its peak less the
+        model states over it (an over-estimate by that share: the safe side). None: no peak measured."""
+        measured = sorted((mbs, peak) for (s, mbs), peak in self.peaks.items() if s == stage)
+        if not measured:
+            return None
+        (small, low), (large, high) = measured[0], measured[-1]
+        if large > small and high > low:
+            return (high - low) / (large - small)
+        return (high - states) / large if high > states else None
+
+    def _relearn(self) -> None:
+        """After a run: the stages still to start bounded by the corrected model."""
+        corrected = self.model()
+        if corrected is not None and corrected != self.facts:
+            self._bound(corrected)
 
     def learn_profile(self, stage: int, state: State, reason: str | None, metrics: Mapping[str, float] | None,
                       detail: str | None = None, live: bool = True) -> None:
@@ -344,7 +388,7 @@ class Search:
             self.learn_profile(profiled, outcome.state, outcome.reason, outcome.metrics, outcome.detail)
             return
         self.learn(run.experiment, outcome.state, outcome.reason,
-                   outcome.metrics.get(self.metric.name) if outcome.metrics else None)
+                   outcome.metrics.get(self.metric.name) if outcome.metrics else None, reported_peak(outcome.metrics))
 
     def choose(self, room: int) -> list[Experiment]:
         """At most `room` new experiments (`take`), none of a point known not to fit, within the budget."""
@@ -425,9 +469,17 @@ class Search:
         return min([*self.stages[stage].too_big, *(m for s in higher for m in self.stages[s].oom)], default=None)
 
     # --- learning -----------------------------------------------------------------------------------------
-    def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None) -> None:
+    def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None,
+              peak: int | None = None) -> None:
         """One ended run (or, replaying, one recorded). Interrupted or cancelled ones teach nothing: they are
-        run again (resume) or were not wanted."""
+        run again (resume) or were not wanted. `peak`: the GPU memory it held at most, which corrects the
+        memory model (`model`) with its out-of-memory answers."""
+        self._learn(experiment, state, reason, value, peak)
+        if self.facts is not None and (peak or reason == Reason.OOM):
+            self._relearn()
+
+    def _learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None,
+               peak: int | None) -> None:
         rerun = rerun_of(experiment.name)
         if self.spec.profile_of(experiment.name) is not None:
             return
@@ -447,6 +499,8 @@ class Search:
         known.out.discard(mbs)
         if state == State.SUCCEEDED and value is not None:
             known.fits[mbs] = value
+            if peak:
+                self.peaks[(stage, mbs)] = float(peak)
             self.configs[experiment.name] = (stage, mbs, ())
             self.first[experiment.name] = value
             if self._improves(value):
@@ -518,7 +572,7 @@ class Search:
                     self.trials.append(placed)
             state, reason, value = latest.get(e.name, (State.QUEUED, None, None))
             if state.terminal and state not in (State.INTERRUPTED, State.CANCELLED):
-                self.learn(e, state, reason, value)
+                self.learn(e, state, reason, value, reported_peak((metrics or {}).get(e.name)))
             elif state == State.CANCELLED:
                 continue
             elif rerun is not None:

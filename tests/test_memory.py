@@ -378,3 +378,47 @@ def test_a_frozen_model_is_tuned_at_the_stages_an_all_parameters_count_would_ski
     assert profiled.facts is not None and profiled.facts.trainable == TRAINABLE
     best_all = max(all_counted.configs, key=all_counted.mean)
     assert throughput(*all_counted.configs[best_all][:2]) < throughput(0, 67)
+
+
+# --- the loop closed: measured peaks and OOMs correct the model ---------------------------------------------------
+def peaked_gpu(e):
+    """The fake GPU, each run that fits reporting the peak memory it held (the script's own `peak_memory`, as NVML
+    would measure it: the model states, the activations and what the runtime keeps)."""
+    out = fake_gpu(e)
+    if out.state != State.SUCCEEDED or "profile" in e.name:
+        return out
+    stage, mbs = place(e.name)
+    return Outcome(State.SUCCEEDED, metrics={**out.metrics, "peak_memory": STATES[stage] + PER_SAMPLE * mbs + CONTEXT})
+
+
+@pytest.mark.parametrize("wrong", [0.5, 2.0])
+def test_measured_peaks_correct_the_model_for_the_stages_still_to_come(wrong):
+    """model_info states the activations `wrong` times what they are: without peaks each stage's first run is
+    at the wrong prediction (out of memory when it is high, far below the largest when low); with them, once the
+    first stage's runs end, the stages still to come start at (or just below) their true largest size, and
+    fewer runs run out of memory."""
+    def run(outcome):
+        search = MicroBatchSearch(spec(facts=Facts(PARAMS, wrong * PER_SAMPLE).to_json()))
+        played = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=outcome, source=search,
+                                 metric="throughput").played, key=lambda p: (p.start, p.name))
+        return search, played
+
+    blind, played_blind = run(fake_gpu)
+    closed, played_closed = run(peaked_gpu)
+    corrected = closed.model()
+    assert corrected is not None and PER_SAMPLE <= corrected.activation <= 1.1 * PER_SAMPLE \
+        and "corrected by" in corrected.source
+    taught = blind.model()  # without peaks only OOMs teach it: a model that predicts too little runs out of none
+    assert taught == blind.facts if wrong > 1 else taught is not None and taught.activation > wrong * PER_SAMPLE
+    firsts = {}
+    for p in played_closed:
+        firsts.setdefault(place(p.name)[0], (place(p.name)[1], p.state))
+    exact = {stage: bound(Facts(PARAMS, PER_SAMPLE), Training(half=True), stage, GPU, dp=2).largest
+             for stage in STATES}  # what the right model predicts (its headroom below the true largest)
+    later = [stage for stage in STATES if stage != 3]  # z3 goes first, on the stated model
+    for stage in later:
+        mbs, state = firsts[stage]
+        assert state == State.SUCCEEDED and exact[stage] - 1 <= mbs <= largest(stage), (stage, firsts)
+    assert oom_runs(played_closed) <= oom_runs(played_blind)
+    best = {p.name for p in played_closed if p.state == State.SUCCEEDED}
+    assert max(throughput(*place(n)) for n in best) == max(throughput(z, largest(z)) for z in STATES)
