@@ -800,18 +800,27 @@ class MicroBatchSearch(Search):
         return gain >= WORTH and (best is None or value * (1 + gain) > best)
 
     def _measure(self, known: _Stage, fit: int | None) -> list[int]:
-        """Sizes below the largest that fits, worth measuring: three quarters and half of it, and so on."""
+        """The next size below the largest that fits worth measuring: three quarters of it, then half, and so
+        on, one at a time, going on only while the last one measured better than every larger size by WORTH
+        (as DeepSpeed's autotuner goes down its list only while a smaller size pays); at most `measure` sizes
+        measured near the largest (a quarter of it and up), the bisection's own runs counted."""
         if fit is None:
             return []
-        wanted = []
+        previous = known.fits[fit]
+        near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)
         for fraction in (3 / 4, 1 / 2, 3 / 8, 1 / 4):
             mbs = self.spec.kept(max(self.spec.min_mbs, int(fit * fraction)))
-            if mbs is None:
+            if mbs is None or mbs >= fit or mbs in known.too_big:
                 continue
-            if mbs not in known.fits and mbs not in known.too_big and mbs not in known.out and mbs not in wanted:
-                wanted.append(mbs)
-        measured_near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)  # out: being measured
-        return wanted[:max(0, self.spec.measure - measured_near)]
+            if mbs in known.out:
+                return []
+            if mbs not in known.fits:
+                return [mbs] if near < self.spec.measure else []
+            value = known.fits[mbs]
+            if not self.metric.better(value, previous) or abs(value - previous) < WORTH * abs(previous):
+                return []  # a smaller size stopped paying
+            previous = value
+        return []
 
 
 class RandomSearch(Search):

@@ -182,10 +182,11 @@ def test_early_stopping_counts_only_gains_of_the_margin_asked_for():
 
 def test_a_bounded_search_starts_at_the_largest_size_allowed_and_settles_there_when_it_fits():
     """The largest size that fits is most often the fastest: with a bound the user set, one run per stage at it,
-    then only the sizes worth measuring below it (none of the doubling from the smallest)."""
+    then only the sizes worth measuring below it (none of the doubling from the smallest): three quarters of it,
+    and no further, since it measured slower (as DeepSpeed's autotuner, a smaller size only while one pays)."""
     played = tune(MicroBatchSearch(spec(stages=(2, 3), max_mbs=32)), slots=1).played
     assert [next(p.name for p in played if place(p.name)[0] == z) for z in (2, 3)] == ["t_z2_mbs32", "t_z3_mbs32"]
-    assert sorted(place(p.name)[1] for p in played) == [16, 16, 24, 24, 32, 32]
+    assert sorted(place(p.name)[1] for p in played) == [24, 24, 32, 32]
 
 
 def test_a_search_rebuilt_from_the_ledger_makes_the_same_decisions():
@@ -502,3 +503,16 @@ def test_the_trial_budget_and_re_runs_count_knob_runs(tmp_path):
     confirmed = tune(MicroBatchSearch(full_spec(tmp_path, confirm=None))).played
     assert sorted(p.name for p in confirmed if p.name.endswith("_confirm1")) == [
         "t_z3_mbs90_rbs1e9_confirm1", "t_z3_mbs90_rbs1e9_pbs5e6_confirm1"]
+
+
+def test_smaller_sizes_are_measured_only_while_they_pay():
+    """A fake CPU whose throughput peaks at 16 samples (caches): from the largest that fits (32), three quarters
+    (24) measured faster, so half (16) is measured, faster again, then 12, slower: the walk stops there."""
+    def cached(e):
+        _, mbs = place(e.name)
+        return Outcome(State.SUCCEEDED, metrics={"throughput": 1000 - (mbs - 16) ** 2})
+
+    search = MicroBatchSearch(spec(stages=(3,), max_mbs=32, measure=5))
+    played = simulate([], {"h": [0]}, lambda e: 10.0, outcome=cached, source=search, metric="throughput").played
+    assert [place(p.name)[1] for p in played] == [32, 24, 16, 12]
+    assert search.best_size(3) == 16
