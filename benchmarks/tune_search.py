@@ -30,6 +30,11 @@ stage, sizes up to 1,024 (the power-of-two grid: 44 experiments), the stand-in's
 re-runs as `autotune tune` runs them, through the real runner; with --simulated N, the same on the simulated clock
 with 1 to 4 slots.
 
+--loop plays, on the simulated clock, the stand-in's DeepSpeed-like fake GPU (OOM_STANDIN_MODEL's rule) with
+`model_info` stating the activations wrong (half, twice), each run reporting its peak memory or not: OOM runs and
+experiments with the loop closed against without it; and a model of which 1% of the parameters train (LoRA-like)
+with `trainable_num_params` counted apart against all counted as trainable.
+
 --simulated N plays the same searches N seeds each on the scheduler's simulated clock (autotuner.simulate, every
 run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
 It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
@@ -379,6 +384,59 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
               f"{max(p.end for p in played):.0f} |", flush=True)
 
 
+def loop_table(slots: int) -> None:
+    """--loop: the memory model corrected by measured peaks, and trainable parameters counted apart."""
+    from autotuner.memory import Facts
+    from autotuner.outcome import Outcome
+    from autotuner.search import MicroBatchSearch, SearchSpec
+    from autotuner.simulate import simulate
+
+    params, per_sample, gpu = MODEL
+
+    def need(stage: int, mbs: int, trained: float) -> float:
+        states = {0: 2 * params + 14 * trained, 1: 2 * params + 2 * trained + 6 * trained,
+                  2: 2 * params + 7 * trained, 3: params + 7 * trained}[stage]  # 2 GPUs, as oom_standin.sh
+        return states + per_sample * mbs + 1.5e9
+
+    def play(facts: Facts, trained: float, peaks: bool) -> tuple[int, int, tuple[int, int], float]:
+        def outcome(e: autotuner.Experiment) -> Outcome:
+            point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
+            held = need(*point, trained)
+            if held > gpu:
+                return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+            return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": throughput(*point)}
+                           | ({"peak_memory": held} if peaks else {}))
+
+        spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 2, "num_nodes": 1, "args": []},
+                          base={"fp16": {"enabled": True}}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS,
+                          gpu_memory=int(gpu), facts=facts.to_json())
+        search = MicroBatchSearch(spec)
+        played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+                                 metric="throughput").played, key=lambda p: (p.start, p.name))
+        winner = min(search.configs, key=lambda name: -search.mean(name))
+        point = search.configs[winner][:2]
+        best = max(((z, m) for z in STAGES for m in range(1, MAX_MBS + 1) if need(z, m, trained) <= gpu),
+                   key=lambda p: throughput(*p))
+        return (len(played), sum(1 for p in played if p.state == autotuner.State.FAILED), point,
+                throughput(*point) / throughput(*best))
+
+    print(f"\nthe loop closed, simulated clock, {slots} slots (2 a run), the DeepSpeed-like fake GPU\n")
+    print("| model_info's activations | peaks reported | experiments | OOMs | winner | winner / true best |\n"
+          "|---|---|---:|---:|---|---:|")
+    for wrong in (0.5, 1.0, 2.0):
+        for peaks in (False, True):
+            n, ooms, point, quality = play(Facts(int(params), wrong * per_sample), params, peaks)
+            print(f"| {wrong}x | {'yes' if peaks else 'no'} | {n} | {ooms} | z{point[0]} mbs{point[1]} | "
+                  f"{quality:.3f} |", flush=True)
+    trained = params / 100
+    print(f"\n{int(params):,} parameters, 1% trainable (LoRA-like), simulated, {slots} slots (2 a run)\n")
+    print("| counted | experiments | OOMs | winner | winner / true best |\n|---|---:|---:|---|---:|")
+    for label, facts in (("all as trainable", Facts(int(params), per_sample)),
+                         ("trainable apart", Facts(int(params), per_sample, trainable=int(trained)))):
+        n, ooms, point, quality = play(facts, trained, False)
+        print(f"| {label} | {n} | {ooms} | z{point[0]} mbs{point[1]} | {quality:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -389,6 +447,8 @@ def main() -> None:
     parser.add_argument("--no-real", action="store_true", help="Only the simulated table.")
     parser.add_argument("--full", action="store_true", help="Also play full mode (ZeRO's knobs) simulated.")
     parser.add_argument("--memory", action="store_true", help="Only the tuners with and without the memory model.")
+    parser.add_argument("--loop", action="store_true",
+                        help="Only the memory model corrected by peaks, and trainable parameters apart (simulated).")
     parser.add_argument("--unknown", action="store_true",
                         help=f"Only the case of GPUs whose memory is unknown, sizes up to {UNKNOWN_MAX}.")
     parser.add_argument("--every-size", action="store_true",
@@ -404,6 +464,9 @@ def main() -> None:
                   (f"{tuner}, patience 36", tuner, 36, opts.seeds)]
     if opts.unknown:
         unknown_table(opts.slots, opts.seconds, opts.simulated)
+        return
+    if opts.loop:
+        loop_table(2 * opts.slots)
         return
     if opts.memory:
         print(f"true best {MODEL_BEST}: throughput {throughput(*MODEL_BEST):.1f}")
