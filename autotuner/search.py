@@ -8,10 +8,10 @@ is learnt (`Search`) and differ only in which point they try next (`choose`):
   user allows (or the memory model predicts), since the largest size that fits is most often the fastest and one
   run there settles it; with no bound, the size doubles from the smallest until a run runs out of memory. Then a
   bisection on the log scale, sought only while a larger size could beat the best (`_worth`), then sizes below
-  the largest that fits are measured, one at a time while a smaller one pays (`_measure`). The stages share what they learn: a lower stage needs at least the
-  memory of a higher one at the same size (`vouched`, `ruled_out_above`), so the highest goes first, and the
-  search works in rounds (nothing proposed while one of its runs is out): what it tries depends on the answers,
-  never on the order in which runs end.
+  the largest that fits are measured, one at a time while a smaller one pays (`_measure`). The stages share
+  what they learn: a lower stage needs at least the memory of a higher one at the same size (`vouched`,
+  `ruled_out_above`), so the highest goes first, and the search works in rounds (nothing proposed while one of
+  its runs is out): what it tries depends on the answers, never on the order in which runs end.
 - random (`RandomSearch`): the grid's points (each stage x the sizes that double from the smallest, `sizes`) in
   an order drawn from the spec's seed.
 - model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
