@@ -114,6 +114,7 @@ class Tuning:
     mp: int = 1  # mp_size
     facts_line: int | None = None  # the line of model_info or model_info_path, when the facts come from one
     files: tuple[str, ...] = ()  # every file read for it: the tune file, the config, the model info file
+    fixed_batch: bool = False  # global_batch is the config's train_batch_size, kept by every candidate
 
 
 def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = CONFIG_FLAG) -> Tuning:
@@ -155,10 +156,17 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
     max_mbs = whole["max_train_micro_batch_size_per_gpu"]
     batch = config.get("train_batch_size")
-    global_batch = whole["max_train_batch_size"] or (batch if isinstance(batch, int) and batch > 0 else None)
+    fixed = isinstance(batch, int) and not isinstance(batch, bool) and batch > 0
+    global_batch = batch if fixed else whole["max_train_batch_size"]
+    dp = max(1, world // (whole["mp_size"] or 1))
     if global_batch is not None:
-        by_batch = max(1, global_batch // world)
+        by_batch = max(1, global_batch // dp)
         max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
+    sizes = range(min_mbs, (max_mbs or min_mbs) + 1)
+    if fixed and global_batch is not None and not any(global_batch % (m * dp) == 0 for m in sizes):
+        raise src.error(f"train_batch_size {batch} cannot be kept: no micro-batch size from {min_mbs} to "
+                        f"{max_mbs} times the accumulation times {dp} data-parallel GPU(s) makes it",
+                        "train_batch_size")
     if max_mbs is not None and max_mbs < min_mbs:
         raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
                         "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
@@ -179,7 +187,8 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     facts = _facts(src, section, path)  # reads the model info file, if one is named
     return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
-                  facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)))
+                  facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)),
+                  fixed)
 
 
 def _check_steps(src: Source, start: int | None, end: int | None) -> None:
@@ -205,7 +214,8 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
     """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
     `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
     `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
-    them. `hidden_size` and `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
+    them. `trainable_num_params` (LoRA, PEFT) counts gradients and optimizer states apart. `hidden_size` and
+    `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
     info = section.get("model_info")
     if info is not None:
         if not isinstance(info, dict):
@@ -219,8 +229,12 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
             if problem is not None:
                 raise src.error(f"model_info.{key} {problem}", key)
         if "num_params" in info:
+            trainable = info.get("trainable_num_params")
+            if trainable is not None and trainable > info["num_params"]:
+                raise src.error(f"model_info.trainable_num_params ({trainable}) is more than num_params "
+                                f"({info['num_params']})", "trainable_num_params")
             return {"num_params": info["num_params"], "activation": info.get("activation_mem_per_gpu") or None,
-                    "source": "model_info"}
+                    "source": "model_info", "trainable": trainable}
     named = section.get("model_info_path")
     if named is None:
         return None
@@ -231,12 +245,14 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("num_params") is None:
         raise src.error(f"model_info_path {shown(named)}: holds no num_params (a positive whole number)",
                         "model_info_path")
-    for key in ("num_params", "activation_mem_per_gpu"):
+    for key in ("num_params", "activation_mem_per_gpu", "trainable_num_params"):
         problem = _model_number(key, data[key]) if data.get(key) is not None else None
         if problem is not None:
             raise src.error(f"model_info_path {shown(named)}: {key} {problem}", "model_info_path")
+    trainable = data.get("trainable_num_params")
     return {"num_params": data["num_params"], "activation": data.get("activation_mem_per_gpu") or None,
-            "source": f"model_info_path {info_src.path}"}
+            "source": f"model_info_path {info_src.path}",
+            "trainable": trainable if trainable is not None and trainable < data["num_params"] else None}
 
 
 def _facts_line(src: Source, section: dict) -> int | None:
