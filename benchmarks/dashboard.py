@@ -34,7 +34,7 @@ from scale import build  # noqa: E402
 
 import autotuner  # noqa: E402
 from autotuner import State  # noqa: E402
-from autotuner.ledger import Ledger  # noqa: E402  # plays the runner's part: one start, one end per update
+from autotuner.ledger.store import Ledger  # noqa: E402  # plays the runner's part: one start, one end per update
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 

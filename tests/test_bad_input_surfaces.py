@@ -20,9 +20,9 @@ from test_mig import TYPE_2G, mixed_machine
 
 import autotuner
 from autotuner import UserError
-from autotuner.gpus import size_of_type
-from autotuner.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
-from autotuner.slurm.watch import POLL, POLL_ENV, poll_interval
+from autotuner.backends.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
+from autotuner.backends.slurm.watch import POLL, POLL_ENV, poll_interval
+from autotuner.gpu.types import size_of_type
 from autotuner.spec.reading import Budget, read_source
 
 from cli_rig import autotune, cli, env, write_launcher

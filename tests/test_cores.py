@@ -1,11 +1,11 @@
-"""CPU slots bound to disjoint cores (autotuner/cores.py): the shares by hand, and real runs on two CPU slots of
-this machine, each started under its slots' cores with OMP_NUM_THREADS sized to them (a stand-in launcher
+"""CPU slots bound to disjoint cores (autotuner/backends/local/cores.py): the shares by hand, and real runs on two
+CPU slots of this machine, each started under its slots' cores with OMP_NUM_THREADS sized to them (a stand-in launcher
 records what the kernel says it may run on: /proc/self/status)."""
 import os
 from pathlib import Path
 
 import autotuner
-from autotuner.cores import bound, core_list, shares, slot_cores
+from autotuner.backends.local.cores import bound, core_list, shares, slot_cores
 
 
 def test_each_slot_gets_its_own_share_of_the_cores():

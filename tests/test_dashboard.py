@@ -18,8 +18,8 @@ import pytest
 from autotuner.dashboard.eta import Planner, planned_end
 from autotuner.dashboard.feed import COLUMNS, SweepFeed, read_only, runner_pid
 from autotuner.dashboard.summary import standing
-from autotuner.ledger import Ledger
-from autotuner.lock import SweepLock
+from autotuner.ledger.lock import SweepLock
+from autotuner.ledger.store import Ledger
 from autotuner.states import Reason, State
 from autotuner.views.live import LiveView
 from autotuner.views.snapshot import snapshot

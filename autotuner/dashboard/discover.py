@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..ledger import FILENAME
+from ..ledger.store import FILENAME
 from .feed import SweepFeed
 
 

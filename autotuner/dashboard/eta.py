@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.resources import devices_from_json, placement_named
-from ..plan import Ongoing, time_left
+from ..planning.plan import Ongoing, time_left
 from ..states import State
 from ..threads import Workers
 from ..views.live import REPLAN_SECONDS

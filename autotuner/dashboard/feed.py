@@ -24,10 +24,10 @@ from typing import Any
 from urllib.parse import quote
 
 from ..errors import UserError
-from ..ledger import FILENAME, SCHEMA_VERSION, Attempt, Ledger, SweepMeta
-from ..lock import LOCKFILE
-from ..metrics import metric_named
+from ..ledger.lock import LOCKFILE
+from ..ledger.store import FILENAME, SCHEMA_VERSION, Attempt, Ledger, SweepMeta
 from ..spec import Experiment
+from ..spec.metrics import metric_named
 from ..states import State
 from ..views.analysis import choose_axes, swept_specs
 from ..views.records import metric_names

@@ -31,8 +31,8 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..cancel import cancel
 from ..errors import UserError
+from ..sweep.cancel import cancel
 from ..views.compare import compare
 from .discover import Served, Sweeps, check_roots
 from .eta import Planner

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..ledger import Attempt
-from ..results import optimal
+from ..ledger.store import Attempt
 from ..states import Reason, State
 from ..views.snapshot import Snapshot
+from ..views.summary import optimal
 from .eta import Planner
 
 

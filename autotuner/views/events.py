@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
+from ..core.outcome import Outcome
 from ..errors import UserError
-from ..outcome import Outcome
-from ..outputs import check_output
 from ..states import State
+from ..sweep.outputs import check_output
 from .snapshot import format_slots
 
 if TYPE_CHECKING:
