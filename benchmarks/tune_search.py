@@ -36,7 +36,8 @@ experiments with the loop closed against without it; and a model of which 1% of 
 with `trainable_num_params` counted apart against all counted as trainable.
 
 --simulated N plays the same searches N seeds each on the scheduler's simulated clock
-(autotuner.planning.simulate, every run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
+(autotuner.planning.simulate, every run 10 s) with the stand-in's rule as the outcome: the figures of many seeds,
+which a few real runs cannot give.
 It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
 """
 from __future__ import annotations
