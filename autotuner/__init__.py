@@ -32,26 +32,25 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .cancel import Cancellation, cancel
 from .errors import UserError
-from .prepare import default_directory, prepare, prepare_tune
 from .states import Reason, State
+from .sweep.cancel import Cancellation, cancel
+from .sweep.create import default_directory, prepare, prepare_tune
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from pathlib import Path
 
-    from .cluster import Cluster, check_gpu_needs
+    from .backends.cluster import Cluster, check_gpu_needs
+    from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
-    from .metrics import KNOWN, Metric, metric_named
-    from .plan import QUEUES, Plan, plan_sweep
-    from .results import OPTIMAL_COMMAND
-    from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
-    from .runner import Options, Result, Ssh, Stopped, execute
+    from .planning.plan import QUEUES, Plan, plan_sweep
     from .spec import Experiment, Sweep, load_sweep
-    from .ssh.probe import check_hostfile as check_hosts
-    from .verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
+    from .spec.metrics import KNOWN, Metric, metric_named
+    from .sweep.resume import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
+    from .sweep.run import Options, Result, Ssh, Stopped, execute
+    from .sweep.verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
     from .views.compare import render_compare
     from .views.events import check_events_path
     from .views.html import write_html
@@ -62,6 +61,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.records import load_results as load
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
+    from .views.summary import OPTIMAL_COMMAND
     from .views.tables import Output, render_hosts, render_report, render_result, render_status
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
@@ -71,31 +71,31 @@ _LAZY = {
     "load_sweep": (".spec", "load_sweep"),
     "Experiment": (".spec", "Experiment"),
     "Sweep": (".spec", "Sweep"),
-    "Metric": (".metrics", "Metric"),
-    "metric_named": (".metrics", "metric_named"),
-    "KNOWN": (".metrics", "KNOWN"),
-    "Cluster": (".cluster", "Cluster"),
-    "check_gpu_needs": (".cluster", "check_gpu_needs"),
-    "check_hosts": (".ssh.probe", "check_hostfile"),
-    "execute": (".runner", "execute"),
-    "Options": (".runner", "Options"),
-    "Result": (".runner", "Result"),
-    "Ssh": (".runner", "Ssh"),
-    "Stopped": (".runner", "Stopped"),
-    "EXIT_OK": (".verdict", "EXIT_OK"),
-    "EXIT_FAILED": (".verdict", "EXIT_FAILED"),
-    "EXIT_USAGE": (".verdict", "EXIT_USAGE"),
-    "EXIT_INTERRUPTED": (".verdict", "EXIT_INTERRUPTED"),
-    "FailOn": (".verdict", "FailOn"),
-    "resume_plan": (".resumeplan", "resume_plan"),
-    "ResumePlan": (".resumeplan", "ResumePlan"),
-    "spec_changes": (".resumeplan", "spec_changes"),
-    "SpecChanges": (".resumeplan", "SpecChanges"),
-    "timeout_seconds": (".resumeplan", "timeout_seconds"),
-    "OPTIMAL_COMMAND": (".results", "OPTIMAL_COMMAND"),
-    "plan_sweep": (".plan", "plan_sweep"),
-    "Plan": (".plan", "Plan"),
-    "QUEUES": (".plan", "QUEUES"),
+    "Metric": (".spec.metrics", "Metric"),
+    "metric_named": (".spec.metrics", "metric_named"),
+    "KNOWN": (".spec.metrics", "KNOWN"),
+    "Cluster": (".backends.cluster", "Cluster"),
+    "check_gpu_needs": (".backends.cluster", "check_gpu_needs"),
+    "check_hosts": (".backends.ssh.probe", "check_hostfile"),
+    "execute": (".sweep.run", "execute"),
+    "Options": (".sweep.run", "Options"),
+    "Result": (".sweep.run", "Result"),
+    "Ssh": (".sweep.run", "Ssh"),
+    "Stopped": (".sweep.run", "Stopped"),
+    "EXIT_OK": (".sweep.verdict", "EXIT_OK"),
+    "EXIT_FAILED": (".sweep.verdict", "EXIT_FAILED"),
+    "EXIT_USAGE": (".sweep.verdict", "EXIT_USAGE"),
+    "EXIT_INTERRUPTED": (".sweep.verdict", "EXIT_INTERRUPTED"),
+    "FailOn": (".sweep.verdict", "FailOn"),
+    "resume_plan": (".sweep.resume", "resume_plan"),
+    "ResumePlan": (".sweep.resume", "ResumePlan"),
+    "spec_changes": (".sweep.resume", "spec_changes"),
+    "SpecChanges": (".sweep.resume", "SpecChanges"),
+    "timeout_seconds": (".sweep.resume", "timeout_seconds"),
+    "OPTIMAL_COMMAND": (".views.summary", "OPTIMAL_COMMAND"),
+    "plan_sweep": (".planning.plan", "plan_sweep"),
+    "Plan": (".planning.plan", "Plan"),
+    "QUEUES": (".planning.plan", "QUEUES"),
     "PLACEMENTS": (".core", "PLACEMENTS"),
     "snapshot": (".views.snapshot", "load"),
     "Snapshot": (".views.snapshot", "Snapshot"),
@@ -157,8 +157,8 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     """
     from pathlib import Path
 
-    from .cluster import local_or_hostfile_cluster, spec_hostfile
-    from .hostfile import is_local
+    from .backends.cluster import local_or_hostfile_cluster, spec_hostfile
+    from .spec.hostfile import is_local
 
     path = Path(hostfile) if hostfile is not None else None
     if sweep is not None:
@@ -169,8 +169,8 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     remote = [h for h in cluster.slots if not is_local(h)]
     if probe is None or path is None or not remote or cluster.accelerator == "cpu":
         return cluster
-    from .cluster import with_hosts_mig
-    from .ssh.probe import mig_hosts
+    from .backends.cluster import with_hosts_mig
+    from .backends.ssh.probe import mig_hosts
 
     found = mig_hosts(remote, probe.config, probe.accept_new_hosts)
     return with_hosts_mig(cluster, found, path, log or (lambda line: None))
@@ -179,7 +179,7 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
 def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,
         launcher: list[str] | None = None) -> Result:
     """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it)."""
-    from .runner import Options, execute
+    from .sweep.run import Options, execute
 
     options = options or Options()
     return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
@@ -192,8 +192,8 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     new experiments are added). Without `options`, experiments keep the timeout the sweep was started with."""
     from pathlib import Path
 
-    from .resumeplan import resume_plan
-    from .runner import Options, execute
+    from .sweep.resume import resume_plan
+    from .sweep.run import Options, execute
 
     plan = resume_plan(directory, only_new=only_new)
     options = options or Options(timeout=plan.timeout)

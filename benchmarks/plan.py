@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import autotuner  # noqa: E402
 from autotuner.core import BackfillQueue  # noqa: E402
-from autotuner.plan import plan_sweep  # noqa: E402
-from autotuner.simulate import simulate  # noqa: E402
+from autotuner.planning.plan import plan_sweep  # noqa: E402
+from autotuner.planning.simulate import simulate  # noqa: E402
 from autotuner.spec import Experiment  # noqa: E402
 from autotuner.states import State  # noqa: E402
 
@@ -158,7 +158,7 @@ def accuracy(n: int, seed: int) -> dict[str, float]:
 
 
 def eta(seed: int, trials: int = 100, n: int = 24, slots: int = 8) -> dict[str, float]:
-    from autotuner.plan import Ongoing, time_left
+    from autotuner.planning.plan import Ongoing, time_left
 
     out: dict[str, float] = {}
     for dist in ("uniform", "lognormal"):

@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autotuner.ledger import Ledger  # noqa: E402
-from autotuner.ssh import SSHPool  # noqa: E402
-from autotuner.ssh.memory import RemoteMemory, nvidia_smi  # noqa: E402
+from autotuner.backends.ssh import SSHPool  # noqa: E402
+from autotuner.backends.ssh.free_memory import RemoteMemory, nvidia_smi  # noqa: E402
+from autotuner.ledger.store import Ledger  # noqa: E402
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 import autotuner  # noqa: E402
 from autotuner import Reason, State  # noqa: E402
-from autotuner.ledger import Ledger  # noqa: E402  # the one internal: the API runs sweeps, it does not fake history
+from autotuner.ledger.store import Ledger  # noqa: E402  # the one internal: the API runs sweeps, it does not fake history
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 SLOTS = 8

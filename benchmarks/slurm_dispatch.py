@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autotuner.ledger import Ledger  # noqa: E402
+from autotuner.ledger.store import Ledger  # noqa: E402
 
 from slurm_lab import SlurmLab  # noqa: E402
 

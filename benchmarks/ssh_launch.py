@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from autotuner.ssh import SSHPool  # noqa: E402
+from autotuner.backends.ssh import SSHPool  # noqa: E402
 
 
 def launch(pool: SSHPool, host: str) -> None:

@@ -24,8 +24,9 @@ sample, each experiment on 2 GPUs of an "A100-80GB", 80e9 bytes; stage 0 cannot 
 are 28, 33, 38 for stages 1-3, the best z3 mbs38): without a model (the hostfile states no GPU type), with
 `model_info` stated, and with the profile run finding the facts; and the same on the simulated clock.
 
---simulated N plays the same searches N seeds each on the scheduler's simulated clock (autotuner.simulate, every
-run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
+--simulated N plays the same searches N seeds each on the scheduler's simulated clock
+(autotuner.planning.simulate, every run 10 s) with the stand-in's rule as the outcome: the figures of many seeds,
+which a few real runs cannot give.
 It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
 """
 from __future__ import annotations
@@ -125,9 +126,9 @@ def row(label: str, results: list[dict[str, float]]) -> str:
 
 def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[str, float]:
     """One search played on the simulated clock: the same figures as `measure`."""
-    from autotuner.outcome import Outcome
-    from autotuner.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
-    from autotuner.simulate import simulate
+    from autotuner.core.outcome import Outcome
+    from autotuner.planning.simulate import simulate
+    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
         point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
@@ -156,7 +157,7 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
 
 def told_fail(spec: object) -> object:
     """model_based with an OOM told to TPE as FAIL (what the tuner does not do), for comparison."""
-    from autotuner.optuna_search import ModelSearch
+    from autotuner.tune.model_based import ModelSearch
 
     class ToldFail(ModelSearch):
         def _state(self, stage: int, mbs: int, knobs: tuple = ()) -> tuple[object, float | None]:
@@ -260,10 +261,10 @@ def memory_table(seeds: int, slots: int, seconds: float) -> None:
 def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[str, float]:
     """One search with or without the memory model on the simulated clock (every run 10 s), the stand-in's
     DeepSpeed-like rule as the outcome."""
-    from autotuner.memory import Facts
-    from autotuner.outcome import Outcome
-    from autotuner.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
-    from autotuner.simulate import simulate
+    from autotuner.core.outcome import Outcome
+    from autotuner.planning.simulate import simulate
+    from autotuner.tune.memory_model import Facts
+    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
         point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
@@ -353,10 +354,10 @@ def knob_factor(stage: int, zero: dict) -> tuple[float, float]:
 
 def full_mode_table(slots: int) -> None:
     """gridsearch in full mode against every knob setting at each stage's best size, on the simulated clock."""
-    from autotuner.outcome import Outcome
-    from autotuner.search import MicroBatchSearch, SearchSpec
-    from autotuner.simulate import simulate
-    from autotuner.spec.knobs import KNOBS
+    from autotuner.core.outcome import Outcome
+    from autotuner.planning.simulate import simulate
+    from autotuner.tune.knobs import KNOBS
+    from autotuner.tune.search import MicroBatchSearch, SearchSpec
 
     def value(stage: int, mbs: int, zero: dict) -> float | None:
         factor, more = knob_factor(stage, zero)

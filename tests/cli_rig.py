@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from autotuner.ledger import Attempt, Ledger
-from autotuner.lock import holder_pid
-from autotuner.tags import TAG_ENV
+from autotuner.backends.tags import TAG_ENV
+from autotuner.ledger.lock import holder_pid
+from autotuner.ledger.store import Attempt, Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Small builders shared by the unit tests."""
 from __future__ import annotations
 
-from autotuner.ledger import SweepMeta
+from autotuner.ledger.store import SweepMeta
 from autotuner.spec import Experiment
 
 

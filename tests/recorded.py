@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from autotuner import prepare
-from autotuner.cluster import Cluster
-from autotuner.ledger import Ledger
-from autotuner.metrics import metric_named
+from autotuner.backends.cluster import Cluster
+from autotuner.ledger.store import Ledger
 from autotuner.spec import Sweep
+from autotuner.spec.metrics import metric_named
 from autotuner.states import State
 
 from helpers import experiment

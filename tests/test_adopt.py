@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotuner import exitstatus
+from autotuner.backends import exitstatus
 from autotuner.states import State
 
 from cli_rig import (
@@ -166,7 +166,7 @@ def test_the_wrapper_keeps_the_grace_period_and_records_how_the_launcher_ended(t
     import os
     import subprocess
 
-    from autotuner import exitstatus
+    from autotuner.backends import exitstatus
 
     status = tmp_path / "exit_status"
     launcher = "trap 'sleep 0.3; echo bye; exit 7' TERM; echo ready; while :; do sleep 0.05 >/dev/null; done"

@@ -208,10 +208,12 @@ def test_reserved_names_from_a_sweep_name_or_a_file_name(tmp_path):
 
 
 def test_every_file_a_sweep_keeps_beside_its_experiments_is_reserved(tmp_path):
-    from autotuner import ledger, lock, results
-    from autotuner.prepare import HOSTFILE
+    from autotuner.ledger import lock
+    from autotuner.ledger import store as ledger
     from autotuner.spec import RESERVED_NAMES
+    from autotuner.sweep.create import HOSTFILE
     from autotuner.views import html, plots
+    from autotuner.views import summary as results
 
     for name in (ledger.FILENAME, lock.LOCKFILE, HOSTFILE, results.SUMMARY, results.OPTIMAL_CONFIG,
                  results.OPTIMAL_COMMAND, html.REPORT_HTML, plots.METRIC_PNG, plots.TIMELINE_PNG):
@@ -334,7 +336,7 @@ def test_a_missing_hostfile_key_is_noted_and_the_error_suggests_hostfile(tmp_pat
 
 
 def test_spec_hostfile_choices(tmp_path):
-    from autotuner.cluster import spec_hostfile
+    from autotuner.backends.cluster import spec_hostfile
 
     (tmp_path / "train.py").touch()
     (tmp_path / "h1").write_text("a slots=1\n")

@@ -53,7 +53,7 @@ def test_help_imports_neither_torch_nor_deepspeed():
 def test_import_autotuner_is_light_and_python_m_autotuner_is_the_command():
     code = ("import sys, autotuner\n"
             "names = [autotuner.prepare, autotuner.cancel, autotuner.run, autotuner.resume, autotuner.UserError]\n"
-            "heavy = ('typer', 'rich', 'fabric', 'paramiko', 'matplotlib', 'torch', 'hjson', 'autotuner.runner',\n"
+            "heavy = ('typer', 'rich', 'fabric', 'paramiko', 'matplotlib', 'torch', 'hjson', 'autotuner.sweep.run',\n"
             "         'optuna')\n"
             "print(sorted(m for m in heavy if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ from autotuner.core import (
     SlotPool,
     Stop,
 )
-from autotuner.outcome import Outcome
+from autotuner.core.outcome import Outcome
 from autotuner.states import Reason, State
 
 from helpers import experiment

@@ -1,9 +1,9 @@
 import socket
 from pathlib import Path
 
-from autotuner import ports
-from autotuner.launch import MASTER_PORTS
-from autotuner.ports import free_port
+from autotuner.backends.launch import MASTER_PORTS
+from autotuner.backends.local import ports
+from autotuner.backends.local.ports import free_port
 
 
 def test_master_ports_are_outside_the_ephemeral_range_and_never_handed_out_twice():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import autotuner
-from autotuner.verdict import FailOn, exit_code
+from autotuner.sweep.verdict import FailOn, exit_code
 
 ROOT = Path(__file__).resolve().parent.parent
 

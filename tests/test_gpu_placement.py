@@ -11,9 +11,9 @@ from pathlib import Path
 from test_inventory import FakeDevice, FakeNvml
 
 from autotuner.core import BackfillQueue, Finished, MemoryRecord, Queued, Reservation, Scheduler, SlotPool
+from autotuner.core.outcome import Outcome
 from autotuner.core.resources import ByType, GpuMemory, Pack, Spread, headroom, placement_named
-from autotuner.inventory import FreeMemory
-from autotuner.outcome import Outcome
+from autotuner.gpu.nvml import FreeMemory
 from autotuner.states import Reason, State
 
 from helpers import experiment

@@ -13,11 +13,11 @@ import pytest
 from test_inventory import FakeDevice, FakeNvml
 
 import autotuner
-from autotuner.hostfile import parse_hostfile
-from autotuner.inventory import Gpu
-from autotuner.learned import need_of_peak
-from autotuner.ledger import Ledger
-from autotuner.ssh.probe import HostReport
+from autotuner.backends.ssh.probe import HostReport
+from autotuner.gpu.nvml import Gpu
+from autotuner.ledger.store import Ledger
+from autotuner.planning.learned import need_of_peak
+from autotuner.spec.hostfile import parse_hostfile
 from autotuner.views.tables import render_hosts
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, expected_throughput, write_launcher
@@ -245,9 +245,9 @@ def test_peak_memory_is_recorded_shown_and_learned_by_a_retry_a_later_sweep_and_
     holds 30 GiB and fails; its peak is recorded and shown. Its retry needs 33 GiB (the peak and 10%): GPU 1.
     A second sweep learns the needs from the first (`--from`) and runs s_x1 on GPU 1 from the start; the others,
     small enough, on GPU 0. `plan --from` keeps s_x1 off the 24 GB host."""
-    import autotuner.peaks
+    import autotuner.backends.local.peaks
 
-    monkeypatch.setattr(autotuner.peaks, "PERIOD", 0.05)
+    monkeypatch.setattr(autotuner.backends.local.peaks, "PERIOD", 0.05)
     first, second = tmp_path / "first", tmp_path / "second"
     nvml = holding([first, second])
     monkeypatch.setitem(sys.modules, "pynvml", nvml)

@@ -11,16 +11,16 @@ from dataclasses import replace
 import pytest
 from test_inventory import FakeDevice, FakeNvml
 
-from autotuner.cluster import Cluster, check_fits, check_gpu_needs, local_or_hostfile_cluster
+from autotuner.backends.cluster import Cluster, check_fits, check_gpu_needs, local_or_hostfile_cluster
 from autotuner.errors import UserError
-from autotuner.gpus import parse_size, size_of_type, type_of_gpu, type_problem
-from autotuner.hostfile import format_hostfile, load_hostfile, parse_hostfile
-from autotuner.inventory import FreeMemory, gpu_type, local_inventory
-from autotuner.ledger import Ledger
-from autotuner.metrics import THROUGHPUT
-from autotuner.prepare import prepare
+from autotuner.gpu.nvml import FreeMemory, gpu_type, local_inventory
+from autotuner.gpu.types import parse_size, size_of_type, type_of_gpu, type_problem
+from autotuner.ledger.store import Ledger
 from autotuner.spec import Experiment, Sweep, load_sweep
+from autotuner.spec.hostfile import format_hostfile, load_hostfile, parse_hostfile
+from autotuner.spec.metrics import THROUGHPUT
 from autotuner.spec.model import canonical
+from autotuner.sweep.create import prepare
 
 from helpers import SWEEP_META, experiment
 

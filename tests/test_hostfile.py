@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.hostfile import (
+from autotuner.spec.hostfile import (
     Host,
     format_hostfile,
     format_include,

@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.inventory import Gpu, find_gpus, local_slots
+from autotuner.gpu.nvml import Gpu, find_gpus, local_slots
 
 GiB = 1024**3
 
@@ -179,6 +179,6 @@ def test_real_pynvml_never_raises() -> None:
 
 
 def test_import_is_cheap() -> None:
-    code = "import sys, autotuner.inventory; print(sorted({'torch', 'deepspeed', 'pynvml'} & set(sys.modules)))"
+    code = "import sys, autotuner.gpu.nvml; print(sorted({'torch', 'deepspeed', 'pynvml'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = """
 import json, os, sys
 import torch, deepspeed
-from autotuner.spec.knobs import KNOBS
+from autotuner.tune.knobs import KNOBS
 deepspeed.init_distributed(dist_backend="gloo")
 done = []
 for stage in (1, 2, 3):

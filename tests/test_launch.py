@@ -1,8 +1,7 @@
 import base64
 import json
 
-from autotuner.core import Reservation
-from autotuner.launch import (
+from autotuner.backends.launch import (
     Launcher,
     deepspeed_command,
     encode_config,
@@ -11,6 +10,7 @@ from autotuner.launch import (
     with_config_arg,
     without_autotuning,
 )
+from autotuner.core import Reservation
 
 from helpers import experiment
 
@@ -65,7 +65,7 @@ def test_optimal_command_is_not_pinned_to_slots():
 
 
 def test_end_profile_step_is_read_from_the_injected_section():
-    from autotuner.launch import END_PROFILE_STEP, end_profile_step, with_autotuning
+    from autotuner.backends.launch import END_PROFILE_STEP, end_profile_step, with_autotuning
 
     assert end_profile_step(with_autotuning({}, "/m.json", "throughput")) == END_PROFILE_STEP
     assert end_profile_step(with_autotuning({"autotuning": {"end_profile_step": 9}}, "/m.json", "throughput")) == 9

@@ -1,7 +1,7 @@
 
 import pytest
 
-from autotuner.ledger import Ledger, TransitionError
+from autotuner.ledger.store import Ledger, TransitionError
 from autotuner.states import Reason, State
 
 from helpers import SWEEP_META, experiment

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 import autotuner
-from autotuner.cluster import local_or_hostfile_cluster
+from autotuner.backends.cluster import local_or_hostfile_cluster
 from autotuner.errors import UserError
-from autotuner.ledger import FILENAME, SCHEMA_VERSION, Ledger
-from autotuner.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
+from autotuner.ledger.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
+from autotuner.ledger.store import FILENAME, SCHEMA_VERSION, Ledger
 from autotuner.spec import load_sweep
 from autotuner.states import State
 from autotuner.views.snapshot import snapshot

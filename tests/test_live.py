@@ -20,7 +20,7 @@ import pytest
 from rich.console import Console
 
 from autotuner.core import Queued, Reservation, Run
-from autotuner.outcome import Outcome
+from autotuner.core.outcome import Outcome
 from autotuner.states import State
 from autotuner.views.events import EventLog, PlainPrinter, event_record, metric_values
 from autotuner.views.live import _KEYS as KEYS
@@ -105,7 +105,7 @@ def test_a_fresh_sweep_has_no_eta_and_no_best(tmp_path):
 
 
 def test_a_search_shows_what_it_proposed_so_far_and_no_eta_of_it(midway):
-    from autotuner.ledger import Ledger
+    from autotuner.ledger.store import Ledger
 
     ledger = Ledger.open(midway)
     ledger.set_meta("search", {"tuner": "random", "trials": 50})

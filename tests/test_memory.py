@@ -4,11 +4,11 @@ DeepSpeed-like: model states per ZeRO stage, partitioned over the data-parallel 
 plus what CUDA keeps for itself; past the GPU's size a run fails with the runtime's OOM message."""
 import pytest
 
-from autotuner.memory import Bound, Facts, Training, bound, budget, model_states
-from autotuner.outcome import Outcome
-from autotuner.search import MicroBatchSearch, SearchSpec, search_for
-from autotuner.simulate import simulate
+from autotuner.core.outcome import Outcome
+from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
+from autotuner.tune.memory_model import Bound, Facts, Training, bound, budget, model_states
+from autotuner.tune.search import MicroBatchSearch, SearchSpec, search_for
 
 G = 10**9
 
@@ -270,7 +270,7 @@ def test_the_note_says_why_a_stage_is_skipped():
     """The report's line, from a recorded search: states alone too big, or not even the smallest size."""
     from types import SimpleNamespace
 
-    from autotuner.results import memory_note
+    from autotuner.views.summary import memory_note
 
     def note(**changes):
         recorded = spec(**({"facts": Facts(PARAMS, PER_SAMPLE).to_json()} | changes)).to_json()

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.metrics import (
+from autotuner.spec.metrics import (
     FLOPS_PER_GPU,
     LATENCY,
     METRICS_PATH_ENV,
@@ -107,7 +107,7 @@ def test_a_directory_is_not_a_metrics_file(tmp_path):
 
 
 def test_the_environment_contract_is_documented():
-    import autotuner.metrics as module
+    import autotuner.spec.metrics as module
 
     assert METRICS_PATH_ENV == "AUTOTUNE_METRICS_PATH"
     assert METRICS_PATH_ENV in module.__doc__

@@ -21,13 +21,13 @@ import pytest
 from test_inventory import FakeDevice, FakeNvml
 
 import autotuner
-from autotuner.cluster import check_fits, local_or_hostfile_cluster
+from autotuner.backends.cluster import check_fits, local_or_hostfile_cluster
+from autotuner.backends.launch import Launcher, deepspeed_command, mig_of
 from autotuner.core.events import Queued
 from autotuner.core.resources import Device, Reservation, SlotPool, placement_named
 from autotuner.errors import UserError
-from autotuner.inventory import FreeMemory, Gpu, find_gpus
-from autotuner.launch import Launcher, deepspeed_command, mig_of
-from autotuner.ledger import Ledger
+from autotuner.gpu.nvml import FreeMemory, Gpu, find_gpus
+from autotuner.ledger.store import Ledger
 from autotuner.spec import Experiment
 
 GiB = 1 << 30
@@ -95,7 +95,7 @@ def test_a_mig_instance_named_without_its_profile_still_reads_as_mig():
     ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "H100-80GB-HBM3-MIG-1g.10gb-me", 10 * 10**9),
 ])
 def test_a_mig_type_states_its_profiles_memory_not_its_gpus(name, gpu_type, size):
-    from autotuner.gpus import size_of_type, type_of_gpu
+    from autotuner.gpu.types import size_of_type, type_of_gpu
 
     assert type_of_gpu(name, size) == gpu_type and size_of_type(gpu_type) == size
 
@@ -294,8 +294,8 @@ fi
 
 def test_hosts_shows_a_gpu_in_mig_mode_as_its_mig_instances(tmp_path):
     """The probe's own shell script, run here with a stand-in nvidia-smi first on PATH."""
-    from autotuner.hostfile import parse_hostfile
-    from autotuner.ssh.probe import parse_probe, probe_script
+    from autotuner.backends.ssh.probe import parse_probe, probe_script
+    from autotuner.spec.hostfile import parse_hostfile
     from autotuner.views.tables import render_hosts
 
     smi = tmp_path / "bin" / "nvidia-smi"

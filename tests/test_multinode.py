@@ -9,8 +9,8 @@ import threading
 import time
 from pathlib import Path
 
-from autotuner import tags
-from autotuner.ledger import Ledger
+from autotuner.backends import tags
+from autotuner.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
@@ -198,8 +198,8 @@ def test_a_node_down_at_start_is_reported_and_left_out(ssh_nodes, tmp_path):
 
 
 def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
+    from autotuner.backends.ssh import HostWatcher, SSHPool
     from autotuner.core import HostBack
-    from autotuner.ssh import HostWatcher, SSHPool
 
     posted = []
     came_back = threading.Event()
@@ -301,7 +301,7 @@ def test_cancel_with_no_runner_ends_what_a_dead_one_left_on_the_nodes(ssh_nodes,
 def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
     import shutil
 
-    from autotuner.ssh import SSHPool, end_tagged_remote
+    from autotuner.backends.ssh import SSHPool, end_tagged_remote
 
     assert shutil.which("pdsh"), ".ci/setup-tests installs pdsh"
     tag = f"fanout{time.time_ns()}.e.1"

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from autotuner.metrics import metric_named
-from autotuner.outcome import classify, judge
+from autotuner.core.outcome import classify, judge
+from autotuner.spec.metrics import metric_named
 from autotuner.states import Reason, State
 
 THROUGHPUT = metric_named("throughput")

@@ -350,6 +350,6 @@ HEADERS = ["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"
 ])
 def test_the_summary_table_is_laid_out_as_tabulate_lays_out_deepspeeds(rows, recorded):
     """`recorded`: what tabulate 0.10.0 printed for these rows with tablefmt="pipe" (as DeepSpeed calls it)."""
-    from autotuner.results import pipe_table
+    from autotuner.views.summary import pipe_table
 
     assert pipe_table(HEADERS, rows) == recorded

@@ -10,9 +10,9 @@ from pathlib import Path
 import pynvml
 from test_inventory import FakeDevice, FakeNvml
 
-from autotuner.learned import MARGIN, STEP, largest_usable, need_of_peak, needs_of_sweep
-from autotuner.peaks import PeakMemory
-from autotuner.tags import TAG_ENV, tag_of
+from autotuner.backends.local.peaks import PeakMemory
+from autotuner.backends.tags import TAG_ENV, tag_of
+from autotuner.planning.learned import MARGIN, STEP, largest_usable, need_of_peak, needs_of_sweep
 
 GiB = 1 << 30
 
@@ -38,7 +38,7 @@ def test_tag_of_reads_the_tag_a_process_carries(tmp_path):
 
 
 def test_an_attempts_peak_is_what_its_processes_hold_together_on_its_fullest_gpu(tmp_path, caplog):
-    caplog.set_level("INFO", logger="autotuner.peaks")
+    caplog.set_level("INFO", logger="autotuner.backends.local.peaks")
     proc = fake_proc(tmp_path, {100: {TAG_ENV: "s.a.1"}, 101: {TAG_ENV: "s.a.1"}, 102: {TAG_ENV: "s.a.1"},
                                 200: {TAG_ENV: "s.b.1"}, 300: {"USER": "someone-else"}})
     held = {0: [(100, 5 * GiB), (102, 1 * GiB), (300, 50 * GiB)],  # a's two processes on GPU 0: 6 GiB together

@@ -10,8 +10,8 @@ import pytest
 
 import autotuner
 from autotuner.errors import UserError
-from autotuner.plan import plan_sweep
-from autotuner.simulate import simulate
+from autotuner.planning.plan import plan_sweep
+from autotuner.planning.simulate import simulate
 from autotuner.states import State
 
 from cli_rig import autotune
@@ -46,7 +46,7 @@ def test_backfill_and_fifo_against_hand_computed_makespans():
     t = simulate(exps, {"h": [0, 1]}, took)
     assert {p.name: (p.start, p.end) for p in t.played} == {
         "small1": (0.0, 30.0), "small2": (0.0, 5.0), "big": (30.0, 40.0)}
-    from autotuner.plan import QUEUES
+    from autotuner.planning.plan import QUEUES
 
     t = simulate(exps, {"h": [0, 1]}, took, queue=QUEUES["fifo"])
     assert {p.name: (p.start, p.end) for p in t.played} == {
@@ -237,7 +237,7 @@ def test_a_bad_estimate_in_the_sweep_file_is_located(tmp_path):
 def test_time_left_replans_what_waits_and_what_runs_as_worked_out_by_hand():
     """Runs seen took 10 s each; one has run 5 s: 5 s are left. Two queued take 10 s each on 2 slots: one
     starts now (ends at 10), the other when the running one ends (5 -> 15)."""
-    from autotuner.plan import Ongoing, time_left
+    from autotuner.planning.plan import Ongoing, time_left
 
     running = [Ongoing(experiment("r"), {"h": [0]}, 5.0)]
     left = time_left({"h": [0, 1]}, [experiment("q1"), experiment("q2")], running, [10.0, 10.0, 10.0])
@@ -247,7 +247,7 @@ def test_time_left_replans_what_waits_and_what_runs_as_worked_out_by_hand():
 def test_a_run_past_every_run_seen_is_expected_in_the_tail_but_never_past_its_timeout():
     """Seen: 10 and 10 s; one has run 12 s. What ended says nothing past 12 s: the tail is put at 1.5 x the
     longest time seen (18 s), so 6 s are left; a timeout at 15 s leaves 3."""
-    from autotuner.plan import Ongoing, time_left
+    from autotuner.planning.plan import Ongoing, time_left
 
     seen = [10.0, 10.0]
     assert time_left({"h": [0]}, [], [Ongoing(experiment("r"), {"h": [0]}, 12.0)], seen) == pytest.approx(6.0)
@@ -262,7 +262,7 @@ def test_survival_learns_from_runs_under_way_not_only_from_those_that_ended():
     Counting only the ended says every run takes 1 s; the runs under way say half of them take longer."""
     import random
 
-    from autotuner.plan import Survival
+    from autotuner.planning.plan import Survival
 
     survival = Survival([1.0, 1.0], [5.0, 5.0])
     assert survival.values == [1.0, 7.5] and survival.weights == pytest.approx([0.5, 0.5])
@@ -272,7 +272,7 @@ def test_survival_learns_from_runs_under_way_not_only_from_those_that_ended():
 
 
 def test_time_left_needs_something_to_go_on_and_counts_hosts_that_are_down():
-    from autotuner.plan import time_left
+    from autotuner.planning.plan import time_left
 
     assert time_left({"h": [0]}, [experiment("q")], [], []) is None  # nothing seen, no estimate
     assert time_left({"h": [0]}, [experiment("q", estimate=30.0)], [], []) == 30.0
@@ -283,7 +283,7 @@ def test_time_left_needs_something_to_go_on_and_counts_hosts_that_are_down():
 
 
 def test_a_sweep_too_large_for_every_draw_plays_fewer_and_says_so(monkeypatch):
-    import autotuner.plan as planning
+    import autotuner.planning.plan as planning
     from autotuner.views.plan import render_plan
 
     monkeypatch.setattr(planning, "RUN_BUDGET", 1000)
@@ -296,7 +296,7 @@ def test_time_left_keeps_experiments_on_their_gpu_type():
     """Two hosts of one slot, of types A and B; four queued experiments of 10 s pinned to A run one after
     another on A's one slot (40 s), not two at a time on both (20 s)."""
     from autotuner.core.resources import placement_named
-    from autotuner.plan import time_left
+    from autotuner.planning.plan import time_left
 
     queued = [replace(experiment(f"q{i}", estimate=10.0), gpu_type="A") for i in range(4)]
     slots = {"a": [0], "b": [0]}

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from autotuner.inventory import Gpu
-from autotuner.ssh import HostReport, SSHPool, probe_hosts
-from autotuner.ssh.probe import parse_nvidia_smi, parse_probe, probe_script
+from autotuner.backends.ssh import HostReport, SSHPool, probe_hosts
+from autotuner.backends.ssh.probe import parse_nvidia_smi, parse_probe, probe_script
+from autotuner.gpu.nvml import Gpu
 
 import fake_nvidia_smi as smi
 

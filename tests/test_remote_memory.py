@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.backends.ssh import SSHPool
+from autotuner.backends.ssh.free_memory import RemoteMemory, nvidia_smi
 from autotuner.core import Finished, MemoryRead, MemoryRecord, Queued, Reservation, Run, Scheduler, SlotPool
+from autotuner.core.outcome import Outcome
 from autotuner.core.resources import placement_named
-from autotuner.ledger import Ledger
-from autotuner.outcome import Outcome
-from autotuner.ssh import SSHPool
-from autotuner.ssh.memory import RemoteMemory, nvidia_smi
+from autotuner.ledger.store import Ledger
 from autotuner.states import State
 
 import fake_nvidia_smi as smi

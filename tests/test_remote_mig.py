@@ -17,11 +17,11 @@ import pytest
 from test_mig import STANDIN
 
 import autotuner
-from autotuner.cluster import local_or_hostfile_cluster, with_hosts_mig
+from autotuner.backends.cluster import local_or_hostfile_cluster, with_hosts_mig
+from autotuner.backends.ssh.probe import parse_mig_list, with_mig
 from autotuner.errors import UserError
-from autotuner.inventory import Gpu
-from autotuner.ledger import Ledger
-from autotuner.ssh.probe import parse_mig_list, with_mig
+from autotuner.gpu.nvml import Gpu
+from autotuner.ledger.store import Ledger
 
 import fake_nvidia_smi as smi
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import autotuner
-from autotuner.ssh.probe import HostReport
+from autotuner.backends.ssh.probe import HostReport
 from autotuner.views.records import PANDAS_HINT
 from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_hosts, render_report, render_table
 
@@ -174,8 +174,8 @@ def test_load_is_the_function_whatever_is_imported():
 
     assert callable(autotuner.load) and autotuner.load.__name__ == "load_results"
     modules = {m.name for m in pkgutil.iter_modules(autotuner.__path__)}
-    assert "load" not in modules and "results" in modules  # results.py is the outcome files, load is not a module
-    assert autotuner.results is not autotuner.load
+    assert "load" not in modules  # load is not a module: importing one of that name cannot shadow the function
+    assert autotuner.views.records is not autotuner.load
 
 
 def test_to_dataframe_without_pandas_names_pandas(sweep, monkeypatch):
@@ -256,8 +256,8 @@ def test_compare_csv_and_md(sweep, tmp_path):
 
 
 def hosts_fixture() -> tuple[dict, list[HostReport]]:
-    from autotuner.hostfile import Host
-    from autotuner.inventory import Gpu
+    from autotuner.gpu.nvml import Gpu
+    from autotuner.spec.hostfile import Host
 
     listed = {"gpu-1": Host("gpu-1", 2), "gpu-2": Host("gpu-2", 8)}
     reports = [HostReport("gpu-1", True, gpus=[Gpu(0, "H100", 80 * 2**30, 70 * 2**30, "u0")], python="3.11.7",
@@ -434,7 +434,7 @@ def failing(tmp_path):
     steps) and ZeRO 1 once and times out once."""
     directory = record(tmp_path / "p", grid_sweep(mbs=(4, 8, 16, 32), gas=(1, 2)), two_nodes(), finished=24,
                        fail=("zm_z2_mbs32_gas1", "zm_z2_mbs32_gas2", "zm_z1_mbs32_gas1", "zm_z1_mbs32_gas2"))
-    from autotuner.ledger import Ledger
+    from autotuner.ledger.store import Ledger
 
     with Ledger.open(directory) as ledger:  # one of the failures becomes a timeout
         ledger._db.execute("UPDATE attempts SET state = 'timed_out', reason = 'timeout' WHERE name = ?",

@@ -9,11 +9,11 @@ import json
 import time
 
 import autotuner
-from autotuner.cluster import Cluster
-from autotuner.hostfile import localhost_hosts
-from autotuner.ledger import Ledger
-from autotuner.metrics import metric_named
+from autotuner.backends.cluster import Cluster
+from autotuner.ledger.store import Ledger
 from autotuner.spec import Experiment, Sweep
+from autotuner.spec.hostfile import localhost_hosts
+from autotuner.spec.metrics import metric_named
 from autotuner.states import Reason, State
 from autotuner.views.tables import RICH_ROWS
 

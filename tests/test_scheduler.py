@@ -6,10 +6,10 @@ import threading
 import time
 
 from autotuner.core import Cancel, Finished, HostBack, HostLost, Interrupt, Launched, Queued, Scheduler, SlotPool
-from autotuner.dispatcher import Dispatcher
-from autotuner.ledger import Ledger
-from autotuner.outcome import Outcome
+from autotuner.core.outcome import Outcome
+from autotuner.ledger.store import Ledger
 from autotuner.states import Reason, State
+from autotuner.sweep.dispatcher import Dispatcher
 
 from helpers import SWEEP_META, experiment
 

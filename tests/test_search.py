@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from autotuner.outcome import Outcome
-from autotuner.search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec, search_for, sizes
-from autotuner.simulate import simulate
+from autotuner.core.outcome import Outcome
+from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
+from autotuner.tune.search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec, search_for, sizes
 
 LIMIT = 100.0  # GiB of the fake GPU
 NEED = {0: (40.0, 2.0), 1: (30.0, 2.0), 2: (20.0, 1.5), 3: (10.0, 1.0)}  # stage -> (fixed, per sample)
@@ -332,7 +332,7 @@ def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlie
 def full_spec(tmp_path, zero=None, **changes):
     """A full-mode spec as `autotune tune` reads it from a config (`fast: false`), with `zero` in its
     zero_optimization."""
-    from autotuner.spec.tuning import read_tuning
+    from autotuner.tune.inputs import read_tuning
 
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"zero_optimization": {"stage": [1, 2, 3]} | (zero or {}),

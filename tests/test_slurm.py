@@ -159,9 +159,9 @@ def test_a_steps_buffers_are_removed_under_its_first_nodes_address_by_a_step_on_
     those named by this machine's address (what a local clean-up would remove) stay."""
     from types import SimpleNamespace
 
-    from autotuner.metrics import metric_named
-    from autotuner.slurm.allocation import describe
-    from autotuner.slurm.executor import SlurmExecutor
+    from autotuner.backends.slurm.allocation import describe
+    from autotuner.backends.slurm.executor import SlurmExecutor
+    from autotuner.spec.metrics import metric_named
 
     for key, value in slurm_lab.env.items():
         monkeypatch.setenv(key, value)
@@ -187,9 +187,9 @@ def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm
     holds, and Slurm refuses it ("Invalid generic resource"); the removal step asks for none."""
     from types import SimpleNamespace
 
-    from autotuner.metrics import metric_named
-    from autotuner.slurm.allocation import describe
-    from autotuner.slurm.executor import SlurmExecutor
+    from autotuner.backends.slurm.allocation import describe
+    from autotuner.backends.slurm.executor import SlurmExecutor
+    from autotuner.spec.metrics import metric_named
 
     for key, value in slurm_lab.env.items():
         monkeypatch.setenv(key, value)
@@ -698,7 +698,7 @@ def test_asks_for_a_new_allocation_inside_one_are_one_line(slurm_lab, allocation
 def test_a_step_held_back_by_a_step_not_ours_is_told_and_runs_once_free(slurm_lab, allocation, tmp_path):
     """A step of the job that autotune did not start holds n1's GPUs: the step of the run placed there waits,
     unlisted, and the user is told why past STEP_SHOWS_WITHIN (30 s); it runs once they are free, once."""
-    from autotuner.slurm.executor import STEP_SHOWS_WITHIN
+    from autotuner.backends.slurm.executor import STEP_SHOWS_WITHIN
 
     holder = subprocess.Popen(["srun", "--jobid", allocation, "--exact", "-N1", "-n1", "-w", "n1",
                                "--gpus-per-node", "2", "-c2", "sleep", str(STEP_SHOWS_WITHIN + 5)],

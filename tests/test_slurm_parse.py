@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.slurm import parse
-from autotuner.slurm.watch import end_seconds
+from autotuner.backends.slurm import parse
+from autotuner.backends.slurm.watch import end_seconds
 
 DATA = Path(__file__).parent / "data" / "slurm"
 

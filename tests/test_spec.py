@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.metrics import LATENCY, THROUGHPUT, Metric
 from autotuner.spec import Experiment, Sweep, is_safe_name, load_sweep
+from autotuner.spec.metrics import LATENCY, THROUGHPUT, Metric
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -561,8 +561,8 @@ def test_a_space_varies_script_options_and_arg_mappings_hand_config_values_to_th
 
 
 def test_the_config_goes_to_the_flag_the_users_command_uses_replacing_what_the_args_held(tmp_path, script):
+    from autotuner.backends.launch import deepspeed_command, encode_config, optimal_command
     from autotuner.core import Reservation
-    from autotuner.launch import deepspeed_command, encode_config, optimal_command
 
     e = load_sweep([write(tmp_path, "hf.hjson", TRAINER)]).experiments[0]
     command = deepspeed_command(e, Reservation.of({"localhost": [0]}), e.config(), hostfile="h", master_port=1,
@@ -576,8 +576,8 @@ def test_an_option_the_args_give_twice_is_replaced_both_times(tmp_path, script):
     """A parser takes an option's last value: the config and a mapped or varied option, given twice in the args,
     are the experiment's at both places (the last one was the user's own: every run got the user's config file
     and batch size, not the experiment's)."""
+    from autotuner.backends.launch import deepspeed_command, encode_config
     from autotuner.core import Reservation
-    from autotuner.launch import deepspeed_command, encode_config
 
     body = TRAINER.replace('"--learning_rate=0.1"]', '"--learning_rate=0.1", "--deepspeed", "other.json", '
                            '"--per_device_train_batch_size", "1", "--learning_rate", "0.5", '

@@ -1,10 +1,10 @@
 """How an attempt's outcome reads once a stop was asked for it (shared by the local and the SSH executor)."""
 from pathlib import Path
 
+from autotuner.backends.stops import Stops
 from autotuner.core import Reservation, Run
-from autotuner.outcome import Outcome
+from autotuner.core.outcome import Outcome
 from autotuner.states import State
-from autotuner.stops import Stops
 
 from helpers import experiment
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from autotuner import tags
+from autotuner.backends import tags
 
 # Tags unique to this test process: another test run on the machine must not see our processes, nor we its.
 P = f"t{os.getpid()}"

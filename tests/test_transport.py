@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from autotuner import tags
-from autotuner.ssh import (
+from autotuner.backends import tags
+from autotuner.backends.ssh import (
     CommandTimeout,
     HostDown,
     HostKeyError,
@@ -22,7 +22,7 @@ from autotuner.ssh import (
     signal_name,
     signal_tagged,
 )
-from autotuner.ssh.process import start_command
+from autotuner.backends.ssh.process import start_command
 
 from sshnodes import descendants
 
@@ -382,7 +382,7 @@ def test_pdsh_fanout(ssh_nodes, pool, request):
 # --- the module stays cheap to import -----------------------------------------------------------------------
 
 def test_import_is_cheap():
-    code = ("import sys, autotuner.ssh, autotuner.routing; "
+    code = ("import sys, autotuner.backends.ssh, autotuner.backends.routing; "
             "print(sorted(m for m in ('fabric', 'paramiko', 'invoke', 'torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

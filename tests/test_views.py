@@ -16,15 +16,15 @@ import pytest
 from typer.testing import CliRunner
 
 from autotuner import cli
+from autotuner.backends.launch import Launcher
 from autotuner.errors import UserError
-from autotuner.launch import Launcher
-from autotuner.ledger import Attempt
-from autotuner.results import summary_text, write_outcome_files
+from autotuner.ledger.store import Attempt
 from autotuner.states import State
 from autotuner.views.analysis import choose_axes, swept_keys, utilisation
 from autotuner.views.compare import compare, render_compare
 from autotuner.views.plots import METRIC_PNG, TIMELINE_PNG, write_plots
 from autotuner.views.snapshot import snapshot
+from autotuner.views.summary import summary_text, write_outcome_files
 from autotuner.views.tables import render_report
 
 from recorded import T0, grid_sweep, record, throughput, two_nodes

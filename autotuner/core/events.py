@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from ..outcome import Outcome
 from ..spec import Experiment
+from .outcome import Outcome
 from .resources import NO_NEED, GpuNeed, Reservation
 
 Key = tuple[str, int]  # (experiment, attempt): one attempt, as Run.key and Queued.key name it

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from ..gpus import show_size
-from ..metrics import reported_peak
-from ..outcome import Outcome
+from ..gpu.types import show_size
 from ..spec import Experiment
+from ..spec.metrics import reported_peak
 from ..states import Reason, State
 from .events import (
     Cancel,
@@ -41,6 +40,7 @@ from .events import (
     Queued,
     Run,
 )
+from .outcome import Outcome
 from .record import Record
 from .resources import BackfillQueue, Pack, Placement, Reservation, SlotPool
 

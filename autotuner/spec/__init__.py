@@ -15,10 +15,10 @@ from pathlib import Path
 
 from .. import limits
 from ..errors import UserError, shown
-from ..gpus import type_problem
-from ..metrics import THROUGHPUT, Metric, metric_named
+from ..gpu.types import type_problem
 from .dsfiles import load_ds_exp
 from .grid import experiment_name, load_sweep_file
+from .metrics import THROUGHPUT, Metric, metric_named
 from .model import (
     ABBREVIATIONS,
     FIELD_KEYS,

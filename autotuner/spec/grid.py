@@ -25,8 +25,8 @@ from typing import Any
 
 from .. import limits
 from ..errors import shown
-from ..gpus import parse_size, type_problem
-from ..metrics import metric_named
+from ..gpu.types import parse_size, type_problem
+from .metrics import metric_named
 from .model import (
     ABBREVIATIONS,
     CONFIG_FLAG,

@@ -16,8 +16,8 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import shown
-from ..gpus import type_problem
-from ..metrics import Metric
+from ..gpu.types import type_problem
+from .metrics import Metric
 
 NAME_MAX = 120
 SAFE_NAME = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{NAME_MAX - 1}}}")

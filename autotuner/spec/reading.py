@@ -15,7 +15,7 @@ import hjson
 
 from .. import limits
 from ..errors import UserError, read_user_file, shown
-from ..metrics import Metric
+from .metrics import Metric
 from .model import NAME_MAX, UNSAFE, Experiment, Origin, positive_int
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
-from ..ledger import Attempt, Ledger
-from ..lock import holder_pid
+from ..ledger.lock import holder_pid
+from ..ledger.store import Attempt, Ledger
 from ..spec import FIELD_KEYS, Experiment
 
 DEFAULT_X = "train_micro_batch_size_per_gpu"

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..ledger import Attempt
-from ..metrics import format_value
+from ..ledger.store import Attempt
+from ..spec.metrics import format_value
 from ..states import State
 from .snapshot import Snapshot, load
 from .tables import PLAIN, Cell, Column, Output, Styled, markdown_table, render_table

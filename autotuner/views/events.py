@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, cast
 
+from ..core.outcome import Outcome
 from ..errors import UserError
-from ..outcome import Outcome
 from ..states import State
 from .snapshot import format_slots
 

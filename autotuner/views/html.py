@@ -18,15 +18,15 @@ from typing import Any
 
 from ..errors import UserError
 from ..files import write_atomic
-from ..gpus import show_size
-from ..lock import holder_pid
-from ..metrics import UNITS, format_compact, format_value
-from ..results import OPTIMAL_COMMAND, OPTIMAL_CONFIG, config_file, optimal
+from ..gpu.types import show_size
+from ..ledger.lock import holder_pid
+from ..spec.metrics import UNITS, format_compact, format_value
 from .analysis import all_attempts, timeline_end, utilisation
 from .live import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
 from .records import ExperimentRecord, SweepResults, from_snapshot
 from .snapshot import Snapshot, format_slots, load
+from .summary import OPTIMAL_COMMAND, OPTIMAL_CONFIG, config_file, optimal
 from .tables import headers
 
 REPORT_HTML = "report.html"

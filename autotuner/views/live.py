@@ -21,10 +21,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..core.outcome import Outcome
 from ..core.resources import devices_from_json, placement_named
-from ..metrics import Metric, format_value, metric_named
-from ..outcome import Outcome
 from ..spec import Experiment
+from ..spec.metrics import Metric, format_value, metric_named
 from ..states import State
 from .events import ADOPTED, FINISHED, HOST_DOWN, HOST_UP, REQUEUED, STARTED, STOPPING, EventLog, PlainPrinter, one_line
 from .snapshot import Snapshot, count_states, format_slots, snapshot
@@ -298,7 +298,7 @@ class LiveView:
     def _replan(self, state: LiveState, now: float) -> float | None:
         """When the sweep should end: what waits and what runs re-planned on the scheduler's own policies
         (plan.time_left). Done outside the lock: the dispatcher never waits for it."""
-        from ..plan import Ongoing, time_left
+        from ..planning.plan import Ongoing, time_left
 
         known = self._experiments
         queued = sorted((name for name, s in state.states.items() if s == State.QUEUED and name in known),
@@ -525,7 +525,7 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
 
 def _metric_of(directory: Path) -> str:
     """The sweep's metric, read from its ledger alone (the plain lines need nothing else)."""
-    from ..ledger import Ledger
+    from ..ledger.store import Ledger
 
     with Ledger.open(directory) as ledger:
         return metric_named(ledger.meta().metric).name

@@ -9,9 +9,9 @@ from typing import Any
 
 from ..errors import UserError
 from ..files import write_atomic
-from ..ledger import Attempt
-from ..plan import RUN_BUDGET, Plan, PolicyPlan
-from ..simulate import Played
+from ..ledger.store import Attempt
+from ..planning.plan import RUN_BUDGET, Plan, PolicyPlan
+from ..planning.simulate import Played
 from ..states import State
 from .live import seconds
 from .snapshot import format_slots

@@ -24,9 +24,9 @@ from typing import Any
 
 from ..errors import UserError
 from ..files import write_atomic
-from ..ledger import Attempt
-from ..metrics import UNITS, Metric, format_value
+from ..ledger.store import Attempt
 from ..spec import ABBREVIATIONS
+from ..spec.metrics import UNITS, Metric, format_value
 from ..states import State
 from .analysis import MISSING, all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
 from .snapshot import Snapshot

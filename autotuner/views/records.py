@@ -15,8 +15,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
 
-from ..ledger import Ledger
-from ..metrics import KNOWN, Metric
+from ..ledger.store import Ledger
+from ..spec.metrics import KNOWN, Metric
 from ..states import Reason, State
 from .analysis import spec_of, swept_specs
 from .snapshot import Snapshot, format_slots, load

@@ -12,12 +12,12 @@ from functools import cached_property
 from pathlib import Path
 
 from ..errors import UserError
-from ..gpus import UNKNOWN
-from ..ledger import FILENAME, Attempt, Ledger, SweepMeta
-from ..metrics import Metric, metric_named
-from ..search import rerun_of
+from ..gpu.types import UNKNOWN
+from ..ledger.store import FILENAME, Attempt, Ledger, SweepMeta
 from ..spec import Experiment
+from ..spec.metrics import Metric, metric_named
 from ..states import State
+from ..tune.search import rerun_of
 
 
 @dataclass(frozen=True)

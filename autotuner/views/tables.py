@@ -16,22 +16,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from ..errors import UserError
-from ..gpus import show_size
-from ..inventory import gpu_type as type_of_gpus
-from ..lock import holder_pid
-from ..metrics import format_compact, format_value
-from ..results import OPTIMAL_COMMAND, command_file, config_file, confirmation, memory_note, optimal
+from ..gpu.nvml import gpu_type as type_of_gpus
+from ..gpu.types import show_size
+from ..ledger.lock import holder_pid
 from ..spec import ABBREVIATIONS
+from ..spec.metrics import format_compact, format_value
 from ..states import Reason, State
 from .records import ExperimentRecord, SweepResults, from_snapshot
 from .snapshot import Snapshot, format_slots, load
+from .summary import OPTIMAL_COMMAND, command_file, config_file, confirmation, memory_note, optimal
 
 if TYPE_CHECKING:
-    from ..hostfile import Host
-    from ..runner import Result
-    from ..slurm import Allocation
-    from ..slurm.parse import Node
-    from ..ssh.probe import HostReport
+    from ..backends.slurm import Allocation
+    from ..backends.slurm.parse import Node
+    from ..backends.ssh.probe import HostReport
+    from ..spec.hostfile import Host
+    from ..sweep.run import Result
 
 FORMATS = ("table", "json", "csv", "md")
 # rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a

@@ -1,0 +1,117 @@
+"""Each attempt's exit status, written next to its logs, so that a runner that did not start it can judge it.
+
+The runner that starts an attempt learns how it ended by waiting on it. One that takes over after a crash
+cannot wait on processes it did not start, so every launch runs under a small POSIX sh wrapper (here and on
+SSH hosts alike; nothing but sh's builtins is needed): it runs the launcher as its child, waits for it, writes
+the exit status to `exit_status` in the attempt's directory and then ends as the launcher did, by the same
+signal when a signal ended it. The status is one short line written by one builtin `printf` (no `mv`: a fork
+and exec cost every run milliseconds of its slot); a reader trusts it only whole, ending in its newline, so a
+wrapper killed mid-write leaves "no status", never a wrong one.
+
+The wrapper is the attempt's process-group leader and carries its tag, so clean-up covers it. It traps
+SIGTERM, SIGINT and SIGHUP with a no-op (a trap, not an ignore: its child starts with the default handlers),
+so a stop signal sent to the group reaches the launcher, and the wrapper outlives it to record how it ended.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..core.outcome import Outcome, judge
+from ..spec.metrics import Metric
+from ..states import Reason, State
+from . import tags
+from .launch import MODEL_INFO, end_profile_step
+
+FILENAME = "exit_status"
+# How an attempt that ended while no runner was alive, without recording its exit status, is recorded.
+UNRECORDED = "ended while no runner was alive, without recording its exit status"
+
+_WRAPPER = (
+    'f=$1; shift; trap : TERM INT HUP; "$@"; s=$?; '
+    'printf "%s\\n" "$s" > "$f"; '
+    'trap - TERM INT HUP; [ "$s" -gt 128 ] && kill -$((s - 128)) $$; exit "$s"'
+)
+
+
+def wrapped(argv: Sequence[str], status_path: str | Path) -> list[str]:
+    """`argv`, run under the wrapper that records its exit status in `status_path`."""
+    return ["sh", "-c", _WRAPPER, "sh", str(status_path), *argv]
+
+
+def find_wrapper(tag: str) -> int | None:
+    """The pid of the attempt's wrapper on this machine, found by its tag and its command line: for an attempt
+    whose pid the ledger never got (the runner died between starting it and recording it)."""
+    start = "\0".join(wrapped([], "")[:3]).encode()
+    for pid in tags.find_tagged(tag):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(start):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def read(status_path: str | Path) -> int | None:
+    """The recorded exit status as sh reports it (128+N when signal N ended it); None if none was recorded."""
+    try:
+        return parse(Path(status_path).read_text(encoding="ascii", errors="replace")[:16])
+    except OSError:
+        return None
+
+
+def parse(text: str) -> int | None:
+    """The status in the file's text; None unless it is whole (empty or cut short: the wrapper died writing)."""
+    return int(text.strip()) if text.endswith("\n") and text.strip().isdigit() else None
+
+
+def forget(directory: Path) -> None:
+    """Drop the exit status of an attempt that we ended (cancel, timeout, Ctrl-C): it tells our stop, not the
+    attempt's own end, and should the ledger fail to record the stop, a successor must not judge the attempt
+    by it (a cancel read as `failed: exit status -15`)."""
+    with contextlib.suppress(OSError):
+        (Path(directory) / FILENAME).unlink(missing_ok=True)
+
+
+def as_returncode(status: int) -> int:
+    """A status as `subprocess` reports a local process's: -N when signal N ended it."""
+    return -(status - 128) if 128 < status < 128 + 65 else status
+
+
+def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outcome:
+    """Judge an attempt from its exit status and the files in its directory, as the runner that started it
+    would have; with no exit status recorded (None) it is interrupted, to be run again."""
+    if exit_code is None:
+        return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
+    metrics = directory / "metrics.json"
+    if exit_code == 0 and not metrics.exists() and (directory / MODEL_INFO).exists():
+        return _profiled(directory / MODEL_INFO)
+    # The profile window only explains a missing metrics file: the config is read for that case alone, not
+    # after every run.
+    profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
+    return judge(exit_code, metrics, metric, [directory / "stderr.log", directory / "stdout.log"], profile_end)
+
+
+def _profiled(path: Path) -> Outcome:
+    """A profile run (`autotuning.model_info.profile`): it succeeded when DeepSpeed's engine wrote its model info,
+    a JSON object with the parameter count; its numbers are the run's metrics (the ledger keeps them)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        return Outcome(State.FAILED, Reason.METRICS, f"the model info file {path.name} cannot be read: {e}", 0)
+    numbers = {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)} \
+        if isinstance(data, dict) else {}
+    if numbers.get("num_params", 0) <= 0:
+        return Outcome(State.FAILED, Reason.METRICS, f"the model info file {path.name} holds no num_params", 0)
+    return Outcome(State.SUCCEEDED, exit_code=0, metrics=numbers)
+
+
+def _end_profile_step(directory: Path) -> int | None:
+    """The profile window of the config the attempt ran (its ds_config.json, written before it started)."""
+    try:
+        config = json.loads((directory / "ds_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return end_profile_step(config) if isinstance(config, dict) else None

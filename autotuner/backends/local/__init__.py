@@ -1,0 +1,1 @@
+"""Attempts on this machine: processes, their clean-up, ports, peak GPU memory."""

@@ -1,0 +1,301 @@
+"""The Slurm allocation a sweep runs in: the one this process is inside (`SLURM_JOB_ID`), or one asked for
+(`salloc --no-shell`) and given back at the end. Its nodes and GPUs become the sweep's cluster: no hostfile.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+from ...errors import UserError
+from . import parse
+
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from ..cluster import Cluster
+
+COMMAND_TIMEOUT = 60.0  # seconds for one scontrol/squeue/scancel call: slurmctld answers in milliseconds
+TIMEOUT_ENV = "AUTOTUNE_SLURM_TIMEOUT"  # seconds, in place of COMMAND_TIMEOUT
+
+
+def command_timeout() -> float:
+    """Seconds one Slurm command may take (`AUTOTUNE_SLURM_TIMEOUT`, else COMMAND_TIMEOUT)."""
+    try:
+        return max(0.1, float(os.environ.get(TIMEOUT_ENV, COMMAND_TIMEOUT)))
+    except ValueError:
+        return COMMAND_TIMEOUT
+
+
+class SlurmError(UserError):
+    """A Slurm command failed or is missing: one line, naming the command."""
+
+
+def slurm(*argv: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run one Slurm command; a missing command, a hang or (with `check`) a failure is a SlurmError."""
+    timeout = command_timeout() if timeout is None else timeout
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]}: no such command (is this a Slurm cluster?)") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{shlex.join(argv)}: no answer in {timeout:g} s (is slurmctld up?)") from None
+    if check and done.returncode != 0:
+        raise SlurmError(failure(argv, done.stderr or done.stdout, done.returncode))
+    return done
+
+
+def failure(argv: Sequence[str], said: str, code: int) -> str:
+    """One line for a failed Slurm command: its last line of output (which names the command), else the
+    command and its exit status."""
+    lines = said.strip().splitlines()
+    if not lines:
+        return f"{shlex.join(argv)}: exit status {code}"
+    last = lines[-1].strip()[:300]
+    return last if last.startswith(f"{argv[0]}:") else f"{argv[0]}: {last}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """An allocation's nodes and what it holds on each; `owned`: asked for by us, given back by us."""
+
+    job: str
+    nodes: tuple[str, ...]
+    gpus: Mapping[str, int]  # per node
+    cpus: Mapping[str, int] = field(default_factory=dict)
+    memory_mb: Mapping[str, int] = field(default_factory=dict)  # 0 or missing: not tracked
+    addresses: Mapping[str, str] = field(default_factory=dict)  # where the other nodes reach each
+    types: Mapping[str, str] = field(default_factory=dict)  # GPU type, where GRES names one
+    total_gpus: Mapping[str, int] = field(default_factory=dict)  # every GPU of each node, held or not
+    end_time: str | None = None
+    owned: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """What the ledger keeps (meta `slurm`): enough to find the job again."""
+        return {"job": self.job, "owned": self.owned}
+
+    def warnings(self) -> list[str]:
+        """What will slow the sweep down in this allocation, for the user: nodes where it holds fewer CPUs
+        than GPUs (every step needs a CPU per node: steps beyond the CPUs wait for one)."""
+        short = [h for h in self.nodes if 0 < self.cpus.get(h, 0) < self.gpus.get(h, 0)]
+        if not short:
+            return []
+        first = short[0]
+        return [f"Slurm job {self.job} holds {self.cpus[first]} CPU(s) for {self.gpus[first]} GPU(s) on {first}"
+                f"{f' and {len(short) - 1} other node(s)' if len(short) > 1 else ''}: experiments beyond the CPUs "
+                "wait for one; ask for CPUs too (--cpus-per-gpu, or --exclusive)"]
+
+    def address(self, node: str) -> str:
+        return self.addresses.get(node, node)
+
+    def cpus_per_gpu(self, node: str) -> int:
+        """CPUs a step gets per GPU on `node`: the allocation's CPUs shared out evenly, at least one."""
+        gpus = self.gpus.get(node, 0)
+        return max(1, self.cpus.get(node, 0) // gpus) if gpus else 1
+
+    def cpus_for(self, node: str, gpus: int) -> int:
+        """CPUs a step of `gpus` GPUs asks for on `node`: its share, but never more than the allocation holds
+        there (one CPU for two GPUs: a two-GPU step gets the one)."""
+        wanted, held = self.cpus_per_gpu(node) * gpus, self.cpus.get(node, 0)
+        return max(1, min(wanted, held)) if held else wanted
+
+    def memory_per_gpu_mb(self, node: str) -> int | None:
+        """Memory (MB) a step asks per GPU where memory is tracked, so that steps do not each claim all of it
+        and run one after another; None where it is not tracked."""
+        memory, gpus = self.memory_mb.get(node, 0), self.gpus.get(node, 0)
+        return memory // gpus if memory and gpus else None
+
+
+def current_job() -> str | None:
+    """The job this process runs inside, if any."""
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or None
+
+
+def describe(job_id: str, *, owned: bool = False) -> Allocation:
+    """The allocation of job `job_id`, which must be running and hold GPUs."""
+    text = slurm("scontrol", "show", "job", "-d", "-o", job_id).stdout
+    line = next((line for line in text.splitlines() if line.strip()), "")
+    job = parse.job(line)
+    if job.state != "RUNNING":
+        raise SlurmError(f"Slurm job {job_id} is {job.state or 'unknown'}, not running: no allocation to use")
+    nodes = {n.name: n for n in parse.nodes(slurm("scontrol", "show", "node", "-o", ",".join(job.nodes)).stdout)}
+    gpus = {}
+    for host in job.nodes:
+        share = job.shares.get(host)
+        held = share.gpus if share is not None else None
+        gpus[host] = held.count if held is not None else 0
+    if not any(gpus.values()):
+        raise SlurmError(f"Slurm job {job_id} holds no GPUs: ask for them (--gpus-per-node G, or --gres=gpu:G)")
+    types = {h: t for h in job.nodes if (s := job.shares.get(h)) and s.gpus and (t := s.gpus.type)}
+    return Allocation(job.id or job_id, tuple(h for h in job.nodes if gpus[h]), gpus,
+                      {h: s.cpus for h, s in job.shares.items()}, {h: s.memory_mb for h, s in job.shares.items()},
+                      {h: n.address for h, n in nodes.items()}, types,
+                      {h: n.gpus.count for h, n in nodes.items() if n.gpus is not None}, job.end_time, owned)
+
+
+def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, time: str | None = None,
+            account: str | None = None, extra: Sequence[str] = (),
+            log: Callable[[str], None] = lambda line: None) -> Allocation:
+    """A new allocation of whole nodes (`salloc --no-shell --exclusive`: every CPU, so that steps do not wait for
+    one), kept when one of its nodes fails (`--no-kill`: only that node's experiments are lost), waited for;
+    ours to give back. Interrupted while it waits (Ctrl-C, or SIGTERM): the request is withdrawn, so that no
+    allocation starts later that nobody gives back."""
+    argv = ["salloc", "--no-shell", "--exclusive", "--no-kill", "--job-name", "autotune", "--nodes", str(nodes),
+            "--gpus-per-node", str(gpus_per_node)]
+    for option, value in (("--partition", partition), ("--time", time), ("--account", account)):
+        if value:
+            argv += [option, value]
+    argv += list(extra)
+    with tempfile.TemporaryFile("w+") as said:
+        try:
+            proc = subprocess.Popen(argv, stdout=said, stderr=said, text=True, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
+        try:
+            with sigterm_interrupts():
+                _wait_granted(proc, said, log)
+        except BaseException:
+            _withdraw(proc, said)
+            raise
+        said.seek(0)
+        text = said.read()
+    job = parse.granted_job(text)
+    if proc.returncode != 0 or job is None:
+        raise SlurmError(failure(argv, text, proc.returncode))
+    try:
+        return describe(job, owned=True)
+    except BaseException:
+        release(job)
+        raise
+
+
+def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str], None]) -> None:
+    """Until salloc ends; the job it queued told once (the user then knows what waits, and why)."""
+    told = False
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+        if not told:
+            said.seek(0)
+            queued = parse.pending_job(said.read())
+            if queued is not None:
+                log(f"Slurm job {queued} is queued, waiting for resources (Ctrl-C withdraws it)")
+                told = True
+
+
+def _withdraw(proc: subprocess.Popen[str], said: IO[str]) -> None:
+    """salloc interrupted as Ctrl-C would (it then revokes a pending request), its job cancelled whatever
+    state it reached: queued, or granted in the meantime."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    said.seek(0)
+    text = said.read()
+    job = parse.granted_job(text) or parse.pending_job(text)
+    if job is not None:
+        with contextlib.suppress(SlurmError):
+            release(job)
+        raise Withdrawn(job)
+
+
+class Withdrawn(KeyboardInterrupt):
+    """An allocation request interrupted: its job (`job`) was cancelled before it could run."""
+
+    def __init__(self, job: str):
+        super().__init__(job)
+        self.job = job
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM taken as Ctrl-C while salloc waits, or while an allocation of ours is held: its default would end
+    us at once, salloc left waiting or the allocation never given back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def release(job: str) -> None:
+    """Give an allocation back (everything still running in it ends)."""
+    slurm("scancel", job, check=False)
+
+
+def cancel_step(step: str, within: float = 60.0) -> None:
+    """End a job step (`J.S`) on every node and wait until Slurm no longer lists it; a Slurm that cannot be
+    asked (its commands missing, its controller down) is logged and left: the ledger still records the end."""
+    import time
+
+    job = step.split(".")[0]
+    try:
+        slurm("scancel", step, check=False)
+        end = time.monotonic() + within
+        while time.monotonic() < end and any(s.id == step for s in steps(job)):
+            time.sleep(0.05)
+    except SlurmError as e:
+        log.warning("cannot end Slurm step %s: %s", step, e)
+
+
+def node_states(hosts: Sequence[str]) -> dict[str, parse.Node]:
+    """The nodes' states now, by name."""
+    return {n.name: n for n in parse.nodes(slurm("scontrol", "show", "node", "-o", ",".join(hosts)).stdout)}
+
+
+def job_state(job_id: str) -> parse.Job | None:
+    """The job now; None once Slurm has forgotten it ("Invalid job id"). Any other failure (slurmctld
+    restarting, unreachable) says nothing about the job: a SlurmError."""
+    done = slurm("scontrol", "show", "job", "-d", "-o", job_id, check=False)
+    line = next((line for line in done.stdout.splitlines() if line.strip()), "")
+    if done.returncode == 0:
+        return parse.job(line) if line else None
+    if "Invalid job id" in done.stderr:
+        return None
+    raise SlurmError(failure(("scontrol", "show", "job", job_id), done.stderr or done.stdout, done.returncode))
+
+
+def steps(job_id: str) -> list[parse.Step]:
+    """The job's running steps."""
+    return parse.steps(slurm("squeue", "-h", "-s", "-j", job_id, "-o", parse.STEP_FORMAT, check=False).stdout)
+
+
+def cluster_of(allocation: Allocation) -> Cluster:
+    """The sweep's cluster: each node of the allocation with the GPUs it holds there (their type where GRES
+    names one). Slot ids are counts only: Slurm picks the GPUs of each step."""
+    from ...gpu.types import size_of_type
+    from ..cluster import Cluster
+
+    slots = {h: tuple(range(allocation.gpus[h])) for h in allocation.nodes}
+    memory = {h: size for h, t in allocation.types.items() if (size := size_of_type(t)) is not None}
+    return Cluster(slots, {h: len(ids) for h, ids in slots.items()}, "cuda", dict(allocation.types), memory,
+                   slurm=allocation.to_json())
+
+
+def planned_cluster(nodes: int, gpus_per_node: int) -> Cluster:
+    """An allocation not asked for, to plan for (`autotune plan --slurm --nodes N --gpus-per-node G`)."""
+    from ..cluster import Cluster
+
+    slots = {f"node{i + 1}": tuple(range(gpus_per_node)) for i in range(nodes)}
+    return Cluster(slots, {h: gpus_per_node for h in slots})

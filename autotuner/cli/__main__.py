@@ -1,0 +1,4 @@
+"""`python -m autotuner.cli`: the `autotune` command."""
+from . import main
+
+main()

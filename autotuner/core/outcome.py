@@ -1,0 +1,107 @@
+"""Judging a finished attempt: its exit status plus its metrics file, never a word found in stderr alone.
+
+Success is exit status 0 and a valid metrics file. A failure gets a class, read from the exit status and the
+log's telling line, so the report can say *why* and the runner knows whether trying again could help:
+`oom`, `config` and `metrics` are deterministic (the same config fails the same way); `launch` (port in use,
+command not found, host unreachable) and `lost` (the host went away) are transient and may be retried.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..spec.metrics import KNOWN, METRICS_PATH_ENV, MISSING, Metric, MetricsError, read_metrics
+from ..states import Reason, State
+
+# (class, pattern) in priority order: the first class whose pattern matches any log line wins. OOM first, then
+# CONFIG: a deterministic cause beats a transient-looking line printed on the way to it.
+_PATTERNS: tuple[tuple[Reason, re.Pattern[str]], ...] = (
+    (Reason.OOM, re.compile(r"CUDA out of memory|OutOfMemoryError|\bMemoryError\b|Out of memory: Killed process"
+                            r"|Cannot allocate memory|std::bad_alloc", re.I)),
+    (Reason.CONFIG, re.compile(r"DeepSpeedConfigError|Check batch related parameters|train_batch_size is not equal"
+                               r"|ValidationError|is not a valid|unrecognized arguments|Unknown .*config", re.I)),
+    # No bare "Connection refused": torch's c10d prints it as a harmless warning while a rendezvous retries.
+    (Reason.LAUNCH, re.compile(r"Address already in use|EADDRINUSE|command not found"
+                               r"|No such file or directory: '?deepspeed"
+                               r"|Could not resolve hostname|ssh: .*Connection refused"
+                               r"|Permission denied \(publickey", re.I)),
+)
+_TAIL_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: the ledger state, and for failures a class and the line that tells why."""
+
+    state: State
+    reason: Reason | None = None
+    detail: str | None = None
+    exit_code: int | None = None
+    metrics: Mapping[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        """Plain words (from JSON, a test, a stand-in executor) become the enums they name."""
+        object.__setattr__(self, "state", State(self.state))
+        if self.reason is not None:
+            object.__setattr__(self, "reason", Reason(self.reason))
+
+    @property
+    def transient(self) -> bool:
+        """A failure that trying again may cure (see `Reason.transient`)."""
+        return self.reason is not None and self.reason.transient
+
+
+def _tail_lines(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - _TAIL_BYTES))
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def classify(exit_code: int | None, logs: list[Path]) -> tuple[Reason, str | None]:
+    """The failure class of a failed run and its telling log line (None when no line tells)."""
+    lines = [line.strip() for log in logs for line in _tail_lines(log)]
+    for reason, pattern in _PATTERNS:
+        for line in reversed(lines):
+            if pattern.search(line):
+                return reason, line[:300]
+    if exit_code in (127, 126):
+        return Reason.LAUNCH, f"exit status {exit_code}: launcher not found or not executable"
+    if exit_code is not None and exit_code < 0 and -exit_code == 9:
+        return Reason.OOM, "killed by SIGKILL (the kernel's OOM killer?)"
+    errors = [line for line in lines if re.search(r"Error|error:|Traceback|FAILED", line)]
+    return Reason.EXIT, (errors[-1][:300] if errors else None)
+
+
+def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
+          end_profile_step: int | None = None) -> Outcome:
+    """Succeeded only with exit status 0 and a valid metrics file; otherwise a classified failure.
+
+    `end_profile_step`: the run's config has the injected autotuning section, so DeepSpeed's engine writes the
+    metrics file itself once that many optimizer steps are done; a missing file then says what to change.
+    """
+    if exit_code == 0:
+        try:
+            values = read_metrics(metrics_path, metric)
+        except MetricsError as e:
+            detail = str(e)
+            if e.reason == MISSING:
+                detail += _why_missing(metric, end_profile_step)
+            return Outcome(State.FAILED, Reason.METRICS, detail, exit_code)
+        return Outcome(State.SUCCEEDED, exit_code=exit_code, metrics=values)
+    reason, line = classify(exit_code, logs)
+    return Outcome(State.FAILED, reason, line or f"exit status {exit_code}", exit_code)
+
+
+def _why_missing(metric: Metric, end_profile_step: int | None) -> str:
+    """Why a run that exited 0 left no metrics file, and what to change."""
+    if metric.name in KNOWN and end_profile_step is not None:
+        return (f": the script ended before DeepSpeed's profile window did; DeepSpeed's engine writes the "
+                f"metrics only after end_profile_step ({end_profile_step}) optimizer steps: run more than "
+                f"{end_profile_step} optimizer steps, or lower autotuning.end_profile_step in the ds_config")
+    return f": the script exited 0 without writing its metric {metric.name!r} to ${METRICS_PATH_ENV}"

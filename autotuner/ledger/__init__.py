@@ -1,0 +1,1 @@
+"""The durable record of a sweep: the SQLite ledger (store) and the one-runner lock."""

@@ -1,0 +1,2 @@
+"""Estimates before and while a sweep runs: durations, learned GPU memory needs, the simulated clock and `autotune
+plan`."""

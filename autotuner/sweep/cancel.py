@@ -1,0 +1,108 @@
+"""Cancelling experiments of a sweep, or all of it, from any process: through its live runner, or in the ledger.
+
+The request is written to the ledger first, then the runner holding the sweep's lock is signalled (SIGUSR1) and
+cancels at its next step. With no runner alive, this process takes the lock, ends what a dead runner left
+running, and records the cancelled experiments itself.
+
+`autotuner` imports this module when it is imported (the function `autotuner.cancel` shares its name), so it
+imports what it needs only when called.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UserError
+from ..states import Reason, State
+
+if TYPE_CHECKING:
+    from ..ledger.store import Ledger
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What `cancel` did: asked the live runner (its pid; it cancels at its next step), or, with none alive,
+    cancelled here the experiments that had not finished. `str()` says it in a line."""
+
+    directory: Path
+    requested: tuple[str, ...]  # the experiments asked for; empty: the whole sweep
+    via_runner: bool  # a live runner was asked (it cancels at its next step)
+    runner_pid: int | None = None
+    cancelled: tuple[str, ...] = ()  # cancelled here, with no runner alive
+
+    def __str__(self) -> str:
+        if self.via_runner:
+            return f"asked the runner (pid {self.runner_pid}) to cancel {', '.join(self.requested) or 'the sweep'}"
+        return f"cancelled {len(self.cancelled)} experiment(s) that had not finished"
+
+    def to_json(self) -> dict[str, Any]:
+        """For `autotune cancel --format json`: `cancelled` is null when the runner was asked (it decides)."""
+        return {"directory": str(self.directory), "requested": list(self.requested) or "all",
+                "via_runner": self.via_runner, "runner_pid": self.runner_pid,
+                "cancelled": None if self.via_runner else list(self.cancelled), "message": str(self)}
+
+
+def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
+    """Cancel the experiments named (all of them when `names` is empty); returns what was done (`str()` of it
+    is a line for people)."""
+    from ..ledger.lock import SweepBusy, SweepLock, holder_pid
+    from .create import open_sweep
+    from .run import listen_for_requests, restore_handler
+
+    directory = Path(directory)
+    with open_sweep(directory) as ledger:
+        known = {e.name for e in ledger.experiments()}
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
+        ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
+        ledger.request("cancel", names, time.time())
+        requested = tuple(names)
+        pid = holder_pid(directory)
+        if pid is not None:
+            os.kill(pid, signal.SIGUSR1)
+            return Cancellation(directory, requested, True, pid)
+        previous_usr1 = listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
+        try:
+            lock = SweepLock(directory).acquire()
+        except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
+            restore_handler(signal.SIGUSR1, previous_usr1)
+            if e.pid is not None:
+                os.kill(e.pid, signal.SIGUSR1)
+            return Cancellation(directory, requested, True, e.pid)
+        try:
+            return Cancellation(directory, requested, False, None, tuple(_cancel_here(ledger, names, known)))
+        finally:
+            lock.release()
+            restore_handler(signal.SIGUSR1, previous_usr1)
+
+
+def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
+    """No runner: apply the request here, after clearing up what a dead one left; returns those cancelled."""
+    from ..backends.local.cleanup import recover
+    from .run import Options, ssh_pool
+
+    pool = ssh_pool(ledger, Options())
+    try:
+        recover(ledger, time.time(), pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
+    asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
+    chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)
+    done = []
+    for attempt in ledger.latest():
+        if attempt.name in chosen and attempt.state in (State.QUEUED, State.INTERRUPTED):
+            number = attempt.attempt
+            if attempt.state == State.INTERRUPTED:
+                number = ledger.requeue([attempt.name], time.time())[attempt.name]
+            ledger.finish(attempt.name, number, State.CANCELLED, time.time(), reason=Reason.CANCELLED,
+                          detail="cancelled while the sweep was stopped")
+            done.append(attempt.name)
+    return done

@@ -1,0 +1,1 @@
+"""`autotune tune`: its inputs, the knobs, the memory model, the tuners."""

@@ -1,0 +1,324 @@
+"""What `autotune tune` is given: the user's own DeepSpeed command (the script, its arguments and the config
+they name with `--deepspeed_config` or `--deepspeed`), and that config's `autotuning` section, read as DeepSpeed
+documents it (full mode, `fast: false`, adds the ZeRO knobs of spec/knobs.py). Unknown or mistyped keys are
+located errors, never ignored; what the search does not do yet is refused by name rather than silently skipped."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError, shown
+from ..spec.metrics import metric_named
+from ..spec.model import CONFIG_FLAG, FLAG, NAME_MAX, SAFE_NAME, UNSAFE, positive_int
+from ..spec.reading import (
+    Budget,
+    Source,
+    abspath,
+    ds_config_of,
+    env_of,
+    positive_count,
+    read_source,
+    script_path,
+    string_list,
+)
+from .knobs import Space, first_values, knob_spaces
+
+# The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
+KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
+        "end_profile_step", "metric_path", "max_train_batch_size", "min_train_batch_size",
+        "min_train_micro_batch_size_per_gpu", "max_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes",
+        "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
+        "model_info_path")
+TUNERS = ("gridsearch", "random", "model_based")
+OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
+ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
+STAGES = (0, 1, 2, 3)
+# The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
+TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
+                   "gradient_accumulation_steps": "--gradient_accumulation_steps"}
+# model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
+MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
+                   "activation_mem_per_gpu")
+
+
+@dataclass(frozen=True)
+class TuneInput:
+    """The user's command, taken apart."""
+
+    script: str  # absolute
+    args: tuple[str, ...]  # without the config option
+    flag: str  # the option the config is handed to
+    config_path: Path
+
+
+def split_command(script: str, args: Sequence[str], cwd: Path) -> TuneInput:
+    """`train.py --deepspeed_config ds.json --lr 1e-4` -> its parts. The config option is `--deepspeed_config`
+    (DeepSpeed's own), else `--deepspeed PATH` (Hugging Face Trainer, Accelerate); `--deepspeed` followed by
+    another option is DeepSpeed's on/off switch, and stays."""
+    path = Path(script) if Path(script).is_absolute() else cwd / script
+    if not path.is_file():
+        raise UserError("no such training script" if not path.exists() else "not a file: the training script",
+                        path)
+    rest = list(args)
+    found = _config_option(rest)
+    if found is None:
+        raise UserError(f"the command names no DeepSpeed config: give it as `{CONFIG_FLAG} ds.json` (or `--deepspeed "
+                        "ds.json` for a Trainer script), as you would to deepspeed")
+    flag, value, i, end = found
+    rest = rest[:i] + rest[end:]
+    again = _config_option(rest)
+    if again is not None:  # which one the script would take depends on its parser: neither is guessed
+        raise UserError(f"the command names a DeepSpeed config twice ({flag} {value}, {again[0]} {again[1]}): give "
+                        "it once")
+    config = Path(value) if Path(value).is_absolute() else cwd / value
+    return TuneInput(str(path.resolve()), tuple(rest), flag, config)
+
+
+def _config_option(args: Sequence[str]) -> tuple[str, str, int, int] | None:
+    """The first config option in `args`: (flag, path, where it starts, where it ends), `--deepspeed_config`
+    before `--deepspeed PATH`."""
+    for flag in (CONFIG_FLAG, "--deepspeed"):
+        for i, arg in enumerate(args):
+            if arg == flag and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                return flag, args[i + 1], i, i + 2
+            if arg.startswith(flag + "="):
+                return flag, arg.split("=", 1)[1], i, i + 1
+    return None
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The config's autotuning section, checked: what the search is asked to do."""
+
+    base: dict[str, Any]  # the config, its autotuning section reduced to the keys the engine reads
+    stages: tuple[int, ...]
+    metric: str
+    min_mbs: int
+    max_mbs: int | None
+    measure: int
+    global_batch: int | None
+    trials: int | None
+    patience: int | None
+    arg_mappings: dict[str, str]
+    tuner: str = "gridsearch"
+    knobs: dict[int, Space] = field(default_factory=dict)  # full mode: each stage's ZeRO knobs to search
+    facts: dict[str, Any] | None = None  # memory.Facts as JSON, from model_info or model_info_path
+    mp: int = 1  # mp_size
+
+
+def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
+    """The config at `path` (or `src`, one read already: a tune file's ds_config) and its autotuning section
+    (DeepSpeed's keys); `world`: GPUs per experiment."""
+    src = src or read_source(path, Budget(), "DeepSpeed config")
+    config = src.data
+    if not isinstance(config, dict):
+        raise UserError("a DeepSpeed config must be an object", path)
+    section = config.get("autotuning", {})
+    if not isinstance(section, dict):
+        raise src.error("autotuning must be an object", "autotuning")
+    for key in section:
+        if key not in KEYS:
+            raise src.error(f"unknown autotuning key {shown(key)} (DeepSpeed's keys: {', '.join(KEYS)})", key)
+    fast = section.get("fast", True)
+    if not isinstance(fast, bool):
+        raise src.error(f"fast must be true or false, not {shown(fast)}", "fast")
+    tuner = section.get("tuner_type", "gridsearch")
+    if tuner not in TUNERS:
+        raise src.error(f"tuner_type {shown(tuner)}: one of {', '.join(TUNERS)}", "tuner_type")
+    if tuner == "model_based" and not _have_optuna():
+        raise src.error(OPTUNA_MISSING, "tuner_type")
+    metric = section.get("metric", "throughput")
+    if not isinstance(metric, str):
+        raise src.error("metric must be a string", "metric")
+    metric = metric_named(metric, path=path, line=src.line("metric")).spec
+    whole = {k: _count(src, section, k) for k in ("min_train_micro_batch_size_per_gpu",
+                                                   "max_train_micro_batch_size_per_gpu", "max_train_batch_size",
+                                                   "num_tuning_micro_batch_sizes", "tuner_num_trials",
+                                                   "tuner_early_stopping", "start_profile_step", "end_profile_step",
+                                                   "mp_size")}
+    min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
+    max_mbs = whole["max_train_micro_batch_size_per_gpu"]
+    batch = config.get("train_batch_size")
+    global_batch = whole["max_train_batch_size"] or (batch if isinstance(batch, int) and batch > 0 else None)
+    if global_batch is not None:
+        by_batch = max(1, global_batch // world)
+        max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
+    if max_mbs is not None and max_mbs < min_mbs:
+        raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
+                        "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
+                        else "autotuning")
+    zero = config.get("zero_optimization", {})
+    if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
+        raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
+    stages = _stages(src, config)
+    spaces = knob_spaces(src, zero, stages, fast)
+    base = {k: v for k, v in config.items() if k != "autotuning"}
+    if zero:
+        base["zero_optimization"] = first_values(zero)
+    engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
+    if engine:
+        base["autotuning"] = engine
+    mappings = _mappings(src, section.get("arg_mappings", {}))
+    _check_auto(src, config, mappings, global_batch is not None)
+    return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
+                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
+                  _facts(src, section, path), whole["mp_size"] or 1)
+
+def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
+    """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
+    `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
+    `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
+    them. `hidden_size` and `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
+    info = section.get("model_info")
+    if info is not None:
+        if not isinstance(info, dict):
+            raise src.error("model_info must be an object", "model_info")
+        for key, value in info.items():
+            if key not in MODEL_INFO_KEYS:
+                raise src.error(f"unknown model_info key {shown(key)} (keys: {', '.join(MODEL_INFO_KEYS)})", key)
+            if key == "profile" and not isinstance(value, bool):
+                raise src.error(f"model_info.profile must be true or false, not {shown(value)}", key)
+            if key != "profile" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
+                                     or (key != "activation_mem_per_gpu" and not positive_int(value))):
+                raise src.error(f"model_info.{key} must be a positive whole number"
+                                f"{' of bytes' if key == 'activation_mem_per_gpu' else ''}, not {shown(value)}", key)
+        if "num_params" in info:
+            return {"num_params": info["num_params"], "activation": info.get("activation_mem_per_gpu") or None,
+                    "source": "model_info"}
+    named = section.get("model_info_path")
+    if named is None:
+        return None
+    if not isinstance(named, str) or not named:
+        raise src.error("model_info_path must be the path of a model info file", "model_info_path")
+    file = Path(abspath(named, path.parent))
+    try:
+        data = json.loads(file.read_text())
+    except OSError as e:
+        raise src.error(f"model_info_path {shown(named)}: {e.strerror or e}", "model_info_path") from None
+    except ValueError:
+        raise src.error(f"model_info_path {shown(named)}: not a JSON file", "model_info_path") from None
+    num_params = data.get("num_params") if isinstance(data, dict) else None
+    if not positive_int(num_params):
+        raise src.error(f"model_info_path {shown(named)}: holds no num_params (a positive whole number)",
+                        "model_info_path")
+    activation = data.get("activation_mem_per_gpu")
+    usable = isinstance(activation, (int, float)) and not isinstance(activation, bool) and activation > 0
+    return {"num_params": num_params, "activation": activation if usable else None, "source": f"model_info_path {file}"}
+
+
+def _have_optuna() -> bool:
+    """Optuna imports (an optional extra; imported here only when the config asks for model_based)."""
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _count(src: Source, section: dict, key: str) -> int | None:
+    value = section.get(key)
+    if value is None:
+        return None
+    if not positive_int(value):
+        raise src.error(f"{key} must be a positive whole number, not {shown(value)}", key)
+    return value
+
+
+def _stages(src: Source, config: dict) -> tuple[int, ...]:
+    """zero_optimization.stage as DeepSpeed's autotuner reads it: one stage, a list of them, or "all"."""
+    zero = config.get("zero_optimization", {})
+    stage = zero.get("stage", "all") if isinstance(zero, dict) else "all"
+    listed = list(STAGES) if stage == "all" else stage if isinstance(stage, list) else [stage]
+    if not listed or any(s not in STAGES or not isinstance(s, int) or isinstance(s, bool) for s in listed):
+        raise src.error(f"zero_optimization.stage {shown(stage)}: a stage (0-3), a list of them, or \"all\"",
+                        "stage")
+    return tuple(dict.fromkeys(listed))
+
+
+def _mappings(src: Source, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and FLAG.fullmatch(v.strip())
+                                              for k, v in value.items()):
+        raise src.error("arg_mappings must map config keys to script options (--name)", "arg_mappings")
+    return {k.strip(): v.strip() for k, v in value.items()}
+
+
+def _check_auto(src: Source, config: dict, mappings: dict[str, str], derives_accumulation: bool) -> None:
+    """A value the search sets that the config leaves "auto" is filled by the script from its own arguments (a
+    Hugging Face Trainer does so, and refuses a config that disagrees with them): without an `arg_mappings` entry
+    that hands the script the searched value, every run would fail on that disagreement."""
+    searched = ("train_micro_batch_size_per_gpu", *(("gradient_accumulation_steps",) if derives_accumulation else ()))
+    for key in searched:
+        if config.get(key) == "auto" and key not in mappings:
+            raise src.error(f'{key} is "auto" (the script sets it from its arguments) and the search sets it: map it '
+                            f'to the script\'s option in the autotuning section, e.g. "arg_mappings": {{"{key}": '
+                            f'"{TRAINER_OPTIONS[key]}"}} for a Hugging Face Trainer script', key)
+
+
+def name_prefix(script: str) -> str:
+    """Experiment names start with the script's name: `train.py` -> `train`."""
+    return UNSAFE.sub("-", Path(script).stem).strip("-") or "tune"
+
+
+# A tune file: the command and config `autotune tune` is otherwise given on its command line, as one hjson file.
+TUNE_FILE_KEYS = ("name", "script", "args", "config_flag", "num_gpus", "num_nodes", "env", "ds_config")
+TUNE_FILE_SUFFIXES = (".hjson", ".json")
+
+
+def is_tune_file(path: str) -> bool:
+    """Whether `autotune tune` was handed a tune file rather than a training script."""
+    return Path(path).suffix.lower() in TUNE_FILE_SUFFIXES
+
+
+@dataclass(frozen=True)
+class TuneFile:
+    """A tune file read: the command it states, its ds_config (located in its file, for errors), the rest."""
+
+    command: TuneInput
+    config: Source
+    name: str | None = None
+    num_gpus: int | None = None
+    num_nodes: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def read_tune_file(path: Path) -> TuneFile:
+    """`script` (relative to the file), `args`, `config_flag` (how the script takes its config: DeepSpeed's
+    `--deepspeed_config` by default, `--deepspeed` for a Trainer script), `num_gpus`, `num_nodes`, `env`, and
+    `ds_config` (an object or a JSON file's path) holding DeepSpeed's `autotuning` section: what to search and
+    the budget, read as `read_tuning` reads a config file's."""
+    src = read_source(path, Budget(), "tune file")
+    data = src.data
+    if not isinstance(data, dict):
+        raise UserError("a tune file must be an object", path)
+    for key in data:
+        if key not in TUNE_FILE_KEYS:
+            raise src.error(f"unknown key {shown(key)} in a tune file (keys: {', '.join(TUNE_FILE_KEYS)})", key)
+    for key in ("script", "ds_config"):
+        if data.get(key) is None:
+            raise src.error(f"a tune file needs `{key}`", None)
+    name = data.get("name")
+    if name is not None and (not isinstance(name, str) or SAFE_NAME.fullmatch(name) is None
+                             or len(name) > NAME_MAX - 20):
+        raise src.error(f"name {shown(name)} must be safe as a directory name (letters, digits, . _ -; not "
+                        f"starting with .; at most {NAME_MAX - 20} chars)", "name")
+    flag = data.get("config_flag", CONFIG_FLAG)
+    if not isinstance(flag, str) or FLAG.fullmatch(flag) is None:
+        raise src.error(f"config_flag {shown(flag)} is not a script option (--name)", "config_flag")
+    script = script_path(src, "script", data["script"], path.parent)
+    args = string_list(src, "args", data["args"]) if data.get("args") is not None else ()
+    named = _config_option(args)
+    if named is not None:  # ds_config is the config: a second in the arguments would leave the script to choose
+        raise src.error(f"args name a DeepSpeed config ({named[0]} {named[1]}): the tune file's ds_config is it",
+                        "args")
+    config = data["ds_config"]
+    if isinstance(config, dict):
+        located = replace(src, data=config)
+    else:  # a file of its own (ds_config_of refuses what is not one): errors point there
+        ds_config_of(src, config)
+        located = read_source(Path(abspath(config, path.parent)), Budget(), "ds_config file")
+    counts = {k: positive_count(src, k, data[k]) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
+    return TuneFile(TuneInput(script, args, flag, located.path), located, name, counts.get("num_gpus"),
+                    counts.get("num_nodes"), env_of(src, data.get("env", {})))

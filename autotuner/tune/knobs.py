@@ -1,0 +1,139 @@
+"""The ZeRO knobs `autotune tune` searches in full mode (`autotuning.fast: false`), per ZeRO stage, and how a
+config fixes one (a value) or states its own values to search (a list, DeepSpeed's way of writing a tuning
+space in `zero_optimization`).
+
+The spaces follow DeepSpeed's own full mode (stage 0: nothing; 1: the bucket sizes; 2 and 3: overlap_comm,
+reduce_scatter, contiguous_gradients and the bucket sizes), with one change: ZeRO-3's engine (DeepSpeed 0.19)
+reads neither `allgather_partitions` nor `allgather_bucket_size`, so stage 3 searches the bucket it does read,
+`stage3_prefetch_bucket_size`, in their place. Each knob's first value is DeepSpeed's default: the config a
+stage's micro-batch search ran with, from which the knob search starts."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import shown
+from ..spec.model import positive_int
+from ..spec.reading import Source
+
+SIZES = (500_000_000, 50_000_000, 1_000_000_000)  # bucket sizes (elements), DeepSpeed's default first
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One zero_optimization key: its short tag in experiment names, the values searched (the default first),
+    the stages searched by default in full mode, and the stages whose engine reads it (a config's own list of
+    values is searched at those)."""
+
+    key: str
+    tag: str
+    values: tuple[Any, ...]
+    searched: frozenset[int]
+    read: frozenset[int]
+
+    @property
+    def flag(self) -> bool:
+        return isinstance(self.values[0], bool)
+
+    def default(self, stage: int) -> Any:
+        """DeepSpeed's default at `stage` (overlap_comm is on by default only at ZeRO-3)."""
+        return stage == 3 if self.key == "overlap_comm" else self.values[0]
+
+
+KNOBS = (
+    Knob("overlap_comm", "ovl", (False, True), frozenset({2, 3}), frozenset({1, 2, 3})),
+    Knob("reduce_scatter", "rs", (True, False), frozenset({2, 3}), frozenset({1, 2, 3})),
+    Knob("contiguous_gradients", "cg", (True, False), frozenset({2, 3}), frozenset({1, 2, 3})),
+    Knob("reduce_bucket_size", "rbs", SIZES, frozenset({1, 2, 3}), frozenset({1, 2, 3})),
+    Knob("allgather_bucket_size", "abs", SIZES, frozenset({1, 2}), frozenset({1, 2})),
+    Knob("stage3_prefetch_bucket_size", "pbs", (50_000_000, 5_000_000, 500_000_000), frozenset({3}),
+         frozenset({3})),
+)
+BY_KEY = {knob.key: knob for knob in KNOBS}
+MAX_SETTINGS = 4096  # knob combinations of one stage, at most (a config's lists multiply)
+
+# One stage's knob space: key -> the values searched, the one its micro-batch search ran with first.
+Space = dict[str, list[Any]]
+
+
+def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fast: bool) -> dict[int, Space]:
+    """Each stage's knobs to search: none in fast mode; in full mode the table's, less every knob the config
+    fixes (a value), with the config's own list where it gives one. Values are checked: each error located."""
+    listed: dict[str, list[Any]] = {}
+    for key, value in zero.items():
+        knob = BY_KEY.get(key)
+        if key == "stage":  # the stages are searched in both modes (spec/tuning.py reads them)
+            continue
+        if isinstance(value, list):
+            if knob is None:
+                raise src.error(f"zero_optimization.{key}: a list of values can be searched only for "
+                                f"{', '.join(BY_KEY)}", key)
+            if fast:
+                raise src.error(f"zero_optimization.{key}: a list of values is searched in full mode only: set "
+                                "autotuning.fast to false", key)
+            if not value:
+                raise src.error(f"zero_optimization.{key}: an empty list of values", key)
+            values = [_checked(src, knob, v) for v in value]
+            if len(set(values)) != len(values):
+                raise src.error(f"zero_optimization.{key}: a value is listed twice", key)
+            if not any(stage in knob.read for stage in stages):  # searched nowhere: refused, not skipped
+                raise src.error(f"zero_optimization.{key}: a list of values, but the engine of no stage searched "
+                                f"({', '.join(map(str, stages))}) reads it (read at stages "
+                                f"{', '.join(map(str, sorted(knob.read)))})", key)
+            listed[key] = values
+        elif knob is not None and value != "auto":  # "auto": a Trainer script fills it in (fixed all the same)
+            _checked(src, knob, value)
+    spaces: dict[int, Space] = {}
+    for stage in stages:
+        space: Space = {}
+        for knob in KNOBS:
+            if knob.key in listed and stage in knob.read:
+                space[knob.key] = listed[knob.key]
+            elif not fast and knob.key not in zero and stage in knob.searched:
+                default = knob.default(stage)
+                space[knob.key] = [default, *(v for v in knob.values if v != default)]
+        count = 1
+        for values in space.values():
+            count *= len(values)
+        if count > MAX_SETTINGS:
+            raise src.error(f"zero_optimization: {count} combinations of knob values at stage {stage}, more "
+                            f"than {MAX_SETTINGS}: list fewer values", "zero_optimization")
+        spaces[stage] = space
+    return spaces
+
+
+def first_values(zero: Mapping[str, Any]) -> dict[str, Any]:
+    """The config's zero_optimization as each run starts from: a listed knob at its first value (as checked)."""
+    return {k: (_number(v[0]) if isinstance(v, list) and k in BY_KEY else v) for k, v in zero.items()}
+
+
+def _checked(src: Source, knob: Knob, value: Any) -> Any:
+    """A knob value as DeepSpeed takes it: true/false for a switch, a whole number of elements (5e8 too) for a
+    bucket size."""
+    if knob.flag:
+        if not isinstance(value, bool):
+            raise src.error(f"zero_optimization.{knob.key} must be true or false, not {shown(value)}", knob.key)
+        return value
+    number = _number(value)
+    if not positive_int(number):
+        raise src.error(f"zero_optimization.{knob.key} must be a positive whole number of elements (e.g. 5e8), "
+                        f"not {shown(value)}", knob.key)
+    return number
+
+
+def _number(value: Any) -> Any:
+    """5e8 (a float in JSON) as the whole number it is; anything else as it is."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def tag_value(value: Any) -> str:
+    """A knob value in an experiment name: 1/0 for a switch, a size as 5e8 where it is one."""
+    if isinstance(value, bool):
+        return str(int(value))
+    digits = str(value)
+    stripped = digits.rstrip("0")
+    zeros = len(digits) - len(stripped)
+    return f"{stripped}e{zeros}" if zeros >= 3 else digits

@@ -1,0 +1,128 @@
+"""The memory model of `autotune tune`: what one GPU must hold for a ZeRO stage and a micro-batch size, so that
+stages that cannot fit are skipped and the search's micro-batch sizes are bounded before anything runs out of
+memory. Pure: numbers in, numbers out (the search and the report call it; nothing here reads a file or a GPU).
+
+Per GPU, a model of N parameters trained with mixed precision (fp16 or bf16) holds its 2-byte parameters and
+gradients and, for the optimizer, a 4-byte fp32 copy of the parameters plus the optimizer's fp32 states (Adam: 2,
+8 bytes; SGD with momentum, Adagrad, Lion: 1, 4 bytes); in fp32 the parameters and gradients are 4 bytes each and
+there is no copy (the ZeRO paper's accounting). ZeRO partitions over the data-parallel GPUs: stage 1 the optimizer
+states (the fp32 copy included), stage 2 also the gradients, stage 3 also the parameters. Offloading the
+optimizer (`offload_optimizer.device` cpu or nvme, stage 1 and up) takes its states off the GPU; offloading the
+parameters (`offload_param`, stage 3) takes them off too. Model parallelism (`mp_size`) divides all of it.
+Activations are a figure per sample (a profile run's, or the one `model_info` states) times the micro-batch.
+What is kept free on top (CUDA's context, the allocator's slack, ZeRO's buckets) is the placement's headroom.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.resources import headroom
+
+ONE_STATE = ("sgd", "adagrad", "lion", "fusedlion", "cpuadagrad", "onebitsgd")  # optimizers with one fp32 state
+OFF_GPU = ("cpu", "nvme")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What is known of the model: its parameter count, and its activation memory per sample of the micro-batch
+    on one GPU (None: not known, so no micro-batch size is predicted); `source` says where they come from."""
+
+    num_params: int
+    activation: float | None = None
+    source: str = "model_info"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"num_params": self.num_params, "activation": self.activation, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Facts:
+        return cls(int(data["num_params"]), data.get("activation"), str(data.get("source", "model_info")))
+
+
+@dataclass(frozen=True)
+class Training:
+    """What a DeepSpeed config says of the memory its training needs: precision, optimizer, offload."""
+
+    half: bool = False  # fp16 or bf16: 2-byte parameters and gradients, an fp32 copy with the optimizer
+    optimizer_states: int = 2  # fp32 values per parameter the optimizer keeps (Adam: 2)
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> Training:
+        """From the config's fp16 / bf16 sections, its optimizer and zero_optimization's offload sections. A
+        value "auto" (Hugging Face fills it in) counts as the smaller need: the model must not skip what fits."""
+        half = any(_enabled(config.get(key)) for key in ("fp16", "bf16", "bfloat16"))
+        optimizer = config.get("optimizer")
+        kind = str(optimizer.get("type", "")).lower() if isinstance(optimizer, Mapping) else ""
+        zero = config.get("zero_optimization")
+        zero = zero if isinstance(zero, Mapping) else {}
+        return cls(half=half, optimizer_states=1 if kind in ONE_STATE else 2,
+                   offload_optimizer=_offloaded(zero.get("offload_optimizer")) or zero.get("cpu_offload") is True,
+                   offload_params=_offloaded(zero.get("offload_param")))
+
+
+def _enabled(section: Any) -> bool:
+    return isinstance(section, Mapping) and section.get("enabled") in (True, "auto")
+
+
+def _offloaded(section: Any) -> bool:
+    return isinstance(section, Mapping) and section.get("device") in OFF_GPU
+
+
+def model_states(num_params: int, stage: int, training: Training, dp: int, mp: int = 1) -> float:
+    """Bytes one GPU holds for parameters, gradients and optimizer states at a ZeRO stage, `dp` data-parallel
+    GPUs and `mp`-way model parallelism (activations not included)."""
+    width = 2.0 if training.half else 4.0
+    params, grads = num_params * width, num_params * width
+    optimizer = num_params * 4.0 * (training.optimizer_states + (1 if training.half else 0))
+    if stage >= 1:
+        optimizer = 0.0 if training.offload_optimizer else optimizer / dp
+    if stage >= 2:
+        grads /= dp
+    if stage >= 3:
+        params = 0.0 if training.offload_params else params / dp
+    return (params + grads + optimizer) / mp
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The model's answer for one stage: the bytes of model states, and the largest micro-batch size that
+    fits (0: none, the stage cannot fit; None: the states fit, and with no activation figure no size is
+    predicted)."""
+
+    stage: int
+    states: float
+    largest: int | None
+
+    @property
+    def fits(self) -> bool:
+        return self.largest != 0
+
+
+def budget(gpu_memory: int) -> int:
+    """What an experiment may use of a GPU: all of it but the headroom (5%, at least 1 GiB)."""
+    return gpu_memory - headroom(gpu_memory)
+
+
+def bound(facts: Facts, training: Training, stage: int, gpu_memory: int, dp: int, mp: int = 1,
+          min_mbs: int = 1) -> Bound:
+    """The largest micro-batch size of `stage` that the model says fits on a GPU of `gpu_memory` bytes; 0 when
+    not even `min_mbs` does."""
+    states = model_states(facts.num_params, stage, training, dp, mp)
+    room = budget(gpu_memory) - states
+    if room <= 0:
+        return Bound(stage, states, 0)
+    if not facts.activation:
+        return Bound(stage, states, None)
+    largest = int(room // facts.activation)
+    return Bound(stage, states, largest if largest >= min_mbs else 0)
+
+
+def show(count: float) -> str:
+    """Bytes for a note: GiB to a tenth, MiB below one GiB."""
+    if count < 1 << 30:
+        return f"{count / (1 << 20):.1f} MiB"
+    return f"{count / (1 << 30):.1f} GiB"

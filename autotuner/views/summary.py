@@ -1,0 +1,214 @@
+"""The files a sweep leaves for people: summary.txt, the best config (ds_config_optimal.json) and its command.
+
+All three come from the ledger's read model alone, so the runner rewrites them whenever a sweep ends (finished,
+interrupted or resumed) and the report shows the same config and command before they are written. A sweep that
+ran on several GPU types also leaves each type's best (`ds_config_optimal.TYPE.json`, `cmd_optimal.TYPE.txt`);
+the two plain files then hold the best of its first type (hostfile order) that has one.
+"""
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..backends.launch import Launcher, optimal_command, without_autotuning
+from ..files import write_atomic, write_json_atomic
+from ..states import State
+
+if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
+    from ..ledger.store import Attempt
+    from .snapshot import Snapshot
+
+OPTIMAL_CONFIG = "ds_config_optimal.json"
+OPTIMAL_COMMAND = "cmd_optimal.txt"
+SUMMARY = "summary.txt"
+
+
+def config_file(gpu_type: str | None = None) -> str:
+    """The best config's file name: the sweep's, or one GPU type's."""
+    return OPTIMAL_CONFIG if gpu_type is None else f"ds_config_optimal.{gpu_type}.json"
+
+
+def command_file(gpu_type: str | None = None) -> str:
+    return OPTIMAL_COMMAND if gpu_type is None else f"cmd_optimal.{gpu_type}.txt"
+
+
+def optimal(snap: Snapshot, launcher: Launcher = Launcher(), gpu_type: str | None = None) -> tuple[dict, str] | None:
+    """The best config (autotuning section removed) and a runnable command for it, as the files hold them;
+    computed from the ledger, so it is there for a sweep that still runs, before the files are written. With
+    `gpu_type`, that type's best."""
+    best = snap.best if gpu_type is None else snap.best_by_type.get(gpu_type)
+    if best is None:
+        return None
+    experiment = snap.experiments[best.name]
+    config_path = (snap.directory / config_file(gpu_type)).resolve()
+    return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, snap.env,
+                                                                    snap.mig_of(best))
+
+
+def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
+    """summary.txt always; the optimal config and command when there is a best, and each GPU type's when the
+    sweep ran on several. Returns the (sweep's) config's path."""
+    write_atomic(snap.directory / SUMMARY, summary_text(snap))
+    for gpu_type in snap.best_by_type if snap.by_type else ():
+        _write_optimal(snap, launcher, gpu_type)
+    return _write_optimal(snap, launcher, None)
+
+
+def _write_optimal(snap: Snapshot, launcher: Launcher, gpu_type: str | None) -> Path | None:
+    found = optimal(snap, launcher, gpu_type)
+    if found is None:
+        return None
+    config, command = found
+    config_path = snap.directory / config_file(gpu_type)
+    write_json_atomic(config_path, config)
+    write_atomic(snap.directory / command_file(gpu_type), command + "\n")
+    return config_path
+
+
+def summary_text(snap: Snapshot) -> str:
+    """summary.txt in the shape DeepSpeed's autotuner writes, so that scripts that read its summary keep
+    working: a pipe table with one row per tuning space (the ZeRO stage: z0, z1, ...) that has a result and a
+    `global` row, then "Tuning completed in H:MM:SS[.ffffff]. Total number of experiments: N." Names whole,
+    numbers as plain as DeepSpeed prints them (no thousands separators). `autotune report` shows the rest."""
+    spaces: dict[str, list[Attempt]] = {}
+    profiles = _profile_runs(snap)
+    for attempt in snap.attempts:
+        if attempt.started_at is None or attempt.name in profiles:  # DeepSpeed counts no profile run either
+            continue
+        experiment = snap.experiments.get(attempt.name)
+        stage = experiment.ds_config.get("zero_optimization", {}).get("stage", 0) if experiment else 0
+        spaces.setdefault(f"z{stage}" if isinstance(stage, int) else "z?", []).append(attempt)
+    space_of = {id(a): space for space, attempts in spaces.items() for a in attempts}
+    tops: dict[str, Attempt] = {}
+    for a in snap.ranked:  # best first: the first of each space is its best
+        if a.state == State.SUCCEEDED and snap.value(a) is not None and id(a) in space_of:
+            tops.setdefault(space_of[id(a)], a)
+    rows = [(space, len(spaces[space]), value, top.name) for space, top in sorted(tops.items())
+            if (value := snap.value(top)) is not None]
+    best = snap.best
+    ran = sum(len(attempts) for attempts in spaces.values())
+    if best is not None and (value := snap.value(best)) is not None:
+        rows.append(("global", ran, value, best.name))
+    text = pipe_table(["tuning_space", "num_experiments", "best_metric_val", "best_exp_name"], rows) if rows else ""
+    starts = [a.started_at for a in snap.attempts if a.started_at is not None]
+    ends = [a.finished_at for a in snap.attempts if a.finished_at is not None]
+    took = datetime.timedelta(seconds=max(ends) - min(starts)) if starts and ends else datetime.timedelta(0)
+    # Nothing after DeepSpeed's last line: how a tune's winner was confirmed is in the report and tune's end.
+    return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
+
+
+def confirmation(snap: Snapshot) -> str | None:
+    """How `autotune tune`'s winner was confirmed, in one line: which configs were run again, and the winner's
+    runs (how many, their mean and spread). None when nothing was run again."""
+    if not snap.runs:
+        return None
+    reruns = sum(len(runs) - 1 for runs in snap.runs.values())
+    line = (f"Ranked by the mean of each config's runs: the best {len(snap.runs)} config(s) were run again "
+            f"({reruns} re-run(s))")
+    best = snap.best
+    if best is None:
+        return line
+    if best.name not in snap.runs:
+        return line + f"; the winner {best.name} ran once"
+    values = [a.metric for a in snap.runs[best.name] if a.state == State.SUCCEEDED and a.metric is not None]
+    mean, spread = sum(values) / len(values), max(values) - min(values)
+    share = f" ({100 * spread / abs(mean):.1f}% of the mean)" if mean else ""
+    return (line + f"; the winner {best.name} was confirmed: {len(values)} run(s), {snap.metric.name} mean "
+            f"{mean:.6g}, spread {spread:.6g}{share}")
+
+
+def _profile_runs(snap: Snapshot) -> set[str]:
+    """The names of a tune's profile runs (memory model facts, no metric)."""
+    if snap.meta.search is None:
+        return set()
+    from ..tune.search import SearchSpec
+
+    spec = SearchSpec.from_json(snap.meta.search)
+    return {a.name for a in snap.attempts if spec.profile_of(a.name) is not None}
+
+
+_PLACE = re.compile(r"_z([0-3])_mbs([0-9]+)(?:_gas[0-9]+)?")
+
+
+def memory_note(snap: Snapshot) -> str | None:
+    """What `autotune tune`'s memory model said, in one line: its facts and where they come from, each stage
+    skipped (cannot fit) or bounded (the predicted largest micro-batch, and the largest that ran when runs went
+    past it). None when it had no GPU memory to go by (CPU slots, a type of no stated size)."""
+    if snap.meta.search is None:
+        return None
+    from ..tune.memory_model import Facts, budget, show
+    from ..tune.search import SearchSpec, profile_facts
+
+    spec = SearchSpec.from_json(snap.meta.search)
+    if spec.gpu_memory is None:
+        return None
+    facts = Facts.from_json(spec.facts) if spec.facts is not None else None
+    if facts is None:
+        profiles = [a for a in snap.attempts if spec.profile_of(a.name) is not None]
+        profile = profiles[-1] if profiles else None  # the last: those before it ran out of memory
+        if profile is None or not profile.state.terminal or profile.state == State.INTERRUPTED:
+            return f"Memory model: waiting for the profile run {profile.name if profile else spec.profile_name()}"
+        facts = profile_facts(spec, profile.metrics, profile.name) if profile.state == State.SUCCEEDED else None
+        if facts is None:
+            return (f"No memory model: the profile run {profile.name} {profile.state.value} "
+                    "(no model info); the sizes that fit were found by running")
+    ran: dict[int, int] = {}
+    for a in snap.attempts:
+        found = _PLACE.fullmatch(a.name[len(spec.prefix):]) if a.name.startswith(spec.prefix) else None
+        if found and a.state == State.SUCCEEDED:
+            stage, mbs = int(found[1]), int(found[2])
+            ran[stage] = max(mbs, ran.get(stage, 0))
+    parts = []
+    for stage, bound in spec.bounds(facts).items():
+        if bound.largest == 0 and bound.states >= budget(spec.gpu_memory):
+            parts.append(f"z{stage} skipped, cannot fit (model states {show(bound.states)})")
+        elif bound.largest == 0:
+            parts.append(f"z{stage} skipped, cannot fit micro-batch {spec.min_mbs} (model states "
+                         f"{show(bound.states)}, activations {show((facts.activation or 0) * spec.min_mbs)})")
+        elif bound.largest is None:
+            parts.append(f"z{stage} fits (model states {show(bound.states)}), no size predicted")
+        else:
+            raised = f", ran up to {ran[stage]}" if ran.get(stage, 0) > bound.largest else ""
+            above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
+            parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
+    activation = f", {show(facts.activation)} of activations per sample" if facts.activation else ""
+    return (f"Memory model ({facts.source}: {facts.num_params} parameters{activation}; GPUs of "
+            f"{show(spec.gpu_memory)}, {show(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
+
+
+def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str | int | float]]) -> str:
+    """A markdown pipe table laid out as the `tabulate` package lays out its "pipe" format (which DeepSpeed's
+    summary uses): each column as wide as its widest cell or its header plus 2, text left and numbers right
+    (aligned on the decimal point), floats as `format(x, "g")`."""
+    numeric = [all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+               for i in range(len(headers))]
+    cells = [[_cell(value) for value in row] for row in rows]
+    for i, is_number in enumerate(numeric):
+        if is_number:
+            column = _decimal_aligned([row[i] for row in cells])
+            for row, text in zip(cells, column, strict=True):
+                row[i] = text
+    widths = [max([len(h) + 2] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) if numeric[i] else v.ljust(w)
+                                 for i, (v, w) in enumerate(zip(values, widths, strict=True))) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if numeric[i] else (":" + "-" * (w + 1))
+                          for i, w in enumerate(widths)) + "|"
+    return "\n".join([line(list(headers)), rule, *(line(row) for row in cells)])
+
+
+def _cell(value: str | int | float) -> str:
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def _decimal_aligned(texts: list[str]) -> list[str]:
+    """Numbers padded so that their decimal points line up (those without one, as if it followed them)."""
+    whole = [t.split(".", 1)[0] if "." in t and "e" not in t else t for t in texts]
+    fraction = [t[len(w):] for t, w in zip(texts, whole, strict=True)]
+    left, right = max(map(len, whole)), max(map(len, fraction))
+    return [w.rjust(left) + f.ljust(right) for w, f in zip(whole, fraction, strict=True)]
