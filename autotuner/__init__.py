@@ -22,8 +22,8 @@ The Python API that the `autotune` command is a thin face of::
 Bad input is a `UserError` (one line, located at its file and line where it has one). The library logs to
 `logging.getLogger("autotuner")` and prints nothing; notes meant for the user go to `Options.log`.
 
-Importing this package is cheap (no SSH stack, terminal UI, matplotlib or torch): every name but the few
-below is imported when first used.
+Importing this package is cheap (no SSH stack, terminal UI, matplotlib or torch): every name but `UserError`,
+`State` and `Reason` is imported when first used.
 """
 from __future__ import annotations
 
@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 from .states import Reason, State
-from .sweep.cancel import Cancellation, cancel
-from .sweep.create import default_directory, prepare, prepare_tune
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
@@ -48,6 +46,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .planning.plan import QUEUES, Plan, plan_sweep
     from .spec import Experiment, Sweep, load_sweep
     from .spec.metrics import KNOWN, Metric, metric_named
+    from .sweep.cancel import Cancellation, cancel
+    from .sweep.create import default_directory, prepare, prepare_tune
     from .sweep.resume import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .sweep.run import Options, Result, Ssh, Stopped, execute
     from .sweep.verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
@@ -68,6 +68,11 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless t
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
+    "prepare": (".sweep.create", "prepare"),
+    "prepare_tune": (".sweep.create", "prepare_tune"),
+    "default_directory": (".sweep.create", "default_directory"),
+    "cancel": (".sweep.cancel", "cancel"),
+    "Cancellation": (".sweep.cancel", "Cancellation"),
     "load_sweep": (".spec", "load_sweep"),
     "Experiment": (".spec", "Experiment"),
     "Sweep": (".spec", "Sweep"),

@@ -632,3 +632,10 @@ class Ledger:
         rows = self._db.execute(f"SELECT * FROM attempts WHERE state IN ({marks})", states).fetchall()
         return [self._attempt(r) for r in rows]
 
+
+def open_sweep(directory: str | Path) -> Ledger:
+    """The ledger of the sweep prepared in `directory`; a UserError when there is none."""
+    try:
+        return Ledger.open(Path(directory))
+    except FileNotFoundError:
+        raise UserError("no sweep here (no ledger.sqlite)", directory) from None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..backends.launch import END_PROFILE_STEP, end_profile_step, with_autotuning
 from ..errors import UserError
+from ..ledger.store import Ledger, open_sweep
 from ..spec import Experiment
 from ..states import State
 
@@ -97,9 +98,6 @@ def split(e: Experiment, seconds: float, metrics: Mapping[str, float]) -> Split 
 
 def measured(directory: Path) -> Measured:
     """The runs of the sweep in `directory`, read from its ledger."""
-    from ..ledger.store import Ledger
-    from ..sweep.create import open_sweep
-
     ledger: Ledger = open_sweep(Path(directory))
     try:
         experiments = {e.name: e for e in ledger.experiments()}

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..core.resources import Devices, headroom
 from ..errors import UserError
+from ..ledger.store import open_sweep
 from ..spec import Experiment
 
 MARGIN = 10  # percent over the measured peak: runs of one config vary (data, allocator fragmentation)
@@ -43,8 +44,6 @@ def largest_usable(memory: Mapping[str, int] | None, devices: Devices | None) ->
 def peaks_by_digest(directory: Path, required: bool = True) -> dict[str, int]:
     """An earlier sweep's peaks by config digest. `required`: a UserError when it measured none (a CPU sweep, a
     GPU sweep that NVML could not watch), which a user who asked to learn memory from it must hear."""
-    from ..sweep.create import open_sweep
-
     with open_sweep(Path(directory)) as ledger:
         by_name = ledger.peaks()
         digests = ledger.digests()

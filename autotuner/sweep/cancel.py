@@ -3,9 +3,6 @@
 The request is written to the ledger first, then the runner holding the sweep's lock is signalled (SIGUSR1) and
 cancels at its next step. With no runner alive, this process takes the lock, ends what a dead runner left
 running, and records the cancelled experiments itself.
-
-`autotuner` imports this module when it is imported (the function `autotuner.cancel` shares its name), so it
-imports what it needs only when called.
 """
 from __future__ import annotations
 
@@ -17,8 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.recovery import recover
 from ..errors import UserError
+from ..ledger.lock import SweepBusy, SweepLock, holder_pid
+from ..ledger.store import open_sweep
 from ..states import Reason, State
+from .run import Options, listen_for_requests, restore_handler, ssh_pool
 
 if TYPE_CHECKING:
     from ..ledger.store import Ledger
@@ -50,10 +51,6 @@ class Cancellation:
 def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
     """Cancel the experiments named (all of them when `names` is empty); returns what was done (`str()` of it
     is a line for people)."""
-    from ..ledger.lock import SweepBusy, SweepLock, holder_pid
-    from .create import open_sweep
-    from .run import listen_for_requests, restore_handler
-
     directory = Path(directory)
     with open_sweep(directory) as ledger:
         known = {e.name for e in ledger.experiments()}
@@ -84,9 +81,6 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
 
 def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
     """No runner: apply the request here, after clearing up what a dead one left; returns those cancelled."""
-    from ..backends.local.cleanup import recover
-    from .run import Options, ssh_pool
-
     pool = ssh_pool(ledger, Options())
     try:
         recover(ledger, time.time(), pool=pool)

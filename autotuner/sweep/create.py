@@ -9,17 +9,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
+import sqlite3
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import limits
+from ..backends.cluster import check_fits
+from ..backends.launch import launcher_for_this_python
+from ..core.resources import devices_to_json
 from ..errors import UserError, shown
+from ..files import sync_directory, write_atomic
+from ..ledger.store import FILENAME, Ledger, SweepMeta
+from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
+from ..spec import Sweep
+from ..spec.hostfile import format_hostfile, is_local
+from ..spec.metrics import metric_named
+from ..tune.inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
+from ..tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
+from ..tune.tuners import search_for
 
 if TYPE_CHECKING:
     from ..backends.cluster import Cluster
-    from ..ledger.store import Ledger
     from ..spec import Sweep
     from ..tune.search import SearchSpec
 
@@ -45,17 +60,10 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     earlier sweep whose measured peak GPU memory per config becomes the need of the experiments that state none
     (learned.py), recorded in the ledger.
     """
-    import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
-
-    from ..backends.cluster import check_fits
-    from ..ledger.store import FILENAME
-
     check_fits(sweep, cluster)
     _check_launcher(launcher, cluster)
     learned = None
     if memory_from is not None:
-        from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
-
         learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)),
                                 largest_usable(cluster.memory, cluster.devices))
     directory = Path(directory) if directory is not None else default_directory(sweep)
@@ -84,13 +92,6 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
     (given here, else the tune file's, else 1). `seed`: of the random and model-based tuners; `confirm`: how many of
     the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none);
     `min_gain`: the fraction by which a run must beat the best so far to count as progress for early stopping."""
-    from dataclasses import replace
-
-    from ..spec import Sweep
-    from ..spec.metrics import metric_named
-    from ..tune.inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
-    from ..tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec, search_for
-
     where = cwd or Path.cwd()
     if is_tune_file(script):
         if args:
@@ -122,8 +123,6 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
         raise UserError(f"{e}: list shorter knob values in zero_optimization", command.config_path) from None
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
     sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(command.config_path))
-    from ..backends.cluster import check_fits
-
     check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
     return prepare(Sweep(spec.prefix, (), sweep.metric, sweep.source), cluster, directory, launcher=launcher,
                    timeout=timeout, search=spec)
@@ -137,23 +136,9 @@ def _gpu_memory(cluster: Cluster) -> int | None:
     return max(known) if known and len(known) == len(cluster.slots) else None
 
 
-def open_sweep(directory: str | Path) -> Ledger:
-    """The ledger of the sweep prepared in `directory`; a UserError when there is none."""
-    from ..ledger.store import Ledger
-
-    try:
-        return Ledger.open(Path(directory))
-    except FileNotFoundError:
-        raise UserError("no sweep here (no ledger.sqlite)", directory) from None
-
-
 def _check_launcher(launcher: Sequence[str] | None, cluster: Cluster) -> None:
     """A launcher given for a sweep that runs only here must be a command this machine has: otherwise every
     experiment would be launched, fail with exit status 127 and be retried. (On other hosts it runs there.)"""
-    import shutil
-
-    from ..spec.hostfile import is_local
-
     if not launcher or not all(is_local(h) for h in cluster.slots):
         return
     if shutil.which(launcher[0]) is None:
@@ -197,22 +182,12 @@ def _unlink_quietly(path: Path) -> None:
 
 def _staging(directory: Path) -> list[Path]:
     """The ledger built aside, and the files SQLite keeps beside it."""
-    from ..ledger.store import FILENAME
-
     return [directory / (f".{FILENAME}.new" + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
 
 
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
                  timeout: float | None, search: SearchSpec | None = None,
                  learned: Mapping[str, int] | None = None) -> None:
-    import secrets
-
-    from ..backends.launch import launcher_for_this_python
-    from ..core.resources import devices_to_json
-    from ..files import sync_directory, write_atomic
-    from ..ledger.store import FILENAME, Ledger, SweepMeta
-    from ..spec.hostfile import format_hostfile
-
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
     # ledger (`run` again) or a whole one (`resume`), never one without its experiments.

@@ -21,6 +21,12 @@ from .. import limits
 from ..backends.launch import Launcher
 from ..backends.local.executor import LocalExecutor
 from ..backends.local.peaks import Measured, PeakMemory
+from ..backends.recovery import recover
+from ..backends.routing import Router
+from ..backends.slurm import AllocationWatcher, SlurmExecutor, cluster_of, end_strays
+from ..backends.slurm.shared import unshared_nodes
+from ..backends.ssh import HostWatcher, SshExecutor, SSHPool, unanswering
+from ..backends.ssh.free_memory import RemoteMemory, nvidia_smi
 from ..core import (
     CheckRequests,
     Executor,
@@ -35,18 +41,21 @@ from ..core import (
 )
 from ..core.resources import PLACEMENTS, Demand, Devices, Only, Slots, devices_from_json, placement_named
 from ..errors import UserError, shown
+from ..files import write_atomic
 from ..gpu.nvml import FreeMemory
 from ..ledger.lock import SweepBusy, SweepLock
-from ..ledger.store import Attempt, Ledger
+from ..ledger.store import Attempt, Ledger, open_sweep
 from ..planning.learned import largest_usable, needs_of_sweep, with_needs
 from ..spec import Experiment
-from ..spec.hostfile import is_local
+from ..spec.hostfile import format_hostfile, is_local
 from ..spec.metrics import metric_named
 from ..states import Reason, State
 from ..threads import Workers
+from ..tune.search import SearchSpec
+from ..tune.tuners import search_for
 from ..views.snapshot import Snapshot, snapshot
 from ..views.summary import write_outcome_files
-from .create import HOSTFILE, open_sweep
+from .create import HOSTFILE
 from .dispatcher import Dispatcher
 from .verdict import FailOn, exit_code
 
@@ -227,11 +236,6 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | Non
     if allocation is None:
         raise UserError("this sweep runs inside Slurm: resume it with --slurm, inside an allocation or with "
                         "--nodes and --gpus-per-node for a new one", directory)
-    from ..backends.slurm import cluster_of
-    from ..backends.slurm.shared import unshared_nodes
-    from ..files import write_atomic
-    from ..spec.hostfile import format_hostfile
-
     unseen = unshared_nodes(allocation, directory)
     if unseen:
         raise UserError(f"node(s) {', '.join(unseen)} of Slurm job {allocation.job} do not see this results "
@@ -252,8 +256,6 @@ def ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False) -> S
     meta = ledger.meta()
     if not even_local and all(is_local(h) for h in meta.slots):
         return None
-    from ..backends.ssh import SSHPool
-
     ssh = options.ssh or Ssh(**dict(meta.ssh or {}))
     ledger.set_meta("ssh", ssh.to_json())
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
@@ -269,8 +271,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     devices = devices_from_json(meta.devices)
     executor: Executor
     if options.slurm is not None:
-        from ..backends.slurm import SlurmExecutor
-
         executor = SlurmExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
                                  options.grace, allocation=options.slurm)
     else:
@@ -295,8 +295,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
     watcher = remote = None
     allocation_watcher = None
     if options.slurm is not None:
-        from ..backends.slurm import AllocationWatcher, SlurmExecutor, end_strays
-
         stray_steps = end_strays(options.slurm, meta.sweep_id, {a.tag for a in adopt if a.tag})
         if stray_steps:
             options.log(f"{len(stray_steps)} job step(s) a dead runner left in Slurm job {options.slurm.job} "
@@ -304,9 +302,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         allocation_watcher = AllocationWatcher(options.slurm, dispatcher.post, margin=options.grace + 30)
         cast(SlurmExecutor, executor).on_lost = allocation_watcher.watch
     if pool is not None:
-        from ..backends.routing import Router
-        from ..backends.ssh import HostWatcher, SshExecutor
-
         watcher = HostWatcher(pool, dispatcher.post)
         ssh = Ssh(**dict(ledger.meta().ssh or {}))
         remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
@@ -331,8 +326,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
             if remote_memory is not None:  # before the first reading: its GPUs show the run's own memory
                 remote_memory.note("adopted", run)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
-        from ..backends.local.cleanup import recover
-
         recover(ledger, time.time(), options.grace, pool, attempts=stray)
         states = ledger.states()  # one that ended while no runner was alive keeps what its status says
         again = ledger.requeue([a.name for a in stray if states[a.name][1] == State.INTERRUPTED], time.time())
@@ -340,8 +333,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         options.log(f"{len(stray)} attempt(s) left running on slots that were not theirs to hold: ended and "
                     "queued again")
     if pool is not None and watcher is not None:
-        from ..backends.ssh import unanswering
-
         for host, trouble in unanswering(pool, [h for h in slots if not is_local(h)]).items():
             options.log(f"{trouble}: left out until it answers")
             slot_pool.mark_down(host)
@@ -377,8 +368,6 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
 def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     """`autotune tune`'s search (`spec`: the ledger's meta `search`), rebuilt from the ledger: what it proposed
     and what came of it (search.py)."""
-    from ..tune.search import SearchSpec, search_for
-
     search = search_for(SearchSpec.from_json(spec))
     attempts = ledger.latest()
     latest = {a.name: (a.state, a.reason, a.metric) for a in attempts}
@@ -407,8 +396,6 @@ def _placement(ledger: Ledger, options: Options, devices: Devices, pool: SSHPool
         local = FreeMemory(mig=_local_mig(devices))
     remote_hosts = {h: ids for h, ids in meta.slots.items() if not is_local(h) and not devices.get(h)}
     if name == "memory" and pool is not None and remote_hosts:  # (MIG instances are read on this machine only)
-        from ..backends.ssh.free_memory import RemoteMemory, nvidia_smi
-
         remote = RemoteMemory(nvidia_smi(pool), remote_hosts, meta.gpu_memory)
     measure: Callable[[str], dict[int, int] | None] | None = None
     if local is not None or remote is not None:
@@ -433,8 +420,6 @@ def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, opt
     local = [h for h in scheduler.pool.hosts if is_local(h)]
     if not local or not any(item.num_nodes > 1 for item in waiting):
         return waiting
-    from ..backends.ssh import unanswering
-
     probing = pool or ssh_pool(ledger, options, even_local=True)
     assert probing is not None  # even_local: always a pool
     try:

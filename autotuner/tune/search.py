@@ -11,7 +11,7 @@ is learnt (`Search`) and differ only in which point they try next (`choose`):
   sizes below it are measured.
 - random (`RandomSearch`): the grid's points (each stage x the sizes that double from the smallest, `sizes`) in
   an order drawn from the spec's seed.
-- model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
+- model_based (model_based.py): Optuna's TPE through ask/tell, on the same points.
 
 Full mode (`fast: false`) adds each stage's ZeRO knobs (spec/knobs.py): a point is then (stage, size, knobs),
 the knobs those that differ from the values its micro-batch search ran with (`Setting`, in the experiment's name
@@ -659,14 +659,3 @@ class RandomSearch(Search):
             if self.open(stage, mbs, knobs) and (experiment := self.take(stage, mbs, knobs)) is not None:
                 proposed.append(experiment)
         return proposed
-
-
-def search_for(spec: SearchSpec) -> Search:
-    """The tuner the spec names (model_based imports Optuna: a UserError when it is not installed)."""
-    if spec.tuner == "random":
-        return RandomSearch(spec)
-    if spec.tuner == "model_based":
-        from .model_based import ModelSearch
-
-        return ModelSearch(spec)
-    return MicroBatchSearch(spec)

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, cast
 
 from ..core.outcome import Outcome
 from ..errors import UserError
+from ..spec import RESERVED_NAMES
 from ..states import State
 from .snapshot import format_slots
 
@@ -126,8 +127,6 @@ _HELD: list[int] = []  # write ends of --events FIFOs, open until the process ex
 
 def _is_sweep_file(path: Path) -> bool:
     """Whether `path` names one of a results directory's own files (its ledger, hostfile, lock, summary...)."""
-    from ..spec import RESERVED_NAMES
-
     directory = path.parent if str(path.parent) else Path(".")
     return (directory / "ledger.sqlite").exists() and bool(RESERVED_NAMES.fullmatch(path.name))
 

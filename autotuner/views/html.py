@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from html import escape
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from ..errors import UserError
 from ..files import write_atomic
@@ -246,8 +247,6 @@ def log_links(directory: Path, page: Path, names: list[str]) -> dict[str, dict[s
 
 def _url(path: str) -> str:
     """A relative path as a URL: each part percent-encoded (names are safe, directories may not be)."""
-    from urllib.parse import quote
-
     return quote(path, safe="/")
 
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..core.outcome import Outcome
 from ..core.resources import devices_from_json, placement_named
+from ..ledger.store import Ledger
+from ..planning.plan import Ongoing, time_left
 from ..spec import Experiment
 from ..spec.metrics import Metric, format_value, metric_named
 from ..states import State
@@ -298,8 +300,6 @@ class LiveView:
     def _replan(self, state: LiveState, now: float) -> float | None:
         """When the sweep should end: what waits and what runs re-planned on the scheduler's own policies
         (plan.time_left). Done outside the lock: the dispatcher never waits for it."""
-        from ..planning.plan import Ongoing, time_left
-
         known = self._experiments
         queued = sorted((name for name, s in state.states.items() if s == State.QUEUED and name in known),
                         key=lambda name: self._order.get(name, len(self._order)))
@@ -525,8 +525,6 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
 
 def _metric_of(directory: Path) -> str:
     """The sweep's metric, read from its ledger alone (the plain lines need nothing else)."""
-    from ..ledger.store import Ledger
-
     with Ledger.open(directory) as ledger:
         return metric_named(ledger.meta().metric).name
 

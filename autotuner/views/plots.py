@@ -18,6 +18,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -171,8 +172,6 @@ def _draw_failures(strip, failures: list[tuple[Any, Any, str]], rows: list[Any],
                    lines: str | None) -> None:
     """Failed and timed-out experiments in their strip: a row per line value, a marker per reason (red, no
     line's colour), side by side where several reasons meet at one x, `x2` beside a marker that stands for two."""
-    from collections import Counter
-
     from matplotlib.transforms import offset_copy
 
     count = Counter(failures)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from ..backends.launch import Launcher, optimal_command, without_autotuning
 from ..files import write_atomic, write_json_atomic
 from ..states import State
+from ..tune.memory_model import Facts, budget, show
+from ..tune.search import SearchSpec, profile_facts
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
     from ..ledger.store import Attempt
@@ -124,8 +126,6 @@ def _profile_runs(snap: Snapshot) -> set[str]:
     """The names of a tune's profile runs (memory model facts, no metric)."""
     if snap.meta.search is None:
         return set()
-    from ..tune.search import SearchSpec
-
     spec = SearchSpec.from_json(snap.meta.search)
     return {a.name for a in snap.attempts if spec.profile_of(a.name) is not None}
 
@@ -139,9 +139,6 @@ def memory_note(snap: Snapshot) -> str | None:
     past it). None when it had no GPU memory to go by (CPU slots, a type of no stated size)."""
     if snap.meta.search is None:
         return None
-    from ..tune.memory_model import Facts, budget, show
-    from ..tune.search import SearchSpec, profile_facts
-
     spec = SearchSpec.from_json(snap.meta.search)
     if spec.gpu_memory is None:
         return None
