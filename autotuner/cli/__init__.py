@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -794,8 +794,13 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--html" in args:
         args = optional_html_value(args)
+    _listen_for_early_ctrl_c()
     try:
         code = app(args=args, prog_name="autotune", standalone_mode=False)
+        if code == autotuner.EXIT_INTERRUPTED and _EARLY_PRESS.is_set():  # typer's silent exit 130 for it
+            _interrupted()
+    except KeyboardInterrupt:  # typer still building the command
+        _interrupted()
     except _USAGE_ERROR as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `autotune`: the help, as a usage error
             if e.format_message().strip():
@@ -803,10 +808,36 @@ def main(argv: list[str] | None = None) -> None:
         else:
             typer.echo(usage_error_line(e), err=True)
         sys.exit(2)
-    except typer.Abort:
+    except typer.Abort as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # click's word for a Ctrl-C while it parsed
+            _interrupted()
         typer.echo("autotune: aborted", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_EARLY_PRESS = threading.Event()  # a Ctrl-C came before a command installed its own handling
+
+
+def _listen_for_early_ctrl_c() -> None:
+    """From the start of `main` until a command installs its own handling (`_interrupt_once`): the first Ctrl-C
+    is noted and interrupts, later ones are ignored; `main` then says so in one line and exits 130."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        _EARLY_PRESS.set()
+        _ignore_interrupts()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def _interrupted() -> NoReturn:
+    """A Ctrl-C while the command line was still being read: nothing started, one line, exit 130."""
+    _ignore_interrupts()
+    _echo_err("autotune: interrupted")
+    sys.exit(autotuner.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
