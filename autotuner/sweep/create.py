@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .. import limits
 from ..backends.cluster import check_fits
 from ..backends.launch import launcher_for_this_python
-from ..core.resources import devices_to_json
+from ..core.slots import devices_to_json
 from ..errors import UserError, shown
 from ..files import sync_directory, write_atomic
 from ..ledger.store import FILENAME, Ledger, SweepMeta

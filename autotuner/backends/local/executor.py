@@ -25,7 +25,7 @@ from typing import Any
 
 from ...core.events import Finished, Key, Launched, Post, Run
 from ...core.outcome import Outcome
-from ...core.resources import Devices
+from ...core.slots import Devices
 from ...spec.metrics import Metric
 from ...states import Reason, State
 from ...threads import Workers

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.resources import Devices, FreeMemory, devices_from_json
+from ...core.placement import FreeMemory
+from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
 from ...gpu.nvml import FreeMemory as LocalFreeMemory
