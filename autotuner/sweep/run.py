@@ -1,4 +1,4 @@
-"""A prepared sweep (prepare.py) run to the end, new or resumed.
+"""A prepared sweep (create.py) run to the end, new or resumed.
 
 `execute` wires ledger, slot pool, executor and scheduler together, runs the sweep to the end and writes the
 files a user takes away.
