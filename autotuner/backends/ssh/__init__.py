@@ -13,8 +13,8 @@
     watch.py     HostWatcher: announces a lost host that answers again
     free_memory.py RemoteMemory: the hosts' GPU free memory, read off the dispatcher for the memory placement
 
-Imports point inward: executor, watch and free_memory use the rest; pool imports only errors, hostkeys and process. fabric
-and paramiko are imported on first use (a connection), never with these modules: the CLI starts fast.
+Imports point inward: executor, watch and free_memory use the rest; pool imports only errors, hostkeys and process.
+fabric and paramiko are imported on first use (a connection), never with these modules: the CLI starts fast.
 """
 from .cleanup import end_tagged_remote, signal_tagged
 from .errors import CommandTimeout, HostDown, HostKeyError, RemoteStartError
