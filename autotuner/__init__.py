@@ -22,27 +22,27 @@ The Python API that the `autotune` command is a thin face of::
 Bad input is a `UserError` (one line, located at its file and line where it has one). The library logs to
 `logging.getLogger("autotuner")` and prints nothing; notes meant for the user go to `Options.log`.
 
-Importing this package is cheap (no SSH stack, terminal UI, matplotlib or torch): every name but the few
-below is imported when first used.
+Importing this package is cheap (no SSH stack, terminal UI, matplotlib or torch): every name but `UserError`,
+`State` and `Reason` is imported when first used.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
 from .states import Reason, State
-from .sweep.cancel import Cancellation, cancel
-from .sweep.create import default_directory, prepare, prepare_tune
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from pathlib import Path
-
     from .backends.cluster import Cluster, check_gpu_needs
+    from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
+    from .backends.slurm.allocation import release as release_allocation
+    from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
     from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .dashboard import serve as serve_dashboard
@@ -50,7 +50,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .planning.plan import QUEUES, Plan, plan_sweep
     from .spec import Experiment, Sweep, load_sweep
     from .spec.metrics import KNOWN, Metric, metric_named
-    from .sweep.outputs import check_output, check_results_directory
+    from .spec.outputs import check_output, check_results_directory
+    from .sweep.cancel import Cancellation, cancel
+    from .sweep.create import default_directory, prepare, prepare_tune
     from .sweep.resume import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .sweep.run import Options, Result, Ssh, Stopped, execute
     from .sweep.verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
@@ -66,12 +68,27 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
     from .views.summary import OPTIMAL_COMMAND
-    from .views.tables import Output, render_hosts, render_report, render_result, render_status
+    from .views.tables import Output, render_allocation, render_hosts, render_report, render_result, render_status
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
+    # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
+    "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
+    "allocation_cluster": (".backends.slurm.ask", "allocation_cluster"),
+    "this_allocation": (".backends.slurm.ask", "this_allocation"),
+    "Allocation": (".backends.slurm.allocation", "Allocation"),
+    "SlurmError": (".backends.slurm.allocation", "SlurmError"),
+    "Withdrawn": (".backends.slurm.allocation", "Withdrawn"),
+    "release_allocation": (".backends.slurm.allocation", "release"),
+    "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
+    "render_allocation": (".views.tables", "render_allocation"),
+    "prepare": (".sweep.create", "prepare"),
+    "prepare_tune": (".sweep.create", "prepare_tune"),
+    "default_directory": (".sweep.create", "default_directory"),
+    "cancel": (".sweep.cancel", "cancel"),
+    "Cancellation": (".sweep.cancel", "Cancellation"),
     "load_sweep": (".spec", "load_sweep"),
     "Experiment": (".spec", "Experiment"),
     "Sweep": (".spec", "Sweep"),
@@ -120,24 +137,90 @@ _LAZY = {
     "write_html": (".views.html", "write_html"),
     "watching": (".views.live", "watching"),
     "check_events_path": (".views.events", "check_events_path"),
-    "check_output": (".sweep.outputs", "check_output"),
+    "check_output": (".spec.outputs", "check_output"),
     "measured_peaks": (".planning.learned", "peaks_by_digest"),
-    "check_results_directory": (".sweep.outputs", "check_results_directory"),
+    "check_results_directory": (".spec.outputs", "check_results_directory"),
     "read_tune": (".tune.request", "read_tune"),
     "TuneRequest": (".tune.request", "TuneRequest"),
     # `autotune dashboard`: the web stack (an optional extra) only when served.
     "serve_dashboard": (".dashboard", "serve"),
 }
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
-           "QUEUES", "Cancellation", "Cluster", "Experiment", "ExperimentRecord", "FailOn", "Metric", "Options",
-           "Output", "Plan", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped",
-           "Sweep", "SweepResults", "TuneRequest", "UserError", "__version__", "cancel", "check_events_path",
-           "check_gpu_needs", "check_hosts", "check_output", "check_results_directory", "default_directory",
-           "execute", "load", "load_cluster", "load_sweep", "measured_peaks", "metric_named", "plan_sweep", "prepare",
-           "prepare_tune", "read_tune", "render_compare", "render_hosts", "render_plan", "render_report",
-           "render_result", "render_status", "resume", "resume_plan", "run", "serve_dashboard", "snapshot",
-           "spec_changes", "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "KNOWN",
+    "OPTIMAL_COMMAND",
+    "PLACEMENTS",
+    "QUEUES",
+    "Allocation",
+    "Cancellation",
+    "Cluster",
+    "Experiment",
+    "ExperimentRecord",
+    "FailOn",
+    "Metric",
+    "Options",
+    "Output",
+    "Plan",
+    "Reason",
+    "Result",
+    "ResumePlan",
+    "SlurmAsk",
+    "SlurmError",
+    "Snapshot",
+    "SpecChanges",
+    "Ssh",
+    "State",
+    "Stopped",
+    "Sweep",
+    "SweepResults",
+    "TuneRequest",
+    "UserError",
+    "Withdrawn",
+    "__version__",
+    "allocation_cluster",
+    "cancel",
+    "check_events_path",
+    "check_gpu_needs",
+    "check_hosts",
+    "check_output",
+    "check_results_directory",
+    "default_directory",
+    "execute",
+    "load",
+    "load_cluster",
+    "load_sweep",
+    "measured_peaks",
+    "metric_named",
+    "plan_sweep",
+    "prepare",
+    "prepare_tune",
+    "read_tune",
+    "release_allocation",
+    "render_allocation",
+    "render_compare",
+    "render_hosts",
+    "render_plan",
+    "render_report",
+    "render_result",
+    "render_status",
+    "resume",
+    "resume_plan",
+    "run",
+    "serve_dashboard",
+    "sigterm_interrupts",
+    "snapshot",
+    "spec_changes",
+    "this_allocation",
+    "timeout_seconds",
+    "watching",
+    "write_html",
+    "write_plan_plot",
+    "write_plots",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -167,7 +250,6 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     in MIG mode has its MIG instances as slots (cluster.with_hosts_mig); `log` is told where its `slots=N`
     disagrees.
     """
-    from pathlib import Path
 
     from .backends.cluster import local_or_hostfile_cluster, spec_hostfile
     from .spec.hostfile import is_local
@@ -202,7 +284,6 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     """Finish an interrupted sweep: nothing that succeeded runs again; with `retry_failed`, failed and timed-out
     experiments run again. Its spec files are read again: a UserError if they changed, unless `only_new` (their
     new experiments are added). Without `options`, experiments keep the timeout the sweep was started with."""
-    from pathlib import Path
 
     from .sweep.resume import resume_plan
     from .sweep.run import Options, execute

@@ -139,7 +139,8 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
     """One search played on the simulated clock: the same figures as `measure`."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
+    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
         point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
@@ -275,7 +276,8 @@ def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[st
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.memory_model import Facts
-    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec, search_for
+    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
         point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])

@@ -8,7 +8,8 @@ from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
 from autotuner.tune.memory_model import Bound, Facts, Training, bound, budget, model_states
-from autotuner.tune.search import MicroBatchSearch, SearchSpec, search_for
+from autotuner.tune.search import MicroBatchSearch, SearchSpec
+from autotuner.tune.tuners import search_for
 
 G = 10**9
 

@@ -9,7 +9,8 @@ import pytest
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
-from autotuner.tune.search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec, search_for, sizes
+from autotuner.tune.search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec, sizes
+from autotuner.tune.tuners import search_for
 
 LIMIT = 100.0  # GiB of the fake GPU
 NEED = {0: (40.0, 2.0), 1: (30.0, 2.0), 2: (20.0, 1.5), 3: (10.0, 1.0)}  # stage -> (fixed, per sample)

@@ -14,10 +14,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -29,6 +28,7 @@ from autotuner import UserError
 # text in a one-line message.
 from .. import limits
 from ..errors import shown
+from .bundles import GPUS_PER_NODE, NODES, SLURM_OPTIONS, asks_slurm
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a space of DeepSpeed configurations across GPU slots and keep the fastest.")
@@ -59,14 +59,6 @@ GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs o
                                                  "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
 GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU types (by default each runs on "
                                                     "one type).")
-SLURM = typer.Option(False, "--slurm", help="Run inside a Slurm allocation: this job's (SLURM_JOB_ID), or one "
-                                               "asked for with --nodes and --gpus-per-node and given back at the end.")
-NODES = typer.Option(None, "--nodes", min=1, help="With --slurm outside an allocation: nodes to ask for.")
-GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1,
-                             help="With --slurm outside an allocation: GPUs per node to ask for.")
-PARTITION = typer.Option(None, "--partition", help="With --slurm --nodes: the Slurm partition.")
-TIME_LIMIT = typer.Option(None, "--time", help="With --slurm --nodes: the allocation's time limit (Slurm's syntax).")
-ACCOUNT = typer.Option(None, "--account", help="With --slurm --nodes: the Slurm account.")
 RESULT_HELP = ("table: the outcome in lines; json: only one JSON object on stdout when the sweep ends (counts, "
                "best, its files, exit code), no event lines there (--events writes them).")
 
@@ -231,6 +223,7 @@ def _check_ssh_config(path: Path | None) -> None:
 
 
 @app.command()
+@asks_slurm
 def run(
     specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
                                                  "of them."),
@@ -263,17 +256,11 @@ def run(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
-    slurm: bool = SLURM,
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
-    partition: str | None = PARTITION,
-    time_limit: str | None = TIME_LIMIT,
-    account: str | None = ACCOUNT,
+    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
         ask.check(hostfile, slots, include, exclude)
         ask.check_runnable()
@@ -313,6 +300,7 @@ def run(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
+@asks_slurm
 def tune(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script; everything after it goes to the script, which "
@@ -350,12 +338,7 @@ def tune(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
-    slurm: bool = SLURM,
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
-    partition: str | None = PARTITION,
-    time_limit: str | None = TIME_LIMIT,
-    account: str | None = ACCOUNT,
+    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
@@ -363,7 +346,6 @@ def tune(
     the grid sampled (random, model_based); with `fast: false` each stage's ZeRO knobs too (bucket sizes,
     overlap_comm, reduce_scatter, contiguous_gradients); runs out of memory are answers, not failures; the best
     configs are run again before the winner is named."""
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
         ask.check(hostfile, slots, include, exclude)
         ask.check_runnable()
@@ -400,104 +382,13 @@ def tune(
         _execute(directory, options, quiet, events)
 
 
-@dataclass(frozen=True)
-class SlurmAsk:
-    """What the command line asks of Slurm: whether to run inside it, and the allocation to ask for if needed."""
-
-    slurm: bool = False
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-
-    def asked(self) -> list[str]:
-        """The options given that ask Slurm for a new allocation."""
-        return [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
-                                         ("--partition", self.partition), ("--time", self.time),
-                                         ("--account", self.account)) if value is not None]
-
-    def check(self, hostfile: Path | None = None, slots: int | None = None, include: str = "",
-              exclude: str = "") -> None:
-        """What can be told wrong with the ask before Slurm is asked anything: options that need --slurm, options
-        that --slurm replaces, a size past the limits (a plan would build it), a time limit Slurm cannot read."""
-        asked = self.asked()
-        if asked and not self.slurm:
-            raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
-        if self.slurm and (hostfile is not None or slots is not None):
-            raise UserError(f"--slurm takes its nodes from the allocation: leave out "
-                            f"{'--hostfile' if hostfile is not None else '--slots'}")
-        if self.slurm and (include or exclude):
-            raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
-                            "the nodes")
-        if self.gpus_per_node is not None and self.gpus_per_node > limits.SLOTS_PER_HOST:
-            raise UserError(f"--gpus-per-node {self.gpus_per_node:,} is more than {limits.SLOTS_PER_HOST:,}, the most "
-                            "slots one host may have")
-        if self.nodes is not None and self.nodes * (self.gpus_per_node or 1) > limits.SLOTS:
-            raise UserError(f"--nodes {self.nodes:,} x --gpus-per-node {self.gpus_per_node or 1:,} is more than "
-                            f"{limits.SLOTS:,} slots, the most a cluster may have")
-        given = [(o, v) for o, v in (("--time", self.time), ("--partition", self.partition),
-                                     ("--account", self.account)) if v is not None]
-        if given:
-            from ..backends.slurm.parse import value_problem
-
-            problem = next((p for o, v in given if (p := value_problem(o, v)) is not None), None)
-            if problem is not None:
-                raise UserError(problem)
-
-    def check_runnable(self) -> None:
-        """For `run` and `tune` (which need an allocation now): inside one, nothing asks for another; outside,
-        the size to ask for is given. Told before any other command is run."""
-        if not self.slurm:
-            return
-        from ..backends.slurm import current_job
-
-        current = current_job()
-        if current is not None and self.asked():
-            raise UserError(f"{self.asked()[0]} asks for a new allocation; this runs inside Slurm job {current} "
-                            "already: leave it out")
-        if current is None and (self.nodes is None or self.gpus_per_node is None):
-            raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
-                            "salloc or sbatch)")
-
-    def allocation(self, recorded: dict[str, Any] | None = None,
-                   log: Callable[[str], None] = lambda line: None) -> Any:
-        """The allocation to run in (None: not in Slurm): this job's, else the sweep's recorded one while it still
-        runs, else a new one (`--nodes`, `--gpus-per-node`), which the caller gives back."""
-        if not self.slurm and recorded is None:
-            return None
-        from ..backends import slurm
-
-        current = slurm.current_job()
-        if current is not None:
-            asked = self.asked()
-            if asked:
-                raise UserError(f"{asked[0]} asks for a new allocation; this runs inside Slurm job {current} "
-                                "already: leave it out")
-            return slurm.describe(current)
-        if recorded is not None and self.nodes is None:
-            job = slurm.allocation.job_state(str(recorded.get("job")))
-            if job is not None and job.state == "RUNNING":
-                return slurm.describe(job.id, owned=bool(recorded.get("owned")))
-        if self.nodes is None or self.gpus_per_node is None:
-            raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
-                            "salloc or sbatch)")
-        return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
-                             account=self.account, log=log)
-
-
-def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str, slots: int | None,
-             sweep: autotuner.Sweep | None, log: Callable[[str], None],
+def _cluster(allocation: autotuner.Allocation | None, hostfile: Path | None, include: str, exclude: str,
+             slots: int | None, sweep: autotuner.Sweep | None, log: Callable[[str], None],
              probe: autotuner.Ssh | None = None) -> autotuner.Cluster:
     """The allocation's nodes and GPUs, or the hostfile's (with `probe`, its hosts' MIG instances as found over
     SSH), or this machine's."""
     if allocation is not None:
-        from ..backends.slurm import cluster_of
-
-        if include or exclude:
-            raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
-                            "the nodes")
-        return cluster_of(allocation)
+        return autotuner.allocation_cluster(allocation, include, exclude)
     return autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log,
                                   probe=probe)
 
@@ -506,17 +397,14 @@ def _note(line: str) -> None:
     typer.echo(f"autotune: note: {line}", err=True)
 
 
-def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> Any:
+def _slurm_allocation(ask: autotuner.SlurmAsk, recorded: dict[str, Any] | None = None
+                      ) -> autotuner.Allocation | None:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
-    if not ask.slurm and recorded is None:
-        return None
-    from ..backends.slurm import Withdrawn
-
     try:
         allocation = ask.allocation(recorded, log=_note)
     except UserError as e:
         raise fail(e) from None
-    except Withdrawn as e:
+    except autotuner.Withdrawn as e:
         _echo_err(f"autotune: interrupted while waiting for the allocation: Slurm job {e.job} withdrawn")
         raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
     for line in allocation.warnings() if allocation is not None else ():
@@ -524,35 +412,22 @@ def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> 
     return allocation
 
 
-def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude: str, slots: int | None,
+def _planned_cluster(ask: autotuner.SlurmAsk, hostfile: Path | None, include: str, exclude: str, slots: int | None,
                      sweep: autotuner.Sweep, log: Callable[[str], None]) -> autotuner.Cluster:
     """What `plan` plans for: with --slurm, the allocation this runs in or one of the size asked (never asked
     for: a plan spends nothing); else as `run` would."""
     ask.check(hostfile, slots, include, exclude)
-    if not ask.slurm:
-        return _cluster(None, hostfile, include, exclude, slots, sweep, log)
-    from ..backends import slurm
-
-    current = slurm.current_job()
-    if ask.nodes is not None or ask.gpus_per_node is not None:
-        if ask.nodes is None or ask.gpus_per_node is None:
-            raise UserError("plan --slurm: give both --nodes and --gpus-per-node, or neither (this allocation)")
-        return slurm.planned_cluster(ask.nodes, ask.gpus_per_node)
-    if current is None:
-        raise UserError("plan --slurm outside an allocation: give --nodes and --gpus-per-node")
-    return _cluster(slurm.describe(current), None, include, exclude, None, sweep, log)
+    return ask.planned(include, exclude) or _cluster(None, hostfile, include, exclude, slots, sweep, log)
 
 
 @contextlib.contextmanager
-def _given_back(allocation: Any) -> Iterator[None]:
+def _given_back(allocation: autotuner.Allocation | None) -> Iterator[None]:
     """An allocation we asked for is given back however the command ends; one that cannot be (Slurm does not
     answer) is named with what to do, and a command that would have succeeded exits 2. SIGTERM meanwhile is
     taken as Ctrl-C (the sweep installs its own handler while it runs)."""
     guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if allocation is not None and allocation.owned:
-        from ..backends.slurm.allocation import sigterm_interrupts
-
-        guard = sigterm_interrupts()
+        guard = autotuner.sigterm_interrupts()
     try:
         with guard:
             yield
@@ -567,15 +442,13 @@ def _given_back(allocation: Any) -> Iterator[None]:
         raise typer.Exit(autotuner.EXIT_USAGE)
 
 
-def _give_back(allocation: Any) -> bool:
+def _give_back(allocation: autotuner.Allocation | None) -> bool:
     """Cancel an allocation autotune asked for (True), or say in one line that it still runs (False)."""
     if allocation is None or not allocation.owned:
         return True
-    from ..backends.slurm import SlurmError, release
-
     try:
-        release(allocation.job)
-    except SlurmError as e:
+        autotuner.release_allocation(allocation.job)
+    except autotuner.SlurmError as e:
         _echo_err(f"autotune: error: Slurm job {allocation.job} was not given back ({e}): it still holds its "
                   f"nodes; `scancel {allocation.job}` ends it")
         return False
@@ -637,7 +510,7 @@ def plan(
             autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, hostfile,
                                                     past / "ledger.sqlite" if past is not None else None],
                                    replaced=True)
-        cluster = _planned_cluster(SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
+        cluster = _planned_cluster(autotuner.SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
                                    sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
@@ -734,6 +607,7 @@ def _drop_stdout() -> None:
 
 
 @app.command()
+@asks_slurm
 def resume(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed and timed-out experiments again."),
@@ -752,17 +626,11 @@ def resume(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
-    slurm: bool = SLURM,
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
-    partition: str | None = PARTITION,
-    time_limit: str | None = TIME_LIMIT,
-    account: str | None = ACCOUNT,
+    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
     allocation, in the one it ran in while that still runs, or in a new one (--nodes, --gpus-per-node)."""
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before a cluster is asked for anything
         ask.check()
         _check_execution(deadline, grace, ssh_config)
@@ -803,7 +671,6 @@ def status(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     fmt: Brief = _format_option("table: lines for people; json: for programs."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
-    slurm: bool = typer.Option(False, "--slurm", help="The nodes of this Slurm allocation instead of a hostfile."),
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
     try:
@@ -915,17 +782,9 @@ def hosts(
 
 def _slurm_hosts(fmt: str) -> None:
     """`hosts --slurm`: exit 0 when every node can run, 1 when Slurm has taken one out."""
-    from ..backends import slurm
-    from ..views.tables import render_allocation
-
     try:
-        job = slurm.current_job()
-        if job is None:
-            raise UserError("hosts --slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run it in salloc "
-                            "or sbatch")
-        allocation = slurm.describe(job)
-        nodes = slurm.allocation.node_states(allocation.nodes)
-        text = render_allocation(allocation, nodes, fmt, _screen())
+        allocation, nodes = autotuner.this_allocation()
+        text = autotuner.render_allocation(allocation, nodes, fmt, _screen())
     except UserError as e:
         raise fail(e) from None
     sys.stdout.write(text)
@@ -951,8 +810,13 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--html" in args:
         args = optional_html_value(args)
+    _listen_for_early_ctrl_c()
     try:
         code = app(args=args, prog_name="autotune", standalone_mode=False)
+        if code == autotuner.EXIT_INTERRUPTED and _EARLY_PRESS.is_set():  # typer's silent exit 130 for it
+            _interrupted()
+    except KeyboardInterrupt:  # typer still building the command
+        _interrupted()
     except _USAGE_ERROR as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `autotune`: the help, as a usage error
             if e.format_message().strip():
@@ -960,10 +824,36 @@ def main(argv: list[str] | None = None) -> None:
         else:
             typer.echo(usage_error_line(e), err=True)
         sys.exit(2)
-    except typer.Abort:
+    except typer.Abort as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # click's word for a Ctrl-C while it parsed
+            _interrupted()
         typer.echo("autotune: aborted", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_EARLY_PRESS = threading.Event()  # a Ctrl-C came before a command installed its own handling
+
+
+def _listen_for_early_ctrl_c() -> None:
+    """From the start of `main` until a command installs its own handling (`_interrupt_once`): the first Ctrl-C
+    is noted and interrupts, later ones are ignored; `main` then says so in one line and exits 130."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        _EARLY_PRESS.set()
+        _ignore_interrupts()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def _interrupted() -> NoReturn:
+    """A Ctrl-C while the command line was still being read: nothing started, one line, exit 130."""
+    _ignore_interrupts()
+    _echo_err("autotune: interrupted")
+    sys.exit(autotuner.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from ..gpu.types import show_size
+from ..limits import memory
 from ..spec import Experiment
 from ..spec.metrics import PEAK_MEMORY, reported_peak
 from ..states import Reason, State
@@ -41,8 +41,10 @@ from .events import (
     Run,
 )
 from .outcome import Outcome
+from .placement import Pack
+from .queues import BackfillQueue
 from .record import Record
-from .resources import BackfillQueue, Pack, Placement, Reservation, SlotPool
+from .slots import Placement, Reservation, SlotPool
 
 
 class Executor(Protocol):
@@ -439,7 +441,7 @@ def _unplaceable(item: Queued) -> str:
     if need.gpu_type:
         what += f" of GPU type {need.gpu_type}"
     if need.memory:
-        return f"{what} with {show_size(need.memory)} free on each GPU; no hosts that are up have that much room"
+        return f"{what} with {memory(need.memory)} free on each GPU; no hosts that are up have that much room"
     return f"{what}; not enough hosts are up"
 
 

@@ -13,7 +13,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.resources import devices_from_json, placement_named
+from ..core.placement import placement_named
+from ..core.slots import devices_from_json
 from ..planning.plan import Ongoing, time_left
 from ..states import State
 from ..threads import Workers

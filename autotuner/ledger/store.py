@@ -95,7 +95,7 @@ class SweepMeta:
     # a cluster that states none): no types, every host as any other.
     gpu_types: Mapping[str, str] | None = None
     gpu_memory: Mapping[str, int] | None = None
-    # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.resources.Device)
+    # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.slots.Device)
     devices: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
     # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
@@ -675,3 +675,10 @@ class Ledger:
         rows = self._db.execute(f"SELECT * FROM attempts WHERE state IN ({marks})", states).fetchall()
         return self._attempts(rows)
 
+
+def open_sweep(directory: str | Path) -> Ledger:
+    """The ledger of the sweep prepared in `directory`; a UserError when there is none."""
+    try:
+        return Ledger.open(Path(directory))
+    except FileNotFoundError:
+        raise UserError("no sweep here (no ledger.sqlite)", directory) from None

@@ -13,12 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..core.resources import Devices, headroom
+from ..core.slots import Devices, headroom
 from ..errors import UserError
+from ..ledger.store import open_sweep
 from ..spec import Experiment
 
 MARGIN = 10  # percent over the measured peak: runs of one config vary (data, allocator fragmentation)
-STEP = 256 << 20  # needs are rounded up to this: experiments of one need are one kind for the queue (resources.py)
+STEP = 256 << 20  # needs are rounded up to this: experiments of one need are one kind for the queue (core/queues.py)
 
 
 def need_of_peak(peak: int, usable: int | None = None) -> int:
@@ -43,8 +44,6 @@ def largest_usable(memory: Mapping[str, int] | None, devices: Devices | None) ->
 def peaks_by_digest(directory: Path, required: bool = True) -> dict[str, int]:
     """An earlier sweep's peaks by config digest. `required`: a UserError when it measured none (a CPU sweep, a
     GPU sweep that NVML could not watch), which a user who asked to learn memory from it must hear."""
-    from ..sweep.create import open_sweep
-
     with open_sweep(Path(directory)) as ledger:
         by_name = ledger.peaks()
         digests = ledger.digests()

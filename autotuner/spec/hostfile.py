@@ -26,6 +26,8 @@ HOST_NAME_MAX = 253  # the longest DNS name
 KNOWN_ATTRS = ("gpu", "accelerator")  # the attributes this package reads
 ACCELERATORS = ("cuda", "cpu")  # accelerator=cpu: DeepSpeed on CPU; cuda is what a host without one runs
 
+HOSTFILE = "hostfile"  # a sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
+
 
 @dataclass(frozen=True)
 class Host:

@@ -3,12 +3,10 @@
 The request is written to the ledger first, then the runner holding the sweep's lock is signalled (SIGUSR1) and
 cancels at its next step. With no runner alive, this process takes the lock, ends what a dead runner left
 running, and records the cancelled experiments itself.
-
-`autotuner` imports this module when it is imported (the function `autotuner.cancel` shares its name), so it
-imports what it needs only when called.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -17,8 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..backends.recovery import recover
+from ..backends.registry import backend_for
 from ..errors import UserError
+from ..ledger.lock import SweepBusy, holder_pid
+from ..ledger.store import open_sweep
 from ..states import Reason, State
+from .holding import holding
 
 if TYPE_CHECKING:
     from ..ledger.store import Ledger
@@ -50,10 +53,6 @@ class Cancellation:
 def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
     """Cancel the experiments named (all of them when `names` is empty); returns what was done (`str()` of it
     is a line for people)."""
-    from ..ledger.lock import SweepBusy, SweepLock, holder_pid
-    from .create import open_sweep
-    from .run import listen_for_requests, restore_handler
-
     directory = Path(directory)
     with open_sweep(directory) as ledger:
         known = {e.name for e in ledger.experiments()}
@@ -67,32 +66,21 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
         if pid is not None:
             os.kill(pid, signal.SIGUSR1)
             return Cancellation(directory, requested, True, pid)
-        previous_usr1 = listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
         try:
-            lock = SweepLock(directory).acquire()
+            with holding(directory):
+                return Cancellation(directory, requested, False, None, tuple(_cancel_here(directory, ledger, names,
+                                                                                          known)))
         except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
-            restore_handler(signal.SIGUSR1, previous_usr1)
             if e.pid is not None:
                 os.kill(e.pid, signal.SIGUSR1)
             return Cancellation(directory, requested, True, e.pid)
-        try:
-            return Cancellation(directory, requested, False, None, tuple(_cancel_here(ledger, names, known)))
-        finally:
-            lock.release()
-            restore_handler(signal.SIGUSR1, previous_usr1)
 
 
-def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
-    """No runner: apply the request here, after clearing up what a dead one left; returns those cancelled."""
-    from ..backends.local.cleanup import recover
-    from .run import Options, ssh_pool
-
-    pool = ssh_pool(ledger, Options())
-    try:
-        recover(ledger, time.time(), pool=pool)
-    finally:
-        if pool is not None:
-            pool.close()
+def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
+    """No runner: apply the request here, after the sweep's backend cleared up what a dead one left; returns
+    those cancelled."""
+    with contextlib.closing(backend_for(directory, ledger)) as backend:
+        recover(ledger, time.time(), backend.end)
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
     asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
     chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)

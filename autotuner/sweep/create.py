@@ -1,30 +1,41 @@
 """A new sweep's results directory: everything that can be checked before a GPU is touched (each experiment fits
 the cluster, the directory is not another sweep's), then the directory with its hostfile and ledger. Nothing
-runs yet: `runner.execute` does.
-
-`autotuner` imports this module when it is imported (the function `autotuner.prepare` shares its name), so it
-imports what it needs only when called: `import autotuner` and `autotune --help` stay fast.
+runs yet: `sweep.run.execute` does. A tune's request (tune/request.py) is checked against its cluster here
+(`for_cluster`), where the cluster's checks are.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
+import shutil
+import sqlite3
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import limits
+from ..backends.cluster import check_fits
+from ..backends.launch import launcher_for_this_python
+from ..core.slots import devices_to_json
 from ..errors import UserError, shown
+from ..files import sync_directory, write_atomic
+from ..ledger.store import FILENAME, Ledger, SweepMeta
+from ..limits import memory
+from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
+from ..spec import Sweep
+from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
+from ..spec.metrics import metric_named
+from ..tune.memory_model import Bound, Facts, budget
+from ..tune.request import TuneRequest, read_tune
+from ..tune.search import SearchSpec
+from ..tune.tuners import search_for
 
 if TYPE_CHECKING:
     from ..backends.cluster import Cluster
-    from ..ledger.store import Ledger
-    from ..spec import Sweep
-    from ..tune.request import TuneRequest
-    from ..tune.search import SearchSpec
 
-HOSTFILE = "hostfile"  # the sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
 RESULTS_ROOT = Path("results")
 
 
@@ -47,17 +58,10 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     (learned.py), recorded in the ledger; or its peaks read already (`measured_peaks`, by config digest), for a
     caller that reads them before it asks a cluster for anything.
     """
-    import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
-
-    from ..backends.cluster import check_fits
-    from ..ledger.store import FILENAME
-
     check_fits(sweep, cluster)
     _check_launcher(launcher, cluster)
     learned = None
     if memory_from is not None:
-        from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
-
         peaks = memory_from if isinstance(memory_from, Mapping) else peaks_by_digest(Path(memory_from))
         learned = learned_needs(sweep.experiments, peaks, largest_usable(cluster.memory, cluster.devices))
     directory = Path(directory) if directory is not None else default_directory(sweep)
@@ -84,8 +88,6 @@ def prepare_tune(script: str | TuneRequest, args: Sequence[str], cluster: Cluste
     (`tune.request.read_tune`, which the other arguments but `launcher` and `timeout` go to; or `script` a
     request read already, for a caller that reads before it asks a cluster for anything), then checked against
     `cluster` and recorded as a search; its experiments are proposed while it runs (search.py)."""
-    from ..tune.request import for_cluster, read_tune
-
     request = script if not isinstance(script, str) else read_tune(
         script, args, num_gpus=num_gpus, num_nodes=num_nodes, cwd=cwd, seed=seed, confirm=confirm,
         min_gain=min_gain)
@@ -93,23 +95,49 @@ def prepare_tune(script: str | TuneRequest, args: Sequence[str], cluster: Cluste
     return prepare(sweep, cluster, directory, launcher=launcher, timeout=timeout, search=spec)
 
 
-def open_sweep(directory: str | Path) -> Ledger:
-    """The ledger of the sweep prepared in `directory`; a UserError when there is none."""
-    from ..ledger.store import Ledger
+def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSpec]:
+    """The request on `cluster`: its search bounded by the GPUs' memory, and the (empty) sweep it fills. Refused
+    when its experiments cannot fit the cluster's slots, or when the memory model says that no stage tuned fits
+    any of its GPUs: nothing would run, and the user learns it now rather than from "no best configuration"."""
+    spec = replace(request.spec, gpu_memory=_gpu_memory(cluster))
+    first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
+    sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(request.config))
+    check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
+    if spec.facts is not None and spec.gpu_memory is not None:
+        _check_some_stage_fits(request, spec.bounds(Facts.from_json(spec.facts)), spec)
+    return Sweep(spec.prefix, (), sweep.metric, sweep.source), spec
 
-    try:
-        return Ledger.open(Path(directory))
-    except FileNotFoundError:
-        raise UserError("no sweep here (no ledger.sqlite)", directory) from None
+
+def _check_some_stage_fits(request: TuneRequest, bounds: dict[int, Bound], spec: SearchSpec) -> None:
+    """`run` refuses an experiment no GPU could hold; a tune whose every stage the model rules out is refused
+    the same way, at the config's line that states the model's facts."""
+    if not bounds or any(b.fits for b in bounds.values()):
+        return
+    least = min(bounds.values(), key=lambda b: b.states)
+    room = budget(spec.gpu_memory or 0)
+    facts = Facts.from_json(spec.facts or {})
+    why = (f"stage {least.stage} needs {memory(least.states)} for its model states alone" if least.states >= room
+           else f"stage {least.stage} leaves {memory(room - least.states)} for activations, less than "
+                f"micro-batch size {spec.min_mbs} needs ({memory((facts.activation or 0) * spec.min_mbs)})")
+    stages = ", ".join(str(s) for s in spec.stages)
+    raise UserError(f"the memory model says this model ({facts.num_params:,} parameters) fits no GPU of the "
+                    f"cluster at any ZeRO stage tuned ({stages}): a GPU of {memory(spec.gpu_memory or 0)} leaves "
+                    f"{memory(room)} beside the headroom, and {why}; tune on larger GPUs, more of them per "
+                    "experiment (--num_gpus), or offload (zero_optimization.offload_optimizer)",
+                    request.config, request.facts_line)
+
+
+def _gpu_memory(cluster: Cluster) -> int | None:
+    """The memory of one GPU the memory model bounds a tune's experiments by: of the largest GPUs of the cluster
+    (an experiment may land on them; smaller ones teach by running out of memory), None when a host's is not
+    known (CPU slots, a type that states no size): then the model skips nothing."""
+    known = [cluster.memory[host] for host in cluster.slots if host in cluster.memory]
+    return max(known) if known and len(known) == len(cluster.slots) else None
 
 
 def _check_launcher(launcher: Sequence[str] | None, cluster: Cluster) -> None:
     """A launcher given for a sweep that runs only here must be a command this machine has: otherwise every
     experiment would be launched, fail with exit status 127 and be retried. (On other hosts it runs there.)"""
-    import shutil
-
-    from ..spec.hostfile import is_local
-
     if not launcher or not all(is_local(h) for h in cluster.slots):
         return
     if shutil.which(launcher[0]) is None:
@@ -153,22 +181,12 @@ def _unlink_quietly(path: Path) -> None:
 
 def _staging(directory: Path) -> list[Path]:
     """The ledger built aside, and the files SQLite keeps beside it."""
-    from ..ledger.store import FILENAME
-
     return [directory / (f".{FILENAME}.new" + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
 
 
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
                  timeout: float | None, search: SearchSpec | None = None,
                  learned: Mapping[str, int] | None = None) -> None:
-    import secrets
-
-    from ..backends.launch import launcher_for_this_python
-    from ..core.resources import devices_to_json
-    from ..files import sync_directory, write_atomic
-    from ..ledger.store import FILENAME, Ledger, SweepMeta
-    from ..spec.hostfile import format_hostfile
-
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
     # ledger (`run` again) or a whole one (`resume`), never one without its experiments.

@@ -13,9 +13,8 @@ from typing import Any
 
 from .. import limits
 from ..errors import UserError
-from ..ledger.store import FILENAME
+from ..ledger.store import FILENAME, open_sweep
 from ..spec import Experiment, Sweep, SweepInputs, load_sweep
-from .create import open_sweep
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.resources import headroom
+from ..core.slots import headroom
 
 ONE_STATE = ("sgd", "adagrad", "lion", "fusedlion", "cpuadagrad", "onebitsgd")  # optimizers with one fp32 state
 OFF_GPU = ("cpu", "nvme")
@@ -137,8 +137,3 @@ def bound(facts: Facts, training: Training, stage: int, gpu_memory: int, dp: int
     return Bound(stage, states, largest if largest >= min_mbs else 0)
 
 
-def show(count: float) -> str:
-    """Bytes for a note: GiB to a tenth, MiB below one GiB."""
-    if count < 1 << 30:
-        return f"{count / (1 << 20):.1f} MiB"
-    return f"{count / (1 << 30):.1f} GiB"

@@ -1,23 +1,19 @@
 """`autotune tune`'s request: the user's command (or tune file) and its config read into a search, with every
 check that needs no cluster, so that a typo is one line before any cluster is asked for anything (a Slurm
-allocation queued for, a host probed). Then `for_cluster` checks it against the cluster it got: the experiments'
-shape, and the memory model, which refuses a tune that it already knows cannot fit any GPU at any stage.
+allocation queued for, a host probed). Then `sweep.create.for_cluster` checks it against the cluster it got: the
+experiments' shape, and the memory model, which refuses a tune that it already knows cannot fit any GPU at any
+stage.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import UserError, shown
-from .memory_model import Bound, Facts, budget, show
-
-if TYPE_CHECKING:
-    from ..backends.cluster import Cluster
-    from ..spec import Sweep
-    from .search import SearchSpec
+from .inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
+from .search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
 
 
 @dataclass(frozen=True)
@@ -35,14 +31,11 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, 
               cwd: Path | None = None, seed: int = 0, confirm: int | None = None,
               min_gain: float = 0.0) -> TuneRequest:
     """The user's DeepSpeed command (`script` and its `args`, which name the config), or a tune file (`script` an
-    .hjson file stating them: spec/tuning.py), read and checked; nothing is asked of a cluster. Each experiment
+    .hjson file stating them: tune/inputs.py), read and checked; nothing is asked of a cluster. Each experiment
     runs on `num_nodes` x `num_gpus` slots (given here, else the tune file's, else 1). `seed`: of the random and
     model-based tuners; `confirm`: how many of the best configs are run again before the winner is named (None: 2
     when more than 2 succeeded; 0: none); `min_gain`: the fraction by which a run must beat the best so far to
     count as progress for early stopping (finite, 0 to 10)."""
-    from .inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
-    from .search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
-
     if not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-improvement must be a percentage from 0 to 1000, not {shown(min_gain * 100)}")
     where = cwd or Path.cwd()
@@ -88,48 +81,3 @@ def _check_shape(num_gpus: int, num_nodes: int) -> None:
     if num_nodes * num_gpus > limits.SLOTS:
         raise UserError(f"num_nodes {num_nodes:,} x num_gpus {num_gpus:,} is more than {limits.SLOTS:,}, the most "
                         "GPUs of one experiment")
-
-
-def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSpec]:
-    """The request on `cluster`: its search bounded by the GPUs' memory, and the (empty) sweep it fills. Refused
-    when its experiments cannot fit the cluster's slots, or when the memory model says that no stage tuned fits
-    any of its GPUs: nothing would run, and the user learns it now rather than from "no best configuration"."""
-    from ..backends.cluster import check_fits
-    from ..spec import Sweep
-    from ..spec.metrics import metric_named
-    from .search import search_for
-
-    spec = replace(request.spec, gpu_memory=_gpu_memory(cluster))
-    first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
-    sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(request.config))
-    check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
-    if spec.facts is not None and spec.gpu_memory is not None:
-        _check_some_stage_fits(request, spec.bounds(Facts.from_json(spec.facts)), spec)
-    return Sweep(spec.prefix, (), sweep.metric, sweep.source), spec
-
-
-def _check_some_stage_fits(request: TuneRequest, bounds: dict[int, Bound], spec: SearchSpec) -> None:
-    """`run` refuses an experiment no GPU could hold; a tune whose every stage the model rules out is refused
-    the same way, at the config's line that states the model's facts."""
-    if not bounds or any(b.fits for b in bounds.values()):
-        return
-    least = min(bounds.values(), key=lambda b: b.states)
-    room = budget(spec.gpu_memory or 0)
-    facts = Facts.from_json(spec.facts or {})
-    why = (f"stage {least.stage} needs {show(least.states)} for its model states alone" if least.states >= room
-           else f"stage {least.stage} leaves {show(room - least.states)} for activations, less than "
-                f"micro-batch size {spec.min_mbs} needs ({show((facts.activation or 0) * spec.min_mbs)})")
-    stages = ", ".join(str(s) for s in spec.stages)
-    raise UserError(f"the memory model says this model ({facts.num_params:,} parameters) fits no GPU of the "
-                    f"cluster at any ZeRO stage tuned ({stages}): a GPU of {show(spec.gpu_memory or 0)} leaves "
-                    f"{show(room)} beside the headroom, and {why}; tune on larger GPUs, more of them per "
-                    "experiment (--num_gpus), or offload (zero_optimization.offload_optimizer)",
-                    request.config, request.facts_line)
-
-
-def _gpu_memory(cluster: Cluster) -> int | None:
-    """The memory of one GPU the memory model bounds a tune's experiments by: of the largest GPUs of the cluster
-    (an experiment may land on them; smaller ones teach by running out of memory), None when a host's is not
-    known (CPU slots, a type that states no size): then the model skips nothing."""
-    known = [cluster.memory[host] for host in cluster.slots if host in cluster.memory]
-    return max(known) if known and len(known) == len(cluster.slots) else None

@@ -14,7 +14,7 @@ is learnt (`Search`) and differ only in which point they try next (`choose`):
   its runs is out): what it tries depends on the answers, never on the order in which runs end.
 - random (`RandomSearch`): the grid's points (each stage x the sizes that double from the smallest, `sizes`) in
   an order drawn from the spec's seed.
-- model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
+- model_based (model_based.py): Optuna's TPE through ask/tell, on the same points.
 
 Full mode (`fast: false`) adds each stage's ZeRO knobs (spec/knobs.py): a point is then (stage, size, knobs),
 the knobs those that differ from the values its micro-batch search ran with (`Setting`, in the experiment's name
@@ -22,7 +22,7 @@ and config). gridsearch sweeps them knob by knob at a stage's best size once its
 sampling tuners draw them with the rest. Knob points are learnt apart (`knob_*`): their answers say nothing of
 the stage's sizes.
 
-Memory (memory.py): with the memory of the GPUs known (`gpu_memory`), the model's facts come from `model_info`
+Memory (memory_model.py): with the memory of the GPUs known (`gpu_memory`), the model's facts come from `model_info`
 (the spec's `facts`) or else from a profile run (`NAME_profile`, first of all: DeepSpeed's engine at the smallest
 stage and size writes the parameter count and the activation memory, then ends; out of memory, the next stage is
 profiled, `NAME_profile_zS`). A stage whose model states
@@ -181,7 +181,7 @@ class SearchSpec:
         return next((stage for stage in self.stages if self.profile_name(stage) == name), None)
 
     def bounds(self, facts: Facts) -> dict[int, Bound]:
-        """The memory model's bound of each stage on the spec's GPUs (memory.py); none with no GPU memory."""
+        """The memory model's bound of each stage on the spec's GPUs (memory_model.py); none with no GPU memory."""
         if self.gpu_memory is None:
             return {}
         training = Training.of(self.base)
@@ -852,14 +852,3 @@ class RandomSearch(Search):
             if self.open(stage, mbs, knobs) and (experiment := self.take(stage, mbs, knobs)) is not None:
                 proposed.append(experiment)
         return proposed
-
-
-def search_for(spec: SearchSpec) -> Search:
-    """The tuner the spec names (model_based imports Optuna: a UserError when it is not installed)."""
-    if spec.tuner == "random":
-        return RandomSearch(spec)
-    if spec.tuner == "model_based":
-        from .model_based import ModelSearch
-
-        return ModelSearch(spec)
-    return MicroBatchSearch(spec)

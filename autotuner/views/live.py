@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core.outcome import Outcome
-from ..core.resources import devices_from_json, placement_named
+from ..core.placement import placement_named
+from ..core.slots import devices_from_json
+from ..ledger.store import Ledger
+from ..planning.plan import Ongoing, time_left
 from ..spec import Experiment
 from ..spec.metrics import Metric, format_value, metric_named
 from ..states import State
@@ -303,8 +306,6 @@ class LiveView:
     def _replan(self, state: LiveState, now: float) -> float | None:
         """When the sweep should end: what waits and what runs re-planned on the scheduler's own policies
         (plan.time_left). Done outside the lock: the dispatcher never waits for it."""
-        from ..planning.plan import Ongoing, time_left
-
         known = self._experiments
         queued = sorted((name for name, s in state.states.items() if s == State.QUEUED and name in known),
                         key=lambda name: self._order.get(name, len(self._order)))
@@ -502,6 +503,7 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
     when `events` names a file; the live view (drawn with rich.live) when `live`, else one plain line per
     event when `plain`. When the block ends, the live view draws its last frame: how long the run took."""
     log, display, view = None, None, None
+    before = len(observers)
     if live or events is not None:
         snap = snapshot(Path(directory))
         if events is not None:
@@ -517,9 +519,11 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
             display.start()
     if plain and not live:
         observers.append(PlainPrinter(_metric_of(Path(directory))))
+    ours = observers[before:]
     try:
         yield
     finally:
+        observers[:] = [o for o in observers if not any(o is mine for mine in ours)]  # the caller's, as it was
         if view is not None:
             view.end()
         if display is not None:
@@ -530,8 +534,6 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
 
 def _metric_of(directory: Path) -> str:
     """The sweep's metric, read from its ledger alone (the plain lines need nothing else)."""
-    from ..ledger.store import Ledger
-
     with Ledger.open(directory) as ledger:
         return metric_named(ledger.meta().metric).name
 

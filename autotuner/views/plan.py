@@ -14,6 +14,7 @@ from ..planning.plan import RUN_BUDGET, Plan, PolicyPlan
 from ..planning.simulate import Played
 from ..states import State
 from .live import seconds
+from .plots import _png, _require_matplotlib, timeline_figure
 from .snapshot import format_slots
 from .tables import PLAIN, Column, Output, render_table
 
@@ -83,8 +84,6 @@ def _in_order(plan: Plan, p: PolicyPlan) -> list[Played]:
 
 def write_plan_plot(plan: Plan, path: Path) -> Path:
     """The first policy's expected schedule as the report's slot timeline, into `path` (PNG)."""
-    from .plots import _png, _require_matplotlib, timeline_figure
-
     _require_matplotlib()
     first = plan.policies[0]
     attempts = [Attempt(r.name, 1, r.state, 0.0, started_at=r.start, finished_at=r.end,

@@ -2,7 +2,7 @@
 
 The process group goes first (it holds the launcher and the ranks it started); then every process that carries
 the attempt's tag, which also finds ranks that left the group and processes on other nodes. Used after every
-attempt, on cancel, timeout and Ctrl-C, and when `cancel` finds what a dead runner left running.
+attempt, on cancel, timeout and Ctrl-C, and by `recovery` when `cancel` finds what a dead runner left running.
 """
 from __future__ import annotations
 
@@ -11,14 +11,8 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from ...core.outcome import Outcome
-from ...ledger.store import Attempt, Ledger
-from ...spec.hostfile import is_local
-from ...spec.metrics import metric_named
-from ...states import Reason, State
-from .. import exitstatus, tags
+from .. import tags
 
 
 def end_group(pgid: int | None, tag: str, grace: float, gone_within: Callable[[float], bool]) -> None:
@@ -50,42 +44,3 @@ def end_tagged(tag: str, grace: float) -> None:
             return
         time.sleep(0.02)
     raise RuntimeError(f"processes tagged {tag} survive SIGKILL")
-
-
-def recover(ledger: Ledger, at: float, grace: float = 2.0, pool=None,
-            attempts: list[Attempt] | None = None) -> list[Attempt]:
-    """End the attempts a dead runner left running, for `autotune cancel` with no runner (a runner that takes
-    the sweep over adopts them instead: `Scheduler.adopt`).
-
-    Their processes are found by their tag on this machine and, over `pool`, on every other host the attempt
-    used. Each attempt is then recorded as the exit status it recorded says (what ended while no runner was
-    alive keeps its result), else interrupted.
-    """
-    left = ledger.in_state(State.RUNNING) if attempts is None else attempts
-    if not left:
-        return left
-    metric = metric_named(ledger.meta().metric)
-    for attempt in left:
-        # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
-        directory = Path(attempt.dir) if attempt.dir else None
-        status = exitstatus.read(directory / exitstatus.FILENAME) if directory else None
-        if attempt.step:  # a Slurm job step: Slurm ends it on every node
-            from ..slurm import cancel_step
-
-            cancel_step(attempt.step)
-        if attempt.tag:
-            end_tagged(attempt.tag, grace)
-            remote = [host for host in attempt.slots if not is_local(host)]
-            if pool is not None and remote:
-                from ..ssh import end_tagged_remote
-
-                end_tagged_remote(pool, remote, attempt.tag)
-        outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
-        if status is not None and directory is not None:
-            local = attempt.step is not None or all(is_local(h) for h in attempt.slots)  # srun runs here
-            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status, directory,
-                                             metric)
-        ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
-                      exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
-                      metrics=outcome.metrics)
-    return left

@@ -12,12 +12,15 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 from ... import limits
 from ...errors import UserError
+from ...gpu.types import size_of_type
+from ..cluster import Cluster
 from . import parse
 
 log = logging.getLogger(__name__)
@@ -266,8 +269,6 @@ def release(job: str) -> None:
 def cancel_step(step: str, within: float = 60.0) -> None:
     """End a job step (`J.S`) on every node and wait until Slurm no longer lists it; a Slurm that cannot be
     asked (its commands missing, its controller down) is logged and left: the ledger still records the end."""
-    import time
-
     job = step.split(".")[0]
     try:
         slurm("scancel", step, check=False)
@@ -303,9 +304,6 @@ def steps(job_id: str) -> list[parse.Step]:
 def cluster_of(allocation: Allocation) -> Cluster:
     """The sweep's cluster: each node of the allocation with the GPUs it holds there (their type where GRES
     names one). Slot ids are counts only: Slurm picks the GPUs of each step."""
-    from ...gpu.types import size_of_type
-    from ..cluster import Cluster
-
     slots = {h: tuple(range(allocation.gpus[h])) for h in allocation.nodes}
     memory = {h: size for h, t in allocation.types.items() if (size := size_of_type(t)) is not None}
     return Cluster(slots, {h: len(ids) for h, ids in slots.items()}, "cuda", dict(allocation.types), memory,
@@ -314,7 +312,5 @@ def cluster_of(allocation: Allocation) -> Cluster:
 
 def planned_cluster(nodes: int, gpus_per_node: int) -> Cluster:
     """An allocation not asked for, to plan for (`autotune plan --slurm --nodes N --gpus-per-node G`)."""
-    from ..cluster import Cluster
-
     slots = {f"node{i + 1}": tuple(range(gpus_per_node)) for i in range(nodes)}
     return Cluster(slots, {h: gpus_per_node for h in slots})

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from .allocation import Allocation
+from .executor import srun_environment
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,6 @@ _READ = 'if [ "$(cat "$1" 2>/dev/null)" = "$2" ]; then echo "$SLURMD_NODENAME ye
 def unshared_nodes(allocation: Allocation, directory: Path) -> list[str]:
     """The allocation's nodes that do not see `directory` as this machine does; none when that cannot be
     told (the step did not run: a warning, and the sweep goes on)."""
-    from .executor import srun_environment
-
     token = secrets.token_hex(16)
     path = directory.resolve() / f".shared-{token[:8]}"
     nodes = allocation.nodes

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import UserError, kind_of
-from ..spec.model import RESERVED_NAMES
+from .model import RESERVED_NAMES
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:

@@ -1,0 +1,39 @@
+"""Recovering after a crash: what a dead runner left running is ended by the sweep's backend (`Backend.end`),
+and each attempt is recorded as the exit status it recorded says (what ended while no runner was alive keeps its
+result), else interrupted."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..core.outcome import Outcome
+from ..ledger.store import Attempt, Ledger
+from ..spec.hostfile import is_local
+from ..spec.metrics import metric_named
+from ..states import Reason, State
+from . import exitstatus
+
+
+def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
+            attempts: list[Attempt] | None = None) -> list[Attempt]:
+    """End the attempts a dead runner left running (all of them, or `attempts`) through `end`, for `autotune
+    cancel` with no runner, and for runs found on slots not theirs (a runner that takes the sweep over adopts
+    the others instead: `Scheduler.adopt`). Returns them."""
+    left = ledger.in_state(State.RUNNING) if attempts is None else attempts
+    if not left:
+        return left
+    metric = metric_named(ledger.meta().metric)
+    for attempt in left:
+        # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
+        directory = Path(attempt.dir) if attempt.dir else None
+        status = exitstatus.read(directory / exitstatus.FILENAME) if directory else None
+        end(attempt)
+        outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
+        if status is not None and directory is not None:
+            local = attempt.step is not None or all(is_local(h) for h in attempt.slots)  # srun runs here
+            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status, directory,
+                                             metric)
+        ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
+                      exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
+                      metrics=outcome.metrics)
+    return left

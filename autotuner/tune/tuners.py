@@ -1,0 +1,14 @@
+"""The tuner a tune's record names, built: the one place that knows every tuner (`tuner_type`)."""
+from __future__ import annotations
+
+from .model_based import ModelSearch
+from .search import MicroBatchSearch, RandomSearch, Search, SearchSpec
+
+
+def search_for(spec: SearchSpec) -> Search:
+    """The tuner the spec names (model_based imports Optuna: a UserError when it is not installed)."""
+    if spec.tuner == "random":
+        return RandomSearch(spec)
+    if spec.tuner == "model_based":
+        return ModelSearch(spec)
+    return MicroBatchSearch(spec)

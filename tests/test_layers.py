@@ -1,0 +1,53 @@
+"""The package's architecture as pyproject.toml states it ([tool.importlinter]): each layer imports only the
+layers below it, and no import cycle among the modules of any package, function-level imports included.
+
+Checked with import-linter on the real package, and on a copy with one import against the rules added, to show
+the contracts catch what they are for."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """import-linter's verdict on the `autotuner` package found in `root`, with the repository's contracts."""
+    code = ("import sys; from importlinter.cli import lint_imports; "
+            "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True, no_logo=True))")
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def copy_with(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the package and its contracts, with `line` added inside a function at the end of `module`."""
+    shutil.copytree(ROOT / "autotuner", tmp_path / "autotuner", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / module
+    path.write_text(path.read_text() + f"\n\ndef _added() -> None:\n    {line}\n")
+    return tmp_path
+
+
+def test_the_package_keeps_its_layers_and_has_no_import_cycle():
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 kept, 0 broken" in done.stdout
+
+
+def test_an_import_up_the_layers_is_refused(tmp_path):
+    # The scheduling core asking the runner for something: the core would no longer be usable without it.
+    done = lint_imports(copy_with(tmp_path, "autotuner/core/scheduler.py", "from ..sweep import run  # noqa"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Layers: the command line on top, the vocabulary at the bottom BROKEN" in done.stdout
+    assert "autotuner.core.scheduler -> autotuner.sweep.run" in done.stdout
+
+
+def test_a_cycle_within_one_layer_is_refused(tmp_path):
+    # The tuners' factory imports the search; the search importing the factory back (to dodge it inside a
+    # function) is the cycle this project had.
+    done = lint_imports(copy_with(tmp_path, "autotuner/tune/search.py", "from . import tuners  # noqa"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "No import cycles among the modules of any package BROKEN" in done.stdout
+    assert "Layers: the command line on top, the vocabulary at the bottom KEPT" in done.stdout
