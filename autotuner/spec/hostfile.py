@@ -24,6 +24,8 @@ _ATTR_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _NAME_FORBIDDEN = set(":@,=#")
 HOST_NAME_MAX = 253  # the longest DNS name
 
+HOSTFILE = "hostfile"  # a sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
+
 
 @dataclass(frozen=True)
 class Host:

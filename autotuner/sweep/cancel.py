@@ -6,6 +6,7 @@ running, and records the cancelled experiments itself.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..backends.recovery import recover
+from ..backends.registry import backend_for
 from ..errors import UserError
-from ..ledger.lock import SweepBusy, SweepLock, holder_pid
+from ..ledger.lock import SweepBusy, holder_pid
 from ..ledger.store import open_sweep
 from ..states import Reason, State
-from .run import Options, listen_for_requests, restore_handler, ssh_pool
+from .holding import holding
 
 if TYPE_CHECKING:
     from ..ledger.store import Ledger
@@ -64,29 +66,21 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
         if pid is not None:
             os.kill(pid, signal.SIGUSR1)
             return Cancellation(directory, requested, True, pid)
-        previous_usr1 = listen_for_requests()  # holding the lock, another cancel may signal us: not fatal
         try:
-            lock = SweepLock(directory).acquire()
+            with holding(directory):
+                return Cancellation(directory, requested, False, None, tuple(_cancel_here(directory, ledger, names,
+                                                                                          known)))
         except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
-            restore_handler(signal.SIGUSR1, previous_usr1)
             if e.pid is not None:
                 os.kill(e.pid, signal.SIGUSR1)
             return Cancellation(directory, requested, True, e.pid)
-        try:
-            return Cancellation(directory, requested, False, None, tuple(_cancel_here(ledger, names, known)))
-        finally:
-            lock.release()
-            restore_handler(signal.SIGUSR1, previous_usr1)
 
 
-def _cancel_here(ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
-    """No runner: apply the request here, after clearing up what a dead one left; returns those cancelled."""
-    pool = ssh_pool(ledger, Options())
-    try:
-        recover(ledger, time.time(), pool=pool)
-    finally:
-        if pool is not None:
-            pool.close()
+def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
+    """No runner: apply the request here, after the sweep's backend cleared up what a dead one left; returns
+    those cancelled."""
+    with contextlib.closing(backend_for(directory, ledger)) as backend:
+        recover(ledger, time.time(), backend.end)
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
     asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
     chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)

@@ -27,7 +27,7 @@ from ..files import sync_directory, write_atomic
 from ..ledger.store import FILENAME, Ledger, SweepMeta
 from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
 from ..spec import Sweep
-from ..spec.hostfile import format_hostfile, is_local
+from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ..spec.metrics import metric_named
 from ..tune.inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
 from ..tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from ..spec import Sweep
     from ..tune.search import SearchSpec
 
-HOSTFILE = "hostfile"  # the sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
 RESULTS_ROOT = Path("results")
 
 

@@ -16,21 +16,35 @@ from ..core.scheduler import Note
 _LONGEST_WAIT = 3600.0
 
 
+class Inbox:
+    """Where events wait for the dispatcher. Made before it, so that what posts events (the executor, the
+    watchers a backend opens) is built complete before the dispatcher that is given it."""
+
+    def __init__(self) -> None:
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+
+    def post(self, event: Event) -> None:
+        """Thread-safe: hand an event to the dispatcher."""
+        self.events.put(event)
+
+
 class Dispatcher:
     """Runs one scheduler to its end against a real executor and clock."""
 
     def __init__(self, scheduler: Scheduler, executor: Executor, clock: Callable[[], float],
-                 observers: list[Observer] | None = None, log: Callable[[str], None] = lambda line: None):
+                 observers: list[Observer] | None = None, log: Callable[[str], None] = lambda line: None,
+                 inbox: Inbox | None = None):
         self.scheduler = scheduler
         self.executor = executor
         self.clock = clock
         self.observers = list(observers or [])
         self.log = log
-        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._inbox = inbox or Inbox()
+        self._events = self._inbox.events
 
     def post(self, event: Event) -> None:
         """Thread-safe: hand an event to the dispatcher."""
-        self._events.put(event)
+        self._inbox.post(event)
 
     def run(self) -> None:
         """Step until the scheduler is done. Events posted before the start (a cancel request that came first)

@@ -5,6 +5,7 @@ files a user takes away.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import signal
@@ -14,40 +15,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from .. import limits
+from ..backends.base import Backend
+from ..backends.hosts import Ssh
 from ..backends.launch import Launcher
-from ..backends.local.executor import LocalExecutor
-from ..backends.local.peaks import Measured, PeakMemory
 from ..backends.recovery import recover
-from ..backends.routing import Router
-from ..backends.slurm import AllocationWatcher, SlurmExecutor, cluster_of, end_strays
-from ..backends.slurm.shared import unshared_nodes
-from ..backends.ssh import HostWatcher, SshExecutor, SSHPool, unanswering
-from ..backends.ssh.free_memory import RemoteMemory, nvidia_smi
-from ..core import (
-    CheckRequests,
-    Executor,
-    Interrupt,
-    Observer,
-    Placement,
-    Queued,
-    Reservation,
-    Scheduler,
-    SlotPool,
-    Source,
-)
-from ..core.resources import PLACEMENTS, Demand, Devices, Only, Slots, devices_from_json, placement_named
+from ..backends.registry import backend_for
+from ..backends.slurm import Allocation
+from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
+from ..core.resources import PLACEMENTS, Devices, devices_from_json, placement_named
 from ..errors import UserError, shown
-from ..files import write_atomic
-from ..gpu.nvml import FreeMemory
-from ..ledger.lock import SweepBusy, SweepLock
+from ..ledger.lock import SweepBusy
 from ..ledger.store import Attempt, Ledger, open_sweep
 from ..planning.learned import largest_usable, needs_of_sweep, with_needs
 from ..spec import Experiment
-from ..spec.hostfile import format_hostfile, is_local
 from ..spec.metrics import metric_named
 from ..states import Reason, State
 from ..threads import Workers
@@ -55,14 +38,11 @@ from ..tune.search import SearchSpec
 from ..tune.tuners import search_for
 from ..views.snapshot import Snapshot, snapshot
 from ..views.summary import write_outcome_files
-from .create import HOSTFILE
-from .dispatcher import Dispatcher
+from .dispatcher import Dispatcher, Inbox
+from .holding import holding
 from .verdict import FailOn, exit_code
 
-if TYPE_CHECKING:
-    from ..backends.slurm import Allocation
-    from ..backends.ssh import SSHPool
-    from ..backends.ssh.free_memory import RemoteMemory
+__all__ = ["Options", "Result", "Ssh", "Stopped", "execute", "machine_fault", "requeue"]
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +91,6 @@ def machine_fault(error: BaseException) -> str | None:
 
 
 @dataclass
-class Ssh:
-    """How other hosts are reached (kept in the ledger, so `resume` reaches them the same way)."""
-
-    config: str | None = None  # ssh config file used instead of ~/.ssh/config
-    accept_new_hosts: bool = False
-    remote_root: str | None = None  # where logs go on hosts that do not share our filesystem
-
-    def to_json(self) -> dict:
-        return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
-
-
-@dataclass
 class Options:
     """How to execute; none of it changes what an experiment is."""
 
@@ -163,64 +131,27 @@ def execute(directory: Path, options: Options = Options(), *, retry_failed: bool
 def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
     if options.placement is not None and options.placement not in PLACEMENTS:
         raise UserError(f"--placement {shown(options.placement)}: choose from {', '.join(PLACEMENTS)}")
-    ledger = open_sweep(directory)
-    try:  # a damaged ledger is refused before anything is written, the lock's files included
-        ledger.check_whole()
-    except BaseException:
-        ledger.close()
-        raise
-    previous_usr1 = listen_for_requests()
-    try:
-        lock = SweepLock(directory).acquire()
-    except SweepBusy as e:
-        ledger.close()
-        restore_handler(signal.SIGUSR1, previous_usr1)
-        raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
-    try:
-        pool = None
-        try:
+    with contextlib.ExitStack() as held:
+        with open_sweep(directory) as ledger:
+            ledger.check_whole()  # a damaged ledger is refused before anything is written, the lock's files included
+            try:
+                held.enter_context(holding(directory))
+            except SweepBusy as e:
+                raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
-            if options.slurm is not None or ledger.meta().slurm is not None:
-                use_allocation(directory, ledger, options.slurm)
-            else:
-                pool = ssh_pool(ledger, options)
-            left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
-            requeue(ledger, retry_failed)
-            if new_experiments:
-                ledger.add_experiments(new_experiments, time.time())
-            interrupted = _dispatch(directory, ledger, options, pool, left)
-        finally:
-            if pool is not None:
-                pool.close()
-            ledger.close()
+            with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
+                                                grace=options.grace, log=options.log)) as backend:
+                backend.attach()
+                left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
+                requeue(ledger, retry_failed)
+                if new_experiments:
+                    ledger.add_experiments(new_experiments, time.time())
+                interrupted = _dispatch(directory, ledger, options, backend, left)
         snap = snapshot(directory)  # every spec: summary.txt groups the experiments by ZeRO stage
         # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
         interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
                                           for a in snap.attempts)
         return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
-    finally:
-        lock.release()
-        restore_handler(signal.SIGUSR1, previous_usr1)
-
-
-_Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal returns
-
-
-def listen_for_requests() -> _Handler:
-    """From before the lock is taken until after it is released, SIGUSR1 must not kill the runner.
-
-    `autotune cancel` signals whoever holds the lock, and SIGUSR1's default action ends a process: a cancel
-    sent while the runner still cleared up (or wrote its outcome files) killed it. The request waits in the
-    ledger; the dispatcher reads pending requests when it starts, and on each SIGUSR1 while it runs.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGUSR1, lambda *_: None)
-
-
-def restore_handler(signum: int, previous: _Handler) -> None:
-    if previous is not None:
-        signal.signal(signum, previous)
 
 
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
@@ -229,89 +160,28 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
 
 
-def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | None) -> None:
-    """A sweep started in Slurm runs in an allocation: this one. A new allocation (resume after the last one
-    ended) replaces the nodes the sweep may use; what ran on the old ones ended with it."""
-    meta = ledger.meta()
-    if allocation is None:
-        raise UserError("this sweep runs inside Slurm: resume it with --slurm, inside an allocation or with "
-                        "--nodes and --gpus-per-node for a new one", directory)
-    unseen = unshared_nodes(allocation, directory)
-    if unseen:
-        raise UserError(f"node(s) {', '.join(unseen)} of Slurm job {allocation.job} do not see this results "
-                        "directory (the first node of each experiment writes its metrics there): put it on a "
-                        "filesystem the nodes share, such as home or project space", directory)
-    cluster = cluster_of(allocation)
-    if meta.slurm == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
-        return
-    for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
-                       ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
-                       ("gpu_memory", dict(cluster.memory)), ("slurm", allocation.to_json())):
-        ledger.set_meta(key, value)
-    write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
-
-
-def ssh_pool(ledger: Ledger, options: Options, *, even_local: bool = False) -> SSHPool | None:
-    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None."""
-    meta = ledger.meta()
-    if not even_local and all(is_local(h) for h in meta.slots):
-        return None
-    ssh = options.ssh or Ssh(**dict(meta.ssh or {}))
-    ledger.set_meta("ssh", ssh.to_json())
-    return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
-
-
-def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool | None = None,
+def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend,
               adopt: Sequence[Attempt] = ()) -> bool:
+    """The sweep dispatched on `backend` until it ends; whether it was interrupted. The backend closes what it
+    opened (its caller closes it); nothing here is replaced once built."""
     meta = ledger.meta()
-    metric = metric_named(meta.metric)
-    slots = meta.slots
-    launcher = Launcher(meta.launcher)
-    env = dict(meta.env)
     devices = devices_from_json(meta.devices)
-    executor: Executor
-    if options.slurm is not None:
-        executor = SlurmExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                 options.grace, allocation=options.slurm)
-    else:
-        executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                 options.grace, devices)
-    slot_pool = SlotPool(slots)
+    slot_pool = SlotPool(meta.slots)
     now = time.time()
-    placement, memory, remote_memory = _placement(ledger, options, devices, pool)
-    scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric.name,
-                          placement=placement, retries=options.retries, timeout=options.timeout,
-                          deadline=None if options.deadline is None else now + options.deadline,
-                          source=_search(ledger, meta.search) if meta.search is not None else None)
-    dispatcher = Dispatcher(scheduler, executor, time.time, options.observers, options.log)
-    if remote_memory is not None:
-        dispatcher.observers.insert(0, remote_memory.note)  # which GPUs the sweep's runs hold
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
     queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
-    if options.slurm is None:
-        waiting = _keep_multi_node_off_silent_local_hosts(directory, ledger, options, pool, scheduler, waiting)
-    watcher = remote = None
-    allocation_watcher = None
-    if options.slurm is not None:
-        stray_steps = end_strays(options.slurm, meta.sweep_id, {a.tag for a in adopt if a.tag})
-        if stray_steps:
-            options.log(f"{len(stray_steps)} job step(s) a dead runner left in Slurm job {options.slurm.job} "
-                        "that no attempt follows any more: cancelled")
-        allocation_watcher = AllocationWatcher(options.slurm, dispatcher.post, margin=options.grace + 30)
-        cast(SlurmExecutor, executor).on_lost = allocation_watcher.watch
-    if pool is not None:
-        watcher = HostWatcher(pool, dispatcher.post)
-        ssh = Ssh(**dict(ledger.meta().ssh or {}))
-        remote = SshExecutor(pool, (directory / HOSTFILE).read_text(), metric, time.time, launcher, env,
-                             options.grace, ssh.remote_root, on_lost=watcher.watch,
-                             devices=devices)
-        executor = dispatcher.executor = Router(executor, remote)
-    on_gpus_here = meta.accelerator != "cpu" and any(is_local(h) for h in slots)
-    peaks = PeakMemory(mig=_local_mig(devices)) if on_gpus_here else None
-    if peaks is not None:  # runs on this machine's GPUs: their peak memory is read while they run
-        executor = dispatcher.executor = Measured(executor, peaks, is_local)
+    placement, waiting = backend.admit(_placement(ledger, options, backend, devices), slot_pool, waiting)
+    scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
+                          placement=placement, retries=options.retries, timeout=options.timeout,
+                          deadline=None if options.deadline is None else now + options.deadline,
+                          source=_search(ledger, meta.search) if meta.search is not None else None)
+    inbox = Inbox()
+    executor = backend.executor(inbox.post)
+    dispatcher = Dispatcher(scheduler, executor, time.time, [*backend.observers, *options.observers], options.log,
+                            inbox)
+    backend.clear_strays(adopt)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
     experiments = {e.name: e for e in with_needs(ledger.experiments({a.name for a in adopt}), needs)} if adopt else {}
@@ -323,46 +193,31 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
             stray.append(a)
         else:
             executor.adopt(run, a.pid, dispatcher.post)
-            if remote_memory is not None:  # before the first reading: its GPUs show the run's own memory
-                remote_memory.note("adopted", run)
+            for note in backend.observers:  # before the first reading: its GPUs show the run's own memory
+                note("adopted", run, None)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
-        recover(ledger, time.time(), options.grace, pool, attempts=stray)
+        recover(ledger, time.time(), backend.end, attempts=stray)
         states = ledger.states()  # one that ended while no runner was alive keeps what its status says
         again = ledger.requeue([a.name for a in stray if states[a.name][1] == State.INTERRUPTED], time.time())
         waiting += [Queued(experiments[name], number) for name, number in again.items()]
         options.log(f"{len(stray)} attempt(s) left running on slots that were not theirs to hold: ended and "
                     "queued again")
-    if pool is not None and watcher is not None:
-        for host, trouble in unanswering(pool, [h for h in slots if not is_local(h)]).items():
-            options.log(f"{trouble}: left out until it answers")
-            slot_pool.mark_down(host)
-            watcher.watch(host)
-        if all(slot_pool.is_down(h) for h in slots):
-            watcher.close()
-            raise UserError("no host of the sweep answers (see `autotune hosts`)", directory / HOSTFILE)
-    if remote_memory is not None:  # the first placement sees every host's GPUs as they are now
-        for host in slots:
-            if slot_pool.is_down(host):
-                remote_memory.note("host_down", host)
-        remote_memory.read_now()
-        remote_memory.start(dispatcher.post)
+    backend.ready(slot_pool, dispatcher.post)
     scheduler.submit(waiting)
-    try:
-        return _run_with_signals(dispatcher)
-    finally:
-        if memory is not None:
-            memory.close()
-        if remote_memory is not None:
-            remote_memory.close()
-        executor.close()  # every run has posted its end: its threads are ending, or ended
-        if peaks is not None:
-            peaks.close()
-        if watcher is not None:
-            watcher.close()
-        if allocation_watcher is not None:
-            allocation_watcher.close()
-        if remote is not None:
-            remote.close()
+    return _run_with_signals(dispatcher)
+
+
+def _placement(ledger: Ledger, options: Options, backend: Backend, devices: Devices) -> Placement:
+    """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
+    recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` places by the
+    free memory the backend reads (a host not measured is judged by its type's stated size)."""
+    meta = ledger.meta()
+    name = options.placement or meta.placement or "pack"
+    if options.placement is not None and options.placement != meta.placement:
+        ledger.set_meta("placement", options.placement)
+    backend.read_memory(name, devices)
+    types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
+    return placement_named(name, types, meta.gpu_memory, backend.measure, devices, meta.slots)
 
 
 def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
@@ -373,97 +228,6 @@ def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     latest = {a.name: (a.state, a.reason, a.metric) for a in attempts}
     search.replay(ledger.experiments(), latest, {a.name: a.metrics for a in attempts})
     return search
-
-
-def _local_mig(devices: Devices) -> dict[int, str]:
-    """This machine's MIG instances, slot id -> UUID: NVML readers find them by UUID, not by index."""
-    return {i: d.mig for h, own in devices.items() if is_local(h) for i, d in own.items() if d.mig}
-
-
-def _placement(ledger: Ledger, options: Options, devices: Devices, pool: SSHPool | None = None
-               ) -> tuple[Placement, FreeMemory | None, RemoteMemory | None]:
-    """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
-    recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` reads this
-    machine's GPUs (NVML) each time it places, and the latest readings of the other hosts' GPUs that a
-    RemoteMemory keeps (ssh/memory.py: read over `pool`, off the dispatcher; the caller starts it); a host
-    not measured is judged by its type's stated size. Returns the readers too, for the caller to close."""
-    meta = ledger.meta()
-    name = options.placement or meta.placement or "pack"
-    if options.placement is not None and options.placement != meta.placement:
-        ledger.set_meta("placement", options.placement)
-    local = remote = None
-    if name == "memory" and meta.accelerator != "cpu" and any(is_local(h) for h in meta.slots):
-        local = FreeMemory(mig=_local_mig(devices))
-    remote_hosts = {h: ids for h, ids in meta.slots.items() if not is_local(h) and not devices.get(h)}
-    if name == "memory" and pool is not None and remote_hosts:  # (MIG instances are read on this machine only)
-        remote = RemoteMemory(nvidia_smi(pool), remote_hosts, meta.gpu_memory)
-    measure: Callable[[str], dict[int, int] | None] | None = None
-    if local is not None or remote is not None:
-        def measure(host: str) -> dict[int, int] | None:
-            if is_local(host):
-                return local.read() if local is not None else None
-            return remote.free(host) if remote is not None else None
-    types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
-    return placement_named(name, types, meta.gpu_memory, measure, devices, meta.slots), local, remote
-
-
-def _keep_multi_node_off_silent_local_hosts(directory: Path, ledger: Ledger, options: Options,
-                                            pool: SSHPool | None, scheduler: Scheduler,
-                                            waiting: list[Queued]) -> list[Queued]:
-    """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
-
-    DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
-    answering here, every multi-node launch on it fails and is retried. Such names stay usable for single-node
-    experiments (run directly) but are kept out of multi-node placements; a multi-node experiment that then
-    cannot fit stays queued for `resume`. Nothing at all can run: a UserError.
-    """
-    local = [h for h in scheduler.pool.hosts if is_local(h)]
-    if not local or not any(item.num_nodes > 1 for item in waiting):
-        return waiting
-    probing = pool or ssh_pool(ledger, options, even_local=True)
-    assert probing is not None  # even_local: always a pool
-    try:
-        silent = unanswering(probing, local)
-    finally:
-        if probing is not pool:
-            probing.close()
-    if not silent:
-        return waiting
-    answering = [h for h in scheduler.pool.hosts if h not in silent]
-
-    def can_run(item: Queued) -> bool:
-        return item.num_nodes == 1 or sum(
-            1 for h in answering if scheduler.pool.capacity(h) >= item.num_gpus) >= item.num_nodes
-
-    runnable = [item for item in waiting if can_run(item)]
-    held = len(waiting) - len(runnable)
-    why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
-        "machine's names too)"
-    if not runnable:
-        raise UserError(f"no experiment can run: {why}; see `autotune hosts`", directory / HOSTFILE)
-    scheduler.placement = _SingleNodeOn(frozenset(silent), scheduler.placement)
-    if held:
-        options.log(f"{why}: {held} multi-node experiment(s) left queued; `autotune resume {directory}` "
-                    "runs them once it answers")
-    return runnable
-
-
-@dataclass(frozen=True)
-class _SingleNodeOn:
-    """A placement that puts only single-node experiments on `hosts` (see the function above)."""
-
-    hosts: frozenset[str]
-    placement: Placement
-
-    def place(self, pool: Slots, demand: Demand) -> Reservation | None:
-        return self.placement.place(self._seen(pool, demand), demand)
-
-    def could_fit(self, pool: Slots, demand: Demand) -> bool:
-        return self.placement.could_fit(self._seen(pool, demand), demand)
-
-    def _seen(self, pool: Slots, demand: Demand) -> Slots:
-        """The pool without `hosts`, for a multi-node experiment."""
-        return Only(pool, frozenset(pool.hosts) - self.hosts) if demand.num_nodes > 1 else pool
 
 
 def _run_with_signals(dispatcher: Dispatcher) -> bool:

@@ -1,0 +1,199 @@
+"""The hosts backend: this machine and the SSH hosts of a hostfile, each run routed by where it runs (a run on
+this machine alone runs here, any other over SSH from its first host). See base.py for the contract."""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core import Executor, Observer, Placement, Queued, Reservation, SlotPool
+from ..core.events import Post
+from ..core.resources import Demand, Devices, FreeMemory, Only, Slots, devices_from_json
+from ..errors import UserError
+from ..gpu.nvml import FreeMemory as LocalFreeMemory
+from ..ledger.store import Attempt, Ledger
+from ..spec.hostfile import HOSTFILE, is_local
+from ..spec.metrics import metric_named
+from .launch import Launcher
+from .local.cleanup import end_tagged
+from .local.executor import LocalExecutor
+from .local.gpus import free_memory_here, measured
+from .local.peaks import PeakMemory
+from .routing import Router
+from .ssh import HostWatcher, SshExecutor, SSHPool, end_tagged_remote, unanswering
+from .ssh.free_memory import RemoteMemory, nvidia_smi
+
+
+@dataclass
+class Ssh:
+    """How other hosts are reached (kept in the ledger, so `resume` reaches them the same way)."""
+
+    config: str | None = None  # ssh config file used instead of ~/.ssh/config
+    accept_new_hosts: bool = False
+    remote_root: str | None = None  # where logs go on hosts that do not share our filesystem
+
+    def to_json(self) -> dict[str, Any]:
+        return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
+
+
+def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SSHPool | None:
+    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None;
+    the settings used are recorded (`ssh`: None, as the sweep last ran)."""
+    meta = ledger.meta()
+    if not even_local and all(is_local(h) for h in meta.slots):
+        return None
+    ssh = ssh or Ssh(**dict(meta.ssh or {}))
+    ledger.set_meta("ssh", ssh.to_json())
+    return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
+
+
+class HostsBackend:
+    """This machine and SSH hosts (see the module docstring and base.Backend)."""
+
+    def __init__(self, directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, grace: float = 10.0,
+                 log: Callable[[str], None] = lambda line: None):
+        self.directory, self.ledger, self.ssh, self.grace, self.log = directory, ledger, ssh, grace, log
+        self.pool = ssh_pool(ledger, ssh)
+        self.measure: FreeMemory | None = None
+        self.observers: list[Observer] = []
+        self._local_memory: LocalFreeMemory | None = None
+        self._remote_memory: RemoteMemory | None = None
+        self._executor: Executor | None = None
+        self._peaks: PeakMemory | None = None
+        self._watcher: HostWatcher | None = None
+        self._remote: SshExecutor | None = None
+
+    def attach(self) -> None:
+        """Nothing to check: the hosts are the sweep's hostfile's (the pool, when needed, is open already)."""
+
+    def read_memory(self, placement: str, devices: Devices) -> None:
+        """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
+        kept fresh over SSH by a RemoteMemory (MIG instances are read on this machine only)."""
+        meta = self.ledger.meta()
+        local = free_memory_here(meta, devices, placement)
+        remote_hosts = {h: ids for h, ids in meta.slots.items() if not is_local(h) and not devices.get(h)}
+        remote = None
+        if placement == "memory" and self.pool is not None and remote_hosts:
+            remote = RemoteMemory(nvidia_smi(self.pool), remote_hosts, meta.gpu_memory)
+            self.observers.append(remote.note)  # which GPUs the sweep's runs hold
+        self._local_memory, self._remote_memory = local, remote
+        if local is not None or remote is not None:
+            def measure(host: str) -> dict[int, int] | None:
+                if is_local(host):
+                    return local.read() if local is not None else None
+                return remote.free(host) if remote is not None else None
+            self.measure = measure
+
+    def executor(self, post: Post) -> Executor:
+        meta = self.ledger.meta()
+        devices = devices_from_json(meta.devices)
+        hostfile = self.directory / HOSTFILE
+        metric, launcher, env = metric_named(meta.metric), Launcher(meta.launcher), dict(meta.env)
+        executor: Executor = LocalExecutor(str(hostfile.resolve()), metric, time.time, launcher, env, self.grace,
+                                           devices)
+        remote = None
+        if self.pool is not None:
+            self._watcher = HostWatcher(self.pool, post)
+            ssh = Ssh(**dict(meta.ssh or {}))
+            remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
+                                 ssh.remote_root, on_lost=self._watcher.watch, devices=devices)
+            executor = Router(executor, remote)
+        self._executor, self._peaks = measured(executor, meta, devices)
+        self._remote = remote
+        return self._executor
+
+    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
+        """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
+
+        DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
+        answering here, every multi-node launch on it fails and is retried. Such names stay usable for
+        single-node experiments (run directly) but are kept out of multi-node placements; a multi-node
+        experiment that then cannot fit stays queued for `resume`. Nothing at all can run: a UserError.
+        """
+        local = [h for h in slots.hosts if is_local(h)]
+        if not local or not any(item.num_nodes > 1 for item in waiting):
+            return placement, waiting
+        probing = self.pool or ssh_pool(self.ledger, self.ssh, even_local=True)
+        assert probing is not None  # even_local: always a pool
+        try:
+            silent = unanswering(probing, local)
+        finally:
+            if probing is not self.pool:
+                probing.close()
+        if not silent:
+            return placement, waiting
+        answering = [h for h in slots.hosts if h not in silent]
+
+        def can_run(item: Queued) -> bool:
+            return item.num_nodes == 1 or sum(
+                1 for h in answering if slots.capacity(h) >= item.num_gpus) >= item.num_nodes
+
+        runnable = [item for item in waiting if can_run(item)]
+        held = len(waiting) - len(runnable)
+        why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
+            "machine's names too)"
+        if not runnable:
+            raise UserError(f"no experiment can run: {why}; see `autotune hosts`", self.directory / HOSTFILE)
+        if held:
+            self.log(f"{why}: {held} multi-node experiment(s) left queued; `autotune resume {self.directory}` "
+                     "runs them once it answers")
+        return SingleNodeOn(frozenset(silent), placement), runnable
+
+    def clear_strays(self, followed: Sequence[Attempt]) -> None:
+        """Nothing to do: a process is found by its attempt's tag, and every attempt left is adopted or ended."""
+
+    def end(self, attempt: Attempt) -> None:
+        if not attempt.tag:
+            return
+        end_tagged(attempt.tag, self.grace)
+        remote = [host for host in attempt.slots if not is_local(host)]
+        if self.pool is not None and remote:
+            end_tagged_remote(self.pool, remote, attempt.tag)
+
+    def ready(self, slots: SlotPool, post: Post) -> None:
+        """Hosts that do not answer are left out until they do (watched); none answering is a UserError. Then
+        the first reading of every host's GPUs, and the readings kept fresh."""
+        hosts = list(slots.hosts)
+        if self.pool is not None and self._watcher is not None:
+            for host, trouble in unanswering(self.pool, [h for h in hosts if not is_local(h)]).items():
+                self.log(f"{trouble}: left out until it answers")
+                slots.mark_down(host)
+                self._watcher.watch(host)
+            if all(slots.is_down(h) for h in hosts):
+                raise UserError("no host of the sweep answers (see `autotune hosts`)", self.directory / HOSTFILE)
+        if self._remote_memory is not None:  # the first placement sees every host's GPUs as they are now
+            for host in hosts:
+                if slots.is_down(host):
+                    self._remote_memory.note("host_down", host)
+            self._remote_memory.read_now()
+            self._remote_memory.start(post)
+
+    def close(self) -> None:
+        """The readers, the executor (every run has posted its end: its threads are ending), the peaks, the
+        watcher, the SSH executor, the pool: each closed even when one before it fails."""
+        closing = [self._local_memory, self._remote_memory, self._executor, self._peaks, self._watcher, self._remote,
+                   self.pool]
+        with contextlib.ExitStack() as stack:
+            for resource in reversed([r for r in closing if r is not None]):
+                stack.callback(resource.close)
+
+
+@dataclass(frozen=True)
+class SingleNodeOn:
+    """A placement that puts only single-node experiments on `hosts` (see HostsBackend.admit)."""
+
+    hosts: frozenset[str]
+    placement: Placement
+
+    def place(self, pool: Slots, demand: Demand) -> Reservation | None:
+        return self.placement.place(self._seen(pool, demand), demand)
+
+    def could_fit(self, pool: Slots, demand: Demand) -> bool:
+        return self.placement.could_fit(self._seen(pool, demand), demand)
+
+    def _seen(self, pool: Slots, demand: Demand) -> Slots:
+        """The pool without `hosts`, for a multi-node experiment."""
+        return Only(pool, frozenset(pool.hosts) - self.hosts) if demand.num_nodes > 1 else pool
