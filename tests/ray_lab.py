@@ -17,6 +17,7 @@ os.environ.update(LOOPBACK)  # read by Ray when it is imported, so before that
 
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
+
 GPUS_PER_NODE = 2
 
 

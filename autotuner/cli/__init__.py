@@ -28,6 +28,7 @@ from autotuner import UserError
 # timeout named in --timeout's help (applied by `autotuner.timeout_seconds`), and `shown`, which quotes user
 # text in a one-line message.
 from .. import limits
+from ..backends.ray import ask as ray_ask
 from ..errors import shown
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -61,6 +62,9 @@ GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU
                                                     "one type).")
 SLURM = typer.Option(False, "--slurm", help="Run inside a Slurm allocation: this job's (SLURM_JOB_ID), or one "
                                                "asked for with --nodes and --gpus-per-node and given back at the end.")
+RAY = typer.Option(None, "--ray", metavar="[ADDRESS]",
+                   help="Run on a Ray cluster (KubeRay, `ray up`), as a client: the one at ADDRESS, else RAY_ADDRESS, "
+                        "else auto (a cluster this machine is a node of). Never starts one.")
 NODES = typer.Option(None, "--nodes", min=1, help="With --slurm outside an allocation: nodes to ask for.")
 GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1,
                              help="With --slurm outside an allocation: GPUs per node to ask for.")
@@ -258,6 +262,7 @@ def run(
     partition: str | None = PARTITION,
     time_limit: str | None = TIME_LIMIT,
     account: str | None = ACCOUNT,
+    ray: str | None = RAY,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
@@ -265,6 +270,7 @@ def run(
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before an allocation is asked for
         ask.check(hostfile, slots)
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
@@ -279,12 +285,12 @@ def run(
     with _given_back(allocation):
         try:
             ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
-            cluster = _cluster(allocation, hostfile, include, exclude, slots, sweep, notes.append,
-                               ssh or autotuner.Ssh())
+            cluster = ray_ask.ray_cluster(ray) if ray is not None else _cluster(
+                allocation, hostfile, include, exclude, slots, sweep, notes.append, ssh or autotuner.Ssh())
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
-                                        fail_on=fail_on, slurm=allocation)
+                                        fail_on=fail_on, slurm=allocation, ray=ray)
             directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch,
                                           timeout=options.timeout, memory_from=past)
         except UserError as e:
@@ -342,6 +348,7 @@ def tune(
     partition: str | None = PARTITION,
     time_limit: str | None = TIME_LIMIT,
     account: str | None = ACCOUNT,
+    ray: str | None = RAY,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
@@ -352,6 +359,7 @@ def tune(
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check(hostfile, slots)
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         if events is not None:
@@ -363,11 +371,11 @@ def tune(
         notes: list[str] = []
         try:
             ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
-            cluster = _cluster(allocation, hostfile, include, exclude, slots, None, notes.append,
-                               ssh or autotuner.Ssh())
+            cluster = ray_ask.ray_cluster(ray) if ray is not None else _cluster(
+                allocation, hostfile, include, exclude, slots, None, notes.append, ssh or autotuner.Ssh())
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
-                                        timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
+                                        timeout=autotuner.timeout_seconds(timeout), slurm=allocation, ray=ray)
             directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
                                                num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
                                                timeout=options.timeout, seed=seed, confirm=confirm,
@@ -574,6 +582,7 @@ def plan(
                                                       "--gpus-per-node (nothing is asked of Slurm)."),
     nodes: int | None = NODES,
     gpus_per_node: int | None = GPUS_PER_NODE,
+    ray: str | None = RAY,
 ) -> None:
     """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
     scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
@@ -584,8 +593,9 @@ def plan(
         placements = _names(placement, "--placement", autotuner.PLACEMENTS)
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
                                      gpu_mixed=gpu_mixed)
-        cluster = _planned_cluster(SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
-                                   sweep, notes.append)
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
+        cluster = ray_ask.ray_cluster(ray) if ray is not None else _planned_cluster(
+            SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots, sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
@@ -705,6 +715,7 @@ def resume(
     partition: str | None = PARTITION,
     time_limit: str | None = TIME_LIMIT,
     account: str | None = ACCOUNT,
+    ray: str | None = RAY,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
@@ -723,6 +734,7 @@ def resume(
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check()
+        ray_ask.check(ray, slurm=slurm)
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask, recorded=plan.slurm)
@@ -730,7 +742,7 @@ def resume(
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, placement=chosen,
                                     timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
-                                    fail_on=fail_on, slurm=allocation)
+                                    fail_on=fail_on, slurm=allocation, ray=ray)
         _execute(directory, options, quiet, events, retry_failed=retry_failed,
                  new_experiments=plan.new_experiments, fmt=fmt)
 
@@ -825,11 +837,15 @@ def hosts(
     fmt: Format = _format_option("table (fitted to the terminal), json, csv or md (Markdown)."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
     slurm: bool = typer.Option(False, "--slurm", help="The nodes of this Slurm allocation instead of a hostfile."),
+    ray: str | None = typer.Option(None, "--ray", metavar="[ADDRESS]", help="The nodes of this Ray cluster (ADDRESS, "
+                                   "else RAY_ADDRESS, else auto) instead of a hostfile."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load. With --slurm:
     the nodes of the allocation this runs in, their state in Slurm and what each can run."""
     if slurm:
         _slurm_hosts("json" if as_json else fmt.value)
+    if ray is not None:
+        _ray_hosts(ray, "json" if as_json else fmt.value)
     try:
         _check_ssh_config(ssh_config)
         listed, reports = autotuner.check_hosts(hostfile, str(ssh_config) if ssh_config else None,
@@ -839,6 +855,16 @@ def hosts(
     sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports,
                                             "json" if as_json else fmt.value, _screen()))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
+
+
+def _ray_hosts(ray: str, fmt: str) -> None:
+    """`hosts --ray`: the cluster's live nodes; exit 0 when one has a GPU, 2 when the cluster cannot be reached."""
+    try:
+        address, nodes = ray_ask.nodes_of(ray)
+    except UserError as e:
+        raise fail(e) from None
+    sys.stdout.write(ray_ask.render_nodes(address, nodes, fmt))
+    raise typer.Exit(0 if any(n.gpus for n in nodes) else 1)
 
 
 def _slurm_hosts(fmt: str) -> None:
@@ -879,6 +905,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--html" in args:
         args = optional_html_value(args)
+    if "--ray" in args:
+        args = ray_ask.optional_ray_value(args)
     try:
         code = app(args=args, prog_name="autotune", standalone_mode=False)
     except _USAGE_ERROR as e:

@@ -29,10 +29,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import node
-from .node import NodeLauncher
+from .node import LOST, NodeLauncher
 
 PLACED_WITHIN = 120.0  # seconds for Ray to reserve the GPUs (something outside the sweep may hold them)
-LOST = "ray_lost"  # a file in the run's directory: the host Ray lost while the attempt ran on it
 NODE_LABEL = "ray.io/node-id"
 WAKE = 0.1  # seconds between looks at a stop asked for by a signal, while waiting on the nodes
 

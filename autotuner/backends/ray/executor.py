@@ -27,7 +27,7 @@ from ...states import Reason, State
 from ..launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
 from ..local.executor import Adopted, Child, LocalExecutor
 from .connect import NAMESPACE
-from .driver import LOST
+from .node import LOST
 
 ATTEMPT_FILE = "ray_attempt.json"  # the driver's instructions, in the run's directory
 DRIVER = "autotuner.backends.ray.driver"

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
+LOST = "ray_lost"  # a file in the run's directory: the host Ray lost while the attempt ran on it
 
 
 def include_of(hosts: Sequence[str], gpus: int, rank: int, visible: str | None) -> str:
@@ -88,3 +89,8 @@ class NodeLauncher:
         for path in glob.glob(f"/dev/shm/{glob.escape(self._buffers)}*"):
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def sees(path: str) -> bool:
+    """Whether this node sees `path` (a Ray task on each node: the results directory shared)."""
+    return os.path.exists(path)
