@@ -7,6 +7,7 @@ The test process itself connects too (namespace `lab`), to see what is reserved 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -52,6 +53,11 @@ class RayLab:
         self.cluster.remove_node(node, allow_graceful=False)
         return node_id
 
+    def replace_worker(self, index: int) -> None:
+        """A new worker node in place of worker `index` (a node Ray lost never comes back under its id)."""
+        self.workers[index] = self.cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, node_ip_address="127.0.0.1")
+        self.cluster.wait_for_nodes(timeout=180)
+
 
 def start() -> RayLab:
     """Head and two workers up and seen by Ray (this loaded machine may take a minute)."""
@@ -70,6 +76,7 @@ def stop(lab: RayLab) -> None:
     lab.cluster.shutdown()
 
 
+@contextlib.contextmanager
 def running() -> Iterator[RayLab]:
     lab = start()
     try:
@@ -79,7 +86,7 @@ def running() -> Iterator[RayLab]:
 
 
 if __name__ == "__main__":  # hold a cluster for working by hand: its address printed, Ctrl-C ends it
-    for held in running():
+    with running() as held:
         print(held.address, flush=True)
         while True:
             time.sleep(3600)

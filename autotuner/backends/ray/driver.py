@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from .node import LOST, NodeLauncher
 
 PLACED_WITHIN = 120.0  # seconds for Ray to reserve the GPUs (something outside the sweep may hold them)
 NODE_LABEL = "ray.io/node-id"
+LOST_WITHIN = 60.0  # seconds for Ray to report dead the node under an actor that died
 WAKE = 0.1  # seconds between looks at a stop asked for by a signal, while waiting on the nodes
 
 
@@ -135,8 +137,7 @@ class Attempt:
 
     def _lost(self, error: Exception) -> int:
         """A node's actor died under the attempt: its node is taken as lost (Ray says which), the rest ended."""
-        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-        gone = [n["host"] for n in self.nodes if n["id"] not in alive]
+        gone = self._gone()
         why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         if gone:
             (self.dir / LOST).write_text(gone[0] + "\n")
@@ -145,6 +146,17 @@ class Attempt:
             print(f"an actor of the attempt died: {why}", file=sys.stderr, flush=True)
         self._stop_nodes()
         return 1
+
+    def _gone(self) -> list[str]:
+        """The attempt's hosts Ray reports dead, waited for a while (Ray marks a node dead only once its health
+        checks have failed, seconds after its actors are gone)."""
+        end = time.monotonic() + LOST_WITHIN
+        while True:
+            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            gone = [n["host"] for n in self.nodes if n["id"] not in alive]
+            if gone or time.monotonic() > end or self.stopping.is_set():
+                return gone
+            time.sleep(0.5)
 
     def _release(self) -> None:
         """The actors killed and the placement group removed: nothing of the attempt stays reserved."""

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
+NODE_ID = "AUTOTUNE_RAY_NODE_ID"  # in each launcher's environment: the node it runs on, as Ray names it
 LOST = "ray_lost"  # a file in the run's directory: the host Ray lost while the attempt ran on it
 
 
@@ -32,6 +33,13 @@ def node_argv(launcher_words: Sequence[str], rest: Sequence[str], hosts: Sequenc
     """DeepSpeed's launcher for one node: no ssh, this node's rank, and the GPUs it may use."""
     return [*launcher_words, "--no_ssh", "--node_rank", str(rank), "--include",
             include_of(hosts, gpus, rank, visible), *rest]
+
+
+def this_node() -> str:
+    """Ray's id of the node this runs on (Ray is there: this runs in a Ray worker)."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
 
 
 class NodeLauncher:
@@ -56,7 +64,7 @@ class NodeLauncher:
             if self._proc is not None:
                 return self._proc.pid
             argv = node_argv(launcher_words, rest, hosts, gpus, rank, os.environ.get(VISIBLE))
-            environ = {**os.environ, **env}
+            environ = {**os.environ, **env, NODE_ID: this_node()}
             with open(out, "ab") as stdout, open(err, "ab") as stderr:
                 self._proc = subprocess.Popen(argv, env=environ, cwd=cwd or None, stdin=subprocess.DEVNULL,
                                               stdout=stdout, stderr=stderr, start_new_session=True)
