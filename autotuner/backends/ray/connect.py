@@ -10,13 +10,16 @@ import contextlib
 import io
 import logging
 import os
+import re
+import socket
 from pathlib import Path
 from types import ModuleType
 
 from ...errors import UserError
 
 NAMESPACE = "autotune"  # every placement group and actor of ours is named in it: `<sweep id>.<attempt>...`
-CONNECT_WITHIN = 30.0  # seconds for a cluster to answer before the address is taken as holding none
+CONNECT_WITHIN = 10.0  # seconds for a cluster's address to accept a connection before it is taken as holding none
+_HOST_PORT = re.compile(r"(?:ray://)?(?P<host>\[[^]]+]|[^:/\s]+):(?P<port>\d+)")
 
 
 def address_of(given: str | None) -> str:
@@ -38,7 +41,9 @@ def connect(address: str, where: Path | None = None) -> ModuleType:
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    os.environ.setdefault("RAY_gcs_rpc_server_connect_timeout_s", str(int(CONNECT_WITHIN)))
+    silent = unanswering(address)
+    if silent:
+        raise UserError(f"--ray: no Ray cluster answers at {address}: {silent}", where)
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet):
@@ -48,3 +53,16 @@ def connect(address: str, where: Path | None = None) -> ModuleType:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"--ray: no Ray cluster answers at {address}: {first}", where) from None
     return ray
+
+
+def unanswering(address: str) -> str | None:
+    """Why nothing listens at a `host:port` address (Ray's client would wait for it for ever), None when it
+    does or when the address names no port (`auto`: Ray itself says when there is no cluster)."""
+    m = _HOST_PORT.fullmatch(address)
+    if m is None:
+        return None
+    try:
+        with socket.create_connection((m["host"].strip("[]"), int(m["port"])), timeout=CONNECT_WITHIN):
+            return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__

@@ -40,11 +40,11 @@ WAKE = 0.1  # seconds between looks at a stop asked for by a signal, while waiti
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     ray.init(address=spec["address"], namespace=spec["namespace"], log_to_driver=False,
              logging_level=logging.ERROR, configure_logging=False)
+    stopping = threading.Event()  # after ray.init: it installs its own SIGTERM handler, which ends the process
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     ray.cloudpickle.register_pickle_by_value(node)  # the nodes need no autotuner
     return Attempt(spec, stopping).run()
 
