@@ -41,6 +41,9 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from pathlib import Path
 
     from .backends.cluster import Cluster, check_gpu_needs
+    from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
+    from .backends.slurm.allocation import release as release_allocation
+    from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
     from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .planning.plan import QUEUES, Plan, plan_sweep
@@ -62,12 +65,22 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
     from .views.summary import OPTIMAL_COMMAND
-    from .views.tables import Output, render_hosts, render_report, render_result, render_status
+    from .views.tables import Output, render_allocation, render_hosts, render_report, render_result, render_status
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
+    # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
+    "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
+    "allocation_cluster": (".backends.slurm.ask", "allocation_cluster"),
+    "this_allocation": (".backends.slurm.ask", "this_allocation"),
+    "Allocation": (".backends.slurm.allocation", "Allocation"),
+    "SlurmError": (".backends.slurm.allocation", "SlurmError"),
+    "Withdrawn": (".backends.slurm.allocation", "Withdrawn"),
+    "release_allocation": (".backends.slurm.allocation", "release"),
+    "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
+    "render_allocation": (".views.tables", "render_allocation"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
     "default_directory": (".sweep.create", "default_directory"),
@@ -123,14 +136,75 @@ _LAZY = {
     "check_events_path": (".views.events", "check_events_path"),
 }
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
-           "QUEUES", "Cancellation", "Cluster", "Experiment", "ExperimentRecord", "FailOn", "Metric", "Options",
-           "Output", "Plan", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped",
-           "Sweep", "SweepResults", "UserError", "__version__", "cancel", "check_events_path", "check_gpu_needs",
-           "check_hosts", "default_directory", "execute", "load", "load_cluster", "load_sweep", "metric_named",
-           "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts", "render_plan", "render_report",
-           "render_result", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
-           "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "KNOWN",
+    "OPTIMAL_COMMAND",
+    "PLACEMENTS",
+    "QUEUES",
+    "Allocation",
+    "Cancellation",
+    "Cluster",
+    "Experiment",
+    "ExperimentRecord",
+    "FailOn",
+    "Metric",
+    "Options",
+    "Output",
+    "Plan",
+    "Reason",
+    "Result",
+    "ResumePlan",
+    "SlurmAsk",
+    "SlurmError",
+    "Snapshot",
+    "SpecChanges",
+    "Ssh",
+    "State",
+    "Stopped",
+    "Sweep",
+    "SweepResults",
+    "UserError",
+    "Withdrawn",
+    "__version__",
+    "allocation_cluster",
+    "cancel",
+    "check_events_path",
+    "check_gpu_needs",
+    "check_hosts",
+    "default_directory",
+    "execute",
+    "load",
+    "load_cluster",
+    "load_sweep",
+    "metric_named",
+    "plan_sweep",
+    "prepare",
+    "prepare_tune",
+    "release_allocation",
+    "render_allocation",
+    "render_compare",
+    "render_hosts",
+    "render_plan",
+    "render_report",
+    "render_result",
+    "render_status",
+    "resume",
+    "resume_plan",
+    "run",
+    "sigterm_interrupts",
+    "snapshot",
+    "spec_changes",
+    "this_allocation",
+    "timeout_seconds",
+    "watching",
+    "write_html",
+    "write_plan_plot",
+    "write_plots",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,13 +17,23 @@ SECONDS = 1_000_000  # a timeout, deadline or grace period (11.6 days); the OS's
 GPU_MEMORY = 16 << 40  # what one experiment may ask of each GPU (`gpu_memory`); GPUs have a few hundred GiB
 
 
+MiB = 1 << 20
+GiB = 1 << 30
+
+
 def size(count: int) -> str:
-    """A byte count as people read it: `16 MiB`, `512 KiB`, `100 bytes`."""
+    """A bound in bytes as people read it: `16 MiB`, `512 KiB`, `100 bytes`."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if count >= 1 << shift:
             value = count / (1 << shift)
             return f"{value:.0f} {unit}" if value == int(value) or value >= 10 else f"{value:.1f} {unit}"
     return f"{count} bytes"
+
+def memory(count: float) -> str:
+    """GPU memory for a message or a table: GiB to a tenth ("27.9 GiB", "80 GiB"), MiB below one GiB."""
+    unit, name = (GiB, "GiB") if count >= GiB else (MiB, "MiB")
+    return f"{count / unit:.1f}".removesuffix(".0") + f" {name}"
+
 
 # Seconds an experiment may run when neither its spec nor --timeout says: a hung rank must not hold its slots
 # forever. `--timeout none` lifts it.

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 
@@ -255,3 +257,27 @@ def test_an_explicit_metric_wins_over_the_sweep_file(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "with latency" in out.stdout
     assert json.loads(autotune("report", results, "--format", "json").stdout)["metric"] == "latency"
+
+
+@pytest.mark.parametrize("where", ["typer.main.get_command", "typer.core.TyperGroup.parse_args"])
+def test_ctrl_c_while_the_command_line_is_read_is_one_line_and_exit_130(where):
+    # A Ctrl-C that lands before the command's own handlers (typer building the command, or parsing it) printed
+    # a KeyboardInterrupt traceback, or nothing (seen once in 117 interruptions of the outside crash test). Here
+    # the press is a real SIGINT, sent at that moment.
+    module, _, name = where.rpartition(".")
+    code = ("import importlib, os, signal, time\n"
+            f"owner = {module!r}.split('.')\n"
+            "target = importlib.import_module('.'.join(owner[:2]))\n"
+            "target = getattr(target, owner[2]) if len(owner) > 2 else target\n"
+            f"original = getattr(target, {name!r})\n"
+            "def pressed(*args, **kwargs):\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    time.sleep(5)\n"
+            "    return original(*args, **kwargs)\n"
+            f"setattr(target, {name!r}, pressed)\n"
+            "from autotuner.cli import main\n"
+            "main(['status', '.'])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done
+    assert done.stderr.strip() == "autotune: interrupted", done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

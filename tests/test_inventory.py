@@ -10,7 +10,7 @@ import pynvml
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.gpu.nvml import Gpu, find_gpus, local_slots
+from autotuner.gpu.nvml import Gpu, find_gpus, local_inventory
 
 GiB = 1024**3
 
@@ -141,6 +141,11 @@ def test_lost_device_is_skipped_others_kept() -> None:
 
 def test_zero_devices() -> None:
     assert find_gpus(FakeNvml())[0] == []
+
+
+def local_slots(cpu_slots: int | None, nvml: FakeNvml) -> tuple[int, str]:
+    found = local_inventory(cpu_slots, nvml)
+    return found.count, found.accelerator
 
 
 def test_local_slots_one_per_gpu() -> None:

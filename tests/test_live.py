@@ -24,7 +24,7 @@ from autotuner.core.outcome import Outcome
 from autotuner.states import State
 from autotuner.views.events import EventLog, PlainPrinter, event_record, metric_values
 from autotuner.views.live import _KEYS as KEYS
-from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, render, seconds
+from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, render, seconds, watching
 from autotuner.views.snapshot import snapshot
 
 from recorded import T0, grid_sweep, record, two_nodes
@@ -400,6 +400,22 @@ def tiny_sweep(directory: Path, count: int = 4, timeout: int = 30) -> Path:
 def autotune(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "autotuner.cli", *map(str, args)], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+
+
+def test_watching_adds_its_observers_for_the_block_only(midway, tmp_path):
+    """The observers list is the caller's: what `watching` added is gone when the block ends, whatever the
+    caller added meanwhile stays (a second run watched with the same list was told every event twice)."""
+    mine = lambda *note: None  # noqa: E731
+    observers = [mine]
+    later = lambda *note: None  # noqa: E731
+    with watching(midway, observers, live=True, plain=True, events=tmp_path / "events.jsonl",
+                  console=Console(file=io.StringIO(), width=100)):
+        assert len(observers) == 3 and isinstance(observers[1], EventLog) and isinstance(observers[2], LiveView)
+        observers.append(later)
+    assert observers == [mine, later]
+    with watching(midway, observers, plain=True):
+        assert isinstance(observers[-1], PlainPrinter)
+    assert observers == [mine, later]
 
 
 def test_a_real_sweep_writes_a_parseable_event_stream_and_plain_lines(tmp_path):

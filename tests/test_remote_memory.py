@@ -110,7 +110,7 @@ def test_a_gpu_that_a_run_of_the_sweep_holds_keeps_the_reading_from_before_the_r
     assert memory.free("w0") == {0: 79 * GiB, 1: 50 * GiB}
     free[0] = (78 * GiB, 80 * GiB)
     memory.note("finished", run, OK)
-    assert memory.due_in() == 5.0 and memory.round() == []
+    assert memory._due_in(clock.now) == 5.0 and memory.round() == []
     clock.now += 5
     assert memory.round() == ["w0"] and memory.free("w0") == {0: 78 * GiB, 1: 50 * GiB}
 
@@ -144,16 +144,16 @@ def test_hosts_looked_at_or_where_runs_ended_are_read_every_period_and_no_more_o
     memory, clock = reader(transport, {"w0": [0], "w1": [0]}, period=5)
     memory._post = posted.append
     memory.read_now()
-    assert memory.due_in() is None and memory.round() == []  # nothing waits: nothing is read
+    assert memory._due_in(clock.now) is None and memory.round() == []  # nothing waits: nothing is read
     memory.free("w0")  # a placement looked at w0: something waits for memory there
-    assert memory.due_in() == 5.0 and memory.round() == []
+    assert memory._due_in(clock.now) == 5.0 and memory.round() == []
     clock.now += 5
     assert memory.round() == ["w0"] and posted == [MemoryRead(("w0",))]
     memory.free("w0")
     for name in ("a", "b", "c"):  # short runs ending there: still one reading per period
         memory.note("finished", run_on("w0", (0,), name), OK)
     clock.now += 2
-    assert memory.due_in() == 3.0 and memory.round() == []
+    assert memory._due_in(clock.now) == 3.0 and memory.round() == []
     clock.now += 3
     assert memory.round() == ["w0"]
     assert sorted(transport.reads[:2]) == ["w0", "w1"] and transport.reads[2:] == ["w0", "w0"]
@@ -166,7 +166,7 @@ def test_a_lost_host_is_not_read_until_it_is_back():
     memory.read_now()
     memory.free("w0")
     clock.now += 60
-    assert transport.reads == [] and memory.due_in() is None
+    assert transport.reads == [] and memory._due_in(clock.now) is None
     memory.note("host_up", "w0", None)
     assert memory.round() == ["w0"] and memory.free("w0") == {0: 79 * GiB}
 

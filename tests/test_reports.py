@@ -14,9 +14,9 @@ import struct
 import subprocess
 import sys
 import termios
-import types
 from pathlib import Path
 
+import pandas
 import pytest
 
 import autotuner
@@ -185,34 +185,20 @@ def test_to_dataframe_without_pandas_names_pandas(sweep, monkeypatch):
     assert str(caught.value) == PANDAS_HINT
 
 
-class FakeDataFrame:
-    """Stands in for pandas.DataFrame: records what it was built from."""
-
-    def __init__(self, data, columns):
-        self.data, self.columns = data, columns
-
-
-def test_to_dataframe_through_a_fake_pandas(sweep, monkeypatch):
-    """A fake `pandas` module (not the real one): the DataFrame is built from rows() with columns()."""
-    fake = types.ModuleType("pandas")
-    fake.DataFrame = FakeDataFrame
-    monkeypatch.setitem(sys.modules, "pandas", fake)
+def test_to_dataframe_is_a_real_pandas_dataframe_of_the_rows(sweep):
+    """With the real pandas (the `dataframe` extra, installed for the tests): one row per experiment, the
+    columns of `columns()`, the values of `rows()`; what has no metric yet is missing, not zero."""
     results = autotuner.load(sweep)
     frame = results.to_dataframe()
-    assert isinstance(frame, FakeDataFrame)
-    assert frame.columns == results.columns() and frame.data == results.rows()
-
-
-def test_to_dataframe_with_real_pandas_when_installed(sweep):
-    try:
-        import pandas  # noqa: F401
-    except ImportError:  # not installed here: the error path is what a user gets, and it names pandas
-        with pytest.raises(ImportError, match="pandas"):
-            autotuner.load(sweep).to_dataframe()
-        return
-    frame = autotuner.load(sweep).to_dataframe()
-    assert frame.shape == (24, len(autotuner.load(sweep).columns()))
+    assert isinstance(frame, pandas.DataFrame)
+    assert list(frame.columns) == results.columns() and frame.shape == (24, len(results.columns()))
     assert frame.loc[0, "name"] == "zm_z0_mbs32_gas1" and frame.loc[0, "zero_optimization.stage"] == 0
+    first = {key: None if pandas.isna(value) else value for key, value in frame.iloc[0].items()}  # None: NaN there
+    assert first == results.rows()[0]
+    queued = frame[frame["state"] == "queued"]
+    assert len(queued) == 4 and queued["metric"].isna().all()
+    best = frame.sort_values("metric", ascending=False).iloc[0]
+    assert best["name"] == results.rows()[0]["name"]
 
 
 # --- --format on every read command --------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from ..core.resources import ByType, Device, Devices, Pack, SlotPool, headroom
 from ..errors import UserError, shown
 from ..gpu import nvml as inventory
 from ..gpu.nvml import Gpu, LocalSlots, local_inventory
-from ..gpu.types import show_size, size_of_type, type_of_gpu
+from ..gpu.types import size_of_type, type_of_gpu
+from ..limits import memory
 from ..spec import Sweep
 from ..spec.hostfile import Host, is_local, load_hostfile, localhost_hosts, parse_filter, select_slots
 
@@ -235,8 +236,8 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
                              and (e.gpu_type is None or t == e.gpu_type)),
                            *(d.memory for own in cluster.devices.values() for d in own.values() if d.memory
                              and (e.gpu_type is None or d.gpu_type == e.gpu_type))], default=0)
-            raise UserError(f"experiment {e.name} needs {show_size(e.gpu_memory)} on each GPU; the GPUs it may "
-                            f"use have {show_size(largest)}, {show_size(headroom(largest))} of it kept free",
+            raise UserError(f"experiment {e.name} needs {memory(e.gpu_memory)} on each GPU; the GPUs it may "
+                            f"use have {memory(largest)}, {memory(headroom(largest))} of it kept free",
                             where, origin.gpu_memory or origin.line if origin else None)
 
 

@@ -14,10 +14,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -267,7 +266,7 @@ def run(
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    ask = autotuner.SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before an allocation is asked for
         ask.check(hostfile, slots)
         ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
@@ -356,7 +355,7 @@ def tune(
     the grid sampled (random, model_based); with `fast: false` each stage's ZeRO knobs too (bucket sizes,
     overlap_comm, reduce_scatter, contiguous_gradients); runs out of memory are answers, not failures; the best
     configs are run again before the winner is named."""
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    ask = autotuner.SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check(hostfile, slots)
         ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
@@ -393,70 +392,13 @@ def tune(
         _execute(directory, options, quiet, events)
 
 
-@dataclass(frozen=True)
-class SlurmAsk:
-    """What the command line asks of Slurm: whether to run inside it, and the allocation to ask for if needed."""
-
-    slurm: bool = False
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-
-    def asked(self) -> list[str]:
-        """The options given that ask Slurm for a new allocation."""
-        return [name for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node),
-                                         ("--partition", self.partition), ("--time", self.time),
-                                         ("--account", self.account)) if value is not None]
-
-    def check(self, hostfile: Path | None = None, slots: int | None = None) -> None:
-        asked = self.asked()
-        if asked and not self.slurm:
-            raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
-        if self.slurm and (hostfile is not None or slots is not None):
-            raise UserError(f"--slurm takes its nodes from the allocation: leave out "
-                            f"{'--hostfile' if hostfile is not None else '--slots'}")
-
-    def allocation(self, recorded: dict[str, Any] | None = None,
-                   log: Callable[[str], None] = lambda line: None) -> Any:
-        """The allocation to run in (None: not in Slurm): this job's, else the sweep's recorded one while it still
-        runs, else a new one (`--nodes`, `--gpus-per-node`), which the caller gives back."""
-        if not self.slurm and recorded is None:
-            return None
-        from ..backends import slurm
-
-        current = slurm.current_job()
-        if current is not None:
-            asked = self.asked()
-            if asked:
-                raise UserError(f"{asked[0]} asks for a new allocation; this runs inside Slurm job {current} "
-                                "already: leave it out")
-            return slurm.describe(current)
-        if recorded is not None and self.nodes is None:
-            job = slurm.allocation.job_state(str(recorded.get("job")))
-            if job is not None and job.state == "RUNNING":
-                return slurm.describe(job.id, owned=bool(recorded.get("owned")))
-        if self.nodes is None or self.gpus_per_node is None:
-            raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
-                            "salloc or sbatch)")
-        log(f"asking Slurm for {self.nodes} node(s) x {self.gpus_per_node} GPU(s)")
-        return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
-                             account=self.account, log=log)
-
-
-def _cluster(allocation: Any, hostfile: Path | None, include: str, exclude: str, slots: int | None,
-             sweep: autotuner.Sweep | None, log: Callable[[str], None],
+def _cluster(allocation: autotuner.Allocation | None, hostfile: Path | None, include: str, exclude: str,
+             slots: int | None, sweep: autotuner.Sweep | None, log: Callable[[str], None],
              probe: autotuner.Ssh | None = None) -> autotuner.Cluster:
     """The allocation's nodes and GPUs, or the hostfile's (with `probe`, its hosts' MIG instances as found over
     SSH), or this machine's."""
     if allocation is not None:
-        from ..backends.slurm import cluster_of
-
-        if include or exclude:
-            raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
-                            "the nodes")
-        return cluster_of(allocation)
+        return autotuner.allocation_cluster(allocation, include, exclude)
     return autotuner.load_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log,
                                   probe=probe)
 
@@ -465,17 +407,14 @@ def _note(line: str) -> None:
     typer.echo(f"autotune: note: {line}", err=True)
 
 
-def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> Any:
+def _slurm_allocation(ask: autotuner.SlurmAsk, recorded: dict[str, Any] | None = None
+                      ) -> autotuner.Allocation | None:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
-    if not ask.slurm and recorded is None:
-        return None
-    from ..backends.slurm import Withdrawn
-
     try:
         allocation = ask.allocation(recorded, log=_note)
     except UserError as e:
         raise fail(e) from None
-    except Withdrawn as e:
+    except autotuner.Withdrawn as e:
         _echo_err(f"autotune: interrupted while waiting for the allocation: Slurm job {e.job} withdrawn")
         raise typer.Exit(autotuner.EXIT_INTERRUPTED) from None
     for line in allocation.warnings() if allocation is not None else ():
@@ -483,35 +422,22 @@ def _slurm_allocation(ask: SlurmAsk, recorded: dict[str, Any] | None = None) -> 
     return allocation
 
 
-def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude: str, slots: int | None,
+def _planned_cluster(ask: autotuner.SlurmAsk, hostfile: Path | None, include: str, exclude: str, slots: int | None,
                      sweep: autotuner.Sweep, log: Callable[[str], None]) -> autotuner.Cluster:
     """What `plan` plans for: with --slurm, the allocation this runs in or one of the size asked (never asked
     for: a plan spends nothing); else as `run` would."""
     ask.check(hostfile, slots)
-    if not ask.slurm:
-        return _cluster(None, hostfile, include, exclude, slots, sweep, log)
-    from ..backends import slurm
-
-    current = slurm.current_job()
-    if ask.nodes is not None or ask.gpus_per_node is not None:
-        if ask.nodes is None or ask.gpus_per_node is None:
-            raise UserError("plan --slurm: give both --nodes and --gpus-per-node, or neither (this allocation)")
-        return slurm.planned_cluster(ask.nodes, ask.gpus_per_node)
-    if current is None:
-        raise UserError("plan --slurm outside an allocation: give --nodes and --gpus-per-node")
-    return _cluster(slurm.describe(current), None, include, exclude, None, sweep, log)
+    return ask.planned(include, exclude) or _cluster(None, hostfile, include, exclude, slots, sweep, log)
 
 
 @contextlib.contextmanager
-def _given_back(allocation: Any) -> Iterator[None]:
+def _given_back(allocation: autotuner.Allocation | None) -> Iterator[None]:
     """An allocation we asked for is given back however the command ends; one that cannot be (Slurm does not
     answer) is named with what to do, and a command that would have succeeded exits 2. SIGTERM meanwhile is
     taken as Ctrl-C (the sweep installs its own handler while it runs)."""
     guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if allocation is not None and allocation.owned:
-        from ..backends.slurm.allocation import sigterm_interrupts
-
-        guard = sigterm_interrupts()
+        guard = autotuner.sigterm_interrupts()
     try:
         with guard:
             yield
@@ -526,15 +452,13 @@ def _given_back(allocation: Any) -> Iterator[None]:
         raise typer.Exit(autotuner.EXIT_USAGE)
 
 
-def _give_back(allocation: Any) -> bool:
+def _give_back(allocation: autotuner.Allocation | None) -> bool:
     """Cancel an allocation autotune asked for (True), or say in one line that it still runs (False)."""
     if allocation is None or not allocation.owned:
         return True
-    from ..backends.slurm import SlurmError, release
-
     try:
-        release(allocation.job)
-    except SlurmError as e:
+        autotuner.release_allocation(allocation.job)
+    except autotuner.SlurmError as e:
         _echo_err(f"autotune: error: Slurm job {allocation.job} was not given back ({e}): it still holds its "
                   f"nodes; `scancel {allocation.job}` ends it")
         return False
@@ -595,7 +519,7 @@ def plan(
                                      gpu_mixed=gpu_mixed)
         ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
         cluster = ray_ask.ray_cluster(ray) if ray is not None else _planned_cluster(
-            SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots, sweep, notes.append)
+            autotuner.SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots, sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
@@ -731,7 +655,7 @@ def resume(
         raise fail(e) from None
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    ask = autotuner.SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check()
         ray_ask.check(ray, slurm=slurm)
@@ -766,7 +690,6 @@ def status(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     fmt: Brief = _format_option("table: lines for people; json: for programs."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
-    slurm: bool = typer.Option(False, "--slurm", help="The nodes of this Slurm allocation instead of a hostfile."),
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
     try:
@@ -869,17 +792,9 @@ def _ray_hosts(ray: str, fmt: str) -> None:
 
 def _slurm_hosts(fmt: str) -> None:
     """`hosts --slurm`: exit 0 when every node can run, 1 when Slurm has taken one out."""
-    from ..backends import slurm
-    from ..views.tables import render_allocation
-
     try:
-        job = slurm.current_job()
-        if job is None:
-            raise UserError("hosts --slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run it in salloc "
-                            "or sbatch")
-        allocation = slurm.describe(job)
-        nodes = slurm.allocation.node_states(allocation.nodes)
-        text = render_allocation(allocation, nodes, fmt, _screen())
+        allocation, nodes = autotuner.this_allocation()
+        text = autotuner.render_allocation(allocation, nodes, fmt, _screen())
     except UserError as e:
         raise fail(e) from None
     sys.stdout.write(text)
@@ -907,8 +822,13 @@ def main(argv: list[str] | None = None) -> None:
         args = optional_html_value(args)
     if "--ray" in args:
         args = ray_ask.optional_ray_value(args)
+    _listen_for_early_ctrl_c()
     try:
         code = app(args=args, prog_name="autotune", standalone_mode=False)
+        if code == autotuner.EXIT_INTERRUPTED and _EARLY_PRESS.is_set():  # typer's silent exit 130 for it
+            _interrupted()
+    except KeyboardInterrupt:  # typer still building the command
+        _interrupted()
     except _USAGE_ERROR as e:
         if type(e).__name__ == "NoArgsIsHelpError":  # bare `autotune`: the help, as a usage error
             if e.format_message().strip():
@@ -916,10 +836,36 @@ def main(argv: list[str] | None = None) -> None:
         else:
             typer.echo(usage_error_line(e), err=True)
         sys.exit(2)
-    except typer.Abort:
+    except typer.Abort as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # click's word for a Ctrl-C while it parsed
+            _interrupted()
         typer.echo("autotune: aborted", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+_EARLY_PRESS = threading.Event()  # a Ctrl-C came before a command installed its own handling
+
+
+def _listen_for_early_ctrl_c() -> None:
+    """From the start of `main` until a command installs its own handling (`_interrupt_once`): the first Ctrl-C
+    is noted and interrupts, later ones are ignored; `main` then says so in one line and exits 130."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_sigint(signum: int, frame: object) -> None:
+        _EARLY_PRESS.set()
+        _ignore_interrupts()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+
+
+def _interrupted() -> NoReturn:
+    """A Ctrl-C while the command line was still being read: nothing started, one line, exit 130."""
+    _ignore_interrupts()
+    _echo_err("autotune: interrupted")
+    sys.exit(autotuner.EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Seq
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+from ..limits import GiB
+
 
 @dataclass(frozen=True)
 class Reservation:
@@ -244,7 +246,6 @@ def need_of(demand: Demand) -> GpuNeed:
     return need if isinstance(need, GpuNeed) else NO_NEED
 
 
-GiB = 1 << 30
 
 
 def headroom(size: int) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
-from ..gpu.types import show_size
+from ..limits import memory
 from ..spec import Experiment
 from ..spec.metrics import reported_peak
 from ..states import Reason, State
@@ -431,7 +431,7 @@ def _unplaceable(item: Queued) -> str:
     if need.gpu_type:
         what += f" of GPU type {need.gpu_type}"
     if need.memory:
-        return f"{what} with {show_size(need.memory)} free on each GPU; no hosts that are up have that much room"
+        return f"{what} with {memory(need.memory)} free on each GPU; no hosts that are up have that much room"
     return f"{what}; not enough hosts are up"
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from .. import limits
 from ..errors import UserError, shown
-from .types import GiB, type_of_gpu
+from ..limits import GiB
+from .types import type_of_gpu
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,6 @@ class LocalSlots:
     gpu_type: str | None = None
     memory: int | None = None  # bytes per GPU: the smallest GPU's
     gpus: tuple[Gpu, ...] = ()  # each slot's GPU or MIG instance (GPUs only)
-
-
-def local_slots(cpu_slots: int | None, nvml: Any = None) -> tuple[int, str]:
-    """(slot count, accelerator) for a run on this machine with no hostfile (see `local_inventory`)."""
-    found = local_inventory(cpu_slots, nvml)
-    return found.count, found.accelerator
 
 
 def local_inventory(cpu_slots: int | None, nvml: Any = None) -> LocalSlots:

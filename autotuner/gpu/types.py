@@ -12,8 +12,8 @@ from typing import Any
 
 from .. import limits
 from ..errors import shown
+from ..limits import GiB
 
-GiB = 1 << 30
 TYPE_MAX = 64
 TYPE_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{TYPE_MAX - 1}}}")
 UNKNOWN = "unknown"  # what the views call the type of hosts that state none
@@ -53,11 +53,6 @@ def parse_size(value: Any) -> int:
     if count > limits.GPU_MEMORY:
         raise ValueError(f"{shown(value)} is more than {limits.size(limits.GPU_MEMORY)}, the limit")
     return count
-
-
-def show_size(count: int) -> str:
-    """A GPU memory size for a message, in GiB to a tenth: "27.9 GiB" (`limits.size` rounds to whole GiB)."""
-    return f"{count / GiB:.1f}".removesuffix(".0") + " GiB"
 
 
 def type_of_gpu(name: str, total: int) -> str:

@@ -107,15 +107,16 @@ class Options:
     ray: str | None = None  # the Ray cluster to run on: its address, "" for RAY_ADDRESS or auto (backends/ray)
 
 
-def execute(directory: Path, options: Options = Options(), *, retry_failed: bool = False,
+def execute(directory: Path, options: Options | None = None, *, retry_failed: bool = False,
             new_experiments: Sequence[Experiment] = ()) -> Result:
     """Run the sweep in `directory` to the end, whether it is new or resumed; Ctrl-C stops it cleanly.
 
     Holding the sweep's lock, it takes over what a dead runner left running (adopted: followed to its end,
     or judged by the exit status it recorded while no runner was alive), queues what must run again, then
     dispatches until nothing is left. A fault of the machine (a full disk) raises `Stopped` once nothing of
-    the sweep runs any more.
+    the sweep runs any more. `options`: none, the defaults (a new `Options` each call).
     """
+    options = options or Options()
     try:
         fail_on = FailOn(options.fail_on)
     except ValueError:

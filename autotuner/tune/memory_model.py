@@ -121,8 +121,3 @@ def bound(facts: Facts, training: Training, stage: int, gpu_memory: int, dp: int
     return Bound(stage, states, largest if largest >= min_mbs else 0)
 
 
-def show(count: float) -> str:
-    """Bytes for a note: GiB to a tenth, MiB below one GiB."""
-    if count < 1 << 30:
-        return f"{count / (1 << 20):.1f} MiB"
-    return f"{count / (1 << 30):.1f} GiB"

@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 from ..errors import UserError
 from ..files import write_atomic
-from ..gpu.types import show_size
 from ..ledger.lock import holder_pid
+from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
 from .analysis import all_attempts, timeline_end, utilisation
 from .live import seconds
@@ -216,7 +216,7 @@ def _experiment_row(r: ExperimentRecord, results: SweepResults, files: Mapping[s
                      f"{escape(format_compact(value)) if value is not None else ''}</td>")
     cells.append(f'<td class="num" data-v="{_number(r.duration)}">{duration}</td>')
     if results.measured_memory:
-        peak = show_size(r.peak_memory) if r.peak_memory is not None else ""
+        peak = memory(r.peak_memory) if r.peak_memory is not None else ""
         cells.append(f'<td class="num" data-v="{_number(r.peak_memory)}">{peak}</td>')
     cells += [f'<td class="slots">{escape(format_slots(r.slots))}</td>', f'<td class="why">{escape(why)}</td>',
               '<td class="logs">' + " ".join(f'<a href="{escape(url)}">{escape(name.split(".")[0])}</a>'

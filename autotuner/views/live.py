@@ -497,6 +497,7 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
     when `events` names a file; the live view (drawn with rich.live) when `live`, else one plain line per
     event when `plain`. When the block ends, the live view draws its last frame: how long the run took."""
     log, display, view = None, None, None
+    before = len(observers)
     if live or events is not None:
         snap = snapshot(Path(directory))
         if events is not None:
@@ -512,9 +513,11 @@ def watching(directory: Path, observers: list[Callable[..., None]], *, live: boo
             display.start()
     if plain and not live:
         observers.append(PlainPrinter(_metric_of(Path(directory))))
+    ours = observers[before:]
     try:
         yield
     finally:
+        observers[:] = [o for o in observers if not any(o is mine for mine in ours)]  # the caller's, as it was
         if view is not None:
             view.end()
         if display is not None:

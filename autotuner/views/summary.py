@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from ..backends.launch import Launcher, optimal_command, without_autotuning
 from ..files import write_atomic, write_json_atomic
+from ..limits import memory
 from ..states import State
-from ..tune.memory_model import Facts, budget, show
+from ..tune.memory_model import Facts, budget
 from ..tune.search import SearchSpec, profile_facts
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
@@ -37,7 +38,8 @@ def command_file(gpu_type: str | None = None) -> str:
     return OPTIMAL_COMMAND if gpu_type is None else f"cmd_optimal.{gpu_type}.txt"
 
 
-def optimal(snap: Snapshot, launcher: Launcher = Launcher(), gpu_type: str | None = None) -> tuple[dict, str] | None:
+def optimal(snap: Snapshot, launcher: Launcher | None = None, gpu_type: str | None = None
+            ) -> tuple[dict, str] | None:
     """The best config (autotuning section removed) and a runnable command for it, as the files hold them;
     computed from the ledger, so it is there for a sweep that still runs, before the files are written. With
     `gpu_type`, that type's best."""
@@ -46,7 +48,8 @@ def optimal(snap: Snapshot, launcher: Launcher = Launcher(), gpu_type: str | Non
         return None
     experiment = snap.experiments[best.name]
     config_path = (snap.directory / config_file(gpu_type)).resolve()
-    return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path), launcher, snap.env,
+    return without_autotuning(experiment.config()), optimal_command(experiment, str(config_path),
+                                                                    launcher or Launcher(), snap.env,
                                                                     snap.mig_of(best))
 
 
@@ -161,19 +164,19 @@ def memory_note(snap: Snapshot) -> str | None:
     parts = []
     for stage, bound in spec.bounds(facts).items():
         if bound.largest == 0 and bound.states >= budget(spec.gpu_memory):
-            parts.append(f"z{stage} skipped, cannot fit (model states {show(bound.states)})")
+            parts.append(f"z{stage} skipped, cannot fit (model states {memory(bound.states)})")
         elif bound.largest == 0:
             parts.append(f"z{stage} skipped, cannot fit micro-batch {spec.min_mbs} (model states "
-                         f"{show(bound.states)}, activations {show((facts.activation or 0) * spec.min_mbs)})")
+                         f"{memory(bound.states)}, activations {memory((facts.activation or 0) * spec.min_mbs)})")
         elif bound.largest is None:
-            parts.append(f"z{stage} fits (model states {show(bound.states)}), no size predicted")
+            parts.append(f"z{stage} fits (model states {memory(bound.states)}), no size predicted")
         else:
             raised = f", ran up to {ran[stage]}" if ran.get(stage, 0) > bound.largest else ""
             above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
             parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
-    activation = f", {show(facts.activation)} of activations per sample" if facts.activation else ""
+    activation = f", {memory(facts.activation)} of activations per sample" if facts.activation else ""
     return (f"Memory model ({facts.source}: {facts.num_params} parameters{activation}; GPUs of "
-            f"{show(spec.gpu_memory)}, {show(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
+            f"{memory(spec.gpu_memory)}, {memory(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
 
 
 def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str | int | float]]) -> str:

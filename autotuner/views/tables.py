@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from ..errors import UserError
 from ..gpu.nvml import gpu_type as type_of_gpus
-from ..gpu.types import show_size
 from ..ledger.lock import holder_pid
+from ..limits import GiB, memory
 from ..spec import ABBREVIATIONS
 from ..spec.metrics import format_compact, format_value
 from ..states import Reason, State
@@ -288,7 +288,7 @@ def _duration(r: ExperimentRecord) -> str:
 
 
 def _peak(r: ExperimentRecord) -> str:
-    return show_size(r.peak_memory) if r.peak_memory is not None else ""
+    return memory(r.peak_memory) if r.peak_memory is not None else ""
 
 
 def _markdown(results: SweepResults) -> str:
@@ -515,8 +515,8 @@ def _type_cell(stated: str | None, found: str | None) -> str:
 
 
 def _host_cells(r: HostReport, slots: int, kind: str | None = None) -> tuple[str, ...]:
-    gpus = ", ".join(f"{g.name} {g.memory_total / 2**30:.0f} GiB" if g.memory_free is None else
-                     f"{g.name} {g.memory_free / 2**30:.0f}/{g.memory_total / 2**30:.0f} GiB free"
+    gpus = ", ".join(f"{g.name} {g.memory_total / GiB:.0f} GiB" if g.memory_free is None else
+                     f"{g.name} {g.memory_free / GiB:.0f}/{g.memory_total / GiB:.0f} GiB free"
                      for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
     load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
     return (r.host, str(slots), *([kind] if kind is not None else []),

@@ -154,12 +154,9 @@ class RemoteMemory:
             chosen = [h for h in (self._slots if hosts is None else hosts) if h in self._slots and h not in self._down]
         self._read_hosts(chosen)
 
-    def due_in(self) -> float | None:
-        """Seconds until the next round is due (0: now); None: nothing to read until something happens."""
-        with self._cv:
-            return self._due_in(self._clock())
-
     def _due_in(self, now: float) -> float | None:
+        """Seconds from `now` until the next round is due (0: now); None: nothing to read until something happens.
+        Called holding the condition."""
         waits = [self._next_read(h) - now for h in self._wanted - self._down]
         return max(0.0, min(waits)) if waits else None
 

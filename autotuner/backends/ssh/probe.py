@@ -46,12 +46,6 @@ class HostReport:
     seconds: float = 0.0  # how long the probe took
     notes: list[str] = field(default_factory=list)
 
-    @property
-    def gpu_model(self) -> str | None:
-        """The GPU model if all GPUs share one, else None (also on a CPU host)."""
-        names = {gpu.name for gpu in self.gpus}
-        return names.pop() if len(names) == 1 else None
-
     def to_json(self) -> dict:
         return {
             "host": self.host, "reachable": self.reachable, "reason": self.reason,
