@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from pathlib import Path
 
     from .backends.cluster import Cluster, check_gpu_needs
+    from .backends.ray.ask import ray_cluster, ray_nodes, render_ray_nodes
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
     from .backends.slurm.allocation import release as release_allocation
     from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
@@ -71,6 +72,10 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless t
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
+    # On a Ray cluster: its nodes, and its cluster for a sweep (`autotune run/tune/plan/hosts --ray`).
+    "ray_cluster": (".backends.ray.ask", "ray_cluster"),
+    "ray_nodes": (".backends.ray.ask", "ray_nodes"),
+    "render_ray_nodes": (".backends.ray.ask", "render_ray_nodes"),
     # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "allocation_cluster": (".backends.slurm.ask", "allocation_cluster"),
@@ -184,11 +189,14 @@ __all__ = [
     "plan_sweep",
     "prepare",
     "prepare_tune",
+    "ray_cluster",
+    "ray_nodes",
     "release_allocation",
     "render_allocation",
     "render_compare",
     "render_hosts",
     "render_plan",
+    "render_ray_nodes",
     "render_report",
     "render_result",
     "render_status",

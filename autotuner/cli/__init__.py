@@ -284,7 +284,7 @@ def run(
     with _given_back(allocation):
         try:
             ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
-            cluster = ray_ask.ray_cluster(ray) if ray is not None else _cluster(
+            cluster = autotuner.ray_cluster(ray) if ray is not None else _cluster(
                 allocation, hostfile, include, exclude, slots, sweep, notes.append, ssh or autotuner.Ssh())
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
@@ -370,7 +370,7 @@ def tune(
         notes: list[str] = []
         try:
             ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
-            cluster = ray_ask.ray_cluster(ray) if ray is not None else _cluster(
+            cluster = autotuner.ray_cluster(ray) if ray is not None else _cluster(
                 allocation, hostfile, include, exclude, slots, None, notes.append, ssh or autotuner.Ssh())
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
@@ -518,7 +518,7 @@ def plan(
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
                                      gpu_mixed=gpu_mixed)
         ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
-        cluster = ray_ask.ray_cluster(ray) if ray is not None else _planned_cluster(
+        cluster = autotuner.ray_cluster(ray) if ray is not None else _planned_cluster(
             autotuner.SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots, sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
@@ -783,10 +783,10 @@ def hosts(
 def _ray_hosts(ray: str, fmt: str) -> None:
     """`hosts --ray`: the cluster's live nodes; exit 0 when one has a GPU, 2 when the cluster cannot be reached."""
     try:
-        address, nodes = ray_ask.nodes_of(ray)
+        address, nodes = autotuner.ray_nodes(ray)
     except UserError as e:
         raise fail(e) from None
-    sys.stdout.write(ray_ask.render_nodes(address, nodes, fmt))
+    sys.stdout.write(autotuner.render_ray_nodes(address, nodes, fmt))
     raise typer.Exit(0 if any(n.gpus for n in nodes) else 1)
 
 

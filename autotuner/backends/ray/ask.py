@@ -43,7 +43,7 @@ def check(ray: str | None, *, hostfile: Path | None = None, slots: int | None = 
             raise UserError(f"--ray takes its nodes from the Ray cluster: leave out {name}")
 
 
-def nodes_of(ray: str) -> tuple[str, list[RayNode]]:
+def ray_nodes(ray: str) -> tuple[str, list[RayNode]]:
     """The address `--ray` names and the cluster's live nodes (this process connected to it)."""
     address = address_of(ray or None)
     return address, read_nodes(connect(address).nodes())
@@ -51,14 +51,14 @@ def nodes_of(ray: str) -> tuple[str, list[RayNode]]:
 
 def ray_cluster(ray: str) -> Cluster:
     """The sweep's cluster: the nodes of the Ray cluster with GPUs (a UserError when there is none)."""
-    address, nodes = nodes_of(ray)
+    address, nodes = ray_nodes(ray)
     cluster = cluster_of(nodes)
     if not cluster.slots:
         raise UserError(f"the Ray cluster at {address} has no live node with a GPU")
     return cluster
 
 
-def render_nodes(address: str, nodes: Sequence[RayNode], fmt: str) -> str:
+def render_ray_nodes(address: str, nodes: Sequence[RayNode], fmt: str) -> str:
     """`autotune hosts --ray`: one row per live node: its host name, Ray's node id and address, GPUs (type),
     CPUs and memory as Ray counts them, and what it can run."""
     rows: list[dict[str, Any]] = [
