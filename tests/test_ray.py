@@ -207,6 +207,32 @@ def test_a_cluster_too_small_for_an_experiment_is_one_line(ray_lab, tmp_path):
     assert not ray_lab.placement_groups()
 
 
+TRAIN = Path(__file__).resolve().parent.parent / "experiments" / "train.py"
+
+
+def test_a_real_two_node_deepspeed_run_through_the_per_node_launchers(ray_lab, tmp_path):
+    (tmp_path / "sweep.hjson").write_text(f"""{{
+  name: ds
+  script: {TRAIN}
+  args: ["--steps", "7", "--hidden", "64"]
+  num_nodes: 2
+  num_gpus: 1
+  env: {{GLOO_SOCKET_IFNAME: "lo", DS_ACCELERATOR: "cpu"}}
+  ds_config: {{train_micro_batch_size_per_gpu: 4, optimizer: {{type: "Adam", params: {{lr: 0.001, torch_adam: true}}}}}}
+  space: {{"gradient_accumulation_steps": [1]}}
+}}""")
+    results = tmp_path / "r"
+    done = autotune("run", tmp_path / "sweep.hjson", "--ray", "--timeout", "300", "-o", results, "-q",
+                    environ=lab_env(ray_lab), timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (attempt,) = attempts(results)
+    assert len(attempt.slots) == 2
+    log = (results / attempt.name / "stdout.log").read_text() + (results / attempt.name / "stderr.log").read_text()
+    assert "dist_world_size=2" in log.replace(" ", ""), log[-3000:]
+    assert json.loads((results / attempt.name / "metrics.json").read_text())["throughput"] > 0
+    assert nothing_left(ray_lab, results)
+
+
 def test_a_node_ray_loses_interrupts_its_runs_which_run_again_elsewhere(ray_lab, tmp_path, runners):
     """Last: it takes a worker node away (and adds another for any test after it)."""
     spec = write_sweep(tmp_path, range(2), extra="num_gpus: 2")
