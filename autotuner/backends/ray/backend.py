@@ -96,7 +96,7 @@ class RayBackend:
         keep = {a.tag for a in followed if a.tag}
         ended = [tag for tag in self.tags_in_ray(self.ledger.meta().sweep_id) if tag not in keep]
         for tag in ended:
-            self.release(tag)
+            self.release(tag, self.grace)
         if ended:
             self.log(f"{len(ended)} attempt(s) a dead runner left in the Ray cluster that no runner follows any "
                      "more: their actors and placement groups ended")
@@ -105,7 +105,7 @@ class RayBackend:
         """The attempt's driver ended here (by its tag), then its actors and placement group in Ray."""
         if attempt.tag:
             end_tagged(attempt.tag, self.grace)
-            self.release(attempt.tag)
+            self.release(attempt.tag, self.grace)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nodes the sweep recorded that Ray no longer lists alive are left out (watched)."""
@@ -133,9 +133,9 @@ class RayBackend:
                  if pg["name"].startswith(prefix) and pg["state"] != "REMOVED"}
         return tags
 
-    def release(self, tag: str) -> None:
-        """End what Ray holds of the attempt `tag`: each node's launcher (SIGTERM, grace, SIGKILL), its actors,
-        its placement group. Nothing there: nothing done."""
+    def release(self, tag: str, grace: float) -> None:
+        """End what Ray holds of the attempt `tag`: each node's launcher (SIGTERM, `grace` seconds, SIGKILL), its
+        actors, its placement group. Nothing there: nothing done."""
         ray = self.ray()
         actors = []
         for name in ray.util.list_named_actors():
@@ -143,7 +143,7 @@ class RayBackend:
                 with contextlib.suppress(ValueError):
                     actors.append(ray.get_actor(name))
         with contextlib.suppress(Exception):
-            ray.wait([a.stop.remote(self.grace) for a in actors], num_returns=len(actors), timeout=self.grace + 10)
+            ray.wait([a.stop.remote(grace) for a in actors], num_returns=len(actors), timeout=grace + 10)
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)

@@ -64,6 +64,9 @@ class Attempt:
     def run(self) -> int:
         try:
             return self._run()
+        except Stopped:  # the nodes' launchers, if any started, end with their actors' stop
+            self._stop_nodes()
+            return 143
         finally:
             self._release()
             self._copy_first_node_output()
@@ -73,8 +76,9 @@ class Attempt:
         self.group = placement_group([{"GPU": gpus}] * len(self.nodes), strategy="STRICT_SPREAD", name=self.tag,
                                      lifetime="detached",
                                      bundle_label_selector=[{NODE_LABEL: n["id"]} for n in self.nodes])
-        ready, _ = ray.wait([self.group.ready()], timeout=PLACED_WITHIN)
-        if not ready:
+        try:
+            self._get([self.group.ready()], within=PLACED_WITHIN)
+        except TimeoutError:
             print(f"Ray did not reserve {gpus} GPU(s) on each of {', '.join(n['host'] for n in self.nodes)} within "
                   f"{PLACED_WITHIN:g} s: something outside this sweep holds them", file=sys.stderr)
             return 1
@@ -95,18 +99,19 @@ class Attempt:
             for rank, pid in enumerate(self._get(starts)):
                 print(f"node {rank}: {hosts[rank]} pid {pid}", flush=True)
             return self._wait()
-        except Stopped:
-            self._stop_nodes()
-            return 143
         except ray.exceptions.RayActorError as e:
             return self._lost(e)
 
-    def _get(self, refs: list[Any]) -> list[Any]:
-        """The values of `refs`, or a stop asked for meanwhile (`Stopped`)."""
+    def _get(self, refs: list[Any], within: float | None = None) -> list[Any]:
+        """The values of `refs`, or a stop asked for meanwhile (`Stopped`), or a TimeoutError after `within`
+        seconds."""
+        end = None if within is None else time.monotonic() + within
         pending = list(refs)
         while pending:
             if self.stopping.is_set():
                 raise Stopped
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=WAKE)
         return list(ray.get(refs))
 

@@ -40,7 +40,8 @@ class RayExecutor(LocalExecutor):
     address: str = "auto"
     nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # host -> {id, ip} (meta.ray's nodes)
     capacity: Mapping[str, int] = field(default_factory=dict)  # host -> its GPUs, for DeepSpeed's hostfile
-    release: Callable[[str], None] = lambda tag: None  # end the actors and placement group of a tag (backend)
+    # End what Ray holds of a tag: its nodes' launchers (within a grace period), actors, placement group (backend)
+    release: Callable[[str, float], None] = lambda tag, grace: None
     on_lost: Callable[[str], None] = lambda host: None  # a host found lost here (the watcher follows it)
 
     def __post_init__(self) -> None:
@@ -93,7 +94,7 @@ class RayExecutor(LocalExecutor):
         """As the local executor; then nothing of the attempt stays in Ray, and a run that did not succeed on a
         node Ray lost is interrupted, to run again elsewhere, its host reported at once."""
         outcome = super()._follow(run, proc)
-        self.release(run.tag)
+        self.release(run.tag, self.grace)
         lost = run.dir / LOST
         if outcome.state == State.SUCCEEDED or not lost.exists():
             return outcome
@@ -110,7 +111,7 @@ class RayExecutor(LocalExecutor):
                 os.killpg(proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
                 proc.wait(timeout=self.grace + 10)
-        self.release(tag)
+        self.release(tag, 0 if self._stops.killing else self.grace)
         super()._end(proc, tag)
 
     def remove_buffers(self, run: Run, port: int) -> None:
@@ -122,4 +123,4 @@ class RayExecutor(LocalExecutor):
             tags = list(self._tags.values())
         super().kill_all()
         for tag in tags:
-            self.release(tag)
+            self.release(tag, 0)
