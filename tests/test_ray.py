@@ -22,13 +22,15 @@ from autotuner.states import State
 from cli_rig import attempts, autotune, finish, sweep_id, tagged_pids, wait_until, write_sweep
 
 # Each node's launcher (in place of DeepSpeed's) logs what Ray and the runner gave it, and its first node writes
-# the metrics; then it sleeps $STANDIN_SECONDS, and logs a SIGTERM if one comes.
+# the metrics; then it sleeps $STANDIN_SECONDS (or what the file $STANDIN_SECONDS_FILE says), and logs a SIGTERM
+# if one comes.
 NODE_STANDIN = """\
 #!/bin/sh
 dir=$(dirname "$AUTOTUNE_METRICS_PATH")
 echo "node=$AUTOTUNE_RAY_NODE_ID gpus=$CUDA_VISIBLE_DEVICES args=$*" >> "$dir/nodes.log"
 case "$*" in *"--node_rank 0 "*) printf '{"throughput": 2.0, "latency": 1.0}\\n' > "$AUTOTUNE_METRICS_PATH";; esac
-sleep "${STANDIN_SECONDS:-0.5}" &
+seconds=${STANDIN_SECONDS:-$(cat "$STANDIN_SECONDS_FILE" 2>/dev/null)}
+sleep "${seconds:-0.5}" &
 pid=$!
 trap 'echo term >> "$dir/signals.log"; kill $pid; exit 143' TERM
 wait $pid
@@ -172,6 +174,33 @@ def test_after_kill_9_of_the_runner_resume_adopts_the_runs_still_going(ray_lab, 
     runs = attempts(results)
     assert len(runs) == 2 and all(a.attempt == 1 and a.state == State.SUCCEEDED for a in runs)  # none ran twice
     assert all(len(node_lines(results, a.name)) == 2 for a in runs)
+    assert nothing_left(ray_lab, results)
+
+
+def test_resume_cleans_up_what_ray_holds_of_runs_nobody_follows(ray_lab, tmp_path, runners):
+    """The runner and each attempt's driver killed -9: the actors and placement groups stay in Ray, detached;
+    resume ends them and runs the experiments again."""
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
+    results = tmp_path / "r"
+    seconds = tmp_path / "seconds"
+    seconds.write_text("300")
+    launcher = f"env STANDIN_SECONDS_FILE={seconds} sh {tmp_path / 'node.sh'}"
+    (tmp_path / "node.sh").write_text(NODE_STANDIN)
+    proc = runners.start("run", spec, "--ray", "--launcher", launcher, "-o", results, "-q",
+                         environ=lab_env(ray_lab), directory=results)
+    wait_until(lambda: all(len(node_lines(results, f"s_x{i}")) == 2 for i in range(2)), 120, "both runs going")
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    seconds.write_text("0.5")  # the runs of the resume end soon
+    for attempt in attempts(results):
+        os.killpg(attempt.pid, signal.SIGKILL)  # each driver in its own session: its group
+    assert len(ray_lab.placement_groups()) == 2 and len(ray_lab.actors(f"{sweep_id(results)}.")) == 4
+    done = autotune("resume", results, "-q", environ=lab_env(ray_lab), timeout=300)
+    assert done.returncode == 0, done.stderr
+    runs = attempts(results)
+    assert sorted((a.name, a.attempt, a.state) for a in runs) == [
+        ("s_x0", 1, State.INTERRUPTED), ("s_x0", 2, State.SUCCEEDED),
+        ("s_x1", 1, State.INTERRUPTED), ("s_x1", 2, State.SUCCEEDED)]
     assert nothing_left(ray_lab, results)
 
 

@@ -2,11 +2,6 @@
 group with one bundle per node and an actor per bundle running DeepSpeed's per-node launcher.
 
 Ray itself is imported only by the modules that run once a cluster is reached (connect.connect, driver.py, the
-tasks and actors); importing this package, or the backend, loads no Ray.
+tasks and actors); importing this package, or the backend, loads no Ray. Nothing is imported here: each
+attempt's driver (`python -m autotuner.backends.ray.driver`) loads only what it needs.
 """
-from __future__ import annotations
-
-from .backend import RayBackend
-from .connect import address_of
-
-__all__ = ["RayBackend", "address_of"]
