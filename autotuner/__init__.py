@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
@@ -38,8 +39,6 @@ from .states import Reason, State
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from pathlib import Path
-
     from .backends.cluster import Cluster, check_gpu_needs
     from .backends.ray.ask import ray_cluster, ray_nodes, render_ray_nodes
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
@@ -242,7 +241,6 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     in MIG mode has its MIG instances as slots (cluster.with_hosts_mig); `log` is told where its `slots=N`
     disagrees.
     """
-    from pathlib import Path
 
     from .backends.cluster import local_or_hostfile_cluster, spec_hostfile
     from .spec.hostfile import is_local
@@ -277,7 +275,6 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     """Finish an interrupted sweep: nothing that succeeded runs again; with `retry_failed`, failed and timed-out
     experiments run again. Its spec files are read again: a UserError if they changed, unless `only_new` (their
     new experiments are added). Without `options`, experiments keep the timeout the sweep was started with."""
-    from pathlib import Path
 
     from .sweep.resume import resume_plan
     from .sweep.run import Options, execute

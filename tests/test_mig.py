@@ -24,7 +24,8 @@ import autotuner
 from autotuner.backends.cluster import check_fits, local_or_hostfile_cluster
 from autotuner.backends.launch import Launcher, deepspeed_command, mig_of
 from autotuner.core.events import Queued
-from autotuner.core.resources import Device, Reservation, SlotPool, placement_named
+from autotuner.core.placement import placement_named
+from autotuner.core.slots import Device, Reservation, SlotPool
 from autotuner.errors import UserError
 from autotuner.gpu.nvml import FreeMemory, Gpu, find_gpus
 from autotuner.ledger.store import Ledger

@@ -295,7 +295,7 @@ def test_a_sweep_too_large_for_every_draw_plays_fewer_and_says_so(monkeypatch):
 def test_time_left_keeps_experiments_on_their_gpu_type():
     """Two hosts of one slot, of types A and B; four queued experiments of 10 s pinned to A run one after
     another on A's one slot (40 s), not two at a time on both (20 s)."""
-    from autotuner.core.resources import placement_named
+    from autotuner.core.placement import placement_named
     from autotuner.planning.plan import time_left
 
     queued = [replace(experiment(f"q{i}", estimate=10.0), gpu_type="A") for i in range(4)]

@@ -17,7 +17,7 @@ from autotuner.backends.ssh import SSHPool
 from autotuner.backends.ssh.free_memory import RemoteMemory, nvidia_smi
 from autotuner.core import Finished, MemoryRead, MemoryRecord, Queued, Reservation, Run, Scheduler, SlotPool
 from autotuner.core.outcome import Outcome
-from autotuner.core.resources import placement_named
+from autotuner.core.placement import placement_named
 from autotuner.ledger.store import Ledger
 from autotuner.states import State
 

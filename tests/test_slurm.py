@@ -160,14 +160,14 @@ def test_a_steps_buffers_are_removed_under_its_first_nodes_address_by_a_step_on_
     from types import SimpleNamespace
 
     from autotuner.backends.slurm.allocation import describe
-    from autotuner.backends.slurm.executor import SlurmExecutor
+    from autotuner.backends.slurm.executor import slurm_executor
     from autotuner.spec.metrics import metric_named
 
     for key, value in slurm_lab.env.items():
         monkeypatch.setenv(key, value)
     found = describe(allocation)
     moved = type(found)(**{**found.__dict__, "addresses": {**found.addresses, "n1": "127.0.0.9"}})
-    executor = SlurmExecutor("", metric_named("throughput"), time.monotonic, allocation=moved)
+    executor = slurm_executor("", metric_named("throughput"), time.monotonic, allocation=moved)
     theirs = [Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.9_23456_{rank}") for rank in (0, 1)]
     ours = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_23456_0")
     for path in (*theirs, ours):
@@ -188,7 +188,7 @@ def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm
     from types import SimpleNamespace
 
     from autotuner.backends.slurm.allocation import describe
-    from autotuner.backends.slurm.executor import SlurmExecutor
+    from autotuner.backends.slurm.executor import slurm_executor
     from autotuner.spec.metrics import metric_named
 
     for key, value in slurm_lab.env.items():
@@ -199,7 +199,7 @@ def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm
     try:
         found = describe(job)
         assert sum(found.gpus.values()) == 2
-        executor = SlurmExecutor("", metric_named("throughput"), time.monotonic, allocation=found)
+        executor = slurm_executor("", metric_named("throughput"), time.monotonic, allocation=found)
         run = SimpleNamespace(tag="buffers-test.2", reservation=SimpleNamespace(hosts=(found.nodes[0],)))
         executor.remove_buffers(run, 23457)  # type: ignore[arg-type]
         assert not buffer.exists()

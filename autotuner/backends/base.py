@@ -21,7 +21,8 @@ from typing import Protocol
 
 from ..core import Executor, Observer, Placement, Queued, SlotPool
 from ..core.events import Post
-from ..core.resources import Devices, FreeMemory
+from ..core.placement import FreeMemory
+from ..core.slots import Devices
 from ..ledger.store import Attempt
 
 

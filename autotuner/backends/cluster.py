@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.events import Queued
-from ..core.resources import ByType, Device, Devices, Pack, SlotPool, headroom
+from ..core.placement import ByType, Pack
+from ..core.slots import Device, Devices, SlotPool, headroom
 from ..errors import UserError, shown
 from ..gpu import nvml as inventory
 from ..gpu.nvml import Gpu, LocalSlots, local_inventory

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..core import Executor, Observer, Placement, Queued, Reservation, SlotPool
 from ..core.events import Post
-from ..core.resources import Demand, Devices, FreeMemory, Only, Slots, devices_from_json
+from ..core.placement import FreeMemory
+from ..core.slots import Demand, Devices, Only, Slots, devices_from_json
 from ..errors import UserError
 from ..gpu.nvml import FreeMemory as LocalFreeMemory
 from ..ledger.store import Attempt, Ledger

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.resources import Devices, Reservation
+from ..core.slots import Devices, Reservation
 from ..spec import Experiment
 from ..spec.hostfile import format_include
 from ..spec.metrics import METRICS_PATH_ENV

@@ -1,12 +1,12 @@
 """The scheduling core: which attempt runs where and when, and the words it is told things in.
 
-Pure: no threads, no processes, no clock, no blocking; `Scheduler.step(events, now)` returns what to start,
-stop and tell, so the real dispatcher (dispatcher.py) and the simulator (simulate.py) drive the same code.
-`events` holds the values (Run, Queued and the events a driver hands in), `resources` the slots and the
-placement and queue policies, `record` what the scheduler writes to (the ledger, or memory for a simulation),
-`scheduler` the state machine, the `Executor` protocol drivers carry its actions out through, the `Observer`
-callback they tell and the `Source` hook a searcher feeds the queue through. Imports point one way: the core
-uses the outcome and the spec, and nothing of SSH, views or the CLI.
+Pure: no threads, no processes, no clock, no blocking; `Scheduler.step(events, now)` returns what to start, stop
+and tell, so the real dispatcher (dispatcher.py) and the simulator (simulate.py) drive the same code. `events`
+holds the values (Run, Queued and the events a driver hands in), `slots` the slot pool and what experiments need of
+it, `placement` and `queues` the policies, `record` what the scheduler writes to (the ledger, or memory for a
+simulation), `scheduler` the state machine, the `Executor` protocol drivers carry its actions out through, the
+`Observer` callback they tell and the `Source` hook a searcher feeds the queue through. Imports point one way: the
+core uses the outcome and the spec, and nothing of SSH, views or the CLI.
 """
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ from .events import (
     Queued,
     Run,
 )
+from .placement import PLACEMENTS, Pack, Spread
+from .queues import BackfillQueue, fifo
 from .record import MemoryRecord, Record
-from .resources import PLACEMENTS, BackfillQueue, Pack, Placement, Reservation, SlotPool, Spread, fifo
 from .scheduler import Actions, Executor, Note, Observer, Scheduler, Source, Stop
+from .slots import Placement, Reservation, SlotPool
 
 __all__ = [
     "PLACEMENTS", "Actions", "BackfillQueue", "Cancel", "CheckRequests", "Deadline", "Event", "Executor", "Finished",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..spec import Experiment
 from .outcome import Outcome
-from .resources import NO_NEED, GpuNeed, Reservation
+from .slots import NO_NEED, GpuNeed, Reservation
 
 Key = tuple[str, int]  # (experiment, attempt): one attempt, as Run.key and Queued.key name it
 

@@ -41,8 +41,10 @@ from .events import (
     Run,
 )
 from .outcome import Outcome
+from .placement import Pack
+from .queues import BackfillQueue
 from .record import Record
-from .resources import BackfillQueue, Pack, Placement, Reservation, SlotPool
+from .slots import Placement, Reservation, SlotPool
 
 
 class Executor(Protocol):

@@ -91,7 +91,7 @@ class SweepMeta:
     # a cluster that states none): no types, every host as any other.
     gpu_types: Mapping[str, str] | None = None
     gpu_memory: Mapping[str, int] | None = None
-    # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.resources.Device)
+    # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.slots.Device)
     devices: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
     # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)

@@ -53,19 +53,19 @@ class Split:
 
 
 @dataclass
-class Measured:
+class PastRuns:
     """An earlier sweep's runs that ended on their own (cancelled and interrupted ones say nothing of how long a
     run takes), in seconds: whole, by config digest and by name; split, by the config without its step count."""
 
     by_digest: dict[str, list[float]] = field(default_factory=dict)
     by_name: dict[str, list[float]] = field(default_factory=dict)
-    by_shape: dict[str, list[Split]] = field(default_factory=dict)
+    by_unstepped: dict[str, list[Split]] = field(default_factory=dict)
 
     def every(self) -> list[float]:
         return [d for runs in self.by_name.values() for d in runs]
 
     def splits(self) -> list[Split]:
-        return [s for runs in self.by_shape.values() for s in runs]
+        return [s for runs in self.by_unstepped.values() for s in runs]
 
 
 def steps(e: Experiment) -> int:
@@ -74,7 +74,7 @@ def steps(e: Experiment) -> int:
     return (end if end is not None else END_PROFILE_STEP) + 1
 
 
-def shape(e: Experiment) -> str:
+def unstepped_digest(e: Experiment) -> str:
     """The digest of `e` without its profile steps: equal shapes, equal runs but for how many steps they take."""
     config = e.config()
     section = config.get("autotuning")
@@ -96,12 +96,12 @@ def split(e: Experiment, seconds: float, metrics: Mapping[str, float]) -> Split 
     return Split(startup, per_step) if startup >= 0 else None
 
 
-def measured(directory: Path) -> Measured:
+def measured(directory: Path) -> PastRuns:
     """The runs of the sweep in `directory`, read from its ledger."""
     ledger: Ledger = open_sweep(Path(directory))
     try:
         experiments = {e.name: e for e in ledger.experiments()}
-        found = Measured()
+        found = PastRuns()
         for a in ledger.attempts():
             if a.state in (State.CANCELLED, State.INTERRUPTED) or a.duration is None or a.duration < 0:
                 continue
@@ -111,7 +111,7 @@ def measured(directory: Path) -> Measured:
                 continue
             found.by_digest.setdefault(e.digest, []).append(a.duration)
             if a.state is State.SUCCEEDED and (cut := split(e, a.duration, a.metrics)) is not None:
-                found.by_shape.setdefault(shape(e), []).append(cut)
+                found.by_unstepped.setdefault(unstepped_digest(e), []).append(cut)
     finally:
         ledger.close()
     return found
@@ -125,20 +125,20 @@ def _median_split(splits: Iterable[Split]) -> Split:
 def durations(experiments: Sequence[Experiment], past: Path | None = None,
               default: float = DEFAULT_SECONDS) -> Durations:
     """What each experiment is expected to take (the module docstring's order)."""
-    known = Measured()
+    known = PastRuns()
     if past is not None:
         known = measured(past)
         if not known.by_name:
             raise UserError("--from: this sweep has no finished run to measure durations from", past)
     every = known.every()
     median = statistics.median(every) if every else None
-    overall = _median_split(known.splits()) if known.by_shape else None
+    overall = _median_split(known.splits()) if known.by_unstepped else None
     seconds: dict[str, float] = {}
     origin: dict[str, str] = {}
     for e in experiments:
         exact = known.by_digest.get(e.digest)
         runs = exact or known.by_name.get(e.name)
-        same = known.by_shape.get(shape(e)) if known.by_shape else None
+        same = known.by_unstepped.get(unstepped_digest(e)) if known.by_unstepped else None
         if runs and (exact or not same):
             seconds[e.name], origin[e.name] = statistics.median(runs), "measured"
         elif same:

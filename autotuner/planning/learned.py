@@ -13,13 +13,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..core.resources import Devices, headroom
+from ..core.slots import Devices, headroom
 from ..errors import UserError
 from ..ledger.store import open_sweep
 from ..spec import Experiment
 
 MARGIN = 10  # percent over the measured peak: runs of one config vary (data, allocator fragmentation)
-STEP = 256 << 20  # needs are rounded up to this: experiments of one need are one kind for the queue (resources.py)
+STEP = 256 << 20  # needs are rounded up to this: experiments of one need are one kind for the queue (core/queues.py)
 
 
 def need_of_peak(peak: int, usable: int | None = None) -> int:

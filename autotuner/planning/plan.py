@@ -18,8 +18,9 @@ from pathlib import Path
 
 from .. import limits
 from ..core import PLACEMENTS, BackfillQueue, Placement, Queued, SlotPool, fifo
-from ..core.resources import Devices, placement_named
+from ..core.placement import placement_named
 from ..core.scheduler import default_queue
+from ..core.slots import Devices
 from ..errors import UserError
 from ..spec import Experiment
 from .durations import DEFAULT_SECONDS, Durations, durations

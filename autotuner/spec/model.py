@@ -122,7 +122,7 @@ class Experiment:
     source: str = ""  # the file it came from
     estimate: float | None = None  # seconds it is expected to run, for `autotune plan`; not part of the run
     config_flag: str = CONFIG_FLAG  # the script option the config is handed to (`--deepspeed` for HF Trainer)
-    gpu_type: str | None = None  # the GPU type it must run on; None: any one type (gpus.py)
+    gpu_type: str | None = None  # the GPU type it must run on; None: any one type (gpu/types.py)
     gpu_mixed: bool = False  # it may span GPU types
     gpu_memory: int | None = None  # bytes it needs on each GPU, for the memory placement; not part of the run
 

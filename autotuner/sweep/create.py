@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from .. import limits
 from ..backends.cluster import check_fits
 from ..backends.launch import launcher_for_this_python
-from ..core.resources import devices_to_json
+from ..core.slots import devices_to_json
 from ..errors import UserError, shown
 from ..files import sync_directory, write_atomic
 from ..ledger.store import FILENAME, Ledger, SweepMeta
@@ -86,7 +86,7 @@ def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: 
                  timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None, seed: int = 0,
                  confirm: int | None = None, min_gain: float = 0.0) -> Path:
     """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config), or a tune
-    file (`script` an .hjson file stating them: spec/tuning.py), read, checked and recorded as a search; its
+    file (`script` an .hjson file stating them: spec/inputs.py), read, checked and recorded as a search; its
     experiments are proposed while it runs (search.py). Each experiment runs on `num_nodes` x `num_gpus` slots
     (given here, else the tune file's, else 1). `seed`: of the random and model-based tuners; `confirm`: how many of
     the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none);

@@ -1,4 +1,4 @@
-"""A prepared sweep (prepare.py) run to the end, new or resumed.
+"""A prepared sweep (create.py) run to the end, new or resumed.
 
 `execute` wires ledger, slot pool, executor and scheduler together, runs the sweep to the end and writes the
 files a user takes away.
@@ -25,7 +25,8 @@ from ..backends.recovery import recover
 from ..backends.registry import backend_for
 from ..backends.slurm import Allocation
 from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
-from ..core.resources import PLACEMENTS, Devices, devices_from_json, placement_named
+from ..core.placement import PLACEMENTS, placement_named
+from ..core.slots import Devices, devices_from_json
 from ..errors import UserError, shown
 from ..ledger.lock import SweepBusy
 from ..ledger.store import Attempt, Ledger, open_sweep

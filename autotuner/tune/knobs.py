@@ -63,7 +63,7 @@ def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fas
     listed: dict[str, list[Any]] = {}
     for key, value in zero.items():
         knob = BY_KEY.get(key)
-        if key == "stage":  # the stages are searched in both modes (spec/tuning.py reads them)
+        if key == "stage":  # the stages are searched in both modes (spec/inputs.py reads them)
             continue
         if isinstance(value, list):
             if knob is None:

@@ -19,7 +19,7 @@ and config). gridsearch sweeps them knob by knob at a stage's best size once its
 sampling tuners draw them with the rest. Knob points are learnt apart (`knob_*`): their answers say nothing of
 the stage's sizes.
 
-Memory (memory.py): with the memory of the GPUs known (`gpu_memory`), the model's facts come from `model_info`
+Memory (memory_model.py): with the memory of the GPUs known (`gpu_memory`), the model's facts come from `model_info`
 (the spec's `facts`) or else from a profile run (`NAME_profile`, first of all: DeepSpeed's engine at the smallest
 stage and size writes the parameter count and the activation memory, then ends; out of memory, the next stage is
 profiled, `NAME_profile_zS`). A stage whose model states
@@ -150,7 +150,7 @@ class SearchSpec:
         return next((stage for stage in self.stages if self.profile_name(stage) == name), None)
 
     def bounds(self, facts: Facts) -> dict[int, Bound]:
-        """The memory model's bound of each stage on the spec's GPUs (memory.py); none with no GPU memory."""
+        """The memory model's bound of each stage on the spec's GPUs (memory_model.py); none with no GPU memory."""
         if self.gpu_memory is None:
             return {}
         training = Training.of(self.base)

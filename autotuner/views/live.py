@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..core.outcome import Outcome
-from ..core.resources import devices_from_json, placement_named
+from ..core.placement import placement_named
+from ..core.slots import devices_from_json
 from ..ledger.store import Ledger
 from ..planning.plan import Ongoing, time_left
 from ..spec import Experiment

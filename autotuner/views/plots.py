@@ -19,9 +19,9 @@ import io
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import UserError
 from ..files import write_atomic
@@ -31,6 +31,12 @@ from ..spec.metrics import UNITS, Metric, format_value
 from ..states import State
 from .analysis import MISSING, all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
 from .snapshot import Snapshot
+
+if TYPE_CHECKING:  # matplotlib is an optional extra: its types only for the checker
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+Position = Callable[[Any], float]  # an x value's place on the axis
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"
@@ -83,7 +89,7 @@ def _axis_label(metric: Metric) -> str:
     return f"{metric.name} ({unit})\n{metric.direction}" if unit else f"{metric.name} ({metric.direction})"
 
 
-def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None):
+def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None) -> Figure:
     from matplotlib.figure import Figure
 
     experiments = list(snap.experiments.values())
@@ -146,8 +152,8 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     return fig
 
 
-def _draw_lines(ax, snap: Snapshot, points: dict[Any, dict[Any, list[tuple[float, str]]]],
-                broken: dict[Any, set], position, lines: str | None) -> tuple[float, float, str] | None:
+def _draw_lines(ax: Axes, snap: Snapshot, points: dict[Any, dict[Any, list[tuple[float, str]]]],
+                broken: dict[Any, set], position: Position, lines: str | None) -> tuple[float, float, str] | None:
     """One line per value of the `lines` key, each its own colour (never the failures' red); where the best
     experiment is."""
     best = snap.best
@@ -168,7 +174,7 @@ def _draw_lines(ax, snap: Snapshot, points: dict[Any, dict[Any, list[tuple[float
     return best_point
 
 
-def _draw_failures(strip, failures: list[tuple[Any, Any, str]], rows: list[Any], position,
+def _draw_failures(strip: Axes, failures: list[tuple[Any, Any, str]], rows: list[Any], position: Position,
                    lines: str | None) -> None:
     """Failed and timed-out experiments in their strip: a row per line value, a marker per reason (red, no
     line's colour), side by side where several reasons meet at one x, `x2` beside a marker that stands for two."""
@@ -176,9 +182,10 @@ def _draw_failures(strip, failures: list[tuple[Any, Any, str]], rows: list[Any],
 
     count = Counter(failures)
     row_of = {lv: i for i, lv in enumerate(rows)}
+    figure = cast("Figure", strip.figure)  # ours is drawn on a Figure, never a SubFigure
     for (xv, lv), reasons in _group(count).items():
         for n, reason in enumerate(reasons):
-            shift = offset_copy(strip.transData, fig=strip.figure, x=(n - (len(reasons) - 1) / 2) * 13, units="points")
+            shift = offset_copy(strip.transData, fig=figure, x=(n - (len(reasons) - 1) / 2) * 13, units="points")
             strip.plot([position(xv)], [row_of[lv]], marker=_FAILURE_MARKERS.get(reason, "o"), markersize=9,
                        color=FAILURE_COLOR, markeredgecolor="black", markeredgewidth=0.6, linestyle="none",
                        transform=shift, clip_on=False)
@@ -199,7 +206,7 @@ def _draw_failures(strip, failures: list[tuple[Any, Any, str]], rows: list[Any],
     strip.grid(True, axis="x", alpha=0.3)
 
 
-def _group(count) -> dict[tuple[Any, Any], list[str]]:
+def _group(count: Iterable[tuple[Any, Any, str]]) -> dict[tuple[Any, Any], list[str]]:
     """(x, line value) -> the reasons of failures there, in order."""
     out: dict[tuple[Any, Any], list[str]] = {}
     for xv, lv, reason in sorted(count, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]), k[2])):
@@ -207,7 +214,7 @@ def _group(count) -> dict[tuple[Any, Any], list[str]]:
     return out
 
 
-def _x_axis(ax, xs: list[Any], position, numeric: bool) -> None:
+def _x_axis(ax: Axes, xs: list[Any], position: Position, numeric: bool) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
@@ -243,7 +250,7 @@ def _labels(a: Attempt, sweep: str, is_best: bool) -> list[str]:
 
 
 def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[Attempt], now: float | None = None,
-                    best: Attempt | None = None, xlabel: str = "seconds since the first start"):
+                    best: Attempt | None = None, xlabel: str = "seconds since the first start") -> Figure:
     """The slot timeline of a sweep (`name`, its `slots`), a ledger's attempts or a plan's."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -318,7 +325,7 @@ def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[A
 
 
 # --- files ---------------------------------------------------------------------------------------------------
-def _png(fig) -> bytes:
+def _png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()

@@ -21,11 +21,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...core.events import Finished, Key, Launched, Post, Run
 from ...core.outcome import Outcome
-from ...core.resources import Devices
+from ...core.slots import Devices
 from ...spec.metrics import Metric
 from ...states import Reason, State
 from ...threads import Workers
@@ -123,9 +123,92 @@ def remove_comm_buffers(master_addr: str, port: int, shm: Path = SHM) -> None:
             path.unlink()
 
 
+class Processes(Protocol):
+    """What differs in how an attempt's processes run from this machine: DeepSpeed's launcher itself (`Here`),
+    or a Slurm job step started by srun here (slurm/executor.py: `SlurmSteps`). The executor owns the rest:
+    ports, the attempt's thread, stops, the exit-status wrapper, the process group."""
+
+    waits_for_start: bool  # True: Launched is posted once `await_start` returns, on the attempt's thread
+
+    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+        """The config this attempt runs (autotuning section included) and the command that runs it."""
+        ...
+
+    def environment(self, command: Command) -> dict[str, str]:
+        """The command's whole environment."""
+        ...
+
+    def prepare(self, run: Run) -> None:
+        """Files the command reads, written into the attempt's directory before it is spawned."""
+        ...
+
+    def await_start(self, run: Run, proc: Child) -> str | None:
+        """(`waits_for_start` only) once it runs: its id where it has one (a step's), recorded with Launched."""
+        ...
+
+    def ended(self, run: Run, outcome: Outcome, post: Post) -> Outcome:
+        """After the launcher ended and was judged: what is left of it ended; the outcome, maybe amended."""
+        ...
+
+    def end(self, proc: Child | Adopted, tag: str, grace: float, killing: bool) -> None:
+        """Before the process group is ended (stop, timeout): ending it as this kind of process is ended."""
+        ...
+
+    def remove_buffers(self, run: Run, port: int) -> None:
+        """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended, where its ranks ran."""
+        ...
+
+    def kill_all(self, tags: list[str]) -> None:
+        """After every group was killed (`LocalExecutor.kill_all`): anything else of those attempts."""
+        ...
+
+
+@dataclass
+class Here:
+    """DeepSpeed's launcher run here, in a process group and session of its own (see Processes)."""
+
+    hostfile: str
+    metric: Metric
+    launcher: Launcher = field(default_factory=Launcher)
+    env: Mapping[str, str] = field(default_factory=dict)
+    devices: Devices = field(default_factory=dict)  # this machine's MIG instances, by host and slot id
+    waits_for_start: bool = False
+
+    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+        metrics_path = str(run.dir / "metrics.json")
+        config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
+        return config, deepspeed_command(
+            run.experiment, run.reservation, config, hostfile=self.hostfile, master_port=port,
+            metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
+            launcher=self.launcher, env=self.env, mig=mig_of(run.reservation, self.devices))
+
+    def environment(self, command: Command) -> dict[str, str]:
+        """Ours, plus the attempt's."""
+        return {**os.environ, **command.env}
+
+    def prepare(self, run: Run) -> None:
+        """Nothing beyond the attempt's own files."""
+
+    def await_start(self, run: Run, proc: Child) -> str | None:
+        return None
+
+    def ended(self, run: Run, outcome: Outcome, post: Post) -> Outcome:
+        return outcome
+
+    def end(self, proc: Child | Adopted, tag: str, grace: float, killing: bool) -> None:
+        """Nothing beyond the process group."""
+
+    def remove_buffers(self, run: Run, port: int) -> None:
+        """Here, where its ranks ran (see `remove_comm_buffers`)."""
+        remove_comm_buffers(self.launcher.master_addr, port)
+
+    def kill_all(self, tags: list[str]) -> None:
+        """Nothing beyond the process groups."""
+
+
 @dataclass
 class LocalExecutor:
-    """Runs attempts as local processes through DeepSpeed's launcher."""
+    """Runs attempts as local processes: DeepSpeed's launcher (`Here`, by default) or what `processes` starts."""
 
     hostfile: str
     metric: Metric
@@ -134,8 +217,11 @@ class LocalExecutor:
     env: Mapping[str, str] = field(default_factory=dict)
     grace: float = 10.0
     devices: Devices = field(default_factory=dict)  # this machine's MIG instances, by host and slot id
+    processes: Processes | None = None  # None: DeepSpeed's launcher here (Here)
 
     def __post_init__(self) -> None:
+        self._how: Processes = self.processes or Here(self.hostfile, self.metric, self.launcher, self.env,
+                                                      self.devices)
         self._lock = threading.Lock()
         self._procs: dict[Key, Child | Adopted] = {}
         self._tags: dict[Key, str] = {}
@@ -152,8 +238,9 @@ class LocalExecutor:
             port = free_port(self._ports)
             self._ports.add(port)
         try:
-            config, command = self.command(run, port)
+            config, command = self._how.command(run, port)
             prepare_directory(run)
+            self._how.prepare(run)
             proc = self._spawn(run, command)
         except Exception as e:  # our own failure to launch (command missing, disk full, ...): recorded, never lost
             self._forget(run, port)
@@ -161,7 +248,8 @@ class LocalExecutor:
             outcome = Outcome(State.FAILED, Reason.LAUNCH, why)
             post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
             return
-        self.announce(run, proc, port, post)
+        if not self._how.waits_for_start:  # the pid recorded at once, here
+            post(Launched(run, proc.pid, port, self.clock()))
         self._workers.start(f"run-{run.tag}", self._attempt, run, proc, port, post,
                             partial(self._watch, run, proc, config, command, port, post))
 
@@ -172,7 +260,7 @@ class LocalExecutor:
         if proc.pid is not None:
             self._track(run, proc)
         self._workers.start(f"adopted-{run.tag}", self._attempt, run, proc, None, post,
-                            partial(self._follow, run, proc))
+                            partial(self._follow, run, proc, post))
 
     def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
         """Ask for the stop, and end the attempt's processes on a thread of their own (the grace period must
@@ -194,33 +282,17 @@ class LocalExecutor:
             running = [(self._tags[key], proc) for key, proc in self._procs.items()]
         for tag, proc in running:
             end_group(proc.pid, tag, 0, lambda _: False)
+        self._how.kill_all([tag for tag, _ in running])
 
     def close(self) -> None:
         """Join the attempt and stop threads: each ends once its processes have (a stop's within the grace)."""
         self._workers.close(timeout=self.grace + 30)
 
     # --- one attempt, on its own thread -------------------------------------------------------------------
-    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
-        """The config this attempt runs (autotuning section included) and the command that runs it."""
-        metrics_path = str(run.dir / "metrics.json")
-        config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
-        return config, deepspeed_command(
-            run.experiment, run.reservation, config, hostfile=self.hostfile, master_port=port,
-            metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
-            launcher=self.launcher, env=self.env, mig=mig_of(run.reservation, self.devices))
-
-    def announce(self, run: Run, proc: Child, port: int, post: Post) -> None:
-        """Tell the dispatcher the attempt runs (its pid is recorded): at once, here."""
-        post(Launched(run, proc.pid, port, self.clock()))
-
-    def environment(self, command: Command) -> dict[str, str]:
-        """The launcher's whole environment: ours, plus the attempt's."""
-        return {**os.environ, **command.env}
-
     def _spawn(self, run: Run, command: Command) -> Child:
         argv = exitstatus.wrapped(command.argv, run.dir / exitstatus.FILENAME)
         with open(run.dir / "stdout.log", "wb") as out, open(run.dir / "stderr.log", "wb") as err:
-            proc = Child(subprocess.Popen(argv, cwd=command.cwd or None, env=self.environment(command),
+            proc = Child(subprocess.Popen(argv, cwd=command.cwd or None, env=self._how.environment(command),
                                           stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True))
         self._track(run, proc)
         return proc
@@ -264,21 +336,22 @@ class LocalExecutor:
                 self._forget(run, port)
 
     def remove_buffers(self, run: Run, port: int) -> None:
-        """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended (see `remove_comm_buffers`), where
-        its ranks ran: here."""
-        remove_comm_buffers(self.launcher.master_addr, port)
+        """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended, where its ranks ran."""
+        self._how.remove_buffers(run, port)
 
     def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command, port: int,
                post: Post) -> Outcome:
+        if self._how.waits_for_start:
+            post(Launched(run, proc.pid, port, self.clock(), self._how.await_start(run, proc)))
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
-        return self._follow(run, proc)
+        return self._follow(run, proc, post)
 
-    def _follow(self, run: Run, proc: Child | Adopted) -> Outcome:
+    def _follow(self, run: Run, proc: Child | Adopted, post: Post) -> Outcome:
         """Wait for the attempt (see `Stops.wait`), end whatever of it is left, judge it."""
         exit_code = self._stops.wait(run, proc, end=partial(self._end, proc, run.tag))
         end_group(proc.pid, run.tag, 0, lambda _: False)  # whatever of it outlived the launcher
-        return exitstatus.judge_files(exit_code, run.dir, self.metric)
+        return self._how.ended(run, exitstatus.judge_files(exit_code, run.dir, self.metric), post)
 
     def _end(self, proc: Child | Adopted, tag: str) -> None:
         def gone_within(seconds: float) -> bool:
@@ -288,4 +361,5 @@ class LocalExecutor:
             except subprocess.TimeoutExpired:
                 return False
 
+        self._how.end(proc, tag, self.grace, self._stops.killing)
         end_group(proc.pid, tag, 0 if self._stops.killing else self.grace, gone_within)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...core.resources import Devices
 from ...core.scheduler import Executor
+from ...core.slots import Devices
 from ...gpu.nvml import FreeMemory
 from ...ledger.store import SweepMeta
 from ...spec.hostfile import is_local

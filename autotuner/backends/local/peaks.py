@@ -37,7 +37,7 @@ class PeakMemory:
 
     `nvml` stands in for the `pynvml` module (tests pass a fake); by default the real one, imported on the first
     `watch`. One NVML session from then until `close`. `mig`: the sweep's MIG instances, slot id -> UUID: their
-    slot ids are no NVML index (inventory.py), so each is read through the handle of its UUID."""
+    slot ids are no NVML index (gpu/nvml.py), so each is read through the handle of its UUID."""
 
     def __init__(self, nvml: Any = None, period: float | None = None, proc: Path = Path("/proc"),
                  mig: Mapping[int, str] | None = None):

@@ -16,8 +16,8 @@ from .allocation import (
     release,
     request,
 )
-from .executor import SlurmExecutor, end_strays
+from .executor import SlurmSteps, end_strays, slurm_executor
 from .watch import AllocationWatcher
 
-__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmExecutor", "Withdrawn", "cancel_step", "cluster_of",
-           "current_job", "describe", "end_strays", "planned_cluster", "release", "request"]
+__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmSteps", "Withdrawn", "cancel_step", "cluster_of",
+           "current_job", "describe", "end_strays", "planned_cluster", "release", "request", "slurm_executor"]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.resources import Devices, FreeMemory, devices_from_json
+from ...core.placement import FreeMemory
+from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
 from ...gpu.nvml import FreeMemory as LocalFreeMemory
@@ -21,7 +22,7 @@ from ..local.cleanup import end_tagged
 from ..local.gpus import free_memory_here, measured
 from ..local.peaks import PeakMemory
 from .allocation import Allocation, cancel_step, cluster_of
-from .executor import SlurmExecutor, end_strays
+from .executor import end_strays, slurm_executor
 from .shared import unshared_nodes
 from .watch import AllocationWatcher
 
@@ -79,9 +80,9 @@ class SlurmBackend:
         meta = self.ledger.meta()
         self._watcher = AllocationWatcher(self.allocation, post, margin=self.grace + 30)
         devices = devices_from_json(meta.devices)
-        steps = SlurmExecutor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
-                              Launcher(meta.launcher), dict(meta.env), self.grace, allocation=self.allocation,
-                              on_lost=self._watcher.watch)
+        steps = slurm_executor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
+                               Launcher(meta.launcher), dict(meta.env), self.grace, allocation=self.allocation,
+                               on_lost=self._watcher.watch)
         self._executor, self._peaks = measured(steps, meta, devices)
         return self._executor
 

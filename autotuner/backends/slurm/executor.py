@@ -22,14 +22,15 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...core.events import HostLost, Launched, Post, Run
+from ...core.events import HostLost, Post, Run
 from ...core.outcome import Outcome
 from ...spec.hostfile import format_hostfile
+from ...spec.metrics import Metric
 from ...states import Reason, State
 from ..launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
 from ..local.executor import Adopted, Child, LocalExecutor
@@ -89,24 +90,23 @@ def srun_argv(allocation: Allocation, run: Run, node_argv: list[str]) -> list[st
 
 
 @dataclass
-class SlurmExecutor(LocalExecutor):
-    """Runs attempts as steps of `allocation`; otherwise the local executor (see the module docstring)."""
+class SlurmSteps:
+    """Attempts as steps of `allocation` (see the module docstring): the Processes a LocalExecutor runs here."""
 
-    allocation: Allocation | None = None
+    allocation: Allocation
+    metric: Metric
+    launcher: Launcher = field(default_factory=Launcher)
+    env: Mapping[str, str] = field(default_factory=dict)
     poll: float = 0.05  # seconds between looks at the step list while waiting on Slurm
     on_lost: Callable[[str], None] = lambda node: None  # a node found lost here (the watcher follows it back)
+    waits_for_start: bool = True  # Launched once Slurm lists the step, with its id
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.allocation is None:
-            raise ValueError("a SlurmExecutor needs an allocation")
         self._job = self.allocation.job
-        self._post: Post = lambda event: None
         self._steps_lock = threading.Lock()
         self._steps_read: tuple[float, list[parse.Step]] = (float("-inf"), [])
 
     def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
-        assert self.allocation is not None
         metrics_path = str(run.dir / "metrics.json")
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
         hosts = run.reservation.hosts
@@ -121,32 +121,21 @@ class SlurmExecutor(LocalExecutor):
 
     def environment(self, command: Command) -> dict[str, str]:
         """Ours without our own job's step settings (srun would read them as the step's), plus the attempt's."""
-        return {**{k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}, **command.env}
+        return {**srun_environment(), **command.env}
 
-    def _spawn(self, run: Run, command: Command) -> Child:
+    def prepare(self, run: Run) -> None:
         """The hostfile DeepSpeed's launcher reads on each node: the step's nodes, each with its GPUs."""
-        assert self.allocation is not None
         gpus = self.allocation.total_gpus
         (run.dir / "hostfile").write_text(format_hostfile({h: gpus.get(h, run.experiment.num_gpus)
                                                            for h in run.reservation.hosts}))
-        return super()._spawn(run, command)
 
-    def announce(self, run: Run, proc: Child, port: int, post: Post) -> None:
-        """Not yet: the attempt's thread records the start once Slurm lists the step (`_watch`)."""
-
-    def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command, port: int,
-               post: Post) -> Outcome:
-        step = self._await_step(run.tag, proc)
-        post(Launched(run, proc.pid, port, self.clock(), step))
-        return super()._watch(run, proc, config, command, port, post)
-
-    def _await_step(self, tag: str, proc: Child) -> str | None:
+    def await_start(self, run: Run, proc: Child) -> str | None:
         """The step's id once Slurm lists it; None if srun ended first or it took too long (a step waiting for
         resources a moment ago's step still held). Looks back off from `poll` to half a second."""
         end = time.monotonic() + STEP_SHOWS_WITHIN
         pause = self.poll
         while time.monotonic() < end:
-            found = self._step_of(tag, fresh=False)
+            found = self._step_of(run.tag, fresh=False)
             if found is not None:
                 return found
             if _ended(proc):
@@ -155,7 +144,7 @@ class SlurmExecutor(LocalExecutor):
             pause = min(0.5, pause * 1.5)
         log.warning("%s: Slurm has not started its step in %g s: something else holds its nodes' GPUs or CPUs (a "
                     "step of Slurm job %s that is not ours?); it starts once they are free, its timeout counted "
-                    "from now", tag, STEP_SHOWS_WITHIN, self._job)
+                    "from now", run.tag, STEP_SHOWS_WITHIN, self._job)
         return None
 
     def _step_of(self, tag: str, *, fresh: bool = True) -> str | None:
@@ -171,20 +160,11 @@ class SlurmExecutor(LocalExecutor):
             listed = self._steps_read[1]
         return next((s.id for s in listed if s.name == tag), None)
 
-    def start(self, run: Run, post: Post) -> None:
-        self._post = post  # the dispatcher's: a node found lost is told to it (`_follow`)
-        super().start(run, post)
-
-    def adopt(self, run: Run, pid: int | None, post: Post) -> None:
-        self._post = post
-        super().adopt(run, pid, post)
-
-    def _follow(self, run: Run, proc: Child | Adopted) -> Outcome:
-        """As the local executor, then: nothing of the step may outlive srun. A run that did not succeed on a
-        node Slurm marks lost, or that srun says a node failure ended (it then exits 0, and Slurm may mark the
-        node only later), was lost with the node: interrupted, to run again elsewhere, and the node reported
-        at once rather than at the watcher's next look."""
-        outcome = super()._follow(run, proc)
+    def ended(self, run: Run, outcome: Outcome, post: Post) -> Outcome:
+        """Nothing of the step may outlive srun. A run that did not succeed on a node Slurm marks lost, or that
+        srun says a node failure ended (it then exits 0, and Slurm may mark the node only later), was lost with
+        the node: interrupted, to run again elsewhere, and the node reported at once rather than at the
+        watcher's next look."""
         self._end_step(run.tag)
         if outcome.state == State.SUCCEEDED:
             return outcome
@@ -192,15 +172,14 @@ class SlurmExecutor(LocalExecutor):
         if lost is None:
             return outcome
         node, why = lost
-        self._post(HostLost(node, why))
+        post(HostLost(node, why))
         self.on_lost(node)
         return Outcome(State.INTERRUPTED, Reason.LOST, f"node {node} lost: {why}")
 
     def remove_buffers(self, run: Run, port: int) -> None:
-        """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended, on its nodes (where its ranks ran,
-        named by the first node's address): one short step that overlaps whatever else runs there, so it never
-        waits for a free CPU. Best effort: a node that cannot be reached keeps them until it reboots."""
-        assert self.allocation is not None
+        """On the step's nodes (where its ranks ran, named by the first node's address): one short step that
+        overlaps whatever else runs there, so it never waits for a free CPU. Best effort: a node that cannot be
+        reached keeps them until it reboots."""
         hosts = run.reservation.hosts
         name = comm_buffer_prefix('"$(id -u)"', shlex.quote(self.allocation.address(hosts[0])), port)
         argv = ["srun", "--jobid", self._job, "--overlap", "--nodes", str(len(hosts)), "--nodelist", ",".join(hosts),
@@ -228,21 +207,20 @@ class SlurmExecutor(LocalExecutor):
         failed = [node for node in told if node in run.reservation.hosts]
         return (failed[0], "srun reported a node failure") if failed else None
 
-    def _end(self, proc: Child | Adopted, tag: str) -> None:
+    def end(self, proc: Child | Adopted, tag: str, grace: float, killing: bool) -> None:
         """SIGTERM to the step's tasks on every node (`scancel --signal`: a signal to srun itself would kill
         them at once) and the grace period for them to end; then the step killed and waited for until Slurm no
-        longer lists it; then whatever is left of srun's group."""
+        longer lists it (the executor then ends whatever is left of srun's group)."""
         step = self._step_of(tag)
-        if step is not None and not self._stops.killing:
+        if step is not None and not killing:
             try:
                 slurm("scancel", "--signal=TERM", step, check=False)  # its exit status says nothing (22.05: 225)
-            except SlurmError as e:  # not told: srun's group still gets SIGTERM below, the grace, then SIGKILL
+            except SlurmError as e:  # not told: srun's group still gets SIGTERM, the grace, then SIGKILL
                 log.warning("cannot signal Slurm step %s: %s", step, e)
             else:
                 with contextlib.suppress(subprocess.TimeoutExpired, TimeoutError):
-                    proc.wait(timeout=self.grace)
+                    proc.wait(timeout=grace)
         self._end_step(tag)
-        super()._end(proc, tag)
 
     def _end_step(self, tag: str) -> None:
         """Kill the step named `tag` if Slurm still lists it, and wait until it does not."""
@@ -250,11 +228,8 @@ class SlurmExecutor(LocalExecutor):
         if step is not None:
             cancel_step(step, STEP_ENDS_WITHIN)
 
-    def kill_all(self) -> None:
-        """At once: every step of ours cancelled, then srun's groups killed (see the local executor)."""
-        with self._lock:
-            tags = list(self._tags.values())
-        super().kill_all()
+    def kill_all(self, tags: list[str]) -> None:
+        """Every step of ours cancelled (srun's groups are killed already)."""
         mine = set(tags)
         try:
             for step in steps(self._job):
@@ -262,6 +237,15 @@ class SlurmExecutor(LocalExecutor):
                     slurm("scancel", step.id, check=False)
         except SlurmError as e:  # srun's groups are killed already: Slurm ends their steps without being told
             log.warning("cannot cancel the steps of Slurm job %s: %s", self._job, e)
+
+
+def slurm_executor(hostfile: str, metric: Metric, clock: Callable[[], float], launcher: Launcher | None = None,
+                   env: Mapping[str, str] | None = None, grace: float = 10.0, *, allocation: Allocation,
+                   on_lost: Callable[[str], None] = lambda node: None, poll: float = 0.05) -> LocalExecutor:
+    """The executor of a Slurm sweep: this machine's, its processes srun's steps (composition: SlurmSteps)."""
+    launcher, env = launcher or Launcher(), env or {}
+    steps_here = SlurmSteps(allocation, metric, launcher, env, poll=poll, on_lost=on_lost)
+    return LocalExecutor(hostfile, metric, clock, launcher, env, grace, processes=steps_here)
 
 
 def tail(path: Path, size: int = 65536) -> str:

@@ -11,10 +11,10 @@
     probe.py     does each host answer (before a launch); what each host offers (`autotune hosts`)
     executor.py  SshExecutor: attempts whose first host is another machine
     watch.py     HostWatcher: announces a lost host that answers again
-    memory.py    RemoteMemory: the hosts' GPU free memory, read off the dispatcher for the memory placement
+    free_memory.py RemoteMemory: the hosts' GPU free memory, read off the dispatcher for the memory placement
 
-Imports point inward: executor, watch and memory use the rest; pool imports only errors, hostkeys and process. fabric
-and paramiko are imported on first use (a connection), never with these modules: the CLI starts fast.
+Imports point inward: executor, watch and free_memory use the rest; pool imports only errors, hostkeys and process.
+fabric and paramiko are imported on first use (a connection), never with these modules: the CLI starts fast.
 """
 from .cleanup import end_tagged_remote, signal_tagged
 from .errors import CommandTimeout, HostDown, HostKeyError, RemoteStartError

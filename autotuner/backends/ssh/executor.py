@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...core.events import Finished, HostLost, Launched, Post, Run
 from ...core.outcome import Outcome
-from ...core.resources import Devices
+from ...core.slots import Devices
 from ...spec.metrics import Metric
 from ...states import Reason, State
 from ...threads import Workers
