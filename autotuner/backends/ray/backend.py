@@ -18,7 +18,8 @@ from typing import Any
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.resources import Devices, FreeMemory
+from ...core.placement import FreeMemory
+from ...core.slots import Devices
 from ...errors import UserError
 from ...files import write_atomic
 from ...ledger.store import Attempt, Ledger
@@ -26,8 +27,9 @@ from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
+from ..local.executor import LocalExecutor
 from .connect import address_of, connect
-from .executor import RayExecutor
+from .executor import RayDrivers
 from .nodes import RayNode, cluster_of, read_nodes, record_of
 from .watch import NodeWatcher
 
@@ -45,7 +47,7 @@ class RayBackend:
         self.measure: FreeMemory | None = None  # GPUs are read by nobody here: Ray hands them out
         self.observers: list[Observer] = []
         self._ray: ModuleType | None = None
-        self._executor: RayExecutor | None = None
+        self._executor: LocalExecutor | None = None
         self._watcher: NodeWatcher | None = None
 
     def ray(self) -> ModuleType:
@@ -82,10 +84,12 @@ class RayBackend:
         meta = self.ledger.meta()
         record = dict(meta.ray or {})
         self._watcher = NodeWatcher(self.ray, dict(record.get("nodes") or {}), post)
-        self._executor = RayExecutor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
-                                     Launcher(meta.launcher), dict(meta.env), self.grace, address=self.address,
-                                     nodes=dict(record.get("nodes") or {}), capacity=dict(meta.capacity),
-                                     release=self.release, on_lost=self._watcher.watch)
+        launcher, env = Launcher(meta.launcher), dict(meta.env)
+        drivers = RayDrivers(self.address, metric_named(meta.metric), launcher, env, self.grace,
+                             nodes=dict(record.get("nodes") or {}), capacity=dict(meta.capacity),
+                             release=self.release, on_lost=self._watcher.watch)
+        self._executor = LocalExecutor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric),
+                                       time.time, launcher, env, self.grace, processes=drivers)
         return self._executor
 
     def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
