@@ -781,7 +781,8 @@ def hosts(
 
 
 def _ray_hosts(ray: str, fmt: str) -> None:
-    """`hosts --ray`: the cluster's live nodes; exit 0 when one has a GPU, 2 when the cluster cannot be reached."""
+    """`hosts --ray`: the cluster's live nodes; exit 0 when one has a GPU, 1 when none has, 2 when the cluster
+    cannot be reached."""
     try:
         address, nodes = autotuner.ray_nodes(ray)
     except UserError as e:
