@@ -204,6 +204,21 @@ def test_resume_cleans_up_what_ray_holds_of_runs_nobody_follows(ray_lab, tmp_pat
     assert nothing_left(ray_lab, results)
 
 
+def test_tune_on_ray_searches_with_runs_out_of_memory_as_answers(ray_lab, tmp_path):
+    (tmp_path / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    (tmp_path / "ds.json").write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": [2, 3]},
+        "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}))
+    standin = Path(__file__).resolve().parent / "oom_standin.sh"
+    launcher = f"env OOM_STANDIN_LOG={tmp_path / 'launches.log'} sh {standin}"  # the node's environment is its own
+    done = autotune("tune", "--ray", "-o", tmp_path / "res", "--launcher", launcher, "train.py",
+                    "--deepspeed_config", "ds.json", environ=lab_env(ray_lab), cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "best: train_z3_mbs45 with throughput" in done.stdout  # the fake GPU's largest fit of stage 3
+    assert any(a.reason == "oom" for a in attempts(tmp_path / "res"))  # OOM read from the first node's output
+    assert nothing_left(ray_lab, tmp_path / "res")
+
+
 def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
     done = autotune("hosts", "--ray", "-f", "json", environ=lab_env(ray_lab))
     assert done.returncode == 0, done.stderr
