@@ -219,6 +219,21 @@ def test_tune_on_ray_searches_with_runs_out_of_memory_as_answers(ray_lab, tmp_pa
     assert nothing_left(ray_lab, tmp_path / "res")
 
 
+def test_cancel_with_no_runner_ends_what_a_dead_one_left_in_ray(ray_lab, tmp_path, runners):
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1\n  num_nodes: 2")
+    results = tmp_path / "r"
+    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 300), "-o", results, "-q",
+                         environ=lab_env(ray_lab), directory=results)
+    wait_until(lambda: len(node_lines(results, "s_x0")) == 2, 120, "both nodes running")
+    proc.send_signal(signal.SIGKILL)
+    finish(proc)
+    assert len(ray_lab.placement_groups()) == 1
+    done = autotune("cancel", results, environ=lab_env(ray_lab), timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert [(a.attempt, a.state) for a in attempts(results)] == [(1, State.INTERRUPTED), (2, State.CANCELLED)]
+    assert nothing_left(ray_lab, results)
+
+
 def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
     done = autotune("hosts", "--ray", "-f", "json", environ=lab_env(ray_lab))
     assert done.returncode == 0, done.stderr
