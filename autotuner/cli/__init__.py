@@ -29,6 +29,7 @@ from autotuner import UserError
 from .. import limits
 from ..backends.ray import ask as ray_ask
 from ..errors import shown
+from .bundles import GPUS_PER_NODE, NODES, SLURM_OPTIONS, asks_slurm
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run a space of DeepSpeed configurations across GPU slots and keep the fastest.")
@@ -59,17 +60,9 @@ GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs o
                                                  "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
 GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU types (by default each runs on "
                                                     "one type).")
-SLURM = typer.Option(False, "--slurm", help="Run inside a Slurm allocation: this job's (SLURM_JOB_ID), or one "
-                                               "asked for with --nodes and --gpus-per-node and given back at the end.")
 RAY = typer.Option(None, "--ray", metavar="[ADDRESS]",
                    help="Run on a Ray cluster (KubeRay, `ray up`), as a client: the one at ADDRESS, else RAY_ADDRESS, "
                         "else auto (a cluster this machine is a node of). Never starts one.")
-NODES = typer.Option(None, "--nodes", min=1, help="With --slurm outside an allocation: nodes to ask for.")
-GPUS_PER_NODE = typer.Option(None, "--gpus-per-node", min=1,
-                             help="With --slurm outside an allocation: GPUs per node to ask for.")
-PARTITION = typer.Option(None, "--partition", help="With --slurm --nodes: the Slurm partition.")
-TIME_LIMIT = typer.Option(None, "--time", help="With --slurm --nodes: the allocation's time limit (Slurm's syntax).")
-ACCOUNT = typer.Option(None, "--account", help="With --slurm --nodes: the Slurm account.")
 RESULT_HELP = ("table: the outcome in lines; json: only one JSON object on stdout when the sweep ends (counts, "
                "best, its files, exit code), no event lines there (--events writes them).")
 
@@ -223,6 +216,7 @@ def _check_ssh_config(path: Path | None) -> None:
 
 
 @app.command()
+@asks_slurm
 def run(
     specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
                                                  "of them."),
@@ -255,21 +249,15 @@ def run(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
-    slurm: bool = SLURM,
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
-    partition: str | None = PARTITION,
-    time_limit: str | None = TIME_LIMIT,
-    account: str | None = ACCOUNT,
+    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
     ray: str | None = RAY,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
-    ask = autotuner.SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:  # everything that can be checked before an allocation is asked for
         ask.check(hostfile, slots)
-        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=ask.slurm, include=include, exclude=exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
@@ -305,6 +293,7 @@ def run(
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                 "allow_interspersed_args": False})
+@asks_slurm
 def tune(
     ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script; everything after it goes to the script, which "
@@ -341,12 +330,7 @@ def tune(
     remote_dir: str | None = REMOTE_DIR,
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
-    slurm: bool = SLURM,
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
-    partition: str | None = PARTITION,
-    time_limit: str | None = TIME_LIMIT,
-    account: str | None = ACCOUNT,
+    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
     ray: str | None = RAY,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
@@ -355,10 +339,9 @@ def tune(
     the grid sampled (random, model_based); with `fast: false` each stage's ZeRO knobs too (bucket sizes,
     overlap_comm, reduce_scatter, contiguous_gradients); runs out of memory are answers, not failures; the best
     configs are run again before the winner is named."""
-    ask = autotuner.SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check(hostfile, slots)
-        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=ask.slurm, include=include, exclude=exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         if events is not None:
@@ -615,6 +598,7 @@ def _drop_stdout() -> None:
 
 
 @app.command()
+@asks_slurm
 def resume(
     directory: Path = typer.Argument(..., help="A sweep's results directory."),
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed and timed-out experiments again."),
@@ -633,12 +617,7 @@ def resume(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
-    slurm: bool = SLURM,
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
-    partition: str | None = PARTITION,
-    time_limit: str | None = TIME_LIMIT,
-    account: str | None = ACCOUNT,
+    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
     ray: str | None = RAY,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
@@ -655,10 +634,9 @@ def resume(
         raise fail(e) from None
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    ask = autotuner.SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
     try:
         ask.check()
-        ray_ask.check(ray, slurm=slurm)
+        ray_ask.check(ray, slurm=ask.slurm)
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask, recorded=plan.slurm)
