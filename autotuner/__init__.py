@@ -40,6 +40,7 @@ __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.cluster import Cluster, check_gpu_needs
+    from .backends.ray.ask import ray_cluster, ray_nodes, render_ray_nodes
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
     from .backends.slurm.allocation import release as release_allocation
     from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
@@ -74,6 +75,10 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless t
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
+    # On a Ray cluster: its nodes, and its cluster for a sweep (`autotune run/tune/plan/hosts --ray`).
+    "ray_cluster": (".backends.ray.ask", "ray_cluster"),
+    "ray_nodes": (".backends.ray.ask", "ray_nodes"),
+    "render_ray_nodes": (".backends.ray.ask", "render_ray_nodes"),
     # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "allocation_cluster": (".backends.slurm.ask", "allocation_cluster"),
@@ -198,12 +203,15 @@ __all__ = [
     "plan_sweep",
     "prepare",
     "prepare_tune",
+    "ray_cluster",
+    "ray_nodes",
     "read_tune",
     "release_allocation",
     "render_allocation",
     "render_compare",
     "render_hosts",
     "render_plan",
+    "render_ray_nodes",
     "render_report",
     "render_result",
     "render_status",

@@ -72,3 +72,16 @@ def slurm_lab(tmp_path_factory):
         yield lab
     finally:
         lab.stop()
+
+
+# --- a real Ray cluster on this machine (tests/ray_lab.py) ------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def ray_lab():
+    """A real Ray cluster, started once per session: a head and two worker nodes, two fake GPUs each, on
+    loopback. Pass `ray_lab.env` to every `autotune --ray` (RAY_ADDRESS, and Ray kept on loopback). The test
+    process is connected too: `placement_groups()`, `actors(prefix)`, `alive()`, `kill_worker(i)`."""
+    import ray_lab as lab
+
+    with lab.running() as held:
+        yield held

@@ -45,7 +45,8 @@ def test_help_imports_neither_torch_nor_deepspeed():
             "from typer.testing import CliRunner\n"
             "r = CliRunner().invoke(autotuner.cli.app, ['--help'])\n"
             "assert r.exit_code == 0 and 'resume' in r.output, r.output\n"
-            "bad = [m for m in ('torch', 'deepspeed', 'paramiko', 'fabric', 'matplotlib', 'optuna')\n"
+            "bad = [m for m in ('torch', 'deepspeed', 'paramiko', 'fabric', 'matplotlib', 'optuna',\n"
+            "                        'ray')\n"
             "       if m in sys.modules]\n"
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

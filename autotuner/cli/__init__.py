@@ -27,6 +27,7 @@ from autotuner import UserError
 # timeout named in --timeout's help (applied by `autotuner.timeout_seconds`), and `shown`, which quotes user
 # text in a one-line message.
 from .. import limits
+from ..backends.ray import ask as ray_ask
 from ..errors import shown
 from .bundles import GPUS_PER_NODE, NODES, SLURM_OPTIONS, asks_slurm
 
@@ -59,6 +60,9 @@ GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs o
                                                  "this machine's, e.g. A100-SXM4-80GB); wins over gpu_type in files.")
 GPU_MIXED = typer.Option(False, "--gpu-mixed", help="Let one experiment span GPU types (by default each runs on "
                                                     "one type).")
+RAY = typer.Option(None, "--ray", metavar="[ADDRESS]",
+                   help="Run on a Ray cluster (KubeRay, `ray up`), as a client: the one at ADDRESS, else RAY_ADDRESS, "
+                        "else auto (a cluster this machine is a node of). Never starts one.")
 RESULT_HELP = ("table: the outcome in lines; json: only one JSON object on stdout when the sweep ends (counts, "
                "best, its files, exit code), no event lines there (--events writes them).")
 
@@ -257,6 +261,7 @@ def run(
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
+    ray: str | None = RAY,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Run a sweep and report the best configuration."""
@@ -264,6 +269,7 @@ def run(
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
         ask.check(hostfile, slots, include, exclude)
         ask.check_runnable()
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=ask.slurm, include=include, exclude=exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
@@ -279,12 +285,12 @@ def run(
     with _given_back(allocation):
         try:
             ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
-            cluster = _cluster(allocation, hostfile, include, exclude, slots, sweep, notes.append,
-                               ssh or autotuner.Ssh())
+            cluster = autotuner.ray_cluster(ray) if ray is not None else _cluster(
+                allocation, hostfile, include, exclude, slots, sweep, notes.append, ssh or autotuner.Ssh())
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
-                                        fail_on=fail_on, slurm=allocation)
+                                        fail_on=fail_on, slurm=allocation, ray=ray)
             directory = autotuner.prepare(sweep, cluster, directory_asked, launcher=launch,
                                           timeout=options.timeout, memory_from=peaks)
         except UserError as e:
@@ -339,6 +345,7 @@ def tune(
     quiet: bool = QUIET,
     events: Path | None = EVENTS,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
+    ray: str | None = RAY,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
@@ -349,6 +356,7 @@ def tune(
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
         ask.check(hostfile, slots, include, exclude)
         ask.check_runnable()
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=ask.slurm, include=include, exclude=exclude)
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _results_path(results)
@@ -362,11 +370,11 @@ def tune(
         notes: list[str] = []
         try:
             ssh = _ssh(ssh_config, accept_new_hosts, remote_dir)
-            cluster = _cluster(allocation, hostfile, include, exclude, slots, None, notes.append,
-                               ssh or autotuner.Ssh())
+            cluster = autotuner.ray_cluster(ray) if ray is not None else _cluster(
+                allocation, hostfile, include, exclude, slots, None, notes.append, ssh or autotuner.Ssh())
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
-                                        timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
+                                        timeout=autotuner.timeout_seconds(timeout), slurm=allocation, ray=ray)
             directory = autotuner.prepare_tune(request, (), cluster, chosen, launcher=launch,
                                                timeout=options.timeout)
         except UserError as e:
@@ -496,6 +504,7 @@ def plan(
                                                       "--gpus-per-node (nothing is asked of Slurm)."),
     nodes: int | None = NODES,
     gpus_per_node: int | None = GPUS_PER_NODE,
+    ray: str | None = RAY,
 ) -> None:
     """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
     scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
@@ -510,8 +519,9 @@ def plan(
             autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, hostfile,
                                                     past / "ledger.sqlite" if past is not None else None],
                                    replaced=True)
-        cluster = _planned_cluster(autotuner.SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
-                                   sweep, notes.append)
+        ray_ask.check(ray, hostfile=hostfile, slots=slots, slurm=slurm, include=include, exclude=exclude)
+        cluster = autotuner.ray_cluster(ray) if ray is not None else _planned_cluster(
+            autotuner.SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots, sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
@@ -627,12 +637,14 @@ def resume(
     events: Path | None = EVENTS,
     fail_on: autotuner.FailOn = FAIL_ON,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
+    ray: str | None = RAY,
     fmt: Brief = _format_option(RESULT_HELP, Brief.table),
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
     allocation, in the one it ran in while that still runs, or in a new one (--nodes, --gpus-per-node)."""
     try:  # everything that can be checked before a cluster is asked for anything
         ask.check()
+        ray_ask.check(ray, slurm=ask.slurm)
         _check_execution(deadline, grace, ssh_config)
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
             else None
@@ -647,7 +659,7 @@ def resume(
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
                                     retries=retries, deadline=deadline, placement=chosen,
                                     timeout=plan.timeout if timeout is None else autotuner.timeout_seconds(timeout),
-                                    fail_on=fail_on, slurm=allocation)
+                                    fail_on=fail_on, slurm=allocation, ray=ray)
         _execute(directory, options, quiet, events, retry_failed=retry_failed,
                  new_experiments=plan.new_experiments, fmt=fmt)
 
@@ -764,11 +776,15 @@ def hosts(
     fmt: Format = _format_option("table (fitted to the terminal), json, csv or md (Markdown)."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
     slurm: bool = typer.Option(False, "--slurm", help="The nodes of this Slurm allocation instead of a hostfile."),
+    ray: str | None = typer.Option(None, "--ray", metavar="[ADDRESS]", help="The nodes of this Ray cluster (ADDRESS, "
+                                   "else RAY_ADDRESS, else auto) instead of a hostfile."),
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load. With --slurm:
     the nodes of the allocation this runs in, their state in Slurm and what each can run."""
     if slurm:
         _slurm_hosts("json" if as_json else fmt.value)
+    if ray is not None:
+        _ray_hosts(ray, "json" if as_json else fmt.value)
     try:
         _check_ssh_config(ssh_config)
         listed, reports = autotuner.check_hosts(hostfile, str(ssh_config) if ssh_config else None,
@@ -778,6 +794,17 @@ def hosts(
     sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports,
                                             "json" if as_json else fmt.value, _screen()))
     raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
+
+
+def _ray_hosts(ray: str, fmt: str) -> None:
+    """`hosts --ray`: the cluster's live nodes; exit 0 when one has a GPU, 1 when none has, 2 when the cluster
+    cannot be reached."""
+    try:
+        address, nodes = autotuner.ray_nodes(ray)
+    except UserError as e:
+        raise fail(e) from None
+    sys.stdout.write(autotuner.render_ray_nodes(address, nodes, fmt))
+    raise typer.Exit(0 if any(n.gpus for n in nodes) else 1)
 
 
 def _slurm_hosts(fmt: str) -> None:
@@ -810,6 +837,8 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--html" in args:
         args = optional_html_value(args)
+    if "--ray" in args:
+        args = ray_ask.optional_ray_value(args)
     _listen_for_early_ctrl_c()
     try:
         code = app(args=args, prog_name="autotune", standalone_mode=False)

@@ -101,6 +101,7 @@ class SweepMeta:
     # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
     learned_memory: Mapping[str, int] | None = None
     slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
+    ray: Mapping[str, Any] | None = None  # the Ray cluster it runs on (address, host -> node id), if one
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
@@ -108,7 +109,8 @@ class SweepMeta:
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
         "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "devices": dict, "placement": str, "slurm": (dict, type(None)), "learned_memory": dict}
+        "devices": dict, "placement": str, "slurm": (dict, type(None)), "learned_memory": dict,
+        "ray": (dict, type(None))}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -151,7 +153,7 @@ class SweepMeta:
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
         for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "devices", "slurm",
-                    "learned_memory"):
+                    "learned_memory", "ray"):
             data[key] = None if data[key] is None else dict(data[key])
         # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)

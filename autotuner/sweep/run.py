@@ -105,6 +105,7 @@ class Options:
     placement: str | None = None  # a name of PLACEMENTS (pack, spread, memory); None: as the sweep last ran, or pack
     fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
     slurm: Allocation | None = None  # the Slurm allocation to run in (a sweep started in Slurm needs one)
+    ray: str | None = None  # the Ray cluster to run on: its address, "" for RAY_ADDRESS or auto (backends/ray)
 
 
 def execute(directory: Path, options: Options | None = None, *, retry_failed: bool = False,
@@ -142,7 +143,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
                 raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
             ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
-                                                grace=options.grace, log=options.log)) as backend:
+                                                ray=options.ray, grace=options.grace, log=options.log)) as backend:
                 backend.attach()
                 left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
                 requeue(ledger, retry_failed)

@@ -1,0 +1,68 @@
+"""Reaching a Ray cluster as a client: the address (`--ray ADDRESS`, else RAY_ADDRESS, else `auto`, a cluster
+this machine is a node of), never a cluster started on the way; every failure one line.
+
+Ray is an optional dependency (`pip install 'ds-autotune[ray]'`): imported only here and by the modules that
+run once a cluster is reached, so that nothing else of autotune loads it.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import socket
+from pathlib import Path
+from types import ModuleType
+
+from ...errors import UserError
+
+NAMESPACE = "autotune"  # every placement group and actor of ours is named in it: `<sweep id>.<attempt>...`
+CONNECT_WITHIN = 10.0  # seconds for a cluster's address to accept a connection before it is taken as holding none
+_HOST_PORT = re.compile(r"(?:ray://)?(?P<host>\[[^]]+]|[^:/\s]+):(?P<port>\d+)")
+
+
+def address_of(given: str | None) -> str:
+    """The address to connect to: the one given, else RAY_ADDRESS, else `auto`."""
+    return given or os.environ.get("RAY_ADDRESS") or "auto"
+
+
+def import_ray() -> ModuleType:
+    """Ray, or a UserError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'ds-autotune[ray]'") from None
+    return ray
+
+
+def connect(address: str, where: Path | None = None) -> ModuleType:
+    """This process connected to the cluster at `address` (once; again is a no-op), or a UserError."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    silent = unanswering(address)
+    if silent:
+        raise UserError(f"--ray: no Ray cluster answers at {address}: {silent}", where)
+    quiet = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(quiet):
+            ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR,
+                     configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"--ray: no Ray cluster answers at {address}: {first}", where) from None
+    return ray
+
+
+def unanswering(address: str) -> str | None:
+    """Why nothing listens at a `host:port` address (Ray's client would wait for it for ever), None when it
+    does or when the address names no port (`auto`: Ray itself says when there is no cluster)."""
+    m = _HOST_PORT.fullmatch(address)
+    if m is None:
+        return None
+    try:
+        with socket.create_connection((m["host"].strip("[]"), int(m["port"])), timeout=CONNECT_WITHIN):
+            return None
+    except OSError as e:
+        return e.strerror or str(e) or type(e).__name__
