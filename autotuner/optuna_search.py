@@ -2,21 +2,27 @@
 draws from (each ZeRO stage x the micro-batch sizes that double from the smallest). Optuna is an optional extra
 (`pip install 'ds-autotune[tune]'`), imported only here, only when this tuner is used.
 
-The study is rebuilt from what the search knows (the ledger's trials, in the order they were proposed) at every
-ask, with the sampler seeded by the spec's seed and the trial's number: each decision is a function of the
-ledger alone, so a search rebuilt on resume proposes what the one that died would have.
+The study holds what the search knows: the ledger's trials, in the order they were proposed, each as TPE is told
+it. It is kept between asks and told only what changed (new trials, outcomes of trials that were running), and
+the sampler is seeded by the spec's seed and the number of trials at each ask: each decision is a function of the
+ledger alone, so a search rebuilt on resume (its study built in one go) proposes what the one that died would
+have. The trials an ask makes are failed once the decision is taken: TPE leaves FAIL trials out of everything it
+reads, so the kept study samples as one holding the ledger's trials alone. A kept trial whose told state would
+have to change after it ended (a crashed run later known too big: FAIL then PRUNED), which Optuna cannot do,
+makes the study be built anew.
 """
 from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import UserError
-from .search import Search, SearchSpec, Setting, sizes
+from .search import Search, SearchSpec, Setting, rerun_of, sizes
 from .spec import Experiment
 from .spec.tuning import OPTUNA_MISSING
+from .states import State
 
 ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
 STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
@@ -55,6 +61,28 @@ class ModelSearch(Search):
         dist = self.optuna.distributions
         self.space = {"stage": dist.CategoricalDistribution(spec.stages),
                       "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
+        self.points: list[tuple[int, int, Setting]] = []  # every trial, micro-batch or knob, in proposal order
+        self._kept: Any = None  # the study between asks
+        self._told_states: list[tuple[Any, float | None]] = []  # what it was told of each of `points`
+        self._numbers: list[int] = []  # each point's trial number in it
+        self._size = 0  # its trials, the failed asks included
+
+    def take(self, stage: int, mbs: int, knobs: Setting = ()) -> Experiment | None:
+        experiment = super().take(stage, mbs, knobs)
+        if experiment is not None:
+            self.points.append((stage, mbs, knobs))
+        return experiment
+
+    def replay(self, experiments: Sequence[Experiment], latest: Mapping[str, tuple[State, str | None,
+                                                                                    float | None]],
+               metrics: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        """As every search, and the trials in the ledger's order, as the live search took them."""
+        super().replay(experiments, latest, metrics)
+        for e in experiments:
+            placed = self._place_of(e)
+            if self.spec.profile_of(e.name) is None and rerun_of(e.name) is None and placed is not None \
+                    and placed[0] in self.stages:
+                self.points.append((*placed, self._setting_of(e)))
 
     def choose(self, room: int) -> list[Experiment]:
         proposed: list[Experiment] = []
@@ -67,35 +95,69 @@ class ModelSearch(Search):
         return proposed
 
     def study(self) -> Any:
-        """An Optuna study of the search's trials in the order proposed, each as TPE is told it (`_state`), with
-        a TPE sampler seeded by the spec's seed and the number of trials: rebuilt from the ledger alone."""
+        """A new Optuna study of the search's trials in the order proposed, each as TPE is told it (`_state`):
+        built from the ledger alone, as a search rebuilt on resume first builds it."""
         optuna = self.optuna
         with _quiet(optuna):
-            sampler = optuna.samplers.TPESampler(seed=self._seed, constant_liar=True, n_startup_trials=STARTUP)
             study = optuna.create_study(direction="minimize" if self.metric.minimize else "maximize",
-                                        sampler=sampler)
-            for stage, mbs in self.trials:
-                study.add_trial(self._told(stage, mbs))
-            for stage, mbs, knobs in self.knob_trials:
-                study.add_trial(self._told(stage, mbs, knobs))
+                                        sampler=self._sampler())
+            for point in self.points:
+                study.add_trial(self._told(*point))
+        return study
+
+    def _sampler(self) -> Any:
+        return self.optuna.samplers.TPESampler(seed=self._seed, constant_liar=True, n_startup_trials=STARTUP)
+
+    def _synced(self) -> Any:
+        """The kept study told what changed since the last ask: outcomes of trials it holds as running, and the
+        trials proposed since; built anew where a trial that ended would have to change (see the module)."""
+        told = [self._state(*point) for point in self.points]
+        known = len(self._told_states)
+        running = self.optuna.trial.TrialState.RUNNING
+        changed = [i for i in range(known) if told[i] != self._told_states[i]]
+        if self._kept is None or any(self._told_states[i][0] != running for i in changed):
+            self._kept, self._size = self.study(), len(self.points)
+            self._told_states, self._numbers = told, list(range(len(self.points)))
+            return self._kept
+        study = self._kept
+        with _quiet(self.optuna):
+            for i in changed:
+                state, value = told[i]
+                if state != running:
+                    study.tell(self._numbers[i], value, state=state)
+                self._told_states[i] = told[i]
+            for point, state in zip(self.points[known:], told[known:], strict=True):
+                study.add_trial(self._told(*point))
+                self._told_states.append(state)
+                self._numbers.append(self._size)
+                self._size += 1
+        study.sampler = self._sampler()
         return study
 
     def _ask(self) -> tuple[int, int, Setting] | None:
         """The next point: TPE's, else (when it keeps choosing points tried or known not to fit) one of the open
-        points drawn with the same seed; None when none is open."""
-        study = self.study()
-        with _quiet(self.optuna):
-            for _ in range(ASKS):
-                trial = study.ask(self.space)
-                stage = trial.params["stage"]
-                values = {key: trial.suggest_categorical(self._param(stage, key), choices)
-                          for key, choices in self.spaces.get(stage, {}).items()}
-                point = (stage, self.sizes[trial.params["log2_mbs"]], self.setting(stage, values))
-                if self.open(*point):
-                    return point
-                if (bounded := self.substitute(*point)) is not None:  # the memory model's bound stands for it
-                    return point[0], bounded, point[2]
-                self._tell_known(study, trial, *point)
+        points drawn with the same seed; None when none is open. A point asked again is left running for the
+        next ask (TPE's constant liar steers away from it); every trial asked is failed before this returns."""
+        study = self._synced()
+        asked = []
+        try:
+            with _quiet(self.optuna):
+                for _ in range(ASKS):
+                    trial = study.ask(self.space)
+                    asked.append(trial.number)
+                    self._size += 1
+                    stage = trial.params["stage"]
+                    values = {key: trial.suggest_categorical(self._param(stage, key), choices)
+                              for key, choices in self.spaces.get(stage, {}).items()}
+                    point = (stage, self.sizes[trial.params["log2_mbs"]], self.setting(stage, values))
+                    if self.open(*point):
+                        return point
+                    if (bounded := self.substitute(*point)) is not None:  # the memory model's bound stands for it
+                        return point[0], bounded, point[2]
+        finally:
+            with _quiet(self.optuna):
+                for number in asked:
+                    study.tell(number, state=self.optuna.trial.TrialState.FAIL)
         left = [(stage, mbs, knobs) for stage in self.spec.stages for mbs in self.sizes
                 for knobs in self.settings(stage) if self.open(stage, mbs, knobs)]
         return random.Random(self._seed).choice(left) if left else None
@@ -127,12 +189,6 @@ class ModelSearch(Search):
         """A size's place on the grid; one between its points (the memory model's bound) is told as the point
         below it."""
         return max(i for i, size in enumerate(self.sizes) if size <= mbs)
-
-    def _tell_known(self, study: Any, trial: Any, stage: int, mbs: int, knobs: Setting = ()) -> None:
-        """A point asked again: told what is known of it, for the next ask (one still out stays a liar)."""
-        state, value = self._state(stage, mbs, knobs)
-        if state != self.optuna.trial.TrialState.RUNNING:
-            study.tell(trial, value, state=state)
 
     def _state(self, stage: int, mbs: int, knobs: Setting = ()) -> tuple[Any, float | None]:
         """What a point is to TPE. Out of memory (or time) is PRUNED, never FAIL: TPE leaves FAIL trials out of

@@ -8,6 +8,8 @@ compared, so differences between policies are theirs, not the dice's.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import random
 import statistics
@@ -171,12 +173,18 @@ class Survival:
         if left > 1e-12:
             self.values.append(max((t for t, _ in points), default=0.0) * self.TAIL)
             self.weights.append(left)
+        self._cumulative = list(itertools.accumulate(self.weights))
 
     def draw(self, rng: random.Random, longer_than: float = 0.0) -> float:
-        """A duration, given that the run has gone on for `longer_than` seconds already."""
-        start = next((k for k, v in enumerate(self.values) if v > longer_than), None)
-        if start is None:  # past every time seen: as far past it again as the tail is past the longest
+        """A duration, given that the run has gone on for `longer_than` seconds already. A run not yet started
+        draws from every time seen in a bisection of the weights summed once (what `rng.choices` draws, without
+        summing them at every draw: the live view's ETA drew thousands of times over a long sweep's history)."""
+        start = bisect.bisect_right(self.values, longer_than)  # the values ascend
+        if start == len(self.values):  # past every time seen: as far past it again as the tail is past the longest
             return longer_than * self.TAIL
+        if start == 0:
+            total = self._cumulative[-1]
+            return self.values[bisect.bisect(self._cumulative, rng.random() * total, 0, len(self.values) - 1)]
         return rng.choices(self.values[start:], self.weights[start:])[0]
 
 

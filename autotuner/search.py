@@ -406,7 +406,7 @@ class Search:
         return known is not None and not known.given_up and not known.pruned(mbs) and \
             mbs < (self.ruled_out_above(stage) or mbs + 1) and \
             mbs < self.knob_oom.get((stage, knobs), mbs + 1) and \
-            self.experiment(stage, mbs, knobs=knobs).name not in self.proposed
+            self.name_of(stage, mbs, knobs) not in self.proposed
 
     def substitute(self, stage: int, mbs: int, knobs: Setting = ()) -> int | None:
         """For the sampling tuners: a point above the memory model's ceiling that no run ruled out stands for the
@@ -635,17 +635,25 @@ class Search:
         config.setdefault("zero_optimization", {})["stage"] = stage
         config["zero_optimization"].update(dict(knobs))
         config["train_micro_batch_size_per_gpu"] = mbs
-        name = f"{spec.prefix}_z{stage}_mbs{mbs}"
         gas = spec.accumulation(mbs)
         if gas is not None:
             config["gradient_accumulation_steps"] = gas
             config["train_batch_size"] = mbs * gas * spec.dp
-            name += f"_gas{gas}"
-        name += "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
+        name = self.name_of(stage, mbs, knobs)
         template = dict(spec.template)
         args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
         return Experiment.from_json({**template, "name": rerun_name(name) if rerun else name, "ds_config": config,
                                      "args": args})
+
+    def name_of(self, stage: int, mbs: int, knobs: Setting = ()) -> str:
+        """The name of `experiment(stage, mbs, knobs=knobs)`, without building it: whether a point was proposed is
+        asked of every point of the grid when a sampling tuner looks for the open ones."""
+        spec = self.spec
+        name = f"{spec.prefix}_z{stage}_mbs{mbs}"
+        gas = spec.accumulation(mbs)
+        if gas is not None:
+            name += f"_gas{gas}"
+        return name + "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
 
     @staticmethod
     def _place_of(experiment: Experiment) -> tuple[int, int] | None:

@@ -1,4 +1,4 @@
-"""The CLI on a sweep of 10,000 recorded experiments: resume until the first launch, status, report.
+"""The CLI on a sweep of 10,000 recorded experiments: resume until the first launch, status, report, compare.
 
 The sweep is made through the Python API (autotuner.prepare), its history written into its ledger: most experiments
 succeeded with metrics, some failed, some were interrupted, some are still queued, and a few were left
@@ -8,16 +8,24 @@ succeeded with metrics, some failed, some were interrupted, some are still queue
                            runner writes to the ledger (benchmarks/standin.sh as launcher); the runner is then
                            stopped with `autotune cancel`. Each round works on a fresh copy of the sweep.
   status, status --json,   wall time of the whole command
-  report (table, json, csv, md), --help
+  report (table, json, csv, md), compare (the sweep with itself), --help, --version, `import autotuner`
 
   python benchmarks/scale.py --experiments 10000 --rounds 5
+  python benchmarks/scale.py --code OLD_CHECKOUT --code . --rounds 5   # interleaved: each command under each
 
-Targets (DESIGN.md): resume to first launch < 2 s; status and report well under 1 s each.
+With --code (repeatable), every command runs under each checkout's code in turn (PYTHONPATH), round after round,
+so a load swing on a shared machine hits them alike; the sweep is built once, by this checkout. With Optuna
+installed (the `tune` extra), Optuna's own CLI on a 10,000-trial SQLite study is timed in the same rounds as an
+anchor (`optuna trials -f json`, `optuna best-trial`, `optuna --help`); --no-optuna leaves it out.
+
+Targets (issue 24): status, report (every format) and compare < 0.3 s; resume to first launch < 0.5 s; --help and
+--version < 0.15 s; import < 30 ms; at 100,000 experiments every one < 2 s.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -96,18 +104,47 @@ def cli(*args: object) -> list[str]:
     return [sys.executable, "-m", "autotuner", *map(str, args)]
 
 
-def wall(*args: object) -> float:
-    started = time.perf_counter()
-    done = subprocess.run(cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def code_env(code: Path | None) -> dict[str, str]:
+    """The environment that runs `code`'s autotuner (None: this checkout's)."""
+    return {**os.environ, "PYTHONPATH": str(code or ROOT)}
+
+
+def cpu_of_children() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def wall(*args: object, code: Path | None = None, command: list[str] | None = None) -> tuple[float, float]:
+    """Wall seconds of the whole command, and the CPU seconds it used (user + system): on a loaded machine the
+    CPU time moves far less than the wall time."""
+    cpu, started = cpu_of_children(), time.perf_counter()
+    done = subprocess.run(command or cli(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env=code_env(code), cwd=code or ROOT)  # `-m` and `-c` put the cwd first on sys.path
     took = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"autotune {' '.join(map(str, args))} failed: {done.stderr}")
-    return took
+        raise SystemExit(f"{' '.join(map(str, command or args))} failed: {done.stderr}")
+    return took, cpu_of_children() - cpu
 
 
-def first_launch(template: Path, workdir: Path, round_: int) -> float:
+def optuna_study(directory: Path, n: int) -> str | None:
+    """A SQLite study of `n` finished trials (two parameters, one value) for Optuna's CLI; None without Optuna."""
+    try:
+        import optuna
+    except ImportError:
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = f"sqlite:///{directory / 'optuna.db'}"
+    study = optuna.create_study(study_name="anchor", storage=storage, direction="maximize")
+    dist = {"stage": optuna.distributions.CategoricalDistribution([0, 1, 2, 3]),
+            "mbs": optuna.distributions.IntDistribution(1, 1024)}
+    study.add_trials([optuna.trial.create_trial(params={"stage": i % 4, "mbs": 1 + i % 1024}, distributions=dist,
+                                                value=float((i * 7919) % 5000)) for i in range(n)])
+    return storage
+
+
+def first_launch(template: Path, workdir: Path, round_: int, code: Path | None = None) -> float:
     """Seconds from starting `autotune resume` on a fresh copy of the sweep to its first launch."""
-    directory = workdir / f"resume{round_}"
+    directory = workdir / f"resume{round_}-{len(list(workdir.glob('resume*')))}"
     directory.mkdir()
     for name in ("ledger.sqlite", "hostfile"):
         shutil.copy2(template / name, directory / name)
@@ -116,10 +153,10 @@ def first_launch(template: Path, workdir: Path, round_: int) -> float:
     db.commit()
     db.close()
     # Stand-ins sleep 5 s: one left by a runner that had to be killed ends by itself soon after the benchmark.
-    env = {**os.environ, "STANDIN_SECONDS": "5"}
+    env = {**code_env(code), "STANDIN_SECONDS": "5"}
     started = time.time()
     proc = subprocess.Popen(cli("resume", directory, "-q", "--grace", "1"), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, cwd=code or ROOT)
     try:
         seen = None
         while seen is None:
@@ -134,7 +171,8 @@ def first_launch(template: Path, workdir: Path, round_: int) -> float:
             if seen is None:
                 time.sleep(0.005)
         took = seen - started
-        stop = subprocess.run(cli("cancel", directory), capture_output=True, text=True)
+        stop = subprocess.run(cli("cancel", directory), capture_output=True, text=True, env=code_env(code),
+                              cwd=code or ROOT)
         if stop.returncode != 0:
             proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
@@ -150,7 +188,11 @@ def main() -> None:
     parser.add_argument("--experiments", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=Path, help="build the sweep here and keep it (default: a temp dir)")
+    parser.add_argument("--code", type=Path, action="append",
+                        help="a checkout whose autotuner runs each command (repeat it to interleave several)")
+    parser.add_argument("--no-optuna", action="store_true", help="leave Optuna's CLI (the anchor) out")
     opts = parser.parse_args()
+    codes: list[Path | None] = list(opts.code or [None])
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -159,19 +201,38 @@ def main() -> None:
         counts = build(template, opts.experiments)
         print(f"built {opts.experiments} experiments in {time.perf_counter() - started:.1f} s: "
               + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), flush=True)
-        figures: dict[str, list[float]] = {}
+        storage = None if opts.no_optuna else optuna_study(workdir, 10_000)
+        commands = (("status", ("status", template)), ("status --json", ("status", template, "--json")),
+                    ("report", ("report", template)),
+                    ("report --format json", ("report", template, "--format", "json")),
+                    ("report --format csv", ("report", template, "--format", "csv")),
+                    ("report --format md", ("report", template, "--format", "md")),
+                    ("compare", ("compare", template, template)),
+                    ("--help", ("--help",)), ("--version", ("--version",)))
+        figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for round_ in range(opts.rounds):
-            figures.setdefault("resume -> first launch", []).append(first_launch(template, workdir, round_))
-            for label, args in (("status", ("status", template)), ("status --json", ("status", template, "--json")),
-                                ("report", ("report", template)),
-                                ("report --format json", ("report", template, "--format", "json")),
-                                ("report --format csv", ("report", template, "--format", "csv")),
-                                ("report --format md", ("report", template, "--format", "md")),
-                                ("--help", ("--help",))):
-                figures.setdefault(label, []).append(wall(*args))
-        print(f"median of {opts.rounds} rounds, seconds (min-max):")
-        for label, values in figures.items():
-            print(f"  {label:<24} {statistics.median(values):6.3f}   ({min(values):.3f}-{max(values):.3f})")
+            for code in codes:
+                label = str(code or ".")
+                figures.setdefault((label, "resume -> first launch"), []).append(
+                    (first_launch(template, workdir, round_, code), float("nan")))
+                for name, args in commands:
+                    figures.setdefault((label, name), []).append(wall(*args, code=code))
+                figures.setdefault((label, "import autotuner"), []).append(
+                    wall(code=code, command=[sys.executable, "-c", "import autotuner"]))
+                figures.setdefault((label, "python -c pass"), []).append(
+                    wall(code=code, command=[sys.executable, "-c", "pass"]))
+            if storage is not None:
+                optuna_cli = [shutil.which("optuna") or "optuna"]
+                for name, argv in (("trials -f json", ["trials", "--study-name", "anchor", "--storage", storage,
+                                                         "-f", "json"]),
+                                   ("best-trial", ["best-trial", "--study-name", "anchor", "--storage", storage]),
+                                   ("--help", ["--help"])):
+                    figures.setdefault(("optuna", name), []).append(wall(command=optuna_cli + argv))
+        print(f"median of {opts.rounds} rounds, seconds: wall (min-max), CPU (user + system)")
+        for (label, name), pairs in figures.items():
+            walls, cpus = [w for w, _ in pairs], [c for _, c in pairs]
+            print(f"  {label:<20} {name:<24} {statistics.median(walls):6.3f}   ({min(walls):.3f}-{max(walls):.3f})"
+                  f"   cpu {statistics.median(cpus):6.3f}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from autotuner import UserError
 from autotuner.gpus import size_of_type
 from autotuner.slurm.allocation import COMMAND_TIMEOUT, TIMEOUT_ENV, command_timeout
 from autotuner.slurm.watch import POLL, POLL_ENV, poll_interval
+from autotuner.spec.reading import Budget, read_source
 
 from cli_rig import autotune, cli, env, write_launcher
 
@@ -420,3 +421,15 @@ def test_a_json_config_is_told_where_json_stops_not_where_hjson_does(tmp_path, v
     path.write_text('{"train_micro_batch_size_per_gpu": 1,\n "optimizer": {"type": "Adam", "params": {"lr": '
                     f'{value}}}}},\n "zero_optimization": {{"stage": 1}}\n}}\n')
     refused(tune(tmp_path, "--slots", 1), f"{path}:2:", "malformed JSON", tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("value", ["+1,", ".5,", "'a',", "hello,"])
+def test_a_json_value_hjson_would_read_as_a_string_is_refused_at_its_line(tmp_path, value):
+    """`"lr": +1,` on a line of its own: JSON refuses it, hjson read it as the string "+1," and the tune ran."""
+    path = config(tmp_path)
+    path.write_text('{"train_micro_batch_size_per_gpu": 1,\n "gradient_clipping": ' + value +
+                    '\n "zero_optimization": {"stage": 1}\n}\n')
+    refused(tune(tmp_path, "--slots", 1), f"{path}:2:", "malformed JSON", "read as a string", tmp_path=tmp_path)
+    hjson_file = tmp_path / "sweep.hjson"  # in an hjson file an unquoted string is one: read as it always was
+    hjson_file.write_text('{\n  "script": ' + value + '\n  "ds_config": {}\n}\n')
+    assert read_source(hjson_file, Budget()).data["script"] in (value, "a")  # hjson quotes with ' too

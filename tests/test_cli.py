@@ -63,6 +63,20 @@ def test_import_autotuner_is_light_and_python_m_autotuner_is_the_command():
     assert result.returncode == 0 and "resume" in result.stdout, result
 
 
+def test_status_and_report_load_only_the_views_they_print(tmp_path):
+    """`autotune status` and `report` start fast on a large sweep: the live view, the HTML page, the comparison
+    and the event log are not imported to print a table (they were, through the views package, on every read)."""
+    code = ("import sys, autotuner\n"
+            "autotuner.render_status, autotuner.render_report, autotuner.snapshot\n"
+            "import autotuner.views as views\n"
+            "views.render_status, views.load\n"
+            "print(sorted(m for m in ('autotuner.views.live', 'autotuner.views.html', 'autotuner.views.compare',\n"
+            "                         'autotuner.views.events', 'autotuner.views.plots') if m in sys.modules))\n"
+            "print(sorted(n for n in views.__all__ if getattr(views, n) is None))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "[]"]
+
+
 def test_public_api_names_resolve():
     import autotuner
 

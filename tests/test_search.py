@@ -332,6 +332,32 @@ def test_model_based_rebuilt_from_the_ledger_proposes_what_the_live_search_would
     assert len(ledger) > 13 and len({e.name for e in ledger}) == len(ledger)
 
 
+def test_model_based_keeps_its_study_and_tells_it_only_what_changed():
+    """The study is kept between asks (not rebuilt from the ledger each time, whose cost grew with every trial):
+    after each decision it holds, the asks' failed trials aside, the very trials a study built from the ledger
+    holds, in the same order and as told, so TPE reads the same; it is one object all the way."""
+    import optuna
+
+    fail = optuna.trial.TrialState.FAIL
+
+    def seen(study):
+        return [(t.params, t.state, t.value) for t in study.trials if t.state != fail]
+
+    live = search_for(spec(tuner="model_based", seed=5))
+    running = live.propose(3, 0.0)
+    kept = live._kept
+    assert kept is not None
+    decisions = 0
+    while running:
+        e = running.pop(0)
+        live.learn(e, *recorded(e))
+        running += live.propose(3 - len(running), 0.0)
+        assert seen(live._synced()) == seen(live.study())
+        decisions += 1
+    assert live._kept is kept and decisions > 13
+    assert len(kept.trials) > len(live.points)  # the asks' own trials are in it, failed
+
+
 # --- confirming the best ----------------------------------------------------------------------------------------
 def test_the_best_configs_are_run_again_once_the_search_is_over():
     played = tune(MicroBatchSearch(spec(confirm=None))).played

@@ -270,8 +270,11 @@ def test_html_file_argument_and_bare_flag(finished, tmp_path):
 def test_report_plot_and_html_while_the_sweep_runs(tmp_path):
     """A real sweep (stand-in launcher) that is still running: report, plots and page all work."""
     spec = tmp_path / "slow.hjson"
+    # 18 runs of 4 s on 2 slots: still running while a loaded machine draws the plots and the page (with 6, the
+    # sweep had ended before the page was written); it is stopped once they are checked
     spec.write_text("{\n  name: slow\n  script: /bin/true\n  timeout: 60\n  ds_config: {}\n"
-                    "  space: { train_micro_batch_size_per_gpu: [1, 2, 4, 8, 16, 32] }\n}\n")
+                    "  space: { train_micro_batch_size_per_gpu: [1, 2, 4, 8, 16, 32],\n"
+                    "           gradient_accumulation_steps: [1, 2, 3] }\n}\n")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slots", "2", "--launcher",
                              f"sh {STANDIN}", "--results", str(out), "--quiet"],

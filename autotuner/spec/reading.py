@@ -115,16 +115,38 @@ def _finite(text: str) -> float:
     return value
 
 
-def _parse(text: str) -> Any:
+def _parse(text: str, json_file: bool = False) -> Any:
     """JSON through the C parser (DeepSpeed's files are JSON, and the pure-Python hjson parser takes seconds a
     megabyte); anything else, or anything the two might read differently, through hjson. JSON that is valid but
-    for NaN or an infinite number is refused: hjson would read `NaN,` as a string, and no config means that."""
+    for NaN or an infinite number is refused: hjson would read `NaN,` as a string, and no config means that; so
+    is, in a `json_file`, a value JSON cannot take that hjson would read as a string (`_check_swallowed`)."""
     try:
         return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite)
     except _NotANumber:
         raise
-    except (ValueError, RecursionError):
-        return hjson.loads(text, object_pairs_hook=_pairs)
+    except (ValueError, RecursionError) as e:
+        data = hjson.loads(text, object_pairs_hook=_pairs)
+        if json_file and isinstance(e, json.JSONDecodeError):  # an .hjson file's unquoted strings are its own
+            _check_swallowed(text, e)
+        return data
+
+
+class _Swallowed(Exception):
+    """A value JSON refuses that hjson read as a string to the end of its line (`"lr": +1,` -> "+1,")."""
+
+    def __init__(self, error: json.JSONDecodeError, token: str) -> None:
+        self.error, self.token = error, token
+
+
+def _check_swallowed(text: str, error: json.JSONDecodeError) -> None:
+    """hjson reads what JSON cannot take as a value (`+1`, `.5`, `0x10`, `-NaN`, `'a'`) as a string running to
+    the end of its line, commas and brackets included: in text otherwise JSON, that is a misread, not a value.
+    What hjson allows on purpose (comments, a trailing comma, unquoted keys) is not a value position, or starts
+    otherwise."""
+    if error.msg != "Expecting value" or text[error.pos:error.pos + 1] in ("", "/", "#", "]", "}"):
+        return
+    line_end = text.find("\n", error.pos)
+    raise _Swallowed(error, text[error.pos:line_end if line_end >= 0 else len(text)].strip())
 
 
 def _json_error(text: str) -> json.JSONDecodeError | None:
@@ -169,7 +191,7 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
     text = read_user_file(path, what)
     budget.read(path, len(text))
     try:
-        data = _parse(text)
+        data = _parse(text, path.suffix.lower() == ".json")
     except hjson.HjsonDecodeError as e:
         json_error = _json_error(text) if path.suffix.lower() == ".json" else None
         if json_error is not None:  # a JSON file is told where JSON's parser stopped, not hjson's (often the end)
@@ -182,6 +204,9 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
         raise UserError(f"duplicate key {shown(e.key)}", path, line, col) from None
     except RecursionError:
         raise UserError(f"nested too deeply (the limit is {limits.DEPTH} levels)", path) from None
+    except _Swallowed as e:
+        raise UserError(f"malformed JSON: {e.error.msg} where {shown(e.token, 30)} stands (unquoted, it would be "
+                        "read as a string to the end of the line)", path, e.error.lineno, e.error.colno) from None
     except _NotANumber as e:
         line, col = _spot(text, e.token)
         word = e.token.lstrip("-") in ("NaN", "Infinity")

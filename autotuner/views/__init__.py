@@ -12,20 +12,28 @@ tables, two sweeps compared, plots, one HTML page, the live terminal view and th
 - `live`: the terminal view of a running sweep and `watching`, which wires the observers a run is watched with.
 - `events`: the JSON event log (`--events`) and the plain one-line-per-event printer.
 
-Nothing here imports matplotlib or torch on import, so `autotune report` and `status` stay light. The
-functions named like their modules (`snapshot.snapshot`, `compare.compare`) are not lifted here, so that
-`autotuner.views.snapshot` stays the module.
+Nothing here imports matplotlib or torch on import, and each name below is imported from its module on first
+use, so `autotune report` and `status` stay light. The functions named like their modules (`snapshot.snapshot`,
+`compare.compare`) are not lifted here, so that `autotuner.views.snapshot` stays the module.
 """
 from __future__ import annotations
 
-from .compare import Comparison, render_compare
-from .events import EventLog, PlainPrinter, check_events_path
-from .html import write_html
-from .live import LiveView, watching
-from .plots import write_plots
-from .records import ExperimentRecord, SweepResults, load_results
-from .snapshot import Snapshot, load
-from .tables import Output, render_hosts, render_report, render_result, render_status
+import importlib
+from typing import Any
+
+# name -> its module: each imported on first use, so `autotune status` does not load the live view, the HTML
+# page or the comparison to print a table (20 ms of every read command's start).
+_LAZY = {
+    "Comparison": "compare", "render_compare": "compare",
+    "EventLog": "events", "PlainPrinter": "events", "check_events_path": "events",
+    "write_html": "html",
+    "LiveView": "live", "watching": "live",
+    "write_plots": "plots",
+    "ExperimentRecord": "records", "SweepResults": "records", "load_results": "records",
+    "Snapshot": "snapshot", "load": "snapshot",
+    "Output": "tables", "render_hosts": "tables", "render_report": "tables", "render_result": "tables",
+    "render_status": "tables",
+}
 
 __all__ = [
     "Comparison",
@@ -48,3 +56,15 @@ __all__ = [
     "write_html",
     "write_plots",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

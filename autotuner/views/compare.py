@@ -101,7 +101,8 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN) -
     """`autotune compare`: a table, JSON, CSV (one row per experiment in both) or Markdown."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    c = compare(load(Path(dir_a)), load(Path(dir_b)))
+    # attempts only: no experiment's spec is read (building 20,000 Experiments took 80% of a 10,000 compare)
+    c = compare(load(Path(dir_a), every_experiment=False), load(Path(dir_b), every_experiment=False))
     for row in c.rows:
         row["verdict"] = c.verdict(row["ratio"])
     if fmt == "json":

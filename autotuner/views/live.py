@@ -42,6 +42,7 @@ MAX_RUNNING_ROWS = 24
 MAX_FAILURE_ROWS = 5  # the most recent failures shown; the counts hold them all, the report every reason
 MAX_DETAIL = 160  # characters of a failure's reason shown (the line is cut to the terminal's width as well)
 REPLAN_SECONDS = 5.0
+REPLAN_SHARE = 30  # the ETA's re-planning takes at most 1/30 of the time the view is shown
 MAX_NODE_ROWS = 32
 
 
@@ -165,7 +166,8 @@ class LiveView:
                                           devices=devices_from_json(meta.devices), slots=meta.slots)
         self._search = _search_of(meta.search)
         self._changes = 0  # observer calls so far: a new plan is due when it moved
-        self._planned: tuple[int, float, float | None] | None = None  # (changes, valid until, planned end)
+        # (changes, valid until, planned end, not re-planned before)
+        self._planned: tuple[int, float, float | None, float] | None = None
         requeued = set(pending)
         failed = []
         for a in snap.attempts:
@@ -286,13 +288,16 @@ class LiveView:
             changes, planned = self._changes, self._planned
         if not state.left or state.stopping is not None or state.ended is not None or state.search is not None:
             return state  # nothing to plan: no ETA is shown
-        if planned is not None and planned[0] == changes and now < planned[1]:
+        if planned is not None and now < planned[1] and (planned[0] == changes or now < planned[3]):
             return replace(state, planned_end=planned[2])
         started = time.perf_counter()
         end = self._replan(state, now)
         cost = time.perf_counter() - started
-        with self._lock:  # valid until the next event, or until the runs have aged a while (10x its cost at least)
-            self._planned = (changes, now + max(REPLAN_SECONDS, 10 * cost), end)
+        # Valid until the next event, or until the runs have aged a while (10x its cost at least); and however
+        # fast runs end, not planned again within REPLAN_SHARE times its cost: on 8 slots of 0.2 s runs every
+        # frame saw an event, and re-planning at every frame cost the runner a tenth of a core.
+        with self._lock:
+            self._planned = (changes, now + max(REPLAN_SECONDS, 10 * cost), end, now + REPLAN_SHARE * cost)
         return replace(state, planned_end=end)
 
     def _replan(self, state: LiveState, now: float) -> float | None:

@@ -167,13 +167,14 @@ def snapshot(directory: Path, *, every_experiment: bool = True) -> Snapshot:
     with Ledger.open(directory) as ledger:  # damage found mid-read ends as one line too
         meta = ledger.meta()
         name, metric, attempts = meta.name, metric_named(meta.metric), ledger.latest()
+        experiments: dict[str, Experiment] = {}
+        snap = Snapshot(Path(directory), name, metric, experiments, attempts, meta)
         if every_experiment:
-            experiments = {e.name: e for e in ledger.experiments()}
-        else:
-            probe = Snapshot(Path(directory), name, metric, {}, attempts, meta)
-            bests = [a.name for a in probe.best_by_type.values()] + ([probe.best.name] if probe.best else [])
-            experiments = {e.name: e for e in ledger.experiments(bests)}
-        return Snapshot(Path(directory), name, metric, experiments, attempts, meta)
+            experiments.update((e.name, e) for e in ledger.experiments())
+        else:  # filled in place once the bests are known: the ranking (a sort of every attempt) is done once
+            bests = [a.name for a in snap.best_by_type.values()] + ([snap.best.name] if snap.best else [])
+            experiments.update((e.name, e) for e in ledger.experiments(bests))
+        return snap
 
 
 def load(directory: Path, every_experiment: bool = True) -> Snapshot:
