@@ -3,13 +3,14 @@ driven by the real scheduler on a simulated clock against a fake GPU (named as s
 with its ZeRO stage and micro-batch size and fails with the runtime's OOM message past a limit; its throughput is a
 known function."""
 import json
+import random
 
 import pytest
 
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
-from autotuner.tune.search import MAX_MICRO_BATCH, MicroBatchSearch, SearchSpec, sizes
+from autotuner.tune.search import MAX_MICRO_BATCH, WORTH, MicroBatchSearch, SearchSpec, sizes
 from autotuner.tune.tuners import search_for
 
 LIMIT = 100.0  # GiB of the fake GPU
@@ -543,3 +544,34 @@ def test_smaller_sizes_are_measured_only_while_they_pay():
     played = simulate([], {"h": [0]}, lambda e: 10.0, outcome=cached, source=search, metric="throughput").played
     assert [place(p.name)[1] for p in played] == [32, 24, 16, 12]
     assert search.best_size(3) == 16
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_on_random_fake_gpus_the_best_is_found_within_the_margin_and_nothing_ruled_out_is_launched(seed):
+    """Random fake GPUs whose stages are ordered by memory (a lower stage needs more at every size), random
+    throughput curves and bounds, 1-4 slots: no size at or above one that ran out of memory at its stage or a
+    higher one (ended before it started) is launched, and the best found is within WORTH of the true best."""
+    r = random.Random(seed)
+    fixed = sorted((r.uniform(0, 90) for _ in range(4)), reverse=True)
+    per, knee, top, slots = r.uniform(0.05, 3), r.choice([16, 64, 256]), r.choice([64, 256, 1024]), r.randint(1, 4)
+
+    def outcome(e):
+        stage, mbs = place(e.name)
+        if fixed[stage] + per * mbs > 100:
+            return Outcome(State.FAILED, Reason.OOM, "torch.OutOfMemoryError: CUDA out of memory", 1)
+        return Outcome(State.SUCCEEDED, metrics={"throughput": mbs * 100 / (1 + mbs / knee) * (1 - 0.05 * stage)})
+
+    search = MicroBatchSearch(spec(max_mbs=top))
+    played = simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+                      metric="throughput").played
+    for p in played:
+        stage, mbs = place(p.name)
+        ruled = [q.name for q in played if q.end <= p.start and q.state == State.FAILED
+                 and place(q.name)[0] >= stage and place(q.name)[1] <= mbs]
+        assert not ruled, f"{p.name} launched after {ruled} ran out of memory"
+    truth = [outcome(search.experiment(z, m)).metrics["throughput"] for z in range(4) for m in range(1, top + 1)
+             if fixed[z] + per * m <= 100]
+    if truth:
+        assert max(search.first.values()) >= (1 - WORTH) * max(truth)
+    else:
+        assert not search.configs
