@@ -364,7 +364,8 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
         return
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.search import SearchSpec, search_for
+    from autotuner.tune.search import SearchSpec
+    from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
         point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
