@@ -748,7 +748,7 @@ def dashboard(
 ) -> None:
     """A live page of sweeps in the browser, read only from their ledgers: counts, ETA, best config, nodes,
     every experiment, each run's logs, plots. Prints the URL to open (with its secret token); Ctrl-C ends it.
-    Needs the dashboard extra: pip install 'ds-autotune[dashboard]'."""
+    Needs the dashboard extra: pip install 'ds-autotune\\[dashboard]'."""
     try:
         autotuner.serve_dashboard(directories or [Path("results")], host=host, port=port,
                                   allow_cancel=allow_cancel, announce=lambda line: print(line, flush=True))
