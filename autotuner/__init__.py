@@ -44,13 +44,17 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
 
     from .cluster import Cluster, check_gpu_needs
     from .core import PLACEMENTS
+    from .dashboard import serve as serve_dashboard
+    from .learned import peaks_by_digest as measured_peaks
     from .metrics import KNOWN, Metric, metric_named
+    from .outputs import check_output, check_results_directory
     from .plan import QUEUES, Plan, plan_sweep
     from .results import OPTIMAL_COMMAND
     from .resumeplan import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .runner import Options, Result, Ssh, Stopped, execute
     from .spec import Experiment, Sweep, load_sweep
     from .ssh.probe import check_hostfile as check_hosts
+    from .tunerequest import TuneRequest, read_tune
     from .verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
     from .views.compare import render_compare
     from .views.events import check_events_path
@@ -116,16 +120,24 @@ _LAZY = {
     "write_html": (".views.html", "write_html"),
     "watching": (".views.live", "watching"),
     "check_events_path": (".views.events", "check_events_path"),
+    "check_output": (".outputs", "check_output"),
+    "measured_peaks": (".learned", "peaks_by_digest"),
+    "check_results_directory": (".outputs", "check_results_directory"),
+    "read_tune": (".tunerequest", "read_tune"),
+    "TuneRequest": (".tunerequest", "TuneRequest"),
+    # `autotune dashboard`: the web stack (an optional extra) only when served.
+    "serve_dashboard": (".dashboard", "serve"),
 }
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "KNOWN", "OPTIMAL_COMMAND", "PLACEMENTS",
            "QUEUES", "Cancellation", "Cluster", "Experiment", "ExperimentRecord", "FailOn", "Metric", "Options",
            "Output", "Plan", "Reason", "Result", "ResumePlan", "Snapshot", "SpecChanges", "Ssh", "State", "Stopped",
-           "Sweep", "SweepResults", "UserError", "__version__", "cancel", "check_events_path", "check_gpu_needs",
-           "check_hosts", "default_directory", "execute", "load", "load_cluster", "load_sweep", "metric_named",
-           "plan_sweep", "prepare", "prepare_tune", "render_compare", "render_hosts", "render_plan", "render_report",
-           "render_result", "render_status", "resume", "resume_plan", "run", "snapshot", "spec_changes",
-           "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
+           "Sweep", "SweepResults", "TuneRequest", "UserError", "__version__", "cancel", "check_events_path",
+           "check_gpu_needs", "check_hosts", "check_output", "check_results_directory", "default_directory",
+           "execute", "load", "load_cluster", "load_sweep", "measured_peaks", "metric_named", "plan_sweep", "prepare",
+           "prepare_tune", "read_tune", "render_compare", "render_hosts", "render_plan", "render_report",
+           "render_result", "render_status", "resume", "resume_plan", "run", "serve_dashboard", "snapshot",
+           "spec_changes", "timeout_seconds", "watching", "write_html", "write_plan_plot", "write_plots"]
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -43,7 +43,7 @@ HOSTFILE = typer.Option(None, "--hostfile", "-H", help="DeepSpeed hostfile; none
 INCLUDE = typer.Option("", "--include", "-i", help="DeepSpeed syntax, e.g. worker-0:0,1@worker-1.")
 EXCLUDE = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worker-1:0.")
 RESULTS = typer.Option(None, "--results", "-o", help="Results directory \\[default: results/NAME-TIME].")
-RETRIES = typer.Option(1, "--retries", min=0, help="Retries of transient failures (launch, lost host).")
+RETRIES = typer.Option(1, "--retries", min=0, max=100, help="Retries of transient failures (launch, lost host).")
 LAUNCHER = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher \\[default: deepspeed].")
 GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run.")
 SSH_CONFIG = typer.Option(None, "--ssh-config", help="ssh config file to use instead of ~/.ssh/config.")
@@ -203,6 +203,17 @@ def _results_path(results: str | None) -> Path | None:
     return None if results is None else Path(results)
 
 
+def _check_outputs(events: Path | None, results: Path | None, inputs: Sequence[str | Path | None],
+                   specs: Sequence[Path] = ()) -> None:
+    """What `run` and `tune` write, checked against what they read, before anything is asked of a cluster: the
+    --events file, and the results directory (its own files over an input; a directory of experiment files)."""
+    if events is not None:
+        autotuner.check_output(events, "--events", inputs)
+        autotuner.check_events_path(events)
+    if results is not None:
+        autotuner.check_results_directory(results, inputs, [p for p in specs if p.is_dir()])
+
+
 def _check_execution(deadline: float | None, grace: float, ssh_config: Path | None) -> None:
     """What `run`, `tune` and `resume` check of how to execute before anything is created or launched."""
     _seconds(deadline, "--deadline", positive=True)
@@ -264,16 +275,18 @@ def run(
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
-    try:  # everything that can be checked before an allocation is asked for
-        ask.check(hostfile, slots)
+    try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
+        ask.check(hostfile, slots, include, exclude)
+        ask.check_runnable()
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
-        if events is not None:
-            autotuner.check_events_path(events)
+        directory_asked = _results_path(results)
         # Paths absolute: `resume` reads them again from any directory.
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=_split(args, "--args"),
                                      metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
+        _check_outputs(events, directory_asked, [*sweep.paths(), hostfile, ssh_config], specs)
+        peaks = autotuner.measured_peaks(past) if past is not None else None
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask)
@@ -286,8 +299,8 @@ def run(
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), placement=chosen,
                                         fail_on=fail_on, slurm=allocation)
-            directory = autotuner.prepare(sweep, cluster, _results_path(results), launcher=launch,
-                                          timeout=options.timeout, memory_from=past)
+            directory = autotuner.prepare(sweep, cluster, directory_asked, launcher=launch,
+                                          timeout=options.timeout, memory_from=peaks)
         except UserError as e:
             raise fail(e) from None
         for note in notes:
@@ -326,9 +339,10 @@ def tune(
                                             "more than 2 configs succeeded]."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random and model_based tuners: the same seed, the "
                                                "same search."),
-    min_improvement: float = typer.Option(0.0, "--min-improvement", min=0.0, max=1000.0, metavar="PERCENT",
+    min_improvement: float = typer.Option(0.0, "--min-improvement", metavar="PERCENT",
                                           help="Early stopping (tuner_early_stopping N) counts a run as progress "
-                                               "only when it beats the best so far by this many percent."),
+                                               "only when it beats the best so far by this many percent "
+                                               "(0 to 1000)."),
     retries: int = RETRIES,
     grace: float = GRACE,
     launcher: str | None = LAUNCHER,
@@ -351,12 +365,15 @@ def tune(
     overlap_comm, reduce_scatter, contiguous_gradients); runs out of memory are answers, not failures; the best
     configs are run again before the winner is named."""
     ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
-    try:
-        ask.check(hostfile, slots)
+    try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
+        ask.check(hostfile, slots, include, exclude)
+        ask.check_runnable()
         _check_execution(deadline, grace, ssh_config)
         launch = _split(launcher, "--launcher") if launcher else None
-        if events is not None:
-            autotuner.check_events_path(events)
+        chosen = _results_path(results)
+        request = autotuner.read_tune(script, list(ctx.args), num_gpus=num_gpus, num_nodes=num_nodes, seed=seed,
+                                      confirm=confirm, min_gain=min_improvement / 100)
+        _check_outputs(events, chosen, [*request.inputs, hostfile, ssh_config])
     except UserError as e:
         raise fail(e) from None
     allocation = _slurm_allocation(ask)
@@ -369,10 +386,8 @@ def tune(
             options = autotuner.Options(ssh=ssh, grace=grace,
                                         retries=retries, deadline=deadline,
                                         timeout=autotuner.timeout_seconds(timeout), slurm=allocation)
-            directory = autotuner.prepare_tune(script, list(ctx.args), cluster, _results_path(results),
-                                               num_gpus=num_gpus, num_nodes=num_nodes, launcher=launch,
-                                               timeout=options.timeout, seed=seed, confirm=confirm,
-                                               min_gain=min_improvement / 100)
+            directory = autotuner.prepare_tune(request, (), cluster, chosen, launcher=launch,
+                                               timeout=options.timeout)
         except UserError as e:
             raise fail(e) from None
         for note in notes:
@@ -403,13 +418,48 @@ class SlurmAsk:
                                          ("--partition", self.partition), ("--time", self.time),
                                          ("--account", self.account)) if value is not None]
 
-    def check(self, hostfile: Path | None = None, slots: int | None = None) -> None:
+    def check(self, hostfile: Path | None = None, slots: int | None = None, include: str = "",
+              exclude: str = "") -> None:
+        """What can be told wrong with the ask before Slurm is asked anything: options that need --slurm, options
+        that --slurm replaces, a size past the limits (a plan would build it), a time limit Slurm cannot read."""
         asked = self.asked()
         if asked and not self.slurm:
             raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
         if self.slurm and (hostfile is not None or slots is not None):
             raise UserError(f"--slurm takes its nodes from the allocation: leave out "
                             f"{'--hostfile' if hostfile is not None else '--slots'}")
+        if self.slurm and (include or exclude):
+            raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
+                            "the nodes")
+        if self.gpus_per_node is not None and self.gpus_per_node > limits.SLOTS_PER_HOST:
+            raise UserError(f"--gpus-per-node {self.gpus_per_node:,} is more than {limits.SLOTS_PER_HOST:,}, the most "
+                            "slots one host may have")
+        if self.nodes is not None and self.nodes * (self.gpus_per_node or 1) > limits.SLOTS:
+            raise UserError(f"--nodes {self.nodes:,} x --gpus-per-node {self.gpus_per_node or 1:,} is more than "
+                            f"{limits.SLOTS:,} slots, the most a cluster may have")
+        given = [(o, v) for o, v in (("--time", self.time), ("--partition", self.partition),
+                                     ("--account", self.account)) if v is not None]
+        if given:
+            from .slurm.parse import value_problem
+
+            problem = next((p for o, v in given if (p := value_problem(o, v)) is not None), None)
+            if problem is not None:
+                raise UserError(problem)
+
+    def check_runnable(self) -> None:
+        """For `run` and `tune` (which need an allocation now): inside one, nothing asks for another; outside,
+        the size to ask for is given. Told before any other command is run."""
+        if not self.slurm:
+            return
+        from .slurm import current_job
+
+        current = current_job()
+        if current is not None and self.asked():
+            raise UserError(f"{self.asked()[0]} asks for a new allocation; this runs inside Slurm job {current} "
+                            "already: leave it out")
+        if current is None and (self.nodes is None or self.gpus_per_node is None):
+            raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
+                            "salloc or sbatch)")
 
     def allocation(self, recorded: dict[str, Any] | None = None,
                    log: Callable[[str], None] = lambda line: None) -> Any:
@@ -433,7 +483,6 @@ class SlurmAsk:
         if self.nodes is None or self.gpus_per_node is None:
             raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
                             "salloc or sbatch)")
-        log(f"asking Slurm for {self.nodes} node(s) x {self.gpus_per_node} GPU(s)")
         return slurm.request(self.nodes, self.gpus_per_node, partition=self.partition, time=self.time,
                              account=self.account, log=log)
 
@@ -480,7 +529,7 @@ def _planned_cluster(ask: SlurmAsk, hostfile: Path | None, include: str, exclude
                      sweep: autotuner.Sweep, log: Callable[[str], None]) -> autotuner.Cluster:
     """What `plan` plans for: with --slurm, the allocation this runs in or one of the size asked (never asked
     for: a plan spends nothing); else as `run` would."""
-    ask.check(hostfile, slots)
+    ask.check(hostfile, slots, include, exclude)
     if not ask.slurm:
         return _cluster(None, hostfile, include, exclude, slots, sweep, log)
     from . import slurm
@@ -585,6 +634,10 @@ def plan(
         placements = _names(placement, "--placement", autotuner.PLACEMENTS)
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
                                      gpu_mixed=gpu_mixed)
+        if plot is not None:
+            autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, hostfile,
+                                                    past / "ledger.sqlite" if past is not None else None],
+                                   replaced=True)
         cluster = _planned_cluster(SlurmAsk(slurm, nodes, gpus_per_node), hostfile, include, exclude, slots,
                                    sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
@@ -690,7 +743,7 @@ def resume(
                                           help="Seconds an experiment may run, unless its spec says; `none`: no "
                                                "limit \\[default: as the sweep was started]."),
     deadline: float | None = typer.Option(None, "--deadline", help="Seconds the resumed sweep may run."),
-    retries: int = typer.Option(1, "--retries", min=0, help="Retries of transient failures."),
+    retries: int = typer.Option(1, "--retries", min=0, max=100, help="Retries of transient failures."),
     grace: float = GRACE,
     placement: str | None = typer.Option(None, "--placement", help="pack, spread or memory \\[default: as the "
                                                                       "sweep last ran]."),
@@ -710,22 +763,18 @@ def resume(
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
     allocation, in the one it ran in while that still runs, or in a new one (--nodes, --gpus-per-node)."""
-    try:
+    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
+    try:  # everything that can be checked before a cluster is asked for anything
+        ask.check()
         _check_execution(deadline, grace, ssh_config)
         chosen = _names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
             else None
-        if events is not None:
-            autotuner.check_events_path(events)
         plan = autotuner.resume_plan(directory, only_new=only_new)
+        _check_outputs(events, None, [*plan.inputs, ssh_config])
     except UserError as e:
         raise fail(e) from None
     for note in plan.notes:
         typer.echo(f"autotune: note: {note}", err=True)
-    ask = SlurmAsk(slurm, nodes, gpus_per_node, partition, time_limit, account)
-    try:
-        ask.check()
-    except UserError as e:
-        raise fail(e) from None
     allocation = _slurm_allocation(ask, recorded=plan.slurm)
     with _given_back(allocation):
         options = autotuner.Options(ssh=_ssh(ssh_config, accept_new_hosts, remote_dir), grace=grace,
@@ -798,6 +847,9 @@ def report(
     try:
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
+        if html:  # before anything is printed: a refusal is the one line
+            autotuner.check_output(Path(html), "--html", [directory / "ledger.sqlite"], own_files=False,
+                                   replaced=True)
         with _collector_paused():
             sys.stdout.write(autotuner.render_report(directory, fmt.value, _screen()))
         if plot:
@@ -820,6 +872,26 @@ def compare(
     try:
         with _collector_paused():
             sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, _screen()))
+    except UserError as e:
+        raise fail(e) from None
+
+
+@app.command()
+def dashboard(
+    directories: list[Path] = typer.Argument(None, help="Results directories: a sweep's, or a folder of sweeps "
+                                                         "(new ones appear as they start) \\[default: results]."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Anything but loopback lets other "
+                             "machines reach the page: the token still guards it, but the traffic is plain HTTP."),
+    allow_cancel: bool = typer.Option(False, "--allow-cancel", help="Let the page cancel experiments or a whole "
+                                      "sweep (as `autotune cancel` does)."),
+) -> None:
+    """A live page of sweeps in the browser, read only from their ledgers: counts, ETA, best config, nodes,
+    every experiment, each run's logs, plots. Prints the URL to open (with its secret token); Ctrl-C ends it.
+    Needs the dashboard extra: pip install 'ds-autotune[dashboard]'."""
+    try:
+        autotuner.serve_dashboard(directories or [Path("results")], host=host, port=port,
+                                  allow_cancel=allow_cancel, announce=lambda line: print(line, flush=True))
     except UserError as e:
         raise fail(e) from None
 

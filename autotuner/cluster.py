@@ -212,6 +212,7 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
         origin = sweep.origins.get(e.name)
         where = origin.path if origin else e.source
         queued = Queued(e, 1)
+        shape = Queued(replace(e, gpu_memory=None), 1)  # the slots it asks for; its memory is checked below
         if only_mig and (e.num_gpus > 1 or e.num_nodes > 1):
             raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} GPU(s) each; the "
                             "cluster has only MIG instances, and a process can use one MIG instance only",
@@ -223,12 +224,14 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
                 raise UserError(f"--gpu-type {e.gpu_type}: the cluster has no GPU of that type ({has})")
             raise UserError(f"experiment {e.name} is pinned to GPU type {e.gpu_type}, which the cluster lacks "
                             f"({has})", where, origin.gpu_type or origin.line if origin else None)
-        if not by_type.could_fit(pool, queued):
-            raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each of one "
-                            f"GPU type{' (' + e.gpu_type + ')' if e.gpu_type else ''}; no type has that "
+        if not by_type.could_fit(pool, shape):
+            one = "" if e.gpu_mixed and not e.gpu_type else " of one GPU type"
+            raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each{one}"
+                            f"{' (' + e.gpu_type + ')' if e.gpu_type else ''}; no "
+                            f"{'set of GPUs' if not one else 'type'} has that "
                             f"({_per_type(cluster, named)})"
                             + ("; `gpu_mixed: true` lets it span types" if not e.gpu_type and by_type.could_fit(
-                                pool, Queued(replace(e, gpu_mixed=True), 1)) else ""), where,
+                                pool, Queued(replace(e, gpu_mixed=True, gpu_memory=None), 1)) else ""), where,
                             origin.line_of("num_nodes" if e.num_nodes > 1 else "num_gpus") if origin else None)
         if e.gpu_memory and not by_size.could_fit(pool, queued):
             largest = max([*(cluster.memory[h] for h, t in kinds.items() if h in cluster.memory

@@ -17,13 +17,13 @@ import select
 import subprocess
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import exitstatus, tags
+from . import cores, exitstatus, tags
 from .attempt import prepare_directory, record_attempt
 from .cleanup import end_group
 from .core.events import Finished, Key, Launched, Post, Run
@@ -134,6 +134,7 @@ class LocalExecutor:
     env: Mapping[str, str] = field(default_factory=dict)
     grace: float = 10.0
     devices: Devices = field(default_factory=dict)  # this machine's MIG instances, by host and slot id
+    cpu_slots: Mapping[str, Sequence[int]] = field(default_factory=dict)  # this machine's CPU slots, by host
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -204,10 +205,21 @@ class LocalExecutor:
         """The config this attempt runs (autotuning section included) and the command that runs it."""
         metrics_path = str(run.dir / "metrics.json")
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
-        return config, deepspeed_command(
+        command = deepspeed_command(
             run.experiment, run.reservation, config, hostfile=self.hostfile, master_port=port,
             metric_path=metrics_path, tag=run.tag, cwd=str(Path(run.experiment.script).parent),
             launcher=self.launcher, env=self.env, mig=mig_of(run.reservation, self.devices))
+        return config, self._on_own_cores(run, command)
+
+    def _on_own_cores(self, run: Run, command: Command) -> Command:
+        """A run on CPU slots of this machine, bound to its slots' cores (cores.py); any other as it is."""
+        if len(run.reservation.slots) != 1 or run.reservation.hosts[0] not in self.cpu_slots:
+            return command
+        host, ids = run.reservation.slots[0]
+        order = sorted(self.cpu_slots[host])
+        argv, env = cores.bound(command.argv, command.env, [order.index(i) for i in ids if i in order], len(order),
+                                cores.usable_cores())
+        return Command(tuple(argv), env, command.cwd)
 
     def announce(self, run: Run, proc: Child, port: int, post: Post) -> None:
         """Tell the dispatcher the attempt runs (its pid is recorded): at once, here."""

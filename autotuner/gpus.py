@@ -22,7 +22,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 # The memory a type's name states ("A100-80GB", "H100-80GB-HBM3"): a number right before GB or GiB.
-_NAMED_SIZE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)(GB|GiB)(?![A-Za-z])", re.IGNORECASE)
+_NAMED_SIZE = re.compile(r"(?<![0-9.])(?<![0-9][eE])(\d+(?:\.\d+)?)(GB|GiB)(?![A-Za-z])", re.IGNORECASE)
 # A MIG instance's type ends in its profile ("A100-SXM4-40GB-MIG-3g.20gb"): its memory is the profile's, not the GPU's.
 _MIG_SIZE = re.compile(r"-MIG-(?:\d+c\.)?\d+g\.(\d+(?:\.\d+)?)gb", re.IGNORECASE)  # 1c.3g.20gb: a compute instance
 
@@ -33,6 +33,19 @@ def type_problem(value: object) -> str | None:
         return None
     return (f"GPU type {shown(value)} must be a name of letters, digits, . _ - (not starting with . _ -), "
             f"at most {TYPE_MAX} characters")
+
+
+def size_problem(gpu_type: str) -> str | None:
+    """Why the size a GPU type's name states cannot be a GPU's (none, or past limits.GPU_MEMORY: `A100-0GB`,
+    `A100-99999999GB` are typos); None when it can or it states none."""
+    m = _MIG_SIZE.search(gpu_type) or _NAMED_SIZE.search(gpu_type)
+    if m is None:
+        return None
+    size = size_of_type(gpu_type)
+    if size is None or size > limits.GPU_MEMORY:
+        return (f"GPU type {shown(gpu_type)} states {m[0]}: a GPU has more than nothing and at most "
+                f"{limits.size(limits.GPU_MEMORY)}")
+    return None
 
 
 def parse_size(value: Any) -> int:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 from . import limits
 from .errors import UserError, read_user_file, shown
-from .gpus import type_problem
+from .gpus import size_problem, type_problem
 
 # `slots = 4` with spaces is accepted because DeepSpeed accepts it.
 _LINE = re.compile(r"(?P<name>\S+)\s+slots\s*=\s*(?P<slots>\S+)(?P<rest>.*)")
@@ -23,6 +23,8 @@ _ATTR_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 # Characters that would make a name ambiguous in the filter syntax (`host:0,1@host`) or in our own syntax.
 _NAME_FORBIDDEN = set(":@,=#")
 HOST_NAME_MAX = 253  # the longest DNS name
+KNOWN_ATTRS = ("gpu", "accelerator")  # the attributes this package reads
+ACCELERATORS = ("cuda", "cpu")  # accelerator=cpu: DeepSpeed on CPU; cuda is what a host without one runs
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,29 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
             if key == "slots" or key in attrs:
                 raise _fail(f"attribute {shown(key)} given twice for {name}", path, number)
             attrs[key] = value
-        problem = type_problem(attrs["gpu"]) if "gpu" in attrs else None
+        problem = _attrs_problem(attrs)
         if problem:
             raise _fail(f"{name}: {problem}", path, number)
         hosts[name] = Host(name, int(slots_text), attrs)
     if not hosts:
         raise _fail("hostfile lists no hosts", path)
     return hosts
+
+
+def _attrs_problem(attrs: Mapping[str, str]) -> str | None:
+    """Why the attributes we read (KNOWN_ATTRS) cannot be used; None when they can. Other keys are free-form
+    notes, but a known key in another case (`GPU=`) is a typo that would silently lose the type."""
+    for key in attrs:
+        if key not in KNOWN_ATTRS and key.lower() in KNOWN_ATTRS:
+            return f"attribute {shown(key)}: attributes are lower case ({key.lower()}=)"
+    if "gpu" in attrs:
+        problem = type_problem(attrs["gpu"]) or size_problem(attrs["gpu"])
+        if problem:
+            return problem
+    accelerator = attrs.get("accelerator")
+    if accelerator is not None and accelerator not in ACCELERATORS:
+        return f"accelerator={shown(accelerator, quoted=False)}: one of {', '.join(ACCELERATORS)}"
+    return None
 
 
 def load_hostfile(path: str | Path) -> dict[str, Host]:

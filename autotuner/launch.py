@@ -193,6 +193,8 @@ def launcher_python(executable: tuple[str, ...]) -> str:
     if len(executable) > 1:
         return first if "python" in os.path.basename(first) else sys.executable
     path = shutil.which(first) or first
+    if not os.path.isfile(path):  # a pipe (which may pass as executable) would be waited on for ever
+        return sys.executable
     try:
         with open(path, "rb") as script:
             line = script.readline(400)

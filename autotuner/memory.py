@@ -1,16 +1,18 @@
-"""The memory model of `autotune tune`: what one GPU must hold for a ZeRO stage and a micro-batch size, so that
-stages that cannot fit are skipped and the search's micro-batch sizes are bounded before anything runs out of
-memory. Pure: numbers in, numbers out (the search and the report call it; nothing here reads a file or a GPU).
+"""The memory model of `autotune tune`: what one GPU must hold for a ZeRO stage and a micro-batch size, so that stages
+that cannot fit are skipped and the search's micro-batch sizes are bounded before anything runs out of memory. Pure:
+numbers in, numbers out (the search and the report call it; nothing here reads a file or a GPU).
 
 Per GPU, a model of N parameters trained with mixed precision (fp16 or bf16) holds its 2-byte parameters and
-gradients and, for the optimizer, a 4-byte fp32 copy of the parameters plus the optimizer's fp32 states (Adam: 2,
-8 bytes; SGD with momentum, Adagrad, Lion: 1, 4 bytes); in fp32 the parameters and gradients are 4 bytes each and
-there is no copy (the ZeRO paper's accounting). ZeRO partitions over the data-parallel GPUs: stage 1 the optimizer
-states (the fp32 copy included), stage 2 also the gradients, stage 3 also the parameters. Offloading the
-optimizer (`offload_optimizer.device` cpu or nvme, stage 1 and up) takes its states off the GPU; offloading the
-parameters (`offload_param`, stage 3) takes them off too. Model parallelism (`mp_size`) divides all of it.
-Activations are a figure per sample (a profile run's, or the one `model_info` states) times the micro-batch.
-What is kept free on top (CUDA's context, the allocator's slack, ZeRO's buckets) is the placement's headroom.
+gradients and, for the optimizer, a 4-byte fp32 copy of the parameters plus the optimizer's fp32 states (Adam: 2, 8
+bytes; SGD with momentum, Adagrad, Lion: 1, 4 bytes); in fp32 the parameters and gradients are 4 bytes each and
+there is no copy (the ZeRO paper's accounting). Frozen parameters (LoRA, PEFT: `trainable_num_params` below
+`num_params`) have no gradient, copy or optimizer state: only the trainable ones are counted for those. ZeRO
+partitions over the data-parallel GPUs: stage 1 the optimizer states (the fp32 copy included), stage 2 also the
+gradients, stage 3 also the parameters. Offloading the optimizer (`offload_optimizer.device` cpu or nvme, stage 1
+and up) takes its states off the GPU; offloading the parameters (`offload_param`, stage 3) takes them off too. Model
+parallelism (`mp_size`) divides all of it. Activations are a figure per sample (a profile run's, or the one
+`model_info` states) times the micro-batch. What is kept free on top (CUDA's context, the allocator's slack, ZeRO's
+buckets) is the placement's headroom.
 """
 from __future__ import annotations
 
@@ -27,18 +29,29 @@ OFF_GPU = ("cpu", "nvme")
 @dataclass(frozen=True)
 class Facts:
     """What is known of the model: its parameter count, and its activation memory per sample of the micro-batch
-    on one GPU (None: not known, so no micro-batch size is predicted); `source` says where they come from."""
+    on one GPU (None: not known, so no micro-batch size is predicted); `source` says where they come from.
+    `trainable`: the parameters that train (LoRA / PEFT freeze the rest), None when all do; only they have
+    gradients and optimizer states."""
 
     num_params: int
     activation: float | None = None
     source: str = "model_info"
+    trainable: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"num_params": self.num_params, "activation": self.activation, "source": self.source}
+        return {"num_params": self.num_params, "activation": self.activation, "source": self.source,
+                "trainable": self.trainable}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Facts:
-        return cls(int(data["num_params"]), data.get("activation"), str(data.get("source", "model_info")))
+        trainable = data.get("trainable")
+        return cls(int(data["num_params"]), data.get("activation"), str(data.get("source", "model_info")),
+                   int(trainable) if trainable is not None else None)
+
+    @property
+    def frozen(self) -> bool:
+        """Some parameters do not train: the memory line says how many do."""
+        return self.trainable is not None and self.trainable < self.num_params
 
 
 @dataclass(frozen=True)
@@ -72,12 +85,15 @@ def _offloaded(section: Any) -> bool:
     return isinstance(section, Mapping) and section.get("device") in OFF_GPU
 
 
-def model_states(num_params: int, stage: int, training: Training, dp: int, mp: int = 1) -> float:
+def model_states(num_params: int, stage: int, training: Training, dp: int, mp: int = 1,
+                 trainable: int | None = None) -> float:
     """Bytes one GPU holds for parameters, gradients and optimizer states at a ZeRO stage, `dp` data-parallel
-    GPUs and `mp`-way model parallelism (activations not included)."""
+    GPUs and `mp`-way model parallelism (activations not included). Of `trainable` parameters only (all when
+    None) are there gradients, an fp32 copy and optimizer states: frozen ones are only held."""
     width = 2.0 if training.half else 4.0
-    params, grads = num_params * width, num_params * width
-    optimizer = num_params * 4.0 * (training.optimizer_states + (1 if training.half else 0))
+    trained = num_params if trainable is None else min(trainable, num_params)
+    params, grads = num_params * width, trained * width
+    optimizer = trained * 4.0 * (training.optimizer_states + (1 if training.half else 0))
     if stage >= 1:
         optimizer = 0.0 if training.offload_optimizer else optimizer / dp
     if stage >= 2:
@@ -111,7 +127,7 @@ def bound(facts: Facts, training: Training, stage: int, gpu_memory: int, dp: int
           min_mbs: int = 1) -> Bound:
     """The largest micro-batch size of `stage` that the model says fits on a GPU of `gpu_memory` bytes; 0 when
     not even `min_mbs` does."""
-    states = model_states(facts.num_params, stage, training, dp, mp)
+    states = model_states(facts.num_params, stage, training, dp, mp, facts.trainable)
     room = budget(gpu_memory) - states
     if room <= 0:
         return Bound(stage, states, 0)

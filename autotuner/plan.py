@@ -85,6 +85,9 @@ class Plan:
         return max(self.work / self.slot_count if self.slot_count else 0.0, self.longest)
 
 
+MAX_SPREAD = 10.0  # a run ten times as variable as its mean: far past real sweeps, well inside a float's range
+
+
 def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int]], *, past: Path | None = None,
                default_seconds: float = DEFAULT_SECONDS, queues: Sequence[str] = ("backfill",),
                placements: Sequence[str] = ("pack",), spread: float = 0.0, samples: int = 100, seed: int = 0,
@@ -100,8 +103,8 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     config held there (learned.py), for experiments that state none."""
     if not experiments:
         raise UserError("nothing to plan: the sweep has no experiments")
-    if not (spread >= 0 and math.isfinite(spread)):
-        raise UserError(f"--spread must be a non-negative number, not {spread:g}")
+    if not 0 <= spread <= MAX_SPREAD:  # NaN fails it too; past it, the draws overflow to 0 s or infinity
+        raise UserError(f"--spread must be a coefficient of variation from 0 to {MAX_SPREAD:g}, not {spread:g}")
     if samples < 1:
         raise UserError(f"--samples must be at least 1, not {samples}")
     expected = durations(experiments, past, default_seconds)

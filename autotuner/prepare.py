@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .ledger import Ledger
     from .search import SearchSpec
     from .spec import Sweep
+    from .tunerequest import TuneRequest
 
 HOSTFILE = "hostfile"  # the sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
 RESULTS_ROOT = Path("results")
@@ -34,7 +35,7 @@ def default_directory(sweep: Sweep, now: float | None = None) -> Path:
 
 def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, *,
             launcher: Sequence[str] | None = None, timeout: float | None = limits.DEFAULT_TIMEOUT,
-            search: SearchSpec | None = None, memory_from: str | Path | None = None) -> Path:
+            search: SearchSpec | None = None, memory_from: str | Path | Mapping[str, int] | None = None) -> Path:
     """Validate, then create the results directory (default: `default_directory`) with its hostfile and ledger.
 
     `launcher` is the command that starts DeepSpeed's launcher (default: the one beside this Python, else
@@ -43,7 +44,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     whatever this call made before finding out is removed again: a refused `run` leaves nothing behind.
     `search`: the experiments are proposed while it runs (`autotune tune`), by this search. `memory_from`: an
     earlier sweep whose measured peak GPU memory per config becomes the need of the experiments that state none
-    (learned.py), recorded in the ledger.
+    (learned.py), recorded in the ledger; or its peaks read already (`measured_peaks`, by config digest), for a
+    caller that reads them before it asks a cluster for anything.
     """
     import sqlite3  # here, not at the top: `import autotuner` imports this module and must stay cheap
 
@@ -56,8 +58,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     if memory_from is not None:
         from .learned import largest_usable, learned_needs, peaks_by_digest
 
-        learned = learned_needs(sweep.experiments, peaks_by_digest(Path(memory_from)),
-                                largest_usable(cluster.memory, cluster.devices))
+        peaks = memory_from if isinstance(memory_from, Mapping) else peaks_by_digest(Path(memory_from))
+        learned = learned_needs(sweep.experiments, peaks, largest_usable(cluster.memory, cluster.devices))
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
@@ -74,67 +76,21 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     return directory
 
 
-def prepare_tune(script: str, args: Sequence[str], cluster: Cluster, directory: str | Path | None = None, *,
-                 num_gpus: int | None = None, num_nodes: int | None = None, launcher: Sequence[str] | None = None,
-                 timeout: float | None = limits.DEFAULT_TIMEOUT, cwd: Path | None = None, seed: int = 0,
-                 confirm: int | None = None, min_gain: float = 0.0) -> Path:
-    """`autotune tune`: the user's DeepSpeed command (`script` and its `args`, which name the config), or a tune
-    file (`script` an .hjson file stating them: spec/tuning.py), read, checked and recorded as a search; its
-    experiments are proposed while it runs (search.py). Each experiment runs on `num_nodes` x `num_gpus` slots
-    (given here, else the tune file's, else 1). `seed`: of the random and model-based tuners; `confirm`: how many of
-    the best configs are run again before the winner is named (None: 2 when more than 2 succeeded; 0: none);
-    `min_gain`: the fraction by which a run must beat the best so far to count as progress for early stopping."""
-    from dataclasses import replace
+def prepare_tune(script: str | TuneRequest, args: Sequence[str], cluster: Cluster,
+                 directory: str | Path | None = None, *, num_gpus: int | None = None, num_nodes: int | None = None,
+                 launcher: Sequence[str] | None = None, timeout: float | None = limits.DEFAULT_TIMEOUT,
+                 cwd: Path | None = None, seed: int = 0, confirm: int | None = None, min_gain: float = 0.0) -> Path:
+    """`autotune tune`: the user's DeepSpeed command (`script` and its `args`), or a tune file, read and checked
+    (`tunerequest.read_tune`, which the other arguments but `launcher` and `timeout` go to; or `script` a
+    request read already, for a caller that reads before it asks a cluster for anything), then checked against
+    `cluster` and recorded as a search; its experiments are proposed while it runs (search.py)."""
+    from .tunerequest import for_cluster, read_tune
 
-    from .metrics import metric_named
-    from .search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec, search_for
-    from .spec import Sweep
-    from .spec.tuning import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
-
-    where = cwd or Path.cwd()
-    if is_tune_file(script):
-        if args:
-            raise UserError(f"a tune file takes no script arguments (its `args` holds them), not {shown(args[0])}; "
-                            "autotune's own options go before it: autotune tune --slots 2 tune.hjson")
-        told = read_tune_file(Path(script) if Path(script).is_absolute() else where / script)
-        command, located, prefix, env = told.command, told.config, told.name, told.env
-        num_gpus, num_nodes = num_gpus or told.num_gpus or 1, num_nodes or told.num_nodes or 1
-    else:
-        command, located, prefix, env = split_command(script, args, where), None, None, {}
-        num_gpus, num_nodes = num_gpus or 1, num_nodes or 1
-    tuning = read_tuning(command.config_path, num_gpus * num_nodes, located)
-    template = {"script": command.script, "args": list(command.args), "num_gpus": num_gpus, "num_nodes": num_nodes,
-                "source": str(command.config_path), "config_flag": command.flag, "arg_mappings": tuning.arg_mappings}
-    if env:
-        template["env"] = env
-    spec = SearchSpec(prefix=prefix or name_prefix(command.script), template=template, base=tuning.base,
-                      stages=tuning.stages, metric=tuning.metric, min_mbs=tuning.min_mbs,
-                      max_mbs=tuning.max_mbs or MAX_MICRO_BATCH, measure=tuning.measure,
-                      global_batch=tuning.global_batch, trials=tuning.trials, patience=tuning.patience,
-                      tuner=tuning.tuner, seed=seed, confirm=confirm, min_gain=min_gain,
-                      knobs={str(stage): space for stage, space in tuning.knobs.items() if space},
-                      gpu_memory=_gpu_memory(cluster), facts=tuning.facts, mp=tuning.mp)
-    if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
-        spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
-    try:  # a long script or tune name, with full mode's knob tags, would make names no directory takes
-        spec = spec.fitted()
-    except ValueError as e:
-        raise UserError(f"{e}: list shorter knob values in zero_optimization", command.config_path) from None
-    first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
-    sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(command.config_path))
-    from .cluster import check_fits
-
-    check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
-    return prepare(Sweep(spec.prefix, (), sweep.metric, sweep.source), cluster, directory, launcher=launcher,
-                   timeout=timeout, search=spec)
-
-
-def _gpu_memory(cluster: Cluster) -> int | None:
-    """The memory of one GPU the memory model bounds a tune's experiments by: of the largest GPUs of the cluster
-    (an experiment may land on them; smaller ones teach by running out of memory), None when a host's is not
-    known (CPU slots, a type that states no size): then the model skips nothing."""
-    known = [cluster.memory[host] for host in cluster.slots if host in cluster.memory]
-    return max(known) if known and len(known) == len(cluster.slots) else None
+    request = script if not isinstance(script, str) else read_tune(
+        script, args, num_gpus=num_gpus, num_nodes=num_nodes, cwd=cwd, seed=seed, confirm=confirm,
+        min_gain=min_gain)
+    sweep, spec = for_cluster(request, cluster)
+    return prepare(sweep, cluster, directory, launcher=launcher, timeout=timeout, search=spec)
 
 
 def open_sweep(directory: str | Path) -> Ledger:

@@ -100,9 +100,13 @@ def summary_text(snap: Snapshot) -> str:
     return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
 
 
+DISAGREE = 0.1  # runs of one config that differ by more than this share of their mean measured the machine
+
+
 def confirmation(snap: Snapshot) -> str | None:
     """How `autotune tune`'s winner was confirmed, in one line: which configs were run again, and the winner's
-    runs (how many, their mean and spread). None when nothing was run again."""
+    runs (how many, their mean and spread), or why it is uncertain (`uncertain`). None when nothing was run
+    again."""
     if not snap.runs:
         return None
     reruns = sum(len(runs) - 1 for runs in snap.runs.values())
@@ -113,11 +117,63 @@ def confirmation(snap: Snapshot) -> str | None:
         return line
     if best.name not in snap.runs:
         return line + f"; the winner {best.name} ran once"
-    values = [a.metric for a in snap.runs[best.name] if a.state == State.SUCCEEDED and a.metric is not None]
+    values = _values(snap, best.name)
     mean, spread = sum(values) / len(values), max(values) - min(values)
     share = f" ({100 * spread / abs(mean):.1f}% of the mean)" if mean else ""
+    why = uncertain(snap)
+    if why is not None:
+        return (line + f"; the winner {best.name} is uncertain: its {len(values)} runs measured "
+                f"{min(values):.6g} to {max(values):.6g}, spread {spread:.6g}{share}, {why}: the measurements "
+                "disagree beyond their noise (runs that share cores skew each other: fewer slots, or slots "
+                "bound to their own cores, steady them)")
     return (line + f"; the winner {best.name} was confirmed: {len(values)} run(s), {snap.metric.name} mean "
             f"{mean:.6g}, spread {spread:.6g}{share}")
+
+
+def _values(snap: Snapshot, name: str) -> list[float]:
+    return [a.metric for a in snap.runs[name] if a.state == State.SUCCEEDED and a.metric is not None]
+
+
+def uncertain(snap: Snapshot) -> str | None:
+    """Why the winner's re-runs do not confirm it, or None when they do: its runs differ by more than its lead
+    over the runner-up (the next config run again, by mean), or by more than DISAGREE of their mean. A winner
+    whose own measurements disagree more than it leads by could as well be second."""
+    best = snap.best
+    if best is None or best.name not in snap.runs:
+        return None
+    values = _values(snap, best.name)
+    if len(values) < 2:
+        return None
+    mean, spread = sum(values) / len(values), max(values) - min(values)
+    others = [(sum(v) / len(v), name) for name in snap.runs if name != best.name and (v := _values(snap, name))]
+    if others:
+        runner, name = min(others, key=lambda pair: snap.metric.sort_key(pair[0]))
+        lead = abs(mean - runner)
+        if spread > lead:
+            return (f"more than its lead over the runner-up {name} ({lead:.6g}, "
+                    f"{100 * lead / abs(mean) if mean else 0:.1f}%)")
+    if mean and spread > DISAGREE * abs(mean):
+        return f"more than {100 * DISAGREE:.0f}% of their mean"
+    return None
+
+
+def batch_note(snap: Snapshot) -> str | None:
+    """How `autotune tune` kept the config's fixed train_batch_size, in one line: the sizes that keep it and those
+    skipped because they cannot. None without a fixed batch."""
+    if snap.meta.search is None:
+        return None
+    from .search import SearchSpec
+
+    spec = SearchSpec.from_json(snap.meta.search)
+    if not spec.fixed_batch or spec.global_batch is None:
+        return None
+    sizes = range(spec.min_mbs, spec.max_mbs + 1)
+    kept = [m for m in sizes if spec.keeps(m)]
+    skipped = len(sizes) - len(kept)
+    shown_kept = ", ".join(map(str, kept[:12])) + (", ..." if len(kept) > 12 else "")
+    return (f"train_batch_size {spec.global_batch} kept by every candidate (micro-batch x accumulation x "
+            f"{spec.dp} data-parallel GPU(s)): micro-batch sizes {shown_kept}; {skipped} size(s) from "
+            f"{spec.min_mbs} to {spec.max_mbs} skipped, they cannot keep it")
 
 
 def _profile_runs(snap: Snapshot) -> set[str]:
@@ -175,7 +231,8 @@ def memory_note(snap: Snapshot) -> str | None:
             above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
             parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
     activation = f", {show(facts.activation)} of activations per sample" if facts.activation else ""
-    return (f"Memory model ({facts.source}: {facts.num_params} parameters{activation}; GPUs of "
+    trained = f" ({facts.trainable} trainable)" if facts.frozen else ""
+    return (f"Memory model ({facts.source}: {facts.num_params} parameters{trained}{activation}; GPUs of "
             f"{show(spec.gpu_memory)}, {show(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
 
 

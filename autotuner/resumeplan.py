@@ -43,6 +43,7 @@ class ResumePlan:
     timeout: float | None = limits.DEFAULT_TIMEOUT  # the run's limit for experiments whose spec gives none
     notes: tuple[str, ...] = ()  # for the user: why the spec was not read again
     slurm: dict[str, Any] | None = None  # the Slurm allocation it last ran in (job id, whether ours), if one
+    inputs: tuple[str, ...] = ()  # the files the spec was read from again (Sweep.paths): no output may be one
 
 
 def spec_changes(directory: str | Path, sweep: Sweep) -> SpecChanges:
@@ -81,7 +82,8 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         raise UserError(f"the sweep's spec changed since it started ({changes}); `--only-new` runs just the new "
                         "experiments", sweep.source)
     new = set(changes.new) if only_new else set()
-    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, slurm=slurm)
+    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, slurm=slurm,
+                      inputs=sweep.paths())
 
 
 def timeout_seconds(value: object) -> float | None:

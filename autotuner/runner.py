@@ -42,7 +42,7 @@ from .launch import Launcher
 from .learned import largest_usable, needs_of_sweep, with_needs
 from .ledger import Attempt, Ledger
 from .lock import SweepBusy, SweepLock
-from .metrics import metric_named
+from .metrics import PEAK_MEMORY, metric_named
 from .peaks import Measured, PeakMemory
 from .prepare import HOSTFILE, open_sweep
 from .results import write_outcome_files
@@ -276,8 +276,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, pool: SSHPool |
         executor = SlurmExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
                                  options.grace, allocation=options.slurm)
     else:
+        cpu_slots = {h: list(ids) for h, ids in slots.items() if is_local(h)} if meta.accelerator == "cpu" else {}
         executor = LocalExecutor(str(directory.resolve() / HOSTFILE), metric, time.time, launcher, env,
-                                 options.grace, devices)
+                                 options.grace, devices, cpu_slots)
     slot_pool = SlotPool(slots)
     now = time.time()
     placement, memory, remote_memory = _placement(ledger, options, devices, pool)
@@ -384,7 +385,10 @@ def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
     search = search_for(SearchSpec.from_json(spec))
     attempts = ledger.latest()
     latest = {a.name: (a.state, a.reason, a.metric) for a in attempts}
-    search.replay(ledger.experiments(), latest, {a.name: a.metrics for a in attempts})
+    peaks = ledger.peaks()  # measured while they ran: the search told them so (core/scheduler.py), and is again
+    search.replay(ledger.experiments(), latest, {a.name: {**(a.metrics or {}), **({PEAK_MEMORY: float(peaks[a.name])}
+                                                                                 if a.name in peaks else {})}
+                                                 for a in attempts})
     return search
 
 

@@ -4,11 +4,14 @@ A `Source` for the scheduler (core/scheduler.py): whenever slots are free and no
 the next experiments, and it learns from every run that ends. Three tuners (DeepSpeed's `tuner_type`) share what
 is learnt (`Search`) and differ only in which point they try next (`choose`):
 
-- gridsearch (`MicroBatchSearch`): the structured walk of the grid. Each ZeRO stage on its own, all stages at
-  once: the first run is at the largest size the user allows (or the memory model predicts), since the largest
-  size that fits is most often the fastest and one run there settles it; with no bound, the size doubles from
-  the smallest until a run runs out of memory. Then a binary search finds the largest size that fits, then a few
-  sizes below it are measured.
+- gridsearch (`MicroBatchSearch`): the structured walk of the grid. The first run is at the largest size the
+  user allows (or the memory model predicts), since the largest size that fits is most often the fastest and one
+  run there settles it; with no bound, the size doubles from the smallest until a run runs out of memory. Then a
+  bisection on the log scale, sought only while a larger size could beat the best (`_worth`), then sizes below
+  the largest that fits are measured, one at a time while a smaller one pays (`_measure`). The stages share
+  what they learn: a lower stage needs at least the memory of a higher one at the same size (`vouched`,
+  `ruled_out_above`), so the highest goes first, and the search works in rounds (nothing proposed while one of
+  its runs is out): what it tries depends on the answers, never on the order in which runs end.
 - random (`RandomSearch`): the grid's points (each stage x the sizes that double from the smallest, `sizes`) in
   an order drawn from the spec's seed.
 - model_based (optuna_search.py): Optuna's TPE through ask/tell, on the same points.
@@ -41,6 +44,7 @@ from __future__ import annotations
 import copy
 import itertools
 import logging
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -48,8 +52,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .core import Queued, Run
-from .memory import Bound, Facts, Training, bound
-from .metrics import Metric, metric_named
+from .memory import Bound, Facts, Training, bound, model_states
+from .metrics import Metric, metric_named, reported_peak
 from .outcome import Outcome
 from .spec import Experiment
 from .spec.knobs import BY_KEY, tag_value
@@ -61,6 +65,8 @@ DEFAULT_TRIALS = 50  # DeepSpeed's tuner_num_trials default: the sampling tuners
 DEFAULT_PATIENCE = 5  # DeepSpeed's tuner_early_stopping default, likewise
 DEFAULT_CONFIRM = 2  # configs re-run when the user says nothing, once more than this many succeeded
 RERUN = re.compile(r"(.+)_confirm([0-9]+)")
+WORTH = 0.01  # a larger size is sought only while it could measure this fraction better (see `_worth`)
+CAPPED = 1 / 3  # how far a lower stage probes towards a size a higher stage's run may yet rule out (log scale)
 PROFILE = "profile"  # the profile run's name: PREFIX_profile
 log = logging.getLogger(__name__)
 
@@ -93,7 +99,8 @@ class SearchSpec:
     min_mbs: int = 1
     max_mbs: int = MAX_MICRO_BATCH
     measure: int = 3  # micro-batch sizes measured near the largest that fits (DeepSpeed's num_tuning_...)
-    global_batch: int | None = None  # the train_batch_size to keep (gradient accumulation derived), if any
+    global_batch: int | None = None  # train_batch_size (fixed_batch) or max_train_batch_size: see `accumulation`
+    fixed_batch: bool = False  # global_batch is the config's train_batch_size: every candidate keeps it exactly
     trials: int | None = None  # at most this many experiments (DeepSpeed's tuner_num_trials)
     patience: int | None = None  # stop after this many ended runs without a better one (tuner_early_stopping)
     tuner: str = "gridsearch"  # spec.tuning.TUNERS
@@ -115,7 +122,7 @@ class SearchSpec:
         """This spec with its prefix cut so that every experiment name it can make (the longest: the largest
         stage, micro-batch size and accumulation, each knob at its longest value, a re-run) is a safe name;
         a ValueError where even an empty prefix would not do (knob values too long to write)."""
-        gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.world))}" if self.global_batch else ""
+        gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.dp))}" if self.global_batch else ""
         longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}") + sum(
             max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
             for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
@@ -133,6 +140,30 @@ class SearchSpec:
     @property
     def world(self) -> int:
         return int(self.template.get("num_gpus", 1)) * int(self.template.get("num_nodes", 1))
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel GPUs of an experiment: its GPUs over the model-parallel degree (DeepSpeed's)."""
+        return max(1, self.world // self.mp)
+
+    def keeps(self, mbs: int) -> bool:
+        """Whether a micro-batch size can keep a fixed train_batch_size: micro-batch x accumulation x data-parallel
+        GPUs equals it for a whole accumulation (DeepSpeed refuses a config where it does not)."""
+        return not self.fixed_batch or self.global_batch is None or self.global_batch % (mbs * self.dp) == 0
+
+    def kept(self, mbs: int, low: int = 0) -> int | None:
+        """The largest size at or below `mbs` and above `low` that keeps the batch (`keeps`); None when none does."""
+        return next((m for m in range(mbs, max(low, self.min_mbs - 1), -1) if self.keeps(m)), None)
+
+    def accumulation(self, mbs: int) -> int | None:
+        """The gradient accumulation of a micro-batch size, as DeepSpeed derives it: a fixed train_batch_size over
+        micro-batch x data-parallel GPUs; max_train_batch_size's share of one GPU over the micro-batch (at least
+        1); None: the config's own."""
+        if self.global_batch is None:
+            return None
+        if self.fixed_batch:
+            return max(1, self.global_batch // (mbs * self.dp))
+        return max(1, self.global_batch // self.dp // mbs)
 
     @property
     def profiles(self) -> bool:
@@ -154,21 +185,29 @@ class SearchSpec:
         if self.gpu_memory is None:
             return {}
         training = Training.of(self.base)
-        dp = max(1, self.world // self.mp)
-        return {stage: bound(facts, training, stage, self.gpu_memory, dp, self.mp, self.min_mbs)
+        return {stage: bound(facts, training, stage, self.gpu_memory, self.dp, self.mp, self.min_mbs)
                 for stage in self.stages}
 
 
 def profile_facts(spec: SearchSpec, metrics: Mapping[str, float] | None, name: str) -> Facts | None:
     """The facts of a profile run's metrics (what DeepSpeed's engine wrote to its model info file): the activation
-    memory it measured at the smallest size, per sample; None when it holds no parameter count."""
+    memory it measured at the smallest size, per sample, and the trainable parameters it counted; None when it
+    holds no parameter count."""
     num_params = (metrics or {}).get("num_params")
     if not num_params or num_params <= 0:
         return None
     activation = (metrics or {}).get("activation_mem_per_gpu")
     per_sample = activation / spec.min_mbs if activation and activation > 0 else None
-    return Facts(int(num_params), per_sample, f"profile run {name}")
+    trainable = (metrics or {}).get("trainable_num_params")
+    return Facts(int(num_params), per_sample, f"profile run {name}",
+                 int(trainable) if trainable is not None and 0 <= trainable < num_params else None)
 
+
+
+def midpoint(low: int, high: int, share: float = 0.5) -> int:
+    """The size `share` of the way from `low` to `high` on the log scale (halfway: bisection), strictly between
+    them (`low` when none is)."""
+    return max(low + 1, min(high - 1, round(low * (high / low) ** share))) if high - low > 1 else low
 
 
 def sizes(spec: SearchSpec) -> list[int]:
@@ -178,7 +217,8 @@ def sizes(spec: SearchSpec) -> list[int]:
     while mbs < spec.max_mbs:
         found.append(mbs)
         mbs *= 2
-    return [*found, spec.max_mbs]
+    kept = (spec.kept(m) for m in [*found, spec.max_mbs])  # with a fixed batch, the largest size below that keeps it
+    return list(dict.fromkeys(m for m in kept if m is not None))
 
 
 @dataclass
@@ -187,6 +227,7 @@ class _Stage:
 
     fits: dict[int, float] = field(default_factory=dict)
     too_big: set[int] = field(default_factory=set)
+    oom: set[int] = field(default_factory=set)  # of too_big, those that ran out of memory (not out of time)
     out: set[int] = field(default_factory=set)  # proposed, not ended yet
     crashed: set[int] = field(default_factory=set)  # failed for a reason that says nothing of memory
     given_up: bool = False
@@ -233,7 +274,8 @@ class Search:
         self.rerun_out: set[str] = set()
         for known in self.stages.values():
             known.top = spec.max_mbs
-        self.facts: Facts | None = None
+        self.facts: Facts | None = None  # as stated or profiled; `model` is what runs corrected them to
+        self.peaks: dict[tuple[int, int], float] = {}  # (stage, size) that fit -> the peak memory it held
         self.profile: str | None = "wanted" if spec.profiles else None  # wanted, out, done, failed
         self.profile_stage = min(spec.stages)  # of the profile run wanted or out
         if spec.facts is not None:
@@ -243,11 +285,54 @@ class Search:
     def apply(self, facts: Facts) -> None:
         """The model's bounds, from `facts`: a stage that cannot fit is skipped, the others bounded."""
         self.facts = facts
+        self._bound(facts)
+
+    def _bound(self, facts: Facts) -> None:
+        """Each stage's bound from `facts`, for the stages no run has answered or is answering yet (a stage's
+        search keeps the bound it started with)."""
         for stage, found in self.spec.bounds(facts).items():
             known = self.stages[stage]
+            if known.fits or known.too_big or known.out or known.crashed:
+                continue
             known.predicted = found.largest
-            if found.largest == 0:
-                known.given_up = True
+            known.given_up = found.largest == 0
+
+    def model(self) -> Facts | None:
+        """The memory model's facts corrected by what runs showed (the loop closed): the activation memory per
+        sample each run that fit measured (its peak less the model states of its stage, over its size), and
+        the least each run out of memory needed (the GPU less those states, over its size); the largest of
+        those figures, once there is one, stands for the stated one. A wrong model then stops launching runs
+        that run out of memory at the stages still to come."""
+        facts, gpu = self.facts, self.spec.gpu_memory
+        if facts is None or gpu is None:
+            return facts
+        training = Training.of(self.spec.base)
+        states = {stage: model_states(facts.num_params, stage, training, self.spec.dp, self.spec.mp, facts.trainable)
+                  for stage in self.stages}
+        seen = [figure for stage in self.stages if (figure := self._per_sample(stage, states[stage])) is not None]
+        seen += [(gpu - states[stage]) / mbs for stage, known in self.stages.items() for mbs in known.oom
+                 if gpu > states[stage] and (known.predicted is None or mbs <= known.predicted)]
+        if not seen:
+            return facts
+        return replace(facts, activation=max(seen), source=f"{facts.source}, corrected by {len(seen)} run(s)")
+
+    def _per_sample(self, stage: int, states: float) -> float | None:
+        """The activation memory per sample a stage's measured peaks show: the slope between its smallest and
+        largest size measured (what the runtime keeps on top cancels out), or with one size, its peak less the
+        model states over it (an over-estimate by that share: the safe side). None: no peak measured."""
+        measured = sorted((mbs, peak) for (s, mbs), peak in self.peaks.items() if s == stage)
+        if not measured:
+            return None
+        (small, low), (large, high) = measured[0], measured[-1]
+        if large > small and high > low:
+            return (high - low) / (large - small)
+        return (high - states) / large if high > states else None
+
+    def _relearn(self) -> None:
+        """After a run: the stages still to start bounded by the corrected model."""
+        corrected = self.model()
+        if corrected is not None and corrected != self.facts:
+            self._bound(corrected)
 
     def learn_profile(self, stage: int, state: State, reason: str | None, metrics: Mapping[str, float] | None,
                       detail: str | None = None, live: bool = True) -> None:
@@ -303,7 +388,7 @@ class Search:
             self.learn_profile(profiled, outcome.state, outcome.reason, outcome.metrics, outcome.detail)
             return
         self.learn(run.experiment, outcome.state, outcome.reason,
-                   outcome.metrics.get(self.metric.name) if outcome.metrics else None)
+                   outcome.metrics.get(self.metric.name) if outcome.metrics else None, reported_peak(outcome.metrics))
 
     def choose(self, room: int) -> list[Experiment]:
         """At most `room` new experiments (`take`), none of a point known not to fit, within the budget."""
@@ -319,6 +404,7 @@ class Search:
         so for every setting; one with knobs, for those knobs)."""
         known = self.stages.get(stage)
         return known is not None and not known.given_up and not known.pruned(mbs) and \
+            mbs < (self.ruled_out_above(stage) or mbs + 1) and \
             mbs < self.knob_oom.get((stage, knobs), mbs + 1) and \
             self.name_of(stage, mbs, knobs) not in self.proposed
 
@@ -362,10 +448,38 @@ class Search:
         fits = self.stages[stage].fits
         return min(fits, key=lambda mbs: (self.metric.sort_key(fits[mbs]), -mbs))
 
+    # --- what the stages tell each other -----------------------------------------------------------------
+    def ordered(self) -> bool:
+        """Whether the runs agree that a lower ZeRO stage needs at least the memory of a higher one at the same
+        size (what partitioning more implies; with one data-parallel GPU only the buffers differ): no stage
+        fits at or above a size where a higher stage ran out of memory. A run that contradicts it turns the
+        inference off (`vouched`, `ruled_out_above`)."""
+        return not any(fit >= oom for high, known in self.stages.items() for oom in known.oom
+                       for low, other in self.stages.items() if low < high for fit in other.fits)
+
+    def vouched(self, stage: int) -> int | None:
+        """The largest size known to fit at `stage`: its own, or one that fits at a lower stage."""
+        lower = [s for s in self.stages if s < stage] if self.ordered() else []
+        return max((m for s in (stage, *lower) for m in self.stages[s].fits), default=None)
+
+    def ruled_out_above(self, stage: int) -> int | None:
+        """The smallest size known not to fit at `stage`: its own out of memory or time, or one where a higher
+        stage ran out of memory."""
+        higher = [s for s in self.stages if s > stage] if self.ordered() else []
+        return min([*self.stages[stage].too_big, *(m for s in higher for m in self.stages[s].oom)], default=None)
+
     # --- learning -----------------------------------------------------------------------------------------
-    def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None) -> None:
+    def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None,
+              peak: int | None = None) -> None:
         """One ended run (or, replaying, one recorded). Interrupted or cancelled ones teach nothing: they are
-        run again (resume) or were not wanted."""
+        run again (resume) or were not wanted. `peak`: the GPU memory it held at most, which corrects the
+        memory model (`model`) with its out-of-memory answers."""
+        self._learn(experiment, state, reason, value, peak)
+        if self.facts is not None and (peak or reason == Reason.OOM):
+            self._relearn()
+
+    def _learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None,
+               peak: int | None) -> None:
         rerun = rerun_of(experiment.name)
         if self.spec.profile_of(experiment.name) is not None:
             return
@@ -385,6 +499,8 @@ class Search:
         known.out.discard(mbs)
         if state == State.SUCCEEDED and value is not None:
             known.fits[mbs] = value
+            if peak:
+                self.peaks[(stage, mbs)] = float(peak)
             self.configs[experiment.name] = (stage, mbs, ())
             self.first[experiment.name] = value
             if self._improves(value):
@@ -392,6 +508,8 @@ class Search:
                 return
         elif state in (State.FAILED, State.TIMED_OUT) and (reason == Reason.OOM or state == State.TIMED_OUT):
             known.too_big.add(mbs)
+            if reason == Reason.OOM:
+                known.oom.add(mbs)
         elif state in (State.FAILED, State.SUCCEEDED):  # a crash, a refused config, no metric: not a size answer
             known.crashed.add(mbs)
             known.given_up = True
@@ -454,7 +572,7 @@ class Search:
                     self.trials.append(placed)
             state, reason, value = latest.get(e.name, (State.QUEUED, None, None))
             if state.terminal and state not in (State.INTERRUPTED, State.CANCELLED):
-                self.learn(e, state, reason, value)
+                self.learn(e, state, reason, value, reported_peak((metrics or {}).get(e.name)))
             elif state == State.CANCELLED:
                 continue
             elif rerun is not None:
@@ -517,10 +635,10 @@ class Search:
         config.setdefault("zero_optimization", {})["stage"] = stage
         config["zero_optimization"].update(dict(knobs))
         config["train_micro_batch_size_per_gpu"] = mbs
-        if spec.global_batch is not None:
-            gas = max(1, spec.global_batch // (mbs * spec.world))
+        gas = spec.accumulation(mbs)
+        if gas is not None:
             config["gradient_accumulation_steps"] = gas
-            config["train_batch_size"] = mbs * gas * spec.world
+            config["train_batch_size"] = mbs * gas * spec.dp
         name = self.name_of(stage, mbs, knobs)
         template = dict(spec.template)
         args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
@@ -532,8 +650,9 @@ class Search:
         asked of every point of the grid when a sampling tuner looks for the open ones."""
         spec = self.spec
         name = f"{spec.prefix}_z{stage}_mbs{mbs}"
-        if spec.global_batch is not None:
-            name += f"_gas{max(1, spec.global_batch // (mbs * spec.world))}"
+        gas = spec.accumulation(mbs)
+        if gas is not None:
+            name += f"_gas{gas}"
         return name + "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
 
     @staticmethod
@@ -558,20 +677,22 @@ class MicroBatchSearch(Search):
     """gridsearch, the structured walk (see the module docstring)."""
 
     def choose(self, room: int) -> list[Experiment]:
-        """One size per stage while it searches, several once it measures; breadth first: each stage's next size
-        before any stage's second, the stages that have had the fewest answers first, so that with few slots every
-        stage gets its first answers early."""
+        """One size per stage while it searches, several once it measures; each stage's next size before any
+        stage's second, the highest stage first (its OOMs rule out the lower stages' sizes, and a lower stage
+        probes below a size a higher one has out: `_next`)."""
         proposed: list[Experiment] = []
-        wanted = {stage: self._next(known) for stage, known in self.stages.items()}
-        answers = {stage: len(known.fits) + len(known.too_big) for stage, known in self.stages.items()}
-        for stage in sorted(wanted, key=answers.__getitem__):
-            sizes = wanted[stage]
+        if self.busy:  # in rounds: what a stage learns bounds the others, so decisions wait for every answer
+            return proposed
+        order = sorted(self.stages, reverse=True)
+        for stage in order:
+            sizes = self._next(stage)  # after the higher stages' takes: they bound it
             if sizes and len(proposed) < room and not self._spent():
                 experiment = self.take(stage, sizes[0])
                 if experiment is not None:
                     proposed.append(experiment)
-        for stage, known in self.stages.items():
-            for mbs in wanted[stage][1:]:
+        for stage in order:
+            known = self.stages[stage]
+            for mbs in self._next(stage) if known.fits and not self._probe(stage) else []:
                 if len(proposed) >= room or self._spent():
                     return proposed
                 experiment = self.take(stage, mbs)
@@ -590,7 +711,7 @@ class MicroBatchSearch(Search):
         knob's other values are tried with the others at the best found so far, the best kept (ties keep what
         was), then the next knob. The knobs that wait for a run, or none once every knob was swept."""
         space = self.spaces.get(stage)
-        if not space or known.given_up or known.out or not known.fits or self._next(known):
+        if not space or known.given_up or known.out or not known.fits or self._next(stage):
             return []
         mbs = self.best_size(stage)
         best, value = {k: v[0] for k, v in space.items()}, known.fits[mbs]
@@ -605,44 +726,109 @@ class MicroBatchSearch(Search):
                     best, value = best | dict(knobs), measured
         return []
 
-    def _next(self, known: _Stage) -> list[int]:
-        """The sizes of a stage to try next, given what is known of it."""
+    def _next(self, stage: int) -> list[int]:
+        """The sizes of a stage to try next, given what is known of it and of the other stages: while it
+        searches, the one size `_probe` names; once the largest worth knowing is known, those to measure."""
+        known = self.stages[stage]
         if known.given_up:
             return []
-        spec = self.spec
         fit = max(known.fits, default=None)
-        small = min(known.too_big, default=None)
+        probe = self._probe(stage)
         if known.out:
-            return self._measure(known, fit) if self._searched(known, fit, small) else []
-        if fit is None:  # from the largest allowed (or predicted), else the smallest; out if the smallest does not fit
-            if small is None:
-                bounded = spec.max_mbs if spec.max_mbs < MAX_MICRO_BATCH else spec.min_mbs
-                return [max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))]
-            return [spec.min_mbs] if small > spec.min_mbs else []
-        if small is None:
-            ceiling = known.ceiling()
-            if fit < ceiling:
-                return [min(fit * 2, ceiling)]
-        elif small - fit > 1:
-            return [(fit + small) // 2]
-        return self._measure(known, fit)
+            searched = probe is None and not any(m > (fit or 0) for m in known.out)
+            return self._measure(known, fit) if searched else []
+        if probe is None:
+            return self._measure(known, fit)
+        pending = min((m for s, other in self.stages.items() if s > stage and self.ordered() for m in other.out),
+                      default=None)
+        if pending is not None and probe >= pending:  # a higher stage's run there may rule it out: probe below it
+            below = self._probe(stage, pending)
+            return [below] if below is not None and below < pending else []
+        return [probe]
 
-    def _searched(self, known: _Stage, fit: int | None, small: int | None) -> bool:
-        """The largest size that fits is known (only measuring remains)."""
-        return fit is not None and (fit >= self.spec.max_mbs or (small is not None and small - fit <= 1)) \
-            and not any(m > fit for m in known.out)
+    def _probe(self, stage: int, cap: int | None = None) -> int | None:
+        """`_size`, moved to a size that keeps a fixed train_batch_size (the largest below it, above the largest
+        known to fit): a size that cannot keep it is never run."""
+        size = self._size(stage, cap)
+        if size is None or self.spec.keeps(size):
+            return size
+        low = self.vouched(stage) or 0
+        kept = self.spec.kept(size, low)
+        return kept if kept is not None else (low if low and low not in self.stages[stage].fits else None)
+
+    def _size(self, stage: int, cap: int | None = None) -> int | None:
+        """The size the search of a stage tries next; None once the largest size worth knowing is known.
+        Between the largest size known to fit (`vouched`) and the smallest known not to (`ruled_out_above`),
+        bisection on the log scale (the largest size that fits is unknown by orders of magnitude); with no
+        size known not to fit, doubling; with none known to fit, from the largest allowed (or predicted)."""
+        spec, known = self.spec, self.stages[stage]
+        low, small = self.vouched(stage), self.ruled_out_above(stage)
+        share = 0.5
+        if cap is not None:  # a size a run that has not ended may rule out, taken as ruled out, and kept far from
+            small, share = min(small or cap, cap), CAPPED
+        if low is None:
+            bounded = spec.max_mbs if spec.max_mbs < MAX_MICRO_BATCH else spec.min_mbs
+            start = max(spec.min_mbs, min(known.predicted or bounded, spec.max_mbs))
+            if small is None:
+                return start
+            if known.predicted is not None and not known.too_big:  # the model's size, below what others ruled out
+                return min(start, small - 1) if small > spec.min_mbs else None
+            if small <= spec.min_mbs:
+                return None
+            if stage == min(self.stages):  # the most memory: whether it fits at all, in one run
+                return spec.min_mbs
+            return min(midpoint(spec.min_mbs, small, share), known.ceiling())
+        fit, ceiling = max(known.fits, default=None), known.ceiling()
+        if small is None and low < ceiling:
+            return min(low * 2, ceiling)
+        if small is not None and small - low > 1 and low < ceiling and \
+                (fit is None or self._worth(stage, fit, small)):
+            return min(midpoint(low, small, share), ceiling)
+        return low if low not in known.fits else None  # vouched for by a lower stage: measured here too
+
+    def _worth(self, stage: int, fit: int, small: int) -> bool:
+        """Whether sizes between `fit` (the largest that fits) and `small` (the smallest that does not) are worth
+        their runs: the best such a size could measure beats the best of the search, and beats `fit` by WORTH.
+        The best it could measure is `fit`'s value grown as the stage's two largest fits grew with the size
+        (at most in proportion: a step of more samples takes no less time); the search's best is each config's
+        mean over its runs, so that a lucky first measurement, once re-run, stops cutting the others short. A
+        metric better lower (latency)
+        has no such bound: its search goes on to the exact size."""
+        if self.metric.minimize:
+            return True
+        known = self.stages[stage]
+        value, growth = known.fits[fit], 1.0
+        below = [m for m in known.fits if m < fit]
+        if below:
+            near = max(below)
+            if known.fits[near] > 0 and value > 0:
+                growth = min(1.0, max(0.0, math.log(value / known.fits[near]) / math.log(fit / near)))
+        gain = ((small - 1) / fit) ** growth - 1
+        best = max((self.mean(name) for name in self.configs), default=None)  # re-runs correct a lucky first
+        return gain >= WORTH and (best is None or value * (1 + gain) > best)
 
     def _measure(self, known: _Stage, fit: int | None) -> list[int]:
-        """Sizes below the largest that fits, worth measuring: three quarters and half of it, and so on."""
+        """The next size below the largest that fits worth measuring: three quarters of it, then half, and so
+        on, one at a time, going on only while the last one measured better than every larger size by WORTH
+        (as DeepSpeed's autotuner goes down its list only while a smaller size pays); at most `measure` sizes
+        measured near the largest (a quarter of it and up), the bisection's own runs counted."""
         if fit is None:
             return []
-        wanted = []
+        previous = known.fits[fit]
+        near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)
         for fraction in (3 / 4, 1 / 2, 3 / 8, 1 / 4):
-            mbs = max(self.spec.min_mbs, int(fit * fraction))
-            if mbs not in known.fits and mbs not in known.too_big and mbs not in known.out and mbs not in wanted:
-                wanted.append(mbs)
-        measured_near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)  # out: being measured
-        return wanted[:max(0, self.spec.measure - measured_near)]
+            mbs = self.spec.kept(max(self.spec.min_mbs, int(fit * fraction)))
+            if mbs is None or mbs >= fit or mbs in known.too_big:
+                continue
+            if mbs in known.out:
+                return []
+            if mbs not in known.fits:
+                return [mbs] if near < self.spec.measure else []
+            value = known.fits[mbs]
+            if not self.metric.better(value, previous) or abs(value - previous) < WORTH * abs(previous):
+                return []  # a smaller size stopped paying
+            previous = value
+        return []
 
 
 class RandomSearch(Search):

@@ -24,6 +24,17 @@ sample, each experiment on 2 GPUs of an "A100-80GB", 80e9 bytes; stage 0 cannot 
 are 28, 33, 38 for stages 1-3, the best z3 mbs38): without a model (the hostfile states no GPU type), with
 `model_info` stated, and with the profile run finding the facts; and the same on the simulated clock.
 
+--unknown runs the case of a new user whose GPUs' memory autotune cannot read (CPU slots, no `gpu=`): every ZeRO
+stage, sizes up to 1,024 (the power-of-two grid: 44 experiments), the stand-in's plain rule (largest sizes that fit
+30, 35, 40, 45 for stages 0-3; the best z3 mbs45): the power-of-two grid, then gridsearch with the confirming
+re-runs as `autotune tune` runs them, through the real runner; with --simulated N, the same on the simulated clock
+with 1 to 4 slots.
+
+--loop plays, on the simulated clock, the stand-in's DeepSpeed-like fake GPU (OOM_STANDIN_MODEL's rule) with
+`model_info` stating the activations wrong (half, twice), each run reporting its peak memory or not: OOM runs and
+experiments with the loop closed against without it; and a model of which 1% of the parameters train (LoRA-like)
+with `trainable_num_params` counted apart against all counted as trainable.
+
 --simulated N plays the same searches N seeds each on the scheduler's simulated clock (autotuner.simulate, every
 run 10 s) with the stand-in's rule as the outcome: the figures of many seeds, which a few real runs cannot give.
 It also plays model_based with an OOM told to TPE as FAIL instead of PRUNED (a subclass here, for comparison).
@@ -305,6 +316,127 @@ def simulated_memory_table(seeds: int, slots: int) -> None:
                                                      for seed in range(runs)]), flush=True)
 
 
+UNKNOWN_MAX = 1024
+UNKNOWN_GRID = [(stage, 2 ** k) for stage in STAGES for k in range(11)]
+UNKNOWN_BEST = max(((z, m) for z in STAGES for m in range(1, UNKNOWN_MAX + 1) if fits(z, m)),
+                   key=lambda p: throughput(*p))
+UNKNOWN_HEADER = ("| | experiments | OOMs | OOM share | winner | winner / true best | wall s |\n"
+                  "|---|---:|---:|---:|---|---:|---:|")
+
+
+def unknown_row(label: str, snap: autotuner.Snapshot) -> str:
+    """Experiments, OOM runs and the winner of one sweep of the memory-unknown case."""
+    ran = [a for a in snap.attempts if a.started_at is not None]
+    ooms = sum(1 for a in ran if a.reason == "oom")
+    assert snap.best is not None, snap.counts()
+    config = snap.experiments[snap.best.name].ds_config
+    point = (config["zero_optimization"]["stage"], config["train_micro_batch_size_per_gpu"])
+    wall = max(a.finished_at for a in ran) - min(a.started_at for a in ran)
+    return (f"| {label} | {len(ran)} | {ooms} | {ooms / len(ran):.2f} | z{point[0]} mbs{point[1]} | "
+            f"{throughput(*point) / throughput(*UNKNOWN_BEST):.3f} | {wall:.1f} |")
+
+
+def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
+    """The memory-unknown case (--unknown), through the real runner and, with --simulated, the simulated clock."""
+    print(f"\nmemory unknown (CPU slots, no gpu=), stages 0-3, sizes up to {UNKNOWN_MAX}, the real runner, {slots} "
+          f"slots, {seconds} s a run; true best z{UNKNOWN_BEST[0]} mbs{UNKNOWN_BEST[1]}\n")
+    print(UNKNOWN_HEADER)
+    for label in ("power-of-two grid", "gridsearch (autotune tune)"):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            os.environ["OOM_STANDIN_LOG"] = str(work / "launches.log")
+            if label.startswith("power"):
+                snap = run_grid(work, slots, UNKNOWN_GRID)
+            else:
+                write_config(work, {})
+                config = json.loads((work / "ds.json").read_text())
+                config["autotuning"]["max_train_micro_batch_size_per_gpu"] = UNKNOWN_MAX
+                (work / "ds.json").write_text(json.dumps(config))
+                directory = autotuner.prepare_tune(str(work / "train.py"), ["--deepspeed_config", "ds.json"],
+                                                   autotuner.load_cluster(slots=slots), work / "res",
+                                                   launcher=["sh", str(STANDIN)], cwd=work)
+                snap = autotuner.execute(directory, autotuner.Options(grace=1.0)).snapshot
+            print(unknown_row(label, snap), flush=True)
+    if not simulated_seeds:
+        return
+    from autotuner.outcome import Outcome
+    from autotuner.search import SearchSpec, search_for
+    from autotuner.simulate import simulate
+
+    def outcome(e: autotuner.Experiment) -> Outcome:
+        point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
+        if not fits(*point):
+            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": throughput(*point)})
+
+    print("\nthe same search on the simulated clock (every run 10 s), re-runs included\n")
+    print("| slots | experiments | OOMs | OOM share | winner | wall s |\n|---:|---:|---:|---:|---|---:|")
+    for n in (1, 2, 3, 4):
+        spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
+                          base={}, stages=STAGES, metric="throughput", max_mbs=UNKNOWN_MAX)
+        search = search_for(spec)
+        played = simulate([], {"h": list(range(n))}, lambda e: 10.0, outcome=outcome, source=search,
+                          metric="throughput").played
+        winner = min(search.configs, key=lambda name: -search.mean(name))
+        ooms = sum(1 for p in played if p.state == autotuner.State.FAILED)
+        stage, mbs, _ = search.configs[winner]
+        print(f"| {n} | {len(played)} | {ooms} | {ooms / len(played):.2f} | z{stage} mbs{mbs} | "
+              f"{max(p.end for p in played):.0f} |", flush=True)
+
+
+def loop_table(slots: int) -> None:
+    """--loop: the memory model corrected by measured peaks, and trainable parameters counted apart."""
+    from autotuner.memory import Facts
+    from autotuner.outcome import Outcome
+    from autotuner.search import MicroBatchSearch, SearchSpec
+    from autotuner.simulate import simulate
+
+    params, per_sample, gpu = MODEL
+
+    def need(stage: int, mbs: int, trained: float) -> float:
+        states = {0: 2 * params + 14 * trained, 1: 2 * params + 2 * trained + 6 * trained,
+                  2: 2 * params + 7 * trained, 3: params + 7 * trained}[stage]  # 2 GPUs, as oom_standin.sh
+        return states + per_sample * mbs + 1.5e9
+
+    def play(facts: Facts, trained: float, peaks: bool) -> tuple[int, int, tuple[int, int], float]:
+        def outcome(e: autotuner.Experiment) -> Outcome:
+            point = (e.ds_config["zero_optimization"]["stage"], e.ds_config["train_micro_batch_size_per_gpu"])
+            held = need(*point, trained)
+            if held > gpu:
+                return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+            return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": throughput(*point)}
+                           | ({"peak_memory": held} if peaks else {}))
+
+        spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 2, "num_nodes": 1, "args": []},
+                          base={"fp16": {"enabled": True}}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS,
+                          gpu_memory=int(gpu), facts=facts.to_json())
+        search = MicroBatchSearch(spec)
+        played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+                                 metric="throughput").played, key=lambda p: (p.start, p.name))
+        winner = min(search.configs, key=lambda name: -search.mean(name))
+        point = search.configs[winner][:2]
+        best = max(((z, m) for z in STAGES for m in range(1, MAX_MBS + 1) if need(z, m, trained) <= gpu),
+                   key=lambda p: throughput(*p))
+        return (len(played), sum(1 for p in played if p.state == autotuner.State.FAILED), point,
+                throughput(*point) / throughput(*best))
+
+    print(f"\nthe loop closed, simulated clock, {slots} slots (2 a run), the DeepSpeed-like fake GPU\n")
+    print("| model_info's activations | peaks reported | experiments | OOMs | winner | winner / true best |\n"
+          "|---|---|---:|---:|---|---:|")
+    for wrong in (0.5, 1.0, 2.0):
+        for peaks in (False, True):
+            n, ooms, point, quality = play(Facts(int(params), wrong * per_sample), params, peaks)
+            print(f"| {wrong}x | {'yes' if peaks else 'no'} | {n} | {ooms} | z{point[0]} mbs{point[1]} | "
+                  f"{quality:.3f} |", flush=True)
+    trained = params / 100
+    print(f"\n{int(params):,} parameters, 1% trainable (LoRA-like), simulated, {slots} slots (2 a run)\n")
+    print("| counted | experiments | OOMs | winner | winner / true best |\n|---|---:|---:|---|---:|")
+    for label, facts in (("all as trainable", Facts(int(params), per_sample)),
+                         ("trainable apart", Facts(int(params), per_sample, trainable=int(trained)))):
+        n, ooms, point, quality = play(facts, trained, False)
+        print(f"| {label} | {n} | {ooms} | z{point[0]} mbs{point[1]} | {quality:.3f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -315,6 +447,10 @@ def main() -> None:
     parser.add_argument("--no-real", action="store_true", help="Only the simulated table.")
     parser.add_argument("--full", action="store_true", help="Also play full mode (ZeRO's knobs) simulated.")
     parser.add_argument("--memory", action="store_true", help="Only the tuners with and without the memory model.")
+    parser.add_argument("--loop", action="store_true",
+                        help="Only the memory model corrected by peaks, and trainable parameters apart (simulated).")
+    parser.add_argument("--unknown", action="store_true",
+                        help=f"Only the case of GPUs whose memory is unknown, sizes up to {UNKNOWN_MAX}.")
     parser.add_argument("--every-size", action="store_true",
                         help=f"Also run the grid of every size 1-{MAX_MBS} of each stage ({len(EVERY_SIZE)} runs).")
     opts = parser.parse_args()
@@ -326,6 +462,12 @@ def main() -> None:
     for tuner in ("random", "model_based"):
         cases += [(f"{tuner}, DeepSpeed's defaults", tuner, None, opts.seeds),
                   (f"{tuner}, patience 36", tuner, 36, opts.seeds)]
+    if opts.unknown:
+        unknown_table(opts.slots, opts.seconds, opts.simulated)
+        return
+    if opts.loop:
+        loop_table(2 * opts.slots)
+        return
     if opts.memory:
         print(f"true best {MODEL_BEST}: throughput {throughput(*MODEL_BEST):.1f}")
         if not opts.no_real:

@@ -38,6 +38,9 @@ def main() -> None:
         engine.step()
     if engine.global_rank == 0:
         print(f"trained {args.steps} steps, final loss {loss.item():.4f}")
+    # Every rank reaches the end before any tears down: a rank that exits while another still holds its gloo
+    # connections can make that one abort in its teardown.
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()  # a clean exit for every rank (gloo threads joined)
 
 

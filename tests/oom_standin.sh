@@ -12,7 +12,8 @@
 # GPU_BYTES: a model of PARAMS parameters in fp16 with Adam (2 + 2 + 12 bytes a parameter, stage 1 partitioning
 # the 12 over the GPUs of --include, stage 2 the gradients too, stage 3 everything), plus BYTES_PER_SAMPLE times
 # the micro-batch, plus 1.5e9 the runtime keeps. A profile run (autotuning.model_info.profile) writes the model
-# info DeepSpeed's engine would to autotuning.model_info_path, and ends (logged as "profile zS mbsM").
+# info DeepSpeed's engine would to autotuning.model_info_path, and ends (logged as "profile zS mbsM"). A fourth
+# figure, TRAINABLE: only that many parameters train (LoRA-like), and only they have gradients and Adam's 12 bytes.
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;; esac; shift; done
 exec python3 - "$cfg" "$inc" <<'PY'
 import base64, json, os, sys, time
@@ -33,9 +34,10 @@ model = os.environ.get("OOM_STANDIN_MODEL", "").split()
 if profile and not model:
     sys.exit("stand-in: no OOM_STANDIN_MODEL to write the model info from")
 if model:
-    params, per_sample, gpu = (float(w) for w in model)
-    states = {0: 16 * params, 1: 4 * params + 12 * params / world, 2: 2 * params + 14 * params / world,
-              3: 16 * params / world}[stage]
+    params, per_sample, gpu = (float(w) for w in model[:3])
+    trained = float(model[3]) if len(model) > 3 else params
+    states = {0: 2 * params + 14 * trained, 1: 2 * params + 2 * trained + 12 * trained / world,
+              2: 2 * params + 14 * trained / world, 3: 2 * params / world + 14 * trained / world}[stage]
     oom = states + per_sample * mbs + 1.5e9 > gpu
 else:
     oom = {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs + (5 if allgather >= 1e9 else 0) > 100
@@ -43,7 +45,7 @@ if oom:
     sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
 if profile:
     with open(config["autotuning"]["model_info_path"], "w") as f:
-        json.dump({"num_params": int(params), "trainable_num_params": int(params),
+        json.dump({"num_params": int(params), "trainable_num_params": int(trained),
                    "activation_mem_per_gpu": per_sample * mbs}, f)
     sys.exit(0)
 throughput = mbs * 100 / (1 + mbs / 64) * (1 - 0.05 * stage)

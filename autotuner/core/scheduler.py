@@ -16,12 +16,12 @@ import contextlib
 import heapq
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 from ..gpus import show_size
-from ..metrics import reported_peak
+from ..metrics import PEAK_MEMORY, reported_peak
 from ..outcome import Outcome
 from ..spec import Experiment
 from ..states import Reason, State
@@ -94,6 +94,14 @@ class Source(Protocol):
         """An attempt of the sweep ended for good, as recorded (a run, or one cancelled before it started); an
         attempt the scheduler queues again (a transient failure with retries left, a lost host) is not told:
         its next attempt's end is."""
+
+
+def _with_peak(outcome: Outcome, peak_memory: int | None) -> Outcome:
+    """The outcome a Source is told: with the peak measured while the run ran among its metrics (PEAK_MEMORY),
+    so that a search can correct its memory model by it; a script's own figure stays when nothing was measured."""
+    if peak_memory is None:
+        return outcome
+    return replace(outcome, metrics={**(outcome.metrics or {}), PEAK_MEMORY: float(peak_memory)})
 
 
 @dataclass(frozen=True)
@@ -348,7 +356,7 @@ class Scheduler:
         self._adopted.discard(run.key)
         again = not self._stopping and self._runs_again(run.experiment.name, outcome, adopted)
         if self.source is not None and not again:
-            self.source.observe(run, outcome)
+            self.source.observe(run, _with_peak(outcome, peak_memory))
         if again:
             name = run.experiment.name
             item = Queued(run.experiment, self.record.requeue([name], at)[name])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import shlex
 import signal
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
+from .. import limits
 from ..errors import UserError
 from . import parse
 
@@ -29,10 +31,24 @@ TIMEOUT_ENV = "AUTOTUNE_SLURM_TIMEOUT"  # seconds, in place of COMMAND_TIMEOUT
 
 def command_timeout() -> float:
     """Seconds one Slurm command may take (`AUTOTUNE_SLURM_TIMEOUT`, else COMMAND_TIMEOUT)."""
+    return env_seconds(TIMEOUT_ENV, COMMAND_TIMEOUT)
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds an environment variable sets: at least 0.1, at most limits.SECONDS; the default where it is not
+    such a number (`inf` or `1e300` overflowed the waits they were handed: a traceback), with a warning."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
     try:
-        return max(0.1, float(os.environ.get(TIMEOUT_ENV, COMMAND_TIMEOUT)))
+        value = float(text)
     except ValueError:
-        return COMMAND_TIMEOUT
+        value = math.nan
+    if not 0 <= value <= limits.SECONDS:  # NaN fails it too
+        log.warning("%s=%s is not a number of seconds from 0 to %s: using %g", name, text[:40],
+                    f"{limits.SECONDS:,}", default)
+        return default
+    return max(0.1, value)
 
 
 class SlurmError(UserError):
@@ -161,7 +177,9 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
             raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
         try:
             with sigterm_interrupts():
-                _wait_granted(proc, said, log)
+                _wait_granted(proc, said, lambda job: log(
+                    f"asked Slurm for {nodes} node(s) x {gpus_per_node} GPU(s): job {job} is queued, waiting for "
+                    "resources (Ctrl-C withdraws it)"))
         except BaseException:
             _withdraw(proc, said)
             raise
@@ -177,8 +195,9 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
         raise
 
 
-def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str], None]) -> None:
-    """Until salloc ends; the job it queued told once (the user then knows what waits, and why)."""
+def _wait_granted(proc: subprocess.Popen[str], said: IO[str], queued: Callable[[str], None]) -> None:
+    """Until salloc ends; the job it queued told once (the user then knows what waits, and why). Nothing is said
+    before: a request Slurm refuses at once is its one line of refusal."""
     told = False
     while True:
         try:
@@ -188,9 +207,9 @@ def _wait_granted(proc: subprocess.Popen[str], said: IO[str], log: Callable[[str
             pass
         if not told:
             said.seek(0)
-            queued = parse.pending_job(said.read())
-            if queued is not None:
-                log(f"Slurm job {queued} is queued, waiting for resources (Ctrl-C withdraws it)")
+            job = parse.pending_job(said.read())
+            if job is not None:
+                queued(job)
                 told = True
 
 

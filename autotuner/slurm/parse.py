@@ -6,6 +6,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..errors import shown
+
 # One `Key=Value` of a one-line record: the value runs up to the next ` Key=` (values hold `=`, `,`, `(`, and
 # sometimes spaces, e.g. a node's Reason, but never ` Word=`).
 _PAIR = re.compile(r"([A-Za-z][\w/:]*)=(.*?)(?= [A-Za-z][\w/:]*=|$)")
@@ -246,3 +248,25 @@ def pending_job(text: str) -> str | None:
     """The job id in `salloc`'s "Pending job allocation J" line (its request queued)."""
     match = _PENDING.search(text)
     return match.group(1) if match else None
+
+
+# A time limit as salloc reads one: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds; or no limit.
+_TIME_LIMIT = re.compile(r"\d{1,9}(:\d{1,9}){0,2}|\d{1,9}-\d{1,9}(:\d{1,9}){0,2}|UNLIMITED|INFINITE", re.I)
+# A partition or account: Slurm's names (a comma-separated list of partitions), no spaces or control characters.
+_SLURM_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,200}")
+_SLURM_NAMES = re.compile(rf"{_SLURM_NAME.pattern}(,{_SLURM_NAME.pattern}){{0,63}}")
+
+
+def value_problem(option: str, value: str | None) -> str | None:
+    """Why salloc could not take `value` for `option` (--time, --partition, --account); None when it can. Told
+    before an allocation is asked for, so a typo is one line at once, not one after a wait in the queue."""
+    if value is None:
+        return None
+    pattern = {"--time": _TIME_LIMIT, "--partition": _SLURM_NAMES}.get(option, _SLURM_NAME)
+    if pattern.fullmatch(value) is not None:
+        return None
+    wanted = {"--time": "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED",
+              "--partition": "Slurm names: letters, digits, _ . -, comma-separated"}.get(
+                  option, "a Slurm name: letters, digits, _ . -")
+    return f"{option} {shown(value)}: not {'a time limit Slurm reads' if option == '--time' else 'a name'} ({wanted})"

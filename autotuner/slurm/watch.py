@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -13,7 +12,7 @@ from datetime import datetime
 
 from ..core.events import Event, HostBack, HostLost, Interrupt
 from ..threads import Workers
-from .allocation import Allocation, SlurmError, job_state, node_states
+from .allocation import Allocation, SlurmError, env_seconds, job_state, node_states
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +21,8 @@ POLL = 5.0
 
 
 def poll_interval() -> float:
-    try:
-        return max(0.1, float(os.environ.get(POLL_ENV, POLL)))
-    except ValueError:
-        return POLL
+    """Seconds between looks at the allocation (`AUTOTUNE_SLURM_POLL`, else POLL)."""
+    return env_seconds(POLL_ENV, POLL)
 
 
 def end_seconds(end_time: str | None) -> float | None:

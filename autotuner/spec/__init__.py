@@ -138,4 +138,5 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
     inputs = SweepInputs(tuple(str(Path(p).resolve()) for p in paths), script, defaults.args, metric, gpu_type,
                          gpu_mixed)
     return Sweep(name=name, experiments=tuple(experiments), metric=chosen or (asked[0] if asked else THROUGHPUT),
-                 source=", ".join(str(p) for p in paths), origins=origins, hostfiles=tuple(hostfiles), inputs=inputs)
+                 source=", ".join(str(p) for p in paths), origins=origins, hostfiles=tuple(hostfiles), inputs=inputs,
+                 files=tuple(str(p) for p in budget.files))

@@ -31,7 +31,6 @@ from .model import (
     ABBREVIATIONS,
     CONFIG_FLAG,
     FIELD_KEYS,
-    FLAG,
     NAME_MAX,
     SAFE_NAME,
     UNSAFE,
@@ -45,14 +44,17 @@ from .model import (
     with_mapped_args,
 )
 from .reading import (
+    CONFIG_OPTIONS,
     Defaults,
     Loaded,
     Source,
+    arg_mappings,
     check_batch,
     ds_config_of,
     env_of,
     is_number,
     positive_count,
+    script_option,
     script_path,
     stem_name,
     string_list,
@@ -117,9 +119,9 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
     num_nodes = positive_count(src, "num_nodes", data.get("num_nodes", 1))
     timeout = _seconds(src, "timeout", data) if data.get("timeout") is not None else defaults.timeout
     estimate = _seconds(src, "estimate", data) if data.get("estimate") is not None else None
-    config_flag = _flag(src, "config_flag", data["config_flag"], "config_flag") if "config_flag" in data \
+    config_flag = script_option(src, "config_flag", data["config_flag"], "config_flag") if "config_flag" in data \
         else CONFIG_FLAG
-    mappings = _arg_mappings(src, data.get("arg_mappings", {}), config_flag)
+    mappings = arg_mappings(src, data.get("arg_mappings", {}), config_flag)
     env = env_of(src, data.get("env", {}))
     gpu_type, gpu_mixed, gpu_memory = _gpu_needs(src, data, defaults)
     base = ds_config_of(src, data["ds_config"]) if data.get("ds_config") is not None else {}
@@ -185,36 +187,12 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
     return loaded
 
 
-def _flag(src: Source, label: str, value: Any, key: str, after: int | None = None) -> str:
-    """A script option, as `--name`: what a sweep may hand values to. Errors are located at `key`."""
-    if not isinstance(value, str) or FLAG.fullmatch(value) is None:
-        raise src.error(f"{label}: {shown(value)} is not a script option (--name: letters, digits, _ . -)", key,
-                        after)
-    return value
-
-
-def _arg_mappings(src: Source, value: Any, config_flag: str) -> dict[str, str]:
-    """{dotted ds_config key: script option}: each experiment's value of the key is also handed to the script."""
-    if not isinstance(value, dict):
-        raise src.error("arg_mappings must be an object of dotted ds_config keys to script options",
-                        "arg_mappings")
-    line = src.line("arg_mappings")
-    mappings = {}
-    for key, option in value.items():
-        if not key or not all(key.split(".")) or key.startswith("-"):
-            raise src.error(f"arg_mappings: {shown(key)} is not a dotted ds_config key", key, line)
-        mappings[key] = _flag(src, f"arg_mappings {shown(key)}", option, key, line)
-        if option == config_flag:
-            raise src.error(f"arg_mappings: {option} is the option the config itself is handed to", key, line)
-    return mappings
-
-
 def _check_option_axis(src: Source, key: str, values: list[Any], config_flag: str, line: int | None) -> None:
     """A space key that varies a script option: a proper option, not the config's own, with plain values."""
-    _flag(src, "space key", key, key, line)
-    if key == config_flag:
-        raise src.error(f"space key {key} is the option the config itself is handed to: vary the config's keys",
-                        key, line)
+    script_option(src, "space key", key, key, line)
+    if key == config_flag or key in CONFIG_OPTIONS:
+        whose = "the option the config itself is handed to" if key == config_flag else "DeepSpeed's own config option"
+        raise src.error(f"space key {key} is {whose}: vary the config's keys", key, line)
     for value in values:
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
             raise src.error(f"space key {key}: every value must be a string, number or boolean, not "

@@ -250,3 +250,10 @@ class Sweep:
     # The `hostfile` keys of DeepSpeed experiment files: (absolute path, "file:line" that names it).
     hostfiles: tuple[tuple[str, str], ...] = ()
     inputs: SweepInputs | None = None  # the files it was read from; None: made in Python
+    files: tuple[str, ...] = ()  # every file read to make it: sweep, experiment and ds_config files
+
+    def paths(self) -> tuple[str, ...]:
+        """Every file the sweep reads or runs (its files, its scripts, the hostfiles its DeepSpeed files name):
+        what no output of the command may overwrite."""
+        scripts = dict.fromkeys(e.script for e in self.experiments)
+        return (*self.files, *scripts, *(path for path, _ in self.hostfiles))

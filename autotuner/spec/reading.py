@@ -16,7 +16,7 @@ import hjson
 from .. import limits
 from ..errors import UserError, read_user_file, shown
 from ..metrics import Metric
-from .model import NAME_MAX, UNSAFE, Experiment, Origin, positive_int
+from .model import CONFIG_FLAG, FLAG, NAME_MAX, UNSAFE, Experiment, Origin, positive_int
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -41,8 +41,10 @@ class Budget:
     def __init__(self) -> None:
         self.bytes = limits.SWEEP_BYTES
         self.experiments = limits.EXPERIMENTS
+        self.files: list[Path] = []  # every file read, in order: the command's inputs, which no output may be
 
     def read(self, path: Path, size: int) -> None:
+        self.files.append(path)
         self.bytes -= size
         if self.bytes < 0:
             raise UserError(f"the sweep's files add up to more than {limits.size(limits.SWEEP_BYTES)}, the limit "
@@ -95,28 +97,80 @@ class Source:
         return UserError(message, self.path, line, col)
 
 
-class _NotPlainJson(Exception):
-    pass
+class _NotANumber(Exception):
+    """JSON text whose only flaw is a number JSON has no word for (NaN, Infinity) or Python cannot hold."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
 
 
 def _no_constant(name: str) -> Any:
-    raise _NotPlainJson(name)
+    raise _NotANumber(name)
 
 
 def _finite(text: str) -> float:
     value = float(text)
     if math.isinf(value):
-        raise _NotPlainJson(text)
+        raise _NotANumber(text)
     return value
 
 
-def _parse(text: str) -> Any:
+def _parse(text: str, json_file: bool = False) -> Any:
     """JSON through the C parser (DeepSpeed's files are JSON, and the pure-Python hjson parser takes seconds a
-    megabyte); anything else, or anything the two might read differently, through hjson."""
+    megabyte); anything else, or anything the two might read differently, through hjson. JSON that is valid but
+    for NaN or an infinite number is refused: hjson would read `NaN,` as a string, and no config means that; so
+    is, in a `json_file`, a value JSON cannot take that hjson would read as a string (`_check_swallowed`)."""
     try:
         return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_finite)
-    except (_NotPlainJson, ValueError, RecursionError):
-        return hjson.loads(text, object_pairs_hook=_pairs)
+    except _NotANumber:
+        raise
+    except (ValueError, RecursionError) as e:
+        data = hjson.loads(text, object_pairs_hook=_pairs)
+        if json_file and isinstance(e, json.JSONDecodeError):  # an .hjson file's unquoted strings are its own
+            _check_swallowed(text, e)
+        return data
+
+
+class _Swallowed(Exception):
+    """A value JSON refuses that hjson read as a string to the end of its line (`"lr": +1,` -> "+1,")."""
+
+    def __init__(self, error: json.JSONDecodeError, token: str) -> None:
+        self.error, self.token = error, token
+
+
+def _check_swallowed(text: str, error: json.JSONDecodeError) -> None:
+    """hjson reads what JSON cannot take as a value (`+1`, `.5`, `0x10`, `-NaN`, `'a'`) as a string running to
+    the end of its line, commas and brackets included: in text otherwise JSON, that is a misread, not a value.
+    What hjson allows on purpose (comments, a trailing comma, unquoted keys) is not a value position, or starts
+    otherwise."""
+    if error.msg != "Expecting value" or text[error.pos:error.pos + 1] in ("", "/", "#", "]", "}"):
+        return
+    line_end = text.find("\n", error.pos)
+    raise _Swallowed(error, text[error.pos:line_end if line_end >= 0 else len(text)].strip())
+
+
+def _json_error(text: str) -> json.JSONDecodeError | None:
+    """Where JSON's own parser stops in `text` (None: it does not, or not for its syntax)."""
+    try:
+        json.loads(text, parse_constant=lambda name: None)
+    except json.JSONDecodeError as e:
+        return e
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+# A JSON string (skipped), or a number or one of the words JSON lacks.
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|(-?(?:Infinity|NaN)|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
+
+
+def _spot(text: str, token: str) -> tuple[int | None, int | None]:
+    """(line, col) of the first `token` of a JSON text outside its strings (where `json.loads` met it)."""
+    for m in _TOKENS.finditer(text):
+        if m.group(1) == token:
+            start = m.start(1)
+            return text.count("\n", 0, start) + 1, start - (text.rfind("\n", 0, start) + 1) + 1
+    return None, None
 
 
 def _too_deep(data: Any) -> bool:
@@ -137,8 +191,11 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
     text = read_user_file(path, what)
     budget.read(path, len(text))
     try:
-        data = _parse(text)
+        data = _parse(text, path.suffix.lower() == ".json")
     except hjson.HjsonDecodeError as e:
+        json_error = _json_error(text) if path.suffix.lower() == ".json" else None
+        if json_error is not None:  # a JSON file is told where JSON's parser stopped, not hjson's (often the end)
+            raise UserError(f"malformed JSON: {json_error.msg}", path, json_error.lineno, json_error.colno) from None
         raise UserError(f"malformed hjson: {e.msg}", path, e.lineno, e.colno) from None
     except _DuplicateKey as e:
         src = Source(path, text, None)
@@ -147,6 +204,15 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
         raise UserError(f"duplicate key {shown(e.key)}", path, line, col) from None
     except RecursionError:
         raise UserError(f"nested too deeply (the limit is {limits.DEPTH} levels)", path) from None
+    except _Swallowed as e:
+        raise UserError(f"malformed JSON: {e.error.msg} where {shown(e.token, 30)} stands (unquoted, it would be "
+                        "read as a string to the end of the line)", path, e.error.lineno, e.error.colno) from None
+    except _NotANumber as e:
+        line, col = _spot(text, e.token)
+        word = e.token.lstrip("-") in ("NaN", "Infinity")
+        message = (f"{e.token} is not a number (JSON has no NaN or Infinity): give a finite number" if word
+                   else f"number out of range ({shown(e.token, 30, quoted=False)})")
+        raise UserError(message, path, line, col) from None
     except (OverflowError, ValueError):  # hjson turns 1e400 into inf, then int(inf); or a 5000-digit integer
         line, col = _bad_number(text)
         raise UserError("number out of range", path, line, col) from None
@@ -155,6 +221,17 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
     if _too_deep(data):
         raise UserError(f"objects and lists nest deeper than {limits.DEPTH} levels, the limit", path)
     return Source(path, text, data, budget)
+
+
+def read_named(src: Source, key: str, value: str, what: str) -> Source:
+    """The file `key` of `src` names (`value`, relative to `src`'s file), read as every input is: a regular file,
+    bounded, counted in the sweep's budget (never /dev/zero read until memory runs out, nor a FIFO waited on). Any
+    problem is one line at the key that names it."""
+    try:
+        return read_source(Path(abspath(value, src.path.parent)), src.budget, what)
+    except UserError as e:
+        where = f" (line {e.line})" if e.line is not None else ""
+        raise src.error(f"{key} {shown(value)}{where}: {e.message}", key) from None
 
 
 _NUMBER = re.compile(r"(?<![\w.\"'])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
@@ -206,7 +283,8 @@ def script_path(src: Source, key: str, value: Any, base: Path | None) -> str:
         raise src.error(f"{key} must be a path (a string)", key)
     script = abspath(value, base)
     if not os.path.isfile(script):
-        raise src.error(f"{key} {shown(value)}: no such file ({shown(script, 200, quoted=False)})", key)
+        missing = "no such file" if not os.path.exists(script) else "not a regular file"
+        raise src.error(f"{key} {shown(value)}: {missing} ({shown(script, 200, quoted=False)})", key)
     return script
 
 
@@ -228,6 +306,46 @@ def positive_count(src: Source, key: str, value: Any, after: int | None = None, 
     return value
 
 
+def script_option(src: Source, label: str, value: Any, key: str, after: int | None = None) -> str:
+    """A script option, as `--name`: what a sweep or a tune may hand values to. Errors are located at `key`."""
+    if not isinstance(value, str) or FLAG.fullmatch(value) is None:
+        raise src.error(f"{label}: {shown(value)} is not a script option (--name: letters, digits, _ . -)", key,
+                        after)
+    return value
+
+
+# DeepSpeed's own config options: `--deepspeed_config PATH`, and `--deepspeed`, its on/off switch (or a
+# Trainer's config path). A value handed to either would be taken for the config, or break the switch.
+CONFIG_OPTIONS = (CONFIG_FLAG, "--deepspeed")
+
+
+def arg_mappings(src: Source, value: Any, config_flag: str) -> dict[str, str]:
+    """{dotted ds_config key: script option} (DeepSpeed's `arg_mappings`): each experiment's value of the key is
+    also handed to the script as that option. One set of rules for sweep files and `tune`: never onto the option
+    the config itself is handed to (nor DeepSpeed's other config option), never two keys onto one option (the
+    script would take one of the values, the config say another)."""
+    if not isinstance(value, dict):
+        raise src.error("arg_mappings must be an object of dotted ds_config keys to script options",
+                        "arg_mappings")
+    line = src.line("arg_mappings")
+    mappings: dict[str, str] = {}
+    for key, option in value.items():
+        if not key or not all(key.split(".")) or key.startswith("-") or key != key.strip():
+            raise src.error(f"arg_mappings: {shown(key)} is not a dotted ds_config key", key, line)
+        option = script_option(src, f"arg_mappings {shown(key)}", option, key, line)
+        if option == config_flag or option in CONFIG_OPTIONS:
+            whose = "the option the config itself is handed to" if option == config_flag else \
+                "DeepSpeed's own config option"
+            raise src.error(f"arg_mappings: {key} is handed to {option}, {whose}: map it to the script's own "
+                            "option for that value", key, line)
+        taken = next((k for k, o in mappings.items() if o == option), None)
+        if taken is not None:
+            raise src.error(f"arg_mappings hands both {taken} and {key} to {option}: the script takes one value, "
+                            "the config would say another", key, line)
+        mappings[key] = option
+    return mappings
+
+
 def ds_config_of(src: Source, value: Any) -> dict:
     if isinstance(value, dict):
         return value
@@ -235,6 +353,9 @@ def ds_config_of(src: Source, value: Any) -> dict:
         path = Path(abspath(value, src.path.parent))
         if not path.exists():
             raise src.error(f"ds_config {shown(value)}: no such file ({shown(str(path), 200, quoted=False)})",
+                            "ds_config")
+        if os.path.samefile(path, src.path):  # its keys (script, space...) would be taken for DeepSpeed's
+            raise src.error(f"ds_config {shown(value)} names this file itself: name the DeepSpeed config",
                             "ds_config")
         config = read_source(path, src.budget, "ds_config file")
         if not isinstance(config.data, dict):

@@ -4,7 +4,7 @@ documents it (full mode, `fast: false`, adds the ZeRO knobs of spec/knobs.py). U
 located errors, never ignored; what the search does not do yet is refused by name rather than silently skipped."""
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -18,9 +18,11 @@ from .reading import (
     Budget,
     Source,
     abspath,
+    arg_mappings,
     ds_config_of,
     env_of,
     positive_count,
+    read_named,
     read_source,
     script_path,
     string_list,
@@ -34,11 +36,14 @@ KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "st
         "model_info_path")
 TUNERS = ("gridsearch", "random", "model_based")
 OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
+PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
+COUNT_MAX = 10 ** 9  # the most a whole number of the section may be: sizes, steps, trials (none is near it)
+MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
 # model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
                    "activation_mem_per_gpu")
@@ -107,11 +112,15 @@ class Tuning:
     knobs: dict[int, Space] = field(default_factory=dict)  # full mode: each stage's ZeRO knobs to search
     facts: dict[str, Any] | None = None  # memory.Facts as JSON, from model_info or model_info_path
     mp: int = 1  # mp_size
+    facts_line: int | None = None  # the line of model_info or model_info_path, when the facts come from one
+    files: tuple[str, ...] = ()  # every file read for it: the tune file, the config, the model info file
+    fixed_batch: bool = False  # global_batch is the config's train_batch_size, kept by every candidate
 
 
-def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
+def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = CONFIG_FLAG) -> Tuning:
     """The config at `path` (or `src`, one read already: a tune file's ds_config) and its autotuning section
-    (DeepSpeed's keys); `world`: GPUs per experiment."""
+    (DeepSpeed's keys); `world`: GPUs per experiment; `flag`: the option the script takes the config by, which
+    no `arg_mappings` entry may hand a value to (the rules of a sweep file's)."""
     src = src or read_source(path, Budget(), "DeepSpeed config")
     config = src.data
     if not isinstance(config, dict):
@@ -139,13 +148,25 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
                                                    "num_tuning_micro_batch_sizes", "tuner_num_trials",
                                                    "tuner_early_stopping", "start_profile_step", "end_profile_step",
                                                    "mp_size")}
+    _check_steps(src, whole["start_profile_step"], whole["end_profile_step"])
+    if whole["mp_size"] is not None and world % whole["mp_size"]:
+        raise src.error(f"mp_size {whole['mp_size']} does not divide the {world} GPU(s) of each experiment "
+                        "(--num_gpus x --num_nodes)", "mp_size")
+    _check_batch_keys(src, config)
     min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
     max_mbs = whole["max_train_micro_batch_size_per_gpu"]
     batch = config.get("train_batch_size")
-    global_batch = whole["max_train_batch_size"] or (batch if isinstance(batch, int) and batch > 0 else None)
+    fixed = isinstance(batch, int) and not isinstance(batch, bool) and batch > 0
+    global_batch = batch if fixed else whole["max_train_batch_size"]
+    dp = max(1, world // (whole["mp_size"] or 1))
     if global_batch is not None:
-        by_batch = max(1, global_batch // world)
+        by_batch = max(1, global_batch // dp)
         max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
+    sizes = range(min_mbs, (max_mbs or min_mbs) + 1)
+    if fixed and global_batch is not None and not any(global_batch % (m * dp) == 0 for m in sizes):
+        raise src.error(f"train_batch_size {batch} cannot be kept: no micro-batch size from {min_mbs} to "
+                        f"{max_mbs} times the accumulation times {dp} data-parallel GPU(s) makes it",
+                        "train_batch_size")
     if max_mbs is not None and max_mbs < min_mbs:
         raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
                         "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
@@ -161,17 +182,40 @@ def read_tuning(path: Path, world: int, src: Source | None = None) -> Tuning:
     engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
     if engine:
         base["autotuning"] = engine
-    mappings = _mappings(src, section.get("arg_mappings", {}))
+    mappings = arg_mappings(src, section.get("arg_mappings", {}), flag)
     _check_auto(src, config, mappings, global_batch is not None)
+    facts = _facts(src, section, path)  # reads the model info file, if one is named
     return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
-                  _facts(src, section, path), whole["mp_size"] or 1)
+                  facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)),
+                  fixed)
+
+
+def _check_steps(src: Source, start: int | None, end: int | None) -> None:
+    """DeepSpeed's engine profiles at `start_profile_step` and writes the metrics after `end_profile_step` (3 and
+    5 unless set), in one step when they are equal: a start past the end would end every run before it measured
+    (its engine then fails on the FLOPS it never counted)."""
+    first, last = start or PROFILE_STEPS[0], end or PROFILE_STEPS[1]
+    if first > last:
+        raise src.error(f"start_profile_step {first} is past end_profile_step {last}: DeepSpeed's engine would "
+                        "write the metrics before it measured", "start_profile_step" if start else "end_profile_step")
+
+
+def _check_batch_keys(src: Source, config: dict) -> None:
+    """The batch sizes the search leaves to the config: a positive whole number, or "auto" (the script's), as
+    DeepSpeed takes them; anything else fails every run."""
+    for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+        value = config.get(key)
+        if value is not None and value != "auto" and not positive_int(value):
+            raise src.error(f"{key} must be a positive whole number or \"auto\", not {shown(value)}", key)
+
 
 def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
     """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
     `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
     `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
-    them. `hidden_size` and `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
+    them. `trainable_num_params` (LoRA, PEFT) counts gradients and optimizer states apart. `hidden_size` and
+    `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
     info = section.get("model_info")
     if info is not None:
         if not isinstance(info, dict):
@@ -181,32 +225,55 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
                 raise src.error(f"unknown model_info key {shown(key)} (keys: {', '.join(MODEL_INFO_KEYS)})", key)
             if key == "profile" and not isinstance(value, bool):
                 raise src.error(f"model_info.profile must be true or false, not {shown(value)}", key)
-            if key != "profile" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0
-                                     or (key != "activation_mem_per_gpu" and not positive_int(value))):
-                raise src.error(f"model_info.{key} must be a positive whole number"
-                                f"{' of bytes' if key == 'activation_mem_per_gpu' else ''}, not {shown(value)}", key)
+            problem = _model_number(key, value) if key != "profile" else None
+            if problem is not None:
+                raise src.error(f"model_info.{key} {problem}", key)
         if "num_params" in info:
+            trainable = info.get("trainable_num_params")
+            if trainable is not None and trainable > info["num_params"]:
+                raise src.error(f"model_info.trainable_num_params ({trainable}) is more than num_params "
+                                f"({info['num_params']})", "trainable_num_params")
             return {"num_params": info["num_params"], "activation": info.get("activation_mem_per_gpu") or None,
-                    "source": "model_info"}
+                    "source": "model_info", "trainable": trainable}
     named = section.get("model_info_path")
     if named is None:
         return None
     if not isinstance(named, str) or not named:
         raise src.error("model_info_path must be the path of a model info file", "model_info_path")
-    file = Path(abspath(named, path.parent))
-    try:
-        data = json.loads(file.read_text())
-    except OSError as e:
-        raise src.error(f"model_info_path {shown(named)}: {e.strerror or e}", "model_info_path") from None
-    except ValueError:
-        raise src.error(f"model_info_path {shown(named)}: not a JSON file", "model_info_path") from None
-    num_params = data.get("num_params") if isinstance(data, dict) else None
-    if not positive_int(num_params):
+    info_src = read_named(src, "model_info_path", named, "model info file")
+    data = info_src.data
+    if not isinstance(data, dict) or data.get("num_params") is None:
         raise src.error(f"model_info_path {shown(named)}: holds no num_params (a positive whole number)",
                         "model_info_path")
-    activation = data.get("activation_mem_per_gpu")
-    usable = isinstance(activation, (int, float)) and not isinstance(activation, bool) and activation > 0
-    return {"num_params": num_params, "activation": activation if usable else None, "source": f"model_info_path {file}"}
+    for key in ("num_params", "activation_mem_per_gpu", "trainable_num_params"):
+        problem = _model_number(key, data[key]) if data.get(key) is not None else None
+        if problem is not None:
+            raise src.error(f"model_info_path {shown(named)}: {key} {problem}", "model_info_path")
+    trainable = data.get("trainable_num_params")
+    return {"num_params": data["num_params"], "activation": data.get("activation_mem_per_gpu") or None,
+            "source": f"model_info_path {info_src.path}",
+            "trainable": trainable if trainable is not None and trainable < data["num_params"] else None}
+
+
+def _facts_line(src: Source, section: dict) -> int | None:
+    """The line that states the model's facts: model_info's num_params, else model_info_path."""
+    info = section.get("model_info")
+    if isinstance(info, dict) and "num_params" in info:
+        return src.line("num_params", src.line("model_info"))
+    return src.line("model_info_path") if section.get("model_info_path") is not None else None
+
+
+def _model_number(key: str, value: Any) -> str | None:
+    """Why a model fact cannot be used (None: it can): a count is a positive whole number, the activation memory a
+    number of bytes, both finite and at most MODEL_NUMBER (the memory model computes in floats: 10^400
+    parameters would overflow it)."""
+    bytes_ = key == "activation_mem_per_gpu"
+    wanted = "a non-negative number of bytes" if bytes_ else "a positive whole number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (bytes_ or positive_int(value)):
+        return f"must be {wanted}, not {shown(value)}"
+    if (isinstance(value, float) and not math.isfinite(value)) or value < 0 or value > MODEL_NUMBER:
+        return f"must be {wanted} of at most 10^15, not {shown(value)}"
+    return None
 
 
 def _have_optuna() -> bool:
@@ -222,8 +289,8 @@ def _count(src: Source, section: dict, key: str) -> int | None:
     value = section.get(key)
     if value is None:
         return None
-    if not positive_int(value):
-        raise src.error(f"{key} must be a positive whole number, not {shown(value)}", key)
+    if not positive_int(value) or value > COUNT_MAX:
+        raise src.error(f"{key} must be a positive whole number (at most {COUNT_MAX:,}), not {shown(value)}", key)
     return value
 
 
@@ -236,13 +303,6 @@ def _stages(src: Source, config: dict) -> tuple[int, ...]:
         raise src.error(f"zero_optimization.stage {shown(stage)}: a stage (0-3), a list of them, or \"all\"",
                         "stage")
     return tuple(dict.fromkeys(listed))
-
-
-def _mappings(src: Source, value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) and FLAG.fullmatch(v.strip())
-                                              for k, v in value.items()):
-        raise src.error("arg_mappings must map config keys to script options (--name)", "arg_mappings")
-    return {k.strip(): v.strip() for k, v in value.items()}
 
 
 def _check_auto(src: Source, config: dict, mappings: dict[str, str], derives_accumulation: bool) -> None:
@@ -318,7 +378,7 @@ def read_tune_file(path: Path) -> TuneFile:
         located = replace(src, data=config)
     else:  # a file of its own (ds_config_of refuses what is not one): errors point there
         ds_config_of(src, config)
-        located = read_source(Path(abspath(config, path.parent)), Budget(), "ds_config file")
+        located = read_source(Path(abspath(config, path.parent)), src.budget, "ds_config file")
     counts = {k: positive_count(src, k, data[k]) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
     return TuneFile(TuneInput(script, args, flag, located.path), located, name, counts.get("num_gpus"),
                     counts.get("num_nodes"), env_of(src, data.get("env", {})))

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, cast
 
 from ..errors import UserError
 from ..outcome import Outcome
+from ..outputs import check_output
 from ..states import State
 from .snapshot import format_slots
 
@@ -102,8 +103,7 @@ def check_events_path(path: Path) -> None:
         raise UserError("is a directory; --events wants a file", path)
     if mode is None and not (path.parent if str(path.parent) else Path(".")).is_dir():
         raise UserError("no such directory for the --events file", path)
-    if _is_sweep_file(path):
-        raise UserError("is one of the sweep's own files; --events wants a file of its own", path)
+    check_output(path, "--events", ())
     if mode is not None and stat.S_ISFIFO(mode):
         try:
             _HELD.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
@@ -122,14 +122,6 @@ def check_events_path(path: Path) -> None:
 
 
 _HELD: list[int] = []  # write ends of --events FIFOs, open until the process exits (see check_events_path)
-
-
-def _is_sweep_file(path: Path) -> bool:
-    """Whether `path` names one of a results directory's own files (its ledger, hostfile, lock, summary...)."""
-    from ..spec import RESERVED_NAMES
-
-    directory = path.parent if str(path.parent) else Path(".")
-    return (directory / "ledger.sqlite").exists() and bool(RESERVED_NAMES.fullmatch(path.name))
 
 
 def _write_probe(path: Path, *, regular: bool, created: bool) -> None:

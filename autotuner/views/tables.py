@@ -20,7 +20,16 @@ from ..gpus import show_size
 from ..inventory import gpu_type as type_of_gpus
 from ..lock import holder_pid
 from ..metrics import format_compact, format_value
-from ..results import OPTIMAL_COMMAND, command_file, config_file, confirmation, memory_note, optimal
+from ..results import (
+    OPTIMAL_COMMAND,
+    batch_note,
+    command_file,
+    config_file,
+    confirmation,
+    memory_note,
+    optimal,
+    uncertain,
+)
 from ..spec import ABBREVIATIONS
 from ..states import Reason, State
 from .records import ExperimentRecord, SweepResults, from_snapshot
@@ -230,13 +239,16 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
         return _csv(results)
     if fmt == "md":
         return _markdown(results)
-    notes = [note for note in (confirmation(snap), memory_note(snap)) if note]
+    notes = [note for note in (confirmation(snap), memory_note(snap), batch_note(snap)) if note]
     return _report_table(results, output, notes) + _optimal_text(snap)
 
 
 def _confirmed(snap: Snapshot) -> dict[str, Any]:
     """A tune's: how its winner was confirmed by re-runs (None: nothing was run again), what its memory model said."""
-    return {"confirmation": confirmation(snap), "memory": memory_note(snap)} if snap.meta.search is not None else {}
+    if snap.meta.search is None:
+        return {}
+    return {"confirmation": confirmation(snap), "confirmed": (uncertain(snap) is None) if snap.runs else None,
+            "memory": memory_note(snap), "batch": batch_note(snap)}
 
 
 def _per_type(snap: Snapshot) -> dict[str, Any]:
@@ -420,9 +432,7 @@ def render_result(result: Result, fmt: str = "table") -> str:
         oom = sum(1 for a in snap.attempts if a.reason == Reason.OOM)
         counts += f" ({oom} of them out of memory: sizes that do not fit)" if oom else ""
     lines = [f"\n{len(snap.attempts)} experiments: {counts}"]
-    memory = memory_note(snap)
-    if memory:
-        lines.append(memory)
+    lines += [note for note in (memory_note(snap), batch_note(snap)) if note]
     if best is None:
         lines.append("no experiment succeeded: no best configuration" + (" yet" if result.interrupted else ""))
     else:

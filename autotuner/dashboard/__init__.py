@@ -1,0 +1,27 @@
+"""`autotune dashboard`: a live page of the sweeps under some results directories, read straight from their
+ledgers, read only.
+
+One job per module: `feed` follows one sweep's ledger (what changed since transition N), `discover` finds the
+sweeps under the directories served, `summary` works out what the page shows at the top (counts, ETA, best,
+nodes), `eta` re-plans the ETA off the request path, `files` reads a sweep's files without leaving it, `server`
+is the web app (Starlette, served by uvicorn), and `assets/` holds the page. The web stack is the optional
+`dashboard` extra: nothing here is imported by `import autotuner` or by the other commands.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..errors import UserError
+
+
+def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8765, allow_cancel: bool = False,
+          announce: Callable[[str], None] = lambda line: None, token: str | None = None) -> None:
+    """`autotune dashboard`: serve the sweeps under `directories` until interrupted (`server.serve`). The web
+    stack is imported here, when asked for: it is an optional extra."""
+    try:
+        from .server import serve as run
+    except ModuleNotFoundError as e:
+        raise UserError(f"the dashboard needs {e.name}, which is not installed: "
+                        "pip install 'ds-autotune[dashboard]'") from None
+    run(directories, host=host, port=port, allow_cancel=allow_cancel, announce=announce, token=token)

@@ -1,0 +1,287 @@
+"""One sweep's ledger followed read only: the experiments and their latest attempts, kept up to date from the
+transitions recorded since the last read.
+
+The ledger numbers every transition (`transitions.seq`), so "what changed since N" is one indexed query, and a
+page that last saw transition N is sent the rows of the experiments whose attempts moved since. The file is
+opened with SQLite's read-only URI (`mode=ro`, `query_only`) on every read: the dashboard never writes into a
+sweep, never takes its lock, and holds no connection between reads, so it is safe beside a running runner,
+`resume` and `cancel`. A ledger that no writer has open (no `-wal` file beside it) is read as immutable, since
+even a read-only connection to a WAL database leaves `-wal` and `-shm` files behind; should a writer open it
+during that read, the read is done again the usual way.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from ..errors import UserError
+from ..ledger import FILENAME, SCHEMA_VERSION, Attempt, Ledger, SweepMeta
+from ..lock import LOCKFILE
+from ..metrics import metric_named
+from ..spec import Experiment
+from ..states import State
+from ..views.analysis import choose_axes, swept_specs
+from ..views.records import metric_names
+from ..views.snapshot import Snapshot
+
+# The columns of a row before the swept parameters (then one per swept key, then one per metric).
+COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
+           "peak_memory", "position")
+_MISSING = object()  # a swept key an experiment lacks
+KEPT_READS = 10_000  # reads whose moved experiments are kept to answer "since N" (a long tune reads many)
+# Past this many experiments moved since the last read, every latest attempt is read again in one query.
+BULK = 200
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A read-only connection to a sweep's ledger: its typed reads (`ledger`) and the raw queries the feed adds
+    (`db`: the transitions since N)."""
+
+    ledger: Ledger
+    db: sqlite3.Connection
+    immutable: bool  # read as a file no writer has open
+
+    def raced(self) -> bool:
+        """A writer opened the ledger while it was read as immutable: what was read may be torn."""
+        return self.immutable and _wal(self.ledger.path).exists()
+
+
+def _wal(path: Path) -> Path:
+    return path.with_name(path.name + "-wal")
+
+
+@contextmanager
+def read_only(directory: Path, *, quiet: bool = True) -> Iterator[Reader]:
+    """The sweep's ledger opened read only: SQLite refuses any write through this connection. `quiet`: read a
+    ledger no writer has open as immutable (nothing created beside it); check `Reader.raced` after."""
+    path = Path(directory) / FILENAME
+    if not path.is_file():
+        raise UserError("no sweep here (no ledger.sqlite)", directory)
+    immutable = quiet and not _wal(path).exists()
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro" + ("&immutable=1" if immutable else "")
+    db = sqlite3.connect(uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False)
+    try:
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA query_only=1")
+        db.execute("PRAGMA busy_timeout=5000")
+        ledger = Ledger(db, path)
+        version = ledger.version()
+        if version > SCHEMA_VERSION:
+            raise UserError(f"written by a newer autotuner (ledger schema {version}): upgrade autotuner", path)
+        yield Reader(ledger, db, immutable)
+    except sqlite3.DatabaseError as e:
+        raise UserError(f"cannot read the ledger: {e}", path) from None
+    finally:
+        db.close()
+
+
+def runner_pid(directory: Path) -> int | None:
+    """The pid of the runner holding the sweep, from the kernel's lock table alone: unlike `lock.holder_pid`,
+    this takes no lock, not even for an instant (a shared flock then would make a starting `resume` fail)."""
+    where = set()
+    for path in (Path(directory), Path(directory) / LOCKFILE):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        where.add(f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}")
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    for line in table.splitlines():  # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2147729 0 EOF"; waiters have "->"
+        fields = line.split()
+        if len(fields) > 5 and fields[1:4] == ["FLOCK", "ADVISORY", "WRITE"] and fields[5] in where:
+            return int(fields[4]) if fields[4].isdigit() and int(fields[4]) > 0 else None
+    return None
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a page that last saw transition `since` is sent: the rows that moved (all of them when `full`: its
+    first ask, or the columns changed since), and the sweep's transition number now."""
+
+    seq: int
+    full: bool
+    columns: tuple[str, ...]
+    rows: list[list[Any]]
+
+
+class SweepFeed:
+    """A sweep's experiments and latest attempts, refreshed from the ledger's new transitions. Thread-safe: the
+    server's request threads share one per sweep."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
+        self.seq = -1  # the last transition read (-1: nothing read yet)
+        self.meta: SweepMeta | None = None
+        self.specs: dict[str, dict[str, Any]] = {}  # name -> the experiment as the ledger records it, in order
+        self._experiments: dict[str, Experiment] = {}  # built from their specs only when needed (ETA, best)
+        self.attempts: dict[str, Attempt] = {}  # name -> latest attempt, in the sweep's order
+        self._moved: list[tuple[int, list[str]]] = []  # (transition, the experiments moved up to it), each read
+        self.keys: list[str] = []  # the swept parameters
+        self.metric_columns: tuple[str, ...] = ()
+        self.layout_seq = 0  # the transition at which the columns last changed
+        self._floor = 0  # the last transition whose moves were let go (`KEPT_READS`)
+        self.axes: tuple[str, str | None] = ("train_micro_batch_size_per_gpu", "zero_optimization.stage")
+        self._params: dict[str, list[Any]] = {}
+        self._position: dict[str, int] = {}
+        self._snapshot: Snapshot | None = None
+
+    # --- reading the ledger ------------------------------------------------------------------------------
+    def refresh(self) -> bool:
+        """Read what the ledger recorded since the last read; True when anything moved."""
+        with self._lock:
+            seq = self.seq
+            with read_only(self.directory) as reader:
+                moved = self._read(reader)
+                if not reader.raced():
+                    return moved
+            self.seq = seq  # a writer opened it meanwhile: read again, the way a live ledger is read
+            with read_only(self.directory, quiet=False) as reader:
+                return self._read(reader) or moved
+
+    def _read(self, reader: Reader) -> bool:
+        ledger = reader.ledger
+        top = reader.db.execute("SELECT COALESCE(MAX(seq), 0) FROM transitions").fetchone()[0]
+        if top == self.seq:
+            return False
+        self.meta = ledger.meta()
+        moved = [r[0] for r in reader.db.execute(
+            "SELECT DISTINCT name FROM transitions WHERE seq > ? AND seq <= ?", (self.seq, top))]
+        added = self._read_experiments(reader)
+        if self.seq < 0 or len(moved) > BULK:
+            latest = ledger.latest()
+        else:
+            latest = [found[-1] for name in moved if (found := ledger.attempts(name))]
+        for a in latest:
+            self.attempts[a.name] = a
+        if self.seq >= 0:
+            self._moved.append((top, [a.name for a in latest]))
+            if len(self._moved) > KEPT_READS:  # a page further behind than the reads kept is sent every row
+                self._floor = self._moved[KEPT_READS // 2 - 1][0]
+                del self._moved[:KEPT_READS // 2]
+        if added:
+            self.attempts = {n: self.attempts[n] for n in self.specs if n in self.attempts}
+        self._columns(top, added)
+        self.seq = top
+        self._snapshot = None
+        return True
+
+    def _read_experiments(self, reader: Reader) -> bool:
+        """New experiments (a tune proposes them as it goes; a resume may add some); True when any."""
+        count = reader.db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+        if count == len(self.specs):
+            return False
+        for spec in reader.ledger.specs():  # JSON only: building 10,000 Experiments took most of a first read
+            name = str(spec.get("name"))
+            if name not in self.specs:
+                self.specs[name] = spec
+                self._position[name] = len(self._position)
+        return True
+
+    def _experiment(self, name: str) -> Experiment | None:
+        """The experiment of that name, built from its recorded spec once (None if the record lacks one)."""
+        found = self._experiments.get(name)
+        if found is None and name in self.specs:
+            try:
+                found = self._experiments[name] = Experiment.from_json(self.specs[name])
+            except (KeyError, TypeError, ValueError):
+                return None
+        return found
+
+    def _columns(self, top: int, added: bool) -> None:
+        """The swept keys and metric columns, worked out again when experiments or metric names appeared."""
+        assert self.meta is not None
+        names = metric_names(metric_named(self.meta.metric), [a.metrics for a in self.attempts.values()])
+        if added:
+            keys, table = swept_specs(list(self.specs.values()))
+            self._params = {n: [row.get(k) for k in keys] for n, row in zip(self.specs, table, strict=True)}
+            self.axes = choose_axes([e for n in _representatives(list(self.specs), table, keys)
+                                     if (e := self._experiment(n)) is not None], None, None)
+            if keys != self.keys:
+                self.keys, self.layout_seq = keys, top
+        if names != self.metric_columns:
+            self.metric_columns, self.layout_seq = names, top
+
+    # --- what the page is sent -----------------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The read model of the views, built from what was read (once per change)."""
+        with self._lock:
+            if self._snapshot is None:
+                assert self.meta is not None
+                metric, attempts = metric_named(self.meta.metric), list(self.attempts.values())
+                # Of the experiments, the views here need those that wait or run (the ETA) and the best (its
+                # config and command), as `snapshot(every_experiment=False)` reads them.
+                probe = Snapshot(self.directory, self.meta.name, metric, {}, attempts, self.meta)
+                needed = [a.name for a in attempts if a.state in (State.QUEUED, State.RUNNING)]
+                needed += [a.name for a in probe.best_by_type.values()] if probe.by_type else []
+                needed += [probe.best.name] if probe.best else []
+                experiments = {n: e for n in needed if (e := self._experiment(n)) is not None}
+                snap = Snapshot(self.directory, self.meta.name, metric, experiments, attempts, self.meta)
+                # The ranking and the types do not depend on the experiments: worked out once, not twice.
+                for key in ("ranked", "runs", "_run_of", "host_types", "slot_types", "types", "best_by_type"):
+                    if key in probe.__dict__:
+                        snap.__dict__[key] = probe.__dict__[key]
+                self._snapshot = snap
+            return self._snapshot
+
+    def columns(self) -> tuple[str, ...]:
+        return (*COLUMNS, *(f"param:{k}" for k in self.keys), *(f"metric:{m}" for m in self.metric_columns))
+
+    def changes(self, since: int) -> Changes:
+        """The rows a page that last saw transition `since` lacks (all when `since` < 0 or the columns moved)."""
+        snap = self.snapshot()
+        with self._lock:
+            full = since < 0 or since < max(self.layout_seq, self._floor) or since > self.seq
+            if full:
+                names = list(self.attempts)
+            else:  # the reads after `since`, found by bisection: an idle poll costs nothing per experiment
+                first = bisect.bisect_right(self._moved, since, key=lambda m: m[0])
+                names = list(dict.fromkeys(n for _, moved in self._moved[first:] for n in moved))
+            typed = snap.by_type
+            rows = [self._row(self.attempts[n], snap, typed) for n in names if n in self.attempts]
+            return Changes(self.seq, full, self.columns(), rows)
+
+    def _row(self, a: Attempt, snap: Snapshot, typed: bool) -> list[Any]:
+        metrics = dict(a.metrics)
+        if a.metric is not None:
+            metrics.setdefault(snap.metric.name, a.metric)
+        slots = "@".join(f"{h}:{','.join(map(str, ids))}" for h, ids in a.slots.items())
+        return [a.name, str(a.state), None if a.reason is None else str(a.reason), a.detail, a.attempt,
+                a.metric, _time(a.started_at), _time(a.finished_at), slots,
+                snap.type_of(a) if typed else None, a.peak_memory, self._position.get(a.name),
+                *self._params.get(a.name, [None] * len(self.keys)),
+                *(metrics.get(m) for m in self.metric_columns)]
+
+
+def _time(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+
+def _representatives(names: Sequence[str], table: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[str]:
+    """The first experiment with each value of each swept key (and the first that lacks it), in sweep order:
+    what `choose_axes` concludes from them is what it would from all, at a fraction of the cost."""
+    chosen: dict[str, None] = {}
+    seen: set[tuple[str, tuple[str, Any]]] = set()
+    for name, row in zip(names, table, strict=True):
+        for key in keys:
+            value = row.get(key, _MISSING)
+            mark = (key, (type(value).__name__, value if isinstance(value, (str, int, float, bool, type(None)))
+                          else json.dumps(value, sort_keys=True, default=str)))
+            if mark not in seen:
+                seen.add(mark)
+                chosen.setdefault(name)
+    return list(chosen) or list(names[:1])

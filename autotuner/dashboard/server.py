@@ -1,0 +1,331 @@
+"""The dashboard's web app (Starlette) and its server (uvicorn): the page, its assets and plotly.js served from
+installed packages (no CDN), and a small JSON API the page polls for what changed.
+
+Security: every API request carries the secret token printed with the URL (header `X-Autotune-Token`), so a page
+from another origin can read nothing; cancelling is a POST of JSON with the token in its header, refused unless
+the server was started with `--allow-cancel` and, when the browser names an Origin, it is the server's own.
+Files are served only from inside a sweep's directory (`files.inside`). A malformed request is a 4xx.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import plotly
+import uvicorn
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from .. import __version__
+from ..cancel import cancel
+from ..errors import UserError
+from ..views.compare import compare
+from .discover import Served, Sweeps, check_roots
+from .eta import Planner
+from .feed import read_only, runner_pid
+from .files import Refused, inside, read_piece
+from .summary import brief, standing, summary
+
+log = logging.getLogger("autotuner.dashboard")
+
+ASSETS = Path(__file__).parent / "assets"
+PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+STATIC = {"app.js": ASSETS / "app.js", "app.css": ASSETS / "app.css", "plotly.min.js": PLOTLY_JS}
+TOKEN_HEADER = "x-autotune-token"
+MAX_BODY = 64 * 1024
+MAX_NAMES = 10_000
+RUNNER_SECONDS = 1.0  # how long a look-up of the sweep's runner is kept
+
+
+@dataclass
+class Dashboard:
+    """What one server serves and allows."""
+
+    roots: list[Path]
+    allow_cancel: bool = False
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    sweeps: Sweeps = field(init=False)
+    planner: Planner = field(init=False, default_factory=Planner)
+    _summaries: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = field(init=False, default_factory=dict)
+    _standing: dict[str, tuple[int, dict[str, Any]]] = field(init=False, default_factory=dict)
+    _runners: dict[Path, tuple[float, int | None]] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.sweeps = Sweeps(self.roots)
+
+    def summary_of(self, served: Served) -> tuple[str, dict[str, Any]]:
+        """The sweep's summary and its version: a new one only when the ledger, the runner or the plan moved.
+        What the ledger says is worked out once per transition; the runner is looked up at most every second."""
+        feed = served.feed
+        feed.refresh()
+        snap = feed.snapshot()
+        seq = feed.seq
+        kept = self._standing.get(served.id)
+        if kept is None or kept[0] != seq:
+            self._standing[served.id] = kept = (seq, standing(snap, served.id, served.root))
+        made = summary(snap, kept[1], seq, self._runner(feed.directory), self.planner)
+        key = (seq, made["runner"], json.dumps(made["eta"]))
+        last = self._summaries.get(served.id)
+        if last is None or last[0] != key:
+            self._summaries[served.id] = last = (key, made)
+        return f"{seq}.{abs(hash(key)) % 10**9}", last[1]
+
+    def _runner(self, directory: Path) -> int | None:
+        """`runner_pid`, kept for a second: the kernel's lock table can be long on a busy machine."""
+        now = time.monotonic()
+        kept = self._runners.get(directory)
+        if kept is None or now - kept[0] > RUNNER_SECONDS:
+            self._runners[directory] = kept = (now, runner_pid(directory))
+        return kept[1]
+
+
+def _authorized(request: Request, dashboard: Dashboard) -> None:
+    given = request.headers.get(TOKEN_HEADER, "")
+    if not hmac.compare_digest(given.encode(), dashboard.token.encode()):
+        raise Refused(403, "the token printed with the dashboard's URL is needed (open that URL)")
+
+
+def _int(request: Request, name: str, default: int) -> int:
+    text = request.query_params.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise Refused(400, f"{name} must be a whole number") from None
+
+
+def _sweep(request: Request, dashboard: Dashboard, key: str | None = None) -> Served:
+    sid = key if key is not None else str(request.path_params["sweep"])
+    served = dashboard.sweeps.get(sid)
+    if served is None:
+        raise Refused(404, f"no sweep {sid[:40]!r} is served here")
+    return served
+
+
+def api(handler: Callable[[Request, Dashboard], Response]) -> Callable[[Request], Response]:
+    """A JSON endpoint: the token checked first; refusals and bad sweeps become 4xx answers, never a crash."""
+    def endpoint(request: Request) -> Response:
+        dashboard: Dashboard = request.app.state.dashboard
+        started = time.perf_counter()
+        try:
+            _authorized(request, dashboard)
+            response = handler(request, dashboard)
+        except Refused as e:
+            response = JSONResponse({"error": str(e)}, status_code=e.status)
+        except UserError as e:
+            response = JSONResponse({"error": str(e)}, status_code=409)
+        # What the server spent on it, before compression (benchmarks/dashboard.py reads it).
+        response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.2f}"
+        return response
+    return endpoint
+
+
+# --- the API -------------------------------------------------------------------------------------------------
+def config(request: Request, dashboard: Dashboard) -> Response:
+    return JSONResponse({"version": __version__, "allow_cancel": dashboard.allow_cancel,
+                         "roots": [str(r) for r in dashboard.roots]})
+
+
+def sweeps(request: Request, dashboard: Dashboard) -> Response:
+    listed = []
+    for served in dashboard.sweeps.scan():
+        try:
+            listed.append(brief(dashboard.summary_of(served)[1]))
+        except UserError as e:  # one unreadable sweep is listed as such; the others are shown
+            listed.append({"id": served.id, "name": served.feed.directory.name, "error": str(e)})
+    return JSONResponse({"sweeps": listed})
+
+
+def sweep(request: Request, dashboard: Dashboard) -> Response:
+    """What changed since transition `since` (everything when -1), and the summary when its version moved."""
+    served = _sweep(request, dashboard)
+    since = _int(request, "since", -1)
+    version, made = dashboard.summary_of(served)
+    changes = served.feed.changes(since)
+    body: dict[str, Any] = {"seq": changes.seq, "full": changes.full, "rows": changes.rows, "sv": version}
+    if changes.full:
+        body["columns"] = changes.columns
+        body["axes"] = served.feed.axes
+    if request.query_params.get("sv") != version:
+        body["summary"] = made
+    return JSONResponse(body)
+
+
+def experiment(request: Request, dashboard: Dashboard) -> Response:
+    """One experiment: its spec and every attempt, for its own page."""
+    served = _sweep(request, dashboard)
+    name = str(request.path_params["name"])
+    with read_only(served.feed.directory) as reader:
+        found = reader.ledger.experiments([name])
+        if not found:
+            raise Refused(404, "no such experiment in this sweep")
+        attempts = reader.ledger.attempts(name)
+        sweep_name = reader.ledger.meta().name
+    where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
+    return JSONResponse({"sweep": sweep_name, "spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts],
+                         "logs": {k: f"{where}/{k}.log" for k in ("stdout", "stderr")}})
+
+
+def _run_directory(sweep_dir: Path, recorded: str | None, name: str) -> str:
+    """Where the latest attempt's files are, relative to the sweep (as recorded; the experiment's name else)."""
+    if recorded:
+        try:
+            return Path(recorded).resolve().relative_to(sweep_dir.resolve()).as_posix()
+        except ValueError:
+            pass
+    return name
+
+
+def file(request: Request, dashboard: Dashboard) -> Response:
+    """A piece of a file inside the sweep, from `offset` (negative: its end): a log followed as it grows."""
+    served = _sweep(request, dashboard)
+    path = inside(served.feed.directory, request.query_params.get("path", ""))
+    piece = read_piece(path, _int(request, "offset", 0))
+    return Response(piece.data, media_type="text/plain; charset=utf-8",
+                    headers={"X-Offset": str(piece.offset), "X-Next": str(piece.next), "X-Size": str(piece.size),
+                             "Cache-Control": "no-store"})
+
+
+def comparison(request: Request, dashboard: Dashboard) -> Response:
+    """Two sweeps side by side, paired by experiment (`autotune compare`'s pairs)."""
+    a = _sweep(request, dashboard, request.query_params.get("a", ""))
+    b = _sweep(request, dashboard, request.query_params.get("b", ""))
+    for served in (a, b):
+        served.feed.refresh()
+    c = compare(a.feed.snapshot(), b.feed.snapshot())
+    ratio = c.geomean_ratio()
+    rows = [{k: (str(v) if k.endswith(("_state", "_reason")) and v is not None else v) for k, v in r.items()}
+            | {"verdict": c.verdict(r["ratio"])} for r in c.rows]
+    return JSONResponse({"metric": c.metric, "minimize": c.minimize, "rows": rows, "only_a": c.only_a,
+                         "only_b": c.only_b, "geomean_ratio": ratio, "verdict": c.verdict(ratio),
+                         "a": a.feed.snapshot().name, "b": b.feed.snapshot().name})
+
+
+def cancel_runs(request: Request, dashboard: Dashboard) -> Response:
+    """Cancel experiments (or the whole sweep: no names) through `autotuner.cancel`, as `autotune cancel` does."""
+    if not dashboard.allow_cancel:
+        raise Refused(403, "cancelling from the page is off: start the dashboard with --allow-cancel")
+    origin = request.headers.get("origin")
+    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
+        raise Refused(403, "a request from another origin is refused")
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        raise Refused(415, "send JSON: {\"names\": [...]}")
+    served = _sweep(request, dashboard)
+    names = _names(request.state.body)
+    done = cancel(served.feed.directory, names)
+    return JSONResponse(done.to_json())
+
+
+def _names(body: bytes) -> list[str]:
+    try:
+        data = json.loads(body or b"{}")
+    except (ValueError, RecursionError):
+        raise Refused(400, "the body is not JSON") from None
+    names = data.get("names", []) if isinstance(data, dict) else None
+    if not isinstance(names, list) or len(names) > MAX_NAMES or not all(isinstance(n, str) and n for n in names):
+        raise Refused(400, "names must be a list of experiment names (empty: the whole sweep)")
+    return names
+
+
+async def cancel_endpoint(request: Request) -> Response:
+    """The body is read here (bounded), then the cancel runs on a worker thread: it may wait on the ledger."""
+    from starlette.concurrency import run_in_threadpool
+
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY:
+            return JSONResponse({"error": "the body is too large"}, status_code=413)
+    request.state.body = body
+    return await run_in_threadpool(api(cancel_runs), request)
+
+
+# --- the page ------------------------------------------------------------------------------------------------
+def index(request: Request) -> Response:
+    return FileResponse(ASSETS / "index.html", headers={"Cache-Control": "no-store"})
+
+
+def static(request: Request) -> Response:
+    path = STATIC.get(str(request.path_params["name"]))
+    if path is None:
+        return JSONResponse({"error": "no such asset"}, status_code=404)
+    return FileResponse(path, headers={"Cache-Control": "max-age=3600"})
+
+
+def create_app(dashboard: Dashboard) -> Starlette:
+    routes = [
+        Route("/", index),
+        Route("/static/{name}", static),
+        Route("/api/config", api(config)),
+        Route("/api/sweeps", api(sweeps)),
+        Route("/api/compare", api(comparison)),
+        Route("/api/sweeps/{sweep}", api(sweep)),
+        Route("/api/sweeps/{sweep}/file", api(file)),
+        Route("/api/sweeps/{sweep}/experiments/{name}", api(experiment)),
+        Route("/api/sweeps/{sweep}/cancel", cancel_endpoint, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(GZipMiddleware, minimum_size=1024, compresslevel=5)])
+    app.state.dashboard = dashboard
+    return app
+
+
+# --- serving -------------------------------------------------------------------------------------------------
+def url(host: str, port: int, token: str) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/?token={token}"
+
+
+def exposed(host: str) -> bool:
+    """Whether binding `host` lets other machines reach the server (anything but loopback)."""
+    return host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127.")
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the URL is printed (port 0: a free one, named in the URL)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8765, allow_cancel: bool = False,
+          announce: Callable[[str], None] = lambda line: None, token: str | None = None) -> None:
+    """Serve the sweeps under `directories` until interrupted; `announce` is told the URL to open (with the token)
+    and, when `host` is not loopback, what that exposes."""
+    dashboard = Dashboard(check_roots(directories), allow_cancel=allow_cancel)
+    if token is not None:
+        dashboard.token = token
+    sock = listen(host, port)
+    bound = sock.getsockname()[1]
+    # A cancel from the page with no runner alive holds the sweep's lock for a moment; `autotune cancel` run
+    # meanwhile signals the holder (SIGUSR1), whose default action would end this server.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    server = uvicorn.Server(uvicorn.Config(create_app(dashboard), log_level="warning", access_log=False,
+                                           lifespan="off"))
+    announce(f"serving {len(dashboard.sweeps.scan())} sweep(s) under {', '.join(map(str, dashboard.roots))}")
+    if exposed(host):
+        announce(f"listening on {host}: anyone who can reach this machine's port {bound} and has the token can read "
+                 "these sweeps" + (" and cancel their runs" if allow_cancel else "") + "; the traffic is plain HTTP")
+    announce(f"open {url(host if host not in ('0.0.0.0', '::') else '127.0.0.1', bound, dashboard.token)}")
+    try:
+        server.run(sockets=[sock])
+    finally:
+        dashboard.planner.close()
+        sock.close()
