@@ -1,0 +1,180 @@
+"""Offload in `autotune tune`'s memory model and search (memory.py, search.py): what a config offloads lands in the
+node's RAM, and a model that fits no stage on the GPU is tuned with ZeRO-Offload, least offload first, on a fake GPU
+(named as such) whose need is DeepSpeed's accounting, with a fake node RAM: nothing the model rules out for GPU or
+host memory is launched."""
+import pytest
+
+from autotuner.memory import Facts, Training, bound, host_states, model_states
+from autotuner.outcome import Outcome
+from autotuner.search import MicroBatchSearch, SearchSpec, search_for
+from autotuner.simulate import simulate
+from autotuner.states import Reason, State
+
+G = 10**9
+GiB = 1 << 30
+HALF = Training(half=True)
+OO = Training(half=True, offload_optimizer=True)
+OP = Training(half=True, offload_optimizer=True, offload_params=True)
+
+
+@pytest.mark.parametrize(("stage", "training", "expected"), [
+    (0, OO, 0.0),  # stage 0 has no partitioned optimizer to offload
+    (1, OO, 64 * G), (2, OO, 64 * G), (3, OO, 64 * G),  # 4e9 x (4 copy + 8 Adam + 4 fp32 grads) / 2 ranks x 2
+    (3, OP, 72 * G),  # and the fp16 parameters: 4e9 x 2 / 2 x 2
+    (2, HALF, 0.0),
+])
+def test_host_states_per_node_match_the_hand_computed_figures(stage, training, expected):
+    assert host_states(4 * G, stage, training, dp=2, local=2) == pytest.approx(expected)
+
+
+def test_offload_takes_the_states_off_the_gpu_and_counts_frozen_parameters_apart():
+    assert model_states(4 * G, 2, OO, dp=2) == pytest.approx(8 * G + 4 * G)  # fp16 parameters, half the gradients
+    assert model_states(4 * G, 3, OP, dp=2) == pytest.approx(4 * G)  # the gradients' partition alone
+    assert host_states(4 * G, 1, OO, dp=2, local=2, trainable=G) == pytest.approx(16 * G)  # only trained ones
+
+
+def test_a_config_that_would_exhaust_the_nodes_ram_does_not_fit():
+    facts = Facts(4 * G, 1e9)
+    fits = bound(facts, OO, 3, 80 * G, dp=2, host_memory=128 * GiB, local=2)
+    assert fits.largest == 68 and not fits.host_short  # (76e9 - 4e9 fp16 parameters - 4e9 gradients) / 1e9
+    short = bound(facts, OO, 3, 80 * G, dp=2, host_memory=64 * G, local=2)  # 64e9 less headroom < 64e9
+    assert short.largest == 0 and short.host_short and short.host == pytest.approx(64 * G)
+    assert bound(facts, OO, 3, None, dp=2, host_memory=None, local=2).largest is None  # nothing known
+
+
+# --- the search, on a fake GPU and a fake node -----------------------------------------------------------------
+GPU = 80 * G  # the fake GPU
+CONTEXT = 1.5 * G  # what the fake runtime keeps for itself
+PARAMS, PER_SAMPLE = 10 * G, 1e9  # 10e9 parameters on 2 GPUs: no stage fits without offload (z3 holds 80e9)
+HOST = [256 * GiB]  # the fake node's RAM
+
+
+def fake_need(config):
+    """(GPU bytes, node bytes) of a config: fp16 Adam, 2 ranks on one node, DeepSpeed's accounting."""
+    zero = config["zero_optimization"]
+    stage, mbs = zero["stage"], config["train_micro_batch_size_per_gpu"]
+    oo = (zero.get("offload_optimizer") or {}).get("device") == "cpu"
+    op = (zero.get("offload_param") or {}).get("device") == "cpu"
+    params, grads, optimizer = 2 * PARAMS, 2 * PARAMS, 12 * PARAMS
+    params, grads = (params / 2 if stage >= 3 else params), (grads / 2 if stage >= 2 else grads)
+    optimizer = optimizer / 2 if stage >= 1 else optimizer
+    host = 0.0
+    if oo and stage >= 1:
+        host, optimizer = host + (optimizer + 4 * PARAMS / 2) * 2, 0.0
+    if op and stage >= 3:
+        host, params = host + params * 2, 0.0
+    return params + grads + optimizer + PER_SAMPLE * mbs + CONTEXT, host
+
+
+def speed(config):
+    zero = config["zero_optimization"]
+    stage, mbs = zero["stage"], config["train_micro_batch_size_per_gpu"]
+    slower = 0.6 if "offload_optimizer" in zero else 1.0
+    slower *= 0.5 if "offload_param" in zero else 1.0
+    return mbs * 100 / (1 + mbs / 64) * (1 - 0.05 * stage) * slower
+
+
+RAN = {}  # each run's name -> its outcome (simulate's record keeps only the state)
+
+
+def fake_run(e):
+    RAN[e.name] = outcome = _fake_run(e)
+    return outcome
+
+
+def _fake_run(e):
+    gpu, host = fake_need(e.ds_config)
+    if host > HOST[0]:
+        return Outcome(State.FAILED, None, "host memory exhausted (the fake node's)", 137)
+    if gpu > GPU:
+        return Outcome(State.FAILED, Reason.OOM, "torch.OutOfMemoryError: CUDA out of memory", 1)
+    if e.ds_config.get("autotuning", {}).get("model_info", {}).get("profile"):
+        mbs = e.ds_config["train_micro_batch_size_per_gpu"]
+        return Outcome(State.SUCCEEDED, metrics={"num_params": PARAMS, "activation_mem_per_gpu": PER_SAMPLE * mbs})
+    return Outcome(State.SUCCEEDED, metrics={"throughput": speed(e.ds_config)})
+
+
+def spec(**changes):
+    base = dict(prefix="t", template={"script": "/x/train.py", "num_gpus": 2, "num_nodes": 1, "args": []},
+                base={"fp16": {"enabled": True}, "zero_optimization": {}}, stages=(0, 1, 2, 3),
+                metric="throughput", max_mbs=256, confirm=0, gpu_memory=GPU, host_memory=HOST[0],
+                facts=Facts(PARAMS, PER_SAMPLE).to_json())
+    return SearchSpec(**(base | changes))
+
+
+def tune(search, slots=4):
+    return sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_run, source=search,
+                           metric="throughput").played, key=lambda p: (p.start, p.name))
+
+
+def best(played):
+    return max((p for p in played if p.state == State.SUCCEEDED), key=lambda p: RAN[p.name].metrics["throughput"])
+
+
+@pytest.mark.parametrize("tuner", ["gridsearch", "random"])
+def test_a_model_that_fits_no_stage_is_tuned_with_the_optimizer_offloaded(tuner):
+    """The model skips every stage without offload: nothing runs there; with the optimizer offloaded no run
+    exhausts the node, none runs out of GPU memory below the model's largest size (z1 36, z2 46, z3 56: only its
+    probes past it may), and the best is the fastest that fits: z3 near its largest (the fake's is 58)."""
+    played = tune(search_for(spec(tuner=tuner)))
+    predicted = {1: 36, 2: 46, 3: 56}
+    assert played and all(p.name.endswith("_oo") for p in played)
+    assert all(RAN[p.name].reason == Reason.OOM and int(p.name.split("_")[2][3:]) > predicted[place(p.name)]
+               for p in played if p.state != State.SUCCEEDED)
+    assert not any("_op" in p.name for p in played)  # least offload first: the parameters stay on the GPU
+    if tuner == "gridsearch":
+        assert place(best(played).name) == 3 and int(best(played).name.split("_")[2][3:]) >= 56
+
+
+def place(name):
+    return int(name.split("_")[1][1:])
+
+
+def test_a_node_too_small_for_the_offloaded_states_launches_nothing():
+    """160e9 of offloaded optimizer states on a node of 150 GiB: no level fits, nothing runs."""
+    assert tune(MicroBatchSearch(spec(host_memory=150 * GiB))) == []
+
+
+def test_without_a_memory_model_the_ooms_at_every_stage_lead_to_offload():
+    """Nothing known: every stage's smallest size runs out of memory, then the optimizer is offloaded, and the
+    best is found as the GPU memory walk finds it (the fake runtime's exact largest, 58)."""
+    played = tune(MicroBatchSearch(spec(gpu_memory=None, host_memory=None, facts=None)))
+    plain = [p for p in played if not p.name.endswith("_oo")]
+    assert plain and all(RAN[p.name].reason == Reason.OOM for p in plain)
+    assert any(p.name.startswith("t_z2_mbs1") for p in plain)  # its OOM rules out z0 and z1 (they need more)
+    assert best(played).name == "t_z3_mbs58_oo" and not any("_op" in p.name for p in played)
+
+
+def test_parameters_are_offloaded_only_when_the_optimizer_alone_is_not_enough():
+    global PARAMS
+    kept = PARAMS, HOST[0]
+    PARAMS, HOST[0] = 38 * G, 2048 * GiB  # z3 with the optimizer offloaded holds 76e9 + 1.5e9: no size fits; with parameters, 38e9
+    try:
+        played = tune(MicroBatchSearch(spec(facts=Facts(PARAMS, PER_SAMPLE).to_json(), host_memory=HOST[0])))
+    finally:
+        PARAMS, HOST[0] = kept
+    assert played and all(p.name.endswith("_op") for p in played)  # z1, z2 with the optimizer off: no size fits
+    assert all(int(p.name.split("_")[2][3:]) > 38 for p in played if p.state != State.SUCCEEDED)  # probes only
+    assert place(best(played).name) == 3  # (76e9 - 38e9 of gradients) / 1e9 = 38 predicted, 40 by the fake
+
+
+def test_an_offloaded_search_rebuilt_from_the_ledger_goes_on_the_same():
+    """Die after some offloaded runs ended, rebuild from the ledger, go on: the same runs as a search never
+    interrupted (the level is read back from the experiments' configs)."""
+    whole = [p.name for p in tune(MicroBatchSearch(spec(gpu_memory=None, facts=None)), slots=2)]
+    live = MicroBatchSearch(spec(gpu_memory=None, facts=None))
+    ledger, ended = [], {}
+    while len(ended) < 7:
+        ledger.extend(live.propose(2, 0.0))
+        e = next(x for x in ledger if x.name not in ended)
+        out = fake_run(e)
+        ended[e.name] = (out.state, out.reason, (out.metrics or {}).get("throughput"))
+        live.observe(type("R", (), {"experiment": e})(), out)
+    assert any(name.endswith("_oo") for name in ended)
+    rebuilt = MicroBatchSearch(spec(gpu_memory=None, facts=None))
+    rebuilt.replay(ledger, ended)
+    assert rebuilt.spec == live.spec and rebuilt.stages == live.stages and rebuilt.proposed == live.proposed
+    running = [e for e in ledger if e.name not in ended]
+    rest = sorted(simulate(running, {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, source=rebuilt,
+                           metric="throughput").played, key=lambda p: (p.start, p.name))
+    assert [*ended, *(p.name for p in rest)] == whole
