@@ -148,7 +148,8 @@ def test_without_a_memory_model_the_ooms_at_every_stage_lead_to_offload():
 def test_parameters_are_offloaded_only_when_the_optimizer_alone_is_not_enough():
     global PARAMS
     kept = PARAMS, HOST[0]
-    PARAMS, HOST[0] = 38 * G, 2048 * GiB  # z3 with the optimizer offloaded holds 76e9 + 1.5e9: no size fits; with parameters, 38e9
+    # z3 with the optimizer offloaded holds 76e9 + 1.5e9: no size fits; with the parameters too, 38e9
+    PARAMS, HOST[0] = 38 * G, 2048 * GiB
     try:
         played = tune(MicroBatchSearch(spec(facts=Facts(PARAMS, PER_SAMPLE).to_json(), host_memory=HOST[0])))
     finally:
