@@ -2,13 +2,22 @@
 node's RAM, and a model that fits no stage on the GPU is tuned with ZeRO-Offload, least offload first, on a fake GPU
 (named as such) whose need is DeepSpeed's accounting, with a fake node RAM: nothing the model rules out for GPU or
 host memory is launched."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+import autotuner
 from autotuner.memory import Facts, Training, bound, host_states, model_states
 from autotuner.outcome import Outcome
 from autotuner.search import MicroBatchSearch, SearchSpec, search_for
 from autotuner.simulate import simulate
 from autotuner.states import Reason, State
+
+from cli_rig import autotune, env
 
 G = 10**9
 GiB = 1 << 30
@@ -179,3 +188,95 @@ def test_an_offloaded_search_rebuilt_from_the_ledger_goes_on_the_same():
     rest = sorted(simulate(running, {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, source=rebuilt,
                            metric="throughput").played, key=lambda p: (p.start, p.name))
     assert [*ended, *(p.name for p in rest)] == whole
+
+
+# --- from the command line, on the stand-in launcher (oom_standin.sh) with a fake GPU -------------------------
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "oom_standin.sh"
+# 2e8 parameters, 1e7 bytes of activations a sample, a fake GPU of 2e9 (the hostfile's X-2GB), 5e8 kept by the
+# runtime. By hand, on 2 GPUs, fp16 Adam: z3 holds 1.6e9 of model states and z0-z2 more, past the 0.93e9 the model
+# lends of a 2 GB GPU (1 GiB of headroom): nothing fits without offload. With the optimizer offloaded z1 holds
+# 0.8e9, z2 0.6e9, z3 0.4e9 (the model's largest sizes 13, 33, 53; the stand-in's 70, 90, 110 below its 2e9: the
+# model is low and raised by runs that fit), and the node holds 3.2e9 of offloaded states: within this machine's RAM.
+MODEL = "2e8 1e7 2e9"
+
+
+def cli_setup(tmp_path, num_params):
+    (tmp_path / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    ds = {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": [0, 1, 2, 3]},
+          "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64,
+                         "model_info": {"num_params": num_params, "activation_mem_per_gpu": 10**7}}}
+    (tmp_path / "ds.json").write_text(json.dumps(ds, indent=1))
+    (tmp_path / "hostfile").write_text("localhost slots=4 gpu=X-2GB\n")
+    return env(OOM_STANDIN_LOG=tmp_path / "launches.log", OOM_STANDIN_MODEL=MODEL, OOM_STANDIN_CONTEXT="5e8")
+
+
+def cli_tune(tmp_path, environ):
+    return autotune("tune", "--hostfile", tmp_path / "hostfile", "--num_gpus", "2", "-o", tmp_path / "res",
+                    "--launcher", f"sh {STANDIN}", "train.py", "--deepspeed_config", "ds.json",
+                    environ=environ, cwd=tmp_path, timeout=300)
+
+
+def test_a_stand_in_tune_where_nothing_fits_without_offload_ends_with_the_fastest_offload_config(tmp_path):
+    result = cli_tune(tmp_path, cli_setup(tmp_path, 200_000_000))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (tmp_path / "launches.log").read_text().splitlines()
+    assert lines and all('offload_optimizer={"device": "cpu"}' in line for line in lines)  # nothing without
+    assert not any("offload_param" in line for line in lines)  # the optimizer alone was enough
+    states = {a.name: a for a in autotuner.snapshot(tmp_path / "res").attempts}
+    assert all(a.state.value == "succeeded" for a in states.values()), states  # no OOM, no node exhausted
+    # the stand-in's fastest that fits: every stage fits the largest size allowed, 64, and z1 is the fastest stage
+    assert "best: train_z1_mbs64_oo" in result.stdout, result.stdout
+
+
+def test_a_tune_whose_offloaded_states_exceed_the_nodes_ram_is_refused(tmp_path):
+    """2e12 parameters: 32e12 bytes of offloaded optimizer states, more than this machine has: one line."""
+    result = cli_tune(tmp_path, cli_setup(tmp_path, 2 * 10**12))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "ds.json:" in result.stderr and "even with offload" in result.stderr and "node's RAM" in result.stderr
+    assert not (tmp_path / "launches.log").exists()
+
+
+# --- real DeepSpeed on CPU -------------------------------------------------------------------------------------
+SCRIPT = """
+import json, sys
+import torch, deepspeed
+from autotuner.search import MicroBatchSearch, SearchSpec
+deepspeed.init_distributed(dist_backend="gloo")
+spec = SearchSpec(prefix="t", template={"script": "x.py", "num_gpus": 1, "num_nodes": 1, "args": []},
+                  base={"zero_force_ds_cpu_optimizer": False, "gradient_accumulation_steps": 1,
+                        "optimizer": {"type": "Adam", "params": {"lr": 1e-2, "torch_adam": True}}},
+                  stages=(0, 1, 2, 3), metric="throughput")
+search = MicroBatchSearch(spec)
+assert search.escalate()  # as when nothing fits without offload
+done = []
+for stage in (1, 2, 3):
+    config = search.experiment(stage, 2).ds_config
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+    losses = []
+    for _ in range(3):
+        loss = engine(torch.ones(2, 8)).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    done.append({"stage": stage, "name": search.experiment(stage, 2).name, "zero": config["zero_optimization"],
+                 "offload": engine.zero_cpu_offload(), "steps": engine.global_steps, "losses": losses})
+print("RESULT " + json.dumps(done))
+"""
+
+
+def test_deepspeed_trains_with_the_optimizer_offloaded_as_the_search_configures_it(tmp_path):
+    """The configs of the search's first offload level, run by real DeepSpeed on its CPU accelerator: the engine
+    says the optimizer is offloaded (ZeRO-Offload's CPU path), and its steps train (the loss goes down)."""
+    environ = os.environ | {"DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
+                            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=environ, timeout=600,
+                         cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    done = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert [d["stage"] for d in done] == [1, 2, 3]
+    for d in done:
+        assert d["name"].endswith("_oo") and d["zero"]["offload_optimizer"] == {"device": "cpu"}, d
+        assert d["offload"] and d["steps"] == 3 and d["losses"][-1] < d["losses"][0], d
