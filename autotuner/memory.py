@@ -16,7 +16,8 @@ buckets) is the placement's headroom.
 
 Offloaded states land in the node's RAM (`host_states`): per rank its partition of the optimizer states (the fp32
 copy included) and the fp32 gradients its CPU optimizer steps with (pinned buffers), and with `offload_param` its
-partition of the parameters; one such share per local rank (the GPUs of the node). A config whose share exceeds
+partition of the parameters; one such share per local rank (the GPUs of the node); offloaded to NVMe, none of
+it (its staging buffers are not modelled). A config whose share exceeds
 the node's memory less its headroom does not fit, as one that exceeds the GPU's; a node of unknown memory
 constrains nothing.
 """
@@ -68,6 +69,7 @@ class Training:
     optimizer_states: int = 2  # fp32 values per parameter the optimizer keeps (Adam: 2)
     offload_optimizer: bool = False
     offload_params: bool = False
+    on_nvme: bool = False  # what is offloaded goes to NVMe, not the node's RAM (its buffers aside)
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Training:
@@ -80,11 +82,19 @@ class Training:
         zero = zero if isinstance(zero, Mapping) else {}
         return cls(half=half, optimizer_states=1 if kind in ONE_STATE else 2,
                    offload_optimizer=_offloaded(zero.get("offload_optimizer")) or zero.get("cpu_offload") is True,
-                   offload_params=_offloaded(zero.get("offload_param")))
+                   offload_params=_offloaded(zero.get("offload_param")),
+                   on_nvme=_on_nvme(zero))
 
 
 def _enabled(section: Any) -> bool:
     return isinstance(section, Mapping) and section.get("enabled") in (True, "auto")
+
+
+def _on_nvme(zero: Mapping[str, Any]) -> bool:
+    """Something is offloaded, all of it to NVMe (none to the CPU)."""
+    devices = [section.get("device") for key in ("offload_optimizer", "offload_param")
+               if isinstance(section := zero.get(key), Mapping)]
+    return "nvme" in devices and "cpu" not in devices and zero.get("cpu_offload") is not True
 
 
 def _offloaded(section: Any) -> bool:
@@ -113,7 +123,9 @@ def host_states(num_params: int, stage: int, training: Training, dp: int, local:
                 trainable: int | None = None) -> float:
     """Bytes one node's RAM holds for what a config offloads, `local` ranks on the node: each rank's partition of
     the optimizer states with the fp32 gradients they step with (offload_optimizer, stage 1 and up), and of the
-    half or full parameters (offload_param, stage 3). 0 when nothing is offloaded."""
+    half or full parameters (offload_param, stage 3). 0 when nothing is offloaded to the CPU."""
+    if training.on_nvme:
+        return 0.0
     width = 2.0 if training.half else 4.0
     trained = num_params if trainable is None else min(trainable, num_params)
     share = 0.0

@@ -132,9 +132,19 @@ def _check_nvme(request: TuneRequest, spec: SearchSpec, cluster: Cluster) -> Non
             continue
         if any(is_local(h) for h in cluster.slots) and not (os.path.isdir(path) and os.access(path, os.W_OK)):
             problem = "does not exist" if not os.path.exists(path) else "is not a directory this user can write to"
-            raise UserError(f"zero_optimization.{key}.nvme_path {shown(path)} {problem}", request.config)
+            raise UserError(f"zero_optimization.{key}.nvme_path {shown(path)} {problem}: offloading to NVMe needs "
+                            "a directory to write to", request.config, _line_naming(request.config, path))
         if any(not is_local(h) for h in cluster.slots):
             log.warning("zero_optimization.%s.nvme_path %s is checked by each run on the other nodes", key, path)
+
+
+def _line_naming(config: Path, value: str) -> int | None:
+    """The first line of `config` that holds `value` (a path it names), for the line an error points at."""
+    try:
+        lines = config.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((number for number, line in enumerate(lines, 1) if "nvme_path" in line and value in line), None)
 
 
 def _check_some_stage_fits(request: TuneRequest, bounds: dict[int, Bound], spec: SearchSpec) -> None:

@@ -16,7 +16,7 @@
 # figure, TRAINABLE: only that many parameters train (LoRA-like), and only they have gradients and Adam's 12 bytes.
 # Offload (zero_optimization.offload_optimizer / offload_param, device cpu): Adam's 12 bytes (stage 1 and up), and the
 # parameters' 2 (stage 3), move to the host with 4 bytes of fp32 gradients a trained parameter, each rank its
-# partition; past $OOM_STANDIN_HOST bytes (default: this machine's RAM) the run is killed as the kernel's OOM killer
+# partition (to nvme: off the GPU, not in the host's RAM); past $OOM_STANDIN_HOST bytes (default: this machine's RAM) the run is killed as the kernel's OOM killer
 # would (exit 137). Offloading the optimizer makes a step 0.6 times as fast, the parameters 0.5 times more.
 # $OOM_STANDIN_CONTEXT: what the runtime keeps, instead of 1.5e9.
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;; esac; shift; done
@@ -45,10 +45,11 @@ if model:
     grads = 2 * trained / world if stage >= 2 else 2 * trained
     adam = 12 * trained / world if stage >= 1 else 12 * trained
     host = 0.0
-    if stage >= 1 and (zero.get("offload_optimizer") or {}).get("device") == "cpu":
-        host, adam = host + (adam + 4 * trained / world) * world, 0.0
-    if stage >= 3 and (zero.get("offload_param") or {}).get("device") == "cpu":
-        host, weights = host + weights * world, 0.0
+    device = {key: (zero.get(key) or {}).get("device") for key in ("offload_optimizer", "offload_param")}
+    if stage >= 1 and device["offload_optimizer"] in ("cpu", "nvme"):
+        host, adam = host + (adam + 4 * trained / world) * world * (device["offload_optimizer"] == "cpu"), 0.0
+    if stage >= 3 and device["offload_param"] in ("cpu", "nvme"):
+        host, weights = host + weights * world * (device["offload_param"] == "cpu"), 0.0
     ram = float(os.environ.get("OOM_STANDIN_HOST") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     if host > ram:
         print(f"stand-in: the offloaded states need {host:.0f} bytes of a node of {ram:.0f}", file=sys.stderr)

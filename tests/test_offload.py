@@ -280,3 +280,23 @@ def test_deepspeed_trains_with_the_optimizer_offloaded_as_the_search_configures_
     for d in done:
         assert d["name"].endswith("_oo") and d["zero"]["offload_optimizer"] == {"device": "cpu"}, d
         assert d["offload"] and d["steps"] == 3 and d["losses"][-1] < d["losses"][0], d
+
+
+@pytest.mark.parametrize("problem", ["missing", "file"])
+def test_an_nvme_offload_path_this_machine_cannot_write_to_is_one_located_line(tmp_path, problem):
+    environ = cli_setup(tmp_path, 200_000_000)
+    target = tmp_path / "nvme"
+    if problem == "file":
+        target.write_text("not a directory\n")
+    ds = json.loads((tmp_path / "ds.json").read_text())
+    ds["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(target)}
+    (tmp_path / "ds.json").write_text(json.dumps(ds, indent=1))
+    line = next(n for n, text in enumerate((tmp_path / "ds.json").read_text().splitlines(), 1) if "nvme_path" in text)
+    result = cli_tune(tmp_path, environ)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    said = [text for text in result.stderr.splitlines() if "nvme_path" in text]
+    assert len(said) == 1 and f"ds.json:{line}" in said[0], result.stderr
+    assert not (tmp_path / "launches.log").exists() and not (tmp_path / "res").exists()
+    target.unlink(missing_ok=True)
+    target.mkdir()  # a directory it can write to: tuned
+    assert cli_tune(tmp_path, environ).returncode == 0
