@@ -138,7 +138,7 @@ class SearchSpec:
             max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
             for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
         room = NAME_MAX - longest - len(rerun_name(""))
-        prefix = self.prefix[:room].rstrip("-._")
+        prefix = self.prefix[:max(0, room)].rstrip("-._")  # (a negative room would cut from the end)
         if not prefix:
             raise ValueError(f"experiment names would be longer than {NAME_MAX} characters")
         return self if prefix == self.prefix else replace(self, prefix=prefix)
