@@ -300,3 +300,18 @@ def test_an_nvme_offload_path_this_machine_cannot_write_to_is_one_located_line(t
     target.unlink(missing_ok=True)
     target.mkdir()  # a directory it can write to: tuned
     assert cli_tune(tmp_path, environ).returncode == 0
+
+
+def test_the_memory_note_says_what_the_offload_level_held():
+    """The report's line, from a recorded search that went to the optimizer offloaded: its stages' bounds there
+    and the node's RAM they hold."""
+    from types import SimpleNamespace
+
+    from autotuner.results import memory_note
+
+    recorded = spec().to_json()
+    note = memory_note(SimpleNamespace(meta=SimpleNamespace(search=recorded),
+                                       attempts=[SimpleNamespace(name="t_z3_mbs56_oo", state=State.SUCCEEDED)]))
+    assert "z3 skipped, cannot fit (model states 74.5 GiB)" in note  # 80e9 without offload
+    assert "z3_oo up to micro-batch 56 (node RAM 149.0 GiB of 256.0 GiB)" in note  # 160e9 offloaded
+    assert "_op" not in note  # not gone to
