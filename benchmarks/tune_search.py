@@ -35,6 +35,12 @@ with 1 to 4 slots.
 experiments with the loop closed against without it; and a model of which 1% of the parameters train (LoRA-like)
 with `trainable_num_params` counted apart against all counted as trainable.
 
+--offload runs, through the real runner, a model that fits no stage without offload (OOM_STANDIN_MODEL: 1e9
+parameters in fp16 with Adam, 5e7 bytes of activations a sample, 2 GPUs of 8e9 bytes, "X-8GB"; ZeRO-3 alone holds
+8e9): with `model_info` on the known GPU, and with the GPU's memory unknown (no gpu=). The search goes on with the
+optimizer offloaded (the stand-in: states off the GPU into the host's RAM, 16e9 on the node, steps 0.6x as fast):
+experiments, OOM runs, runs without offload, runs that exhausted the node, the winner against the true best.
+
 --simulated N plays the same searches N seeds each on the scheduler's simulated clock
 (autotuner.planning.simulate, every run 10 s) with the stand-in's rule as the outcome: the figures of many seeds,
 which a few real runs cannot give.
@@ -441,6 +447,64 @@ def loop_table(slots: int) -> None:
         print(f"| {label} | {n} | {ooms} | z{point[0]} mbs{point[1]} | {quality:.3f} |", flush=True)
 
 
+OFFLOAD_MODEL = (1e9, 5e7, 8e9)  # parameters, activation bytes a sample, GPU bytes: fits no stage without offload
+
+
+def offload_need(stage: int, mbs: int, level: int) -> float:
+    """The stand-in's GPU need (oom_standin.sh) of OFFLOAD_MODEL on 2 GPUs at an offload level (1: optimizer)."""
+    params, per_sample, _ = OFFLOAD_MODEL
+    weights = params if stage >= 3 else 2 * params
+    grads = params if stage >= 2 else 2 * params
+    adam = 0.0 if level >= 1 and stage >= 1 else (6 * params if stage >= 1 else 12 * params)
+    return weights + grads + adam + per_sample * mbs + 1.5e9
+
+
+def offload_throughput(stage: int, mbs: int, level: int) -> float:
+    return throughput(stage, mbs) * (0.6 if level >= 1 and stage >= 1 else 1.0)
+
+
+def offload_table(slots: int, seconds: float) -> None:
+    """--offload: a model that fits only with the optimizer offloaded, tuned through the real runner."""
+    gpu = OFFLOAD_MODEL[2]
+    points = [(z, m, level) for z in STAGES for m in range(1, MAX_MBS + 1) for level in (0, 1)
+              if offload_need(z, m, level) <= gpu]
+    best = max(points, key=lambda p: offload_throughput(*p))
+    print(f"\noffload, the real runner, {slots} slots (2 a run), {seconds} s a run; true best z{best[0]} mbs{best[1]}"
+          f"{'_oo' if best[2] else ''}, throughput {offload_throughput(*best):.1f}\n")
+    print("| GPU memory | experiments | OOMs | without offload | node exhausted | winner | winner / true best | "
+          "wall s |\n|---|---:|---:|---:|---:|---|---:|---:|")
+    for label, gpu_attr, info in (("known, model_info", " gpu=X-8GB", True), ("unknown (no gpu=)", "", False)):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = Path(tmp)
+            (work / "train.py").write_text("# stand-in: the launcher never runs it\n")
+            autotuning: dict = {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": MAX_MBS}
+            if info:
+                autotuning["model_info"] = {"num_params": int(OFFLOAD_MODEL[0]),
+                                            "activation_mem_per_gpu": int(OFFLOAD_MODEL[1])}
+            config = {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "autotuning": autotuning,
+                      "zero_optimization": {"stage": list(STAGES)}}
+            (work / "ds.json").write_text(json.dumps(config))
+            (work / "hostfile").write_text(f"localhost slots={slots}{gpu_attr}\n")
+            os.environ["OOM_STANDIN_LOG"] = str(work / "launches.log")
+            os.environ["OOM_STANDIN_MODEL"] = " ".join(str(v) for v in OFFLOAD_MODEL)
+            cluster = autotuner.load_cluster(hostfile=work / "hostfile")
+            directory = autotuner.prepare_tune(str(work / "train.py"), ["--deepspeed_config", "ds.json"], cluster,
+                                               work / "res", num_gpus=2, launcher=["sh", str(STANDIN)], cwd=work)
+            snap = autotuner.execute(directory, autotuner.Options(grace=1.0)).snapshot
+            ran = [a for a in snap.attempts if a.started_at is not None]
+            plain = sum(1 for a in ran if "offload_optimizer" not in
+                        (snap.experiments[a.name].ds_config.get("zero_optimization") or {}))
+            killed = sum(1 for a in ran if a.exit_code == 137)
+            assert snap.best is not None, snap.counts()
+            config = snap.experiments[snap.best.name].ds_config
+            zero = config["zero_optimization"]
+            point = (zero["stage"], config["train_micro_batch_size_per_gpu"], 1 if "offload_optimizer" in zero else 0)
+            wall = max(a.finished_at for a in ran) - min(a.started_at for a in ran)
+            quality = offload_throughput(*point) / offload_throughput(*best)
+            print(f"| {label} | {len(ran)} | {sum(1 for a in ran if a.reason == 'oom')} | {plain} | {killed} | "
+                  f"{snap.best.name.removeprefix('train_')} | {quality:.3f} | {wall:.1f} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=5)
@@ -455,6 +519,8 @@ def main() -> None:
                         help="Only the memory model corrected by peaks, and trainable parameters apart (simulated).")
     parser.add_argument("--unknown", action="store_true",
                         help=f"Only the case of GPUs whose memory is unknown, sizes up to {UNKNOWN_MAX}.")
+    parser.add_argument("--offload", action="store_true",
+                        help="Only a model that fits no stage without offload (the real runner).")
     parser.add_argument("--every-size", action="store_true",
                         help=f"Also run the grid of every size 1-{MAX_MBS} of each stage ({len(EVERY_SIZE)} runs).")
     opts = parser.parse_args()
@@ -466,6 +532,9 @@ def main() -> None:
     for tuner in ("random", "model_based"):
         cases += [(f"{tuner}, DeepSpeed's defaults", tuner, None, opts.seeds),
                   (f"{tuner}, patience 36", tuner, 36, opts.seeds)]
+    if opts.offload:
+        offload_table(2 * opts.slots, opts.seconds)
+        return
     if opts.unknown:
         unknown_table(opts.slots, opts.seconds, opts.simulated)
         return

@@ -14,7 +14,7 @@ from cli_rig import autotune, env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments"
-STAGES, SIZES = (1, 2), (6, 8)  # from the largest allowed (8), then 3/4 of it: 4 runs on 2 slots, two rounds
+STAGES, LARGEST = (1, 2), 8  # each stage from the largest allowed; smaller sizes only while measuring them pays
 SMALLEST = 4  # of about 15 s on a quiet machine
 STEPS = 12  # past the profile's end (step 5): under autotune the engine ends each run there
 
@@ -34,7 +34,7 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     config = json.loads((EXAMPLE / "ds_hf.json").read_text())  # narrowed: CI's minutes are few
     config["zero_optimization"]["stage"] = list(STAGES)
     config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": SMALLEST,
-                             "max_train_micro_batch_size_per_gpu": SIZES[-1], "num_tuning_micro_batch_sizes": 2}
+                             "max_train_micro_batch_size_per_gpu": LARGEST, "num_tuning_micro_batch_sizes": 2}
     (tmp_path / "ds_hf.json").write_text(json.dumps(config, indent=2))
     environ = offline(tmp_path)
     results = tmp_path / "results"
@@ -48,7 +48,10 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     report = json.loads(autotune("report", results, "--format", "json").stdout)
     runs = {(r["parameters"]["zero_optimization.stage"], r["parameters"]["train_micro_batch_size_per_gpu"]):
             r for r in report["experiments"]}
-    assert set(runs) == {(z, m) for z in STAGES for m in SIZES}
+    # Which smaller sizes are measured depends on the throughput the runs measured (a size is measured only while
+    # it could pay): every stage at the largest allowed, every run within the bounds the config set.
+    assert {(z, LARGEST) for z in STAGES} <= set(runs)
+    assert all(z in STAGES and SMALLEST <= m <= LARGEST for z, m in runs), sorted(runs)
     assert {r["state"] for r in runs.values()} == {"succeeded"}, [(r["name"], r["reason"]) for r in runs.values()]
     for (stage, mbs), run in runs.items():
         directory = results / run["name"]

@@ -167,3 +167,51 @@ def test_tune_profiles_the_real_example_with_deepspeeds_engine_on_cpu(tmp_path):
     assert profiled["zero_optimization"]["stage"] == 1 and profiled["train_micro_batch_size_per_gpu"] == 4
     assert "Memory model (profile run train_profile: 8385 parameters" in run.stdout
     assert (results / "train_z1_mbs4" / "metrics.json").exists()
+
+
+OFFLOAD_SCRIPT = """
+import argparse, deepspeed, torch
+parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
+parser.add_argument("--local_rank", type=int, default=-1)
+args = parser.parse_args()
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+engine, optimizer, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+offload = engine.zero_offload_optimizer()  # as the engine read the config
+print("engine: optimizer offloaded to", offload.device if offload else None, "stage", engine.zero_optimization_stage(),
+      "inner", type(optimizer.optimizer).__name__, flush=True)
+for _ in range(7):
+    x = torch.randn(engine.train_micro_batch_size_per_gpu(), 64)
+    engine.backward(torch.nn.functional.mse_loss(engine(x), x.sum(dim=1, keepdim=True)))
+    engine.step()  # the engine writes its metrics and ends the process after its profile steps
+"""
+
+
+def test_tune_goes_on_with_the_optimizer_offloaded_and_deepspeed_runs_it_on_cpu(tmp_path):
+    """Real DeepSpeed on its CPU accelerator, tuned where nothing fits without offload: the slots' memory stated
+    small (`gpu=cpu-2GB`, as for a GPU) and `model_info` stating 1e8 parameters (1.5 GiB of model states at every
+    stage tuned, more than the 883 MiB the model lends), so the search offloads the optimizer (`_oo`) and the
+    engine runs it: it says its optimizer is offloaded to the CPU (ZeRO-Offload's path, the torch Adam inside:
+    `zero_force_ds_cpu_optimizer: false`, DeepSpeed's CPU Adam is not compiled) and takes its steps. Kept short."""
+    results = tmp_path / "results"
+    (tmp_path / "train.py").write_text(OFFLOAD_SCRIPT)
+    config = json.loads((ROOT / "experiments" / "ds_tune.json").read_text())
+    config["zero_optimization"]["stage"] = [1, 3]
+    config["zero_force_ds_cpu_optimizer"] = False
+    config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": 2, "max_train_micro_batch_size_per_gpu": 2,
+                             "model_info": {"num_params": 100_000_000, "activation_mem_per_gpu": 10**6}}
+    (tmp_path / "ds_tune.json").write_text(json.dumps(config))
+    (tmp_path / "hostfile").write_text("localhost slots=1 accelerator=cpu gpu=cpu-2GB\n")
+    run = subprocess.run([sys.executable, "-m", "autotuner.cli", "tune", "--hostfile", str(tmp_path / "hostfile"),
+                          "--confirm", "0", "-o", str(results), "train.py", "--deepspeed_config",
+                          str(tmp_path / "ds_tune.json")], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = sorted(d.name for d in results.iterdir() if (d / "metrics.json").exists())
+    assert ran == ["train_z1_mbs2_oo", "train_z3_mbs2_oo"], ran  # nothing without offload, nothing more
+    assert "z1 skipped, cannot fit" in run.stdout and "z1_oo up to micro-batch" in run.stdout
+    assert "best: train_z" in run.stdout and "_oo with throughput" in run.stdout
+    for name in ran:
+        logged = (results / name / "stdout.log").read_text()
+        stage = name.split("_")[1][1:]
+        assert f"engine: optimizer offloaded to cpu stage {stage} inner Adam" in logged, logged[-3000:]
+    optimal = json.loads((results / "ds_config_optimal.json").read_text())
+    assert optimal["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}

@@ -6,6 +6,7 @@ runs yet: `sweep.run.execute` does. A tune's request (tune/request.py) is checke
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -35,6 +36,8 @@ from ..tune.tuners import search_for
 
 if TYPE_CHECKING:
     from ..backends.cluster import Cluster
+
+log = logging.getLogger(__name__)
 
 RESULTS_ROOT = Path("results")
 
@@ -99,20 +102,56 @@ def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSp
     """The request on `cluster`: its search bounded by the GPUs' memory, and the (empty) sweep it fills. Refused
     when its experiments cannot fit the cluster's slots, or when the memory model says that no stage tuned fits
     any of its GPUs: nothing would run, and the user learns it now rather than from "no best configuration"."""
-    spec = replace(request.spec, gpu_memory=_gpu_memory(cluster))
+    spec = replace(request.spec, gpu_memory=_gpu_memory(cluster), host_memory=_host_memory(cluster))
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
     sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(request.config))
     check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
+    _check_nvme(request, spec, cluster)
+    if len(spec.levels()) > 1 and spec.host_memory is None:
+        log.warning("the RAM of %s is not known: offload, if the search comes to it, is not bounded by it",
+                    ", ".join(h for h in cluster.slots if not is_local(h)) or "the nodes")
     if spec.facts is not None and spec.gpu_memory is not None:
-        _check_some_stage_fits(request, spec.bounds(Facts.from_json(spec.facts)), spec)
+        facts = Facts.from_json(spec.facts)
+        if not any(b.fits for level in spec.levels() for b in level.bounds(facts).values()):
+            _check_some_stage_fits(request, spec.bounds(facts), spec)
     return Sweep(spec.prefix, (), sweep.metric, sweep.source), spec
 
 
+def _check_nvme(request: TuneRequest, spec: SearchSpec, cluster: Cluster) -> None:
+    """An NVMe offload path the config names must be a directory this machine can write to when it runs
+    experiments here (one located line otherwise); on other nodes the run itself finds out, said once."""
+    zero = spec.base.get("zero_optimization")
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key) if isinstance(zero, Mapping) else None
+        path = section.get("nvme_path") if isinstance(section, Mapping) and section.get("device") == "nvme" else None
+        if not isinstance(path, str):
+            continue
+        if any(is_local(h) for h in cluster.slots) and not (os.path.isdir(path) and os.access(path, os.W_OK)):
+            problem = "does not exist" if not os.path.exists(path) else "is not a directory this user can write to"
+            raise UserError(f"zero_optimization.{key}.nvme_path {shown(path)} {problem}: offloading to NVMe needs "
+                            "a directory to write to", request.config, _line_naming(request.config, path))
+        if any(not is_local(h) for h in cluster.slots):
+            log.warning("zero_optimization.%s.nvme_path %s is checked by each run on the other nodes", key, path)
+
+
+def _line_naming(config: Path, value: str) -> int | None:
+    """The first line of `config` that holds `value` (a path it names), for the line an error points at."""
+    try:
+        lines = config.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((number for number, line in enumerate(lines, 1) if "nvme_path" in line and value in line), None)
+
+
 def _check_some_stage_fits(request: TuneRequest, bounds: dict[int, Bound], spec: SearchSpec) -> None:
-    """`run` refuses an experiment no GPU could hold; a tune whose every stage the model rules out is refused
-    the same way, at the config's line that states the model's facts."""
+    """`run` refuses an experiment no GPU could hold; a tune whose every stage the model rules out, at every
+    offload level too, is refused the same way, at the config's line that states the model's facts."""
     if not bounds or any(b.fits for b in bounds.values()):
         return
+    short = [b for level in spec.levels() for b in level.bounds(Facts.from_json(spec.facts or {})).values()
+             if b.host_short]
+    node = (f"; offloaded, it needs at least {memory(min(b.host for b in short))} of a node's RAM of "
+            f"{memory(spec.host_memory or 0)}") if short else ""
     least = min(bounds.values(), key=lambda b: b.states)
     room = budget(spec.gpu_memory or 0)
     facts = Facts.from_json(spec.facts or {})
@@ -120,11 +159,21 @@ def _check_some_stage_fits(request: TuneRequest, bounds: dict[int, Bound], spec:
            else f"stage {least.stage} leaves {memory(room - least.states)} for activations, less than "
                 f"micro-batch size {spec.min_mbs} needs ({memory((facts.activation or 0) * spec.min_mbs)})")
     stages = ", ".join(str(s) for s in spec.stages)
+    offload = ", even with offload" if len(spec.levels()) > 1 else ""
     raise UserError(f"the memory model says this model ({facts.num_params:,} parameters) fits no GPU of the "
-                    f"cluster at any ZeRO stage tuned ({stages}): a GPU of {memory(spec.gpu_memory or 0)} leaves "
-                    f"{memory(room)} beside the headroom, and {why}; tune on larger GPUs, more of them per "
-                    "experiment (--num_gpus), or offload (zero_optimization.offload_optimizer)",
+                    f"cluster at any ZeRO stage tuned ({stages}){offload}: a GPU of {memory(spec.gpu_memory or 0)} "
+                    f"leaves {memory(room)} beside the headroom, and {why}{node}; tune on larger GPUs, or more of them "
+                    "per experiment (--num_gpus)",
                     request.config, request.facts_line)
+
+
+def _host_memory(cluster: Cluster) -> int | None:
+    """The RAM of a node the experiments run on, which bounds what they offload: this machine's (its physical
+    memory) when every host is this one; None when a host is another (a hostfile states no RAM): then offload
+    is not bounded by it."""
+    if not cluster.slots or not all(is_local(h) for h in cluster.slots):
+        return None
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _gpu_memory(cluster: Cluster) -> int | None:

@@ -13,6 +13,13 @@ and up) takes its states off the GPU; offloading the parameters (`offload_param`
 parallelism (`mp_size`) divides all of it. Activations are a figure per sample (a profile run's, or the one
 `model_info` states) times the micro-batch. What is kept free on top (CUDA's context, the allocator's slack, ZeRO's
 buckets) is the placement's headroom.
+
+Offloaded states land in the node's RAM (`host_states`): per rank its partition of the optimizer states (the fp32
+copy included) and the fp32 gradients its CPU optimizer steps with (pinned buffers), and with `offload_param` its
+partition of the parameters; one such share per local rank (the GPUs of the node); offloaded to NVMe, none of
+it (its staging buffers are not modelled). A config whose share exceeds
+the node's memory less its headroom does not fit, as one that exceeds the GPU's; a node of unknown memory
+constrains nothing.
 """
 from __future__ import annotations
 
@@ -62,6 +69,7 @@ class Training:
     optimizer_states: int = 2  # fp32 values per parameter the optimizer keeps (Adam: 2)
     offload_optimizer: bool = False
     offload_params: bool = False
+    on_nvme: bool = False  # what is offloaded goes to NVMe, not the node's RAM (its buffers aside)
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> Training:
@@ -74,11 +82,19 @@ class Training:
         zero = zero if isinstance(zero, Mapping) else {}
         return cls(half=half, optimizer_states=1 if kind in ONE_STATE else 2,
                    offload_optimizer=_offloaded(zero.get("offload_optimizer")) or zero.get("cpu_offload") is True,
-                   offload_params=_offloaded(zero.get("offload_param")))
+                   offload_params=_offloaded(zero.get("offload_param")),
+                   on_nvme=_on_nvme(zero))
 
 
 def _enabled(section: Any) -> bool:
     return isinstance(section, Mapping) and section.get("enabled") in (True, "auto")
+
+
+def _on_nvme(zero: Mapping[str, Any]) -> bool:
+    """Something is offloaded, all of it to NVMe (none to the CPU)."""
+    devices = [section.get("device") for key in ("offload_optimizer", "offload_param")
+               if isinstance(section := zero.get(key), Mapping)]
+    return "nvme" in devices and "cpu" not in devices and zero.get("cpu_offload") is not True
 
 
 def _offloaded(section: Any) -> bool:
@@ -103,15 +119,35 @@ def model_states(num_params: int, stage: int, training: Training, dp: int, mp: i
     return (params + grads + optimizer) / mp
 
 
+def host_states(num_params: int, stage: int, training: Training, dp: int, local: int, mp: int = 1,
+                trainable: int | None = None) -> float:
+    """Bytes one node's RAM holds for what a config offloads, `local` ranks on the node: each rank's partition of
+    the optimizer states with the fp32 gradients they step with (offload_optimizer, stage 1 and up), and of the
+    half or full parameters (offload_param, stage 3). 0 when nothing is offloaded to the CPU."""
+    if training.on_nvme:
+        return 0.0
+    width = 2.0 if training.half else 4.0
+    trained = num_params if trainable is None else min(trainable, num_params)
+    share = 0.0
+    if stage >= 1 and training.offload_optimizer:
+        share += trained * 4.0 * (training.optimizer_states + (1 if training.half else 0) + 1) / dp
+    if stage >= 3 and training.offload_params:
+        share += num_params * width / dp
+    return share * local / mp
+
+
 @dataclass(frozen=True)
 class Bound:
     """The model's answer for one stage: the bytes of model states, and the largest micro-batch size that
     fits (0: none, the stage cannot fit; None: the states fit, and with no activation figure no size is
-    predicted)."""
+    predicted). `host`: the bytes a node's RAM holds for what the config offloads; `host_short`: more than the
+    node has (so largest is 0)."""
 
     stage: int
     states: float
     largest: int | None
+    host: float = 0.0
+    host_short: bool = False
 
     @property
     def fits(self) -> bool:
@@ -123,17 +159,23 @@ def budget(gpu_memory: int) -> int:
     return gpu_memory - headroom(gpu_memory)
 
 
-def bound(facts: Facts, training: Training, stage: int, gpu_memory: int, dp: int, mp: int = 1,
-          min_mbs: int = 1) -> Bound:
-    """The largest micro-batch size of `stage` that the model says fits on a GPU of `gpu_memory` bytes; 0 when
-    not even `min_mbs` does."""
+def bound(facts: Facts, training: Training, stage: int, gpu_memory: int | None, dp: int, mp: int = 1,
+          min_mbs: int = 1, host_memory: int | None = None, local: int = 1) -> Bound:
+    """The largest micro-batch size of `stage` that the model says fits on a GPU of `gpu_memory` bytes (None: not
+    known, no size predicted) beside what it offloads to a node of `host_memory` bytes with `local` ranks (None:
+    not known, no constraint); 0 when not even `min_mbs` does."""
     states = model_states(facts.num_params, stage, training, dp, mp, facts.trainable)
+    host = host_states(facts.num_params, stage, training, dp, local, mp, facts.trainable)
+    if host_memory is not None and host > 0 and host > budget(host_memory):
+        return Bound(stage, states, 0, host, True)
+    if gpu_memory is None:
+        return Bound(stage, states, None, host)
     room = budget(gpu_memory) - states
     if room <= 0:
-        return Bound(stage, states, 0)
+        return Bound(stage, states, 0, host)
     if not facts.activation:
-        return Bound(stage, states, None)
+        return Bound(stage, states, None, host)
     largest = int(room // facts.activation)
-    return Bound(stage, states, largest if largest >= min_mbs else 0)
+    return Bound(stage, states, largest if largest >= min_mbs else 0, host)
 
 

@@ -2,7 +2,8 @@
 check that needs no cluster, so that a typo is one line before any cluster is asked for anything (a Slurm
 allocation queued for, a host probed). Then `sweep.create.for_cluster` checks it against the cluster it got: the
 experiments' shape, and the memory model, which refuses a tune that it already knows cannot fit any GPU at any
-stage.
+stage, even with offload (the node's RAM, read there for this machine, bounding what may be offloaded), and an
+NVMe offload path that this machine cannot write to.
 """
 from __future__ import annotations
 

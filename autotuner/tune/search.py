@@ -30,6 +30,14 @@ cannot fit is skipped (never run); the others' micro-batch sizes start at the pr
 until a run there fits, then one probe past it: a success there shows the model low and lifts the bound. A
 profile run that fails leaves the search without a model, as with CPU slots: runs out of memory bound it.
 
+Offload (ZeRO-Offload): when no configuration without offload fits (the model skips every stage, or every stage's
+runs ran out of memory), the search starts over with the optimizer states offloaded to the CPU (`offload_optimizer:
+{device: cpu}`, stages 1 and up, names tagged `_oo`), and when nothing fits that way either, with the parameters
+too (`offload_param`, stage 3, `_op`): least offload first, each level searched as the stages were (`offloaded`),
+the fastest config of the first level where one fits named best. The node's RAM bounds what may be offloaded
+(memory.host_states; `host_memory`): a level that would exhaust it is skipped like a stage that cannot fit. A
+config that already offloads starts at its own level.
+
 An OOM is an answer (that size and every larger one of the stage do not fit: none of them is ever launched),
 never retried; so is a timeout. A stage whose runs fail for another reason is given up. Gradient accumulation is
 derived so that the global batch stays what the user asked. When the search is over, the best configs are run
@@ -58,7 +66,7 @@ from ..spec.metrics import Metric, metric_named, reported_peak
 from ..spec.model import NAME_MAX, with_mapped_args
 from ..states import Reason, State
 from .knobs import BY_KEY, tag_value
-from .memory_model import Bound, Facts, Training, bound, model_states
+from .memory_model import OFF_GPU, Bound, Facts, Training, bound, model_states
 
 MAX_MICRO_BATCH = 4096  # the largest micro-batch size tried when the user sets no bound
 DEFAULT_TRIALS = 50  # DeepSpeed's tuner_num_trials default: the sampling tuners' budget when none is set
@@ -68,6 +76,7 @@ RERUN = re.compile(r"(.+)_confirm([0-9]+)")
 WORTH = 0.01  # a larger size is sought only while it could measure this fraction better (see `_worth`)
 CAPPED = 1 / 3  # how far a lower stage probes towards a size a higher stage's run may yet rule out (log scale)
 PROFILE = "profile"  # the profile run's name: PREFIX_profile
+OFFLOAD_TAGS = ("", "_oo", "_op")  # of the names of each offload level: none, optimizer to CPU, parameters too
 log = logging.getLogger(__name__)
 
 # A point's ZeRO knobs (full mode): the (key, value) pairs that differ from the stage's first values, in the
@@ -112,6 +121,8 @@ class SearchSpec:
     facts: Mapping[str, Any] | None = None  # memory.Facts from model_info (None: a profile run finds them)
     mp: int = 1  # model-parallel degree (DeepSpeed's mp_size)
     min_gain: float = 0.0  # a better run resets `patience` only when better by this fraction of the best
+    host_memory: int | None = None  # bytes of RAM of a node the experiments run on (None: unknown, no constraint)
+    offload: int = 0  # the offload level searched (OFFLOAD_TAGS): the base config's own, or one the search went to
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
@@ -123,11 +134,11 @@ class SearchSpec:
         stage, micro-batch size and accumulation, each knob at its longest value, a re-run) is a safe name;
         a ValueError where even an empty prefix would not do (knob values too long to write)."""
         gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.dp))}" if self.global_batch else ""
-        longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}") + sum(
+        longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}{OFFLOAD_TAGS[-1]}") + sum(
             max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
             for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
         room = NAME_MAX - longest - len(rerun_name(""))
-        prefix = self.prefix[:room].rstrip("-._")
+        prefix = self.prefix[:max(0, room)].rstrip("-._")  # (a negative room would cut from the end)
         if not prefix:
             raise ValueError(f"experiment names would be longer than {NAME_MAX} characters")
         return self if prefix == self.prefix else replace(self, prefix=prefix)
@@ -181,12 +192,43 @@ class SearchSpec:
         return next((stage for stage in self.stages if self.profile_name(stage) == name), None)
 
     def bounds(self, facts: Facts) -> dict[int, Bound]:
-        """The memory model's bound of each stage on the spec's GPUs (memory_model.py); none with no GPU memory."""
-        if self.gpu_memory is None:
+        """The memory model's bound of each stage on the spec's GPUs and nodes (memory_model.py); none with neither
+        the GPUs' nor the nodes' memory known."""
+        if self.gpu_memory is None and self.host_memory is None:
             return {}
         training = Training.of(self.base)
-        return {stage: bound(facts, training, stage, self.gpu_memory, self.dp, self.mp, self.min_mbs)
-                for stage in self.stages}
+        local = int(self.template.get("num_gpus", 1))
+        return {stage: bound(facts, training, stage, self.gpu_memory, self.dp, self.mp, self.min_mbs,
+                             self.host_memory, local) for stage in self.stages}
+
+    def own_offload(self) -> int:
+        """The offload level the user's config states: 2 with parameters offloaded, 1 the optimizer, else 0."""
+        training = Training.of(self.base)
+        return 2 if training.offload_params else 1 if training.offload_optimizer else 0
+
+    def offloaded(self, level: int) -> SearchSpec | None:
+        """This spec at an offload level (OFFLOAD_TAGS): its config with the optimizer states (1), and the
+        parameters too (2), offloaded to the CPU (a section the user wrote, an NVMe one say, kept), its stages
+        those where that offload exists (1 and up; 3); None when none of its stages has it."""
+        stages = tuple(s for s in self.stages if s >= (3 if level >= 2 else 1 if level else 0))
+        if not stages:
+            return None
+        base = copy.deepcopy(dict(self.base))
+        zero = base.setdefault("zero_optimization", {})
+        for key, needed in (("offload_optimizer", 1), ("offload_param", 2)):
+            section = zero.get(key)
+            if level >= needed and not (isinstance(section, Mapping) and section.get("device") in OFF_GPU):
+                zero[key] = {**(section if isinstance(section, Mapping) else {}), "device": "cpu"}
+        return replace(self, base=base, stages=stages, offload=level)
+
+    def levels(self) -> list[SearchSpec]:
+        """This spec (its own offload level), then at each further offload level the search may go to. Not
+        model_based's: its study's space is the stages it began with (it ends without a best instead)."""
+        own = self.own_offload()
+        if self.tuner == "model_based":
+            return [replace(self, offload=own)]
+        found = (self.offloaded(level) for level in range(own + 1, len(OFFLOAD_TAGS)))
+        return [replace(self, offload=own), *(spec for spec in found if spec is not None)]
 
 
 def profile_facts(spec: SearchSpec, metrics: Mapping[str, float] | None, name: str) -> Facts | None:
@@ -255,7 +297,9 @@ class Search:
     re-runs, replay, and the experiments. A subclass says which points to try next (`choose`)."""
 
     def __init__(self, spec: SearchSpec):
-        self.spec = spec
+        self.own = spec.own_offload()
+        self.spec = replace(spec, offload=self.own)  # at the offload level searched: `escalate` moves it on
+        self.levels = spec.levels()
         self.metric: Metric = metric_named(spec.metric)
         self.stages = {stage: _Stage() for stage in spec.stages}
         self.proposed: set[str] = set()
@@ -370,6 +414,27 @@ class Search:
         self.proposed.add(name)
         return [Experiment.from_json({**data, "name": name})]
 
+    # --- offload ------------------------------------------------------------------------------------------
+    def escalate(self, level: int | None = None) -> bool:
+        """Go on at the next offload level (or `level`): nothing fits at this one. What runs taught of the
+        activations stays in the model's facts; the stages start afresh, bounded by the model at that level.
+        False when there is no further level."""
+        wanted = [s for s in self.levels if s.offload > self.spec.offload and (level is None or s.offload == level)]
+        if not wanted:
+            return False
+        corrected = self.model()
+        self.spec, self.stages, self.peaks, self.since_best = wanted[0], {}, {}, 0
+        for stage in self.spec.stages:
+            self.stages[stage] = _Stage(top=self.spec.max_mbs)
+        if corrected is not None:
+            self.apply(corrected)
+        return True
+
+    def level_of(self, experiment: Experiment) -> int:
+        """The offload level of one of the search's experiments, read from its config."""
+        training = Training.of(experiment.ds_config)
+        return 2 if training.offload_params else 1 if training.offload_optimizer else 0
+
     # --- the Source protocol ------------------------------------------------------------------------------
     def propose(self, free_slots: int, now: float) -> list[Experiment]:
         """The next experiments; none while every point worth trying waits for a run, or the budget is spent.
@@ -378,6 +443,8 @@ class Search:
         if self.profile in ("wanted", "out"):  # nothing else until the model is known
             return self._profile_run()
         chosen = [] if self._stopped() else self.choose(room)
+        while not chosen and not self.busy and not self.configs and not self._spent() and self.escalate():
+            chosen = self.choose(room)  # nothing fits without (more) offload
         if chosen or self.busy:
             return chosen
         return self._confirmations()
@@ -488,7 +555,7 @@ class Search:
             self.reruns[rerun] = value if state == State.SUCCEEDED else None
             return
         placed = self._place_of(experiment)
-        if placed is None or placed[0] not in self.stages:
+        if placed is None or placed[0] not in self.stages or self.level_of(experiment) != self.spec.offload:
             return
         stage, mbs = placed
         knobs = self._setting_of(experiment)
@@ -564,6 +631,8 @@ class Search:
                 continue
             placed = self._place_of(e)
             rerun = rerun_of(e.name)
+            if rerun is None and placed is not None and self.level_of(e) > self.spec.offload:
+                self.escalate(self.level_of(e))  # the search went on with offload here
             knobs = self._setting_of(e) if placed is not None else ()
             if rerun is None and placed is not None and placed[0] in self.stages:
                 if knobs:
@@ -653,6 +722,7 @@ class Search:
         gas = spec.accumulation(mbs)
         if gas is not None:
             name += f"_gas{gas}"
+        name += OFFLOAD_TAGS[spec.offload] if spec.offload > self.own else ""
         return name + "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
 
     @staticmethod

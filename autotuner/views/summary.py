@@ -18,7 +18,7 @@ from ..files import write_atomic, write_json_atomic
 from ..limits import memory
 from ..states import State
 from ..tune.memory_model import Facts, budget
-from ..tune.search import SearchSpec, profile_facts
+from ..tune.search import OFFLOAD_TAGS, SearchSpec, profile_facts
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
     from ..ledger.store import Attempt
@@ -228,10 +228,29 @@ def memory_note(snap: Snapshot) -> str | None:
             raised = f", ran up to {ran[stage]}" if ran.get(stage, 0) > bound.largest else ""
             above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
             parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
+    parts += _offload_parts(spec, facts, {a.name for a in snap.attempts})
     activation = f", {memory(facts.activation)} of activations per sample" if facts.activation else ""
     trained = f" ({facts.trainable} trainable)" if facts.frozen else ""
     return (f"Memory model ({facts.source}: {facts.num_params} parameters{trained}{activation}; GPUs of "
             f"{memory(spec.gpu_memory)}, {memory(budget(spec.gpu_memory))} usable): " + "; ".join(parts))
+
+
+def _offload_parts(spec: SearchSpec, facts: Facts, names: set[str]) -> list[str]:
+    """For each offload level the search went to (its tag in an experiment's name): each stage's bound there, and
+    what the node's RAM holds of it."""
+    parts = []
+    for level in spec.levels()[1:]:
+        tag = OFFLOAD_TAGS[level.offload]
+        if not any(name.endswith(tag) or f"{tag}_" in name for name in names):
+            continue
+        said = []
+        for stage, bound in level.bounds(facts).items():
+            fits = "does not fit" if bound.largest == 0 else \
+                "fits" if bound.largest is None else f"up to micro-batch {bound.largest}"
+            said.append(f"z{stage}{tag} {fits} (node RAM {memory(bound.host)}"
+                        f"{' of ' + memory(spec.host_memory) if spec.host_memory else ', not bounded'})")
+        parts.append("; ".join(said))
+    return parts
 
 
 def pipe_table(headers: Sequence[str], rows: Sequence[Sequence[str | int | float]]) -> str:
