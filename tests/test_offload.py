@@ -314,5 +314,5 @@ def test_the_memory_note_says_what_the_offload_level_held():
     note = memory_note(SimpleNamespace(meta=SimpleNamespace(search=recorded),
                                        attempts=[SimpleNamespace(name="t_z3_mbs56_oo", state=State.SUCCEEDED)]))
     assert "z3 skipped, cannot fit (model states 74.5 GiB)" in note  # 80e9 without offload
-    assert "z3_oo up to micro-batch 56 (node RAM 149.0 GiB of 256.0 GiB)" in note  # 160e9 offloaded
+    assert "z3_oo up to micro-batch 56 (node RAM 149 GiB of 256 GiB)" in note  # 160e9 offloaded (limits.memory)
     assert "_op" not in note  # not gone to
