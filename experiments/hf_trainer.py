@@ -56,6 +56,11 @@ def main() -> None:
     if trainer.is_world_process_zero():
         print(f"trained {trainer.state.global_step} steps of {training_args.per_device_train_batch_size} samples "
               f"per device, final loss {result.training_loss:.4f}")
+    # The Trainer leaves DeepSpeed's process group up; torn down here, its gloo threads are joined before the
+    # interpreter exits (left to exit, one can abort the process: "terminate called without an active exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
