@@ -40,7 +40,8 @@ __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.cluster import Cluster, check_gpu_needs
-    from .backends.ray.ask import ray_cluster, ray_nodes, render_ray_nodes
+    from .backends.ray.ask import check as check_ray
+    from .backends.ray.ask import optional_ray_value, ray_cluster, ray_nodes, render_ray_nodes
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
     from .backends.slurm.allocation import release as release_allocation
     from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
@@ -79,6 +80,9 @@ _LAZY = {
     "ray_cluster": (".backends.ray.ask", "ray_cluster"),
     "ray_nodes": (".backends.ray.ask", "ray_nodes"),
     "render_ray_nodes": (".backends.ray.ask", "render_ray_nodes"),
+    # `--ray [ADDRESS]` on the command line: a bare --ray read from argv, the options it excludes refused.
+    "optional_ray_value": (".backends.ray.ask", "optional_ray_value"),
+    "check_ray": (".backends.ray.ask", "check"),
     # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "allocation_cluster": (".backends.slurm.ask", "allocation_cluster"),
@@ -192,6 +196,7 @@ __all__ = [
     "check_gpu_needs",
     "check_hosts",
     "check_output",
+    "check_ray",
     "check_results_directory",
     "default_directory",
     "execute",
@@ -200,6 +205,7 @@ __all__ = [
     "load_sweep",
     "measured_peaks",
     "metric_named",
+    "optional_ray_value",
     "plan_sweep",
     "prepare",
     "prepare_tune",

@@ -1,0 +1,73 @@
+"""`autotune plan`: a sweep predicted on the scheduler `run` uses, with a simulated clock; nothing launched."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+import autotuner
+from autotuner import UserError
+
+from .app import Brief, drop_stdout, fail, format_option, note, screen
+from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, Where, bundled, timeout_option, where
+from .checks import policy_names, seconds
+
+
+@bundled
+def plan(
+    specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
+                                                 "of them."),
+    place: Where = where("Plan for this many slots of this machine."),
+    script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
+    past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations, and the "
+                                                          "peak GPU memory of each config as its need."),
+    duration: float = typer.Option(600.0, "--duration",
+                                   help="Seconds an experiment takes when nothing better is known."),
+    spread: float = typer.Option(0.0, "--spread", help="Coefficient of variation of durations: with it, "
+                                                       "Monte Carlo gives P10/P50/P90."),
+    samples: int = typer.Option(100, "--samples", min=1, max=10_000, help="Monte Carlo draws (with --spread)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed, the same plan."),
+    policy: str = typer.Option("backfill", "--policy", help="Queue policies to compare: backfill, fifo."),
+    placement: str = typer.Option("pack", "--placement", help="Placements to compare: pack, spread, memory."),
+    gpu_type: str | None = GPU_TYPE,
+    gpu_mixed: bool = GPU_MIXED,
+    timeout: str | None = timeout_option(),
+    fmt: Brief = format_option("table or JSON (every experiment's expected start and end)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Draw the expected slot timeline into this PNG file."),
+    slurm: bool = typer.Option(False, "--slurm", help="Plan for this Slurm allocation, or for one of --nodes x "
+                                                      "--gpus-per-node (nothing is asked of Slurm)."),
+    nodes: int | None = NODES,
+    gpus_per_node: int | None = GPUS_PER_NODE,
+) -> None:
+    """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
+    scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
+    notes: list[str] = []
+    try:
+        seconds(duration, "--duration", positive=True)
+        queues = policy_names(policy, "--policy", autotuner.QUEUES)
+        placements = policy_names(placement, "--placement", autotuner.PLACEMENTS)
+        sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
+                                     gpu_mixed=gpu_mixed)
+        if plot is not None:
+            autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, place.hostfile,
+                                                    past / "ledger.sqlite" if past is not None else None],
+                                   replaced=True)
+        cluster = place.planned(autotuner.SlurmAsk(slurm, nodes, gpus_per_node), sweep, notes.append)
+        autotuner.check_gpu_needs(sweep, cluster)
+        predicted = autotuner.plan_sweep(
+            sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,
+            placements=placements, spread=spread, samples=samples, seed=seed,
+            timeout=autotuner.timeout_seconds(timeout), types=cluster.host_types, sizes=cluster.memory,
+            devices=cluster.devices)
+        text = autotuner.render_plan(predicted, fmt.value, screen())
+        drawn = autotuner.write_plan_plot(predicted, plot) if plot is not None else None
+    except UserError as e:
+        raise fail(e) from None
+    for line in notes:
+        note(line)
+    try:
+        typer.echo(text, nl=False)
+        if drawn is not None and fmt == Brief.table:
+            typer.echo(f"slot timeline: {drawn}")
+    except OSError:
+        drop_stdout()

@@ -1,0 +1,107 @@
+"""The commands that read sweeps and never change them: `status`, `report`, `compare`, `dashboard`."""
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import typer
+
+import autotuner
+from autotuner import UserError
+
+from .app import Brief, Format, fail, format_option, screen
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Reading a large sweep builds a few hundred thousand objects and no reference cycle: Python's cyclic
+    collector, run again and again over all of them as they pile up, took half of a 100,000-experiment report
+    (a fifth of a 10,000 one). Paused while a read command builds its output; reference counting still frees
+    everything, and the process ends soon after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def status(
+    directory: Path = typer.Argument(..., help="A sweep's results directory."),
+    fmt: Brief = format_option("table: lines for people; json: for programs."),
+    as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
+) -> None:
+    """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
+    try:
+        with _collector_paused():
+            sys.stdout.write(autotuner.render_status(directory, "json" if as_json else fmt.value))
+    except UserError as e:
+        raise fail(e) from None
+
+
+def report(
+    directory: Path = typer.Argument(..., help="A sweep's results directory."),
+    fmt: Format = format_option("table (fitted to the terminal), json, csv or md (Markdown): one row per "
+                                "experiment with every swept parameter and metric."),
+    plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "
+                                                    "(needs matplotlib: pip install 'ds-autotune[plots]')."),
+    x: str | None = typer.Option(None, "--x", help="Dotted ds_config key on the metric plot's x axis "
+                                                      "[default: train_micro_batch_size_per_gpu]."),
+    lines: str | None = typer.Option(None, "--lines", help="Dotted ds_config key: one line per value "
+                                                              "[default: zero_optimization.stage]."),
+    html: str | None = typer.Option(None, "--html", metavar="[FILE]", help="Also write one self-contained "
+                                       "HTML page: table, best config, command, plots [FILE: DIR/report.html]."),
+) -> None:
+    """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason."""
+    try:
+        if (x or lines) and not (plot or html is not None):
+            raise UserError("--x and --lines shape the plots: add --plot or --html")
+        if html:  # before anything is printed: a refusal is the one line
+            autotuner.check_output(Path(html), "--html", [directory / "ledger.sqlite"], own_files=False,
+                                   replaced=True)
+        with _collector_paused():
+            sys.stdout.write(autotuner.render_report(directory, fmt.value, screen()))
+        if plot:
+            paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
+            typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
+        if html is not None:
+            page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines)
+            typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
+    except UserError as e:
+        raise fail(e) from None
+
+
+def compare(
+    dir_a: Path = typer.Argument(..., help="A sweep's results directory (A)."),
+    dir_b: Path = typer.Argument(..., help="Another sweep's results directory (B)."),
+    fmt: Format = format_option("table (fitted to the terminal), json, csv or md (Markdown)."),
+) -> None:
+    """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
+    try:
+        with _collector_paused():
+            sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, screen()))
+    except UserError as e:
+        raise fail(e) from None
+
+
+def dashboard(
+    directories: list[Path] = typer.Argument(None, help="Results directories: a sweep's, or a folder of sweeps "
+                                                         "(new ones appear as they start) [default: results]."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Anything but loopback lets other "
+                             "machines reach the page: the token still guards it, but the traffic is plain HTTP."),
+    allow_cancel: bool = typer.Option(False, "--allow-cancel", help="Let the page cancel experiments or a whole "
+                                      "sweep (as `autotune cancel` does)."),
+) -> None:
+    """A live page of sweeps in the browser, read only from their ledgers: counts, ETA, best config, nodes,
+    every experiment, each run's logs, plots. Prints the URL to open (with its secret token); Ctrl-C ends it.
+    Needs the dashboard extra: pip install 'ds-autotune[dashboard]'."""
+    try:
+        autotuner.serve_dashboard(directories or [Path("results")], host=host, port=port,
+                                  allow_cancel=allow_cancel, announce=lambda line: print(line, flush=True))
+    except UserError as e:
+        raise fail(e) from None
