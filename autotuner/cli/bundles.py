@@ -30,6 +30,8 @@ EXCLUDE = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worke
 RAY = typer.Option(None, "--ray", metavar="[ADDRESS]",
                    help="Run on a Ray cluster (KubeRay, `ray up`), as a client: the one at ADDRESS, else RAY_ADDRESS, "
                         "else auto (a cluster this machine is a node of). Never starts one.")
+SPECS = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories of them.")
+SCRIPT = typer.Option(None, "--script", help="Training script, for experiment files that name none.")
 RESULTS = typer.Option(None, "--results", "-o", help="Results directory [default: results/NAME-TIME].")
 LAUNCHER = typer.Option(None, "--launcher", help="Command that starts DeepSpeed's launcher [default: deepspeed].")
 GPU_TYPE = typer.Option(None, "--gpu-type", help="Run every experiment on GPUs of this type (a hostfile's gpu=, or "
@@ -177,13 +179,13 @@ def _slurm_ask(slurm: bool, nodes: int | None = None, gpus_per_node: int | None 
 # The bundles are typed Any, as typer's own options are: a command's parameter names the value it gets (`ssh:
 # SshOptions = SSH`), not the Bundle that stands as its default.
 SLURM_OPTIONS: Any = Bundle((("slurm", bool, SLURM), ("nodes", int | None, NODES),
-                        ("gpus_per_node", int | None, GPUS_PER_NODE), ("partition", str | None, PARTITION),
-                        ("time_limit", str | None, TIME_LIMIT), ("account", str | None, ACCOUNT)), _slurm_ask)
+                             ("gpus_per_node", int | None, GPUS_PER_NODE), ("partition", str | None, PARTITION),
+                             ("time_limit", str | None, TIME_LIMIT), ("account", str | None, ACCOUNT)), _slurm_ask)
 SSH: Any = Bundle((("ssh_config", Path | None, SSH_CONFIG), ("accept_new_hosts", bool, ACCEPT_NEW_HOSTS),
-              ("remote_dir", str | None, REMOTE_DIR)), SshOptions)
+                   ("remote_dir", str | None, REMOTE_DIR)), SshOptions)
 WATCH: Any = Bundle((("quiet", bool, QUIET), ("events", Path | None, EVENTS)), Watch)
-WATCH_AND_VERDICT: Any = Bundle((*WATCH.options, ("fail_on", autotuner.FailOn, FAIL_ON), ("fmt", Brief, RESULT_FORMAT)),
-                           Watch)
+WATCH_AND_VERDICT: Any = Bundle((*WATCH.options, ("fail_on", autotuner.FailOn, FAIL_ON),
+                                 ("fmt", Brief, RESULT_FORMAT)), Watch)
 
 
 def timing(whole: str, default: str = f"{limits.DEFAULT_TIMEOUT:g}", spec: bool = True) -> Any:

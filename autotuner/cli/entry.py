@@ -11,7 +11,7 @@ import autotuner
 
 from ..errors import shown
 from .app import app
-from .interrupts import EARLY_PRESS, interrupted, listen_for_early_ctrl_c
+from .interrupts import EARLY_PRESS, interrupt_once, interrupted
 
 # The base of every usage error (a bad option value, an unknown option or command, a missing argument). typer
 # re-exports click's BadParameter (newer typer versions vendor click), so its parent is the right class either way.
@@ -41,7 +41,7 @@ def usage_error_line(error: Any) -> str:
 def main(argv: list[str] | None = None) -> None:
     """The `autotune` console script: exit 0 on success and --help, 2 for bad input or usage, or what the
     command says (1: the sweep had failures, 130: interrupted)."""
-    listen_for_early_ctrl_c()
+    interrupt_once(early=True)
     try:
         args = list(sys.argv[1:] if argv is None else argv)
         if "--html" in args:

@@ -14,29 +14,20 @@ from .app import echo_err
 EARLY_PRESS = threading.Event()  # a Ctrl-C came before a command installed its own handling
 
 
-def listen_for_early_ctrl_c() -> None:
-    """From the start of `main` until a command installs its own handling (`interrupt_once`): the first Ctrl-C
-    is noted and interrupts, later ones are ignored; `main` then says so in one line and exits 130."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def on_sigint(signum: int, frame: object) -> None:
-        EARLY_PRESS.set()
-        ignore_interrupts()
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, on_sigint)
-
-
-def interrupt_once() -> None:
+def interrupt_once(early: bool = False) -> None:
     """Ctrl-C outside the runner's own handling (while it sets up, or once it restored the handler it found):
     the first press interrupts, later ones are ignored. With Python's default handler every press raised a
     KeyboardInterrupt, and one landing while the first was handled, or as the interpreter shut down, ended the
-    process by SIGINT. The CLI owns the process: this stays until it exits (see `ignore_interrupts`)."""
+    process by SIGINT. The CLI owns the process: this stays until it exits (see `ignore_interrupts`).
+
+    `early`: from the start of `main`, before a command installs its own handling; the press is noted in
+    EARLY_PRESS, and `main` says so in one line and exits 130."""
     if threading.current_thread() is not threading.main_thread():
         return
 
     def on_sigint(signum: int, frame: object) -> None:
+        if early:
+            EARLY_PRESS.set()
         ignore_interrupts()
         raise KeyboardInterrupt
 

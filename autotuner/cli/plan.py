@@ -9,16 +9,15 @@ import autotuner
 from autotuner import UserError
 
 from .app import Brief, drop_stdout, fail, format_option, note, screen
-from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, Where, bundled, timeout_option, where
+from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, SCRIPT, SPECS, Where, bundled, timeout_option, where
 from .checks import policy_names, seconds
 
 
 @bundled
 def plan(
-    specs: list[Path] = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories "
-                                                 "of them."),
+    specs: list[Path] = SPECS,
     place: Where = where("Plan for this many slots of this machine."),
-    script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
+    script: str | None = SCRIPT,
     past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations, and the "
                                                           "peak GPU memory of each config as its need."),
     duration: float = typer.Option(600.0, "--duration",

@@ -17,7 +17,9 @@ from .bundles import (
     LAUNCHER,
     RAY,
     RESULTS,
+    SCRIPT,
     SLURM_OPTIONS,
+    SPECS,
     SSH,
     WATCH,
     WATCH_AND_VERDICT,
@@ -35,7 +37,6 @@ from .execute import execute
 
 # `tune` hands everything after the script to the script.
 TUNE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
-SPECS_HELP = "Sweep files (hjson), DeepSpeed experiment files, or directories of them."
 
 
 def _check_before_asking(ask: autotuner.SlurmAsk, place: Where, times: Timing, ssh: SshOptions) -> None:
@@ -56,10 +57,10 @@ def _slots(cluster: autotuner.Cluster) -> str:
 
 @bundled
 def run(
-    specs: list[Path] = typer.Argument(..., help=SPECS_HELP),
+    specs: list[Path] = SPECS,
     place: Where = where("Run on this many CPU slots of this machine (no GPU needed)."),
     results: str | None = RESULTS,
-    script: str | None = typer.Option(None, "--script", help="Training script, for experiment files that name none."),
+    script: str | None = SCRIPT,
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
     metric: str | None = typer.Option(None, "--metric", help=f"{', '.join(autotuner.KNOWN)}, or NAME:min|max."),
     times: Timing = timing("the whole sweep"),
