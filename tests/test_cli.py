@@ -1,5 +1,6 @@
 """The command line as a user meets it: bad input is one line and exit 2, and nothing is launched."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -295,3 +296,44 @@ def test_ctrl_c_while_the_command_line_is_read_is_one_line_and_exit_130(where):
     assert done.returncode == 130, done
     assert done.stderr.strip() == "autotune: interrupted", done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_help_starts_without_rich_pydantic_or_any_backend():
+    # `autotune --help` is plain click help: typer's rich help (rich's Markdown, pygments) was most of its start-up,
+    # and --ray's checks are read through the API's lazy face, so no backend (cluster, core, spec) is imported.
+    code = ("import sys\n"
+            "from autotuner.cli import main\n"
+            "try:\n"
+            "    main(['--help'])\n"
+            "except SystemExit as e:\n"
+            "    assert e.code == 0, e.code\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'pydantic', 'torch', 'deepspeed')\n"
+            "             or m.startswith(('autotuner.backends', 'autotuner.core', 'autotuner.views'))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+@pytest.mark.parametrize("command, options", [
+    ("run", ["--hostfile", "--include", "--exclude", "--slots", "--ray", "--timeout", "--deadline", "--retries",
+             "--grace", "--ssh-config", "--accept-new-hosts", "--remote-dir", "--quiet", "--events", "--fail-on",
+             "--format", "--slurm", "--nodes", "--gpus-per-node", "--partition", "--time", "--account"]),
+    ("tune", ["--hostfile", "--include", "--exclude", "--slots", "--ray", "--timeout", "--deadline", "--retries",
+              "--grace", "--ssh-config", "--accept-new-hosts", "--remote-dir", "--quiet", "--events", "--slurm",
+              "--nodes", "--gpus-per-node", "--partition", "--time", "--account"]),
+    ("resume", ["--timeout", "--deadline", "--retries", "--grace", "--ssh-config", "--accept-new-hosts",
+                "--remote-dir", "--quiet", "--events", "--fail-on", "--format", "--slurm", "--nodes",
+                "--gpus-per-node", "--partition", "--time", "--account", "--ray"]),
+    ("plan", ["--hostfile", "--include", "--exclude", "--slots", "--ray", "--timeout", "--slurm", "--nodes",
+              "--gpus-per-node"])])
+def test_help_lists_every_option_of_the_shared_bundles(command, options):
+    listed = autotune(command, "--help", env={**os.environ, "COLUMNS": "200"})
+    assert listed.returncode == 0, listed.stderr
+    words = set(listed.stdout.replace(",", " ").split())
+    assert [o for o in options if o not in words] == []
+
+
+def test_a_bundled_value_reaches_the_command_and_is_checked_there(tmp_path):
+    # --deadline lives in the Timing bundle, --ssh-config in the SSH one: each checked once, for every command.
+    for args in (("run", sweep_file(tmp_path, GOOD), "--slots", "1"), ("resume", tmp_path / "none")):
+        assert_one_line_error(autotune(*args, "--deadline", "-5"), "--deadline must be a positive number")
+        assert_one_line_error(autotune(*args, "--ssh-config", tmp_path / "missing"), "--ssh-config: no such file")
