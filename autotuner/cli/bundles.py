@@ -139,12 +139,12 @@ class Where:
     slots: int | None = None
     ray: str | None = None
 
-    def check(self, ask: autotuner.SlurmAsk) -> None:
-        """The options that exclude each other (--slurm, --ray, a hostfile), before anything is asked."""
+    def check_slurm(self, ask: autotuner.SlurmAsk) -> None:
+        """--slurm and what it replaces (a hostfile, --slots, --include, --exclude)."""
         ask.check(self.hostfile, self.slots, self.include, self.exclude)
-        self.check_ray(ask)
 
     def check_ray(self, ask: autotuner.SlurmAsk) -> None:
+        """--ray and what it replaces (a hostfile, --slots, --slurm, --include, --exclude)."""
         autotuner.check_ray(self.ray, hostfile=self.hostfile, slots=self.slots, slurm=ask.slurm,
                             include=self.include, exclude=self.exclude)
 
@@ -166,7 +166,7 @@ class Where:
         self.check_ray(ask)
         if self.ray is not None:
             return autotuner.ray_cluster(self.ray)
-        ask.check(self.hostfile, self.slots, self.include, self.exclude)
+        self.check_slurm(ask)
         return ask.planned(self.include, self.exclude) or self.cluster(None, sweep, log)
 
 

@@ -42,8 +42,9 @@ TUNE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allo
 def _check_before_asking(ask: autotuner.SlurmAsk, place: Where, times: Timing, ssh: SshOptions) -> None:
     """What `run` and `tune` check of where and how to run before a cluster is asked for anything (an
     allocation, a probe)."""
-    place.check(ask)
+    place.check_slurm(ask)
     ask.check_runnable()
+    place.check_ray(ask)
     times.check()
     ssh.check()
 
