@@ -30,6 +30,7 @@ EXCLUDE = typer.Option("", "--exclude", "-e", help="DeepSpeed syntax, e.g. worke
 RAY = typer.Option(None, "--ray", metavar="[ADDRESS]",
                    help="Run on a Ray cluster (KubeRay, `ray up`), as a client: the one at ADDRESS, else RAY_ADDRESS, "
                         "else auto (a cluster this machine is a node of). Never starts one.")
+DIRECTORY = typer.Argument(..., help="A sweep's results directory.")
 SPECS = typer.Argument(..., help="Sweep files (hjson), DeepSpeed experiment files, or directories of them.")
 SCRIPT = typer.Option(None, "--script", help="Training script, for experiment files that name none.")
 RESULTS = typer.Option(None, "--results", "-o", help="Results directory [default: results/NAME-TIME].")

@@ -13,6 +13,7 @@ import autotuner
 from autotuner import UserError
 
 from .app import Brief, Format, fail, format_option, screen
+from .bundles import DIRECTORY
 
 
 @contextlib.contextmanager
@@ -31,7 +32,7 @@ def _collector_paused() -> Iterator[None]:
 
 
 def status(
-    directory: Path = typer.Argument(..., help="A sweep's results directory."),
+    directory: Path = DIRECTORY,
     fmt: Brief = format_option("table: lines for people; json: for programs."),
     as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
 ) -> None:
@@ -44,7 +45,7 @@ def status(
 
 
 def report(
-    directory: Path = typer.Argument(..., help="A sweep's results directory."),
+    directory: Path = DIRECTORY,
     fmt: Format = format_option("table (fitted to the terminal), json, csv or md (Markdown): one row per "
                                 "experiment with every swept parameter and metric."),
     plot: bool = typer.Option(False, "--plot", help="Also draw plot_metric.png and plot_timeline.png into DIR "

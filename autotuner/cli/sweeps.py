@@ -12,6 +12,7 @@ from autotuner import UserError
 from .allocation import given_back, slurm_allocation
 from .app import Brief, fail, format_option, note
 from .bundles import (
+    DIRECTORY,
     GPU_MIXED,
     GPU_TYPE,
     LAUNCHER,
@@ -47,8 +48,6 @@ def _check_before_asking(ask: autotuner.SlurmAsk, place: Where, times: Timing, s
     place.check_ray(ask)
     times.check()
     ssh.check()
-
-
 
 
 def _slots(cluster: autotuner.Cluster) -> str:
@@ -172,7 +171,7 @@ def tune(
 
 @bundled
 def resume(
-    directory: Path = typer.Argument(..., help="A sweep's results directory."),
+    directory: Path = DIRECTORY,
     retry_failed: bool = typer.Option(False, "--retry-failed", help="Run failed and timed-out experiments again."),
     only_new: bool = typer.Option(False, "--only-new", help="The spec changed: run only its new experiments."),
     times: Timing = timing("the resumed sweep", default="as the sweep was started"),
@@ -206,7 +205,7 @@ def resume(
 
 
 def cancel(
-    directory: Path = typer.Argument(..., help="A sweep's results directory."),
+    directory: Path = DIRECTORY,
     names: list[str] = typer.Argument(None, help="Experiments to cancel; none = the whole sweep."),
     fmt: Brief = format_option("table: what was done, in a line; json: the same as one JSON object."),
 ) -> None:
