@@ -425,7 +425,7 @@ def test_a_json_config_is_told_where_json_stops_not_where_hjson_does(tmp_path, v
     refused(tune(tmp_path, "--slots", 1), f"{path}:2:", "malformed JSON", tmp_path=tmp_path)
 
 
-@pytest.mark.parametrize("value", ["+1,", ".5,", "'a',", "hello,"])
+@pytest.mark.parametrize("value", ["+1,", ".5,", "'a',", "hello,", "0x10,", "1.5.3,", "2e5e1,"])
 def test_a_json_value_hjson_would_read_as_a_string_is_refused_at_its_line(tmp_path, value):
     """`"lr": +1,` on a line of its own: JSON refuses it, hjson read it as the string "+1," and the tune ran."""
     path = config(tmp_path)
