@@ -37,7 +37,7 @@ def on_a_free_port(command: str) -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    assert command.startswith("DS_ACCELERATOR=cpu deepspeed "), command
+    assert "deepspeed " in command, command
     return command.replace("deepspeed ", f"deepspeed --master_port {port} ", 1)
 
 
