@@ -29,6 +29,13 @@ _PATTERNS: tuple[tuple[Reason, re.Pattern[str]], ...] = (
                                r"|Permission denied \(publickey", re.I)),
 )
 _TAIL_BYTES = 256 * 1024
+# A process that aborts in its teardown: C++'s std::terminate on a thread still joinable at exit (gloo's, NCCL's).
+# DeepSpeed's autotuning mode ends a run by calling exit() from inside its engine once it wrote the metrics, so
+# the script never tears its process group down, and the interpreter's exit can end this way.
+_TEARDOWN_ABORT = re.compile(r"terminate called without an active exception")
+# SIGABRT as subprocess reports it (-6), as a shell does (134), and as DeepSpeed's launcher passes a rank's -6 on
+# (sys.exit(-6): 250).
+_ABORTED = (-6, 128 + 6, 256 - 6)
 
 
 @dataclass(frozen=True)
@@ -95,7 +102,27 @@ def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
             return Outcome(State.FAILED, Reason.METRICS, detail, exit_code)
         return Outcome(State.SUCCEEDED, exit_code=exit_code, metrics=values)
     reason, line = classify(exit_code, logs)
+    if exit_code in _ABORTED and reason == Reason.EXIT:
+        teardown = _aborted_after_metrics(exit_code, metrics_path, metric, logs)
+        if teardown is not None:
+            return teardown
     return Outcome(State.FAILED, reason, line or f"exit status {exit_code}", exit_code)
+
+
+def _aborted_after_metrics(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path]) -> Outcome | None:
+    """A run that wrote a valid metrics file and then aborted at exit (SIGABRT, the log's "terminate called
+    without an active exception", no Python traceback): its measurement is whole (the file is the attempt's own,
+    written before the teardown), so it counts, said in its detail. None for anything else: a crash that left a
+    traceback, or no valid metrics, is a failure as ever."""
+    lines = [line.strip() for log in logs for line in _tail_lines(log)]
+    if not any(_TEARDOWN_ABORT.search(line) for line in lines) or any("Traceback" in line for line in lines):
+        return None
+    try:
+        values = read_metrics(metrics_path, metric)
+    except MetricsError:
+        return None
+    return Outcome(State.SUCCEEDED, None, f"measured, then aborted at exit (exit status {exit_code}: terminate "
+                   "called without an active exception)", exit_code, values)
 
 
 def _why_missing(metric: Metric, end_profile_step: int | None) -> str:
