@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from autotuner.backends.exitstatus import judge_files
 from autotuner.core.outcome import classify, judge
 from autotuner.spec.metrics import metric_named
 from autotuner.states import Reason, State
@@ -122,3 +123,13 @@ kill -ABRT $$
     assert (runs["s_x1"]["state"], runs["s_x1"]["metric"]) == ("succeeded", 42)
     assert "aborted at exit" in runs["s_x1"]["detail"]
     assert (runs["s_x2"]["state"], runs["s_x2"]["reason"]) == ("failed", "exit")
+
+
+@pytest.mark.parametrize("teardown, state", [(True, State.SUCCEEDED), (False, State.FAILED)])
+def test_a_profile_run_that_aborts_at_exit_after_its_model_info_counts(tmp_path, teardown, state):
+    """The profile run ends the same way (exit() in the engine's forward, after writing model_info.json)."""
+    write(tmp_path / "model_info.json", json.dumps({"num_params": 1000, "trainable_num_params": 10}))
+    write(tmp_path / "stderr.log", TEARDOWN + "\n" if teardown else "Segmentation fault\n")
+    outcome = judge_files(250, tmp_path, THROUGHPUT)
+    assert outcome.state == state
+    assert state == State.FAILED or outcome.metrics["trainable_num_params"] == 10

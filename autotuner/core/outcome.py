@@ -101,28 +101,29 @@ def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
                 detail += _why_missing(metric, end_profile_step)
             return Outcome(State.FAILED, Reason.METRICS, detail, exit_code)
         return Outcome(State.SUCCEEDED, exit_code=exit_code, metrics=values)
+    if aborted_at_exit(exit_code, logs):
+        try:
+            values = read_metrics(metrics_path, metric)
+        except MetricsError:
+            pass  # aborted before it measured: a failure as ever
+        else:
+            return Outcome(State.SUCCEEDED, None, f"measured, then aborted at exit (exit status {exit_code}: "
+                           "terminate called without an active exception)", exit_code, values)
     reason, line = classify(exit_code, logs)
-    if exit_code in _ABORTED and reason == Reason.EXIT:
-        teardown = _aborted_after_metrics(exit_code, metrics_path, metric, logs)
-        if teardown is not None:
-            return teardown
     return Outcome(State.FAILED, reason, line or f"exit status {exit_code}", exit_code)
 
 
-def _aborted_after_metrics(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path]) -> Outcome | None:
-    """A run that wrote a valid metrics file and then aborted at exit (SIGABRT, the log's "terminate called
-    without an active exception", no Python traceback): its measurement is whole (the file is the attempt's own,
-    written before the teardown), so it counts, said in its detail. None for anything else: a crash that left a
-    traceback, or no valid metrics, is a failure as ever."""
+def aborted_at_exit(exit_code: int | None, logs: list[Path]) -> bool:
+    """The process aborted in its teardown and nothing else went wrong: SIGABRT, the log's "terminate called
+    without an active exception", no Python traceback, no out-of-memory, config or launch line. What it wrote
+    before (a metrics file, the profile run's model info: the attempt's own, removed before it started) is whole,
+    so it counts; a crash with any other sign, or with nothing written, is a failure as ever."""
+    if exit_code not in _ABORTED:
+        return False
     lines = [line.strip() for log in logs for line in _tail_lines(log)]
     if not any(_TEARDOWN_ABORT.search(line) for line in lines) or any("Traceback" in line for line in lines):
-        return None
-    try:
-        values = read_metrics(metrics_path, metric)
-    except MetricsError:
-        return None
-    return Outcome(State.SUCCEEDED, None, f"measured, then aborted at exit (exit status {exit_code}: terminate "
-                   "called without an active exception)", exit_code, values)
+        return False
+    return classify(exit_code, logs)[0] == Reason.EXIT
 
 
 def _why_missing(metric: Metric, end_profile_step: int | None) -> str:
