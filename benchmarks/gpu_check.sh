@@ -77,6 +77,9 @@ for g, p in zip(gpus, probe["gpus"]):
     assert g.mig is not None or g.memory_total // MiB == p["memory_total"] // MiB, (g, p)
 EOF
 
+SLOT=$("$PY" -c 'from autotuner.gpu.nvml import local_inventory; print(local_inventory(None).gpus[0].slot_id)')
+echo "  the runs below use slot localhost:$SLOT (the first GPU, or MIG instance, autotune lists)"
+
 step "3. autotune run on one GPU (NCCL): peak memory through NVML, and an OOM from a micro-batch far too large"
 cat > "$WORK/run.hjson" <<EOF
 {
@@ -95,7 +98,7 @@ cat > "$WORK/run.hjson" <<EOF
   space: {"train_micro_batch_size_per_gpu": [4096, 16777216]}
 }
 EOF
-autotune run "$WORK/run.hjson" -o "$WORK/run" --include localhost:0 --placement memory --fail-on no-result \
+autotune run "$WORK/run.hjson" -o "$WORK/run" --include localhost:$SLOT --placement memory --fail-on no-result \
     > "$WORK/run.log" 2>&1
 echo "  autotune run: exit $? (log $WORK/run.log)"
 autotune report "$WORK/run" --format json > "$WORK/run.json" 2>>"$WORK/run.log"
@@ -128,7 +131,7 @@ cat > "$WORK/tune.json" <<'EOF'
                  "min_train_micro_batch_size_per_gpu": 1024, "max_train_micro_batch_size_per_gpu": 16777216}
 }
 EOF
-autotune tune --num_gpus 1 --include localhost:0 -o "$WORK/tune" --confirm 0 --deadline 180 \
+autotune tune --num_gpus 1 --include localhost:$SLOT -o "$WORK/tune" --confirm 0 --deadline 180 \
     "$ROOT/experiments/train.py" --deepspeed_config "$WORK/tune.json" --steps 8 --hidden 1024 > "$WORK/tune.log" 2>&1
 echo "  autotune tune: exit $? (log $WORK/tune.log)"
 tail -n 4 "$WORK/tune.log" | sed 's/^/  | /'

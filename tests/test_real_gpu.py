@@ -58,7 +58,7 @@ def test_a_run_on_one_gpu_measures_its_peak_and_an_oversized_micro_batch_is_out_
         # 16,777,216 samples x 4,096 activations: 256 GiB for one layer's output, more than any GPU holds.
         "space": {"train_micro_batch_size_per_gpu": [4096, 16777216]}}))
     results = tmp_path / "results"
-    ran = autotune("run", sweep, "-o", results, "--include", "localhost:0", "--placement", "memory",
+    ran = autotune("run", sweep, "-o", results, "--include", f"localhost:{gpus[0].slot_id}", "--placement", "memory",
                    "--fail-on", "no-result", timeout=600)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     runs = {r["name"]: r for r in json.loads(autotune("report", results, "--format", "json").stdout)["experiments"]}
@@ -78,9 +78,9 @@ def test_a_tune_on_one_gpu_with_the_memory_model_names_a_best_whose_command_trai
         "autotuning": {"enabled": True, "metric": "throughput", "start_profile_step": 3, "end_profile_step": 5,
                        "min_train_micro_batch_size_per_gpu": 1024, "max_train_micro_batch_size_per_gpu": 1 << 24}}))
     results = tmp_path / "results"
-    tuned = autotune("tune", "--num_gpus", "1", "--include", "localhost:0", "-o", results, "--confirm", "0",
-                     "--deadline", "240", TRAIN, "--deepspeed_config", config, "--steps", "8", "--hidden", "1024",
-                     timeout=600)
+    tuned = autotune("tune", "--num_gpus", "1", "--include", f"localhost:{gpus[0].slot_id}", "-o", results,
+                     "--confirm", "0", "--deadline", "240", TRAIN, "--deepspeed_config", config, "--steps", "8",
+                     "--hidden", "1024", timeout=600)
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
     report = json.loads(autotune("report", results, "--format", "json").stdout)
     runs = {r["name"]: r for r in report["experiments"]}
