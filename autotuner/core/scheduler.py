@@ -339,7 +339,7 @@ class Scheduler:
                   self.results / name)
         self._running[run.key] = run
         self._placing.append(run)
-        self.record.start(name, item.attempt, slots=reservation.as_dict(), tag=run.tag, dir=str(run.dir), at=now)
+        self.record.start(name, item.attempt, slots=dict(reservation.slots), tag=run.tag, dir=str(run.dir), at=now)
         self._note("started", run)
         self._actions.start.append(run)
 
