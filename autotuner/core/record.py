@@ -14,7 +14,9 @@ from ..states import Reason, State
 class Record(Protocol):
     """The transitions of a sweep's attempts; `Ledger` is the real one."""
 
-    def batch(self) -> AbstractContextManager[None]: ...
+    def batch(self, synced: bool = True) -> AbstractContextManager[None]:
+        """One transaction; `synced=False`: what it holds need not be on disk before the caller acts."""
+        ...
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None: ...
 
@@ -42,7 +44,7 @@ class MemoryRecord:
         self.finished: dict[tuple[str, int], tuple[State, float]] = {}
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
+    def batch(self, synced: bool = True) -> Iterator[None]:
         yield
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None:
