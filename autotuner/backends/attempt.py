@@ -33,9 +33,11 @@ def keep_previous_attempt(directory: Path, attempt: int) -> None:
 def prepare_directory(run: Run) -> None:
     """The attempt's own directory, with an earlier attempt's files moved aside and no stale metrics."""
     keep_previous_attempt(run.dir, run.attempt)
-    run.dir.mkdir(parents=True, exist_ok=True)
-    (run.dir / "metrics.json").unlink(missing_ok=True)
-    (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
+    try:
+        run.dir.mkdir(parents=True)
+    except FileExistsError:  # a directory made now is empty: only one that was there can hold stale files
+        (run.dir / "metrics.json").unlink(missing_ok=True)
+        (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
 
 
 def record_attempt(run: Run, config: dict[str, Any], command: Command) -> None:
