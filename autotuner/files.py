@@ -11,8 +11,9 @@ import secrets
 from pathlib import Path
 
 
-def write_atomic(path: str | Path, data: str | bytes) -> None:
-    """Write `data` to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory."""
+def write_atomic(path: str | Path, data: str | bytes, *, sync_dir: bool = True) -> None:
+    """Write `data` to a temp file beside `path`, fsync it, rename it over `path`, fsync the directory
+    (`sync_dir=False`: the caller syncs it once after several files, see `sync_directory`)."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
     tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}"
@@ -26,11 +27,12 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    sync_directory(path.parent)
+    if sync_dir:
+        sync_directory(path.parent)
 
 
-def write_json_atomic(path: str | Path, data: object) -> None:
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def write_json_atomic(path: str | Path, data: object, *, sync_dir: bool = True) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", sync_dir=sync_dir)
 
 
 def sync_directory(directory: str | Path) -> None:

@@ -1,6 +1,8 @@
+import copy
 import json
 import re
 import textwrap
+from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -8,6 +10,7 @@ import pytest
 from autotuner.errors import UserError
 from autotuner.spec import Experiment, Sweep, is_safe_name, load_sweep
 from autotuner.spec.metrics import LATENCY, THROUGHPUT, Metric
+from autotuner.spec.model import copied
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -617,3 +620,26 @@ def test_bad_script_options_are_located(tmp_path, script, change, fragment, need
     path = write(tmp_path, "hf.hjson", TRAINER.replace(*change))
     error = user_error([path])
     assert fragment in str(error) and error.line == line_of(path, needle), str(error)
+
+
+def test_an_experiments_config_is_its_own_deep_copy_and_equal_to_what_deepcopy_makes():
+    class Odd:  # not JSON: handed to copy.deepcopy
+        def __init__(self, v):
+            self.v = v
+
+        def __eq__(self, other):
+            return isinstance(other, Odd) and other.v == self.v
+
+    given = {"zero_optimization": {"stage": 2, "offload": {"device": "cpu", "ratio": 0.5}}, "lr": [1e-4, [2, 3]],
+             "flag": True, "none": None, 3: "int key", "ordered": OrderedDict(a=1), "odd": Odd([1])}
+    made = copied(given)
+    assert made == copy.deepcopy(given) and type(made["ordered"]) is OrderedDict
+    e = Experiment(name="e", ds_config=given, num_gpus=1, num_nodes=1, script="/s.py")
+    given["zero_optimization"]["offload"]["device"] = "nvme"
+    given["lr"][1].append(4)
+    given["odd"].v.append(2)
+    assert e.ds_config["zero_optimization"]["offload"]["device"] == "cpu" and e.ds_config["lr"] == [1e-4, [2, 3]]
+    assert e.ds_config["odd"] == Odd([1])
+    mine = e.config()
+    mine["zero_optimization"]["stage"] = 3
+    assert e.ds_config["zero_optimization"]["stage"] == 2

@@ -33,14 +33,18 @@ def keep_previous_attempt(directory: Path, attempt: int) -> None:
 def prepare_directory(run: Run) -> None:
     """The attempt's own directory, with an earlier attempt's files moved aside and no stale metrics."""
     keep_previous_attempt(run.dir, run.attempt)
-    run.dir.mkdir(parents=True, exist_ok=True)
-    (run.dir / "metrics.json").unlink(missing_ok=True)
-    (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
+    try:
+        run.dir.mkdir(parents=True)
+    except FileExistsError:  # a directory made now is empty: only one that was there can hold stale files
+        (run.dir / "metrics.json").unlink(missing_ok=True)
+        (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
 
 
 def record_attempt(run: Run, config: dict[str, Any], command: Command) -> None:
-    """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how."""
+    """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how. The directory is
+    synced once, after the last (its fsync makes all three renames durable): every attempt wrote them while the
+    dispatcher's ledger commits waited on the same disk."""
     write_json_atomic(run.dir / "exp.json", {**run.experiment.to_json(), "attempt": run.attempt,
-                                             "slots": run.reservation.as_dict(), "tag": run.tag})
-    write_json_atomic(run.dir / "ds_config.json", config)
+                                             "slots": run.reservation.as_dict(), "tag": run.tag}, sync_dir=False)
+    write_json_atomic(run.dir / "ds_config.json", config, sync_dir=False)
     write_atomic(run.dir / "cmd.txt", command.shell() + "\n")

@@ -210,11 +210,16 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
     only_mig = bool(cluster.devices) and all(
         all(i in cluster.devices.get(h, {}) and cluster.devices[h][i].mig for i in ids)
         for h, ids in cluster.slots.items())
+    # What fits depends only on an experiment's shape and needs: each is placed once, not once per experiment
+    # (a sweep may hold 100,000 of a few shapes).
+    fits_type: dict[tuple[int, int, str | None, bool], bool] = {}
+    fits_size: dict[tuple[int, int, str | None, bool, int], bool] = {}
     for e in sweep.experiments:
         origin = sweep.origins.get(e.name)
         where = origin.path if origin else e.source
-        queued = Queued(e, 1)
-        shape = Queued(replace(e, gpu_memory=None), 1)  # the slots it asks for; its memory is checked below
+        kind = (e.num_nodes, e.num_gpus, e.gpu_type, e.gpu_mixed)
+        if kind not in fits_type:  # the slots it asks for; its memory is checked below
+            fits_type[kind] = by_type.could_fit(pool, Queued(replace(e, gpu_memory=None) if e.gpu_memory else e, 1))
         if only_mig and (e.num_gpus > 1 or e.num_nodes > 1):
             raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} GPU(s) each; the "
                             "cluster has only MIG instances, and a process can use one MIG instance only",
@@ -226,7 +231,7 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
                 raise UserError(f"--gpu-type {e.gpu_type}: the cluster has no GPU of that type ({has})")
             raise UserError(f"experiment {e.name} is pinned to GPU type {e.gpu_type}, which the cluster lacks "
                             f"({has})", where, origin.gpu_type or origin.line if origin else None)
-        if not by_type.could_fit(pool, shape):
+        if not fits_type[kind]:
             one = "" if e.gpu_mixed and not e.gpu_type else " of one GPU type"
             raise UserError(f"experiment {e.name} needs {e.num_nodes} node(s) with {e.num_gpus} slot(s) each{one}"
                             f"{' (' + e.gpu_type + ')' if e.gpu_type else ''}; no "
@@ -235,7 +240,9 @@ def check_gpu_needs(sweep: Sweep, cluster: Cluster) -> None:
                             + ("; `gpu_mixed: true` lets it span types" if not e.gpu_type and by_type.could_fit(
                                 pool, Queued(replace(e, gpu_mixed=True, gpu_memory=None), 1)) else ""), where,
                             origin.line_of("num_nodes" if e.num_nodes > 1 else "num_gpus") if origin else None)
-        if e.gpu_memory and not by_size.could_fit(pool, queued):
+        if e.gpu_memory and (*kind, e.gpu_memory) not in fits_size:
+            fits_size[(*kind, e.gpu_memory)] = by_size.could_fit(pool, Queued(e, 1))
+        if e.gpu_memory and not fits_size[(*kind, e.gpu_memory)]:
             largest = max([*(cluster.memory[h] for h, t in kinds.items() if h in cluster.memory
                              and (e.gpu_type is None or t == e.gpu_type)),
                            *(d.memory for own in cluster.devices.values() for d in own.values() if d.memory

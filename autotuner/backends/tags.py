@@ -34,12 +34,16 @@ def find_tagged(tag: str, proc: Path = Path("/proc")) -> list[int]:
     needle = f"{TAG_ENV}={check_tag(tag)}".encode()
     me = str(os.getpid())
     found = []
-    for entry in os.scandir(proc):
-        if not entry.name.isdigit() or entry.name == me:
-            continue
-        environ = _read(os.path.join(entry.path, "environ"))
-        if needle in environ and needle in environ.split(b"\0"):
-            found.append(int(entry.name))
+    proc_fd = os.open(proc, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # each environ opened relative to /proc's descriptor: no path built and resolved per process
+        for name in os.listdir(proc_fd):
+            if not name.isdigit() or name == me:
+                continue
+            environ = _read(f"{name}/environ", proc_fd)
+            if needle in environ and needle in environ.split(b"\0"):
+                found.append(int(name))
+    finally:
+        os.close(proc_fd)
     return sorted(found)
 
 
@@ -59,16 +63,22 @@ def tag_of(pid: int, proc: Path = Path("/proc")) -> str | None:
     return None
 
 
-def _read(path: str) -> bytes:
-    """The whole file, or b"" when it is gone or not ours to read."""
+_CHUNK = 1 << 16
+
+
+def _read(path: str, dir_fd: int | None = None) -> bytes:
+    """The whole file, or b"" when it is gone or not ours to read. A /proc file gives all it has in one read,
+    so a short read is its end (no second read per process to find it)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
     except OSError:
         return b""
     chunks = []
     try:
-        while chunk := os.read(fd, 1 << 16):
+        while chunk := os.read(fd, _CHUNK):
             chunks.append(chunk)
+            if len(chunk) < _CHUNK:
+                break
     except OSError:
         return b""
     finally:

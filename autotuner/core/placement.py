@@ -189,12 +189,14 @@ class ByType:
             parts = [(g.hosts, g.slots) for g in groups]
             if need.mixed and need.gpu_type is None and groups:
                 parts = [_union(groups)]
-            known = self._views[(need, one_gpu)] = parts
+            # Every host: the very set `_view` looks for (by identity, not by comparing 1,024 names each time).
+            known = self._views[(need, one_gpu)] = [(self._every if hosts == self._every else hosts, slots)
+                                                    for hosts, slots in parts]
         return known
 
     def _view(self, pool: Slots, part: _Part) -> Slots:
         hosts, slots = part
-        return pool if hosts == self._every and not slots else Only(pool, hosts, slots)
+        return pool if hosts is self._every and not slots else Only(pool, hosts, slots)
 
 
 def _union(groups: Sequence[_TypeGroup]) -> _Part:

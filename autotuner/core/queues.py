@@ -31,6 +31,18 @@ def shape(item: Demand) -> Hashable:
     return (item.num_nodes, item.num_gpus, need_of(item))
 
 
+class _Line(Generic[D]):
+    """The waiting items of one kind, in queue order, and how often its head was overtaken. A pass keeps the
+    lines themselves in its heap, so it never hashes a kind (a tuple holding a GpuNeed) per item it looks at."""
+
+    __slots__ = ("bypassed", "items", "kind")
+
+    def __init__(self, kind: Hashable):
+        self.kind = kind
+        self.items: deque[tuple[int, D]] = deque()
+        self.bypassed = 0
+
+
 class BackfillQueue(Generic[D]):
     """Queue order with backfill and a bounded number of overtakes (see the module docstring)."""
 
@@ -38,8 +50,7 @@ class BackfillQueue(Generic[D]):
         self.max_bypass = max_bypass
         self.name = name
         self._kind = kind
-        self._lines: dict[Hashable, deque[tuple[int, D]]] = {}
-        self._bypassed: dict[Hashable, int] = {}  # overtakes of each line's head
+        self._lines: dict[Hashable, _Line[D]] = {}
         self._back = itertools.count()
         self._front = itertools.count(-1, -1)
         self._size = 0
@@ -52,73 +63,73 @@ class BackfillQueue(Generic[D]):
 
     def __iter__(self) -> Iterator[D]:
         """The waiting items in queue order."""
-        return (item for _, item in heapq.merge(*self._lines.values(), key=lambda entry: entry[0]))
+        return (item for _, item in heapq.merge(*(line.items for line in self._lines.values()),
+                                                key=lambda entry: entry[0]))
 
     def push(self, item: D) -> None:
-        self._line(item).append((next(self._back), item))
+        self._line(item).items.append((next(self._back), item))
         self._size += 1
 
     def push_front(self, item: D) -> None:
         """Re-queued work (a lost host's experiments) goes first: it has waited already."""
-        self._line(item).appendleft((next(self._front), item))
-        self._bypassed[self._kind(item)] = 0
+        line = self._line(item)
+        line.items.appendleft((next(self._front), item))
+        line.bypassed = 0
         self._size += 1
 
-    def _line(self, item: D) -> deque[tuple[int, D]]:
+    def _line(self, item: D) -> _Line[D]:
         kind = self._kind(item)
         line = self._lines.get(kind)
         if line is None:
-            line = self._lines[kind] = deque()
-            self._bypassed[kind] = 0
+            line = self._lines[kind] = _Line(kind)
         return line
 
     def remove(self, match: Callable[[D], bool]) -> list[D]:
         """Drop the waiting items for which `match(item)` is true; returns them, in queue order."""
         gone: list[tuple[int, D]] = []
         for kind, line in list(self._lines.items()):
-            keep = deque(entry for entry in line if not match(entry[1]))
-            if len(keep) == len(line):
+            keep = deque(entry for entry in line.items if not match(entry[1]))
+            if len(keep) == len(line.items):
                 continue
-            gone += [entry for entry in line if match(entry[1])]
-            if keep and keep[0] is not line[0]:
-                self._bypassed[kind] = 0
-            self._lines[kind] = keep
+            gone += [entry for entry in line.items if match(entry[1])]
+            if keep and keep[0] is not line.items[0]:
+                line.bypassed = 0
+            line.items = keep
             if not keep:
-                del self._lines[kind], self._bypassed[kind]
+                del self._lines[kind]
         self._size -= len(gone)
         return [item for _, item in sorted(gone, key=lambda entry: entry[0])]
 
     def select(self, pool: SlotPool, placement: Placement) -> list[tuple[D, Reservation]]:
         """Take from the pool, and return, every waiting item that starts now."""
         started: list[tuple[D, Reservation]] = []
-        heads = [(line[0][0], kind) for kind, line in self._lines.items()]
+        heads = [(line.items[0][0], line) for line in self._lines.values()]  # positions are unique: never a tie
         heapq.heapify(heads)
-        blocked: list[Hashable] = []  # kinds whose head does not fit now, oldest first
+        blocked: list[_Line[D]] = []  # lines whose head does not fit now, oldest first
         while heads and pool.any_free():
-            _, kind = heapq.heappop(heads)
-            line = self._lines[kind]
-            item = line[0][1]
+            _, line = heapq.heappop(heads)
+            item = line.items[0][1]
             # Every placement needs that many hosts with that many free slots: a cheap look at the index first.
             enough = pool.count_fitting(item.num_gpus) >= item.num_nodes
             reservation = placement.place(pool, item) if enough else None
             if reservation is None:
                 if not placement.could_fit(pool, item):
                     continue  # it needs hosts that are down (or GPUs with more room): it holds nothing meanwhile
-                blocked.append(kind)
-                if self._bypassed[kind] >= self.max_bypass:
+                blocked.append(line)
+                if line.bypassed >= self.max_bypass:
                     break  # it has been overtaken enough: what frees up next is held for it
                 continue
             pool.take(reservation)
             started.append((item, reservation))
-            line.popleft()
+            line.items.popleft()
             self._size -= 1
             for earlier in blocked:
-                self._bypassed[earlier] += 1
-            if line:
-                self._bypassed[kind] = 0
-                heapq.heappush(heads, (line[0][0], kind))
+                earlier.bypassed += 1
+            if line.items:
+                line.bypassed = 0
+                heapq.heappush(heads, (line.items[0][0], line))
             else:
-                del self._lines[kind], self._bypassed[kind]
+                del self._lines[line.kind]
         return started
 
 

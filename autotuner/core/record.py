@@ -3,8 +3,8 @@
 nearly all its time in fsync)."""
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from ..spec import Experiment
@@ -14,7 +14,9 @@ from ..states import Reason, State
 class Record(Protocol):
     """The transitions of a sweep's attempts; `Ledger` is the real one."""
 
-    def batch(self) -> AbstractContextManager[None]: ...
+    def batch(self, synced: bool = True) -> AbstractContextManager[None]:
+        """One transaction; `synced=False`: what it holds need not be on disk before the caller acts."""
+        ...
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None: ...
 
@@ -33,6 +35,9 @@ class Record(Protocol):
     def take_requests(self) -> list[tuple[str, list[str]]]: ...
 
 
+_NOTHING: AbstractContextManager[None] = nullcontext()
+
+
 class MemoryRecord:
     """A record kept in memory only: each experiment's latest attempt number, and when attempts ran."""
 
@@ -41,9 +46,8 @@ class MemoryRecord:
         self.started: dict[tuple[str, int], float] = {}
         self.finished: dict[tuple[str, int], tuple[State, float]] = {}
 
-    @contextmanager
-    def batch(self) -> Iterator[None]:
-        yield
+    def batch(self, synced: bool = True) -> AbstractContextManager[None]:
+        return _NOTHING  # one reusable context: a plan makes two steps per run simulated
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None:
         for e in experiments:

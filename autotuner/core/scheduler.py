@@ -229,7 +229,12 @@ class Scheduler:
         it in one transaction; returns what the driver must do. Events that came before the first step (a
         cancel request) are handled before anything is placed."""
         self._placing = []
-        with self.record.batch():
+        # A step that only records launches (pids, ports) places nothing (nothing changed: no slot freed, nothing
+        # queued) and starts nothing: no action waits on its commit being on disk. Every other step is synced
+        # before its runs are started. Half the runner's commits were these, each an fsync the next run's
+        # dispatch waited behind.
+        synced = self._changed or not events or not all(isinstance(event, Launched) for event in events)
+        with self.record.batch(synced):
             for event in events:
                 self._handle(event, now)
             self._fire(now)
@@ -339,7 +344,7 @@ class Scheduler:
                   self.results / name)
         self._running[run.key] = run
         self._placing.append(run)
-        self.record.start(name, item.attempt, slots=reservation.as_dict(), tag=run.tag, dir=str(run.dir), at=now)
+        self.record.start(name, item.attempt, slots=dict(reservation.slots), tag=run.tag, dir=str(run.dir), at=now)
         self._note("started", run)
         self._actions.start.append(run)
 

@@ -40,7 +40,8 @@ class SlotPool:
     """Free slot ids per host. Takes and gives back whole reservations, never parts of one.
 
     `_by_free[c]` holds, in host order (as hostfile indices), the hosts that are up and have exactly `c` free
-    slots; `_counts` the sorted counts whose bucket is not empty.
+    slots, for c >= 1 (a full host is never looked for: filing it only cost every take and give-back of a busy
+    cluster's whole nodes); `_counts` the sorted counts whose bucket is not empty.
     """
 
     def __init__(self, hosts: Mapping[str, Sequence[int]]):
@@ -58,6 +59,8 @@ class SlotPool:
     # --- the index ----------------------------------------------------------------------------------------
     def _file(self, host: str) -> None:
         count = len(self._free[host])
+        if not count:
+            return
         bucket = self._by_free.get(count)
         if bucket is None:
             bucket = self._by_free[count] = []
@@ -66,6 +69,8 @@ class SlotPool:
 
     def _unfile(self, host: str) -> None:
         count = len(self._free[host])
+        if not count:
+            return
         bucket = self._by_free[count]
         del bucket[bisect.bisect_left(bucket, self._index[host])]
         if not bucket:
@@ -110,12 +115,15 @@ class SlotPool:
         return sum(count * len(self._by_free[count]) for count in self._counts)
 
     def any_free(self) -> bool:
-        return bool(self._counts) and self._counts[-1] > 0
+        return bool(self._counts)
 
     def can_take(self, reservation: Reservation) -> bool:
         """Whether every slot of `reservation` is one of this pool's, on a host that is up, and free."""
-        return all(host in self._free and host not in self._down and self._free[host].issuperset(ids)
-                   for host, ids in reservation.slots)
+        free, down = self._free, self._down  # a loop, not all(genexpr): called for every run placed
+        for host, ids in reservation.slots:
+            if host in down or host not in free or not free[host].issuperset(ids):
+                return False
+        return True
 
     def slot_ids(self, host: str) -> frozenset[int]:
         """Every slot id of a host, free or not."""

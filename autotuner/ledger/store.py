@@ -484,17 +484,24 @@ class Ledger:
             raise self._corrupt(str(error)) from None
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Group the transitions made inside into one transaction: one commit, one sync, all or nothing."""
+    def batch(self, synced: bool = True) -> Iterator[None]:
+        """Group the transitions made inside into one transaction: one commit, one sync, all or nothing.
+        `synced=False`: committed without waiting for the disk (synchronous=NORMAL, WAL): a crash of the runner
+        loses none of it, the next synced commit makes it durable, and only a power loss before that could
+        drop it. For what no action waits on: a launch's pid and port (after a power loss, nothing it names runs)."""
         if self._batching:
             yield
             return
         self._batching = True
+        if not synced:
+            self._db.execute("PRAGMA synchronous=NORMAL")
         try:
             with self._db:
                 yield
         finally:
             self._batching = False
+            if not synced:
+                self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk before we act on it
 
     def _transaction(self) -> AbstractContextManager[object]:
         return nullcontext() if self._batching else self._db

@@ -136,7 +136,7 @@ def durations(experiments: Sequence[Experiment], past: Path | None = None,
     seconds: dict[str, float] = {}
     origin: dict[str, str] = {}
     for e in experiments:
-        exact = known.by_digest.get(e.digest)
+        exact = known.by_digest.get(e.digest) if known.by_digest else None  # no digest to make with nothing measured
         runs = exact or known.by_name.get(e.name)
         same = known.by_unstepped.get(unstepped_digest(e)) if known.by_unstepped else None
         if runs and (exact or not same):

@@ -12,6 +12,7 @@ import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from ..backends.stops import REASON_OF
@@ -64,11 +65,12 @@ class Timeline:
     slots: int  # of the cluster
     decisions: list[float] = field(default_factory=list)  # seconds per run started, of each placing step (measured)
 
-    @property
+    # Read once the play is over, several times each (a plan's table, its JSON): 100,000 runs summed once.
+    @cached_property
     def makespan(self) -> float:
         return max((p.end for p in self.played), default=0.0)
 
-    @property
+    @cached_property
     def slot_seconds(self) -> float:
         return sum((p.end - p.start) * p.size for p in self.played)
 

@@ -15,7 +15,6 @@ refused before it is expanded when it would pass the sweep's limits.
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import itertools
 import json
@@ -37,6 +36,7 @@ from .model import (
     Experiment,
     Origin,
     canonical,
+    copied,
     is_safe_name,
     name_problem,
     option_text,
@@ -158,7 +158,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
                    for k in FIELD_KEYS} | {k: src.line(k) if k in data else None for k in ("gpu_type", "gpu_memory")}
     loaded = Loaded([], prefix, metric, Origin(str(src.path), line, **fields_from))
     for combo in itertools.product(*(range(len(values)) for _, _, values, _ in axes)):
-        config = copy.deepcopy(base)
+        config = copied(base)
         fields = {"num_gpus": num_gpus, "num_nodes": num_nodes}
         options = list(args)
         parts = []
@@ -169,7 +169,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
             elif key.startswith("-"):
                 options = with_arg(options, key, option_text(value))
             else:
-                blocked = _set_dotted(config, segments, copy.deepcopy(value))
+                blocked = _set_dotted(config, segments, copied(value))
                 if blocked is not None:
                     raise src.error(f"space key {shown(key)}: {shown(blocked)} in ds_config is "
                                     f"{shown(_get(config, blocked), 40)}, not an object", key, space_line)
