@@ -300,7 +300,7 @@ def test_ctrl_c_while_the_command_line_is_read_is_one_line_and_exit_130(where):
 
 def test_help_starts_without_rich_pydantic_or_any_backend():
     # `autotune --help` is plain click help: typer's rich help (rich's Markdown, pygments) was most of its start-up,
-    # and --ray's checks are read through the API's lazy face, so no backend (cluster, core, spec) is imported.
+    # and --ray's checks are read through the API's lazy face, so no backend, core or view module is imported.
     code = ("import sys\n"
             "from autotuner.cli import main\n"
             "try:\n"
