@@ -298,6 +298,26 @@ def test_ctrl_c_while_the_command_line_is_read_is_one_line_and_exit_130(where):
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+def test_ctrl_c_while_the_command_line_is_imported_is_one_line_and_exit_130():
+    # The console script's press before `cli.main` runs: while Python still imports the command line's modules
+    # (about 50 ms of every start), a real SIGINT sent as the CLI's app module is looked for.
+    code = ("import importlib.abc, os, signal, sys, time\n"
+            "class Press(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name == 'autotuner.cli.app':\n"
+            "            os.kill(os.getpid(), signal.SIGINT)\n"
+            "            time.sleep(5)\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, Press())\n"
+            "sys.argv = ['autotune', 'status', '.']\n"
+            "from autotuner.__main__ import main\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, done
+    assert done.stderr.strip() == "autotune: interrupted", done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
 def test_help_starts_without_rich_pydantic_or_any_backend():
     # `autotune --help` is plain click help: typer's rich help (rich's Markdown, pygments) was most of its start-up,
     # and --ray's checks are read through the API's lazy face, so no backend, core or view module is imported.

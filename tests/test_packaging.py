@@ -49,7 +49,7 @@ def test_the_built_metadata_names_the_distribution_its_version_licence_and_comma
     classifiers = meta.get_all("Classifier")
     assert "Programming Language :: Python :: 3.11" in classifiers and "Typing :: Typed" in classifiers
     assert "deepspeed" in meta["Keywords"]
-    assert "autotune = autotuner.cli:main" in (dist_info / "entry_points.txt").read_text()
+    assert "autotune = autotuner.__main__:main" in (dist_info / "entry_points.txt").read_text()
     licence = next(dist_info.rglob("LICENSE")).read_text()
     assert "Apache License" in licence and "Version 2.0, January 2004" in licence
     assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in licence
