@@ -24,8 +24,9 @@ from .local.executor import LocalExecutor
 from .local.gpus import free_memory_here, measured
 from .local.peaks import PeakMemory
 from .routing import Router
-from .ssh import HostWatcher, SshExecutor, SSHPool, end_tagged_remote, unanswering
+from .ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
 from .ssh.free_memory import RemoteMemory, nvidia_smi
+from .watch import PollingWatcher
 
 
 @dataclass
@@ -64,7 +65,7 @@ class HostsBackend:
         self._remote_memory: RemoteMemory | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
-        self._watcher: HostWatcher | None = None
+        self._watcher: PollingWatcher | None = None
         self._remote: SshExecutor | None = None
 
     def attach(self) -> None:
@@ -98,7 +99,7 @@ class HostsBackend:
                                            devices, cpu_slots)
         remote = None
         if self.pool is not None:
-            self._watcher = HostWatcher(self.pool, post)
+            self._watcher = host_watcher(self.pool, post)
             ssh = Ssh(**dict(meta.ssh or {}))
             remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
                                  ssh.remote_root, on_lost=self._watcher.watch, devices=devices)
