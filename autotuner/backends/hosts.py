@@ -18,6 +18,7 @@ from ..gpu.nvml import FreeMemory as LocalFreeMemory
 from ..ledger.store import Attempt, Ledger
 from ..spec.hostfile import HOSTFILE, is_local
 from ..spec.metrics import metric_named
+from .cluster import Cluster, with_hosts_mig
 from .launch import Launcher
 from .local.cleanup import end_tagged
 from .local.executor import LocalExecutor
@@ -26,6 +27,7 @@ from .local.peaks import PeakMemory
 from .routing import Router
 from .ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
 from .ssh.free_memory import RemoteMemory, nvidia_smi
+from .ssh.probe import mig_hosts
 from .watch import PollingWatcher
 
 
@@ -39,6 +41,15 @@ class Ssh:
 
     def to_json(self) -> dict[str, Any]:
         return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
+
+
+def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Callable[[str], None]) -> Cluster:
+    """A hostfile's cluster with its other hosts probed over SSH (`ssh`: how; None: not probed): one whose GPUs
+    are in MIG mode has its MIG instances as slots (cluster.with_hosts_mig)."""
+    remote = [h for h in cluster.slots if not is_local(h)]
+    if ssh is None or not remote or cluster.accelerator == "cpu":
+        return cluster
+    return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
 def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SSHPool | None:
