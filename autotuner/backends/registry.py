@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..ledger.store import Ledger
+from ..ledger.store import Ledger, SweepMeta
 from .base import Backend, HostsCheck
 from .hosts import HostsBackend, Ssh
 from .ray.ask import nodes_check, ray_nodes
@@ -27,6 +27,15 @@ def backend_for(directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, allo
     if allocation is not None or ledger.meta().slurm is not None:
         return SlurmBackend(directory, ledger, allocation, grace=grace, log=log)
     return HostsBackend(directory, ledger, ssh=ssh, grace=grace, log=log)
+
+
+def recorded_allocation(meta: SweepMeta) -> dict[str, object] | None:
+    """For `resume`, before any cluster is asked: the Slurm allocation the sweep's backend runs in (job id,
+    whether ours), to run in again while it still runs; None when its record names another backend (as
+    `backend_for` picks it: a Ray record first)."""
+    if meta.ray is not None or meta.slurm is None:
+        return None
+    return dict(meta.slurm)
 
 
 def hosts_check(hostfile: str | Path = "hostfile", ssh: Ssh | None = None, *, slurm: bool = False,
