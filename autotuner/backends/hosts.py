@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core import Executor, Observer, Placement, Queued, Reservation, SlotPool
 from ..core.events import Post
@@ -39,7 +38,7 @@ class Ssh:
     accept_new_hosts: bool = False
     remote_root: str | None = None  # where logs go on hosts that do not share our filesystem
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | bool | None]:
         return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ...errors import UserError
 from ..base import HostsCheck
@@ -59,13 +58,11 @@ def ray_cluster(ray: str) -> Cluster:
 def nodes_check(address: str, nodes: Sequence[RayNode]) -> HostsCheck:
     """`autotune hosts --ray`: one row per live node: its host name, Ray's node id and address, GPUs (type),
     CPUs and memory as Ray counts them, and what it can run. The cluster can run when a node has a GPU."""
-    rows: list[dict[str, Any]] = [
-        {"host": n.host, "node_id": n.id, "address": n.ip, "gpus": n.gpus, "gpu_type": n.gpu_type, "cpus": n.cpus,
-         "memory_bytes": n.memory, "can_run": f"up to {n.gpus} GPU(s) here" if n.gpus else "nothing (no GPU)"}
-        for n in nodes]
-    cells = tuple((r["host"], r["node_id"][:16], r["address"], f"{r['gpus']}" + (
-        f" x {r['gpu_type']}" if r["gpu_type"] else ""), f"{r['cpus']:g}", f"{r['memory_bytes'] / 2**30:.1f} GiB",
-        r["can_run"]) for r in rows)
+    can = [f"up to {n.gpus} GPU(s) here" if n.gpus else "nothing (no GPU)" for n in nodes]
+    rows = [{"host": n.host, "node_id": n.id, "address": n.ip, "gpus": n.gpus, "gpu_type": n.gpu_type, "cpus": n.cpus,
+             "memory_bytes": n.memory, "can_run": c} for n, c in zip(nodes, can, strict=True)]
+    cells = tuple((n.host, n.id[:16], n.ip, f"{n.gpus}" + (f" x {n.gpu_type}" if n.gpu_type else ""), f"{n.cpus:g}",
+                   f"{n.memory / 2**30:.1f} GiB", c) for n, c in zip(nodes, can, strict=True))
     return HostsCheck(f"Ray cluster at {address}: {len(nodes)} live node(s)",
                       ("host", "node id", "address", "GPUs", "CPUs", "memory", "can run"), cells,
                       tuple(n.gpus > 0 for n in nodes), "can run", {"address": address, "nodes": rows},

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ... import limits
 from ...errors import UserError
@@ -71,7 +70,7 @@ class SlurmAsk:
             raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
                             "salloc or sbatch)")
 
-    def allocation(self, recorded: Mapping[str, Any] | None = None,
+    def allocation(self, recorded: Mapping[str, object] | None = None,
                    log: Callable[[str], None] = lambda line: None) -> Allocation | None:
         """The allocation to run in (None: not in Slurm): this job's, else the sweep's recorded one while it still
         runs, else a new one (`nodes`, `gpus_per_node`), which the caller gives back (`release`). A Ctrl-C while
