@@ -16,7 +16,7 @@ The Python API that the `autotune` command is a thin face of::
     autotuner.snapshot(directory)                            # where it stands, safe while it runs
     results = autotuner.load(directory)                      # one record per experiment: parameters, metrics
     results.to_dataframe()                                   # the same as a pandas DataFrame (pandas needed)
-    autotuner.check_hosts(Path("hostfile"))                  # every host reachable? GPUs, versions, load
+    autotuner.hosts_check(Path("hostfile"))                  # every host reachable? GPUs, versions, load
     autotuner.plan_sweep(sweep.experiments, cluster.slots)   # predicted on a simulated clock; nothing runs
 
 Bad input is a `UserError` (one line, located at its file and line where it has one). The library logs to
@@ -39,9 +39,11 @@ from .states import Reason, State
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from .backends.base import HostsCheck
     from .backends.cluster import Cluster, check_gpu_needs
     from .backends.ray.ask import check as check_ray
-    from .backends.ray.ask import optional_ray_value, ray_cluster, ray_nodes, render_ray_nodes
+    from .backends.ray.ask import optional_ray_value, ray_cluster, ray_nodes
+    from .backends.registry import hosts_check
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
     from .backends.slurm.allocation import release as release_allocation
     from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
@@ -61,6 +63,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .tune.request import TuneRequest, read_tune
     from .views.compare import render_compare
     from .views.events import check_events_path
+    from .views.hosts import render_allocation, render_hosts, render_hosts_check, render_ray_nodes
     from .views.html import write_html
     from .views.live import watching
     from .views.plan import render_plan, write_plan_plot
@@ -70,7 +73,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
     from .views.summary import OPTIMAL_COMMAND
-    from .views.tables import Output, render_allocation, render_hosts, render_report, render_result, render_status
+    from .views.tables import Output, render_report, render_result, render_status
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
@@ -79,7 +82,7 @@ _LAZY = {
     # On a Ray cluster: its nodes, and its cluster for a sweep (`autotune run/tune/plan/hosts --ray`).
     "ray_cluster": (".backends.ray.ask", "ray_cluster"),
     "ray_nodes": (".backends.ray.ask", "ray_nodes"),
-    "render_ray_nodes": (".backends.ray.ask", "render_ray_nodes"),
+    "render_ray_nodes": (".views.hosts", "render_ray_nodes"),
     # `--ray [ADDRESS]` on the command line: a bare --ray read from argv, the options it excludes refused.
     "optional_ray_value": (".backends.ray.ask", "optional_ray_value"),
     "check_ray": (".backends.ray.ask", "check"),
@@ -92,7 +95,7 @@ _LAZY = {
     "Withdrawn": (".backends.slurm.allocation", "Withdrawn"),
     "release_allocation": (".backends.slurm.allocation", "release"),
     "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
-    "render_allocation": (".views.tables", "render_allocation"),
+    "render_allocation": (".views.hosts", "render_allocation"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
     "default_directory": (".sweep.create", "default_directory"),
@@ -107,6 +110,9 @@ _LAZY = {
     "Cluster": (".backends.cluster", "Cluster"),
     "check_gpu_needs": (".backends.cluster", "check_gpu_needs"),
     "check_hosts": (".backends.ssh.probe", "check_hostfile"),
+    # `autotune hosts` of any cluster: the backend the options name, its hosts as a HostsCheck.
+    "hosts_check": (".backends.registry", "hosts_check"),
+    "HostsCheck": (".backends.base", "HostsCheck"),
     "execute": (".sweep.run", "execute"),
     "Options": (".sweep.run", "Options"),
     "Result": (".sweep.run", "Result"),
@@ -136,7 +142,8 @@ _LAZY = {
     # What the `autotune` command prints and writes: the views, each on first use (rich, matplotlib only then).
     "render_status": (".views.tables", "render_status"),
     "render_report": (".views.tables", "render_report"),
-    "render_hosts": (".views.tables", "render_hosts"),
+    "render_hosts": (".views.hosts", "render_hosts"),
+    "render_hosts_check": (".views.hosts", "render_hosts_check"),
     "render_result": (".views.tables", "render_result"),
     "Output": (".views.tables", "Output"),
     "render_compare": (".views.compare", "render_compare"),
@@ -170,6 +177,7 @@ __all__ = [
     "Experiment",
     "ExperimentRecord",
     "FailOn",
+    "HostsCheck",
     "Metric",
     "Options",
     "Output",
@@ -200,6 +208,7 @@ __all__ = [
     "check_results_directory",
     "default_directory",
     "execute",
+    "hosts_check",
     "load",
     "load_cluster",
     "load_sweep",
@@ -216,6 +225,7 @@ __all__ = [
     "render_allocation",
     "render_compare",
     "render_hosts",
+    "render_hosts_check",
     "render_plan",
     "render_ray_nodes",
     "render_report",
@@ -266,7 +276,6 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     """
 
     from .backends.cluster import local_or_hostfile_cluster, spec_hostfile
-    from .spec.hostfile import is_local
 
     path = Path(hostfile) if hostfile is not None else None
     if sweep is not None:
@@ -274,14 +283,11 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
         if note and log is not None:
             log(note)
     cluster = local_or_hostfile_cluster(path, include, exclude, slots)
-    remote = [h for h in cluster.slots if not is_local(h)]
-    if probe is None or path is None or not remote or cluster.accelerator == "cpu":
+    if probe is None or path is None:
         return cluster
-    from .backends.cluster import with_hosts_mig
-    from .backends.ssh.probe import mig_hosts
+    from .backends.hosts import probed_cluster
 
-    found = mig_hosts(remote, probe.config, probe.accept_new_hosts)
-    return with_hosts_mig(cluster, found, path, log or (lambda line: None))
+    return probed_cluster(cluster, path, probe, log or (lambda line: None))
 
 
 def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,

@@ -18,7 +18,7 @@ from autotuner.gpu.nvml import Gpu
 from autotuner.ledger.store import Ledger
 from autotuner.planning.learned import need_of_peak
 from autotuner.spec.hostfile import parse_hostfile
-from autotuner.views.tables import render_hosts
+from autotuner.views.hosts import render_hosts
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, expected_throughput, write_launcher
 

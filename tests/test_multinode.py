@@ -198,14 +198,14 @@ def test_a_node_down_at_start_is_reported_and_left_out(ssh_nodes, tmp_path):
 
 
 def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
-    from autotuner.backends.ssh import HostWatcher, SSHPool
+    from autotuner.backends.ssh import SSHPool, host_watcher
     from autotuner.core import HostBack
 
     posted = []
     came_back = threading.Event()
     with SSHPool(ssh_nodes.config_path) as pool:
         ssh_nodes["node-2"].stop()
-        watcher = HostWatcher(pool, lambda event: (posted.append(event), came_back.set()), interval=0.5)
+        watcher = host_watcher(pool, lambda event: (posted.append(event), came_back.set()), interval=0.5)
         watcher.watch("node-2")
         time.sleep(1.5)
         assert posted == []  # still down: nothing announced

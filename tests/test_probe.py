@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+import autotuner
 from autotuner.backends.ssh import HostReport, SSHPool, probe_hosts
 from autotuner.backends.ssh.probe import parse_nvidia_smi, parse_probe, probe_script
 from autotuner.gpu.nvml import Gpu
@@ -31,6 +32,20 @@ def test_probe_two_up_one_down(ssh_nodes):
     assert down.gpus == [] and down.python is None
     table = json.loads(json.dumps([r.to_json() for r in reports]))
     assert [row["reachable"] for row in table] == [True, True, False]
+
+
+def test_hosts_check_probes_a_hostfile_through_the_registry(ssh_nodes, tmp_path):
+    """`autotune hosts` of a hostfile as the API gives it: the backend the options name (none: SSH hosts)."""
+    ssh_nodes["node-2"].stop()
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-1 slots=2\nnode-2 slots=1\n")
+    check = autotuner.hosts_check(hostfile, autotuner.Ssh(ssh_nodes.config_path))
+    assert check.title == f"hosts of {hostfile}" and not check.ok  # a host down: `autotune hosts` exits 1
+    assert [row[:2] for row in check.rows] == [("node-1", "2"), ("node-2", "1")] and check.usable == (True, False)
+    assert [(h["host"], h["reachable"], h["slots"]) for h in check.json] == [("node-1", True, 2), ("node-2", False, 1)]
+    table = autotuner.render_hosts_check(check, "table")
+    assert "node-1" in table and "down: " in table and "connection refused" in table
+    assert json.loads(autotuner.render_hosts_check(check, "json"))[1]["reason"] == check.json[1]["reason"]
 
 
 def test_probe_shows_a_nodes_gpus_from_its_nvidia_smi(ssh_nodes):

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -239,6 +241,12 @@ def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
     assert done.returncode == 0, done.stderr
     nodes = json.loads(done.stdout)["nodes"]
     assert len(nodes) == len(ray_lab.alive()) and all(n["gpus"] == 2 for n in nodes)
+    # The same through the API's one entry for every kind of cluster (the registry picks the Ray backend).
+    api = subprocess.run([sys.executable, "-c", "import sys, autotuner; check = autotuner.hosts_check(ray=''); "
+                          "sys.stdout.write(autotuner.render_hosts_check(check, 'json')); sys.exit(not check.ok)"],
+                         capture_output=True, text=True, env=lab_env(ray_lab), timeout=180)
+    assert api.returncode == 0, api.stderr
+    assert sorted(n["node_id"] for n in json.loads(api.stdout)["nodes"]) == sorted(n["node_id"] for n in nodes)
     spec = write_sweep(tmp_path, range(4), extra="num_gpus: 2\n  num_nodes: 2", filename="p.hjson")
     done = autotune("plan", spec, "--ray", "--duration", "10", "-f", "json", environ=lab_env(ray_lab))
     assert done.returncode == 0, done.stderr

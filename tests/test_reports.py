@@ -21,8 +21,9 @@ import pytest
 
 import autotuner
 from autotuner.backends.ssh.probe import HostReport
+from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
-from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_hosts, render_report, render_table
+from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_report, render_table
 
 from recorded import grid_sweep, record, two_nodes
 

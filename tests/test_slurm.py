@@ -382,6 +382,28 @@ def test_hosts_shows_the_allocation_and_a_drained_node(slurm_lab, allocation):
     assert outside.returncode == 2 and "not inside a Slurm allocation" in outside.stderr
 
 
+HOSTS_CHECK = ("import sys, autotuner; check = autotuner.hosts_check(slurm=True); "
+               "sys.stdout.write(autotuner.render_hosts_check(check, sys.argv[1])); sys.exit(0 if check.ok else 1)")
+
+
+def test_hosts_check_of_the_allocation_is_what_hosts_slurm_prints(slurm_lab, allocation):
+    """The API `autotune hosts --slurm` is a face of: the registry picks the Slurm backend, which reads the
+    allocation this runs in."""
+    environ = lab_env(slurm_lab, allocation)
+    shown = autotune("hosts", "--slurm", "--format", "json", environ=environ)
+    api = subprocess.run([os.sys.executable, "-c", HOSTS_CHECK, "json"], capture_output=True, text=True,
+                         env=environ, timeout=120)
+    assert shown.returncode == api.returncode == 0 and api.stdout == shown.stdout, api.stderr
+    slurm_lab.drain("n3", "fan")
+    try:
+        api = subprocess.run([os.sys.executable, "-c", HOSTS_CHECK, "md"], capture_output=True, text=True,
+                             env=environ, timeout=120)
+    finally:
+        slurm_lab.resume_node("n3")
+    assert api.returncode == 1, api.stderr  # check.ok: a node the allocation cannot use
+    assert next(line for line in api.stdout.splitlines() if line.startswith("| n3 ")).endswith("nothing (lost) |")
+
+
 def test_plan_for_this_allocation_or_one_of_a_size_asks_nothing_of_slurm(slurm_lab, allocation, tmp_path):
     spec = write_sweep(tmp_path, range(12), extra="num_gpus: 1\n  estimate: 60")
     inside = autotune("plan", spec, "--slurm", "--format", "json", environ=lab_env(slurm_lab, allocation))

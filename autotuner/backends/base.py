@@ -13,10 +13,13 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 - `close`: every resource it opened, in order, once.
 
 A new backend is a package under backends/ with a class that has these members, and one line in registry.py.
+`autotune hosts` asks the registry too (`registry.check_hosts`): each backend describes its hosts as a
+`HostsCheck`, which the views render whatever the kind of cluster.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from ..core import Executor, Observer, Placement, Queued, SlotPool
@@ -64,3 +67,21 @@ class Backend(Protocol):
     def close(self) -> None:
         """Close what it opened, once, after the executor's runs have all ended."""
         ...
+
+
+JSON = Mapping[str, object] | Sequence[Mapping[str, object]]
+
+
+@dataclass(frozen=True)
+class HostsCheck:
+    """`autotune hosts` of one cluster, as its backend found it: a row of cells per host, whether each host can
+    run (the `state` column is coloured by it), the same as JSON, and whether the cluster can run a sweep (the
+    command's exit status: 0, else 1)."""
+
+    title: str
+    columns: tuple[str, ...]  # the first one names the host: never wrapped
+    rows: tuple[tuple[str, ...], ...]
+    usable: tuple[bool, ...]  # one per row
+    state: str  # the column that says whether the host can run
+    json: JSON
+    ok: bool

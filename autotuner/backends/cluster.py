@@ -33,7 +33,7 @@ class Cluster:
     accelerator: str = "cuda"
     types: Mapping[str, str] = field(default_factory=dict)  # host -> GPU type; a host not here: unknown
     memory: Mapping[str, int] = field(default_factory=dict)  # host -> bytes per GPU, where known
-    slurm: Mapping[str, Any] | None = None  # the Slurm allocation it is (`Allocation.to_json`), if one
+    slurm: Mapping[str, object] | None = None  # the Slurm allocation it is (`Allocation.to_json`), if one
     # host -> slot id -> the slots unlike their host's others (this machine's MIG instances): own type and memory
     devices: Devices = field(default_factory=dict)
 

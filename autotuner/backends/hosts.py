@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core import Executor, Observer, Placement, Queued, Reservation, SlotPool
 from ..core.events import Post
@@ -18,14 +17,17 @@ from ..gpu.nvml import FreeMemory as LocalFreeMemory
 from ..ledger.store import Attempt, Ledger
 from ..spec.hostfile import HOSTFILE, is_local
 from ..spec.metrics import metric_named
+from .cluster import Cluster, with_hosts_mig
 from .launch import Launcher
 from .local.cleanup import end_tagged
 from .local.executor import LocalExecutor
 from .local.gpus import free_memory_here, measured
 from .local.peaks import PeakMemory
 from .routing import Router
-from .ssh import HostWatcher, SshExecutor, SSHPool, end_tagged_remote, unanswering
+from .ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
 from .ssh.free_memory import RemoteMemory, nvidia_smi
+from .ssh.probe import mig_hosts
+from .watch import PollingWatcher
 
 
 @dataclass
@@ -36,8 +38,17 @@ class Ssh:
     accept_new_hosts: bool = False
     remote_root: str | None = None  # where logs go on hosts that do not share our filesystem
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | bool | None]:
         return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
+
+
+def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Callable[[str], None]) -> Cluster:
+    """A hostfile's cluster with its other hosts probed over SSH (`ssh`: how; None: not probed): one whose GPUs
+    are in MIG mode has its MIG instances as slots (cluster.with_hosts_mig)."""
+    remote = [h for h in cluster.slots if not is_local(h)]
+    if ssh is None or not remote or cluster.accelerator == "cpu":
+        return cluster
+    return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
 def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SSHPool | None:
@@ -64,7 +75,7 @@ class HostsBackend:
         self._remote_memory: RemoteMemory | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
-        self._watcher: HostWatcher | None = None
+        self._watcher: PollingWatcher | None = None
         self._remote: SshExecutor | None = None
 
     def attach(self) -> None:
@@ -98,7 +109,7 @@ class HostsBackend:
                                            devices, cpu_slots)
         remote = None
         if self.pool is not None:
-            self._watcher = HostWatcher(self.pool, post)
+            self._watcher = host_watcher(self.pool, post)
             ssh = Ssh(**dict(meta.ssh or {}))
             remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
                                  ssh.remote_root, on_lost=self._watcher.watch, devices=devices)

@@ -1,15 +1,19 @@
-"""Which backend runs a sweep: the one place that knows every kind of cluster (see base.py)."""
+"""Which backend runs a sweep, and which one `autotune hosts` asks: the one place that knows every kind of
+cluster (see base.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-from ..ledger.store import Ledger
-from .base import Backend
+from ..ledger.store import Ledger, SweepMeta
+from .base import Backend, HostsCheck
 from .hosts import HostsBackend, Ssh
+from .ray.ask import nodes_check, ray_nodes
 from .ray.backend import RayBackend
 from .slurm.allocation import Allocation
+from .slurm.ask import allocation_check, this_allocation
 from .slurm.backend import SlurmBackend
+from .ssh.probe import check_hostfile, hostfile_check
 
 
 def backend_for(directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, allocation: Allocation | None = None,
@@ -23,3 +27,26 @@ def backend_for(directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, allo
     if allocation is not None or ledger.meta().slurm is not None:
         return SlurmBackend(directory, ledger, allocation, grace=grace, log=log)
     return HostsBackend(directory, ledger, ssh=ssh, grace=grace, log=log)
+
+
+def recorded_allocation(meta: SweepMeta) -> dict[str, object] | None:
+    """For `resume`, before any cluster is asked: the Slurm allocation the sweep's backend runs in (job id,
+    whether ours), to run in again while it still runs; None when its record names another backend (as
+    `backend_for` picks it: a Ray record first)."""
+    if meta.ray is not None or meta.slurm is None:
+        return None
+    return dict(meta.slurm)
+
+
+def hosts_check(hostfile: str | Path = "hostfile", ssh: Ssh | None = None, *, slurm: bool = False,
+                ray: str | None = None) -> HostsCheck:
+    """`autotune hosts`: the hosts of the cluster the options name, as its backend finds them: the Ray cluster's
+    live nodes (`ray`: its address, "" for the default one), the nodes of the Slurm allocation this runs in
+    (`slurm`), else the hostfile's hosts probed over SSH (`ssh`: how they are reached)."""
+    if ray is not None:
+        return nodes_check(*ray_nodes(ray))
+    if slurm:
+        return allocation_check(*this_allocation())
+    ssh = ssh or Ssh()
+    listed, reports = check_hostfile(hostfile, ssh.config, ssh.accept_new_hosts)
+    return hostfile_check(f"hosts of {hostfile}", listed, reports)

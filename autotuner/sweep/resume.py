@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import limits
+from ..backends.registry import recorded_allocation
 from ..errors import UserError
 from ..ledger.store import FILENAME, open_sweep
 from ..spec import Experiment, Sweep, SweepInputs, load_sweep
@@ -41,7 +41,7 @@ class ResumePlan:
     new_experiments: tuple[Experiment, ...] = ()
     timeout: float | None = limits.DEFAULT_TIMEOUT  # the run's limit for experiments whose spec gives none
     notes: tuple[str, ...] = ()  # for the user: why the spec was not read again
-    slurm: dict[str, Any] | None = None  # the Slurm allocation it last ran in (job id, whether ours), if one
+    slurm: dict[str, object] | None = None  # the Slurm allocation it last ran in (job id, whether ours), if one
     inputs: tuple[str, ...] = ()  # the files the spec was read from again (Sweep.paths): no output may be one
 
 
@@ -62,7 +62,7 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         meta = ledger.meta()
     reload = dict(meta.reload)
     timeout = timeout_seconds(reload.get("timeout"))
-    slurm = dict(meta.slurm) if meta.slurm is not None else None
+    slurm = recorded_allocation(meta)  # the backend's, as the registry picks it from the record
     try:
         inputs = SweepInputs.from_json(reload)
     except ValueError as e:

@@ -2,10 +2,11 @@
 tables, two sweeps compared, plots, one HTML page, the live terminal view and the event streams.
 
 - `snapshot`: `Snapshot`, the read model every view starts from (also the runner's result).
-- `tables`: `autotune report` / `status` / `hosts` output, and `render_table`, the one table renderer (fitted
+- `tables`: `autotune report` / `status` output, and `render_table`, the one table renderer (fitted
   to a terminal's width and colour, `Output`).
 - `records`: a sweep's results for programs (`autotuner.load`): one record per experiment with its swept
   parameters and metrics, flat rows, a pandas DataFrame; the report's outputs are made from them.
+- `hosts`: `autotune hosts` output, whatever the kind of cluster (the backend's HostsCheck).
 - `compare`: two sweeps side by side.
 - `analysis`: what the plots show, without matplotlib; `plots`: the figures (matplotlib only when drawn).
 - `html`: the self-contained page.
@@ -31,7 +32,8 @@ _LAZY = {
     "write_plots": "plots",
     "ExperimentRecord": "records", "SweepResults": "records", "load_results": "records",
     "Snapshot": "snapshot", "load": "snapshot",
-    "Output": "tables", "render_hosts": "tables", "render_report": "tables", "render_result": "tables",
+    "render_hosts": "hosts", "render_hosts_check": "hosts",
+    "Output": "tables", "render_report": "tables", "render_result": "tables",
     "render_status": "tables",
 }
 
@@ -49,6 +51,7 @@ __all__ = [
     "load_results",
     "render_compare",
     "render_hosts",
+    "render_hosts_check",
     "render_report",
     "render_result",
     "render_status",

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from ..errors import UserError
-from ..gpu.nvml import gpu_type as type_of_gpus
 from ..ledger.lock import holder_pid
-from ..limits import GiB, memory
+from ..limits import memory
 from ..spec import ABBREVIATIONS
 from ..spec.metrics import format_compact, format_value
 from ..states import Reason, State
@@ -36,10 +35,6 @@ from .summary import (
 )
 
 if TYPE_CHECKING:
-    from ..backends.slurm import Allocation
-    from ..backends.slurm.parse import Node
-    from ..backends.ssh.probe import HostReport
-    from ..spec.hostfile import Host
     from ..sweep.run import Result
 
 FORMATS = ("table", "json", "csv", "md")
@@ -445,90 +440,8 @@ def render_result(result: Result, fmt: str = "table") -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- autotune hosts ------------------------------------------------------------------------------------------
-def render_hosts(title: str, listed: Mapping[str, Host], reports: Sequence[HostReport], fmt: str = "table",
-                 output: Output = PLAIN) -> str:
-    """`autotune hosts`: one row per host (reachable or why not, slots, GPUs with free memory, versions, load),
-    and its GPU type where one is known: the hostfile's `gpu=`, with the type its GPUs have if that differs."""
-    if fmt not in FORMATS:
-        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    types = {r.host: (listed[r.host].attrs.get("gpu"), type_of_gpus(r.gpus)) for r in reports}
-    if fmt == "json":
-        return json.dumps([dict(r.to_json(), slots=listed[r.host].slots, gpu_type=types[r.host][0] or types[r.host][1],
-                                gpu_type_found=types[r.host][1]) for r in reports], indent=2) + "\n"
-    typed = any(stated or found for stated, found in types.values())
-    names = ("host", "slots", *(["type"] if typed else []), "state", "GPUs", "python", "deepspeed", "load")
-    cells = [_host_cells(r, listed[r.host].slots, _type_cell(*types[r.host]) if typed else None) for r in reports]
-    if fmt == "csv":
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerows([names, *cells])
-        return buffer.getvalue()
-    if fmt == "md":
-        return markdown_table(names, cells)
-    at = names.index("state")
-    styled: list[tuple[Cell, ...]] = [(*c[:at], Styled(c[at], "green" if r.reachable else "red"), *c[at + 1:])
-                                      for c, r in zip(cells, reports, strict=True)]
-    return render_table([Column(name, whole=name == "host") for name in names], styled, title=title,
-                        output=output)
-
-
-def render_allocation(allocation: Allocation, nodes: Mapping[str, Node], fmt: str = "table",
-                      output: Output = PLAIN) -> str:
-    """`autotune hosts --slurm`: one row per node of the allocation: its state in Slurm, the GPUs (and their
-    type), CPUs and memory the allocation holds there, and the widest experiment that can run on it."""
-    if fmt not in FORMATS:
-        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    usable = [h for h in allocation.nodes if not (h in nodes and nodes[h].lost)]
-    rows: list[dict[str, Any]] = []
-    cells: list[tuple[str, ...]] = []
-    for host in allocation.nodes:
-        node = nodes.get(host)
-        gpus, lost = allocation.gpus.get(host, 0), node is not None and node.lost
-        state = "+".join(sorted(node.states)) if node is not None else "unknown"
-        reason = node.reason if node is not None else None
-        gpu_type, cpus, memory = allocation.types.get(host), allocation.cpus.get(host), allocation.memory_mb.get(host)
-        can = "nothing (lost)" if lost else f"up to {gpus} GPU(s) here, {len(usable)} node(s) at once"
-        rows.append({"node": host, "address": allocation.address(host), "state": state, "reason": reason,
-                     "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus, "memory_mb": memory or None, "can_run": can,
-                     "lost": lost})
-        cells.append((host, allocation.address(host), state + (f" ({reason})" if reason else ""),
-                      f"{gpus}" + (f" x {gpu_type}" if gpu_type else ""), str(cpus or "-"),
-                      f"{memory} MB" if memory else "not tracked", can))
-    if fmt == "json":
-        return json.dumps({"job": allocation.job, "end_time": allocation.end_time, "nodes": rows}, indent=2) + "\n"
-    names = ("node", "address", "state", "GPUs", "CPUs", "memory", "can run")
-    if fmt == "csv":
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([names, *cells])
-        return buffer.getvalue()
-    if fmt == "md":
-        return markdown_table(names, cells)
-    styled: list[tuple[Cell, ...]] = [(*c[:2], Styled(c[2], "red" if r["lost"] else "green"), *c[3:])
-                                      for c, r in zip(cells, rows, strict=True)]
-    ends = f", ends {allocation.end_time}" if allocation.end_time else ""
-    return render_table([Column(name, whole=name == "node") for name in names], styled,
-                        title=f"Slurm job {allocation.job}{ends}", output=output)
-
-
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-flavoured Markdown table (a `|` in a cell becomes `/`)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |" for cells in rows]
     return "\n".join(lines) + "\n"
-
-
-def _type_cell(stated: str | None, found: str | None) -> str:
-    if stated and found and stated != found:
-        return f"{stated} (found {found})"
-    return stated or found or ""
-
-
-def _host_cells(r: HostReport, slots: int, kind: str | None = None) -> tuple[str, ...]:
-    gpus = ", ".join(f"{g.name} {g.memory_total / GiB:.0f} GiB" if g.memory_free is None else
-                     f"{g.name} {g.memory_free / GiB:.0f}/{g.memory_total / GiB:.0f} GiB free"
-                     for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
-    load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
-    return (r.host, str(slots), *([kind] if kind is not None else []),
-            "up" if r.reachable else f"down: {r.reason}", gpus if r.reachable else "",
-            r.python or "", r.deepspeed or "", load)

@@ -2,15 +2,12 @@
 and the cluster it names read for `run`, `tune`, `plan` and `hosts` (Ray imported only then)."""
 from __future__ import annotations
 
-import csv
-import io
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ...errors import UserError
+from ..base import HostsCheck
 from ..cluster import Cluster
 from .connect import address_of, connect
 from .nodes import RayNode, cluster_of, read_nodes
@@ -60,27 +57,15 @@ def ray_cluster(ray: str) -> Cluster:
     return cluster
 
 
-def render_ray_nodes(address: str, nodes: Sequence[RayNode], fmt: str) -> str:
+def nodes_check(address: str, nodes: Sequence[RayNode]) -> HostsCheck:
     """`autotune hosts --ray`: one row per live node: its host name, Ray's node id and address, GPUs (type),
-    CPUs and memory as Ray counts them, and what it can run."""
-    rows: list[dict[str, Any]] = [
-        {"host": n.host, "node_id": n.id, "address": n.ip, "gpus": n.gpus, "gpu_type": n.gpu_type, "cpus": n.cpus,
-         "memory_bytes": n.memory, "can_run": f"up to {n.gpus} GPU(s) here" if n.gpus else "nothing (no GPU)"}
-        for n in nodes]
-    if fmt == "json":
-        return json.dumps({"address": address, "nodes": rows}, indent=2) + "\n"
-    names = ("host", "node id", "address", "GPUs", "CPUs", "memory", "can run")
-    cells = [(r["host"], r["node_id"][:16], r["address"], f"{r['gpus']}" + (f" x {r['gpu_type']}" if r["gpu_type"]
-              else ""), f"{r['cpus']:g}", f"{r['memory_bytes'] / 2**30:.1f} GiB", r["can_run"]) for r in rows]
-    if fmt == "csv":
-        buffer = io.StringIO()
-        csv.writer(buffer, lineterminator="\n").writerows([names, *cells])
-        return buffer.getvalue()
-    if fmt == "md":
-        lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-        return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells]) + "\n"
-    width = [max(len(str(x)) for x in column) for column in zip(names, *cells, strict=True)]
-    lines = [f"Ray cluster at {address}: {len(nodes)} live node(s)"]
-    lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, width, strict=True)).rstrip()
-              for row in (names, *cells)]
-    return "\n".join(lines) + "\n"
+    CPUs and memory as Ray counts them, and what it can run. The cluster can run when a node has a GPU."""
+    can = [f"up to {n.gpus} GPU(s) here" if n.gpus else "nothing (no GPU)" for n in nodes]
+    rows = [{"host": n.host, "node_id": n.id, "address": n.ip, "gpus": n.gpus, "gpu_type": n.gpu_type, "cpus": n.cpus,
+             "memory_bytes": n.memory, "can_run": c} for n, c in zip(nodes, can, strict=True)]
+    cells = tuple((n.host, n.id[:16], n.ip, f"{n.gpus}" + (f" x {n.gpu_type}" if n.gpu_type else ""), f"{n.cpus:g}",
+                   f"{n.memory / 2**30:.1f} GiB", c) for n, c in zip(nodes, can, strict=True))
+    return HostsCheck(f"Ray cluster at {address}: {len(nodes)} live node(s)",
+                      ("host", "node id", "address", "GPUs", "CPUs", "memory", "can run"), cells,
+                      tuple(n.gpus > 0 for n in nodes), "can run", {"address": address, "nodes": rows},
+                      any(n.gpus for n in nodes))

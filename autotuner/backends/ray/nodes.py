@@ -57,6 +57,6 @@ def cluster_of(nodes: Sequence[RayNode]) -> Cluster:
     return Cluster(slots, {h: len(ids) for h, ids in slots.items()}, "cuda", types, memory)
 
 
-def record_of(address: str, nodes: Sequence[RayNode]) -> dict[str, Any]:
+def record_of(address: str, nodes: Sequence[RayNode]) -> dict[str, object]:
     """What the ledger keeps of the cluster (`meta.ray`): how to reach it, and each host's node id and address."""
     return {"address": address, "nodes": {n.host: {"id": n.id, "ip": n.ip} for n in nodes if n.gpus > 0}}

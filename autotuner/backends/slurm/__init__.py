@@ -17,7 +17,7 @@ from .allocation import (
     request,
 )
 from .executor import SlurmSteps, end_strays, slurm_executor
-from .watch import AllocationWatcher
+from .watch import allocation_watcher
 
-__all__ = ["Allocation", "AllocationWatcher", "SlurmError", "SlurmSteps", "Withdrawn", "cancel_step", "cluster_of",
+__all__ = ["Allocation", "SlurmError", "SlurmSteps", "Withdrawn", "allocation_watcher", "cancel_step", "cluster_of",
            "current_job", "describe", "end_strays", "planned_cluster", "release", "request", "slurm_executor"]

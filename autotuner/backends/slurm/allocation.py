@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from ... import limits
 from ...errors import UserError
@@ -97,7 +97,7 @@ class Allocation:
     end_time: str | None = None
     owned: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | bool]:
         """What the ledger keeps (meta `slurm`): enough to find the job again."""
         return {"job": self.job, "owned": self.owned}
 

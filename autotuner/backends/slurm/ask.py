@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ... import limits
 from ...errors import UserError
+from ..base import HostsCheck
 from ..cluster import Cluster
 from . import parse
 from .allocation import Allocation, cluster_of, current_job, describe, job_state, node_states, planned_cluster, request
@@ -70,7 +70,7 @@ class SlurmAsk:
             raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
                             "salloc or sbatch)")
 
-    def allocation(self, recorded: Mapping[str, Any] | None = None,
+    def allocation(self, recorded: Mapping[str, object] | None = None,
                    log: Callable[[str], None] = lambda line: None) -> Allocation | None:
         """The allocation to run in (None: not in Slurm): this job's, else the sweep's recorded one while it still
         runs, else a new one (`nodes`, `gpus_per_node`), which the caller gives back (`release`). A Ctrl-C while
@@ -124,3 +124,31 @@ def this_allocation() -> tuple[Allocation, dict[str, parse.Node]]:
         raise UserError("hosts --slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run it in salloc or sbatch")
     allocation = describe(job)
     return allocation, node_states(allocation.nodes)
+
+
+def allocation_check(allocation: Allocation, nodes: Mapping[str, parse.Node]) -> HostsCheck:
+    """`autotune hosts --slurm`: one row per node of the allocation: its state in Slurm, the GPUs (and their
+    type), CPUs and memory the allocation holds there, and the widest experiment that can run on it. The
+    allocation can run when Slurm has taken no node out."""
+    usable = [h for h in allocation.nodes if not (h in nodes and nodes[h].lost)]
+    rows: list[dict[str, object]] = []
+    cells: list[tuple[str, ...]] = []
+    for host in allocation.nodes:
+        node = nodes.get(host)
+        gpus, lost = allocation.gpus.get(host, 0), node is not None and node.lost
+        state = "+".join(sorted(node.states)) if node is not None else "unknown"
+        reason = node.reason if node is not None else None
+        gpu_type, cpus, memory = allocation.types.get(host), allocation.cpus.get(host), allocation.memory_mb.get(host)
+        can = "nothing (lost)" if lost else f"up to {gpus} GPU(s) here, {len(usable)} node(s) at once"
+        rows.append({"node": host, "address": allocation.address(host), "state": state, "reason": reason,
+                     "gpus": gpus, "gpu_type": gpu_type, "cpus": cpus, "memory_mb": memory or None, "can_run": can,
+                     "lost": lost})
+        cells.append((host, allocation.address(host), state + (f" ({reason})" if reason else ""),
+                      f"{gpus}" + (f" x {gpu_type}" if gpu_type else ""), str(cpus or "-"),
+                      f"{memory} MB" if memory else "not tracked", can))
+    ends = f", ends {allocation.end_time}" if allocation.end_time else ""
+    return HostsCheck(f"Slurm job {allocation.job}{ends}", ("node", "address", "state", "GPUs", "CPUs", "memory",
+                                                            "can run"),
+                      tuple(cells), tuple(not r["lost"] for r in rows), "state",
+                      {"job": allocation.job, "end_time": allocation.end_time, "nodes": rows},
+                      not any(n.lost for n in nodes.values()))

@@ -21,10 +21,11 @@ from ..launch import Launcher
 from ..local.cleanup import end_tagged
 from ..local.gpus import free_memory_here, measured
 from ..local.peaks import PeakMemory
+from ..watch import PollingWatcher
 from .allocation import Allocation, cancel_step, cluster_of
 from .executor import end_strays, slurm_executor
 from .shared import unshared_nodes
-from .watch import AllocationWatcher
+from .watch import allocation_watcher
 
 
 def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | None) -> None:
@@ -60,7 +61,7 @@ class SlurmBackend:
         self._local_memory: LocalFreeMemory | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
-        self._watcher: AllocationWatcher | None = None
+        self._watcher: PollingWatcher | None = None
 
     def attach(self) -> None:
         """The allocation checked against the sweep and recorded (a UserError when there is none)."""
@@ -78,7 +79,7 @@ class SlurmBackend:
     def executor(self, post: Post) -> Executor:
         assert self.allocation is not None, "attach first"
         meta = self.ledger.meta()
-        self._watcher = AllocationWatcher(self.allocation, post, margin=self.grace + 30)
+        self._watcher = allocation_watcher(self.allocation, post, margin=self.grace + 30)
         devices = devices_from_json(meta.devices)
         steps = slurm_executor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
                                Launcher(meta.launcher), dict(meta.env), self.grace, allocation=self.allocation,

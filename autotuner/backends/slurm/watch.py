@@ -4,17 +4,13 @@
 `autotune resume --slurm` in a new allocation finishes it."""
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 
-from ...core.events import Event, HostBack, HostLost, Interrupt
-from ...threads import Workers
+from ...core.events import Interrupt, Post
+from ..watch import Look, PollingWatcher
 from .allocation import Allocation, SlurmError, env_seconds, job_state, node_states
-
-log = logging.getLogger(__name__)
 
 POLL_ENV = "AUTOTUNE_SLURM_POLL"  # seconds between looks (default POLL): slurmctld is asked, never the nodes
 POLL = 5.0
@@ -35,48 +31,32 @@ def end_seconds(end_time: str | None) -> float | None:
         return None
 
 
-class AllocationWatcher:
-    """Posts HostLost / HostBack as Slurm changes the allocation's nodes' states, and Interrupt once before
-    the allocation ends (`margin` seconds before its end time) or as soon as it has ended."""
+def node_states_look(allocation: Allocation) -> Look:
+    """The allocation watcher's look: the nodes' states as slurmctld has them (None: the node can run)."""
+    def look(nodes: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+        for name, node in node_states(list(nodes)).items():
+            yield name, f"Slurm marks it {node.why}" if node.lost else None
+    return look
 
-    def __init__(self, allocation: Allocation, post: Callable[[Event], None], margin: float,
-                 interval: float | None = None, clock: Callable[[], float] = time.time):
+
+def allocation_watcher(allocation: Allocation, post: Post, margin: float, interval: float | None = None,
+                       clock: Callable[[], float] = time.time) -> PollingWatcher:
+    """Posts HostLost / HostBack as Slurm changes the allocation's nodes' states, and Interrupt once before the
+    allocation ends (`margin` seconds before its end time) or as soon as it has ended. Its owner closes it."""
+    return PollingWatcher("slurm-watch", node_states_look(allocation), post,
+                          poll_interval() if interval is None else interval, hosts=allocation.nodes,
+                          then=AllocationEnd(allocation, post, margin, clock), transient=(SlurmError,))
+
+
+class AllocationEnd:
+    """Posts Interrupt once, when the allocation has ended or is within `margin` seconds of its end time."""
+
+    def __init__(self, allocation: Allocation, post: Post, margin: float, clock: Callable[[], float]):
         self.allocation, self.post, self.margin, self.clock = allocation, post, margin, clock
-        self.interval = poll_interval() if interval is None else interval
-        self._lost: set[str] = set()
-        self._lock = threading.Lock()
         self._ended = False
-        self._stop = threading.Event()
-        self._workers = Workers("slurm-watch")
-        self._workers.start("slurm-watch", self._loop)
 
-    def watch(self, node: str) -> None:
-        """A node found lost elsewhere (a run's srun said so): told back (HostBack) once Slurm shows it fine."""
-        with self._lock:
-            self._lost.add(node)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._workers.close(timeout=30)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.check()
-            except SlurmError as e:  # slurmctld busy or restarting: asked again next time
-                log.debug("watching the allocation: %s", e)
-
-    def check(self) -> None:
-        """One look at the nodes and the job."""
-        for name, node in node_states(self.allocation.nodes).items():
-            with self._lock:
-                known = name in self._lost
-                if node.lost != known:
-                    (self._lost.add if node.lost else self._lost.discard)(name)
-            if node.lost and not known:
-                self.post(HostLost(name, f"Slurm marks it {node.why}"))
-            elif not node.lost and known:
-                self.post(HostBack(name))
+    def __call__(self) -> None:
+        """One look at the job (after the watcher's look at its nodes)."""
         if self._ended:
             return
         job = job_state(self.allocation.job)

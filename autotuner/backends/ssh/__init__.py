@@ -10,7 +10,7 @@
     cleanup.py   ending an attempt's tagged processes on other hosts
     probe.py     does each host answer (before a launch); what each host offers (`autotune hosts`)
     executor.py  SshExecutor: attempts whose first host is another machine
-    watch.py     HostWatcher: announces a lost host that answers again
+    watch.py     host_watcher: announces a lost host that answers again (a backends.watch.PollingWatcher)
     free_memory.py RemoteMemory: the hosts' GPU free memory, read off the dispatcher for the memory placement
 
 Imports point inward: executor, watch and free_memory use the rest; pool imports only errors, hostkeys and process.
@@ -24,10 +24,10 @@ from .pool import Result, SSHPool
 from .probe import HostReport, check_hostfile, probe_hosts, unanswering
 from .process import RemoteProcess, signal_name
 from .sftp import RemoteFiles
-from .watch import HostWatcher
+from .watch import host_watcher
 
 __all__ = [
-    "CommandTimeout", "HostDown", "HostKeyError", "HostReport", "HostWatcher", "RemoteFiles", "RemoteProcess",
+    "CommandTimeout", "HostDown", "HostKeyError", "HostReport", "RemoteFiles", "RemoteProcess",
     "RemoteStartError", "Result", "SSHPool", "SshExecutor", "check_hostfile", "each", "end_tagged_remote",
-    "probe_hosts", "run_many", "signal_name", "signal_tagged", "unanswering",
+    "host_watcher", "probe_hosts", "run_many", "signal_name", "signal_tagged", "unanswering",
 ]

@@ -15,13 +15,16 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...gpu.nvml import Gpu
+from ...gpu.nvml import gpu_type as type_of_gpus
 from ...gpu.types import size_of_type
+from ...limits import GiB
 from ...spec.hostfile import Host, load_hostfile
+from ..base import HostsCheck
 from .errors import HostDown
 from .fanout import each, run_many
 from .pool import SSHPool
@@ -46,7 +49,7 @@ class HostReport:
     seconds: float = 0.0  # how long the probe took
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "host": self.host, "reachable": self.reachable, "reason": self.reason,
             "gpus": [{"index": g.index, "name": g.name, "memory_total": g.memory_total,
@@ -226,3 +229,34 @@ def check_hostfile(hostfile: str | Path, ssh_config: str | None = None,
     listed = load_hostfile(hostfile)
     with SSHPool(ssh_config, accept_new_hosts=accept_new_hosts) as pool:
         return listed, probe_hosts(list(listed), pool)
+
+
+def hostfile_check(title: str, listed: Mapping[str, Host], reports: Sequence[HostReport]) -> HostsCheck:
+    """`autotune hosts` of a hostfile: one row per host (reachable or why not, slots, GPUs with free memory,
+    versions, load), and its GPU type where one is known: the hostfile's `gpu=`, with the type its GPUs have if
+    that differs. The cluster can run when every host answers."""
+    types = {r.host: (listed[r.host].attrs.get("gpu"), type_of_gpus(r.gpus)) for r in reports}
+    typed = any(stated or found for stated, found in types.values())
+    names = ("host", "slots", *(["type"] if typed else []), "state", "GPUs", "python", "deepspeed", "load")
+    cells = tuple(_host_cells(r, listed[r.host].slots, _type_cell(*types[r.host]) if typed else None)
+                  for r in reports)
+    data = [dict(r.to_json(), slots=listed[r.host].slots, gpu_type=types[r.host][0] or types[r.host][1],
+                 gpu_type_found=types[r.host][1]) for r in reports]
+    return HostsCheck(title, names, cells, tuple(r.reachable for r in reports), "state", data,
+                      all(r.reachable for r in reports))
+
+
+def _type_cell(stated: str | None, found: str | None) -> str:
+    if stated and found and stated != found:
+        return f"{stated} (found {found})"
+    return stated or found or ""
+
+
+def _host_cells(r: HostReport, slots: int, kind: str | None = None) -> tuple[str, ...]:
+    gpus = ", ".join(f"{g.name} {g.memory_total / GiB:.0f} GiB" if g.memory_free is None else
+                     f"{g.name} {g.memory_free / GiB:.0f}/{g.memory_total / GiB:.0f} GiB free"
+                     for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
+    load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
+    return (r.host, str(slots), *([kind] if kind is not None else []),
+            "up" if r.reachable else f"down: {r.reason}", gpus if r.reachable else "",
+            r.python or "", r.deepspeed or "", load)
