@@ -13,7 +13,7 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 - `close`: every resource it opened, in order, once.
 
 A new backend is a package under backends/ with a class that has these members, and one line in registry.py.
-`autotune hosts` asks the registry too (`registry.check_hosts`): each backend describes its hosts as a
+`autotune hosts` asks the registry too (`registry.hosts_check`): each backend describes its hosts as a
 `HostsCheck`, which the views render whatever the kind of cluster.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""`autotune hosts`: the nodes a sweep would run on, checked before GPU hours are spent. Each kind of node
-(a hostfile's over SSH, a Slurm allocation's, a Ray cluster's) is read by one API call here."""
+"""`autotune hosts`: the nodes a sweep would run on, checked before GPU hours are spent, as the backend the
+options name finds them (a hostfile's over SSH, a Slurm allocation's, a Ray cluster's): one API call."""
 from __future__ import annotations
 
 import sys
@@ -27,43 +27,12 @@ def hosts(
 ) -> None:
     """Check every host of a hostfile before spending GPU hours: reachable, GPUs, versions, load. With --slurm:
     the nodes of the allocation this runs in, their state in Slurm and what each can run."""
-    chosen = "json" if as_json else fmt.value
-    if slurm:
-        _slurm_hosts(chosen)
-    if ray is not None:
-        _ray_hosts(ray, chosen)
-    _ssh_hosts(hostfile, ssh_config, accept_new_hosts, chosen)
-
-
-def _ssh_hosts(hostfile: Path, ssh_config: Path | None, accept_new_hosts: bool, fmt: str) -> None:
-    """A hostfile's hosts probed over SSH: exit 0 when every one answered, 1 when one did not."""
     try:
         check_ssh_config(ssh_config)
-        listed, reports = autotuner.check_hosts(hostfile, str(ssh_config) if ssh_config else None,
-                                                accept_new_hosts)
-    except UserError as e:
-        raise fail(e) from None
-    sys.stdout.write(autotuner.render_hosts(f"hosts of {hostfile}", listed, reports, fmt, screen()))
-    raise typer.Exit(0 if all(r.reachable for r in reports) else 1)
-
-
-def _ray_hosts(ray: str, fmt: str) -> None:
-    """`hosts --ray`: the cluster's live nodes; exit 0 when one has a GPU, 1 when none has, 2 when the cluster
-    cannot be reached."""
-    try:
-        address, nodes = autotuner.ray_nodes(ray)
-    except UserError as e:
-        raise fail(e) from None
-    sys.stdout.write(autotuner.render_ray_nodes(address, nodes, fmt))
-    raise typer.Exit(0 if any(n.gpus for n in nodes) else 1)
-
-
-def _slurm_hosts(fmt: str) -> None:
-    """`hosts --slurm`: exit 0 when every node can run, 1 when Slurm has taken one out."""
-    try:
-        allocation, nodes = autotuner.this_allocation()
-        text = autotuner.render_allocation(allocation, nodes, fmt, screen())
+        check = autotuner.hosts_check(hostfile, autotuner.Ssh(str(ssh_config) if ssh_config else None,
+                                                              accept_new_hosts), slurm=slurm, ray=ray)
+        text = autotuner.render_hosts_check(check, "json" if as_json else fmt.value, screen())
     except UserError as e:
         raise fail(e) from None
     sys.stdout.write(text)
-    raise typer.Exit(1 if any(n.lost for n in nodes.values()) else 0)
+    raise typer.Exit(0 if check.ok else 1)
