@@ -24,7 +24,7 @@ from ..spec import Experiment
 from ..states import Reason, State
 from .attempt import STATES, Attempt
 from .meta import SweepMeta
-from .rows import decode_attempts, json_value, odd_peak
+from .rows import decode_attempts, json_object, json_value, odd_peak
 from .schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -290,7 +290,7 @@ class Ledger:
         """Every experiment's recorded spec as JSON data, in the sweep's order, without building `Experiment`s
         (a report of 10,000 needs only their configs; building and checking each took most of its time)."""
         rows = self._db.execute("SELECT spec FROM experiments ORDER BY position").fetchall()
-        return [self._json(r["spec"], "experiments.spec", dict) for r in rows]
+        return [json_object(spec, "experiments.spec", self._corrupt) for (spec,) in rows]
 
     def digests(self) -> dict[str, str]:
         return {r["name"]: r["digest"] for r in self._db.execute("SELECT name, digest FROM experiments")}

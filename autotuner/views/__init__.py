@@ -2,8 +2,9 @@
 tables, two sweeps compared, plots, one HTML page, the live terminal view and the event streams.
 
 - `snapshot`: `Snapshot`, the read model every view starts from (also the runner's result).
-- `tables`: `autotune report` / `status` / `hosts` output, and `render_table`, the one table renderer (fitted
-  to a terminal's width and colour, `Output`).
+- `tables`: `render_table`, the one table renderer (fitted to a terminal's width and colour, `Output`), and
+  `autotune hosts` output.
+- `report`: `autotune report` in every format; `status`: `autotune status`, and how `run` / `resume` end.
 - `records`: a sweep's results for programs (`autotuner.load`): one record per experiment with its swept
   parameters and metrics, flat rows, a pandas DataFrame; the report's outputs are made from them.
 - `compare`: two sweeps side by side.
@@ -31,8 +32,8 @@ _LAZY = {
     "write_plots": "plots",
     "ExperimentRecord": "records", "SweepResults": "records", "load_results": "records",
     "Snapshot": "snapshot", "load": "snapshot",
-    "Output": "tables", "render_hosts": "tables", "render_report": "tables", "render_result": "tables",
-    "render_status": "tables",
+    "render_report": "report", "render_result": "status", "render_status": "status",
+    "Output": "tables", "render_hosts": "tables",
 }
 
 __all__ = [
