@@ -23,7 +23,7 @@ from ..ledger.lock import holder_pid
 from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
 from .analysis import all_attempts, timeline_end, utilisation
-from .live import seconds
+from .panel import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
 from .records import ExperimentRecord, SweepResults, from_snapshot
 from .report import headers
