@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
 
 from ..states import Reason, State
 
@@ -42,13 +41,13 @@ class Attempt:
             return None
         return self.finished_at - self.started_at
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__} | {
             "slots": dict(self.slots), "metrics": dict(self.metrics)}
 
 
 # What reading a row needs of Attempt and the words: every field with its default (None: the columns of an
 # older ledger's version that are missing), and each state and reason by its text.
-ATTEMPT_DEFAULTS: dict[str, Any] = {f.name: None for f in fields(Attempt)}
+ATTEMPT_DEFAULTS: dict[str, None] = {f.name: None for f in fields(Attempt)}
 STATES = {str(s): s for s in State}
 REASONS = {str(r): r for r in Reason}

@@ -58,7 +58,7 @@ def decode_attempts(columns: Sequence[str], rows: Iterable[Sequence[object]], co
     out: list[Attempt] = []
     missing = {k: v for k, v in ATTEMPT_DEFAULTS.items() if k not in columns}  # an older version's ledger
     unknown = sorted(set(columns) - set(ATTEMPT_DEFAULTS))
-    slot_texts: dict[str, dict[str, Any]] = {}
+    slot_texts: dict[str, dict[str, object]] = {}
     new, put = object.__new__, object.__setattr__
     for row in rows:
         if unknown:  # a column Attempt lacks: what Attempt(**data) refused

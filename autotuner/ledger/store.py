@@ -277,7 +277,7 @@ class Ledger:
             rows = sorted(self._by_name("SELECT position, spec FROM experiments WHERE name IN ({})", names))
         return [self._experiment(spec) for _, spec in rows]
 
-    def _by_name(self, query: str, names: Iterable[str]) -> list[tuple[Any, ...]]:
+    def _by_name(self, query: str, names: Iterable[str]) -> list[tuple[object, ...]]:
         """The rows of `query` (its `{}` the names' marks) for the names, _FEW at a time (SQLite bounds a
         statement's parameters): as many index look-ups as names, however large the sweep."""
         wanted, rows = sorted(set(names)), []

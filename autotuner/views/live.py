@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..core.outcome import Outcome
 from ..ledger.store import Ledger
@@ -206,7 +206,7 @@ class LiveView:
         return render(state, state.ended if state.ended is not None else self._clock())
 
 
-def _search_of(recorded: Mapping[str, Any] | None) -> Search | None:
+def _search_of(recorded: Mapping[str, object] | None) -> Search | None:
     """The search of a sweep's meta (search.SearchSpec as JSON), as the view shows it."""
     if recorded is None:
         return None

@@ -127,7 +127,7 @@ class SweepResults(Sequence[ExperimentRecord]):
         """The flat columns, in order: rank, best, name, state, the parameters, the metrics, then the rest."""
         return list(self.column_names())
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, object]]:
         """One flat dict per record (the CSV's rows, the DataFrame's): plain str for state and reason, slots as
         `host:0,1@host2:0`, times in seconds since the epoch."""
         named = self.column_names()
@@ -146,7 +146,7 @@ class SweepResults(Sequence[ExperimentRecord]):
         return pandas.DataFrame(self.rows(), columns=self.columns())
 
 
-def _trailing(r: ExperimentRecord) -> dict[str, Any]:
+def _trailing(r: ExperimentRecord) -> dict[str, object]:
     return {"metric": r.metric, "reason": None if r.reason is None else str(r.reason), "detail": r.detail,
             "attempt": r.attempt, "started": r.started, "finished": r.finished,
             "duration_s": None if r.duration is None else round(r.duration, 3), "peak_memory": r.peak_memory,

@@ -9,7 +9,6 @@ import io
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import UserError
 from ..limits import memory
@@ -27,7 +26,7 @@ _STATE_STYLES = {State.SUCCEEDED: "green", State.FAILED: "red", State.TIMED_OUT:
 _HEADERS = {**ABBREVIATIONS, "num_gpus": "gpus", "num_nodes": "nodes"}
 
 
-def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, Any]:
+def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, object]:
     return {"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if typed else {}) | {
             "state": r.state, "metric": r.metric,
             "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
@@ -60,7 +59,7 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
     return _report_table(results, output, notes) + _optimal_text(snap)
 
 
-def confirmed_json(snap: Snapshot) -> dict[str, Any]:
+def confirmed_json(snap: Snapshot) -> dict[str, object]:
     """A tune's: how its winner was confirmed by re-runs (None: nothing was run again), what its memory model said."""
     if snap.meta.search is None:
         return {}
@@ -68,7 +67,7 @@ def confirmed_json(snap: Snapshot) -> dict[str, Any]:
             "memory": memory_note(snap), "batch": batch_note(snap)}
 
 
-def _per_type(snap: Snapshot) -> dict[str, Any]:
+def _per_type(snap: Snapshot) -> dict[str, object]:
     """A sweep on several GPU types: each type's best, and its config and command (a metric compares only within
     one type)."""
     if not snap.by_type:
@@ -78,10 +77,11 @@ def _per_type(snap: Snapshot) -> dict[str, Any]:
                                 if (o := optimal(snap, gpu_type=t)) is not None}}
 
 
-def json_with_rows(document: Mapping[str, Any], key: str) -> str:
+def json_with_rows(document: Mapping[str, object], key: str) -> str:
     """`document` as indented JSON, but the list under its top-level `key` one compact object a line: as easy
     to read, and written by json's C encoder (`indent=` makes it pure Python: seconds for 10,000 rows)."""
     rows = document[key]
+    assert isinstance(rows, list), key  # the rows: a list by the callers' contract
     text = json.dumps({**document, key: []}, indent=2)
     inner = ",\n".join("    " + json.dumps(row) for row in rows)
     marker = f'\n  {json.dumps(key)}: []'  # the top level's: two spaces in, nested keys are deeper
@@ -97,7 +97,7 @@ def _csv(results: SweepResults) -> str:
     return buffer.getvalue()
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: object) -> str:
     """A parameter's value in a cell: text as it is, anything else as JSON; "-" where the experiment lacks it."""
     if value is None:
         return "-"
