@@ -89,11 +89,14 @@ def json_with_rows(document: Mapping[str, object], key: str) -> str:
 
 
 def _csv(results: SweepResults) -> str:
+    """One line per record, its values in `columns()` order (lists and objects as JSON): what csv.DictWriter
+    wrote, without its per-row check of the keys (the rows are made with exactly these)."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=results.columns(), lineterminator="\n")
-    writer.writeheader()
-    for row in results.rows():
-        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+    writer = csv.writer(buffer, lineterminator="\n")
+    columns = results.columns()
+    writer.writerow(columns)
+    writer.writerows([json.dumps(v) if isinstance(v, (list, dict)) else v for v in (row.get(k, "") for k in columns)]
+                     for row in results.rows())
     return buffer.getvalue()
 
 
@@ -121,14 +124,17 @@ def _peak(r: ExperimentRecord) -> str:
 
 
 def _markdown(results: SweepResults) -> str:
-    typed, peaks = results.typed, results.measured_memory
+    typed, peaks, records = results.typed, results.measured_memory, results.records
     head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
             "time", *(["peak memory"] if peaks else []), "reason"]
-    return markdown_table(head, [
-        ["**best**" if r.best else str(r.rank or ""), r.name, *([r.gpu_type or ""] if typed else []), r.state,
-         *(_value_text(r.parameters[k]) for k in results.parameters),
-         *(format_compact(r.metrics.get(m)) for m in results.metrics), _duration(r), *([_peak(r)] if peaks else []),
-         f"{r.reason}: {r.detail}" if r.reason else ""] for r in results])
+    columns: list[Sequence[str]] = [  # a column at a time, as the table's cells
+        ["**best**" if r.best else str(r.rank or "") for r in records], [r.name for r in records],
+        *([[r.gpu_type or "" for r in records]] if typed else []), [r.state for r in records],
+        *([_value_text(r.parameters[k]) for r in records] for k in results.parameters),
+        *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
+        [_duration(r) for r in records], *([[_peak(r) for r in records]] if peaks else []),
+        [f"{r.reason}: {r.detail}" if r.reason else "" for r in records]]
+    return markdown_table(head, list(zip(*columns, strict=True)))
 
 
 def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
