@@ -11,6 +11,7 @@ tables, two sweeps compared, plots, one HTML page, the live terminal view and th
 - `analysis`: what the plots show, without matplotlib; `plots`: the figures (matplotlib only when drawn).
 - `html`: the self-contained page.
 - `live`: the terminal view of a running sweep and `watching`, which wires the observers a run is watched with.
+  What it shows at one instant is `livestate.LiveState`, drawn by `panel.render`; its ETA is `eta.Eta`'s.
 - `events`: the JSON event log (`--events`) and the plain one-line-per-event printer.
 
 Nothing here imports matplotlib or torch on import, and each name below is imported from its module on first
