@@ -206,7 +206,7 @@ class Ledger:
         return decode_attempts([c[0] for c in cursor.description], rows, self._corrupt) if rows else []
 
     def _experiment(self, spec: str) -> Experiment:
-        data = self._json(spec, "experiments.spec", dict)
+        data = json_object(spec, "experiments.spec", self._corrupt)
         try:
             return Experiment.from_json(data)
         except (KeyError, TypeError, ValueError):
