@@ -84,11 +84,11 @@ def start_dashboard(runners: Runners, *args: object) -> Dashboard:
             return Dashboard(proc, f"{parsed.scheme}://{parsed.netloc}", token, printed)
 
 
-def stand_in_sweep(directory: Path, values: list[object], *, name: str = "s", slots: int = 2,
+def stand_in_sweep(directory: Path, values: list[object], *, name: str = "s", slots: int = 2, extra: str = "",
                    runners: Runners, **environ: object) -> tuple[Path, subprocess.Popen]:
     """A stand-in sweep started in the background (the TALKING stand-in); returns its results directory."""
     directory.mkdir(parents=True, exist_ok=True)
-    spec = write_sweep(directory, values, name=name)
+    spec = write_sweep(directory, values, name=name, extra=extra)
     launcher = write_launcher(directory, TALKING)
     out = directory / "results" / name
     proc = runners.start("run", spec, "--slots", slots, "--launcher", launcher, "-o", out, "-q",

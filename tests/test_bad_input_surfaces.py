@@ -305,6 +305,30 @@ def test_a_results_directory_never_writes_over_an_input(tmp_path):
     assert sorted(p.name for p in exps.iterdir()) == ["a.json"]
 
 
+def test_a_results_directory_with_someone_elses_files_of_our_names_is_refused(tmp_path):
+    """A `hostfile` or `summary.txt` in a directory that holds no sweep was written over by the new sweep; one
+    hostfile is ours to write again: the one a `run` killed before its ledger was in place left behind."""
+    sweep, _, _ = plan_inputs(tmp_path)
+    launcher = write_launcher(tmp_path, OK_STANDIN)
+    results = tmp_path / "results"
+    results.mkdir()
+    stray = results / "hostfile"
+    stray.write_text("worker-1 slots=8  # a note of someone's\n")
+    run = ("run", sweep, "--slots", 1, "-o", results, "--launcher", launcher, "-q")
+    refused(autotune(*run, cwd=tmp_path), f"{stray}:", "a hostfile this sweep did not write")
+    assert stray.read_text() == "worker-1 slots=8  # a note of someone's\n"
+    assert sorted(p.name for p in results.iterdir()) == ["hostfile"]
+    stray.unlink()
+    (results / "summary.txt").write_text("my notes\n")
+    refused(autotune(*run, cwd=tmp_path), results, "holds summary.txt but no sweep")
+    assert (results / "summary.txt").read_text() == "my notes\n"
+    (results / "summary.txt").unlink()
+    stray.write_text("localhost slots=1\n")  # what the killed run wrote: taken again
+    done = autotune(*run, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (results / "ledger.sqlite").exists() and stray.read_text() == "localhost slots=1\n"
+
+
 # --- an impossible tune ------------------------------------------------------------------------------------------
 
 
@@ -425,7 +449,7 @@ def test_a_json_config_is_told_where_json_stops_not_where_hjson_does(tmp_path, v
     refused(tune(tmp_path, "--slots", 1), f"{path}:2:", "malformed JSON", tmp_path=tmp_path)
 
 
-@pytest.mark.parametrize("value", ["+1,", ".5,", "'a',", "hello,"])
+@pytest.mark.parametrize("value", ["+1,", ".5,", "'a',", "hello,", "0x10,", "1.5.3,", "2e5e1,"])
 def test_a_json_value_hjson_would_read_as_a_string_is_refused_at_its_line(tmp_path, value):
     """`"lr": +1,` on a line of its own: JSON refuses it, hjson read it as the string "+1," and the tune ran."""
     path = config(tmp_path)

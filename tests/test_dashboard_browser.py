@@ -112,6 +112,13 @@ def test_the_page_follows_a_running_sweep_and_cancels_from_the_page(tmp_path, ru
     assert len(_texts(browser, "#experiments tbody td.name")) == 5
     browser.find_element(By.CSS_SELECTOR, '#state-filter option[value="running"]').click()
     assert _texts(browser, "#experiments tbody td.name") == ["s_xlong"]
+    # Nothing changes in the ledger while s_xlong runs: its duration still counts up on the page.
+    duration = '#experiments th[data-col="duration"]'
+    column = browser.execute_script(f"return [...document.querySelectorAll('#experiments th')].indexOf("
+                                    f"document.querySelector('{duration}'))")
+    took = f"#experiments tbody tr td:nth-child({column + 1})"
+    first = _text(browser, took)
+    wait_until(lambda: _text(browser, took) not in ("", first), timeout=10, message="the running duration grows")
 
     # The long run's log, followed as it grows.
     _click(browser, '#experiments tr[data-name="s_xlong"] td.name a')
@@ -133,7 +140,7 @@ def test_the_page_follows_a_running_sweep_and_cancels_from_the_page(tmp_path, ru
 
 
 def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp_path, runners, browser):
-    out, run = stand_in_sweep(tmp_path / "b", [1, 2, 4], runners=runners, STANDIN_SECONDS=0.2)
+    out, run = stand_in_sweep(tmp_path / "b", [1, 2, 4], runners=runners, extra="num_gpus: 2", STANDIN_SECONDS=0.2)
     assert finish(run)[0] == 0
     shown = start_dashboard(runners, out.parent)
 
@@ -159,6 +166,10 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     fill = browser.execute_script("return document.querySelector('#plot-metric .gtitle').style.fill")
     assert fill in ("rgb(230, 233, 239)", "#e6e9ef"), fill
     _keep(browser, tmp_path, "dashboard-dark-plots")
+    # The slot timeline: each two-slot run a bar on each of its slots.
+    bars = browser.execute_script("return document.getElementById('plot-timeline').data.flatMap("
+                                  "(t) => t.y.map((slot, i) => [t.text[i], slot]))")
+    assert sorted(map(tuple, bars)) == [(f"s_x{x}", slot) for x in (1, 2, 4) for slot in ("localhost:0", "localhost:1")]
 
     browser.set_window_size(400, 900)
     browser.execute_cdp_cmd("Emulation.setEmulatedMedia",

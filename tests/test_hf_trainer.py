@@ -6,6 +6,7 @@ winner's cmd_optimal.txt is run as the README says, as a normal training run."""
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,16 @@ def offline(tmp_path: Path) -> dict[str, str]:
 def per_device_batch(log: str) -> list[int]:
     """The per-device batch sizes the Trainer logged when it began to train."""
     return [int(n) for n in re.findall(r"Instantaneous batch size per device = (\d+)", log)]
+
+
+def on_a_free_port(command: str) -> str:
+    """cmd_optimal.txt's `deepspeed` command on a port free now: DeepSpeed's default (29500) may be another run's at
+    this moment on a shared machine (EADDRINUSE), and the launcher binds it a moment later."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert "deepspeed " in command, command
+    return command.replace("deepspeed ", f"deepspeed --master_port {port} ", 1)
 
 
 def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp_path):
@@ -80,8 +91,8 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     command = (results / "cmd_optimal.txt").read_text().strip()
     assert f"--deepspeed {results / 'ds_config_optimal.json'}" in command
     assert f"--per_device_train_batch_size {mbs} " in command
-    trained = subprocess.run(["bash", "-c", command], env=environ, cwd=tmp_path, capture_output=True, text=True,
-                             timeout=300)
+    trained = subprocess.run(["bash", "-c", on_a_free_port(command)], env=environ, cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300)
     assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
     assert per_device_batch(trained.stdout + trained.stderr) == [mbs]
     assert f"trained {STEPS} steps of {mbs} samples per device" in trained.stdout

@@ -121,10 +121,10 @@ def test_files_that_were_there_before_are_kept(tmp_path):
     rig = Rig(tmp_path)
     with tmpfs(tmp_path / "disk", "size=64k") as disk:
         (disk / "results").mkdir()
-        (disk / "results" / "hostfile").write_text("mine slots=1\n")
+        (disk / "results" / "notes.txt").write_text("mine\n")
         fill(disk / "filler")
         assert_one_line_error(rig.run("--results", disk / "results"), "cannot write the results directory")
-        assert tree(disk / "results") == {"hostfile"}
+        assert tree(disk / "results") == {"notes.txt"}
 
 
 # --- --events files that cannot be written: refused before the results directory exists ------------------

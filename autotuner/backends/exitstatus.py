@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..core.outcome import Outcome, judge
+from ..core.outcome import Outcome, aborted_at_exit, judge
 from ..spec.metrics import Metric
 from ..states import Reason, State
 from . import tags
@@ -86,12 +86,14 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     if exit_code is None:
         return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
     metrics = directory / "metrics.json"
-    if exit_code == 0 and not metrics.exists() and (directory / MODEL_INFO).exists():
+    logs = [directory / "stderr.log", directory / "stdout.log"]
+    if not metrics.exists() and (directory / MODEL_INFO).exists() and (exit_code == 0 or  # a profile run ended
+                                                                         aborted_at_exit(exit_code, logs)):
         return _profiled(directory / MODEL_INFO)
     # The profile window only explains a missing metrics file: the config is read for that case alone, not
     # after every run.
     profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
-    return judge(exit_code, metrics, metric, [directory / "stderr.log", directory / "stdout.log"], profile_end)
+    return judge(exit_code, metrics, metric, logs, profile_end)
 
 
 def _profiled(path: Path) -> Outcome:

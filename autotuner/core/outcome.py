@@ -29,6 +29,13 @@ _PATTERNS: tuple[tuple[Reason, re.Pattern[str]], ...] = (
                                r"|Permission denied \(publickey", re.I)),
 )
 _TAIL_BYTES = 256 * 1024
+# A process that aborts in its teardown: C++'s std::terminate on a thread still joinable at exit (gloo's, NCCL's).
+# DeepSpeed's autotuning mode ends a run by calling exit() from inside its engine once it wrote the metrics, so
+# the script never tears its process group down, and the interpreter's exit can end this way.
+_TEARDOWN_ABORT = re.compile(r"terminate called without an active exception")
+# SIGABRT as subprocess reports it (-6), as a shell does (134), and as DeepSpeed's launcher passes a rank's -6 on
+# (sys.exit(-6): 250).
+_ABORTED = (-6, 128 + 6, 256 - 6)
 
 
 @dataclass(frozen=True)
@@ -94,8 +101,29 @@ def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],
                 detail += _why_missing(metric, end_profile_step)
             return Outcome(State.FAILED, Reason.METRICS, detail, exit_code)
         return Outcome(State.SUCCEEDED, exit_code=exit_code, metrics=values)
+    if aborted_at_exit(exit_code, logs):
+        try:
+            values = read_metrics(metrics_path, metric)
+        except MetricsError:
+            pass  # aborted before it measured: a failure as ever
+        else:
+            return Outcome(State.SUCCEEDED, None, f"measured, then aborted at exit (exit status {exit_code}: "
+                           "terminate called without an active exception)", exit_code, values)
     reason, line = classify(exit_code, logs)
     return Outcome(State.FAILED, reason, line or f"exit status {exit_code}", exit_code)
+
+
+def aborted_at_exit(exit_code: int | None, logs: list[Path]) -> bool:
+    """The process aborted in its teardown and nothing else went wrong: SIGABRT, the log's "terminate called
+    without an active exception", no Python traceback, no out-of-memory, config or launch line. What it wrote
+    before (a metrics file, the profile run's model info: the attempt's own, removed before it started) is whole,
+    so it counts; a crash with any other sign, or with nothing written, is a failure as ever."""
+    if exit_code not in _ABORTED:
+        return False
+    lines = [line.strip() for log in logs for line in _tail_lines(log)]
+    if not any(_TEARDOWN_ABORT.search(line) for line in lines) or any("Traceback" in line for line in lines):
+        return False
+    return classify(exit_code, logs)[0] == Reason.EXIT
 
 
 def _why_missing(metric: Metric, end_profile_step: int | None) -> str:

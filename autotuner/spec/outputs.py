@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..errors import UserError, kind_of
+from .hostfile import HOSTFILE
 from .model import RESERVED_NAMES
 
 
@@ -68,3 +69,20 @@ def check_results_directory(directory: str | Path, inputs: Iterable[str | Path |
         if RESERVED_NAMES.fullmatch(given.name) and same_file(given.parent, directory):
             raise UserError(f"the sweep writes its own {given.name} here, over {given}, an input of this command: "
                             "pick another --results", directory)
+    _check_strays(directory)
+
+
+def _check_strays(directory: Path) -> None:
+    """A directory that holds no sweep (no ledger) but a file of a sweep's own name (a `summary.txt` someone left
+    there): the new sweep would write over it, so it is refused, never replaced. A hostfile is checked where the
+    sweep is made (`sweep.create`): one a killed `run` left there is the same text and is written again."""
+    try:
+        if (directory / "ledger.sqlite").exists():
+            return
+        strays = sorted(entry.name for entry in os.scandir(directory) if RESERVED_NAMES.fullmatch(entry.name)
+                        and entry.name != HOSTFILE)
+    except OSError:  # not there yet, or a path the sweep's own creation of it refuses with its reason
+        return
+    if strays:
+        raise UserError(f"holds {strays[0]} but no sweep (no ledger.sqlite): the sweep would write its own "
+                        f"{strays[0]} over it; move it or pick another --results", directory)

@@ -139,14 +139,20 @@ class _Swallowed(Exception):
 
 
 def _check_swallowed(text: str, error: json.JSONDecodeError) -> None:
-    """hjson reads what JSON cannot take as a value (`+1`, `.5`, `0x10`, `-NaN`, `'a'`) as a string running to
+    """hjson reads what JSON cannot take as a value (`+1`, `.5`, `0x10`, `1.5.3`, `-NaN`, `'a'`) as a string running to
     the end of its line, commas and brackets included: in text otherwise JSON, that is a misread, not a value.
     What hjson allows on purpose (comments, a trailing comma, unquoted keys) is not a value position, or starts
     otherwise."""
-    if error.msg != "Expecting value" or text[error.pos:error.pos + 1] in ("", "/", "#", "]", "}"):
+    start = error.pos
+    if error.msg == "Expecting ',' delimiter":  # `0x10,` or `1.5.3,`: JSON read a number and stopped inside it
+        while start > 0 and (text[start - 1].isdigit() or text[start - 1] in ".-+eE"):
+            start -= 1
+        if start == error.pos or text[:start].rstrip()[-1:] not in (":", "[", ","):
+            return
+    elif error.msg != "Expecting value" or text[error.pos:error.pos + 1] in ("", "/", "#", "]", "}"):
         return
-    line_end = text.find("\n", error.pos)
-    raise _Swallowed(error, text[error.pos:line_end if line_end >= 0 else len(text)].strip())
+    line_end = text.find("\n", start)
+    raise _Swallowed(error, text[start:line_end if line_end >= 0 else len(text)].strip())
 
 
 def _json_error(text: str) -> json.JSONDecodeError | None:

@@ -228,6 +228,20 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def _check_stray_hostfile(path: Path, ours: str) -> None:
+    """A hostfile in a directory with no ledger yet is ours only when it says what this sweep would write (a
+    `run` killed before its ledger was in place left it); anything else is someone's file, never written over."""
+    try:
+        there = path.read_text()
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError):
+        there = None
+    if there != ours:
+        raise UserError("is a hostfile this sweep did not write (the directory holds no ledger): move it or pick "
+                        "another --results", path)
+
+
 def _staging(directory: Path) -> list[Path]:
     """The ledger built aside, and the files SQLite keeps beside it."""
     return [directory / (f".{FILENAME}.new" + suffix) for suffix in ("", "-wal", "-shm", "-journal")]
@@ -236,7 +250,9 @@ def _staging(directory: Path) -> list[Path]:
 def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequence[str] | None,
                  timeout: float | None, search: SearchSpec | None = None,
                  learned: Mapping[str, int] | None = None) -> None:
-    write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
+    hostfile = format_hostfile(dict(cluster.capacity))
+    _check_stray_hostfile(directory / HOSTFILE, hostfile)
+    write_atomic(directory / HOSTFILE, hostfile)
     # The ledger is built aside and renamed into place complete: a runner killed in the middle leaves no
     # ledger (`run` again) or a whole one (`resume`), never one without its experiments.
     staging = f".{FILENAME}.new"

@@ -16,7 +16,9 @@ from .connect import address_of, connect
 from .nodes import RayNode, cluster_of, read_nodes
 
 # What follows a bare `--ray` as its address, rather than as the next argument (a spec file, an option).
-_ADDRESS = re.compile(r"auto|local|ray://\S+|[A-Za-z0-9._-]+:\d+")
+# What `--ray VALUE` takes as its address: a word Ray knows, any scheme:// (ray://; http:// is Ray's to refuse,
+# with its own advice), host:port, [v6]:port.
+_ADDRESS = re.compile(r"auto|local|[A-Za-z][A-Za-z0-9+.-]*://\S+|\[[0-9A-Fa-f:.]+\]:\d+|[A-Za-z0-9._-]+:\d+")
 
 
 def optional_ray_value(argv: list[str]) -> list[str]:

@@ -41,18 +41,46 @@ def connect(address: str, where: Path | None = None) -> ModuleType:
     ray = import_ray()
     if ray.is_initialized():
         return ray
-    silent = unanswering(address)
+    found = _bootstrap_address(ray, address)
+    silent = unanswering(found)
     if silent:
-        raise UserError(f"--ray: no Ray cluster answers at {address}: {silent}", where)
+        shown = address if found == address else f"{address} ({found})"
+        raise UserError(f"--ray: no Ray cluster answers at {shown}: {silent}", where)
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet):
             ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level=logging.ERROR,
                      configure_logging=False)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"--ray: no Ray cluster answers at {address}: {first}", where) from None
+        raise UserError(f"--ray: no Ray cluster answers at {address}: {_first_sentence(e)}", where) from None
     return ray
+
+
+def _bootstrap_address(ray: ModuleType, address: str) -> str:
+    """`auto` as Ray resolves it (the cluster this machine last started, or a Ray process running here), so that
+    a stale or unreachable one is refused in seconds instead of Ray's minutes of retries; else `address`."""
+    if address != "auto":
+        return address
+    services = logging.getLogger("ray._private.services")  # "Found multiple active Ray instances": not ours to print
+    level = services.level
+    services.setLevel(logging.ERROR)
+    try:
+        found = ray._private.services.canonicalize_bootstrap_address(address)
+    except (ConnectionError, AttributeError, ValueError):  # none here: ray.init says so in its own words
+        return address
+    finally:
+        services.setLevel(level)
+    return found if isinstance(found, str) else address
+
+
+def _first_sentence(error: BaseException) -> str:
+    """Ray's message cut to one line: its first line, and of a line that leads into a list ("either:"), its first
+    sentence."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    first = text.splitlines()[0]
+    return first.split(". ")[0] + "." if first.endswith(":") and ". " in first else first
 
 
 def unanswering(address: str) -> str | None:

@@ -191,6 +191,7 @@ function apply(S, data) {
   S.seq = data.seq;
   if (data.summary) { S.summary = data.summary; S.sv = data.sv; drawTop(S); }
   else if (S.summary) drawEta(S);
+  if (S.table) tickDurations(S.table);
   if (!S.dirty) return;
   rank(S);
   if (S.tab === "experiments") { drawTable(S); S.dirty = false; }
@@ -249,6 +250,12 @@ function drawEta(S) {
   const elapsed = s.first_start ? "elapsed " + seconds(now - s.first_start) + " · " : "";
   S.etaLine.textContent = e.end ? elapsed + "ETA ~" + seconds(e.end - now) + " (re-planned as the terminal's live view)"
     : e.why === "finished" ? "finished" : elapsed + "ETA ? (" + e.why + ")";
+}
+
+// A running row's duration grows between transitions: its cell carries the start and is redrawn at every poll.
+function tickDurations(table) {
+  const now = Date.now() / 1000;
+  for (const td of table.querySelectorAll("td[data-started]")) td.textContent = seconds(now - Number(td.dataset.started));
 }
 
 // --- the experiments table -------------------------------------------------------------------------------------
@@ -312,7 +319,8 @@ function drawTable(S) {
       if (k === "name") return el("td", { class: "name" }, el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(r[0]) }, r[0]));
       if (k === "state") return el("td", {}, stateBadge(v));
       if (k === "why") return el("td", { class: "why" }, v);
-      if (k === "duration") return el("td", { class: "num" }, v === null ? "" : seconds(v));
+      if (k === "duration") return el("td", { class: "num", "data-started": r[S.col.started] && !r[S.col.finished] ? r[S.col.started] : null },
+        v === null ? "" : seconds(v));
       if (k === "action") return el("td", {}, ["running", "queued"].includes(r[S.col.state])
         ? el("button", { class: "small danger", onclick: () => cancelRuns(S.id, [r[0]]) }, "cancel") : null);
       return el("td", { class: typeof v === "number" ? "num" : "" }, typeof v === "object" && v !== null ? JSON.stringify(v) : number(v));
@@ -323,6 +331,14 @@ function drawTable(S) {
     el("button", { disabled: S.page === 0 ? true : null, onclick: () => { S.page--; drawTable(S); } }, "‹ previous"),
     el("span", { class: "muted" }, "page " + (S.page + 1) + " of " + pages),
     el("button", { disabled: S.page >= pages - 1 ? true : null, onclick: () => { S.page++; drawTable(S); } }, "next ›")] : []));
+}
+
+// "node1:0,1@node2:0,1" (the feed's slots of a run) as one name per slot: node1:0, node1:1, node2:0, node2:1.
+function slotsOf(text) {
+  return (text || "").split("@").filter(Boolean).flatMap((part) => {
+    const at = part.lastIndexOf(":");  // a host may hold colons itself (::1)
+    return at < 0 ? [part] : part.slice(at + 1).split(",").map((id) => part.slice(0, at + 1) + id);
+  });
 }
 
 // --- plots -----------------------------------------------------------------------------------------------------
@@ -380,14 +396,17 @@ function drawPlots(S) {
   Plotly.react(S.plots.best, [{ type: "scatter", mode: "lines", line: { shape: "hv" }, x: bx, y: by, name: "best" },
     { type: "scatter", mode: "markers", x: done.slice(-3000).map((r) => new Date(r[c.finished] * 1000)), y: done.slice(-3000).map((r) => r[c.metric]), name: "runs", marker: { size: 4, color: "rgba(128,128,128,.45)" } }],
   layout("best " + m + " so far", { yaxis: { title: { text: m } } }), opts);
-  // The slot timeline: each run a bar on its first slot (the latest 1,500).
+  // The slot timeline: each run a bar on every slot it holds (the latest 1,500 runs).
   const now = Date.now() / 1000, colors = { succeeded: "#1f8a4c", failed: "#c8372d", timed_out: "#c8372d", running: "#0e7c9b", cancelled: "#b7791f", interrupted: "#b7791f" };
   const ran = rows.filter((r) => r[c.started]).sort((a, b) => a[c.started] - b[c.started]).slice(-1500);
   const byState = new Map();
   for (const r of ran) { const s = r[c.state]; if (!byState.has(s)) byState.set(s, []); byState.get(s).push(r); }
-  Plotly.react(S.plots.timeline, [...byState].map(([s, rs]) => ({ type: "bar", orientation: "h", name: s, marker: { color: colors[s] || "#888" },
-    y: rs.map((r) => r[c.slots].split("@")[0].replace(/,.*/, "")), base: rs.map((r) => new Date(r[c.started] * 1000)),
-    x: rs.map((r) => ((r[c.finished] || now) - r[c.started]) * 1000), text: rs.map((r) => r[0]), hovertemplate: "%{text}<extra>" + s + "</extra>" })),
+  Plotly.react(S.plots.timeline, [...byState].map(([s, rs]) => {
+    const bars = rs.flatMap((r) => slotsOf(r[c.slots]).map((slot) => [slot, r]));
+    return { type: "bar", orientation: "h", name: s, marker: { color: colors[s] || "#888" }, y: bars.map(([slot]) => slot),
+      base: bars.map(([, r]) => new Date(r[c.started] * 1000)), x: bars.map(([, r]) => ((r[c.finished] || now) - r[c.started]) * 1000),
+      text: bars.map(([, r]) => r[0]), hovertemplate: "%{text}<extra>" + s + "</extra>" };
+  }),
   layout("slot timeline", { barmode: "overlay", xaxis: { type: "date" }, yaxis: { type: "category", categoryorder: "category descending" } }), opts);
   // Parallel coordinates over the swept keys, coloured by the metric.
   const keys = S.columns.filter((k) => k.startsWith("param:"));
