@@ -70,10 +70,12 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.plots import write_plots
     from .views.records import ExperimentRecord, SweepResults
     from .views.records import load_results as load
+    from .views.report import render_report
     from .views.snapshot import Snapshot
     from .views.snapshot import load as snapshot
+    from .views.status import render_result, render_status
     from .views.summary import OPTIMAL_COMMAND
-    from .views.tables import Output, render_report, render_result, render_status
+    from .views.tables import Output
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
@@ -140,11 +142,11 @@ _LAZY = {
     "SweepResults": (".views.records", "SweepResults"),
     "ExperimentRecord": (".views.records", "ExperimentRecord"),
     # What the `autotune` command prints and writes: the views, each on first use (rich, matplotlib only then).
-    "render_status": (".views.tables", "render_status"),
-    "render_report": (".views.tables", "render_report"),
+    "render_status": (".views.status", "render_status"),
+    "render_report": (".views.report", "render_report"),
     "render_hosts": (".views.hosts", "render_hosts"),
     "render_hosts_check": (".views.hosts", "render_hosts_check"),
-    "render_result": (".views.tables", "render_result"),
+    "render_result": (".views.status", "render_result"),
     "Output": (".views.tables", "Output"),
     "render_compare": (".views.compare", "render_compare"),
     "render_plan": (".views.plan", "render_plan"),

@@ -24,7 +24,8 @@ from autotuner.core.outcome import Outcome
 from autotuner.states import State
 from autotuner.views.events import EventLog, PlainPrinter, event_record, metric_values
 from autotuner.views.live import _KEYS as KEYS
-from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, render, seconds, watching
+from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, watching
+from autotuner.views.panel import render, seconds
 from autotuner.views.snapshot import snapshot
 
 from recorded import T0, grid_sweep, record, two_nodes

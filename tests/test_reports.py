@@ -23,7 +23,8 @@ import autotuner
 from autotuner.backends.ssh.probe import HostReport
 from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
-from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_report, render_table
+from autotuner.views.report import render_report
+from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_table
 
 from recorded import grid_sweep, record, two_nodes
 
@@ -123,7 +124,7 @@ def test_table_has_every_parameter_and_metric_with_short_headers_explained(sweep
 
 
 def test_headers_of_keys_that_end_alike_stay_apart():
-    from autotuner.views.tables import headers
+    from autotuner.views.report import headers
 
     keys = ["zero_optimization.offload_optimizer.device", "zero_optimization.offload_param.device",
             "zero_optimization.stage", "num_gpus", "bf16.enabled", "fp16.enabled"]

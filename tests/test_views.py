@@ -23,9 +23,9 @@ from autotuner.states import State
 from autotuner.views.analysis import choose_axes, swept_keys, utilisation
 from autotuner.views.compare import compare, render_compare
 from autotuner.views.plots import METRIC_PNG, TIMELINE_PNG, write_plots
+from autotuner.views.report import render_report
 from autotuner.views.snapshot import snapshot
 from autotuner.views.summary import summary_text, write_outcome_files
-from autotuner.views.tables import render_report
 
 from recorded import T0, grid_sweep, record, throughput, two_nodes
 

@@ -18,7 +18,7 @@ from ..core.slots import devices_from_json
 from ..planning.plan import Ongoing, time_left
 from ..states import State
 from ..threads import Workers
-from ..views.live import REPLAN_SECONDS
+from ..views.eta import REPLAN_SECONDS
 from ..views.snapshot import Snapshot
 
 # States whose duration says how long an experiment takes (as the live view counts them).

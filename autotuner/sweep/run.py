@@ -160,7 +160,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     """New attempts for interrupted experiments (and failed or timed-out ones when asked)."""
     again = {State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
-    return ledger.requeue([name for name, (_, state) in ledger.states().items() if state in again], time.time())
+    return ledger.requeue(list(ledger.latest_in(*again)), time.time())
 
 
 def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend,
@@ -172,7 +172,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     slot_pool = SlotPool(meta.slots)
     now = time.time()
     # Only what runs is read: decoding every spec and attempt of a sweep of 10,000 delayed the first launch.
-    queued = {name: attempt for name, (attempt, state) in ledger.states().items() if state == State.QUEUED}
+    queued = ledger.latest_in(State.QUEUED)
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     placement, waiting = backend.admit(_placement(ledger, options, backend, devices), slot_pool, waiting)
@@ -200,7 +200,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
                 note("adopted", run, None)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
         recover(ledger, time.time(), backend.end, attempts=stray)
-        states = ledger.states()  # one that ended while no runner was alive keeps what its status says
+        states = ledger.states(a.name for a in stray)  # one that ended with no runner alive keeps its status
         again = ledger.requeue([a.name for a in stray if states[a.name][1] == State.INTERRUPTED], time.time())
         waiting += [Queued(experiments[name], number) for name, number in again.items()]
         options.log(f"{len(stray)} attempt(s) left running on slots that were not theirs to hold: ended and "

@@ -2,8 +2,8 @@
 tables, two sweeps compared, plots, one HTML page, the live terminal view and the event streams.
 
 - `snapshot`: `Snapshot`, the read model every view starts from (also the runner's result).
-- `tables`: `autotune report` / `status` output, and `render_table`, the one table renderer (fitted
-  to a terminal's width and colour, `Output`).
+- `tables`: `render_table`, the one table renderer (fitted to a terminal's width and colour, `Output`).
+- `report`: `autotune report` in every format; `status`: `autotune status`, and how `run` / `resume` end.
 - `records`: a sweep's results for programs (`autotuner.load`): one record per experiment with its swept
   parameters and metrics, flat rows, a pandas DataFrame; the report's outputs are made from them.
 - `hosts`: `autotune hosts` output, whatever the kind of cluster (the backend's HostsCheck).
@@ -11,6 +11,7 @@ tables, two sweeps compared, plots, one HTML page, the live terminal view and th
 - `analysis`: what the plots show, without matplotlib; `plots`: the figures (matplotlib only when drawn).
 - `html`: the self-contained page.
 - `live`: the terminal view of a running sweep and `watching`, which wires the observers a run is watched with.
+  What it shows at one instant is `livestate.LiveState`, drawn by `panel.render`; its ETA is `eta.Eta`'s.
 - `events`: the JSON event log (`--events`) and the plain one-line-per-event printer.
 
 Nothing here imports matplotlib or torch on import, and each name below is imported from its module on first
@@ -33,8 +34,8 @@ _LAZY = {
     "ExperimentRecord": "records", "SweepResults": "records", "load_results": "records",
     "Snapshot": "snapshot", "load": "snapshot",
     "render_hosts": "hosts", "render_hosts_check": "hosts",
-    "Output": "tables", "render_report": "tables", "render_result": "tables",
-    "render_status": "tables",
+    "render_report": "report", "render_result": "status", "render_status": "status",
+    "Output": "tables",
 }
 
 __all__ = [

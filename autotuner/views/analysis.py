@@ -72,23 +72,33 @@ def _fingerprint(value: Any) -> Any:
     return (type(value), value)
 
 
+_COMPOSITE = object()  # marks a list's or an object's fingerprint among the first values of `swept_specs`
+
+
 def swept_specs(specs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
     """The keys whose value differs between experiments (or that some lack), in first-seen order, and each
     experiment's leaves, from their specs as the ledger records them (`spec_of`): what the report,
-    `autotuner.load` and the plots call the swept parameters."""
+    `autotuner.load` and the plots call the swept parameters. Each value is compared with its key's first one
+    (the same type and value; lists and objects as their JSON), not put in a set: most values are the first's."""
     table = [_leaves(spec) for spec in specs]
-    seen: dict[str, set[Any]] = {}
+    first: dict[str, Any] = {}  # key -> the first value seen; a list or an object as (_COMPOSITE, its JSON)
+    varying: set[str] = set()
     for row in table:
         for key, value in row.items():
-            found = seen.get(key)
-            if found is None:
-                found = seen[key] = set()
-            found.add(_fingerprint(value) if isinstance(value, (list, dict)) else (type(value), value))
-    varying = {k for k, values in seen.items() if len(values) > 1}
-    # a key some experiments lack also varies
-    varying |= {k for k in seen if k not in varying and any(
-        k not in row and _lacks(spec, k) for spec, row in zip(specs, table, strict=True))}
-    return [k for k in seen if k in varying], table
+            was = first.get(key, MISSING)
+            if was is MISSING:
+                first[key] = (_COMPOSITE, _fingerprint(value)) if isinstance(value, (list, dict)) else value
+            elif key in varying:
+                continue
+            elif isinstance(value, (list, dict)):
+                if was != (_COMPOSITE, _fingerprint(value)):
+                    varying.add(key)
+            elif value is not was and (value.__class__ is not was.__class__ or value != was):  # as tuples compare
+                varying.add(key)
+    # a key some experiments lack also varies (a row with every key seen lacks none)
+    varying |= {k for k in first if k not in varying and any(
+        k not in row and _lacks(spec, k) for spec, row in zip(specs, table, strict=True) if len(row) < len(first))}
+    return [k for k in first if k in varying], table
 
 
 def swept_keys(experiments: Iterable[Experiment]) -> list[str]:

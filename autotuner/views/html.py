@@ -23,12 +23,12 @@ from ..ledger.lock import holder_pid
 from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
 from .analysis import all_attempts, timeline_end, utilisation
-from .live import seconds
+from .panel import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
 from .records import ExperimentRecord, SweepResults, from_snapshot
+from .report import headers
 from .snapshot import Snapshot, format_slots, load
 from .summary import OPTIMAL_COMMAND, OPTIMAL_CONFIG, config_file, optimal
-from .tables import headers
 
 REPORT_HTML = "report.html"
 

@@ -13,7 +13,7 @@ from ..ledger.store import Attempt
 from ..planning.plan import RUN_BUDGET, Plan, PolicyPlan
 from ..planning.simulate import Played
 from ..states import State
-from .live import seconds
+from .panel import seconds
 from .plots import _png, _require_matplotlib, timeline_figure
 from .snapshot import format_slots
 from .tables import PLAIN, Column, Output, render_table

@@ -127,15 +127,25 @@ class SweepResults(Sequence[ExperimentRecord]):
         """The flat columns, in order: rank, best, name, state, the parameters, the metrics, then the rest."""
         return list(self.column_names())
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[dict[str, object]]:
         """One flat dict per record (the CSV's rows, the DataFrame's): plain str for state and reason, slots as
         `host:0,1@host2:0`, times in seconds since the epoch."""
         named = self.column_names()
         params = [(c, s[len("params."):]) for c, s in named.items() if s.startswith("params.")]
         metrics = [(c, s[len("metrics."):]) for c, s in named.items() if s.startswith("metrics.")]
-        return [{"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if self.typed else {})
-                | {"state": str(r.state)} | {c: r.parameters.get(k) for c, k in params}
-                | {c: r.metrics.get(k) for c, k in metrics} | _trailing(r) for r in self.records]
+        out: list[dict[str, object]] = []
+        for r in self.records:  # one dict filled in column order (five merged dicts a row took twice as long)
+            row: dict[str, object] = {"rank": r.rank, "best": r.best, "name": r.name}
+            if self.typed:
+                row["gpu_type"] = r.gpu_type
+            row["state"] = str(r.state)
+            for c, k in params:
+                row[c] = r.parameters.get(k)
+            for c, k in metrics:
+                row[c] = r.metrics.get(k)
+            row.update(_trailing(r))
+            out.append(row)
+        return out
 
     def to_dataframe(self) -> Any:
         """A pandas DataFrame of `rows()`, one row per experiment; ImportError naming pandas without it."""
@@ -146,7 +156,7 @@ class SweepResults(Sequence[ExperimentRecord]):
         return pandas.DataFrame(self.rows(), columns=self.columns())
 
 
-def _trailing(r: ExperimentRecord) -> dict[str, Any]:
+def _trailing(r: ExperimentRecord) -> dict[str, object]:
     return {"metric": r.metric, "reason": None if r.reason is None else str(r.reason), "detail": r.detail,
             "attempt": r.attempt, "started": r.started, "finished": r.finished,
             "duration_s": None if r.duration is None else round(r.duration, 3), "peak_memory": r.peak_memory,
@@ -169,24 +179,33 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     best = snap.best
     typed = snap.by_type  # ranked per GPU type (snap.ranked groups them), each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
+    best_name = best.name if best is not None else None
+    primary, directory = snap.metric.name, snap.directory
     ranks: dict[str | None, int] = {}
     records = []
+    empty: dict[str, Any] = {}
+    new, put = object.__new__, object.__setattr__
     for position, a in enumerate(snap.ranked, 1):
         kind = snap.type_of(a) if typed else None
-        if typed and a.state == State.SUCCEEDED:
+        succeeded = a.state == State.SUCCEEDED
+        if typed and succeeded:
             ranks[kind] = position = ranks.get(kind, 0) + 1
-        row = values.get(a.name, {})
+        row = values.get(a.name, empty)
         metrics = dict(a.metrics)
         if a.metric is not None:  # the ranking value is a metric of the record even where `metrics` lacks it
-            metrics.setdefault(snap.metric.name, a.metric)
-        records.append(ExperimentRecord(
-            name=a.name, state=a.state, reason=a.reason, detail=a.detail, attempt=a.attempt,
-            rank=position if a.state == State.SUCCEEDED else None,
-            best=id(a) in bests if typed else best is not None and a.name == best.name,
-            metric=a.metric, parameters={k: row.get(k) for k in keys}, metrics=metrics,
-            started=a.started_at, finished=a.finished_at,
-            slots={h: tuple(ids) for h, ids in a.slots.items()}, sweep_directory=snap.directory, gpu_type=kind,
-            peak_memory=a.peak_memory))
+            metrics.setdefault(primary, a.metric)
+        # Filled as its generated __init__ would (every field, in order): a frozen dataclass's __init__ sets its
+        # 16 fields one object.__setattr__ at a time, 10,000 times for a report of 10,000.
+        record = new(ExperimentRecord)
+        put(record, "__dict__", {
+            "name": a.name, "state": a.state, "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
+            "rank": position if succeeded else None,
+            "best": id(a) in bests if typed else a.name == best_name and best_name is not None,
+            "metric": a.metric, "parameters": {k: row.get(k) for k in keys}, "metrics": metrics,
+            "started": a.started_at, "finished": a.finished_at,
+            "slots": {h: tuple(ids) for h, ids in a.slots.items()}, "sweep_directory": directory, "gpu_type": kind,
+            "peak_memory": a.peak_memory})
+        records.append(record)
     return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
                         metric_names(snap.metric, [r.metrics for r in records]), tuple(records), typed)
 

@@ -133,6 +133,11 @@ class Snapshot:
     def best_by_type(self) -> dict[str, Attempt]:
         """The best attempt of each GPU type that has one, in `types` order."""
         found: dict[str, Attempt] = {}
+        if not self.by_type:  # one type (or none): the first that qualifies, without asking each attempt's type
+            for a in self.ranked:
+                if a.state == State.SUCCEEDED and a.metric is not None and (kind := self.type_of(a)) is not None:
+                    return {kind: a}
+            return found
         for a in self.ranked:
             kind = self.type_of(a)
             if a.state == State.SUCCEEDED and a.metric is not None and kind is not None:
@@ -187,4 +192,7 @@ def load(directory: Path, every_experiment: bool = True) -> Snapshot:
 def format_slots(slots: Mapping[str, Iterable[int]] | Iterable[tuple[str, Iterable[int]]], sep: str = "@") -> str:
     """Where an attempt runs, as every view writes it: `node-a:0,1@node-b:2` (the plain event line uses " ")."""
     pairs = slots.items() if isinstance(slots, Mapping) else slots
+    if isinstance(slots, Mapping) and len(slots) == 1:  # most runs: one host (no generator per call)
+        ((host, ids),) = pairs
+        return f"{host}:{','.join(map(str, ids))}"
     return sep.join(f"{host}:{','.join(map(str, ids))}" for host, ids in pairs)

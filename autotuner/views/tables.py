@@ -1,50 +1,19 @@
-"""What `autotune report`, `status` and `hosts` print: a sweep's ranking for people (a table, Markdown) and for
-programs (JSON, CSV), where it stands, and the hosts of a hostfile; and `render_table`, the one table renderer
-every view that prints a table uses.
+"""`render_table`, the one table renderer every view that prints a table uses (fitted to a terminal's width and
+colour, `Output`; laid out by hand beyond RICH_ROWS rows), and `markdown_table`.
 """
 from __future__ import annotations
 
-import csv
 import io
-import json
 import os
 import shutil
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
-
-from ..errors import UserError
-from ..ledger.lock import holder_pid
-from ..limits import memory
-from ..spec import ABBREVIATIONS
-from ..spec.metrics import format_compact, format_value
-from ..states import Reason, State
-from .records import ExperimentRecord, SweepResults, from_snapshot
-from .snapshot import Snapshot, format_slots, load
-from .summary import (
-    OPTIMAL_COMMAND,
-    batch_note,
-    command_file,
-    config_file,
-    confirmation,
-    memory_note,
-    optimal,
-    uncertain,
-)
-
-if TYPE_CHECKING:
-    from ..sweep.run import Result
+from typing import NamedTuple, TextIO
 
 FORMATS = ("table", "json", "csv", "md")
 # rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a
 # larger table is laid out by hand: the same columns, one line per row, the last column running to the end.
 RICH_ROWS = 1000
-_STATE_STYLES = {State.SUCCEEDED: "green", State.FAILED: "red", State.TIMED_OUT: "yellow", State.RUNNING: "cyan",
-                 State.QUEUED: "dim", State.CANCELLED: "dim", State.INTERRUPTED: "magenta"}
-# Headers of swept keys in the table: the experiment names' abbreviations, but words for the two counts.
-_HEADERS = {**ABBREVIATIONS, "num_gpus": "gpus", "num_nodes": "nodes"}
 
 
 # --- where the text goes -------------------------------------------------------------------------------------
@@ -102,18 +71,28 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, t
     RICH_ROWS rows; then `notes`, one line each. As wide as the rows need, or fitted to `output.width`: text
     columns wrap, and columns that still do not fit go on in another table below, beside the first `keep`
     columns again (as pandas prints a wide DataFrame). Coloured only when `output.color`."""
-    texts = [[_text(c) for c in cells] for cells in rows]
-    natural = [max([_width(c.header)] + [_width(t[i]) for t in texts]) for i, c in enumerate(columns)]
+    # Column by column: one pass of C-level loops per column (widths, padding) where a row at a time made
+    # 120,000 calls for a report of 10,000.
+    texts = [[_text(c) for c in cells] if any(c.__class__ is Styled for c in cells) else list(cells)
+             for cells in (zip(*rows, strict=True) if rows else [() for _ in columns])]
+    natural = [max(_width(c.header), _widest(cells)) for c, cells in zip(columns, texts, strict=True)]
     plain = len(rows) > RICH_ROWS
     parts = []
     for n, block in enumerate(_blocks(columns, natural, keep, output.width, plain)):
         heading = title if n == 0 else None
         chosen = [columns[i] for i in block]
         if plain:
-            parts.append(_plain_table(chosen, [[t[i] for i in block] for t in texts], heading, output.width))
+            parts.append(_plain_table(chosen, [texts[i] for i in block], heading, output.width))
         else:
             parts.append(_rich_table(chosen, [[r[i] for i in block] for r in rows], heading, output, row_styles))
     return "\n".join(parts) + "".join(note + "\n" for note in notes)
+
+
+def _widest(cells: Sequence[str]) -> int:
+    """The most columns a cell of `cells` takes (0: none)."""
+    if all(map(str.isascii, cells)):
+        return max(map(len, cells), default=0)
+    return max(map(_width, cells), default=0)
 
 
 def _width(text: str) -> int:
@@ -179,16 +158,17 @@ def _rich_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title
     return out.getvalue()
 
 
-def _plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str | None,
+def _plain_table(columns: Sequence[Column], cells: Sequence[Sequence[str]], title: str | None,
                  width: int | None = None) -> str:
-    widths = [max([len(c.header)] + [len(cells[i]) for cells in rows]) for i, c in enumerate(columns)]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(cell.rjust(w) if c.right else cell.ljust(w)
-                         for cell, w, c in zip(cells, widths, columns, strict=True)).rstrip()
-
-    lines = ([title] if title is not None else []) + [line([c.header for c in columns]),
-                                                      line(["-" * w for w in widths]), *map(line, rows)]
+    """The columns' `cells` (one list per column) laid out by hand: two spaces between columns, numbers
+    right-aligned, no trailing spaces."""
+    widths = [max(len(c.header), max(map(len, column), default=0)) for c, column in zip(columns, cells, strict=True)]
+    padded = [[cell.rjust(w) for cell in column] if c.right else [cell.ljust(w) for cell in column]
+              for c, column, w in zip(columns, cells, widths, strict=True)]
+    head = [[c.header.rjust(w) if c.right else c.header.ljust(w) for c, w in zip(columns, widths, strict=True)],
+            ["-" * w for w in widths]]
+    lines = ([title] if title is not None else []) + ["  ".join(line).rstrip() for line in head] + [
+        "  ".join(line).rstrip() for line in zip(*padded, strict=True)]
     if width is not None:  # a terminal: the last column wraps under itself instead of the terminal's wrapping
         lines = [part for text in lines for part in _wrap_last(text, sum(widths[:-1]) + 2 * (len(widths) - 1), width)]
     return "\n".join(lines) + "\n"
@@ -202,242 +182,6 @@ def _wrap_last(line: str, indent: int, width: int) -> list[str]:
     head, rest = line[:indent], line[indent:]
     parts = [rest[i:i + room] for i in range(0, len(rest), room)]
     return [head + parts[0]] + [" " * indent + part for part in parts[1:]]
-
-
-# --- autotune report -----------------------------------------------------------------------------------------
-def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, Any]:
-    return {"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if typed else {}) | {
-            "state": r.state, "metric": r.metric,
-            "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
-            "duration_s": round(r.duration, 3) if r.duration is not None else None, "peak_memory": r.peak_memory,
-            "slots": format_slots(r.slots),
-            "parameters": dict(r.parameters), "metrics": dict(r.metrics), "started_at": r.started,
-            "finished_at": r.finished}
-
-
-def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
-    """`autotune report`: one row per experiment with every swept parameter and metric, as `fmt`."""
-    if fmt not in FORMATS:
-        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
-    snap = load(directory, every_experiment=False)
-    results = from_snapshot(snap)
-    if fmt == "json":
-        best = snap.best
-        found = optimal(snap)
-        return json_with_rows({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
-                               "best": best.name if best else None, "counts": snap.counts(),
-                               "parameters": list(results.parameters), "metrics": list(results.metrics),
-                               "experiments": [_json_row(r, results.typed) for r in results],
-                               "optimal": {"config": found[0], "command": found[1]} if found else None}
-                              | _per_type(snap) | _confirmed(snap), "experiments")
-    if fmt == "csv":
-        return _csv(results)
-    if fmt == "md":
-        return _markdown(results)
-    notes = [note for note in (confirmation(snap), memory_note(snap), batch_note(snap)) if note]
-    return _report_table(results, output, notes) + _optimal_text(snap)
-
-
-def _confirmed(snap: Snapshot) -> dict[str, Any]:
-    """A tune's: how its winner was confirmed by re-runs (None: nothing was run again), what its memory model said."""
-    if snap.meta.search is None:
-        return {}
-    return {"confirmation": confirmation(snap), "confirmed": (uncertain(snap) is None) if snap.runs else None,
-            "memory": memory_note(snap), "batch": batch_note(snap)}
-
-
-def _per_type(snap: Snapshot) -> dict[str, Any]:
-    """A sweep on several GPU types: each type's best, and its config and command (a metric compares only within
-    one type)."""
-    if not snap.by_type:
-        return {}
-    return {"best_by_type": {t: a.name for t, a in snap.best_by_type.items()},
-            "optimal_by_type": {t: {"config": o[0], "command": o[1]} for t in snap.best_by_type
-                                if (o := optimal(snap, gpu_type=t)) is not None}}
-
-
-def json_with_rows(document: Mapping[str, Any], key: str) -> str:
-    """`document` as indented JSON, but the list under its top-level `key` one compact object a line: as easy
-    to read, and written by json's C encoder (`indent=` makes it pure Python: seconds for 10,000 rows)."""
-    rows = document[key]
-    text = json.dumps({**document, key: []}, indent=2)
-    inner = ",\n".join("    " + json.dumps(row) for row in rows)
-    marker = f'\n  {json.dumps(key)}: []'  # the top level's: two spaces in, nested keys are deeper
-    return text.replace(marker, marker[:-1] + (f"\n{inner}\n  ]" if rows else "]"), 1) + "\n"
-
-
-def _csv(results: SweepResults) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=results.columns(), lineterminator="\n")
-    writer.writeheader()
-    for row in results.rows():
-        writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
-    return buffer.getvalue()
-
-
-def _value_text(value: Any) -> str:
-    """A parameter's value in a cell: text as it is, anything else as JSON; "-" where the experiment lacks it."""
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # as JSON writes it, without its cost on 10,000 rows
-    return json.dumps(value, sort_keys=True)
-
-
-def _why(r: ExperimentRecord) -> str:
-    return f"[{r.reason}] {r.detail or ''}".rstrip() if r.reason else ""
-
-
-def _duration(r: ExperimentRecord) -> str:
-    return f"{r.duration:.1f}s" if r.duration is not None else ""
-
-
-def _peak(r: ExperimentRecord) -> str:
-    return memory(r.peak_memory) if r.peak_memory is not None else ""
-
-
-def _markdown(results: SweepResults) -> str:
-    typed, peaks = results.typed, results.measured_memory
-    head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
-            "time", *(["peak memory"] if peaks else []), "reason"]
-    return markdown_table(head, [
-        ["**best**" if r.best else str(r.rank or ""), r.name, *([r.gpu_type or ""] if typed else []), r.state,
-         *(_value_text(r.parameters[k]) for k in results.parameters),
-         *(format_compact(r.metrics.get(m)) for m in results.metrics), _duration(r), *([_peak(r)] if peaks else []),
-         f"{r.reason}: {r.detail}" if r.reason else ""] for r in results])
-
-
-def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
-    """A short header for each swept key: its usual abbreviation, else the shortest dotted suffix that no other
-    header has (`offload_optimizer.device` beside `offload_param.device`)."""
-    out: dict[str, str] = {}
-    used = set(taken)
-    for key in keys:
-        parts = key.split(".")
-        choices = [_HEADERS[key]] if key in _HEADERS else []
-        choices += [".".join(parts[i:]) for i in range(len(parts) - 1, -1, -1)]
-        clash = {k for k in keys if k != key}
-        header = next((c for c in choices if c not in used and not any(k.endswith("." + c) or k == c
-                                                                       for k in clash)), key)
-        out[key] = header
-        used.add(header)
-    return out
-
-
-def _report_table(results: SweepResults, output: Output, more: Sequence[str] = ()) -> str:
-    metric = results.metric
-    short = headers(results.parameters,
-                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
-    columns = (Column("#", right=True), Column("name", whole=True),
-               *([Column("GPU type", whole=True)] if results.typed else []), Column("state", whole=True),
-               *(Column(short[k], right=True) for k in results.parameters),
-               *(Column(m, right=True) for m in results.metric_columns()),
-               Column("time", right=True), *([Column("peak mem", right=True)] if results.measured_memory else []),
-               Column("slots"), Column("why"))
-    cells = [_report_cells(r, results) for r in results]
-    legend = [f"{short[k]} = {k}" for k in results.parameters if short[k] != k]
-    notes = ["columns: " + ", ".join(legend)] if legend else []
-    if results.typed:
-        notes.append("ranked per GPU type: a metric compares only within one type")
-    notes += more
-    title = f"sweep {results.name}: {metric.name} ({metric.direction})"
-    return render_table(columns, cells, title=title, notes=notes, output=output, keep=2,
-                        row_styles=["bold" if r.best else "" for r in results])
-
-
-def _report_cells(r: ExperimentRecord, results: SweepResults) -> tuple[Cell, ...]:
-    return ("best" if r.best else str(r.rank or ""), r.name, *([r.gpu_type or ""] if results.typed else []),
-            Styled(r.state, _STATE_STYLES.get(r.state, "")),
-            *(_value_text(r.parameters[k]) for k in results.parameters),
-            *(format_compact(r.metrics.get(m)) for m in results.metrics),
-            _duration(r), *([_peak(r)] if results.measured_memory else []), format_slots(r.slots),
-            Styled(_why(r), "red" if r.reason else ""))
-
-
-def _optimal_text(snap: Snapshot) -> str:
-    """The best config and its command; of a sweep that ran on several GPU types, each type's."""
-    text = ""
-    for gpu_type in list(snap.best_by_type) if snap.by_type else [None]:
-        found = optimal(snap, gpu_type=gpu_type)
-        if found is None:
-            continue
-        config, command = found
-        name, of = config_file(gpu_type), f" of {gpu_type}" if gpu_type else ""
-        later = "" if (snap.directory / name).exists() else " (the file is written when the sweep ends)"
-        text += (f"\nbest config{of}, {name}{later}:\n{json.dumps(config, indent=2, sort_keys=True)}\n"
-                 f"\ncommand{of}, {command_file(gpu_type)}:\n{command}\n")
-    return text
-
-
-# --- autotune status -----------------------------------------------------------------------------------------
-STATUS_FORMATS = ("table", "json")
-
-
-def render_status(directory: Path, fmt: str = "table") -> str:
-    """Counts, the runner's liveness, what runs where for how long, and the best so far (table: lines for
-    people; json)."""
-    if fmt not in STATUS_FORMATS:
-        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(STATUS_FORMATS)}")
-    snap = load(directory, every_experiment=False)
-    pid = holder_pid(Path(directory))
-    now = time.time()
-    running = [a for a in snap.attempts if a.state == State.RUNNING]
-    best = snap.best
-    if fmt == "json":
-        return json.dumps({
-            "sweep": snap.name, "runner_pid": pid, "counts": snap.counts(), "total": len(snap.attempts),
-            "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
-                         "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
-            "best": {"name": best.name, "metric": snap.metric.name, "value": snap.value(best)} if best else None,
-        }, indent=2) + "\n"
-    unfinished = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in snap.attempts)
-    lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
-             f" of {len(snap.attempts)}",
-             f"runner: pid {pid}" if pid else
-             "runner: none (stopped; `autotune resume` finishes it)" if unfinished else "runner: done"]
-    for a in running:
-        elapsed = f"{now - a.started_at:.0f}s" if a.started_at else "?"
-        lines.append(f"  running {a.name} (attempt {a.attempt}) on {format_slots(a.slots)} for {elapsed}")
-    if best:
-        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}")
-    return "\n".join(lines) + "\n"
-
-
-# --- the end of autotune run / resume ------------------------------------------------------------------------
-def render_result(result: Result, fmt: str = "table") -> str:
-    """How a sweep run by `run` or `resume` ended: counts, the best and its files, in lines or one JSON object."""
-    if fmt not in STATUS_FORMATS:
-        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(STATUS_FORMATS)}")
-    snap = result.snapshot
-    best = snap.best
-    command = snap.directory / OPTIMAL_COMMAND
-    if fmt == "json":
-        return json.dumps({
-            "sweep": snap.name, "directory": str(snap.directory), "exit_code": result.exit_code,
-            "interrupted": result.interrupted, "metric": snap.metric.name, "minimize": snap.metric.minimize,
-            "total": len(snap.attempts), "counts": snap.counts(),
-            "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
-                     "config": str(result.optimal_config) if result.optimal_config else None,
-                     "command": str(command) if result.optimal_config else None} if best else None}
-            | _confirmed(snap)) + "\n"
-    counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
-    if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
-        oom = sum(1 for a in snap.attempts if a.reason == Reason.OOM)
-        counts += f" ({oom} of them out of memory: sizes that do not fit)" if oom else ""
-    lines = [f"\n{len(snap.attempts)} experiments: {counts}"]
-    lines += [note for note in (memory_note(snap), batch_note(snap)) if note]
-    if best is None:
-        lines.append("no experiment succeeded: no best configuration" + (" yet" if result.interrupted else ""))
-    else:
-        confirmed = confirmation(snap)
-        lines += [f"best: {best.name} with {snap.metric.name} {snap.value(best) or 0:.6g}",
-                  *([f"  {confirmed}"] if confirmed else []),
-                  f"  config:  {result.optimal_config}", f"  command: {command}"]
-    if result.interrupted:
-        lines.append(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
-    return "\n".join(lines) + "\n"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

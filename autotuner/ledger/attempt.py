@@ -1,0 +1,53 @@
+"""One attempt of one experiment as the ledger records it."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from ..states import Reason, State
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of one experiment as the ledger knows it."""
+
+    name: str
+    attempt: int
+    state: State
+    queued_at: float
+    reason: Reason | None = None
+    detail: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    slots: Mapping[str, list[int]] = field(default_factory=dict)
+    tag: str | None = None
+    pid: int | None = None
+    launched_at: float | None = None
+    port: int | None = None
+    dir: str | None = None
+    exit_code: int | None = None
+    metric: float | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    step: str | None = None  # the Slurm job step (`J.S`) that ran it, in a sweep run inside Slurm
+    peak_memory: int | None = None  # bytes: the most it held on one GPU, where measured (peaks.py)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state.terminal
+
+    @property
+    def duration(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at
+
+    def to_json(self) -> dict[str, object]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__} | {
+            "slots": dict(self.slots), "metrics": dict(self.metrics)}
+
+
+# What reading a row needs of Attempt and the words: every field with its default (None: the columns of an
+# older ledger's version that are missing), and each state and reason by its text.
+ATTEMPT_DEFAULTS: dict[str, None] = {f.name: None for f in fields(Attempt)}
+STATES = {str(s): s for s in State}
+REASONS = {str(r): r for r in Reason}

@@ -1,0 +1,101 @@
+"""The sweep's settings as `prepare` records them in the ledger's meta table: one JSON value per key, checked
+when a ledger is opened."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+
+@dataclass(frozen=True)
+class SweepMeta:
+    """The sweep's settings, as `prepare` recorded them in the meta table (one JSON value per key).
+
+    The first five are what every command relies on; the rest have defaults, for ledgers written before them.
+    Keys this version does not know are kept in `extra`, never an error: a newer autotuner may add some.
+    """
+
+    name: str
+    metric: str  # as `metric_named` reads it: "throughput", or "loss:min"
+    sweep_id: str  # the first part of every attempt's tag
+    slots: Mapping[str, tuple[int, ...]]  # the slot ids of each host the sweep may use, in hostfile order
+    launcher: tuple[str, ...]  # DeepSpeed's launcher, as an argv prefix
+    source: str = ""  # the sweep file(s) it was read from
+    created: float | None = None  # seconds since the epoch
+    capacity: Mapping[str, int] = field(default_factory=dict)  # every slot of each host (the hostfile's)
+    accelerator: str = "cuda"
+    env: Mapping[str, str] = field(default_factory=dict)  # what every experiment's environment gets
+    reload: Mapping[str, Any] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
+    ssh: Mapping[str, Any] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
+    search: Mapping[str, Any] | None = None  # `autotune tune`: the search that proposes the experiments
+    # host -> GPU type, and host -> bytes per GPU, of the hosts where known; None (a ledger from before types, or
+    # a cluster that states none): no types, every host as any other.
+    gpu_types: Mapping[str, str] | None = None
+    gpu_memory: Mapping[str, int] | None = None
+    # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.slots.Device)
+    devices: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None
+    placement: str | None = None  # the placement a runner was last told to use (None: the default)
+    # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
+    learned_memory: Mapping[str, int] | None = None
+    slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
+    ray: Mapping[str, Any] | None = None  # the Ray cluster it runs on (address, host -> node id), if one
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    # The JSON type of each key in the table; the first five must be there.
+    _TYPES: ClassVar[dict[str, type | tuple[type, ...]]] = {
+        "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
+        "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
+        "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
+        "devices": dict, "placement": str, "slurm": (dict, type(None)), "learned_memory": dict,
+        "ray": (dict, type(None))}
+    _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
+
+    @classmethod
+    def problem(cls, data: Mapping[str, Any]) -> str | None:
+        """What makes the table's values unusable, in words; None when they are fine."""
+        for key, kind in cls._TYPES.items():
+            if key not in data:
+                if key in cls._REQUIRED:
+                    return f"meta {key!r} is missing"
+            elif not isinstance(data[key], kind) or isinstance(data[key], bool):
+                return f"meta {key!r} is not a {'number' if key == 'created' else _json_kind(kind)}"
+        if not all(isinstance(v, str) for v in dict(data.get("gpu_types") or {}).values()):
+            return "meta 'gpu_types' holds a type that is not a string"
+        for key in ("gpu_memory", "learned_memory"):
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for v in dict(data.get(key) or {}).values()):
+                return f"meta {key!r} holds a size that is not a positive integer"
+        devices = dict(data.get("devices") or {}).values()
+        if not all(isinstance(own, dict) and all(str(i).isdigit() and isinstance(d, dict)
+                                                 and isinstance(d.get("gpu_type"), str) for i, d in own.items())
+                   for own in devices):
+            return "meta 'devices' holds a slot that is not {gpu_type, memory, mig}"
+        return None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> SweepMeta:
+        """The settings from the table's decoded values (checked first with `problem`)."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
+        values["launcher"] = tuple(values["launcher"])
+        for key in ("env", "capacity", "gpu_types", "gpu_memory", "learned_memory"):
+            if key in values:
+                values[key] = {str(k): v if key in ("capacity", "gpu_memory", "learned_memory") else str(v)
+                               for k, v in values[key].items()}
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        """The table's values: the same keys and JSON a ledger has always held (`slots` as lists)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
+        data["launcher"] = list(self.launcher)
+        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "devices", "slurm",
+                    "learned_memory", "ray"):
+            data[key] = None if data[key] is None else dict(data[key])
+        # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
+        return {k: v for k, v in data.items() if v is not None} | dict(self.extra)
+
+
+def _json_kind(kind: type | tuple[type, ...]) -> str:
+    return (kind if isinstance(kind, type) else kind[0]).__name__

@@ -1,0 +1,210 @@
+"""What `autotune report` prints: one row per experiment with every swept parameter and metric, ranked, for
+people (a table fitted to the terminal, Markdown) and for programs (JSON, CSV), and the best config with its
+command. Every format is made from the same records (`records.from_snapshot`).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..errors import UserError
+from ..limits import memory
+from ..spec import ABBREVIATIONS
+from ..spec.metrics import format_compact
+from ..states import State
+from .records import ExperimentRecord, SweepResults, from_snapshot
+from .snapshot import Snapshot, format_slots, load
+from .summary import batch_note, command_file, config_file, confirmation, memory_note, optimal, uncertain
+from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, markdown_table, render_table
+
+_STATE_STYLES = {State.SUCCEEDED: "green", State.FAILED: "red", State.TIMED_OUT: "yellow", State.RUNNING: "cyan",
+                 State.QUEUED: "dim", State.CANCELLED: "dim", State.INTERRUPTED: "magenta"}
+# Headers of swept keys in the table: the experiment names' abbreviations, but words for the two counts.
+_HEADERS = {**ABBREVIATIONS, "num_gpus": "gpus", "num_nodes": "nodes"}
+
+
+def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, object]:
+    return {"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if typed else {}) | {
+            "state": r.state, "metric": r.metric,
+            "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
+            "duration_s": round(r.duration, 3) if r.duration is not None else None, "peak_memory": r.peak_memory,
+            "slots": format_slots(r.slots),
+            "parameters": dict(r.parameters), "metrics": dict(r.metrics), "started_at": r.started,
+            "finished_at": r.finished}
+
+
+def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
+    """`autotune report`: one row per experiment with every swept parameter and metric, as `fmt`."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    snap = load(directory, every_experiment=False)
+    results = from_snapshot(snap)
+    if fmt == "json":
+        best = snap.best
+        found = optimal(snap)
+        return json_with_rows({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
+                               "best": best.name if best else None, "counts": snap.counts(),
+                               "parameters": list(results.parameters), "metrics": list(results.metrics),
+                               "experiments": [_json_row(r, results.typed) for r in results],
+                               "optimal": {"config": found[0], "command": found[1]} if found else None}
+                              | _per_type(snap) | confirmed_json(snap), "experiments")
+    if fmt == "csv":
+        return _csv(results)
+    if fmt == "md":
+        return _markdown(results)
+    notes = [note for note in (confirmation(snap), memory_note(snap), batch_note(snap)) if note]
+    return _report_table(results, output, notes) + _optimal_text(snap)
+
+
+def confirmed_json(snap: Snapshot) -> dict[str, object]:
+    """A tune's: how its winner was confirmed by re-runs (None: nothing was run again), what its memory model said."""
+    if snap.meta.search is None:
+        return {}
+    return {"confirmation": confirmation(snap), "confirmed": (uncertain(snap) is None) if snap.runs else None,
+            "memory": memory_note(snap), "batch": batch_note(snap)}
+
+
+def _per_type(snap: Snapshot) -> dict[str, object]:
+    """A sweep on several GPU types: each type's best, and its config and command (a metric compares only within
+    one type)."""
+    if not snap.by_type:
+        return {}
+    return {"best_by_type": {t: a.name for t, a in snap.best_by_type.items()},
+            "optimal_by_type": {t: {"config": o[0], "command": o[1]} for t in snap.best_by_type
+                                if (o := optimal(snap, gpu_type=t)) is not None}}
+
+
+def json_with_rows(document: Mapping[str, object], key: str) -> str:
+    """`document` as indented JSON, but the list under its top-level `key` one compact object a line: as easy
+    to read, and written by json's C encoder (`indent=` makes it pure Python: seconds for 10,000 rows)."""
+    rows = document[key]
+    if not isinstance(rows, list):
+        raise TypeError(f"{key}: the rows are a list")
+    text = json.dumps({**document, key: []}, indent=2)
+    inner = ",\n".join("    " + json.dumps(row) for row in rows)
+    marker = f'\n  {json.dumps(key)}: []'  # the top level's: two spaces in, nested keys are deeper
+    return text.replace(marker, marker[:-1] + (f"\n{inner}\n  ]" if rows else "]"), 1) + "\n"
+
+
+def _csv(results: SweepResults) -> str:
+    """One line per record, its values in `columns()` order (lists and objects as JSON): what csv.DictWriter
+    wrote, without its per-row check of the keys (the rows are made with exactly these)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    columns = results.columns()
+    writer.writerow(columns)
+    writer.writerows([json.dumps(v) if isinstance(v, (list, dict)) else v for v in (row.get(k, "") for k in columns)]
+                     for row in results.rows())
+    return buffer.getvalue()
+
+
+def _value_text(value: object) -> str:
+    """A parameter's value in a cell: text as it is, anything else as JSON; "-" where the experiment lacks it."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # as JSON writes it, without its cost on 10,000 rows
+    return json.dumps(value, sort_keys=True)
+
+
+def _why(r: ExperimentRecord) -> str:
+    return f"[{r.reason}] {r.detail or ''}".rstrip() if r.reason else ""
+
+
+def _duration(r: ExperimentRecord) -> str:
+    return f"{r.duration:.1f}s" if r.duration is not None else ""
+
+
+def _peak(r: ExperimentRecord) -> str:
+    return memory(r.peak_memory) if r.peak_memory is not None else ""
+
+
+def _markdown(results: SweepResults) -> str:
+    typed, peaks, records = results.typed, results.measured_memory, results.records
+    head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
+            "time", *(["peak memory"] if peaks else []), "reason"]
+    columns: list[Sequence[str]] = [  # a column at a time, as the table's cells
+        ["**best**" if r.best else str(r.rank or "") for r in records], [r.name for r in records],
+        *([[r.gpu_type or "" for r in records]] if typed else []), [r.state for r in records],
+        *([_value_text(r.parameters[k]) for r in records] for k in results.parameters),
+        *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
+        [_duration(r) for r in records], *([[_peak(r) for r in records]] if peaks else []),
+        [f"{r.reason}: {r.detail}" if r.reason else "" for r in records]]
+    return markdown_table(head, list(zip(*columns, strict=True)))
+
+
+def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
+    """A short header for each swept key: its usual abbreviation, else the shortest dotted suffix that no other
+    header has (`offload_optimizer.device` beside `offload_param.device`)."""
+    out: dict[str, str] = {}
+    used = set(taken)
+    for key in keys:
+        parts = key.split(".")
+        choices = [_HEADERS[key]] if key in _HEADERS else []
+        choices += [".".join(parts[i:]) for i in range(len(parts) - 1, -1, -1)]
+        clash = {k for k in keys if k != key}
+        header = next((c for c in choices if c not in used and not any(k.endswith("." + c) or k == c
+                                                                       for k in clash)), key)
+        out[key] = header
+        used.add(header)
+    return out
+
+
+def _report_table(results: SweepResults, output: Output, more: Sequence[str] = ()) -> str:
+    metric = results.metric
+    short = headers(results.parameters,
+                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
+    columns = (Column("#", right=True), Column("name", whole=True),
+               *([Column("GPU type", whole=True)] if results.typed else []), Column("state", whole=True),
+               *(Column(short[k], right=True) for k in results.parameters),
+               *(Column(m, right=True) for m in results.metric_columns()),
+               Column("time", right=True), *([Column("peak mem", right=True)] if results.measured_memory else []),
+               Column("slots"), Column("why"))
+    cells = _report_cells(results, output.color)
+    legend = [f"{short[k]} = {k}" for k in results.parameters if short[k] != k]
+    notes = ["columns: " + ", ".join(legend)] if legend else []
+    if results.typed:
+        notes.append("ranked per GPU type: a metric compares only within one type")
+    notes += more
+    title = f"sweep {results.name}: {metric.name} ({metric.direction})"
+    return render_table(columns, cells, title=title, notes=notes, output=output, keep=2,
+                        row_styles=["bold" if r.best else "" for r in results])
+
+
+def _report_cells(results: SweepResults, color: bool) -> list[tuple[Cell, ...]]:
+    """Each record's cells, made a column at a time (one comprehension each: a call and a generator per row
+    were a quarter of a report of 10,000, profiled); styled (state, why) only where the output takes colour."""
+    records = results.records
+    states: Sequence[Cell] = [Styled(r.state, _STATE_STYLES.get(r.state, "")) for r in records] if color else \
+        [r.state for r in records]
+    whys = [_why(r) for r in records]
+    columns: list[Sequence[Cell]] = [
+        ["best" if r.best else str(r.rank or "") for r in records], [r.name for r in records],
+        *([[r.gpu_type or "" for r in records]] if results.typed else []), states,
+        *([_value_text(r.parameters[k]) for r in records] for k in results.parameters),
+        *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
+        [_duration(r) for r in records], *([[_peak(r) for r in records]] if results.measured_memory else []),
+        [format_slots(r.slots) for r in records],
+        [Styled(why, "red" if r.reason else "") for why, r in zip(whys, records, strict=True)] if color else whys]
+    return list(zip(*columns, strict=True))
+
+
+def _optimal_text(snap: Snapshot) -> str:
+    """The best config and its command; of a sweep that ran on several GPU types, each type's."""
+    text = ""
+    for gpu_type in list(snap.best_by_type) if snap.by_type else [None]:
+        found = optimal(snap, gpu_type=gpu_type)
+        if found is None:
+            continue
+        config, command = found
+        name, of = config_file(gpu_type), f" of {gpu_type}" if gpu_type else ""
+        later = "" if (snap.directory / name).exists() else " (the file is written when the sweep ends)"
+        text += (f"\nbest config{of}, {name}{later}:\n{json.dumps(config, indent=2, sort_keys=True)}\n"
+                 f"\ncommand{of}, {command_file(gpu_type)}:\n{command}\n")
+    return text
+

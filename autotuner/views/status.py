@@ -1,0 +1,88 @@
+"""What `autotune status` prints (where a sweep stands: counts, the runner, what runs where, the best so far)
+and how `autotune run` / `resume` end (counts, the best and its files), as lines for people or one JSON object.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import UserError
+from ..ledger.lock import holder_pid
+from ..spec.metrics import format_value
+from ..states import Reason, State
+from .report import confirmed_json
+from .snapshot import format_slots, load
+from .summary import OPTIMAL_COMMAND, batch_note, confirmation, memory_note
+
+if TYPE_CHECKING:
+    from ..sweep.run import Result
+
+STATUS_FORMATS = ("table", "json")
+
+
+def render_status(directory: Path, fmt: str = "table") -> str:
+    """Counts, the runner's liveness, what runs where for how long, and the best so far (table: lines for
+    people; json)."""
+    if fmt not in STATUS_FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(STATUS_FORMATS)}")
+    snap = load(directory, every_experiment=False)
+    pid = holder_pid(Path(directory))
+    now = time.time()
+    running = [a for a in snap.attempts if a.state == State.RUNNING]
+    best = snap.best
+    if fmt == "json":
+        return json.dumps({
+            "sweep": snap.name, "runner_pid": pid, "counts": snap.counts(), "total": len(snap.attempts),
+            "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
+                         "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
+            "best": {"name": best.name, "metric": snap.metric.name, "value": snap.value(best)} if best else None,
+        }, indent=2) + "\n"
+    unfinished = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in snap.attempts)
+    lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
+             f" of {len(snap.attempts)}",
+             f"runner: pid {pid}" if pid else
+             "runner: none (stopped; `autotune resume` finishes it)" if unfinished else "runner: done"]
+    for a in running:
+        elapsed = f"{now - a.started_at:.0f}s" if a.started_at else "?"
+        lines.append(f"  running {a.name} (attempt {a.attempt}) on {format_slots(a.slots)} for {elapsed}")
+    if best:
+        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}")
+    return "\n".join(lines) + "\n"
+
+
+# --- the end of autotune run / resume ------------------------------------------------------------------------
+def render_result(result: Result, fmt: str = "table") -> str:
+    """How a sweep run by `run` or `resume` ended: counts, the best and its files, in lines or one JSON object."""
+    if fmt not in STATUS_FORMATS:
+        raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(STATUS_FORMATS)}")
+    snap = result.snapshot
+    best = snap.best
+    command = snap.directory / OPTIMAL_COMMAND
+    if fmt == "json":
+        return json.dumps({
+            "sweep": snap.name, "directory": str(snap.directory), "exit_code": result.exit_code,
+            "interrupted": result.interrupted, "metric": snap.metric.name, "minimize": snap.metric.minimize,
+            "total": len(snap.attempts), "counts": snap.counts(),
+            "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
+                     "config": str(result.optimal_config) if result.optimal_config else None,
+                     "command": str(command) if result.optimal_config else None} if best else None}
+            | confirmed_json(snap)) + "\n"
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
+    if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
+        oom = sum(1 for a in snap.attempts if a.reason == Reason.OOM)
+        counts += f" ({oom} of them out of memory: sizes that do not fit)" if oom else ""
+    lines = [f"\n{len(snap.attempts)} experiments: {counts}"]
+    lines += [note for note in (memory_note(snap), batch_note(snap)) if note]
+    if best is None:
+        lines.append("no experiment succeeded: no best configuration" + (" yet" if result.interrupted else ""))
+    else:
+        confirmed = confirmation(snap)
+        lines += [f"best: {best.name} with {snap.metric.name} {snap.value(best) or 0:.6g}",
+                  *([f"  {confirmed}"] if confirmed else []),
+                  f"  config:  {result.optimal_config}", f"  command: {command}"]
+    if result.interrupted:
+        lines.append(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
+    return "\n".join(lines) + "\n"
+
