@@ -145,7 +145,7 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
     """One search played on the simulated clock: the same figures as `measure`."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
     from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
@@ -282,7 +282,7 @@ def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[st
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.memory_model import Facts
-    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
     from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
@@ -370,7 +370,7 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
         return
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.search import SearchSpec
+    from autotuner.tune.space import SearchSpec
     from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
@@ -398,8 +398,9 @@ def loop_table(slots: int) -> None:
     """--loop: the memory model corrected by measured peaks, and trainable parameters counted apart."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
+    from autotuner.tune.gridsearch import MicroBatchSearch
     from autotuner.tune.memory_model import Facts
-    from autotuner.tune.search import MicroBatchSearch, SearchSpec
+    from autotuner.tune.space import SearchSpec
 
     params, per_sample, gpu = MODEL
 
@@ -570,8 +571,9 @@ def full_mode_table(slots: int) -> None:
     """gridsearch in full mode against every knob setting at each stage's best size, on the simulated clock."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
+    from autotuner.tune.gridsearch import MicroBatchSearch
     from autotuner.tune.knobs import KNOBS
-    from autotuner.tune.search import MicroBatchSearch, SearchSpec
+    from autotuner.tune.space import SearchSpec
 
     def value(stage: int, mbs: int, zero: dict) -> float | None:
         factor, more = knob_factor(stage, zero)

@@ -14,8 +14,9 @@ import autotuner
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
+from autotuner.tune.gridsearch import MicroBatchSearch
 from autotuner.tune.memory_model import Facts, Training, bound, host_states, model_states
-from autotuner.tune.search import MicroBatchSearch, SearchSpec
+from autotuner.tune.space import SearchSpec
 from autotuner.tune.tuners import search_for
 
 from cli_rig import autotune, env
@@ -243,7 +244,8 @@ def test_a_tune_whose_offloaded_states_exceed_the_nodes_ram_is_refused(tmp_path)
 SCRIPT = """
 import json, sys
 import torch, deepspeed
-from autotuner.tune.search import MicroBatchSearch, SearchSpec
+from autotuner.tune.gridsearch import MicroBatchSearch
+from autotuner.tune.space import SearchSpec
 deepspeed.init_distributed(dist_backend="gloo")
 spec = SearchSpec(prefix="t", template={"script": "x.py", "num_gpus": 1, "num_nodes": 1, "args": []},
                   base={"zero_force_ds_cpu_optimizer": False, "gradient_accumulation_steps": 1,

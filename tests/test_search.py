@@ -10,7 +10,8 @@ import pytest
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
-from autotuner.tune.search import MAX_MICRO_BATCH, WORTH, MicroBatchSearch, SearchSpec, sizes
+from autotuner.tune.gridsearch import WORTH, MicroBatchSearch
+from autotuner.tune.space import MAX_MICRO_BATCH, SearchSpec, sizes
 from autotuner.tune.tuners import search_for
 
 LIMIT = 100.0  # GiB of the fake GPU

@@ -22,7 +22,9 @@ from ..errors import UserError
 from ..spec import Experiment
 from ..states import State
 from .inputs import OPTUNA_MISSING
-from .search import Search, SearchSpec, Setting, rerun_of, sizes
+from .reruns import rerun_of
+from .search import Search
+from .space import SearchSpec, Setting, sizes
 
 ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
 STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
@@ -79,10 +81,10 @@ class ModelSearch(Search):
         """As every search, and the trials in the ledger's order, as the live search took them."""
         super().replay(experiments, latest, metrics)
         for e in experiments:
-            placed = self._place_of(e)
+            placed = self.place_of(e)
             if self.spec.profile_of(e.name) is None and rerun_of(e.name) is None and placed is not None \
                     and placed[0] in self.stages:
-                self.points.append((*placed, self._setting_of(e)))
+                self.points.append((*placed, self.setting_of(e)))
 
     def choose(self, room: int) -> list[Experiment]:
         proposed: list[Experiment] = []
