@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -61,11 +61,31 @@ class Knowledge:
     def open(self, stage: int, mbs: int, knobs: Setting = ()) -> bool:
         """Worth proposing: never tried, and not known not to fit (with those knobs: an OOM without knobs says
         so for every setting; one with knobs, for those knobs)."""
+        return self.open_below(stage, mbs, knobs, self.ruled_out_above(stage))
+
+    def open_below(self, stage: int, mbs: int, knobs: Setting, above: int | None) -> bool:
+        """`open`, with the stage's `ruled_out_above` worked out by the caller (once for many points)."""
         known = self.stages.get(stage)
         return known is not None and not known.given_up and not known.pruned(mbs) and \
-            mbs < (self.ruled_out_above(stage) or mbs + 1) and \
+            mbs < (above or mbs + 1) and \
             mbs < self.knob_oom.get((stage, knobs), mbs + 1) and \
             self.name_of(stage, mbs, knobs) not in self.proposed
+
+    def open_points(self, sizes: Sequence[int]) -> list[Point]:
+        """Every open point (`open`) of the grid of `sizes`, in the order stage, size, knobs: what each stage rules
+        out worked out once, not once a point (the grid may hold thousands)."""
+        found: list[Point] = []
+        for stage in self.spec.stages:
+            known = self.stages.get(stage)
+            if known is None or known.given_up:
+                continue
+            above, settings = self.ruled_out_above(stage), self.settings(stage)
+            for mbs in sizes:
+                if known.pruned(mbs) or (above is not None and mbs >= above):
+                    continue
+                found += [(stage, mbs, knobs) for knobs in settings if mbs < self.knob_oom.get((stage, knobs), mbs + 1)
+                          and self.name_of(stage, mbs, knobs) not in self.proposed]
+        return found
 
     def substitute(self, stage: int, mbs: int, knobs: Setting = ()) -> int | None:
         """For the sampling tuners: a point above the memory model's ceiling that no run ruled out stands for the
@@ -220,7 +240,8 @@ class Knowledge:
         spec = self.spec
         config = copy.deepcopy(dict(spec.base))
         config.setdefault("zero_optimization", {})["stage"] = stage
-        config["zero_optimization"].update(dict(knobs))
+        for key, value in knobs:  # a config key (gradient accumulation) or a zero_optimization one
+            (config if BY_KEY[key].top else config["zero_optimization"])[key] = value
         config["train_micro_batch_size_per_gpu"] = mbs
         gas = spec.accumulation(mbs)
         if gas is not None:
@@ -258,7 +279,9 @@ class Knowledge:
         config = experiment.ds_config
         zero = config.get("zero_optimization") or {}
         stage = zero.get("stage")
-        return self.setting(stage, zero) if isinstance(stage, int) else ()
+        top = {k: config[k] for k in self.spaces.get(stage, {}) if k in config and BY_KEY[k].top} \
+            if isinstance(stage, int) else {}
+        return self.setting(stage, {**zero, **top}) if isinstance(stage, int) else ()
 
 
 

@@ -27,6 +27,7 @@ from .search import Search
 from .space import SearchSpec, Setting, sizes
 
 ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
+READS = 3_000  # trials TPE's asks of one proposal read at most, about (`_asks`): 16 asks up to 187 trials
 STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
 
 
@@ -50,6 +51,16 @@ def _quiet(optuna: Any) -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
+def _kept_cache(old: Any, new: Any) -> Any:
+    """`new` (a sampler seeded for this decision) with `old`'s intersection search space, a cache of the study
+    the two sample: a new one reads every trial's distributions again (most of a decision's cost at 1,000 trials).
+    Optuna's attribute, so only where both have it; what is sampled does not change, every trial holding the
+    same space (`ModelSearch.space`)."""
+    if hasattr(old, "_search_space") and hasattr(new, "_search_space"):
+        new._search_space = old._search_space
+    return new
+
+
 class ModelSearch(Search):
     """model_based (see the module docstring). Points are (stage: categorical among the allowed stages,
     log2_mbs: int, the size `min_mbs * 2**log2_mbs`, the largest allowed last); runs still out are told to TPE
@@ -60,9 +71,7 @@ class ModelSearch(Search):
         super().__init__(spec)
         self.optuna = load_optuna()
         self.sizes = sizes(spec)
-        dist = self.optuna.distributions
-        self.space = {"stage": dist.CategoricalDistribution(spec.stages),
-                      "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
+        self.space = self._space()
         self.points: list[tuple[int, int, Setting]] = []  # every trial, micro-batch or knob, in proposal order
         self._kept: Any = None  # the study between asks
         self._told_states: list[tuple[Any, float | None]] = []  # what it was told of each of `points`
@@ -83,8 +92,23 @@ class ModelSearch(Search):
         for e in experiments:
             placed = self.place_of(e)
             if self.spec.profile_of(e.name) is None and rerun_of(e.name) is None and placed is not None \
-                    and placed[0] in self.stages:
+                    and placed[0] in self.stages and self.level_of(e) == self.spec.offload:
                 self.points.append((*placed, self.setting_of(e)))
+
+    def escalate(self, level: int | None = None) -> bool:
+        """As every search; the study starts afresh on the new level's stages: the points of the level before (none
+        of which fit) are no part of it, its trials and names being the new level's."""
+        if not super().escalate(level):
+            return False
+        self.space = self._space()
+        self.points, self._kept, self._told_states, self._numbers, self._size = [], None, [], [], 0
+        return True
+
+    def _space(self) -> dict[str, Any]:
+        """The point TPE asks for: the stage among those of the level searched, and the size's place on the grid."""
+        dist = self.optuna.distributions
+        return {"stage": dist.CategoricalDistribution(self.spec.stages),
+                "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
 
     def choose(self, room: int) -> list[Experiment]:
         proposed: list[Experiment] = []
@@ -133,7 +157,7 @@ class ModelSearch(Search):
                 self._told_states.append(state)
                 self._numbers.append(self._size)
                 self._size += 1
-        study.sampler = self._sampler()
+        study.sampler = _kept_cache(study.sampler, self._sampler())
         return study
 
     def _ask(self) -> tuple[int, int, Setting] | None:
@@ -144,7 +168,7 @@ class ModelSearch(Search):
         asked = []
         try:
             with _quiet(self.optuna):
-                for _ in range(ASKS):
+                for _ in range(self._asks()):
                     trial = study.ask(self.space)
                     asked.append(trial.number)
                     self._size += 1
@@ -160,9 +184,16 @@ class ModelSearch(Search):
             with _quiet(self.optuna):
                 for number in asked:
                     study.tell(number, state=self.optuna.trial.TrialState.FAIL)
-        left = [(stage, mbs, knobs) for stage in self.spec.stages for mbs in self.sizes
-                for knobs in self.settings(stage) if self.open(stage, mbs, knobs)]
+        left = self.open_points(self.sizes)
         return random.Random(self._seed).choice(left) if left else None
+
+    def _asks(self) -> int:
+        """How many times TPE is asked before an open point is drawn instead: ASKS, fewer past READS // ASKS
+        trials (READS over the trials, at least one). Each ask is a pass of TPE over every trial, so the asks of a
+        decision read about READS trials at most whatever the history: its cost stays flat. Where that cuts the
+        asks, most of a grid is tried and TPE, whose choices gather where the best were, mostly chooses points
+        tried: the draw among the open points is what decides there anyway."""
+        return max(1, min(ASKS, READS // max(1, len(self.trials) + len(self.knob_trials))))
 
     @property
     def _seed(self) -> int:

@@ -161,11 +161,8 @@ class SearchSpec:
         return replace(self, base=base, stages=stages, offload=level)
 
     def levels(self) -> list[SearchSpec]:
-        """This spec (its own offload level), then at each further offload level the search may go to. Not
-        model_based's: its study's space is the stages it began with (it ends without a best instead)."""
+        """This spec (its own offload level), then at each further offload level the search may go to."""
         own = self.own_offload()
-        if self.tuner == "model_based":
-            return [replace(self, offload=own)]
         found = (self.offloaded(level) for level in range(own + 1, len(OFFLOAD_TAGS)))
         return [replace(self, offload=own), *(spec for spec in found if spec is not None)]
 
