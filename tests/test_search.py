@@ -636,3 +636,18 @@ def test_the_sampling_tuners_draw_the_accumulation_with_the_point_and_replay_it(
                                     for e, out in launched.items()})
     assert rebuilt.knob_trials == live.knob_trials and rebuilt.trials == live.trials
     assert rebuilt.configs == live.configs
+
+
+def test_the_open_points_listed_at_once_are_those_open_one_by_one(tmp_path):
+    """`open_points` (what model_based draws from when TPE keeps choosing points tried) works out each stage's
+    bound once: the same points, in the same order, as asking `open` of every point of the grid, mid-search."""
+    search = search_for(full_spec(tmp_path, tuner="random", seed=3, trials=40, patience=None))
+    grid = sizes(search.spec)
+    for _ in range(12):
+        for e in search.propose(3, 0.0):
+            out = fake_gpu(e)
+            search.learn(e, out.state, out.reason, (out.metrics or {}).get("throughput"))
+        every = [(s, m, k) for s in search.spec.stages for m in grid for k in search.settings(s)
+                 if search.open(s, m, k)]
+        assert search.open_points(grid) == every
+    assert search.knob_oom or any(known.too_big for known in search.stages.values())  # some ruled out on the way

@@ -81,7 +81,7 @@ class Knowledge:
                 continue
             above, settings = self.ruled_out_above(stage), self.settings(stage)
             for mbs in sizes:
-                if known.pruned(mbs) or (above is not None and mbs >= above):
+                if known.pruned(mbs) or mbs >= (above or mbs + 1):
                     continue
                 found += [(stage, mbs, knobs) for knobs in settings if mbs < self.knob_oom.get((stage, knobs), mbs + 1)
                           and self.name_of(stage, mbs, knobs) not in self.proposed]
