@@ -43,6 +43,7 @@ class Knowledge:
         self.first: dict[str, float] = {}  # each config that succeeded -> the metric of its first run
         # full mode: each stage's knob space, and what the knob points (those with a Setting) taught
         self.spaces = {int(s): {k: list(v) for k, v in space.items()} for s, space in spec.knobs.items()}
+        self.top_keys = {s: [k for k in space if BY_KEY[k].top] for s, space in self.spaces.items()}
         self.knob_trials: list[Point] = []  # in the order proposed (the ledger's)
         self.knob_fits: dict[Point, float] = {}
         self.knob_oom: dict[tuple[int, Setting], int] = {}  # (stage, knobs) -> the smallest size out of memory
@@ -279,9 +280,10 @@ class Knowledge:
         config = experiment.ds_config
         zero = config.get("zero_optimization") or {}
         stage = zero.get("stage")
-        top = {k: config[k] for k in self.spaces.get(stage, {}) if k in config and BY_KEY[k].top} \
-            if isinstance(stage, int) else {}
-        return self.setting(stage, {**zero, **top}) if isinstance(stage, int) else ()
+        if not isinstance(stage, int):
+            return ()
+        top = self.top_keys.get(stage)  # gradient accumulation given as a list: a key of the config itself
+        return self.setting(stage, {**zero, **{k: config[k] for k in top if k in config}} if top else zero)
 
 
 
