@@ -136,12 +136,15 @@ class ModelSearch(Search):
 
     def _synced(self) -> Any:
         """The kept study told what changed since the last ask: outcomes of trials it holds as running, and the
-        trials proposed since; built anew where a trial that ended would have to change (see the module)."""
+        trials proposed since; built anew where a trial that ended would have to change (see the module), and
+        once the asks it failed outnumber its trials: TPE leaves them out of what it models, but Optuna filters
+        them out of every read (a live search of a few hundred trials asks thousands of times)."""
         told = [self._state(*point) for point in self.points]
         known = len(self._told_states)
         running = self.optuna.trial.TrialState.RUNNING
         changed = [i for i in range(known) if told[i] != self._told_states[i]]
-        if self._kept is None or any(self._told_states[i][0] != running for i in changed):
+        stale = self._size > 2 * len(self.points) + 4 * ASKS  # more failed asks than trials: every read filters them
+        if self._kept is None or stale or any(self._told_states[i][0] != running for i in changed):
             self._kept, self._size = self.study(), len(self.points)
             self._told_states, self._numbers = told, list(range(len(self.points)))
             return self._kept
