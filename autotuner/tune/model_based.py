@@ -27,7 +27,7 @@ from .search import Search
 from .space import SearchSpec, Setting, sizes
 
 ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
-READS = 3_000  # trials TPE's asks of one proposal read at most, about (`_asks`): 16 asks up to 187 trials
+READS = 6_000  # trials TPE's passes of one proposal read at most, about (`_asks`)
 STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
 
 
@@ -191,12 +191,14 @@ class ModelSearch(Search):
         return random.Random(self._seed).choice(left) if left else None
 
     def _asks(self) -> int:
-        """How many times TPE is asked before an open point is drawn instead: ASKS, fewer past READS // ASKS
-        trials (READS over the trials, at least one). Each ask is a pass of TPE over every trial, so the asks of a
-        decision read about READS trials at most whatever the history: its cost stays flat. Where that cuts the
-        asks, most of a grid is tried and TPE, whose choices gather where the best were, mostly chooses points
-        tried: the draw among the open points is what decides there anyway."""
-        return max(1, min(ASKS, READS // max(1, len(self.trials) + len(self.knob_trials))))
+        """How many times TPE is asked before an open point is drawn instead: ASKS, fewer once the history is long
+        (READS over the trials times the passes an ask makes, at least one). Each ask is a TPE pass over every
+        trial for the stage and size, and one more for each knob of the stage drawn (asked apart), so a decision
+        reads about READS trials at most whatever the history: its cost stays flat. Where that cuts the asks, most
+        of a grid is tried and TPE, whose choices gather where the best were, mostly chooses points tried: the
+        draw among the open points is what decides there anyway."""
+        passes = 1 + max((len(space) for space in self.spaces.values()), default=0)
+        return max(1, min(ASKS, READS // (passes * max(1, len(self.trials) + len(self.knob_trials)))))
 
     @property
     def _seed(self) -> int:
