@@ -19,7 +19,7 @@ many seeds found a config at least as good as the grid's best.
 clock: gridsearch's knob sweep against the grid of every knob setting at each stage's best size.
 
 --sampled-full N plays random and model_based in full mode (every stage's knobs: 1,386 points) on the simulated
-clock, N seeds, with DeepSpeed's defaults and with larger budgets (--budgets, no early stopping): past 187 trials
+clock, N seeds, with DeepSpeed's defaults and with larger budgets (--budgets, no early stopping): past 62 trials
 model_based asks TPE fewer times a decision (tune/model_based.py, READS), which changes its draws there.
 
 --memory runs the tuners with and without the memory model (autotuner/memory.py), through the real runner, on the
@@ -622,7 +622,7 @@ def full_mode_table(slots: int) -> None:
 def sampled_full_table(seeds: int, slots: int, budgets: list[int]) -> None:
     """random and model_based in full mode (every stage's knobs, 1,386 points) on the simulated clock, each with
     DeepSpeed's defaults and with budgets of `budgets` trials and no early stopping: where model_based's asks are
-    bounded (past 187 trials) its draws change, and this is where to see what that costs the search."""
+    bounded (past 62 trials in full mode) its draws change, and this is where to see what that costs the search."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.knobs import KNOBS
