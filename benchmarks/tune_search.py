@@ -18,6 +18,10 @@ many seeds found a config at least as good as the grid's best.
 --full plays full mode (fast: false, ZeRO's knobs too: the stand-in counts them as known factors) on the simulated
 clock: gridsearch's knob sweep against the grid of every knob setting at each stage's best size.
 
+--sampled-full N plays random and model_based in full mode (every stage's knobs: 1,386 points) on the simulated
+clock, N seeds, with DeepSpeed's defaults and with larger budgets (--budgets, no early stopping): past 62 trials
+model_based asks TPE fewer times a decision (tune/model_based.py, READS), which changes its draws there.
+
 --memory runs the tuners with and without the memory model (autotuner/memory.py), through the real runner, on the
 stand-in's DeepSpeed-like fake GPU (OOM_STANDIN_MODEL: 5e9 parameters in fp16 with Adam, 1e9 bytes of activations a
 sample, each experiment on 2 GPUs of an "A100-80GB", 80e9 bytes; stage 0 cannot fit, the largest sizes that fit
@@ -145,7 +149,7 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
     """One search played on the simulated clock: the same figures as `measure`."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
     from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
@@ -282,7 +286,7 @@ def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[st
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.memory_model import Facts
-    from autotuner.tune.search import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
     from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
@@ -370,7 +374,7 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
         return
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.search import SearchSpec
+    from autotuner.tune.space import SearchSpec
     from autotuner.tune.tuners import search_for
 
     def outcome(e: autotuner.Experiment) -> Outcome:
@@ -398,8 +402,9 @@ def loop_table(slots: int) -> None:
     """--loop: the memory model corrected by measured peaks, and trainable parameters counted apart."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
+    from autotuner.tune.gridsearch import MicroBatchSearch
     from autotuner.tune.memory_model import Facts
-    from autotuner.tune.search import MicroBatchSearch, SearchSpec
+    from autotuner.tune.space import SearchSpec
 
     params, per_sample, gpu = MODEL
 
@@ -521,6 +526,9 @@ def main() -> None:
                         help=f"Only the case of GPUs whose memory is unknown, sizes up to {UNKNOWN_MAX}.")
     parser.add_argument("--offload", action="store_true",
                         help="Only a model that fits no stage without offload (the real runner).")
+    parser.add_argument("--sampled-full", type=int, default=0, metavar="N",
+                        help="Only the sampling tuners in full mode on the simulated clock, N seeds.")
+    parser.add_argument("--budgets", default="300,600", help="--sampled-full's trial budgets past DeepSpeed's.")
     parser.add_argument("--every-size", action="store_true",
                         help=f"Also run the grid of every size 1-{MAX_MBS} of each stage ({len(EVERY_SIZE)} runs).")
     opts = parser.parse_args()
@@ -532,6 +540,9 @@ def main() -> None:
     for tuner in ("random", "model_based"):
         cases += [(f"{tuner}, DeepSpeed's defaults", tuner, None, opts.seeds),
                   (f"{tuner}, patience 36", tuner, 36, opts.seeds)]
+    if opts.sampled_full:
+        sampled_full_table(opts.sampled_full, opts.slots, [int(n) for n in opts.budgets.split(",") if n])
+        return
     if opts.offload:
         offload_table(2 * opts.slots, opts.seconds)
         return
@@ -570,8 +581,9 @@ def full_mode_table(slots: int) -> None:
     """gridsearch in full mode against every knob setting at each stage's best size, on the simulated clock."""
     from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
+    from autotuner.tune.gridsearch import MicroBatchSearch
     from autotuner.tune.knobs import KNOBS
-    from autotuner.tune.search import MicroBatchSearch, SearchSpec
+    from autotuner.tune.space import SearchSpec
 
     def value(stage: int, mbs: int, zero: dict) -> float | None:
         factor, more = knob_factor(stage, zero)
@@ -605,6 +617,56 @@ def full_mode_table(slots: int) -> None:
     print(f"| gridsearch, knob by knob | {len(played)} | {knob_runs} | {winner} | "
           f"{search.mean(winner) / best:.3f} |")
     print(f"| every knob setting at each stage's best size | {exhaustive} (knob runs alone) | {exhaustive} | | 1.000 |")
+
+
+def sampled_full_table(seeds: int, slots: int, budgets: list[int]) -> None:
+    """random and model_based in full mode (every stage's knobs, 1,386 points) on the simulated clock, each with
+    DeepSpeed's defaults and with budgets of `budgets` trials and no early stopping: where model_based's asks are
+    bounded (past 62 trials in full mode) its draws change, and this is where to see what that costs the search."""
+    from autotuner.core.outcome import Outcome
+    from autotuner.planning.simulate import simulate
+    from autotuner.tune.knobs import KNOBS
+    from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
+    from autotuner.tune.tuners import search_for
+
+    def value(stage: int, mbs: int, zero: dict) -> float | None:
+        factor, more = knob_factor(stage, zero)
+        fixed = {0: 40, 1: 30, 2: 20, 3: 10}[stage]
+        return None if fixed + 2.0 * mbs + more > 100 else throughput(stage, mbs) * factor
+
+    def outcome(e: autotuner.Experiment) -> Outcome:
+        zero = e.ds_config["zero_optimization"]
+        measured = value(zero["stage"], e.ds_config["train_micro_batch_size_per_gpu"], zero)
+        if measured is None:
+            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": measured})
+
+    spaces = {str(stage): {k.key: [k.default(stage), *(v for v in k.values if v != k.default(stage))]
+                           for k in KNOBS if stage in k.searched} for stage in STAGES if stage}
+    print(f"\nfull mode, sampling tuners, simulated clock, {slots} slots, mean of {seeds} seeds\n")
+    print("| | experiments to best | experiments | best / the space's best | seeds at the space's best | CPU s |\n"
+          "|---|---:|---:|---:|---:|---:|")
+    for tuner in ("random", "model_based"):
+        for trials, patience in [(DEFAULT_TRIALS, DEFAULT_PATIENCE), *((n, None) for n in budgets)]:
+            found, best = [], 0.0
+            for seed in range(seeds):
+                spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1,
+                                                        "args": []}, base={}, stages=STAGES, metric="throughput",
+                                  max_mbs=MAX_MBS, knobs=spaces, confirm=0, tuner=tuner, seed=seed, trials=trials,
+                                  patience=patience)
+                search = search_for(spec)
+                started = time.process_time()
+                played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome,
+                                         source=search, metric="throughput").played, key=lambda p: (p.start, p.name))
+                cpu = time.process_time() - started
+                winner = min(search.configs, key=lambda name: -search.mean(name))
+                found.append((1 + [p.name for p in played].index(winner), len(played), search.first[winner], cpu))
+                best = max(value(z, m, dict(k)) or 0.0 for z in STAGES for m in sorted({m for _, m in GRID})
+                           for k in search.settings(z))
+            label = f"{tuner}, {trials} trials" + (f", patience {patience}" if patience else "")
+            print(f"| {label} | {statistics.mean(f[0] for f in found):.1f} | {statistics.mean(f[1] for f in found):.1f}"
+                  f" | {statistics.mean(f[2] for f in found) / best:.4f} | {sum(f[2] >= best * 0.9999 for f in found)}"
+                  f"/{seeds} | {statistics.mean(f[3] for f in found):.2f} |", flush=True)
 
 
 def real_table(cases: list[tuple[str, str | None, int | None, int]], slots: int, seconds: float) -> None:

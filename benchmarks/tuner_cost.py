@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from autotuner.spec import Experiment  # noqa: E402
 from autotuner.states import Reason, State  # noqa: E402
-from autotuner.tune.search import Search, SearchSpec  # noqa: E402
+from autotuner.tune.search import Search  # noqa: E402
+from autotuner.tune.space import SearchSpec  # noqa: E402
 from autotuner.tune.tuners import search_for  # noqa: E402
 
 SIZES = [50_000_000, 500_000_000, 1_000_000_000]

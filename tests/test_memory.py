@@ -7,8 +7,9 @@ import pytest
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
+from autotuner.tune.gridsearch import MicroBatchSearch
 from autotuner.tune.memory_model import Bound, Facts, Training, bound, budget, model_states
-from autotuner.tune.search import MicroBatchSearch, SearchSpec
+from autotuner.tune.space import SearchSpec
 from autotuner.tune.tuners import search_for
 
 G = 10**9
@@ -132,7 +133,7 @@ def test_the_model_launches_fewer_runs_out_of_memory_and_finds_the_same_best(tun
 
 
 def test_with_the_model_the_walk_starts_at_the_prediction_and_finds_the_best_stages_largest_exactly():
-    """The others' largest only as near as could beat the best (search._worth)."""
+    """The others' largest only as near as could beat the best (gridsearch._worth)."""
     played = tune(MicroBatchSearch(stated()))
     ran = {place(p.name): p.state for p in played}
     best = max((place(p.name) for p in played if p.state == State.SUCCEEDED), key=lambda point: throughput(*point))
@@ -183,7 +184,7 @@ def test_a_model_that_is_low_is_raised_by_what_runs_show():
     ran = {place(p.name): p.state for p in played}
     best = max((point for point, state in ran.items() if state == State.SUCCEEDED), key=lambda p: throughput(*p))
     assert ran[(best[0], largest(best[0]))] == State.SUCCEEDED and ran[(best[0], largest(best[0]) + 1)] == State.FAILED
-    for stage in STATES:  # the others' largest as near as could beat the best (search._worth)
+    for stage in STATES:  # the others' largest as near as could beat the best (gridsearch._worth)
         fit = max(m for (z, m), state in ran.items() if z == stage and state == State.SUCCEEDED)
         assert largest(stage) - largest(stage) // 8 <= fit <= largest(stage)
 
@@ -195,7 +196,7 @@ def test_a_model_that_is_high_is_bounded_by_an_oom():
     ran = {place(p.name): p.state for p in played}
     best = max((point for point, state in ran.items() if state == State.SUCCEEDED), key=lambda p: throughput(*p))
     assert ran[(best[0], largest(best[0]))] == State.SUCCEEDED and ran[(best[0], largest(best[0]) + 1)] == State.FAILED
-    for stage in STATES:  # the others' largest as near as could beat the best (search._worth)
+    for stage in STATES:  # the others' largest as near as could beat the best (gridsearch._worth)
         fit = max(m for (z, m), state in ran.items() if z == stage and state == State.SUCCEEDED)
         assert largest(stage) - largest(stage) // 8 <= fit <= largest(stage)
 

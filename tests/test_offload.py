@@ -14,8 +14,9 @@ import autotuner
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
+from autotuner.tune.gridsearch import MicroBatchSearch
 from autotuner.tune.memory_model import Facts, Training, bound, host_states, model_states
-from autotuner.tune.search import MicroBatchSearch, SearchSpec
+from autotuner.tune.space import SearchSpec
 from autotuner.tune.tuners import search_for
 
 from cli_rig import autotune, env
@@ -121,7 +122,7 @@ def best(played):
     return max((p for p in played if p.state == State.SUCCEEDED), key=lambda p: RAN[p.name].metrics["throughput"])
 
 
-@pytest.mark.parametrize("tuner", ["gridsearch", "random"])
+@pytest.mark.parametrize("tuner", ["gridsearch", "random", "model_based"])
 def test_a_model_that_fits_no_stage_is_tuned_with_the_optimizer_offloaded(tuner):
     """The model skips every stage without offload: nothing runs there; with the optimizer offloaded no run
     exhausts the node, none runs out of GPU memory below the model's largest size (z1 36, z2 46, z3 56: only its
@@ -153,6 +154,42 @@ def test_without_a_memory_model_the_ooms_at_every_stage_lead_to_offload():
     assert plain and all(RAN[p.name].reason == Reason.OOM for p in plain)
     assert any(p.name.startswith("t_z2_mbs1") for p in plain)  # its OOM rules out z0 and z1 (they need more)
     assert best(played).name == "t_z3_mbs58_oo" and not any("_op" in p.name for p in played)
+
+
+@pytest.mark.parametrize("tuner", ["random", "model_based"])
+def test_a_sampling_tuner_without_a_memory_model_goes_on_to_offload_when_every_point_ran_out_of_memory(tuner):
+    """Nothing known: the sampling tuners draw points until every stage's smallest size ran out of memory (a
+    larger one is then never drawn), then go on with the optimizer offloaded, as gridsearch does, and end with a
+    best among the offloaded configs."""
+    played = tune(search_for(spec(gpu_memory=None, host_memory=None, facts=None, tuner=tuner, seed=2)))
+    plain = [p for p in played if not p.name.endswith(("_oo", "_op"))]
+    offloaded = [p for p in played if p.name.endswith("_oo")]
+    assert plain and all(RAN[p.name].reason == Reason.OOM for p in plain)
+    assert offloaded and all(p.start >= max(q.end for q in plain) for p in offloaded)  # the plain level first
+    assert best(played).name.endswith("_oo") and not any("_op" in p.name for p in played)
+
+
+def test_model_based_offloaded_rebuilt_from_the_ledger_goes_on_the_same():
+    """model_based: die after some offloaded runs ended, rebuild from the ledger, go on: the same runs as a search
+    never interrupted (its study holds the offloaded level's trials only, in both)."""
+    def fresh():
+        return search_for(spec(gpu_memory=None, host_memory=None, facts=None, tuner="model_based", seed=4))
+
+    whole = [p.name for p in tune(fresh(), slots=2)]  # one experiment (of 2 GPUs) at a time
+    live = fresh()
+    ledger, ended = [], {}
+    while sum(name.endswith("_oo") for name in ended) < 3:
+        ledger.extend(live.propose(2, 0.0))
+        e = next(x for x in ledger if x.name not in ended)
+        out = fake_run(e)
+        ended[e.name] = (out.state, out.reason, (out.metrics or {}).get("throughput"))
+        live.observe(type("R", (), {"experiment": e})(), out)
+    rebuilt = fresh()
+    rebuilt.replay(ledger, ended)
+    assert rebuilt.spec == live.spec and rebuilt.points == live.points and rebuilt.proposed == live.proposed
+    rest = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, source=rebuilt,
+                           metric="throughput").played, key=lambda p: (p.start, p.name))
+    assert [*ended, *(p.name for p in rest)] == whole
 
 
 def test_parameters_are_offloaded_only_when_the_optimizer_alone_is_not_enough():
@@ -243,7 +280,8 @@ def test_a_tune_whose_offloaded_states_exceed_the_nodes_ram_is_refused(tmp_path)
 SCRIPT = """
 import json, sys
 import torch, deepspeed
-from autotuner.tune.search import MicroBatchSearch, SearchSpec
+from autotuner.tune.gridsearch import MicroBatchSearch
+from autotuner.tune.space import SearchSpec
 deepspeed.init_distributed(dist_backend="gloo")
 spec = SearchSpec(prefix="t", template={"script": "x.py", "num_gpus": 1, "num_nodes": 1, "args": []},
                   base={"zero_force_ds_cpu_optimizer": False, "gradient_accumulation_steps": 1,

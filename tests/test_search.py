@@ -3,6 +3,7 @@ driven by the real scheduler on a simulated clock against a fake GPU (named as s
 with its ZeRO stage and micro-batch size and fails with the runtime's OOM message past a limit; its throughput is a
 known function."""
 import json
+import math
 import random
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
 from autotuner.states import Reason, State
-from autotuner.tune.search import MAX_MICRO_BATCH, WORTH, MicroBatchSearch, SearchSpec, sizes
+from autotuner.tune.gridsearch import WORTH, MicroBatchSearch
+from autotuner.tune.model_based import ASKS
+from autotuner.tune.space import MAX_MICRO_BATCH, SearchSpec, sizes
 from autotuner.tune.tuners import search_for
 
 LIMIT = 100.0  # GiB of the fake GPU
@@ -336,7 +339,8 @@ def test_model_based_rebuilt_from_the_ledger_proposes_what_the_live_search_would
 def test_model_based_keeps_its_study_and_tells_it_only_what_changed():
     """The study is kept between asks (not rebuilt from the ledger each time, whose cost grew with every trial):
     after each decision it holds, the asks' failed trials aside, the very trials a study built from the ledger
-    holds, in the same order and as told, so TPE reads the same; it is one object all the way."""
+    holds, in the same order and as told, so TPE reads the same; it is one object from one decision to the next,
+    built anew only once the asks it failed outnumber its trials (then it holds none of them)."""
     import optuna
 
     fail = optuna.trial.TrialState.FAIL
@@ -348,15 +352,20 @@ def test_model_based_keeps_its_study_and_tells_it_only_what_changed():
     running = live.propose(3, 0.0)
     kept = live._kept
     assert kept is not None
-    decisions = 0
+    decisions, rebuilt = 0, 0
     while running:
         e = running.pop(0)
         live.learn(e, *recorded(e))
         running += live.propose(3 - len(running), 0.0)
-        assert seen(live._synced()) == seen(live.study())
+        assert live._kept is kept  # one study through each decision
+        stale = live._size > 2 * len(live.points) + 4 * ASKS  # the asks it failed outnumber its trials
+        synced = live._synced()
+        if synced is not kept:  # built anew: only where those asks had come to outnumber the trials
+            assert stale and not any(t.state == fail for t in synced.trials)
+            kept, rebuilt = synced, rebuilt + 1
+        assert seen(synced) == seen(live.study())
         decisions += 1
-    assert live._kept is kept and decisions > 13
-    assert len(kept.trials) > len(live.points)  # the asks' own trials are in it, failed
+    assert decisions > 13 and rebuilt < decisions / 4
 
 
 # --- confirming the best ----------------------------------------------------------------------------------------
@@ -575,3 +584,77 @@ def test_on_random_fake_gpus_the_best_is_found_within_the_margin_and_nothing_rul
         assert max(search.first.values()) >= (1 - WORTH) * max(truth)
     else:
         assert not search.configs
+
+
+# --- gradient accumulation given as a list -------------------------------------------------------------------
+def accumulation_spec(tmp_path, **changes):
+    """A fast-mode spec as `autotune tune` reads it from a config listing gradient_accumulation_steps [1, 2, 4]."""
+    from autotuner.tune.inputs import read_tuning
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"gradient_accumulation_steps": [1, 2, 4], "zero_optimization": {"stage": [1, 2, 3]}}))
+    tuning = read_tuning(path, 1)
+    return spec(**{"base": tuning.base, "stages": tuning.stages,
+                   "knobs": {str(s): space for s, space in tuning.knobs.items() if space}} | changes)
+
+
+def gas_outcome(e):
+    """fake_gpu, with each doubling of the accumulation 5% faster (fewer optimizer steps a sample)."""
+    out = fake_gpu(e)
+    if out.state != State.SUCCEEDED:
+        return out
+    gas = e.ds_config["gradient_accumulation_steps"]
+    return Outcome(State.SUCCEEDED, metrics={"throughput": out.metrics["throughput"] * 1.05 ** math.log2(gas)})
+
+
+def test_gradient_accumulation_given_as_a_list_is_searched_at_each_stages_best_size(tmp_path):
+    """The micro-batch search runs at the list's first value (1); then each stage's best size is run with 2 and 4
+    (the config's own key, in the name as _gas2), and the winner is the largest accumulation at the best stage."""
+    search = MicroBatchSearch(accumulation_spec(tmp_path))
+    launched = []
+    simulate([], {"h": [0, 1, 2, 3]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or gas_outcome(e),
+             source=search, metric="throughput")
+    plain = [e for e in launched if "_gas" not in e.name]
+    assert plain and all(e.ds_config["gradient_accumulation_steps"] == 1 for e in plain)
+    swept = {e.name for e in launched if "_gas" in e.name}
+    assert swept == {"t_z1_mbs33_gas2", "t_z1_mbs33_gas4", "t_z2_mbs53_gas2", "t_z2_mbs53_gas4",
+                     "t_z3_mbs90_gas2", "t_z3_mbs90_gas4"}
+    assert all(e.ds_config["gradient_accumulation_steps"] == int(e.name.split("_gas")[1]) for e in launched
+               if "_gas" in e.name)
+    assert all("gradient_accumulation_steps" not in e.ds_config["zero_optimization"] for e in launched)
+    assert max(search.configs, key=search.mean) == "t_z3_mbs90_gas4"
+
+
+@pytest.mark.parametrize("tuner", ["random", "model_based"])
+def test_the_sampling_tuners_draw_the_accumulation_with_the_point_and_replay_it(tmp_path, tuner):
+    """random and model_based draw the accumulation with the stage and size; a search rebuilt from the ledger reads
+    each point's accumulation back from its config and goes on as the live one."""
+    def fresh():
+        return search_for(accumulation_spec(tmp_path, tuner=tuner, seed=1, trials=12, patience=None))
+
+    live, launched = fresh(), {}
+    simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=lambda e: launched.setdefault(e, gas_outcome(e)),
+             source=live, metric="throughput")
+    assert {e.name.split("_gas")[1] for e in launched if "_gas" in e.name} == {"2", "4"}
+    assert all(e.ds_config["gradient_accumulation_steps"] == (int(e.name.split("_gas")[1]) if "_gas" in e.name
+                                                              else 1) for e in launched)
+    rebuilt = fresh()
+    rebuilt.replay(list(launched), {e.name: (out.state, out.reason, (out.metrics or {}).get("throughput"))
+                                    for e, out in launched.items()})
+    assert rebuilt.knob_trials == live.knob_trials and rebuilt.trials == live.trials
+    assert rebuilt.configs == live.configs
+
+
+def test_the_open_points_listed_at_once_are_those_open_one_by_one(tmp_path):
+    """`open_points` (what model_based draws from when TPE keeps choosing points tried) works out each stage's
+    bound once: the same points, in the same order, as asking `open` of every point of the grid, mid-search."""
+    search = search_for(full_spec(tmp_path, tuner="random", seed=3, trials=40, patience=None))
+    grid = sizes(search.spec)
+    for _ in range(12):
+        for e in search.propose(3, 0.0):
+            out = fake_gpu(e)
+            search.learn(e, out.state, out.reason, (out.metrics or {}).get("throughput"))
+        every = [(s, m, k) for s in search.spec.stages for m in grid for k in search.settings(s)
+                 if search.open(s, m, k)]
+        assert search.open_points(grid) == every
+    assert search.knob_oom or any(known.too_big for known in search.stages.values())  # some ruled out on the way

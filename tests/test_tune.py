@@ -132,6 +132,12 @@ def test_a_kill_9_then_resume_makes_the_same_decisions_and_runs_nothing_twice(tm
      '"--per_device_train_batch_size"}', '"train_micro_batch_size_per_gpu"'),
     ({"max_train_batch_size": 64}, {"gradient_accumulation_steps": "auto"}, 'gradient_accumulation_steps is "auto"',
      '"gradient_accumulation_steps"'),
+    # a list of accumulations is searched, unless the global batch the config states derives it
+    ({"max_train_batch_size": 64}, {"gradient_accumulation_steps": [1, 2]}, "derives it for each micro-batch size",
+     '"gradient_accumulation_steps"'),
+    (None, {"gradient_accumulation_steps": [1, 0]}, "a list of positive whole numbers",
+     '"gradient_accumulation_steps"'),
+    (None, {"gradient_accumulation_steps": [2, 2]}, "a value is listed twice", '"gradient_accumulation_steps"'),
 ])
 def test_a_bad_autotuning_section_is_one_located_line(tmp_path, autotuning, config, fragment, needle):
     result = tune(tmp_path, setup(tmp_path, autotuning, config))

@@ -71,7 +71,7 @@ def test_model_info_skips_the_stage_that_cannot_fit_and_spares_runs_out_of_memor
     assert any(stage == 0 for _, stage, _ in launches(plain_dir)) and "Memory model" not in plain.stdout
     assert ooms(model_dir / "res") < ooms(plain_dir / "res")
     assert (False, 3, LARGEST[3]) in ran and (False, 3, LARGEST[3] + 1) in ran  # the best stage's largest exactly
-    for stage, largest in LARGEST.items():  # the others' as near as could beat it (search._worth)
+    for stage, largest in LARGEST.items():  # the others' as near as could beat it (gridsearch._worth)
         assert largest - largest // 8 <= max(m for p, z, m in ran if z == stage and not p and m <= largest) <= largest
     report = json.loads(autotune("report", model_dir / "res", "--format", "json").stdout)
     assert "z0 skipped" in report["memory"]

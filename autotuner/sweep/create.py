@@ -31,7 +31,7 @@ from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ..spec.metrics import metric_named
 from ..tune.memory_model import Bound, Facts, budget
 from ..tune.request import TuneRequest, read_tune
-from ..tune.search import SearchSpec
+from ..tune.space import SearchSpec
 from ..tune.tuners import search_for
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from ..spec import Experiment
 from ..spec.metrics import PEAK_MEMORY, metric_named
 from ..states import Reason, State
 from ..threads import Workers
-from ..tune.search import SearchSpec
+from ..tune.space import SearchSpec
 from ..tune.tuners import search_for
 from ..views.snapshot import Snapshot, snapshot
 from ..views.summary import write_outcome_files

@@ -26,7 +26,7 @@ from ..spec.reading import (
     script_path,
     string_list,
 )
-from .knobs import Space, first_values, knob_spaces
+from .knobs import Space, accumulation_values, first_values, knob_spaces, with_accumulation
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
 KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
@@ -175,8 +175,11 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
         raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
     stages = _stages(src, config)
-    spaces = knob_spaces(src, zero, stages, fast)
+    accumulations = accumulation_values(src, config.get("gradient_accumulation_steps"), global_batch is not None)
+    spaces = with_accumulation(knob_spaces(src, zero, stages, fast), accumulations)
     base = {k: v for k, v in config.items() if k != "autotuning"}
+    if accumulations:
+        base["gradient_accumulation_steps"] = accumulations[0]
     if zero:
         base["zero_optimization"] = first_values(zero)
     engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
@@ -206,7 +209,8 @@ def _check_batch_keys(src: Source, config: dict) -> None:
     DeepSpeed takes them; anything else fails every run."""
     for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
         value = config.get(key)
-        if value is not None and value != "auto" and not positive_int(value):
+        listed = key == "gradient_accumulation_steps" and isinstance(value, list)  # searched: knobs.py checks it
+        if value is not None and value != "auto" and not listed and not positive_int(value):
             raise src.error(f"{key} must be a positive whole number or \"auto\", not {shown(value)}", key)
 
 

@@ -22,15 +22,16 @@ SIZES = (500_000_000, 50_000_000, 1_000_000_000)  # bucket sizes (elements), Dee
 
 @dataclass(frozen=True)
 class Knob:
-    """One zero_optimization key: its short tag in experiment names, the values searched (the default first),
-    the stages searched by default in full mode, and the stages whose engine reads it (a config's own list of
-    values is searched at those)."""
+    """One zero_optimization key (or, `top`, a key of the config itself): its short tag in experiment names, the
+    values searched (the default first), the stages searched by default in full mode, and the stages whose engine
+    reads it (a config's own list of values is searched at those)."""
 
     key: str
     tag: str
     values: tuple[Any, ...]
     searched: frozenset[int]
     read: frozenset[int]
+    top: bool = False
 
     @property
     def flag(self) -> bool:
@@ -50,7 +51,10 @@ KNOBS = (
     Knob("stage3_prefetch_bucket_size", "pbs", (50_000_000, 5_000_000, 500_000_000), frozenset({3}),
          frozenset({3})),
 )
-BY_KEY = {knob.key: knob for knob in KNOBS}
+# Gradient accumulation, searched only where the config lists its values (in either mode: DeepSpeed's autotuner
+# takes 1 in place of a list); a config key, not a zero_optimization one, at every stage.
+ACCUMULATION = Knob("gradient_accumulation_steps", "gas", (1,), frozenset(), frozenset({0, 1, 2, 3}), top=True)
+BY_KEY = {knob.key: knob for knob in (*KNOBS, ACCUMULATION)}
 MAX_SETTINGS = 4096  # knob combinations of one stage, at most (a config's lists multiply)
 
 # One stage's knob space: key -> the values searched, the one its micro-batch search ran with first.
@@ -63,6 +67,7 @@ def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fas
     listed: dict[str, list[Any]] = {}
     for key, value in zero.items():
         knob = BY_KEY.get(key)
+        knob = None if knob is not None and knob.top else knob  # not a zero_optimization key
         if key == "stage":  # the stages are searched in both modes (spec/inputs.py reads them)
             continue
         if isinstance(value, list):
@@ -101,6 +106,28 @@ def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fas
                             f"than {MAX_SETTINGS}: list fewer values", "zero_optimization")
         spaces[stage] = space
     return spaces
+
+
+def accumulation_values(src: Source, value: Any, derived: bool) -> list[int] | None:
+    """The values of `gradient_accumulation_steps` to search: the config's list (checked, each error located),
+    else None. `derived`: the config states the global batch (train_batch_size, max_train_batch_size), from which
+    accumulation follows for each micro-batch size: a list then has nothing to search."""
+    if not isinstance(value, list):
+        return None
+    key = ACCUMULATION.key
+    if derived:
+        raise src.error(f"{key}: a list of values, but the global batch the config states (train_batch_size or "
+                        "max_train_batch_size) derives it for each micro-batch size: give one or the other", key)
+    if not value or not all(positive_int(v) for v in value):
+        raise src.error(f"{key}: a list of positive whole numbers to search, not {shown(value)}", key)
+    if len(set(value)) != len(value):
+        raise src.error(f"{key}: a value is listed twice", key)
+    return list(value)
+
+
+def with_accumulation(spaces: dict[int, Space], values: list[int] | None) -> dict[int, Space]:
+    """Each stage's knob space with the accumulation values to search (none: as it is)."""
+    return spaces if not values else {stage: {**space, ACCUMULATION.key: values} for stage, space in spaces.items()}
 
 
 def first_values(zero: Mapping[str, Any]) -> dict[str, Any]:

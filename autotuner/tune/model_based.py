@@ -22,9 +22,12 @@ from ..errors import UserError
 from ..spec import Experiment
 from ..states import State
 from .inputs import OPTUNA_MISSING
-from .search import Search, SearchSpec, Setting, rerun_of, sizes
+from .reruns import rerun_of
+from .search import Search
+from .space import SearchSpec, Setting, sizes
 
 ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
+READS = 6_000  # trials TPE's passes of one proposal read at most, about (`_asks`)
 STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
 
 
@@ -48,6 +51,16 @@ def _quiet(optuna: Any) -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
+def _kept_cache(old: Any, new: Any) -> Any:
+    """`new` (a sampler seeded for this decision) with `old`'s intersection search space, a cache of the study
+    the two sample: a new one reads every trial's distributions again (most of a decision's cost at 1,000 trials).
+    Optuna's attribute, so only where both have it; what is sampled does not change, every trial holding the
+    same space (`ModelSearch.space`)."""
+    if hasattr(old, "_search_space") and hasattr(new, "_search_space"):
+        new._search_space = old._search_space
+    return new
+
+
 class ModelSearch(Search):
     """model_based (see the module docstring). Points are (stage: categorical among the allowed stages,
     log2_mbs: int, the size `min_mbs * 2**log2_mbs`, the largest allowed last); runs still out are told to TPE
@@ -58,9 +71,7 @@ class ModelSearch(Search):
         super().__init__(spec)
         self.optuna = load_optuna()
         self.sizes = sizes(spec)
-        dist = self.optuna.distributions
-        self.space = {"stage": dist.CategoricalDistribution(spec.stages),
-                      "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
+        self.space = self._space()
         self.points: list[tuple[int, int, Setting]] = []  # every trial, micro-batch or knob, in proposal order
         self._kept: Any = None  # the study between asks
         self._told_states: list[tuple[Any, float | None]] = []  # what it was told of each of `points`
@@ -79,10 +90,25 @@ class ModelSearch(Search):
         """As every search, and the trials in the ledger's order, as the live search took them."""
         super().replay(experiments, latest, metrics)
         for e in experiments:
-            placed = self._place_of(e)
+            placed = self.place_of(e)
             if self.spec.profile_of(e.name) is None and rerun_of(e.name) is None and placed is not None \
-                    and placed[0] in self.stages:
-                self.points.append((*placed, self._setting_of(e)))
+                    and placed[0] in self.stages and self.level_of(e) == self.spec.offload:
+                self.points.append((*placed, self.setting_of(e)))
+
+    def escalate(self, level: int | None = None) -> bool:
+        """As every search; the study starts afresh on the new level's stages: the points of the level before (none
+        of which fit) are no part of it, its trials and names being the new level's."""
+        if not super().escalate(level):
+            return False
+        self.space = self._space()
+        self.points, self._kept, self._told_states, self._numbers, self._size = [], None, [], [], 0
+        return True
+
+    def _space(self) -> dict[str, Any]:
+        """The point TPE asks for: the stage among those of the level searched, and the size's place on the grid."""
+        dist = self.optuna.distributions
+        return {"stage": dist.CategoricalDistribution(self.spec.stages),
+                "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
 
     def choose(self, room: int) -> list[Experiment]:
         proposed: list[Experiment] = []
@@ -110,12 +136,15 @@ class ModelSearch(Search):
 
     def _synced(self) -> Any:
         """The kept study told what changed since the last ask: outcomes of trials it holds as running, and the
-        trials proposed since; built anew where a trial that ended would have to change (see the module)."""
+        trials proposed since; built anew where a trial that ended would have to change (see the module), and
+        once the asks it failed outnumber its trials: TPE leaves them out of what it models, but Optuna filters
+        them out of every read (a live search of a few hundred trials asks thousands of times)."""
         told = [self._state(*point) for point in self.points]
         known = len(self._told_states)
         running = self.optuna.trial.TrialState.RUNNING
         changed = [i for i in range(known) if told[i] != self._told_states[i]]
-        if self._kept is None or any(self._told_states[i][0] != running for i in changed):
+        stale = self._size > 2 * len(self.points) + 4 * ASKS  # more failed asks than trials: every read filters them
+        if self._kept is None or stale or any(self._told_states[i][0] != running for i in changed):
             self._kept, self._size = self.study(), len(self.points)
             self._told_states, self._numbers = told, list(range(len(self.points)))
             return self._kept
@@ -131,7 +160,7 @@ class ModelSearch(Search):
                 self._told_states.append(state)
                 self._numbers.append(self._size)
                 self._size += 1
-        study.sampler = self._sampler()
+        study.sampler = _kept_cache(study.sampler, self._sampler())
         return study
 
     def _ask(self) -> tuple[int, int, Setting] | None:
@@ -142,7 +171,7 @@ class ModelSearch(Search):
         asked = []
         try:
             with _quiet(self.optuna):
-                for _ in range(ASKS):
+                for _ in range(self._asks()):
                     trial = study.ask(self.space)
                     asked.append(trial.number)
                     self._size += 1
@@ -158,9 +187,18 @@ class ModelSearch(Search):
             with _quiet(self.optuna):
                 for number in asked:
                     study.tell(number, state=self.optuna.trial.TrialState.FAIL)
-        left = [(stage, mbs, knobs) for stage in self.spec.stages for mbs in self.sizes
-                for knobs in self.settings(stage) if self.open(stage, mbs, knobs)]
+        left = self.open_points(self.sizes)
         return random.Random(self._seed).choice(left) if left else None
+
+    def _asks(self) -> int:
+        """How many times TPE is asked before an open point is drawn instead: ASKS, fewer once the history is long
+        (READS over the trials times the passes an ask makes, at least one). Each ask is a TPE pass over every
+        trial for the stage and size, and one more for each knob of the stage drawn (asked apart), so a decision
+        reads about READS trials at most whatever the history: its cost stays flat. Where that cuts the asks, most
+        of a grid is tried and TPE, whose choices gather where the best were, mostly chooses points tried: the
+        draw among the open points is what decides there anyway."""
+        passes = 1 + max((len(space) for space in self.spaces.values()), default=0)
+        return max(1, min(ASKS, READS // (passes * max(1, len(self.trials) + len(self.knob_trials)))))
 
     @property
     def _seed(self) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import limits
 from ..errors import UserError, shown
 from .inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
-from .search import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
+from .space import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
 
 
 @dataclass(frozen=True)

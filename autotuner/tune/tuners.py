@@ -1,8 +1,11 @@
 """The tuner a tune's record names, built: the one place that knows every tuner (`tuner_type`)."""
 from __future__ import annotations
 
+from .gridsearch import MicroBatchSearch
 from .model_based import ModelSearch
-from .search import MicroBatchSearch, RandomSearch, Search, SearchSpec
+from .random_tuner import RandomSearch
+from .search import Search
+from .space import SearchSpec
 
 
 def search_for(spec: SearchSpec) -> Search:

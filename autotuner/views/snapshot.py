@@ -17,7 +17,7 @@ from ..ledger.store import FILENAME, Attempt, Ledger, SweepMeta
 from ..spec import Experiment
 from ..spec.metrics import Metric, metric_named
 from ..states import State
-from ..tune.search import rerun_of
+from ..tune.reruns import rerun_of
 
 
 @dataclass(frozen=True)

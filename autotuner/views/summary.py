@@ -17,8 +17,9 @@ from ..backends.launch import Launcher, optimal_command, without_autotuning
 from ..files import write_atomic, write_json_atomic
 from ..limits import memory
 from ..states import State
+from ..tune.memory_loop import profile_facts
 from ..tune.memory_model import Facts, budget
-from ..tune.search import OFFLOAD_TAGS, SearchSpec, profile_facts
+from ..tune.space import OFFLOAD_TAGS, SearchSpec
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
     from ..ledger.store import Attempt
