@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.cluster import Cluster, check_gpu_needs
     from .backends.ray.ask import check as check_ray
     from .backends.ray.ask import optional_ray_value, ray_cluster, ray_nodes
-    from .backends.registry import hosts_check
+    from .backends.registry import cluster_for, hosts_check
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
     from .backends.slurm.allocation import release as release_allocation
     from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
@@ -114,6 +114,7 @@ _LAZY = {
     "check_hosts": (".backends.ssh.probe", "check_hostfile"),
     # `autotune hosts` of any cluster: the backend the options name, its hosts as a HostsCheck.
     "hosts_check": (".backends.registry", "hosts_check"),
+    "cluster_for": (".backends.registry", "cluster_for"),
     "HostsCheck": (".backends.base", "HostsCheck"),
     "execute": (".sweep.run", "execute"),
     "Options": (".sweep.run", "Options"),
@@ -208,6 +209,7 @@ __all__ = [
     "check_output",
     "check_ray",
     "check_results_directory",
+    "cluster_for",
     "default_directory",
     "execute",
     "hosts_check",
@@ -276,20 +278,9 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     in MIG mode has its MIG instances as slots (cluster.with_hosts_mig); `log` is told where its `slots=N`
     disagrees.
     """
+    from .backends.hosts import hosts_cluster
 
-    from .backends.cluster import local_or_hostfile_cluster, spec_hostfile
-
-    path = Path(hostfile) if hostfile is not None else None
-    if sweep is not None:
-        path, note = spec_hostfile(sweep, path, slots)
-        if note and log is not None:
-            log(note)
-    cluster = local_or_hostfile_cluster(path, include, exclude, slots)
-    if probe is None or path is None:
-        return cluster
-    from .backends.hosts import probed_cluster
-
-    return probed_cluster(cluster, path, probe, log or (lambda line: None))
+    return hosts_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log, probe=probe)
 
 
 def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,

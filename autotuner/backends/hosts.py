@@ -15,9 +15,10 @@ from ..core.slots import Demand, Devices, Only, Slots, devices_from_json
 from ..errors import UserError
 from ..gpu.nvml import FreeMemory as LocalFreeMemory
 from ..ledger.store import Attempt, Ledger
+from ..spec import Sweep
 from ..spec.hostfile import HOSTFILE, is_local
 from ..spec.metrics import metric_named
-from .cluster import Cluster, with_hosts_mig
+from .cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
 from .launch import Launcher
 from .local.cleanup import end_tagged
 from .local.executor import LocalExecutor
@@ -40,6 +41,22 @@ class Ssh:
 
     def to_json(self) -> dict[str, str | bool | None]:
         return {"config": self.config, "accept_new_hosts": self.accept_new_hosts, "remote_root": self.remote_root}
+
+
+def hosts_cluster(hostfile: str | Path | None = None, *, include: str = "", exclude: str = "",
+                  slots: int | None = None, sweep: Sweep | None = None, log: Callable[[str], None] | None = None,
+                  probe: Ssh | None = None) -> Cluster:
+    """The hosts backend's cluster: a hostfile's hosts, this machine's GPUs, or CPU slots (`autotuner.load_cluster`
+    says how each is chosen)."""
+    path = Path(hostfile) if hostfile is not None else None
+    if sweep is not None:
+        path, note = spec_hostfile(sweep, path, slots)
+        if note and log is not None:
+            log(note)
+    cluster = local_or_hostfile_cluster(path, include, exclude, slots)
+    if probe is None or path is None:
+        return cluster
+    return probed_cluster(cluster, path, probe, log or (lambda line: None))
 
 
 def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Callable[[str], None]) -> Cluster:

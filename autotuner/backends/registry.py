@@ -6,12 +6,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..ledger.store import Ledger, SweepMeta
+from ..spec import Sweep
 from .base import Backend, HostsCheck
-from .hosts import HostsBackend, Ssh
-from .ray.ask import nodes_check, ray_nodes
+from .cluster import Cluster
+from .hosts import HostsBackend, Ssh, hosts_cluster
+from .ray.ask import nodes_check, ray_cluster, ray_nodes
 from .ray.backend import RayBackend
 from .slurm.allocation import Allocation
-from .slurm.ask import allocation_check, this_allocation
+from .slurm.ask import allocation_check, allocation_cluster, this_allocation
 from .slurm.backend import SlurmBackend
 from .ssh.probe import check_hostfile, hostfile_check
 
@@ -36,6 +38,19 @@ def recorded_allocation(meta: SweepMeta) -> dict[str, object] | None:
     if meta.ray is not None or meta.slurm is None:
         return None
     return dict(meta.slurm)
+
+
+def cluster_for(hostfile: str | Path | None = None, *, include: str = "", exclude: str = "", slots: int | None = None,
+                ray: str | None = None, allocation: Allocation | None = None, sweep: Sweep | None = None,
+                log: Callable[[str], None] | None = None, probe: Ssh | None = None) -> Cluster:
+    """The nodes a new sweep runs on, from the backend the options name: the Ray cluster's live nodes (`ray`: its
+    address, "" for the default one), the Slurm allocation's nodes and GPUs (`allocation`), else the hosts
+    backend's (a hostfile's, this machine's, CPU slots: `hosts_cluster`)."""
+    if ray is not None:
+        return ray_cluster(ray)
+    if allocation is not None:
+        return allocation_cluster(allocation, include, exclude)
+    return hosts_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log, probe=probe)
 
 
 def hosts_check(hostfile: str | Path = "hostfile", ssh: Ssh | None = None, *, slurm: bool = False,

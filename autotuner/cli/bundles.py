@@ -153,22 +153,20 @@ class Where:
                 log: Callable[[str], None], probe: autotuner.Ssh | None = None) -> autotuner.Cluster:
         """The Ray cluster's nodes, the allocation's nodes and GPUs, or the hostfile's (with `probe`, its hosts'
         MIG instances as found over SSH), or this machine's."""
-        if self.ray is not None:
-            return autotuner.ray_cluster(self.ray)
-        if allocation is not None:
-            return autotuner.allocation_cluster(allocation, self.include, self.exclude)
-        return autotuner.load_cluster(self.hostfile, include=self.include, exclude=self.exclude, slots=self.slots,
-                                      sweep=sweep, log=log, probe=probe)
+        return autotuner.cluster_for(self.hostfile, include=self.include, exclude=self.exclude, slots=self.slots,
+                                     ray=self.ray, allocation=allocation, sweep=sweep, log=log, probe=probe)
 
     def planned(self, ask: autotuner.SlurmAsk, sweep: autotuner.Sweep,
                 log: Callable[[str], None]) -> autotuner.Cluster:
         """What `plan` plans for: with --slurm, the allocation this runs in or one of the size asked (never asked
         for: a plan spends nothing); else as `run` would."""
         self.check_ray(ask)
-        if self.ray is not None:
-            return autotuner.ray_cluster(self.ray)
-        self.check_slurm(ask)
-        return ask.planned(self.include, self.exclude) or self.cluster(None, sweep, log)
+        if self.ray is None:
+            self.check_slurm(ask)
+            planned = ask.planned(self.include, self.exclude)
+            if planned is not None:
+                return planned
+        return self.cluster(None, sweep, log)
 
 
 def _slurm_ask(slurm: bool, nodes: int | None = None, gpus_per_node: int | None = None,
