@@ -153,12 +153,11 @@ class RayBackend:
         for lease in found.values():
             self.leases().release(lease, self.grace)
 
-    def _remove_groups(self, names: Sequence[str]) -> None:
+    def _remove_groups(self, groups: Sequence[Any]) -> None:
         """Placement groups of the sweep whose actors are gone, removed."""
-        ray = self.ray()
-        for name in names:
+        for group in groups:
             with contextlib.suppress(Exception):
-                ray.util.remove_placement_group(ray.util.get_placement_group(name))
+                self.ray().util.remove_placement_group(group)
 
 
 def unshared_nodes(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> list[str]:

@@ -47,8 +47,15 @@ class Lease:
     idle_since: float = 0.0
 
     @property
-    def shape(self) -> tuple[tuple[str, ...], int]:
-        return self.nodes, self.gpus
+    def shape(self) -> tuple[frozenset[str], int]:
+        """What another attempt must ask for to run on it: its nodes, in any order, and their GPUs."""
+        return frozenset(self.nodes), self.gpus
+
+    def ranked(self, nodes: Sequence[str]) -> Lease:
+        """The same lease, its actors in the rank order of `nodes` (the same nodes)."""
+        order = [self.nodes.index(n) for n in nodes]
+        self.actors, self.nodes = [self.actors[i] for i in order], tuple(nodes)
+        return self
 
 
 class NotPlaced(Exception):
@@ -73,13 +80,13 @@ class Leases:
     def take(self, nodes: Sequence[str], gpus: int) -> Lease:
         """A lease of `gpus` GPUs on each of `nodes` (Ray's ids, in rank order): an idle one of that shape, else a
         new one, once the idle leases on those nodes are released (a NotPlaced after PLACED_WITHIN seconds)."""
-        shape = (tuple(nodes), gpus)
+        shape = (frozenset(nodes), gpus)
         with self._lock:
             self._expire_locked()
             found = next((lease for lease in self._idle if lease.shape == shape), None)
             if found is not None:
                 self._idle.remove(found)
-                return found
+                return found.ranked(nodes)
             in_the_way = [lease for lease in self._idle if set(lease.nodes) & set(nodes)]
             self._idle = [lease for lease in self._idle if lease not in in_the_way]
         for lease in in_the_way:
@@ -148,12 +155,15 @@ def stop_nodes(ray: ModuleType, actors: Sequence[Any], grace: float, tag: str | 
         ray.wait([actor.stop.remote(tag, grace) for actor in actors], num_returns=len(actors), timeout=grace + 10)
 
 
-def in_ray(ray: ModuleType, sweep_id: str) -> tuple[dict[str, Lease], list[Lease], list[str]]:
+def in_ray(ray: ModuleType, sweep_id: str) -> tuple[dict[str, Lease], list[Lease], list[Any]]:
     """What Ray holds of the sweep, as a runner that takes over finds it: the leases by the attempt each runs (or
-    ran last), the leases whose actors do not answer, and the names of the sweep's placement groups that have no
-    actor any more."""
+    ran last), the leases whose actors do not answer as one, and the sweep's placement groups that have no actor
+    any more."""
+    from ray.util.placement_group import PlacementGroup
+
     prefix = f"{sweep_id}."
-    groups = {pg["name"]: pg for pg in ray.util.placement_group_table().values()
+    groups = {pg["name"]: PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id)))
+              for pg_id, pg in ray.util.placement_group_table().items()
               if pg["name"].startswith(prefix) and pg["state"] != "REMOVED"}
     actors: dict[str, dict[int, Any]] = {}
     for name in ray.util.list_named_actors():
@@ -164,21 +174,19 @@ def in_ray(ray: ModuleType, sweep_id: str) -> tuple[dict[str, Lease], list[Lease
     by_tag: dict[str, Lease] = {}
     mute: list[Lease] = []
     for lease_name, ranked in actors.items():
-        lease = Lease(lease_name, _group_named(ray, lease_name), [ranked[r] for r in sorted(ranked)], (), 0)
+        lease = Lease(lease_name, groups.get(lease_name), [ranked[r] for r in sorted(ranked)], (), 0)
         asks = [a.current.remote() for a in lease.actors]
         ready, _ = ray.wait(asks, num_returns=len(asks), timeout=ASK_WITHIN)
-        tags = {ray.get(ask) for ask in ready} if len(ready) == len(asks) else set()
-        if len(tags) == 1 and None not in tags and len(ranked) == len(groups.get(lease_name, {}).get(
-                "bundles", ranked)):
+        tags = {_answer(ray, ask) for ask in ready} if len(ready) == len(asks) else set()
+        if len(tags) == 1 and None not in tags:
             by_tag[str(next(iter(tags)))] = lease
         else:
             mute.append(lease)
-    orphans = [name for name in groups if name not in actors]
-    return by_tag, mute, orphans
+    return by_tag, mute, [group for name, group in groups.items() if name not in actors]
 
 
-def _group_named(ray: ModuleType, name: str) -> Any:
+def _answer(ray: ModuleType, ask: Any) -> str | None:
     try:
-        return ray.util.get_placement_group(name)
-    except ValueError:
+        return ray.get(ask)
+    except ray.exceptions.RayError:
         return None
