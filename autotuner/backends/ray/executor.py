@@ -88,7 +88,7 @@ class RayExecutor:
         exit status its nodes wrote."""
         lease = self.adoptable.pop(run.tag, None)
         if lease is not None:
-            lease.nodes = tuple(self.nodes[h]["id"] for h in run.reservation.hosts)
+            lease.nodes = tuple(self.nodes.get(h, {}).get("id", h) for h in run.reservation.hosts)
             lease.gpus = run.experiment.num_gpus
             with self._lock:
                 self._held[run.key] = lease
@@ -231,7 +231,7 @@ class RayExecutor:
         Ray marks a node dead once its health checks have failed), the other nodes' launchers ended."""
         stop_nodes(self.ray, lease.actors, self.grace, run.tag)
         why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        ids = {self.nodes[h]["id"]: h for h in run.reservation.hosts}
+        ids = {self.nodes.get(h, {}).get("id", h): h for h in run.reservation.hosts}
         end = time.monotonic() + LOST_WITHIN
         while True:
             gone = [h for i, h in ids.items() if i not in {n["NodeID"] for n in self.ray.nodes() if n["Alive"]}]
