@@ -1,6 +1,5 @@
 """A real Ray cluster on this machine for the Ray backend's tests: a head and two worker nodes (separate raylets,
-each with two fake GPUs that Ray hands out as it would real ones), all on loopback; the head serves Ray Client
-(`ray://`, which needs `ray[client]`) too.
+each with two fake GPUs that Ray hands out as it would real ones), all on loopback.
 
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0` is set in the cluster's environment and in every client's (the tests'
 `autotune` runs): without it Ray swaps 127.0.0.1 for this machine's outside address and clients hang on it.
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +28,6 @@ class RayLab:
 
     cluster: Cluster
     address: str
-    client_address: str  # ray://: the head's Ray Client server (as KubeRay's head service offers on 10001)
     workers: list = field(default_factory=list)
 
     @property
@@ -64,13 +61,9 @@ class RayLab:
 
 def start() -> RayLab:
     """Head and two workers up and seen by Ray (this loaded machine may take a minute)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        client_port = s.getsockname()[1]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": GPUS_PER_NODE,
-                                                            "node_ip_address": "127.0.0.1",
-                                                            "ray_client_server_port": client_port})
-    lab = RayLab(cluster, cluster.address, f"ray://127.0.0.1:{client_port}")
+                                                            "node_ip_address": "127.0.0.1"})
+    lab = RayLab(cluster, cluster.address)
     for _ in range(2):
         lab.workers.append(cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, node_ip_address="127.0.0.1"))
     ray.init(address=cluster.address, namespace="lab", log_to_driver=False)

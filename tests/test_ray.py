@@ -272,21 +272,6 @@ def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
     assert not ray_lab.placement_groups()  # a plan reserves nothing
 
 
-def test_a_sweep_through_a_ray_client_address(ray_lab, tmp_path):
-    """`--ray ray://HEAD:PORT`: the head's Ray Client server (KubeRay's head service offers one on 10001)."""
-    done = autotune("hosts", "--ray", ray_lab.client_address, "-f", "json", environ=lab_env(ray_lab))
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["address"] == ray_lab.client_address
-    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
-    results = tmp_path / "r"
-    done = autotune("run", spec, "--ray", ray_lab.client_address, "--launcher", standin(tmp_path, 0.3), "-o",
-                    results, "-q", environ=lab_env(ray_lab), timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert [a.state for a in attempts(results)] == [State.SUCCEEDED] * 2
-    assert all(len(node_lines(results, a.name)) == 2 for a in attempts(results))
-    assert nothing_left(ray_lab, results)
-
-
 @pytest.mark.parametrize(("args", "says"), [
     (["--ray", "127.0.0.1:9"], "no Ray cluster answers at 127.0.0.1:9"),
     (["--ray", "--hostfile", "hostfile"], "leave out --hostfile"),
