@@ -23,13 +23,13 @@ from autotuner.states import State
 
 from cli_rig import attempts, autotune, finish, sweep_id, tagged_pids, wait_until, write_sweep
 
-# Each node's launcher (in place of DeepSpeed's) logs what Ray and the runner gave it, and its first node writes
-# the metrics; then it sleeps $STANDIN_SECONDS (or what the file $STANDIN_SECONDS_FILE says), and logs a SIGTERM
-# if one comes.
+# Each node's launcher (in place of DeepSpeed's) logs what Ray and the runner gave it (its parent: the actor), and
+# its first node writes the metrics; then it sleeps $STANDIN_SECONDS (or what the file $STANDIN_SECONDS_FILE
+# says), and logs a SIGTERM if one comes.
 NODE_STANDIN = """\
 #!/bin/sh
 dir=$(dirname "$AUTOTUNE_METRICS_PATH")
-echo "node=$AUTOTUNE_RAY_NODE_ID gpus=$CUDA_VISIBLE_DEVICES args=$*" >> "$dir/nodes.log"
+echo "node=$AUTOTUNE_RAY_NODE_ID gpus=$CUDA_VISIBLE_DEVICES actor=$PPID args=$*" >> "$dir/nodes.log"
 case "$*" in *"--node_rank 0 "*) printf '{"throughput": 2.0, "latency": 1.0}\\n' > "$AUTOTUNE_METRICS_PATH";; esac
 seconds=${STANDIN_SECONDS:-$(cat "$STANDIN_SECONDS_FILE" 2>/dev/null)}
 sleep "${seconds:-0.5}" &
@@ -138,6 +138,20 @@ def test_each_experiment_runs_on_exactly_its_reserved_nodes_and_gpus(ray_lab, tm
     assert nothing_left(ray_lab, results)
 
 
+def test_the_next_attempt_of_a_shape_runs_from_the_actors_of_the_one_before(ray_lab, tmp_path):
+    """Each experiment takes every GPU of the cluster, so they run one after another on the same three nodes: the
+    second and third start from the first one's lease (its actors), and the sweep leaves nothing behind."""
+    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 2\n  num_nodes: 3")
+    results = tmp_path / "r"
+    done = autotune("run", spec, "--ray", "--launcher", standin(tmp_path, 0.3), "-o", results, "-q",
+                    environ=lab_env(ray_lab), timeout=300)
+    assert done.returncode == 0, done.stderr
+    actors = {a.name: {line["actor"] for line in node_lines(results, a.name)} for a in attempts(results)}
+    assert all(len(pids) == 3 for pids in actors.values())
+    assert actors["s_x0"] == actors["s_x1"] == actors["s_x2"]
+    assert nothing_left(ray_lab, results)
+
+
 def test_a_timeout_and_a_cancel_end_the_run_on_every_node_and_release_its_placement_group(ray_lab, tmp_path,
                                                                                            runners):
     spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1\n  num_nodes: 2")
@@ -179,30 +193,43 @@ def test_after_kill_9_of_the_runner_resume_adopts_the_runs_still_going(ray_lab, 
     assert nothing_left(ray_lab, results)
 
 
+def leftovers(ray_lab, sweep: str) -> None:
+    """What a dead runner may leave in Ray that no attempt runs on: an idle lease (a placement group and its actor,
+    as the runner gives back a lease for the next attempt of its shape) and a placement group whose actors are
+    gone. Made here as the runner makes them (detached, named by the sweep, in its namespace)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from autotuner.backends.ray import node
+
+    ray.cloudpickle.register_pickle_by_value(node)
+    idle = ray.util.placement_group([{"GPU": 1}], name=f"{sweep}.ray-0dd1e000", lifetime="detached")
+    empty = ray.util.placement_group([{"GPU": 1}], name=f"{sweep}.ray-0e0e0e0e", lifetime="detached")
+    ray.get([idle.ready(), empty.ready()], timeout=120)
+    actor = ray.remote(node.NodeLauncher).options(
+        name=f"{sweep}.ray-0dd1e000.0", namespace="autotune", lifetime="detached", num_cpus=0, num_gpus=1,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(idle, placement_group_bundle_index=0)).remote()
+    assert ray.get(actor.current.remote(), timeout=120) is None
+
+
 def test_resume_cleans_up_what_ray_holds_of_runs_nobody_follows(ray_lab, tmp_path, runners):
-    """The runner and each attempt's driver killed -9: the actors and placement groups stay in Ray, detached;
-    resume ends them and runs the experiments again."""
+    """The runner killed -9 with two runs going on two nodes each, and leases nothing runs on left in Ray:
+    resume follows the runs to their end (none runs twice) and ends the leftovers."""
     spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
     results = tmp_path / "r"
-    seconds = tmp_path / "seconds"
-    seconds.write_text("300")
-    launcher = f"env STANDIN_SECONDS_FILE={seconds} sh {tmp_path / 'node.sh'}"
-    (tmp_path / "node.sh").write_text(NODE_STANDIN)
-    proc = runners.start("run", spec, "--ray", "--launcher", launcher, "-o", results, "-q",
+    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 8), "-o", results, "-q",
                          environ=lab_env(ray_lab), directory=results)
     wait_until(lambda: all(len(node_lines(results, f"s_x{i}")) == 2 for i in range(2)), 120, "both runs going")
     proc.send_signal(signal.SIGKILL)
     finish(proc)
-    seconds.write_text("0.5")  # the runs of the resume end soon
-    for attempt in attempts(results):
-        os.killpg(attempt.pid, signal.SIGKILL)  # each driver in its own session: its group
-    assert len(ray_lab.placement_groups()) == 2 and len(ray_lab.actors(f"{sweep_id(results)}.")) == 4
+    leftovers(ray_lab, sweep_id(results))
+    assert len(ray_lab.placement_groups()) == 4 and len(ray_lab.actors(f"{sweep_id(results)}.")) == 5
     done = autotune("resume", results, "-q", environ=lab_env(ray_lab), timeout=300)
     assert done.returncode == 0, done.stderr
     runs = attempts(results)
-    assert sorted((a.name, a.attempt, a.state) for a in runs) == [
-        ("s_x0", 1, State.INTERRUPTED), ("s_x0", 2, State.SUCCEEDED),
-        ("s_x1", 1, State.INTERRUPTED), ("s_x1", 2, State.SUCCEEDED)]
+    assert sorted((a.name, a.attempt, a.state) for a in runs) == [  # adopted, not run again
+        ("s_x0", 1, State.SUCCEEDED), ("s_x1", 1, State.SUCCEEDED)]
+    assert "lease(s) a dead runner left" in done.stderr + done.stdout
     assert nothing_left(ray_lab, results)
 
 

@@ -1,10 +1,12 @@
 """The Ray backend: a sweep on the nodes of a Ray cluster (KubeRay on Kubernetes, `ray up`, Anyscale), reached
-as a client; each attempt a placement group and an actor per node (executor.py, driver.py). See backends/base.py
-for the contract.
+as a client; each attempt a lease (a placement group and an actor per node, leases.py) taken by the runner's
+own connection (executor.py). See backends/base.py for the contract.
 
 The cluster is read from Ray when the runner attaches (nodes, GPUs, their type), checked to share the results
 directory with this machine, and recorded in the ledger (`meta.ray`: its address and each host's node id), so
-that `resume` and `cancel` reach it again. A node Ray reports dead is a lost host (NodeWatcher).
+that `resume` and `cancel` reach it again. A node Ray reports dead is a lost host (NodeWatcher). What a dead
+runner left in Ray is found by the sweep's name and each actor's answer to which attempt it runs: the leases of
+attempts being adopted are followed, the rest released.
 """
 from __future__ import annotations
 
@@ -26,10 +28,9 @@ from ...ledger.store import Attempt, Ledger
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
 from ..launch import Launcher
-from ..local.cleanup import end_tagged
-from ..local.executor import LocalExecutor
 from .connect import address_of, connect
-from .executor import RayDrivers
+from .executor import RayExecutor
+from .leases import Lease, Leases, in_ray
 from .nodes import RayNode, cluster_of, read_nodes, record_of
 from .watch import NodeWatcher
 
@@ -47,13 +48,20 @@ class RayBackend:
         self.measure: FreeMemory | None = None  # GPUs are read by nobody here: Ray hands them out
         self.observers: list[Observer] = []
         self._ray: ModuleType | None = None
-        self._executor: LocalExecutor | None = None
+        self._leases: Leases | None = None
+        self._executor: RayExecutor | None = None
         self._watcher: NodeWatcher | None = None
+        self._found: dict[str, Lease] | None = None  # what a dead runner left, by attempt (for `end` alone)
 
     def ray(self) -> ModuleType:
         if self._ray is None:
             self._ray = connect(self.address, self.directory)
         return self._ray
+
+    def leases(self) -> Leases:
+        if self._leases is None:
+            self._leases = Leases(self.ray(), self.ledger.meta().sweep_id)
+        return self._leases
 
     def attach(self) -> None:
         """The cluster read, checked to share the results directory, and recorded (a UserError if not)."""
@@ -83,33 +91,42 @@ class RayBackend:
     def executor(self, post: Post) -> Executor:
         meta = self.ledger.meta()
         record = dict(meta.ray or {})
-        self._watcher = NodeWatcher(self.ray, dict(record.get("nodes") or {}), post)
-        launcher, env = Launcher(meta.launcher), dict(meta.env)
-        drivers = RayDrivers(self.address, metric_named(meta.metric), launcher, env, self.grace,
-                             nodes=dict(record.get("nodes") or {}), capacity=dict(meta.capacity),
-                             release=self.release, on_lost=self._watcher.watch)
-        self._executor = LocalExecutor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric),
-                                       time.time, launcher, env, self.grace, processes=drivers)
+        nodes = dict(record.get("nodes") or {})
+        self._watcher = NodeWatcher(self.ray, nodes, post)
+        self._executor = RayExecutor(self.ray(), self.leases(), metric_named(meta.metric), time.time,
+                                     Launcher(meta.launcher), dict(meta.env), self.grace, nodes=nodes,
+                                     capacity=dict(meta.capacity), on_lost=self._watcher.watch)
         return self._executor
 
     def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
         return placement, waiting  # every node is reached through Ray, none over ssh
 
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
-        """Actors and placement groups of this sweep that no attempt being adopted owns: ended."""
+        """The leases of attempts being adopted handed to the executor; every other lease, placement group and
+        actor of this sweep in Ray (a dead runner's) released."""
+        by_tag, mute, orphans = in_ray(self.ray(), self.ledger.meta().sweep_id)
         keep = {a.tag for a in followed if a.tag}
-        ended = [tag for tag in self.tags_in_ray(self.ledger.meta().sweep_id) if tag not in keep]
-        for tag in ended:
-            self.release(tag, self.grace)
-        if ended:
-            self.log(f"{len(ended)} attempt(s) a dead runner left in the Ray cluster that no runner follows any "
-                     "more: their actors and placement groups ended")
+        ended = [lease for tag, lease in by_tag.items() if tag not in keep] + mute
+        for lease in ended:
+            self.leases().release(lease, self.grace)
+        self._remove_groups(orphans)
+        if self._executor is not None:
+            self._executor.adoptable.update({tag: lease for tag, lease in by_tag.items() if tag in keep})
+        if ended or orphans:
+            self.log(f"{len(ended) + len(orphans)} lease(s) a dead runner left in the Ray cluster that no runner "
+                     "follows any more: their actors and placement groups ended")
 
     def end(self, attempt: Attempt) -> None:
-        """The attempt's driver ended here (by its tag), then its actors and placement group in Ray."""
-        if attempt.tag:
-            end_tagged(attempt.tag, self.grace)
-            self.release(attempt.tag, self.grace)
+        """The actors and placement group that run the attempt ended (its nodes' launchers first, within the
+        grace period), for `recovery.recover` (a cancel with no runner alive)."""
+        if self._found is None:
+            self._found, mute, orphans = in_ray(self.ray(), self.ledger.meta().sweep_id)
+            for silent in mute:
+                self.leases().release(silent, self.grace)
+            self._remove_groups(orphans)
+        found = self._found.pop(attempt.tag, None) if attempt.tag else None
+        if found is not None:
+            self.leases().release(found, self.grace)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nodes the sweep recorded that Ray no longer lists alive are left out (watched)."""
@@ -119,40 +136,28 @@ class RayBackend:
                 slots.mark_down(host)
 
     def close(self) -> None:
-        """The executor (every attempt has ended), the node watcher, then the connection to Ray."""
+        """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
+        runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the
+        connection to Ray."""
         closing: list[Any] = [self._executor, self._watcher]
         with contextlib.ExitStack() as stack:
             if self._ray is not None:
                 stack.callback(self._ray.shutdown)
+            if self._found:
+                stack.callback(self._release_found)
             for resource in reversed([r for r in closing if r is not None]):
                 stack.callback(resource.close)
 
-    # --- what Ray holds of the sweep ----------------------------------------------------------------------
-    def tags_in_ray(self, sweep_id: str) -> set[str]:
-        """The tags of this sweep's attempts that still have a named actor or placement group in Ray."""
-        ray = self.ray()
-        prefix = f"{sweep_id}."
-        tags = {name.rsplit(".", 1)[0] for name in ray.util.list_named_actors() if name.startswith(prefix)}
-        tags |= {pg["name"] for pg in ray.util.placement_group_table().values()
-                 if pg["name"].startswith(prefix) and pg["state"] != "REMOVED"}
-        return tags
+    def _release_found(self) -> None:
+        found, self._found = self._found or {}, {}
+        for lease in found.values():
+            self.leases().release(lease, self.grace)
 
-    def release(self, tag: str, grace: float) -> None:
-        """End what Ray holds of the attempt `tag`: each node's launcher (SIGTERM, `grace` seconds, SIGKILL), its
-        actors, its placement group. Nothing there: nothing done."""
-        ray = self.ray()
-        actors = []
-        for name in ray.util.list_named_actors():
-            if name.startswith(f"{tag}."):
-                with contextlib.suppress(ValueError):
-                    actors.append(ray.get_actor(name))
-        with contextlib.suppress(Exception):
-            ray.wait([a.stop.remote(grace) for a in actors], num_returns=len(actors), timeout=grace + 10)
-        for actor in actors:
+    def _remove_groups(self, groups: Sequence[Any]) -> None:
+        """Placement groups of the sweep whose actors are gone, removed."""
+        for group in groups:
             with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-        with contextlib.suppress(ValueError):
-            ray.util.remove_placement_group(ray.util.get_placement_group(tag))
+                self.ray().util.remove_placement_group(group)
 
 
 def unshared_nodes(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> list[str]:

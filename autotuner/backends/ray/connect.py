@@ -46,6 +46,8 @@ def connect(address: str, where: Path | None = None) -> ModuleType:
     if silent:
         shown = address if found == address else f"{address} ({found})"
         raise UserError(f"--ray: no Ray cluster answers at {shown}: {silent}", where)
+    if address.startswith("ray://"):  # Ray's client fails to connect (after 40 s) while RAY_ADDRESS names a GCS
+        os.environ.pop("RAY_ADDRESS", None)
     quiet = io.StringIO()
     try:
         with contextlib.redirect_stderr(quiet):
