@@ -292,10 +292,7 @@ def test_ctrl_c_while_the_command_line_is_read_is_one_line_and_exit_130(where):
             f"setattr(target, {name!r}, pressed)\n"
             "from autotuner.cli import main\n"
             "main(['status', '.'])\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 130, done
-    assert done.stderr.strip() == "autotune: interrupted", done.stderr
-    assert "Traceback" not in done.stderr and done.stdout == ""
+    _interrupted_in_one_line(code)
 
 
 def test_ctrl_c_while_the_command_line_is_imported_is_one_line_and_exit_130():
@@ -312,6 +309,11 @@ def test_ctrl_c_while_the_command_line_is_imported_is_one_line_and_exit_130():
             "sys.argv = ['autotune', 'status', '.']\n"
             "from autotuner.__main__ import main\n"
             "main()\n")
+    _interrupted_in_one_line(code)
+
+
+def _interrupted_in_one_line(code: str) -> None:
+    """`code` (a Python program that presses Ctrl-C at some moment of the CLI's start) ends as every press does."""
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 130, done
     assert done.stderr.strip() == "autotune: interrupted", done.stderr
