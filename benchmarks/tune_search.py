@@ -65,6 +65,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import autotuner  # noqa: E402
+from autotuner.core.outcome import Outcome  # noqa: E402
 
 STANDIN = ROOT / "tests" / "oom_standin.sh"
 STAGES, MAX_MBS = (0, 1, 2, 3), 256
@@ -147,7 +148,6 @@ def row(label: str, results: list[dict[str, float]]) -> str:
 
 def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[str, float]:
     """One search played on the simulated clock: the same figures as `measure`."""
-    from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
     from autotuner.tune.tuners import search_for
@@ -165,7 +165,7 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
                       trials=DEFAULT_TRIALS if sampled else None,
                       patience=(patience or DEFAULT_PATIENCE) if sampled else None)
     search = told_fail(spec) if tuner == "told FAIL" else search_for(spec)
-    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     winner = min(search.configs, key=lambda name: -search.mean(name))
     until = next(p.end for p in played if p.name == winner)
@@ -283,7 +283,6 @@ def memory_table(seeds: int, slots: int, seconds: float) -> None:
 def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[str, float]:
     """One search with or without the memory model on the simulated clock (every run 10 s), the stand-in's
     DeepSpeed-like rule as the outcome."""
-    from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.memory_model import Facts
     from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
@@ -306,7 +305,7 @@ def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[st
                       gpu_memory=None if variant == "no model" else int(MODEL[2]),
                       facts=Facts(int(MODEL[0]), MODEL[1]).to_json() if variant == "model_info" else None)
     search = search_for(spec)
-    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     ooms = sum(1 for p in played if p.state == autotuner.State.FAILED)
     if not search.configs:  # stopped early with nothing that fits (random's patience spent on OOMs)
@@ -372,7 +371,6 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
             print(unknown_row(label, snap), flush=True)
     if not simulated_seeds:
         return
-    from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.space import SearchSpec
     from autotuner.tune.tuners import search_for
@@ -389,7 +387,7 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
         spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
                           base={}, stages=STAGES, metric="throughput", max_mbs=UNKNOWN_MAX)
         search = search_for(spec)
-        played = simulate([], {"h": list(range(n))}, lambda e: 10.0, outcome=outcome, source=search,
+        played = simulate([], {"h": list(range(n))}, lambda e: 10.0, outcome=knob_outcome, source=search,
                           metric="throughput").played
         winner = min(search.configs, key=lambda name: -search.mean(name))
         ooms = sum(1 for p in played if p.state == autotuner.State.FAILED)
@@ -400,7 +398,6 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
 
 def loop_table(slots: int) -> None:
     """--loop: the memory model corrected by measured peaks, and trainable parameters counted apart."""
-    from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.gridsearch import MicroBatchSearch
     from autotuner.tune.memory_model import Facts
@@ -426,7 +423,7 @@ def loop_table(slots: int) -> None:
                           base={"fp16": {"enabled": True}}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS,
                           gpu_memory=int(gpu), facts=facts.to_json())
         search = MicroBatchSearch(spec)
-        played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+        played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
                                  metric="throughput").played, key=lambda p: (p.start, p.name))
         winner = min(search.configs, key=lambda name: -search.mean(name))
         point = search.configs[winner][:2]
@@ -577,32 +574,41 @@ def knob_factor(stage: int, zero: dict) -> tuple[float, float]:
     return factor * (0.99 if allgather == 5e7 else 1.0), (5.0 if allgather >= 1e9 else 0.0)
 
 
+def knob_value(stage: int, mbs: int, zero: dict) -> float | None:
+    """The stand-in's throughput with ZeRO's knobs, None where it runs out of memory."""
+    factor, more = knob_factor(stage, zero)
+    fixed = {0: 40, 1: 30, 2: 20, 3: 10}[stage]
+    return None if fixed + 2.0 * mbs + more > 100 else throughput(stage, mbs) * factor
+
+
+def knob_outcome(e: autotuner.Experiment) -> Outcome:
+    """A simulated run of `e` in full mode: its throughput, or out of memory."""
+    zero = e.ds_config["zero_optimization"]
+    measured = knob_value(zero["stage"], e.ds_config["train_micro_batch_size_per_gpu"], zero)
+    if measured is None:
+        return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
+    return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": measured})
+
+
+def knob_spaces() -> dict[str, dict[str, list]]:
+    """Every searched knob of each stage above 0, its default first."""
+    from autotuner.tune.knobs import KNOBS
+
+    return {str(stage): {k.key: [k.default(stage), *(v for v in k.values if v != k.default(stage))]
+                         for k in KNOBS if stage in k.searched} for stage in STAGES if stage}
+
+
 def full_mode_table(slots: int) -> None:
     """gridsearch in full mode against every knob setting at each stage's best size, on the simulated clock."""
-    from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
     from autotuner.tune.gridsearch import MicroBatchSearch
-    from autotuner.tune.knobs import KNOBS
     from autotuner.tune.space import SearchSpec
 
-    def value(stage: int, mbs: int, zero: dict) -> float | None:
-        factor, more = knob_factor(stage, zero)
-        fixed = {0: 40, 1: 30, 2: 20, 3: 10}[stage]
-        return None if fixed + 2.0 * mbs + more > 100 else throughput(stage, mbs) * factor
-
-    def outcome(e: autotuner.Experiment) -> Outcome:
-        zero = e.ds_config["zero_optimization"]
-        measured = value(zero["stage"], e.ds_config["train_micro_batch_size_per_gpu"], zero)
-        if measured is None:
-            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
-        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": measured})
-
-    spaces = {str(stage): {k.key: [k.default(stage), *(v for v in k.values if v != k.default(stage))]
-                           for k in KNOBS if stage in k.searched} for stage in STAGES if stage}
+    spaces = knob_spaces()
     spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
                       base={}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS, knobs=spaces, confirm=0)
     search = MicroBatchSearch(spec)
-    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     winner = min(search.configs, key=lambda name: -search.mean(name))
     knob_runs = len(search.knob_trials)
@@ -611,7 +617,7 @@ def full_mode_table(slots: int) -> None:
         mbs = search.best_size(stage)
         for knobs in search.settings(stage):
             exhaustive += 1
-            best = max(best, value(stage, mbs, dict(knobs)) or 0.0)
+            best = max(best, knob_value(stage, mbs, dict(knobs)) or 0.0)
     print(f"\nfull mode, simulated clock, every run 10 s, {slots} slots\n")
     print("| | experiments | knob runs | winner | its throughput / the knob grid's best |\n|---|---:|---:|---|---:|")
     print(f"| gridsearch, knob by knob | {len(played)} | {knob_runs} | {winner} | "
@@ -623,26 +629,11 @@ def sampled_full_table(seeds: int, slots: int, budgets: list[int]) -> None:
     """random and model_based in full mode (every stage's knobs, 1,386 points) on the simulated clock, each with
     DeepSpeed's defaults and with budgets of `budgets` trials and no early stopping: where model_based's asks are
     bounded (past 62 trials in full mode) its draws change, and this is where to see what that costs the search."""
-    from autotuner.core.outcome import Outcome
     from autotuner.planning.simulate import simulate
-    from autotuner.tune.knobs import KNOBS
     from autotuner.tune.space import DEFAULT_PATIENCE, DEFAULT_TRIALS, SearchSpec
     from autotuner.tune.tuners import search_for
 
-    def value(stage: int, mbs: int, zero: dict) -> float | None:
-        factor, more = knob_factor(stage, zero)
-        fixed = {0: 40, 1: 30, 2: 20, 3: 10}[stage]
-        return None if fixed + 2.0 * mbs + more > 100 else throughput(stage, mbs) * factor
-
-    def outcome(e: autotuner.Experiment) -> Outcome:
-        zero = e.ds_config["zero_optimization"]
-        measured = value(zero["stage"], e.ds_config["train_micro_batch_size_per_gpu"], zero)
-        if measured is None:
-            return Outcome(autotuner.State.FAILED, autotuner.Reason.OOM, "CUDA out of memory", 1)
-        return Outcome(autotuner.State.SUCCEEDED, metrics={"throughput": measured})
-
-    spaces = {str(stage): {k.key: [k.default(stage), *(v for v in k.values if v != k.default(stage))]
-                           for k in KNOBS if stage in k.searched} for stage in STAGES if stage}
+    spaces = knob_spaces()
     print(f"\nfull mode, sampling tuners, simulated clock, {slots} slots, mean of {seeds} seeds\n")
     print("| | experiments to best | experiments | best / the space's best | seeds at the space's best | CPU s |\n"
           "|---|---:|---:|---:|---:|---:|")
@@ -656,12 +647,12 @@ def sampled_full_table(seeds: int, slots: int, budgets: list[int]) -> None:
                                   patience=patience)
                 search = search_for(spec)
                 started = time.process_time()
-                played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome,
+                played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome,
                                          source=search, metric="throughput").played, key=lambda p: (p.start, p.name))
                 cpu = time.process_time() - started
                 winner = min(search.configs, key=lambda name: -search.mean(name))
                 found.append((1 + [p.name for p in played].index(winner), len(played), search.first[winner], cpu))
-                best = max(value(z, m, dict(k)) or 0.0 for z in STAGES for m in sorted({m for _, m in GRID})
+                best = max(knob_value(z, m, dict(k)) or 0.0 for z in STAGES for m in sorted({m for _, m in GRID})
                            for k in search.settings(z))
             label = f"{tuner}, {trials} trials" + (f", patience {patience}" if patience else "")
             print(f"| {label} | {statistics.mean(f[0] for f in found):.1f} | {statistics.mean(f[1] for f in found):.1f}"
