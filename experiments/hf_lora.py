@@ -13,9 +13,9 @@ peft).
 from dataclasses import dataclass, field
 
 import torch
-from hf_trainer import ModelArguments, SyntheticTokens
+from hf_trainer import ModelArguments, SyntheticTokens, tiny_llama, train
 from peft import LoraConfig, get_peft_model
-from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import HfArgumentParser, Trainer, TrainingArguments
 
 
 @dataclass
@@ -31,25 +31,15 @@ def main() -> None:
     parser = HfArgumentParser((ModelArguments, LoraArguments, TrainingArguments))
     model_args, lora_args, training_args = parser.parse_args_into_dataclasses()
     torch.manual_seed(training_args.seed)
-    config = LlamaConfig(vocab_size=model_args.vocab_size, hidden_size=model_args.hidden_size,
-                         intermediate_size=2 * model_args.hidden_size, num_hidden_layers=model_args.num_layers,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=model_args.seq_len)
     adapters = LoraConfig(r=lora_args.lora_r, lora_alpha=lora_args.lora_alpha, task_type="CAUSAL_LM",
                           target_modules=lora_args.lora_targets.split(","), lora_dropout=0.0)
-    model = get_peft_model(LlamaForCausalLM(config), adapters)  # the base weights frozen, the adapters trainable
+    model = get_peft_model(tiny_llama(model_args), adapters)  # the base weights frozen, the adapters trainable
     trainable, total = model.get_nb_trainable_parameters()
     trainer = Trainer(model=model, args=training_args,
                       train_dataset=SyntheticTokens(model_args, training_args.seed))
     if trainer.is_world_process_zero():
         print(f"parameters: {total} ({trainable} trainable)", flush=True)
-    result = trainer.train()
-    if trainer.is_world_process_zero():
-        print(f"trained {trainer.state.global_step} steps of {training_args.per_device_train_batch_size} samples "
-              f"per device, final loss {result.training_loss:.4f}")
-    # As in hf_trainer.py: the process group torn down before exit, so no gloo thread aborts the process.
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    train(trainer, training_args)
 
 
 if __name__ == "__main__":

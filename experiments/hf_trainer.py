@@ -43,15 +43,16 @@ class SyntheticTokens(torch.utils.data.Dataset):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
-def main() -> None:
-    model_args, training_args = HfArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses()
-    torch.manual_seed(training_args.seed)
-    config = LlamaConfig(vocab_size=model_args.vocab_size, hidden_size=model_args.hidden_size,
-                         intermediate_size=2 * model_args.hidden_size, num_hidden_layers=model_args.num_layers,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=model_args.seq_len)
-    model = LlamaForCausalLM(config)
-    trainer = Trainer(model=model, args=training_args,
-                      train_dataset=SyntheticTokens(model_args, training_args.seed))
+def tiny_llama(args: ModelArguments) -> LlamaForCausalLM:
+    """The model, built from a config in code (nothing downloaded)."""
+    return LlamaForCausalLM(LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                                        intermediate_size=2 * args.hidden_size, num_hidden_layers=args.num_layers,
+                                        num_attention_heads=4, num_key_value_heads=4,
+                                        max_position_embeddings=args.seq_len))
+
+
+def train(trainer: Trainer, training_args: TrainingArguments) -> None:
+    """Train, say how it went, and end the run cleanly."""
     result = trainer.train()
     if trainer.is_world_process_zero():
         print(f"trained {trainer.state.global_step} steps of {training_args.per_device_train_batch_size} samples "
@@ -61,6 +62,14 @@ def main() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def main() -> None:
+    model_args, training_args = HfArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses()
+    torch.manual_seed(training_args.seed)
+    trainer = Trainer(model=tiny_llama(model_args), args=training_args,
+                      train_dataset=SyntheticTokens(model_args, training_args.seed))
+    train(trainer, training_args)
 
 
 if __name__ == "__main__":
