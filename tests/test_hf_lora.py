@@ -8,9 +8,8 @@ would be skipped (with one GPU an experiment, every stage holds the same). Then 
 trains as a normal run."""
 import json
 import re
-import subprocess
 
-from test_hf_trainer import EXAMPLE, offline, on_a_free_port, per_device_batch
+from test_hf_trainer import EXAMPLE, offline, optimal_command_trains
 
 from autotuner.gpu.types import size_of_type
 from autotuner.tune.memory_model import Facts, Training, bound
@@ -69,12 +68,6 @@ def test_a_lora_model_is_tuned_counting_only_its_trainable_parameters_and_its_op
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert "autotuning" not in optimal
     assert optimal["zero_optimization"]["stage"] == STAGE and optimal["train_micro_batch_size_per_gpu"] == MBS
-    command = (results / "cmd_optimal.txt").read_text().strip()
-    assert f"--deepspeed {results / 'ds_config_optimal.json'}" in command
-    trained = subprocess.run(["bash", "-c", on_a_free_port(command)], env=environ, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    assert per_device_batch(trained.stdout + trained.stderr) == [MBS]
-    assert f"parameters: {total} ({trainable} trainable)" in trained.stdout
-    assert f"trained {STEPS} steps of {MBS} samples per device" in trained.stdout
+    stdout = optimal_command_trains(results, environ, tmp_path, MBS, STEPS)
+    assert f"parameters: {total} ({trainable} trainable)" in stdout
     assert not (tmp_path / "hf-home").exists()  # nothing fetched from the Hugging Face Hub

@@ -41,6 +41,19 @@ def on_a_free_port(command: str) -> str:
     return command.replace("deepspeed ", f"deepspeed --master_port {port} ", 1)
 
 
+def optimal_command_trains(results: Path, environ: dict[str, str], cwd: Path, mbs: int, steps: int) -> str:
+    """cmd_optimal.txt run as the README says (a normal run: all its steps, no autotuning section): it trains
+    `steps` steps at micro-batch `mbs`; its stdout."""
+    command = (results / "cmd_optimal.txt").read_text().strip()
+    assert f"--deepspeed {results / 'ds_config_optimal.json'}" in command
+    trained = subprocess.run(["bash", "-c", on_a_free_port(command)], env=environ, cwd=cwd,
+                             capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert per_device_batch(trained.stdout + trained.stderr) == [mbs]
+    assert f"trained {steps} steps of {mbs} samples per device" in trained.stdout
+    return trained.stdout
+
+
 def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp_path):
     config = json.loads((EXAMPLE / "ds_hf.json").read_text())  # narrowed: CI's minutes are few
     config["zero_optimization"]["stage"] = list(STAGES)
@@ -89,11 +102,6 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
 
     # The README: cmd_optimal.txt trains with the winner as a normal run (all its steps: no autotuning section).
     command = (results / "cmd_optimal.txt").read_text().strip()
-    assert f"--deepspeed {results / 'ds_config_optimal.json'}" in command
     assert f"--per_device_train_batch_size {mbs} " in command
-    trained = subprocess.run(["bash", "-c", on_a_free_port(command)], env=environ, cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300)
-    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
-    assert per_device_batch(trained.stdout + trained.stderr) == [mbs]
-    assert f"trained {STEPS} steps of {mbs} samples per device" in trained.stdout
+    optimal_command_trains(results, environ, tmp_path, mbs, STEPS)
     assert not (tmp_path / "hf-home").exists()  # nothing was fetched into the Hugging Face cache, nor needed
