@@ -42,11 +42,11 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.base import HostsCheck
     from .backends.cluster import Cluster, check_gpu_needs
     from .backends.ray.ask import check as check_ray
-    from .backends.ray.ask import optional_ray_value, ray_cluster, ray_nodes
+    from .backends.ray.ask import optional_ray_value
     from .backends.registry import cluster_for, hosts_check
     from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
     from .backends.slurm.allocation import release as release_allocation
-    from .backends.slurm.ask import SlurmAsk, allocation_cluster, this_allocation
+    from .backends.slurm.ask import SlurmAsk
     from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .dashboard import serve as serve_dashboard
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .tune.request import TuneRequest, read_tune
     from .views.compare import render_compare
     from .views.events import check_events_path
-    from .views.hosts import render_allocation, render_hosts, render_hosts_check, render_ray_nodes
+    from .views.hosts import render_hosts, render_hosts_check
     from .views.html import write_html
     from .views.live import watching
     from .views.plan import render_plan, write_plan_plot
@@ -81,23 +81,16 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless t
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
-    # On a Ray cluster: its nodes, and its cluster for a sweep (`autotune run/tune/plan/hosts --ray`).
-    "ray_cluster": (".backends.ray.ask", "ray_cluster"),
-    "ray_nodes": (".backends.ray.ask", "ray_nodes"),
-    "render_ray_nodes": (".views.hosts", "render_ray_nodes"),
     # `--ray [ADDRESS]` on the command line: a bare --ray read from argv, the options it excludes refused.
     "optional_ray_value": (".backends.ray.ask", "optional_ray_value"),
     "check_ray": (".backends.ray.ask", "check"),
     # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
-    "allocation_cluster": (".backends.slurm.ask", "allocation_cluster"),
-    "this_allocation": (".backends.slurm.ask", "this_allocation"),
     "Allocation": (".backends.slurm.allocation", "Allocation"),
     "SlurmError": (".backends.slurm.allocation", "SlurmError"),
     "Withdrawn": (".backends.slurm.allocation", "Withdrawn"),
     "release_allocation": (".backends.slurm.allocation", "release"),
     "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
-    "render_allocation": (".views.hosts", "render_allocation"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
     "default_directory": (".sweep.create", "default_directory"),
@@ -201,7 +194,6 @@ __all__ = [
     "UserError",
     "Withdrawn",
     "__version__",
-    "allocation_cluster",
     "cancel",
     "check_events_path",
     "check_gpu_needs",
@@ -222,16 +214,12 @@ __all__ = [
     "plan_sweep",
     "prepare",
     "prepare_tune",
-    "ray_cluster",
-    "ray_nodes",
     "read_tune",
     "release_allocation",
-    "render_allocation",
     "render_compare",
     "render_hosts",
     "render_hosts_check",
     "render_plan",
-    "render_ray_nodes",
     "render_report",
     "render_result",
     "render_status",
@@ -242,7 +230,6 @@ __all__ = [
     "sigterm_interrupts",
     "snapshot",
     "spec_changes",
-    "this_allocation",
     "timeout_seconds",
     "watching",
     "write_html",

@@ -8,11 +8,6 @@ import json
 from collections.abc import Mapping, Sequence
 
 from ..backends.base import HostsCheck
-from ..backends.ray.ask import nodes_check
-from ..backends.ray.nodes import RayNode
-from ..backends.slurm.allocation import Allocation
-from ..backends.slurm.ask import allocation_check
-from ..backends.slurm.parse import Node
 from ..backends.ssh.probe import HostReport, hostfile_check
 from ..errors import UserError
 from ..spec.hostfile import Host
@@ -42,14 +37,3 @@ def render_hosts(title: str, listed: Mapping[str, Host], reports: Sequence[HostR
                  output: Output = PLAIN) -> str:
     """`autotune hosts` of a hostfile's hosts probed over SSH (ssh/probe.py: hostfile_check)."""
     return render_hosts_check(hostfile_check(title, listed, reports), fmt, output)
-
-
-def render_allocation(allocation: Allocation, nodes: Mapping[str, Node], fmt: str = "table",
-                      output: Output = PLAIN) -> str:
-    """`autotune hosts --slurm`: the nodes of the allocation (slurm/ask.py: allocation_check)."""
-    return render_hosts_check(allocation_check(allocation, nodes), fmt, output)
-
-
-def render_ray_nodes(address: str, nodes: Sequence[RayNode], fmt: str = "table", output: Output = PLAIN) -> str:
-    """`autotune hosts --ray`: the live nodes of the Ray cluster (ray/ask.py: nodes_check)."""
-    return render_hosts_check(nodes_check(address, nodes), fmt, output)
