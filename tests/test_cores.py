@@ -20,8 +20,8 @@ def test_each_slot_gets_its_own_share_of_the_cores():
 
 
 STANDIN = """#!/bin/sh
-grep Cpus_allowed_list /proc/self/status | cut -f2 | tr '\\n' ' ' >> "$CORES_LOG"
-echo "$OMP_NUM_THREADS" >> "$CORES_LOG"
+# one write per run: two runs appending piecewise to the shared log could interleave their halves
+printf '%s %s\\n' "$(grep Cpus_allowed_list /proc/self/status | cut -f2)" "$OMP_NUM_THREADS" >> "$CORES_LOG"
 sleep 0.5
 printf '{"throughput": 1.0}' > "$AUTOTUNE_METRICS_PATH"
 """
