@@ -36,7 +36,7 @@ class MicroBatchSearch(Search):
         proposed: list[Experiment] = []
         if self.busy:  # in rounds: what a stage learns bounds the others, so decisions wait for every answer
             return proposed
-        order = sorted(self.stages, reverse=True)
+        order = self._order()
         for stage in order:
             sizes = self._next(stage)  # after the higher stages' takes: they bound it
             if sizes and len(proposed) < room and not self._spent():
@@ -58,6 +58,20 @@ class MicroBatchSearch(Search):
                 if experiment is not None:
                     proposed.append(experiment)
         return proposed
+
+    def _order(self) -> list[int]:
+        """The highest stage first, its OOMs ruling out the lower stages' sizes. But with no memory model the
+        search opens with the lowest stage: where it fits at the largest size allowed it is most often the
+        fastest (the least communication), found in the first run, and its fit vouches for every higher stage
+        there; where it does not, one run is spent and the walk goes on from the highest. (With a model each
+        stage starts at its own predicted size, and the highest first keeps a high model's OOMs few.)"""
+        order = sorted(self.stages, reverse=True)
+        first_level = self.spec.offload == self.levels[0].offload
+        untouched = all(known.predicted is None and not (known.fits or known.too_big or known.out or known.crashed)
+                        for known in self.stages.values())
+        if first_level and untouched:
+            order.insert(0, order.pop())
+        return order
 
     def _knob_walk(self, stage: int, known: Stage) -> list[Setting]:
         """Full mode, once a stage's micro-batch search is over: its knobs, one at a time, at its best size. Each
@@ -132,8 +146,8 @@ class MicroBatchSearch(Search):
                 return spec.min_mbs
             return min(midpoint(spec.min_mbs, small, share), known.ceiling())
         fit, ceiling = max(known.fits, default=None), known.ceiling()
-        if small is None and low < ceiling:
-            return min(low * 2, ceiling)
+        if small is None and low < ceiling:  # with a model, its size (a lower stage's fit vouches for less)
+            return ceiling if known.predicted is not None else min(low * 2, ceiling)
         if small is not None and small - low > 1 and low < ceiling and \
                 (fit is None or self._worth(stage, fit, small)):
             return min(midpoint(low, small, share), ceiling)
