@@ -3,7 +3,7 @@ size the user allows (or the memory model predicts), since the largest size that
 and one run there settles it; with no bound, the size doubles from the smallest until a run runs out of memory.
 Then a bisection on the log scale, sought only while a larger size could beat the best (`_worth`), then sizes
 below the largest that fits are measured, one at a time while a smaller one pays (`_measure`). The stages share
-what they learn (stage.py: `vouched`, `ruled_out_above`), so the highest goes first, and the search works in
+what they learn (stage.py: `vouched`, `ruled_out_above`), so the highest goes first (`_order`), and the search works in
 rounds (nothing proposed while one of its runs is out): what it tries depends on the answers, never on the order
 in which runs end. In full mode each stage's knobs are then swept one at a time at its best size (`_knob_walk`).
 """
