@@ -5,6 +5,8 @@ known function."""
 import json
 import math
 import random
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -379,7 +381,7 @@ def test_the_best_configs_are_run_again_once_the_search_is_over():
     three = [p.name for p in tune(MicroBatchSearch(spec(confirm=3))).played if p.name.endswith("_confirm1")]
     assert len(three) == 3
     few = tune(MicroBatchSearch(spec(confirm=None, stages=(3,), max_mbs=2))).played  # two configs: no re-runs
-    assert [p.name for p in few] == ["t_z3_mbs2", "t_z3_mbs1"]
+    assert [p.name for p in few] == ["t_z3_mbs2", "t_z3_mbs1_gas2"]  # below the largest, its batch kept
 
 
 def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlier():
@@ -597,6 +599,33 @@ def accumulation_spec(tmp_path, **changes):
     tuning = read_tuning(path, 1)
     return spec(**{"base": tuning.base, "stages": tuning.stages,
                    "knobs": {str(s): space for s, space in tuning.knobs.items() if space}} | changes)
+
+
+def test_without_a_global_batch_sizes_measured_below_the_largest_keep_its_batch():
+    """As DeepSpeed's autotuner derives it: the search runs at the config's accumulation (here 2) until a stage's
+    largest size is known; the sizes measured below it then keep its batch per GPU (largest x 2 over the size).
+    Not with a global batch in the config, nor with the accumulation searched as a list, nor with "auto"."""
+    def smaller_pays(e):  # the best size is 16: each size measured below 64 beats the larger ones
+        mbs = e.ds_config["train_micro_batch_size_per_gpu"]
+        return Outcome(State.SUCCEEDED, metrics={"throughput": 1000 / (1 + abs(math.log2(mbs / 16)))})
+
+    launched = []
+    search = MicroBatchSearch(spec(stages=(3,), max_mbs=64, measure=4, base={"gradient_accumulation_steps": 2}))
+    simulate([], {"h": [0]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or smaller_pays(e), source=search,
+             metric="throughput")
+    gas = {place(e.name)[1]: e.ds_config["gradient_accumulation_steps"] for e in launched}
+    largest = search.stages[3].measured_below
+    assert largest == max(search.stages[3].fits) == 64
+    measured = sorted(m for m in gas if m < largest)
+    assert measured and all(gas[m] == largest * 2 // m for m in measured), gas
+    assert gas[largest] == 2 and any(gas[m] > 2 for m in measured)
+    assert all(e.name.endswith(f"_gas{gas[place(e.name)[1]]}") == (gas[place(e.name)[1]] != 2) for e in launched)
+    rebuilt = MicroBatchSearch(spec(stages=(3,), max_mbs=64, measure=4, base={"gradient_accumulation_steps": 2}))
+    rebuilt.replay(launched, {e.name: (State.SUCCEEDED, None, smaller_pays(e).metrics["throughput"]) for e in launched})
+    assert rebuilt.stages == search.stages and rebuilt.propose(1, 0.0) == []
+    for changes in ({"global_batch": 64}, {"base": {"gradient_accumulation_steps": "auto"}}):
+        assert spec(**changes).config_accumulation() is None
+    assert accumulation_spec(Path(tempfile.mkdtemp())).config_accumulation() is None
 
 
 def gas_outcome(e):

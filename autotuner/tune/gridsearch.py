@@ -10,8 +10,10 @@ in which runs end. In full mode each stage's knobs are then swept one at a time 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 
 from ..spec import Experiment
+from .replay import Latest
 from .search import Search
 from .space import MAX_MICRO_BATCH, Setting
 from .stage import Stage
@@ -58,6 +60,14 @@ class MicroBatchSearch(Search):
                 if experiment is not None:
                     proposed.append(experiment)
         return proposed
+
+    def replay(self, experiments: Sequence[Experiment], latest: Latest,
+               metrics: Mapping[str, Mapping[str, float]] | None = None) -> None:
+        """As every search; then each stage's next step is decided again, so that a stage whose measuring below
+        its largest size had begun keeps that size's batch as the live search kept it (`_measure`)."""
+        super().replay(experiments, latest, metrics)
+        for stage in self.stages:
+            self._next(stage)
 
     def _order(self) -> list[int]:
         """The highest stage first, its OOMs ruling out the lower stages' sizes. But with no memory model the
@@ -181,6 +191,8 @@ class MicroBatchSearch(Search):
         measured near the largest (a quarter of it and up), the bisection's own runs counted."""
         if fit is None:
             return []
+        if known.measured_below is None:  # from here on smaller sizes keep its batch (derived_accumulation)
+            known.measured_below = fit
         previous = known.fits[fit]
         near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)
         for fraction in (3 / 4, 1 / 2, 3 / 8, 1 / 4):

@@ -248,6 +248,8 @@ class Knowledge:
         if gas is not None:
             config["gradient_accumulation_steps"] = gas
             config["train_batch_size"] = mbs * gas * spec.dp
+        elif (derived := self.derived_accumulation(stage, mbs)) is not None:
+            config["gradient_accumulation_steps"] = derived
         name = self.name_of(stage, mbs, knobs)
         template = dict(spec.template)
         args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
@@ -260,10 +262,22 @@ class Knowledge:
         spec = self.spec
         name = f"{spec.prefix}_z{stage}_mbs{mbs}"
         gas = spec.accumulation(mbs)
+        if gas is None:
+            gas = self.derived_accumulation(stage, mbs)
         if gas is not None:
             name += f"_gas{gas}"
         name += OFFLOAD_TAGS[spec.offload] if spec.offload > self.own else ""
         return name + "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
+
+    def derived_accumulation(self, stage: int, mbs: int) -> int | None:
+        """A size measured below its stage's largest keeps the largest's batch per GPU (SearchSpec.
+        config_accumulation), so that the sizes compare at one batch; None where the config's own holds."""
+        own, known = self.spec.config_accumulation(), self.stages.get(stage)
+        largest = known.measured_below if known is not None else None
+        if own is None or largest is None or mbs >= largest:
+            return None
+        gas = largest * own // mbs
+        return gas if gas != own else None
 
     @staticmethod
     def place_of(experiment: Experiment) -> tuple[int, int] | None:

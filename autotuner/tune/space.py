@@ -72,7 +72,10 @@ class SearchSpec:
         """This spec with its prefix cut so that every experiment name it can make (the longest: the largest
         stage, micro-batch size and accumulation, each knob at its longest value, a re-run) is a safe name;
         a ValueError where even an empty prefix would not do (knob values too long to write)."""
-        gas = f"_gas{max(1, self.global_batch // (self.min_mbs * self.dp))}" if self.global_batch else ""
+        own = self.config_accumulation()
+        most = max(1, self.global_batch // (self.min_mbs * self.dp)) if self.global_batch else \
+            self.max_mbs * own // self.min_mbs if own is not None and self.max_mbs > self.min_mbs else None
+        gas = f"_gas{most}" if most is not None else ""
         longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}{OFFLOAD_TAGS[-1]}") + sum(
             max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
             for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
@@ -114,6 +117,15 @@ class SearchSpec:
         if self.fixed_batch:
             return max(1, self.global_batch // (mbs * self.dp))
         return max(1, self.global_batch // self.dp // mbs)
+
+    def config_accumulation(self) -> int | None:
+        """The config's own gradient accumulation, where the sizes measured below a stage's largest derive theirs
+        from it (the config sets no global batch nor a list of accumulations): they keep the largest size's batch
+        per GPU, largest x this over the size, as DeepSpeed's autotuner derives it. None where they do not."""
+        own = self.base.get("gradient_accumulation_steps", 1)
+        searched = any("gradient_accumulation_steps" in space for space in self.knobs.values())
+        usable = isinstance(own, int) and not isinstance(own, bool) and own > 0
+        return own if usable and self.global_batch is None and not searched else None
 
     @property
     def profiles(self) -> bool:
