@@ -102,6 +102,22 @@ def test_the_stages_tell_each_other_what_fits():
     assert not search.ordered() and search.ruled_out_above(1) is None and search.open(1, 45)
 
 
+def test_one_run_at_a_time_and_no_model_the_search_opens_with_the_lowest_stage_at_the_top():
+    """Where memory is plentiful the lowest stage at the largest size is most often the best: the first run finds
+    it. Where it does not fit, that run is all the opening costs (the best still found within WORTH, under a third
+    of the runs out of memory). With room for several runs the first round spans the stages, the highest first."""
+    roomy = sorted(tune(MicroBatchSearch(spec(max_mbs=16)), slots=1).played, key=lambda p: p.start)
+    assert roomy[0].name == "t_z0_mbs16" and roomy[0].state == State.SUCCEEDED
+    assert max(((0, 16), *(place(p.name) for p in roomy)), key=lambda k: throughput(*k)) == (0, 16)
+    tight = sorted(tune(MicroBatchSearch(spec()), slots=1).played, key=lambda p: p.start)
+    assert tight[0].name == "t_z0_mbs256" and tight[0].state == State.FAILED
+    found = max((place(p.name) for p in tight if p.state == State.SUCCEEDED), key=lambda k: throughput(*k))
+    ooms = sum(1 for p in tight if p.state == State.FAILED)
+    assert throughput(*found) >= (1 - WORTH) * throughput(3, 90)  # the exact largest sought only while worth it
+    assert len(tight) < 36 and 3 * ooms <= len(tight)
+    assert "t_z0_mbs256" not in {p.name for p in tune(MicroBatchSearch(spec())).played}
+
+
 def test_no_size_known_not_to_fit_is_ever_launched():
     played = sorted(tune(MicroBatchSearch(spec())).played, key=lambda p: p.start)
     smallest_oom: dict[int, int] = {}
@@ -113,9 +129,8 @@ def test_no_size_known_not_to_fit_is_ever_launched():
 
 
 def test_a_stage_that_cannot_fit_at_all_costs_one_run_and_a_crash_gives_a_stage_up():
-    """The lowest stage needs the most memory. The search opens with it at the largest size allowed (where it
-    fits it is most often the best); then, with no size known to fit, at the smallest, one run that says whether
-    it fits at all. With no largest size allowed it starts at the smallest: one run in all."""
+    """The lowest stage needs the most memory: with no size known to fit it is tried at the smallest size first,
+    one run that says whether it fits at all (here the higher stage's OOM at the largest rules it out there)."""
     saved = NEED[0]
     NEED[0] = (120.0, 1.0)  # never fits
     try:
@@ -123,7 +138,7 @@ def test_a_stage_that_cannot_fit_at_all_costs_one_run_and_a_crash_gives_a_stage_
         unbounded = tune(MicroBatchSearch(spec(stages=(0, 3), max_mbs=MAX_MICRO_BATCH))).played
     finally:
         NEED[0] = saved
-    assert [p.name for p in bounded if place(p.name)[0] == 0] == ["t_z0_mbs256", "t_z0_mbs1"]
+    assert [p.name for p in bounded if place(p.name)[0] == 0] == ["t_z0_mbs1"]
     assert [p.name for p in unbounded if place(p.name)[0] == 0] == ["t_z0_mbs1"]
 
     def broken(e):  # stage 2 refuses its config: not an answer about sizes
@@ -385,16 +400,16 @@ def test_the_best_configs_are_run_again_once_the_search_is_over():
 
 
 def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlier():
-    """z2 mbs45's first run measures 3300 (lucky: its throughput is 2378), above the true best, z3 mbs90
-    (3179); z3's search, which could not beat it, stops short at 76. Re-run, z2 mbs45's mean falls below
+    """z2 mbs49's first run measures 3300 (lucky: its throughput is 2498), above the true best, z3 mbs90
+    (3179); z3's search, which could not beat it, stops short at 76. Re-run, z2 mbs49's mean falls below
     z3 mbs76's: z3's search goes on (a size past 76 can beat the best again), and its best two are re-run
     in turn and win."""
     seen = set()
 
     def lucky_once(e):
         out = fake_gpu(e)
-        if place(e.name) == (2, 45) and (2, 45) not in seen:
-            seen.add((2, 45))
+        if place(e.name) == (2, 49) and (2, 49) not in seen:
+            seen.add((2, 49))
             return Outcome(State.SUCCEEDED, metrics={"throughput": 3300.0})
         return out
 
@@ -403,17 +418,17 @@ def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlie
                              metric="throughput").played, key=lambda p: p.start)
     names = [p.name for p in played]
     reruns = [name for name in names if name.endswith("_confirm1")]
-    assert reruns == ["t_z2_mbs45_confirm1", "t_z3_mbs76_confirm1", "t_z3_mbs89_confirm1", "t_z3_mbs87_confirm1"]
-    assert names.index("t_z3_mbs89") > names.index("t_z2_mbs45_confirm1")
+    assert reruns == ["t_z2_mbs49_confirm1", "t_z3_mbs76_confirm1", "t_z3_mbs89_confirm1", "t_z3_mbs87_confirm1"]
+    assert names.index("t_z3_mbs89") > names.index("t_z2_mbs49_confirm1")
     ranked = sorted(search.configs, key=lambda name: -search.mean(name))
-    assert ranked[:2] == ["t_z3_mbs89", "t_z3_mbs87"] and ranked.index("t_z2_mbs45") > 2
-    assert search.mean("t_z2_mbs45") == pytest.approx((3300 + throughput(2, 45)) / 2)
+    assert ranked[:2] == ["t_z3_mbs89", "t_z3_mbs87"] and ranked.index("t_z2_mbs49") > 2
+    assert search.mean("t_z2_mbs49") == pytest.approx((3300 + throughput(2, 49)) / 2)
 
     rebuilt = MicroBatchSearch(spec(confirm=None, stages=(2, 3)))
     outcomes = {}
     for p in played:
         e = rebuilt.experiment(*place(p.name), rerun=p.name.endswith("_confirm1"))
-        out = fake_gpu(e) if p.name != "t_z2_mbs45" else Outcome(State.SUCCEEDED, metrics={"throughput": 3300.0})
+        out = fake_gpu(e) if p.name != "t_z2_mbs49" else Outcome(State.SUCCEEDED, metrics={"throughput": 3300.0})
         outcomes[e] = (out.state, out.reason, out.metrics.get("throughput") if out.metrics else None)
     rebuilt.replay(list(outcomes), {e.name: v for e, v in outcomes.items()})
     assert rebuilt.propose(2, 0.0) == [] and rebuilt.reruns == search.reruns
@@ -446,7 +461,7 @@ def test_full_mode_sweeps_each_stages_knobs_at_its_best_size_once_its_micro_batc
                                    "mbs53_ovl1_rbs1e9", "mbs53_ovl1_rbs1e9_abs5e7", "mbs53_ovl1_rbs1e9_abs1e9"])
     assert knob_runs[3] == sorted(["mbs90_ovl0", "mbs90_rs0", "mbs90_cg0", "mbs90_rbs5e7", "mbs90_rbs1e9",
                                    "mbs90_rbs1e9_pbs5e6", "mbs90_rbs1e9_pbs5e8"])
-    assert knob_runs[1] == sorted(["mbs16_rbs5e7", "mbs16_rbs1e9", "mbs16_rbs1e9_abs5e7", "mbs16_rbs1e9_abs1e9"])
+    assert knob_runs[1] == sorted(["mbs33_rbs5e7", "mbs33_rbs1e9", "mbs33_rbs1e9_abs5e7", "mbs33_rbs1e9_abs1e9"])
     for z in (1, 2, 3):  # no knob run before the stage's micro-batch search had ended
         sizes_end = max(p.end for p in played if place(p.name)[0] == z and p.name.count("_") == 2)
         assert all(p.start >= sizes_end for p in played if place(p.name)[0] == z and p.name.count("_") > 2)
@@ -470,7 +485,7 @@ def test_a_knob_the_config_fixes_is_never_searched_and_a_list_is_searched_from_i
              source=search, metric="throughput")
     assert launched and all(e.ds_config["zero_optimization"]["reduce_bucket_size"] == 5e7 for e in launched)
     assert not any("rbs" in e.name for e in launched)
-    assert {e.name for e in launched if "ovl" in e.name} == {"t_z1_mbs25_ovl0", "t_z2_mbs53_ovl0", "t_z3_mbs90_ovl0"}
+    assert {e.name for e in launched if "ovl" in e.name} == {"t_z1_mbs33_ovl0", "t_z2_mbs53_ovl0", "t_z3_mbs90_ovl0"}
     assert all(e.ds_config["zero_optimization"]["overlap_comm"] is ("_ovl0" not in e.name) for e in launched)
     auto = full_spec(tmp_path, {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"})
     assert {s: list(space) for s, space in auto.knobs.items()} == {  # a Trainer fills "auto" in: fixed too
@@ -647,7 +662,7 @@ def test_gradient_accumulation_given_as_a_list_is_searched_at_each_stages_best_s
     plain = [e for e in launched if "_gas" not in e.name]
     assert plain and all(e.ds_config["gradient_accumulation_steps"] == 1 for e in plain)
     swept = {e.name for e in launched if "_gas" in e.name}
-    assert swept == {"t_z1_mbs16_gas2", "t_z1_mbs16_gas4", "t_z2_mbs53_gas2", "t_z2_mbs53_gas4",
+    assert swept == {"t_z1_mbs33_gas2", "t_z1_mbs33_gas4", "t_z2_mbs53_gas2", "t_z2_mbs53_gas4",
                      "t_z3_mbs90_gas2", "t_z3_mbs90_gas4"}
     assert all(e.ds_config["gradient_accumulation_steps"] == int(e.name.split("_gas")[1]) for e in launched
                if "_gas" in e.name)

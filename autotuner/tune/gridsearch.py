@@ -38,7 +38,7 @@ class MicroBatchSearch(Search):
         proposed: list[Experiment] = []
         if self.busy:  # in rounds: what a stage learns bounds the others, so decisions wait for every answer
             return proposed
-        order = self._order()
+        order = self._order(room)
         for stage in order:
             sizes = self._next(stage)  # after the higher stages' takes: they bound it
             if sizes and len(proposed) < room and not self._spent():
@@ -69,17 +69,19 @@ class MicroBatchSearch(Search):
         for stage in self.stages:
             self._next(stage)
 
-    def _order(self) -> list[int]:
-        """The highest stage first, its OOMs ruling out the lower stages' sizes. But with no memory model the
-        search opens with the lowest stage: where it fits at the largest size allowed it is most often the
-        fastest (the least communication), found in the first run, and its fit vouches for every higher stage
-        there; where it does not, one run is spent and the walk goes on from the highest. (With a model each
-        stage starts at its own predicted size, and the highest first keeps a high model's OOMs few.)"""
+    def _order(self, room: int) -> list[int]:
+        """The highest stage first, its OOMs ruling out the lower stages' sizes. But where the runs go one at a
+        time and no memory model bounds the sizes, the search opens with the lowest stage: where it fits at the
+        largest size allowed it is most often the fastest (the least communication), found in the first run
+        instead of after every higher stage's walk, and its fit vouches for every higher stage there; where it
+        does not, one run is spent. (With room for more, the first round already spans the stages, the highest
+        bounding the others' probes: taking a slot from them costs more runs out of memory than it saves time.
+        With a model each stage starts at its own predicted size.)"""
         order = sorted(self.stages, reverse=True)
         first_level = self.spec.offload == self.levels[0].offload
         untouched = all(known.predicted is None and not (known.fits or known.too_big or known.out or known.crashed)
                         for known in self.stages.values())
-        if first_level and untouched:
+        if room == 1 and first_level and untouched:
             order.insert(0, order.pop())
         return order
 
