@@ -616,28 +616,42 @@ def accumulation_spec(tmp_path, **changes):
                    "knobs": {str(s): space for s, space in tuning.knobs.items() if space}} | changes)
 
 
+def smaller_pays(e):
+    """Every size fits; the best is 16, and each size measured below 64 beats the larger ones."""
+    mbs = e.ds_config["train_micro_batch_size_per_gpu"]
+    return Outcome(State.SUCCEEDED, metrics={"throughput": 1000 / (1 + abs(math.log2(mbs / 16)))})
+
+
 def test_without_a_global_batch_sizes_measured_below_the_largest_keep_its_batch():
     """As DeepSpeed's autotuner derives it: the search runs at the config's accumulation (here 2) until a stage's
-    largest size is known; the sizes measured below it then keep its batch per GPU (largest x 2 over the size).
-    Not with a global batch in the config, nor with the accumulation searched as a list, nor with "auto"."""
-    def smaller_pays(e):  # the best size is 16: each size measured below 64 beats the larger ones
-        mbs = e.ds_config["train_micro_batch_size_per_gpu"]
-        return Outcome(State.SUCCEEDED, metrics={"throughput": 1000 / (1 + abs(math.log2(mbs / 16)))})
-
+    largest size is known; the sizes measured below it then keep its batch per GPU (largest x 2 over the size),
+    fixed when proposed, so that their names and their re-runs' never change. Not with a global batch in the
+    config, nor with the accumulation searched as a list, nor with "auto"."""
     launched = []
-    search = MicroBatchSearch(spec(stages=(3,), max_mbs=64, measure=4, base={"gradient_accumulation_steps": 2}))
+    bounded = spec(stages=(3,), max_mbs=64, measure=4, base={"gradient_accumulation_steps": 2}, confirm=2)
+    search = MicroBatchSearch(bounded)
     simulate([], {"h": [0]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or smaller_pays(e), source=search,
              metric="throughput")
-    gas = {place(e.name)[1]: e.ds_config["gradient_accumulation_steps"] for e in launched}
-    largest = search.stages[3].measured_below
-    assert largest == max(search.stages[3].fits) == 64
-    measured = sorted(m for m in gas if m < largest)
-    assert measured and all(gas[m] == largest * 2 // m for m in measured), gas
-    assert gas[largest] == 2 and any(gas[m] > 2 for m in measured)
-    assert all(e.name.endswith(f"_gas{gas[place(e.name)[1]]}") == (gas[place(e.name)[1]] != 2) for e in launched)
-    rebuilt = MicroBatchSearch(spec(stages=(3,), max_mbs=64, measure=4, base={"gradient_accumulation_steps": 2}))
+    gas = {e.name: e.ds_config["gradient_accumulation_steps"] for e in launched}
+    sizes = {place(e.name)[1]: gas[e.name] for e in launched if "_confirm" not in e.name}
+    assert sizes == {64: 2, 48: 2, 32: 4, 24: 5}  # 64 x 2 over the size; 48 keeps 2 (no suffix)
+    assert all(name.removesuffix("_confirm1").endswith(f"_gas{g}") or (g == 2 and "_gas" not in name)
+               for name, g in gas.items())
+    reruns = [name for name in gas if name.endswith("_confirm1")]
+    assert reruns and all(name.removesuffix("_confirm1") in search.configs for name in reruns)
+    assert all(gas[name] == gas[name.removesuffix("_confirm1")] for name in reruns)  # a re-run is the same config
+    rebuilt = MicroBatchSearch(bounded)
     rebuilt.replay(launched, {e.name: (State.SUCCEEDED, None, smaller_pays(e).metrics["throughput"]) for e in launched})
     assert rebuilt.stages == search.stages and rebuilt.propose(1, 0.0) == []
+
+    # unbounded: doubling from 1 runs 16, the best, long before the largest is known; it keeps the config's 2
+    launched.clear()
+    doubling = MicroBatchSearch(spec(stages=(3,), max_mbs=MAX_MICRO_BATCH, base={"gradient_accumulation_steps": 2},
+                                     confirm=3))
+    simulate([], {"h": [0]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or smaller_pays(e),
+             source=doubling, metric="throughput")
+    names = {e.name: e.ds_config["gradient_accumulation_steps"] for e in launched}
+    assert names["t_z3_mbs16"] == 2 and names["t_z3_mbs16_confirm1"] == 2
     for changes in ({"global_batch": 64}, {"base": {"gradient_accumulation_steps": "auto"}}):
         assert spec(**changes).config_accumulation() is None
     assert accumulation_spec(Path(tempfile.mkdtemp())).config_accumulation() is None

@@ -10,10 +10,8 @@ in which runs end. In full mode each stage's knobs are then swept one at a time 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 
 from ..spec import Experiment
-from .replay import Latest
 from .search import Search
 from .space import MAX_MICRO_BATCH, Setting
 from .stage import Stage
@@ -60,14 +58,6 @@ class MicroBatchSearch(Search):
                 if experiment is not None:
                     proposed.append(experiment)
         return proposed
-
-    def replay(self, experiments: Sequence[Experiment], latest: Latest,
-               metrics: Mapping[str, Mapping[str, float]] | None = None) -> None:
-        """As every search; then each stage's next step is decided again, so that a stage whose measuring below
-        its largest size had begun keeps that size's batch as the live search kept it (`_measure`)."""
-        super().replay(experiments, latest, metrics)
-        for stage in self.stages:
-            self._next(stage)
 
     def _order(self, room: int) -> list[int]:
         """The highest stage first, its OOMs ruling out the lower stages' sizes. But where the runs go one at a
@@ -186,6 +176,14 @@ class MicroBatchSearch(Search):
         best = max((self.mean(name) for name in self.configs), default=None)  # re-runs correct a lucky first
         return gain >= WORTH and (best is None or value * (1 + gain) > best)
 
+    def _keep_batch(self, known: Stage, fit: int, mbs: int) -> None:
+        """Without a global batch in the config, a size measured below the largest that fits runs with the
+        accumulation that keeps the largest's batch per GPU, as DeepSpeed's autotuner derives it (largest x the
+        config's accumulation, over the size), fixed from now on (knowledge.derived_accumulation)."""
+        own = self.spec.config_accumulation()
+        if own is not None and fit * own // mbs != own:
+            known.accumulation.setdefault(mbs, fit * own // mbs)
+
     def _measure(self, known: Stage, fit: int | None) -> list[int]:
         """The next size below the largest that fits worth measuring: three quarters of it, then half, and so
         on, one at a time, going on only while the last one measured better than every larger size by WORTH
@@ -193,8 +191,6 @@ class MicroBatchSearch(Search):
         measured near the largest (a quarter of it and up), the bisection's own runs counted."""
         if fit is None:
             return []
-        if known.measured_below is None:  # from here on smaller sizes keep its batch (derived_accumulation)
-            known.measured_below = fit
         previous = known.fits[fit]
         near = sum(1 for m in known.fits.keys() | known.out if m >= fit // 4)
         for fraction in (3 / 4, 1 / 2, 3 / 8, 1 / 4):
@@ -204,7 +200,10 @@ class MicroBatchSearch(Search):
             if mbs in known.out:
                 return []
             if mbs not in known.fits:
-                return [mbs] if near < self.spec.measure else []
+                if near >= self.spec.measure:
+                    return []
+                self._keep_batch(known, fit, mbs)
+                return [mbs]
             value = known.fits[mbs]
             if not self.metric.better(value, previous) or abs(value - previous) < WORTH * abs(previous):
                 return []  # a smaller size stopped paying

@@ -270,14 +270,19 @@ class Knowledge:
         return name + "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
 
     def derived_accumulation(self, stage: int, mbs: int) -> int | None:
-        """A size measured below its stage's largest keeps the largest's batch per GPU (SearchSpec.
-        config_accumulation), so that the sizes compare at one batch; None where the config's own holds."""
-        own, known = self.spec.config_accumulation(), self.stages.get(stage)
-        largest = known.measured_below if known is not None else None
-        if own is None or largest is None or mbs >= largest:
-            return None
-        gas = largest * own // mbs
-        return gas if gas != own else None
+        """The accumulation a size measured below its stage's largest was proposed with, keeping the largest's
+        batch per GPU (SearchSpec.config_accumulation: the sizes compare at one batch). Fixed when proposed, so
+        the point's name and its re-runs' never change; None for every other point (the config's own)."""
+        known = self.stages.get(stage)
+        return known.accumulation.get(mbs) if known is not None else None
+
+    def remember_accumulation(self, experiment: Experiment) -> None:
+        """Replaying the ledger: a micro-batch trial that ran with a derived accumulation keeps it."""
+        own, placed = self.spec.config_accumulation(), self.place_of(experiment)
+        gas = experiment.ds_config.get("gradient_accumulation_steps")
+        if own is not None and placed is not None and placed[0] in self.stages and isinstance(gas, int) \
+                and gas != own and not self.setting_of(experiment):
+            self.stages[placed[0]].accumulation[placed[1]] = gas
 
     @staticmethod
     def place_of(experiment: Experiment) -> tuple[int, int] | None:

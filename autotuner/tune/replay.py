@@ -40,6 +40,7 @@ def replay(search: MemoryLoop, experiments: Sequence[Experiment], latest: Latest
                 search.knob_trials.append((*placed, knobs))
             else:
                 search.trials.append(placed)
+                search.remember_accumulation(e)
         state, reason, value = latest.get(e.name, (State.QUEUED, None, None))
         if state.terminal and state not in (State.INTERRUPTED, State.CANCELLED):
             search.learn(e, state, reason, value, reported_peak((metrics or {}).get(e.name)))

@@ -23,7 +23,8 @@ class Stage:
     given_up: bool = False
     predicted: int | None = None  # the memory model's largest size that fits (0: none, the stage is skipped)
     top: int = MAX_MICRO_BATCH  # the largest size the user allows
-    measured_below: int | None = None  # the largest size when measuring below it began (its batch is kept)
+    accumulation: dict[int, int] = field(default_factory=dict)  # sizes measured below the largest -> the
+    # accumulation derived for them, fixed when proposed (knowledge.derived_accumulation)
 
     def pruned(self, mbs: int) -> bool:
         """Known not to fit: a size at or above one that ran out of memory (or time), or above the ceiling."""
