@@ -386,7 +386,7 @@ class SSHPool:
 
 # --- helpers --------------------------------------------------------------------------------------------------
 
-def _tcp_keepalive(sock: Any, seconds: int) -> None:
+def _tcp_keepalive(sock: object, seconds: int) -> None:
     """Let the kernel notice a silently vanished peer in about 5 x seconds (paramiko's keepalive alone only
     writes; with no TCP keepalive a dead link takes the retransmission timeout, many minutes)."""
     if not isinstance(sock, socket.socket):
