@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar  # typer.Option returns Any by its API; a bundle stands where one would
 
 import typer
 

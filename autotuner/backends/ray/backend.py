@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any  # fabric and paramiko have no type information: their objects are Any
 
 from ...errors import UserError
 from .errors import CommandTimeout, HostDown, HostKeyError, RemoteStartError, describe
