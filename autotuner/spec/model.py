@@ -166,7 +166,7 @@ class Experiment:
     def __hash__(self) -> int:
         return hash((self.name, self.digest))
 
-    def config(self) -> dict:
+    def config(self) -> JSONObject:
         """A deep copy of the ds_config, free to change."""
         return copied(dict(self.ds_config))
 
@@ -186,7 +186,7 @@ class Experiment:
             {"gpu_type": self.gpu_type} if self.gpu_type is not None else {}) | (
             {"gpu_mixed": True} if self.gpu_mixed else {})
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONObject:
         return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
                 "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
                 "timeout": self.timeout, "env": dict(self.env), "source": self.source} | (

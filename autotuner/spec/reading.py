@@ -15,7 +15,7 @@ import hjson
 
 from .. import limits
 from ..errors import UserError, read_user_file, shown
-from ..jsonvalues import JSON
+from ..jsonvalues import JSON, JSONObject
 from .metrics import Metric
 from .model import CONFIG_FLAG, FLAG, NAME_MAX, UNSAFE, Experiment, Origin, positive_int
 
@@ -27,8 +27,8 @@ class _DuplicateKey(Exception):
         self.key = key
 
 
-def _pairs(pairs: list[tuple[str, JSON]]) -> dict:
-    out: dict = {}
+def _pairs(pairs: list[tuple[str, JSON]]) -> JSONObject:
+    out: JSONObject = {}
     for key, value in pairs:
         if key in out:
             raise _DuplicateKey(key)
@@ -353,7 +353,7 @@ def arg_mappings(src: Source, value: JSON, config_flag: str) -> dict[str, str]:
     return mappings
 
 
-def ds_config_of(src: Source, value: JSON) -> dict:
+def ds_config_of(src: Source, value: JSON) -> JSONObject:
     if isinstance(value, dict):
         return value
     if isinstance(value, str) and value.strip():
