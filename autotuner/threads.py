@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVarTuple
 
 log = logging.getLogger("autotuner.threads")
+Ts = TypeVarTuple("Ts")
 
 
 class Workers:
@@ -23,7 +24,7 @@ class Workers:
         self._lock = threading.Lock()
         self._running: set[threading.Thread] = set()
 
-    def start(self, name: str, target: Callable[..., Any], *args: Any) -> threading.Thread:
+    def start(self, name: str, target: Callable[[*Ts], object], *args: *Ts) -> threading.Thread:
         """Run `target(*args)` on a new thread; an exception it raises is logged with the owner's name."""
         thread = threading.Thread(target=self._run, args=(target, args), name=f"{self.owner}-{name}", daemon=True)
         with self._lock:
@@ -31,7 +32,7 @@ class Workers:
         thread.start()
         return thread
 
-    def _run(self, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def _run(self, target: Callable[[*Ts], object], args: tuple[*Ts]) -> None:
         try:
             target(*args)
         except BaseException:  # a bug: logged where --debug shows it, never printed over the live view

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from ..core.events import Run
 from ..files import write_atomic, write_json_atomic
+from ..jsonvalues import JSONObject
 from . import exitstatus
 from .launch import Command
 
@@ -40,7 +40,7 @@ def prepare_directory(run: Run) -> None:
         (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
 
 
-def record_attempt(run: Run, config: dict[str, Any], command: Command) -> None:
+def record_attempt(run: Run, config: JSONObject, command: Command) -> None:
     """exp.json, ds_config.json and cmd.txt: what this attempt is, what it runs, and how. The directory is
     synced once, after the last (its fsync makes all three renames durable): every attempt wrote them while the
     dispatcher's ledger commits waited on the same disk."""

@@ -69,7 +69,7 @@ class Backend(Protocol):
         ...
 
 
-JSON = Mapping[str, object] | Sequence[Mapping[str, object]]
+HostsJSON = Mapping[str, object] | Sequence[Mapping[str, object]]  # what `autotune hosts --format json` prints
 
 
 @dataclass(frozen=True)
@@ -83,5 +83,5 @@ class HostsCheck:
     rows: tuple[tuple[str, ...], ...]
     usable: tuple[bool, ...]  # one per row
     state: str  # the column that says whether the host can run
-    json: JSON
+    json: HostsJSON
     ok: bool

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any  # pynvml has no type information: the module (or a fake) is Any
 
 from ..core.events import Queued
 from ..core.placement import ByType, Pack

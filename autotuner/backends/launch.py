@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.slots import Devices, Reservation
+from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..spec.hostfile import format_include
 from ..spec.metrics import METRICS_PATH_ENV
@@ -66,7 +67,7 @@ def shell_line(argv: Sequence[str], env: Mapping[str, str]) -> str:
     return " ".join([*exports, shlex.join(argv)])
 
 
-def with_autotuning(ds_config: Mapping, metric_path: str, metric: str) -> dict:
+def with_autotuning(ds_config: Mapping[str, JSON], metric_path: str, metric: str) -> JSONObject:
     """The experiment's config plus the section that makes DeepSpeed write `metric_path` itself."""
     config = copy.deepcopy(dict(ds_config))
     section = dict(config.get("autotuning") or {})
@@ -89,7 +90,7 @@ def end_profile_step(ds_config: Mapping) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def without_autotuning(ds_config: Mapping) -> dict:
+def without_autotuning(ds_config: Mapping[str, JSON]) -> JSONObject:
     """The config a normal training run uses: the autotuning section removed."""
     config = copy.deepcopy(dict(ds_config))
     config.pop("autotuning", None)

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 import typer
 
 import autotuner
 from autotuner import UserError
 
+from ..jsonvalues import JSONObject
 from .app import echo_err, fail, note
 
 
-def slurm_allocation(ask: autotuner.SlurmAsk, recorded: dict[str, Any] | None = None
+def slurm_allocation(ask: autotuner.SlurmAsk, recorded: JSONObject | None = None
                      ) -> autotuner.Allocation | None:
     """The allocation the command runs in (None: not in Slurm); a bad ask is one line, exit 2."""
     try:

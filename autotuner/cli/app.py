@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from enum import Enum, StrEnum
-from typing import Any
+from typing import Any  # typer.Option returns Any by its API
 
 import typer
 

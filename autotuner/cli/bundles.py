@@ -13,7 +13,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar  # typer.Option returns Any by its API; a bundle stands where one would
 
 import typer
 
@@ -78,8 +78,8 @@ class Bundle:
     """Options a command takes as one value: `options` are (parameter name, type, typer option), `make` builds
     the value from them (keyword arguments named as the parameters)."""
 
-    options: tuple[tuple[str, Any, Any], ...]
-    make: Callable[..., Any]
+    options: tuple[tuple[str, object, object], ...]  # (name, its annotation, its typer.Option)
+    make: Callable[..., object]
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def bundled(command: F) -> F:
         raise TypeError(f"{command.__name__}: two bundles or parameters name the same option")
 
     @functools.wraps(command)
-    def wrapper(**given: Any) -> None:
+    def wrapper(**given: object) -> None:
         for name, bundle in bundles.items():
             given[name] = bundle.make(**{option: given.pop(option) for option, _, _ in bundle.options})
         command(**given)

@@ -30,7 +30,7 @@ def optional_html_value(argv: list[str]) -> list[str]:
     return out
 
 
-def usage_error_line(error: Any) -> str:
+def usage_error_line(error: Any) -> str:  # a _USAGE_ERROR, of whichever click typer carries
     """A click usage error as the one line every other mistake gets, instead of a usage box."""
     message = " ".join(error.format_message().split())
     ctx = getattr(error, "ctx", None)

@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol, TypeVarTuple
 
 from ..limits import memory
 from ..spec import Experiment
@@ -45,6 +45,8 @@ from .placement import Pack
 from .queues import BackfillQueue
 from .record import Record
 from .slots import Placement, Reservation, SlotPool
+
+Ts = TypeVarTuple("Ts")  # the arguments _quietly passes on
 
 
 class Executor(Protocol):
@@ -450,7 +452,7 @@ def _unplaceable(item: Queued) -> str:
     return f"{what}; not enough hosts are up"
 
 
-def _quietly(action: Callable[..., object], *args: Any) -> None:
+def _quietly(action: Callable[[*Ts], object], *args: *Ts) -> None:
     # While winding down, the first error is the one raised; the record keeps what it could not hold as running.
     with contextlib.suppress(Exception):
         action(*args)

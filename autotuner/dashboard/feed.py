@@ -20,10 +20,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 from ..errors import UserError
+from ..jsonvalues import JSON, JSONObject
 from ..ledger.lock import LOCKFILE
 from ..ledger.store import FILENAME, SCHEMA_VERSION, Attempt, Ledger, SweepMeta
 from ..spec import Experiment
@@ -114,7 +114,7 @@ class Changes:
     seq: int
     full: bool
     columns: tuple[str, ...]
-    rows: list[list[Any]]
+    rows: list[list[JSON]]
 
 
 class SweepFeed:
@@ -126,7 +126,7 @@ class SweepFeed:
         self._lock = threading.Lock()
         self.seq = -1  # the last transition read (-1: nothing read yet)
         self.meta: SweepMeta | None = None
-        self.specs: dict[str, dict[str, Any]] = {}  # name -> the experiment as the ledger records it, in order
+        self.specs: dict[str, JSONObject] = {}  # name -> the experiment as the ledger records it, in order
         self._experiments: dict[str, Experiment] = {}  # built from their specs only when needed (ETA, best)
         self.attempts: dict[str, Attempt] = {}  # name -> latest attempt, in the sweep's order
         self._moved: list[tuple[int, list[str]]] = []  # (transition, the experiments moved up to it), each read
@@ -135,7 +135,7 @@ class SweepFeed:
         self.layout_seq = 0  # the transition at which the columns last changed
         self._floor = 0  # the last transition whose moves were let go (`KEPT_READS`)
         self.axes: tuple[str, str | None] = ("train_micro_batch_size_per_gpu", "zero_optimization.stage")
-        self._params: dict[str, list[Any]] = {}
+        self._params: dict[str, list[JSON]] = {}
         self._position: dict[str, int] = {}
         self._snapshot: Snapshot | None = None
 
@@ -254,7 +254,7 @@ class SweepFeed:
             rows = [self._row(self.attempts[n], snap, typed) for n in names if n in self.attempts]
             return Changes(self.seq, full, self.columns(), rows)
 
-    def _row(self, a: Attempt, snap: Snapshot, typed: bool) -> list[Any]:
+    def _row(self, a: Attempt, snap: Snapshot, typed: bool) -> list[JSON]:
         metrics = dict(a.metrics)
         if a.metric is not None:
             metrics.setdefault(snap.metric.name, a.metric)
@@ -271,11 +271,11 @@ def _time(value: float | None) -> float | None:
 
 
 
-def _representatives(names: Sequence[str], table: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[str]:
+def _representatives(names: Sequence[str], table: Sequence[Mapping[str, JSON]], keys: Sequence[str]) -> list[str]:
     """The first experiment with each value of each swept key (and the first that lacks it), in sweep order:
     what `choose_axes` concludes from them is what it would from all, at a fraction of the cost."""
     chosen: dict[str, None] = {}
-    seen: set[tuple[str, tuple[str, Any]]] = set()
+    seen: set[tuple[str, tuple[str, JSON]]] = set()
     for name, row in zip(names, table, strict=True):
         for key in keys:
             value = row.get(key, _MISSING)

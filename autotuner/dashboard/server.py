@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import plotly
 import uvicorn
@@ -32,6 +31,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..errors import UserError
+from ..jsonvalues import JSON, JSONObject
 from ..sweep.cancel import cancel
 from ..views.compare import compare
 from .discover import Served, Sweeps, check_roots
@@ -60,14 +60,14 @@ class Dashboard:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     sweeps: Sweeps = field(init=False)
     planner: Planner = field(init=False, default_factory=Planner)
-    _summaries: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = field(init=False, default_factory=dict)
-    _standing: dict[str, tuple[int, dict[str, Any]]] = field(init=False, default_factory=dict)
+    _summaries: dict[str, tuple[tuple[int, JSON, str], JSONObject]] = field(init=False, default_factory=dict)
+    _standing: dict[str, tuple[int, JSONObject]] = field(init=False, default_factory=dict)
     _runners: dict[Path, tuple[float, int | None]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sweeps = Sweeps(self.roots)
 
-    def summary_of(self, served: Served) -> tuple[str, dict[str, Any]]:
+    def summary_of(self, served: Served) -> tuple[str, JSONObject]:
         """The sweep's summary and its version: a new one only when the ledger, the runner or the plan moved.
         What the ledger says is worked out once per transition; the runner is looked up at most every second."""
         feed = served.feed
@@ -157,7 +157,7 @@ def sweep(request: Request, dashboard: Dashboard) -> Response:
     since = _int(request, "since", -1)
     version, made = dashboard.summary_of(served)
     changes = served.feed.changes(since)
-    body: dict[str, Any] = {"seq": changes.seq, "full": changes.full, "rows": changes.rows, "sv": version}
+    body: JSONObject = {"seq": changes.seq, "full": changes.full, "rows": changes.rows, "sv": version}
     if changes.full:
         body["columns"] = changes.columns
         body["axes"] = served.feed.axes

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
+from ..jsonvalues import JSON, JSONObject
 from ..ledger.store import Attempt
 from ..states import Reason, State
 from ..views.snapshot import Snapshot
@@ -32,7 +32,7 @@ def lost_hosts(attempts: Sequence[Attempt]) -> set[str]:
     return {h for h, a in last.items() if a.reason == Reason.LOST and h not in busy}
 
 
-def nodes(snap: Snapshot, lost: set[str]) -> list[dict[str, Any]]:
+def nodes(snap: Snapshot, lost: set[str]) -> list[JSONObject]:
     """Each host the sweep may use, with each of its slots: the run that holds it, or none."""
     holder: dict[tuple[str, int], str] = {}
     for a in snap.attempts:
@@ -48,7 +48,7 @@ def nodes(snap: Snapshot, lost: set[str]) -> list[dict[str, Any]]:
     return out
 
 
-def best(snap: Snapshot) -> list[dict[str, Any]]:
+def best(snap: Snapshot) -> list[JSONObject]:
     """The best so far (of each GPU type, where the sweep ran on several), with the config and command that
     `ds_config_optimal.json` and `cmd_optimal.txt` hold (or will hold when the sweep ends)."""
     chosen: list[tuple[str | None, Attempt]] = (
@@ -62,7 +62,7 @@ def best(snap: Snapshot) -> list[dict[str, Any]]:
 
 
 def eta(snap: Snapshot, counts: Mapping[str, int], seq: int, runner: int | None, lost: set[str], planner: Planner,
-        now: float) -> dict[str, Any]:
+        now: float) -> JSONObject:
     """{"end": planned end or None, "why": why there is none}: the live view's re-planned ETA, while a runner
     works on the sweep and something is left."""
     left = counts.get(State.QUEUED, 0) + counts.get(State.RUNNING, 0)
@@ -78,7 +78,7 @@ def eta(snap: Snapshot, counts: Mapping[str, int], seq: int, runner: int | None,
     return {"end": plan.end, "why": None if plan.end is not None else "no run has ended yet"}
 
 
-def standing(snap: Snapshot, sweep_id: str, root: Path) -> dict[str, Any]:
+def standing(snap: Snapshot, sweep_id: str, root: Path) -> JSONObject:
     """What the ledger alone says (worked out once per transition): all of the summary but the runner and ETA."""
     meta = snap.meta
     lost = lost_hosts(snap.attempts)
@@ -92,7 +92,7 @@ def standing(snap: Snapshot, sweep_id: str, root: Path) -> dict[str, Any]:
             "types": snap.types if snap.by_type else []}
 
 
-def summary(snap: Snapshot, base: Mapping[str, Any], seq: int, runner: int | None, planner: Planner) -> dict[str, Any]:
+def summary(snap: Snapshot, base: Mapping[str, JSON], seq: int, runner: int | None, planner: Planner) -> JSONObject:
     """Everything above the table, as JSON: what the ledger says, the runner, the ETA."""
     return {**base, "runner": runner,
             "eta": eta(snap, base["counts"], seq, runner, set(base["lost"]), planner, time.time())}
@@ -106,7 +106,7 @@ def _shown(directory: Path, root: Path) -> str:
         return str(directory)
 
 
-def brief(summary_json: Mapping[str, Any]) -> dict[str, Any]:
+def brief(summary_json: Mapping[str, JSON]) -> JSONObject:
     """A sweep's line in the list of sweeps."""
     return {k: summary_json[k] for k in ("id", "name", "directory", "metric", "runner", "counts", "total",
                                          "created", "eta", "search")} | {"best": summary_json["best"][:1]}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any  # pynvml has no type information: its module (or a fake), its handles
 
 from .. import limits
 from ..errors import UserError, shown
@@ -40,7 +40,7 @@ class Gpu:
         return self.index if self.slot is None else self.slot
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     # Old bindings return bytes, newer ones str.
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
 
 from .. import limits
 from ..errors import shown
+from ..jsonvalues import JSON
 from ..limits import GiB
 
 TYPE_MAX = 64
@@ -48,7 +48,7 @@ def size_problem(gpu_type: str) -> str | None:
     return None
 
 
-def parse_size(value: Any) -> int:
+def parse_size(value: JSON) -> int:
     """Bytes from "30GB", "30GiB", "30000MB", "1.5TB" or a whole number of bytes; ValueError saying why not."""
     example = 'a size such as "30GB", "30GiB", "30000MB" or a number of bytes'
     if isinstance(value, bool) or not isinstance(value, (int, str)):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import ClassVar
+
+from ..jsonvalues import JSON, JSONObject
 
 
 @dataclass(frozen=True)
@@ -25,21 +27,21 @@ class SweepMeta:
     capacity: Mapping[str, int] = field(default_factory=dict)  # every slot of each host (the hostfile's)
     accelerator: str = "cuda"
     env: Mapping[str, str] = field(default_factory=dict)  # what every experiment's environment gets
-    reload: Mapping[str, Any] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
-    ssh: Mapping[str, Any] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
-    search: Mapping[str, Any] | None = None  # `autotune tune`: the search that proposes the experiments
+    reload: Mapping[str, JSON] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
+    ssh: Mapping[str, JSON] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
+    search: Mapping[str, JSON] | None = None  # `autotune tune`: the search that proposes the experiments
     # host -> GPU type, and host -> bytes per GPU, of the hosts where known; None (a ledger from before types, or
     # a cluster that states none): no types, every host as any other.
     gpu_types: Mapping[str, str] | None = None
     gpu_memory: Mapping[str, int] | None = None
     # host -> slot id (a string) -> {gpu_type, memory, mig}: this machine's MIG instances (core.slots.Device)
-    devices: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None
+    devices: Mapping[str, Mapping[str, Mapping[str, JSON]]] | None = None
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
     # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
     learned_memory: Mapping[str, int] | None = None
-    slurm: Mapping[str, Any] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
-    ray: Mapping[str, Any] | None = None  # the Ray cluster it runs on (address, host -> node id), if one
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    slurm: Mapping[str, JSON] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
+    ray: Mapping[str, JSON] | None = None  # the Ray cluster it runs on (address, host -> node id), if one
+    extra: Mapping[str, JSON] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
     _TYPES: ClassVar[dict[str, type | tuple[type, ...]]] = {
@@ -51,7 +53,7 @@ class SweepMeta:
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
-    def problem(cls, data: Mapping[str, Any]) -> str | None:
+    def problem(cls, data: Mapping[str, JSON]) -> str | None:
         """What makes the table's values unusable, in words; None when they are fine."""
         for key, kind in cls._TYPES.items():
             if key not in data:
@@ -73,7 +75,7 @@ class SweepMeta:
         return None
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SweepMeta:
+    def from_json(cls, data: Mapping[str, JSON]) -> SweepMeta:
         """The settings from the table's decoded values (checked first with `problem`)."""
         known = {f.name for f in fields(cls)} - {"extra"}
         values = {k: v for k, v in data.items() if k in known}
@@ -85,7 +87,7 @@ class SweepMeta:
                                for k, v in values[key].items()}
         return cls(**values, extra={k: v for k, v in data.items() if k not in known})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The table's values: the same keys and JSON a ledger has always held (`slots` as lists)."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import UserError
+from ..jsonvalues import JSON, JSONObject
 from .attempt import ATTEMPT_DEFAULTS, REASONS, STATES, Attempt
 from .schema import short
 
@@ -23,7 +24,7 @@ Corrupt = Callable[[str], UserError]  # a detail -> the one-line error naming th
 _SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
-def json_value(text: str, where: str, corrupt: Corrupt, kind: type = object) -> Any:
+def json_value(text: str, where: str, corrupt: Corrupt, kind: type = object) -> JSON:
     """A JSON value the ledger holds. One that does not decode (or is not a `kind`) was not written by us."""
     try:
         value = json.loads(text)
@@ -34,7 +35,7 @@ def json_value(text: str, where: str, corrupt: Corrupt, kind: type = object) -> 
     return value
 
 
-def json_object(text: str, where: str, corrupt: Corrupt) -> dict[str, Any]:
+def json_object(text: str, where: str, corrupt: Corrupt) -> JSONObject:
     """`json_value(text, where, corrupt, dict)`, by the short path when the text is one JSON object alone."""
     try:
         value, end = _SCAN(text, 0)
@@ -63,7 +64,7 @@ def decode_attempts(columns: Sequence[str], rows: Iterable[Sequence[object]], co
     for row in rows:
         if unknown:  # a column Attempt lacks: what Attempt(**data) refused
             raise TypeError(f"unexpected attempts columns {unknown}")
-        data: dict[str, Any] = dict(zip(columns, row, strict=True))
+        data: dict[str, Any] = dict(zip(columns, row, strict=True))  # sqlite3 gives a row's values as Any
         if missing:
             data.update(missing)
         text = data["slots"]

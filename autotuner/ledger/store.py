@@ -17,9 +17,9 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
 
 from ..errors import UserError
+from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..states import Reason, State
 from .attempt import STATES, Attempt
@@ -192,7 +192,7 @@ class Ledger:
     def _corrupt(self, detail: str) -> UserError:
         return UserError(f"corrupt sweep ledger: {detail}", self.path)
 
-    def _json(self, text: str, where: str, kind: type = object) -> Any:
+    def _json(self, text: str, where: str, kind: type = object) -> JSON:
         """A JSON value the ledger holds. One that does not decode (or is not a `kind`) was not written by us."""
         return json_value(text, where, self._corrupt, kind)
 
@@ -257,7 +257,7 @@ class Ledger:
             raise self._corrupt(problem)
         return SweepMeta.from_json(data)
 
-    def _meta_json(self) -> dict[str, Any]:
+    def _meta_json(self) -> JSONObject:
         return {r["key"]: self._json(r["value"], f"meta {short(str(r['key']))!r}")
                 for r in self._db.execute("SELECT key, value FROM meta").fetchall()}
 
@@ -293,7 +293,7 @@ class Ledger:
             rows += [tuple(r) for r in self._db.execute(query.format(",".join("?" * len(chunk))), chunk)]
         return rows
 
-    def specs(self) -> list[dict[str, Any]]:
+    def specs(self) -> list[JSONObject]:
         """Every experiment's recorded spec as JSON data, in the sweep's order, without building `Experiment`s
         (a report of 10,000 needs only their configs; building and checking each took most of its time)."""
         rows = self._db.execute("SELECT spec FROM experiments ORDER BY position").fetchall()

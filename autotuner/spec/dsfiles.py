@@ -8,9 +8,8 @@ runner decides those itself.
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..errors import UserError, shown
+from ..jsonvalues import JSONObject
 from .grid import SWEEP_KEYS
 from .model import Experiment, Origin, is_safe_name, name_problem
 from .reading import (
@@ -31,7 +30,7 @@ DS_IGNORED = ("exp_id", "result_dir", "master_port", "launcher_args", "hostfile"
               "ds_config_path", "ds_config_base64", "results")
 
 
-def load_ds_exp(src: Source, data: dict[str, Any], defaults: Defaults) -> Loaded:
+def load_ds_exp(src: Source, data: JSONObject, defaults: Defaults) -> Loaded:
     """The one experiment of a DeepSpeed experiment file."""
     for key in data:
         if key not in DS_KEYS and key not in DS_IGNORED:

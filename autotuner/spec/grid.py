@@ -20,11 +20,11 @@ import itertools
 import json
 import math
 from collections import Counter
-from typing import Any
 
 from .. import limits
 from ..errors import shown
 from ..gpu.types import parse_size, type_problem
+from ..jsonvalues import JSON, JSONObject
 from .metrics import metric_named
 from .model import (
     ABBREVIATIONS,
@@ -64,7 +64,7 @@ SWEEP_KEYS = ("name", "script", "args", "config_flag", "arg_mappings", "metric",
               "estimate", "env", "gpu_type", "gpu_mixed", "gpu_memory", "ds_config", "space")
 
 
-def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
+def _set_dotted(config: JSONObject, segments: list[str], value: JSON) -> str | None:
     """Set config[a][b][c] = value, creating missing objects; the blocking prefix when one is not an object."""
     node = config
     for i, segment in enumerate(segments[:-1]):
@@ -76,7 +76,7 @@ def _set_dotted(config: dict, segments: list[str], value: Any) -> str | None:
     return None
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: JSON) -> str:
     if isinstance(value, bool) or value is None:
         text = json.dumps(value)
     elif isinstance(value, (int, float, str)):
@@ -93,7 +93,7 @@ def experiment_name(prefix: str, parts: list[str]) -> str:
     return name
 
 
-def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
+def load_sweep_file(src: Source, data: JSONObject, defaults: Defaults) -> Loaded:
     for key in data:
         if key not in SWEEP_KEYS:
             raise src.error(f"unknown key {shown(key)} in a sweep file (keys: {', '.join(SWEEP_KEYS)})", key)
@@ -131,7 +131,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
     space_line = src.line("space")
     if len(space) > limits.SPACE_KEYS:
         raise src.error(f"space has {len(space)} keys, more than {limits.SPACE_KEYS}, the limit", "space")
-    axes: list[tuple[str, list[str], list[Any], list[str]]] = []
+    axes: list[tuple[str, list[str], list[JSON], list[str]]] = []
     count = 1
     for key, values in space.items():
         segments = key.split(".")
@@ -187,7 +187,7 @@ def load_sweep_file(src: Source, data: dict, defaults: Defaults) -> Loaded:
     return loaded
 
 
-def _check_option_axis(src: Source, key: str, values: list[Any], config_flag: str, line: int | None) -> None:
+def _check_option_axis(src: Source, key: str, values: list[JSON], config_flag: str, line: int | None) -> None:
     """A space key that varies a script option: a proper option, not the config's own, with plain values."""
     script_option(src, "space key", key, key, line)
     if key == config_flag or key in CONFIG_OPTIONS:
@@ -199,7 +199,7 @@ def _check_option_axis(src: Source, key: str, values: list[Any], config_flag: st
                             f"{shown(value)}", key, line)
 
 
-def _gpu_needs(src: Source, data: dict, defaults: Defaults) -> tuple[str | None, bool, int | None]:
+def _gpu_needs(src: Source, data: JSONObject, defaults: Defaults) -> tuple[str | None, bool, int | None]:
     """gpu_type, gpu_mixed and gpu_memory, each checked at its line; --gpu-type wins over the file's type."""
     gpu_type = data.get("gpu_type")
     if gpu_type is not None and type_problem(gpu_type):
@@ -216,7 +216,7 @@ def _gpu_needs(src: Source, data: dict, defaults: Defaults) -> tuple[str | None,
     return defaults.gpu_type or gpu_type, defaults.gpu_mixed or mixed, memory
 
 
-def _seconds(src: Source, key: str, data: dict) -> float:
+def _seconds(src: Source, key: str, data: JSONObject) -> float:
     """A positive, finite number of seconds within the sweep's limits, or a located error."""
     value = data[key]
     if not is_number(value) or not math.isfinite(value) or value <= 0:
@@ -226,7 +226,7 @@ def _seconds(src: Source, key: str, data: dict) -> float:
     return float(value)
 
 
-def _value_texts(src: Source, key: str, values: list[Any], space_line: int | None) -> list[str]:
+def _value_texts(src: Source, key: str, values: list[JSON], space_line: int | None) -> list[str]:
     """Each value as it appears in experiment names: made safe for a directory name, and told apart by a short
     hash where making them safe made two alike (`a b` and `a;b` are both `a-b`); a value listed twice is refused.
     """
@@ -242,7 +242,7 @@ def _value_texts(src: Source, key: str, values: list[Any], space_line: int | Non
             for t, c in zip(texts, exact, strict=True)]
 
 
-def _get(config: dict, dotted: str) -> Any:
+def _get(config: JSONObject, dotted: str) -> JSON:
     for segment in dotted.split("."):
         config = config[segment]
     return config

@@ -13,10 +13,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
 
 from ..errors import shown
 from ..gpu.types import type_problem
+from ..jsonvalues import JSON, JSONObject
 from .metrics import Metric
 
 NAME_MAX = 120
@@ -57,14 +57,14 @@ def with_arg(args: Sequence[str], flag: str, value: str) -> list[str]:
     return out if found else [*out, flag, value]
 
 
-def option_text(value: Any) -> str:
+def option_text(value: JSON) -> str:
     """A value as a script argument: JSON's words for booleans, the number or string itself otherwise."""
     return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
-def dotted_value(config: Mapping[str, Any], dotted: str) -> Any:
+def dotted_value(config: Mapping[str, JSON], dotted: str) -> JSON:
     """The value of a dotted key in a config, or None where it has none."""
-    node: Any = config
+    node: JSON = config
     for segment in dotted.split("."):
         if not isinstance(node, Mapping) or segment not in node:
             return None
@@ -72,7 +72,7 @@ def dotted_value(config: Mapping[str, Any], dotted: str) -> Any:
     return node
 
 
-def with_mapped_args(args: Sequence[str], config: Mapping[str, Any], mappings: Mapping[str, str]) -> list[str]:
+def with_mapped_args(args: Sequence[str], config: Mapping[str, JSON], mappings: Mapping[str, str]) -> list[str]:
     """`args` with each config value that `mappings` (dotted key -> script option, DeepSpeed's `arg_mappings`)
     names handed to the script as that option too; an absent key or "auto" is left to the script."""
     out = list(args)
@@ -90,7 +90,7 @@ def is_safe_name(name: str) -> bool:
             and RESERVED_NAMES.fullmatch(name) is None)
 
 
-def name_problem(name: Any) -> str:
+def name_problem(name: JSON) -> str:
     """Why `name` cannot name an experiment, for the message that refuses it."""
     if isinstance(name, str) and SAFE_NAME.fullmatch(name) is not None:
         return f"experiment name {shown(name)} is the name of one of the sweep's own files"
@@ -98,14 +98,14 @@ def name_problem(name: Any) -> str:
             f"(letters, digits, . _ -; not starting with .; at most {NAME_MAX} characters)")
 
 
-def positive_int(value: Any) -> bool:
+def positive_int(value: JSON) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 _ATOMS = (str, int, float, bool, type(None))
 
 
-def copied(value: Any) -> Any:
+def copied(value: JSON) -> JSON:
     """A deep copy of JSON-like data (dicts and lists of plain values), equal to what `copy.deepcopy` makes but
     without its memo and dispatch: every experiment built copies its config, and a sweep may hold 100,000
     (copy.deepcopy was most of the time `autotune plan` took to read one). Anything else: `copy.deepcopy`."""
@@ -119,7 +119,7 @@ def copied(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def canonical(data: Any) -> str:
+def canonical(data: JSON) -> str:
     """The one JSON text of `data`: what digests and value names are made from."""
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -129,7 +129,7 @@ class Experiment:
     """One run: a DeepSpeed config on `num_nodes` x `num_gpus` slots of `script`."""
 
     name: str
-    ds_config: Mapping[str, Any]  # a plain dict, read-only by convention: use config() for a private copy
+    ds_config: Mapping[str, JSON]  # a plain dict, read-only by convention: use config() for a private copy
     num_gpus: int  # slots per node
     num_nodes: int
     script: str  # absolute path
@@ -166,7 +166,7 @@ class Experiment:
     def __hash__(self) -> int:
         return hash((self.name, self.digest))
 
-    def config(self) -> dict:
+    def config(self) -> JSONObject:
         """A deep copy of the ds_config, free to change."""
         return copied(dict(self.ds_config))
 
@@ -179,14 +179,14 @@ class Experiment:
                     "script": self.script, "args": list(self.args), "env": dict(self.env)} | self._set_fields()
         return hashlib.sha256(canonical(defining).encode()).hexdigest()
 
-    def _set_fields(self) -> dict[str, Any]:
+    def _set_fields(self) -> JSONObject:
         """The fields that define the run only when set: left out at their defaults, so that the digests of
         experiments made before the fields existed stay what they were."""
         return ({"config_flag": self.config_flag} if self.config_flag != CONFIG_FLAG else {}) | (
             {"gpu_type": self.gpu_type} if self.gpu_type is not None else {}) | (
             {"gpu_mixed": True} if self.gpu_mixed else {})
 
-    def to_json(self) -> dict:
+    def to_json(self) -> JSONObject:
         return {"name": self.name, "ds_config": self.config(), "num_gpus": self.num_gpus,
                 "num_nodes": self.num_nodes, "script": self.script, "args": list(self.args),
                 "timeout": self.timeout, "env": dict(self.env), "source": self.source} | (
@@ -194,7 +194,7 @@ class Experiment:
                     {"gpu_memory": self.gpu_memory} if self.gpu_memory is not None else {})
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Experiment:
+    def from_json(cls, data: Mapping[str, JSON]) -> Experiment:
         return cls(name=data["name"], ds_config=data["ds_config"], num_gpus=data["num_gpus"],
                    num_nodes=data["num_nodes"], script=data["script"], args=tuple(data.get("args") or ()),
                    timeout=data.get("timeout"), env=dict(data.get("env") or {}), source=data.get("source", ""),
@@ -230,7 +230,7 @@ class SweepInputs:
     gpu_type: str | None = None  # --gpu-type
     gpu_mixed: bool = False  # --gpu-mixed
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The ledger's `reload` record; `args` one shell-quoted string, as the command line took it. The GPU
         options only when given: a record without them reads as it always did."""
         return {"specs": list(self.specs), "script": self.script, "args": shlex.join(self.args),
@@ -238,7 +238,7 @@ class SweepInputs:
                     {"gpu_mixed": True} if self.gpu_mixed else {})
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SweepInputs | None:
+    def from_json(cls, data: Mapping[str, JSON]) -> SweepInputs | None:
         """The inputs a ledger recorded; None when it recorded none (a sweep made in Python)."""
         if not data.get("specs"):
             return None

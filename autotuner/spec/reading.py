@@ -9,12 +9,13 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import NoReturn
 
 import hjson
 
 from .. import limits
 from ..errors import UserError, read_user_file, shown
+from ..jsonvalues import JSON, JSONObject
 from .metrics import Metric
 from .model import CONFIG_FLAG, FLAG, NAME_MAX, UNSAFE, Experiment, Origin, positive_int
 
@@ -26,8 +27,8 @@ class _DuplicateKey(Exception):
         self.key = key
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict:
-    out: dict = {}
+def _pairs(pairs: list[tuple[str, JSON]]) -> JSONObject:
+    out: JSONObject = {}
     for key, value in pairs:
         if key in out:
             raise _DuplicateKey(key)
@@ -69,7 +70,7 @@ class Source:
 
     path: Path
     text: str
-    data: Any
+    data: JSON
     budget: Budget = field(default_factory=Budget)
 
     def _matches(self, key: str) -> list[tuple[int, int]]:
@@ -104,7 +105,7 @@ class _NotANumber(Exception):
         self.token = token
 
 
-def _no_constant(name: str) -> Any:
+def _no_constant(name: str) -> NoReturn:
     raise _NotANumber(name)
 
 
@@ -115,7 +116,7 @@ def _finite(text: str) -> float:
     return value
 
 
-def _parse(text: str, json_file: bool = False) -> Any:
+def _parse(text: str, json_file: bool = False) -> JSON:
     """JSON through the C parser (DeepSpeed's files are JSON, and the pure-Python hjson parser takes seconds a
     megabyte); anything else, or anything the two might read differently, through hjson. JSON that is valid but
     for NaN or an infinite number is refused: hjson would read `NaN,` as a string, and no config means that; so
@@ -179,7 +180,7 @@ def _spot(text: str, token: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def _too_deep(data: Any) -> bool:
+def _too_deep(data: JSON) -> bool:
     """Whether objects and lists nest deeper than limits.DEPTH (walked without recursion)."""
     stack = [(data, 1)]
     while stack:
@@ -253,7 +254,7 @@ def _bad_number(text: str) -> tuple[int | None, int | None]:
     return None, None
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: JSON) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -284,7 +285,7 @@ class Loaded:
     hostfile: tuple[str, str] | None = None  # a DeepSpeed experiment file's `hostfile`: (path, where)
 
 
-def script_path(src: Source, key: str, value: Any, base: Path | None) -> str:
+def script_path(src: Source, key: str, value: JSON, base: Path | None) -> str:
     if not isinstance(value, str) or not value.strip():
         raise src.error(f"{key} must be a path (a string)", key)
     script = abspath(value, base)
@@ -294,7 +295,7 @@ def script_path(src: Source, key: str, value: Any, base: Path | None) -> str:
     return script
 
 
-def string_list(src: Source, key: str, value: Any) -> tuple[str, ...]:
+def string_list(src: Source, key: str, value: JSON) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise src.error(f"{key} must be a list of strings", key)
     if any("\0" in v for v in value):  # no process can be started with it
@@ -305,14 +306,14 @@ def string_list(src: Source, key: str, value: Any) -> tuple[str, ...]:
 _COUNT_MAX = {"num_gpus": limits.SLOTS_PER_HOST, "num_nodes": limits.SLOTS}
 
 
-def positive_count(src: Source, key: str, value: Any, after: int | None = None, what: str | None = None) -> int:
+def positive_count(src: Source, key: str, value: JSON, after: int | None = None, what: str | None = None) -> int:
     if not positive_int(value) or value > _COUNT_MAX[key]:
         raise src.error(f"{what or key} must be a positive integer, not {shown(value)} (the limit is "
                         f"{_COUNT_MAX[key]})", key, after)
     return value
 
 
-def script_option(src: Source, label: str, value: Any, key: str, after: int | None = None) -> str:
+def script_option(src: Source, label: str, value: JSON, key: str, after: int | None = None) -> str:
     """A script option, as `--name`: what a sweep or a tune may hand values to. Errors are located at `key`."""
     if not isinstance(value, str) or FLAG.fullmatch(value) is None:
         raise src.error(f"{label}: {shown(value)} is not a script option (--name: letters, digits, _ . -)", key,
@@ -325,7 +326,7 @@ def script_option(src: Source, label: str, value: Any, key: str, after: int | No
 CONFIG_OPTIONS = (CONFIG_FLAG, "--deepspeed")
 
 
-def arg_mappings(src: Source, value: Any, config_flag: str) -> dict[str, str]:
+def arg_mappings(src: Source, value: JSON, config_flag: str) -> dict[str, str]:
     """{dotted ds_config key: script option} (DeepSpeed's `arg_mappings`): each experiment's value of the key is
     also handed to the script as that option. One set of rules for sweep files and `tune`: never onto the option
     the config itself is handed to (nor DeepSpeed's other config option), never two keys onto one option (the
@@ -352,7 +353,7 @@ def arg_mappings(src: Source, value: Any, config_flag: str) -> dict[str, str]:
     return mappings
 
 
-def ds_config_of(src: Source, value: Any) -> dict:
+def ds_config_of(src: Source, value: JSON) -> JSONObject:
     if isinstance(value, dict):
         return value
     if isinstance(value, str) and value.strip():
@@ -378,7 +379,7 @@ def stem_name(path: Path) -> str:
 
 
 
-def env_of(src: Source, value: Any) -> dict[str, str]:
+def env_of(src: Source, value: JSON) -> dict[str, str]:
     if not isinstance(value, dict):
         raise src.error("env must be an object of variable names to strings", "env")
     env_line = src.line("env")
@@ -400,7 +401,7 @@ _BATCH = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumu
 
 def check_batch(src: Source, e: Experiment) -> None:
     """What DeepSpeed would refuse only after launch: batch sizes that cannot fit the experiment's GPUs."""
-    values: list[Any] = [e.ds_config.get(k) for k in _BATCH]
+    values: list[JSON] = [e.ds_config.get(k) for k in _BATCH]
     for key, value in zip(_BATCH, values, strict=True):
         if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
             raise src.error(f"experiment {e.name}: {key} must be positive, not {value}", key)

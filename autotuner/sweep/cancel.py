@@ -13,11 +13,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..backends.recovery import recover
 from ..backends.registry import backend_for
 from ..errors import UserError
+from ..jsonvalues import JSONObject
 from ..ledger.lock import SweepBusy, holder_pid
 from ..ledger.store import open_sweep
 from ..states import Reason, State
@@ -43,7 +44,7 @@ class Cancellation:
             return f"asked the runner (pid {self.runner_pid}) to cancel {', '.join(self.requested) or 'the sweep'}"
         return f"cancelled {len(self.cancelled)} experiment(s) that had not finished"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """For `autotune cancel --format json`: `cancelled` is null when the runner was asked (it decides)."""
         return {"directory": str(self.directory), "requested": list(self.requested) or "all",
                 "via_runner": self.via_runner, "runner_pid": self.runner_pid,

@@ -13,11 +13,10 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from ..ledger.lock import SweepLock
 
-Handler = Callable[[int, FrameType | None], Any] | int | None  # what signal.signal returns
+Handler = Callable[[int, FrameType | None], object] | int | None  # what signal.signal returns
 
 
 def listen_for_requests() -> Handler:

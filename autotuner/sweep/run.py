@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from .. import limits
 from ..backends.base import Backend
@@ -28,6 +27,7 @@ from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Schedu
 from ..core.placement import PLACEMENTS, placement_named
 from ..core.slots import Devices, devices_from_json
 from ..errors import UserError, shown
+from ..jsonvalues import JSON
 from ..ledger.lock import SweepBusy
 from ..ledger.store import Attempt, Ledger, open_sweep
 from ..planning.learned import largest_usable, needs_of_sweep, with_needs
@@ -223,7 +223,7 @@ def _placement(ledger: Ledger, options: Options, backend: Backend, devices: Devi
     return placement_named(name, types, meta.gpu_memory, backend.measure, devices, meta.slots)
 
 
-def _search(ledger: Ledger, spec: Mapping[str, Any]) -> Source:
+def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Source:
     """`autotune tune`'s search (`spec`: the ledger's meta `search`), rebuilt from the ledger: what it proposed
     and what came of it (search.py)."""
     search = search_for(SearchSpec.from_json(spec))

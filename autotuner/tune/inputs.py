@@ -8,9 +8,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from ..errors import UserError, shown
+from ..jsonvalues import JSON, JSONObject
 from ..spec.metrics import metric_named
 from ..spec.model import CONFIG_FLAG, FLAG, NAME_MAX, SAFE_NAME, UNSAFE, positive_int
 from ..spec.reading import (
@@ -98,7 +98,7 @@ def _config_option(args: Sequence[str]) -> tuple[str, str, int, int] | None:
 class Tuning:
     """The config's autotuning section, checked: what the search is asked to do."""
 
-    base: dict[str, Any]  # the config, its autotuning section reduced to the keys the engine reads
+    base: JSONObject  # the config, its autotuning section reduced to the keys the engine reads
     stages: tuple[int, ...]
     metric: str
     min_mbs: int
@@ -110,7 +110,7 @@ class Tuning:
     arg_mappings: dict[str, str]
     tuner: str = "gridsearch"
     knobs: dict[int, Space] = field(default_factory=dict)  # full mode: each stage's ZeRO knobs to search
-    facts: dict[str, Any] | None = None  # memory.Facts as JSON, from model_info or model_info_path
+    facts: JSONObject | None = None  # memory.Facts as JSON, from model_info or model_info_path
     mp: int = 1  # mp_size
     facts_line: int | None = None  # the line of model_info or model_info_path, when the facts come from one
     files: tuple[str, ...] = ()  # every file read for it: the tune file, the config, the model info file
@@ -204,7 +204,7 @@ def _check_steps(src: Source, start: int | None, end: int | None) -> None:
                         "write the metrics before it measured", "start_profile_step" if start else "end_profile_step")
 
 
-def _check_batch_keys(src: Source, config: dict) -> None:
+def _check_batch_keys(src: Source, config: JSONObject) -> None:
     """The batch sizes the search leaves to the config: a positive whole number, or "auto" (the script's), as
     DeepSpeed takes them; anything else fails every run."""
     for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
@@ -214,7 +214,7 @@ def _check_batch_keys(src: Source, config: dict) -> None:
             raise src.error(f"{key} must be a positive whole number or \"auto\", not {shown(value)}", key)
 
 
-def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
+def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
     """The model facts the section states: `model_info` with `num_params` (and the activation memory per sample,
     `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
     `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
@@ -259,7 +259,7 @@ def _facts(src: Source, section: dict, path: Path) -> dict[str, Any] | None:
             "trainable": trainable if trainable is not None and trainable < data["num_params"] else None}
 
 
-def _facts_line(src: Source, section: dict) -> int | None:
+def _facts_line(src: Source, section: JSONObject) -> int | None:
     """The line that states the model's facts: model_info's num_params, else model_info_path."""
     info = section.get("model_info")
     if isinstance(info, dict) and "num_params" in info:
@@ -267,7 +267,7 @@ def _facts_line(src: Source, section: dict) -> int | None:
     return src.line("model_info_path") if section.get("model_info_path") is not None else None
 
 
-def _model_number(key: str, value: Any) -> str | None:
+def _model_number(key: str, value: JSON) -> str | None:
     """Why a model fact cannot be used (None: it can): a count is a positive whole number, the activation memory a
     number of bytes, both finite and at most MODEL_NUMBER (the memory model computes in floats: 10^400
     parameters would overflow it)."""
@@ -289,7 +289,7 @@ def _have_optuna() -> bool:
     return True
 
 
-def _count(src: Source, section: dict, key: str) -> int | None:
+def _count(src: Source, section: JSONObject, key: str) -> int | None:
     value = section.get(key)
     if value is None:
         return None
@@ -298,7 +298,7 @@ def _count(src: Source, section: dict, key: str) -> int | None:
     return value
 
 
-def _stages(src: Source, config: dict) -> tuple[int, ...]:
+def _stages(src: Source, config: JSONObject) -> tuple[int, ...]:
     """zero_optimization.stage as DeepSpeed's autotuner reads it: one stage, a list of them, or "all"."""
     zero = config.get("zero_optimization", {})
     stage = zero.get("stage", "all") if isinstance(zero, dict) else "all"
@@ -309,7 +309,7 @@ def _stages(src: Source, config: dict) -> tuple[int, ...]:
     return tuple(dict.fromkeys(listed))
 
 
-def _check_auto(src: Source, config: dict, mappings: dict[str, str], derives_accumulation: bool) -> None:
+def _check_auto(src: Source, config: JSONObject, mappings: dict[str, str], derives_accumulation: bool) -> None:
     """A value the search sets that the config leaves "auto" is filled by the script from its own arguments (a
     Hugging Face Trainer does so, and refuses a config that disagrees with them): without an `arg_mappings` entry
     that hands the script the searched value, every run would fail on that disagreement."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import shown
+from ..jsonvalues import JSON, JSONObject
 from ..spec.model import positive_int
 from ..spec.reading import Source
 
@@ -28,7 +28,7 @@ class Knob:
 
     key: str
     tag: str
-    values: tuple[Any, ...]
+    values: tuple[JSON, ...]
     searched: frozenset[int]
     read: frozenset[int]
     top: bool = False
@@ -37,7 +37,7 @@ class Knob:
     def flag(self) -> bool:
         return isinstance(self.values[0], bool)
 
-    def default(self, stage: int) -> Any:
+    def default(self, stage: int) -> JSON:
         """DeepSpeed's default at `stage` (overlap_comm is on by default only at ZeRO-3)."""
         return stage == 3 if self.key == "overlap_comm" else self.values[0]
 
@@ -58,13 +58,13 @@ BY_KEY = {knob.key: knob for knob in (*KNOBS, ACCUMULATION)}
 MAX_SETTINGS = 4096  # knob combinations of one stage, at most (a config's lists multiply)
 
 # One stage's knob space: key -> the values searched, the one its micro-batch search ran with first.
-Space = dict[str, list[Any]]
+Space = dict[str, list[JSON]]
 
 
-def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fast: bool) -> dict[int, Space]:
+def knob_spaces(src: Source, zero: Mapping[str, JSON], stages: Sequence[int], fast: bool) -> dict[int, Space]:
     """Each stage's knobs to search: none in fast mode; in full mode the table's, less every knob the config
     fixes (a value), with the config's own list where it gives one. Values are checked: each error located."""
-    listed: dict[str, list[Any]] = {}
+    listed: dict[str, list[JSON]] = {}
     for key, value in zero.items():
         knob = BY_KEY.get(key)
         knob = None if knob is not None and knob.top else knob  # not a zero_optimization key
@@ -108,7 +108,7 @@ def knob_spaces(src: Source, zero: Mapping[str, Any], stages: Sequence[int], fas
     return spaces
 
 
-def accumulation_values(src: Source, value: Any, derived: bool) -> list[int] | None:
+def accumulation_values(src: Source, value: JSON, derived: bool) -> list[int] | None:
     """The values of `gradient_accumulation_steps` to search: the config's list (checked, each error located),
     else None. `derived`: the config states the global batch (train_batch_size, max_train_batch_size), from which
     accumulation follows for each micro-batch size: a list then has nothing to search."""
@@ -130,12 +130,12 @@ def with_accumulation(spaces: dict[int, Space], values: list[int] | None) -> dic
     return spaces if not values else {stage: {**space, ACCUMULATION.key: values} for stage, space in spaces.items()}
 
 
-def first_values(zero: Mapping[str, Any]) -> dict[str, Any]:
+def first_values(zero: Mapping[str, JSON]) -> JSONObject:
     """The config's zero_optimization as each run starts from: a listed knob at its first value (as checked)."""
     return {k: (_number(v[0]) if isinstance(v, list) and k in BY_KEY else v) for k, v in zero.items()}
 
 
-def _checked(src: Source, knob: Knob, value: Any) -> Any:
+def _checked(src: Source, knob: Knob, value: JSON) -> JSON:
     """A knob value as DeepSpeed takes it: true/false for a switch, a whole number of elements (5e8 too) for a
     bucket size."""
     if knob.flag:
@@ -149,14 +149,14 @@ def _checked(src: Source, knob: Knob, value: Any) -> Any:
     return number
 
 
-def _number(value: Any) -> Any:
+def _number(value: JSON) -> JSON:
     """5e8 (a float in JSON) as the whole number it is; anything else as it is."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
-def tag_value(value: Any) -> str:
+def tag_value(value: JSON) -> str:
     """A knob value in an experiment name: 1/0 for a switch, a size as 5e8 where it is one."""
     if isinstance(value, bool):
         return str(int(value))

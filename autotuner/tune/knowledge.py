@@ -13,8 +13,8 @@ import copy
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
+from ..jsonvalues import JSON
 from ..spec import Experiment
 from ..spec.metrics import Metric, metric_named
 from ..spec.model import with_mapped_args
@@ -118,7 +118,7 @@ class Knowledge:
         return [self.setting(stage, dict(zip(space, values, strict=True)))
                 for values in itertools.product(*space.values())]
 
-    def setting(self, stage: int, values: Mapping[str, Any]) -> Setting:
+    def setting(self, stage: int, values: Mapping[str, JSON]) -> Setting:
         """Knob values as a point holds them: those that differ from the stage's first values, in its order."""
         space = self.spaces.get(stage, {})
         return tuple((k, values[k]) for k in space if k in values and values[k] != space[k][0])

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from ..core.slots import headroom
+from ..jsonvalues import JSON, JSONObject
 
 ONE_STATE = ("sgd", "adagrad", "lion", "fusedlion", "cpuadagrad", "onebitsgd")  # optimizers with one fp32 state
 OFF_GPU = ("cpu", "nvme")
@@ -45,12 +45,12 @@ class Facts:
     source: str = "model_info"
     trainable: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"num_params": self.num_params, "activation": self.activation, "source": self.source,
                 "trainable": self.trainable}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Facts:
+    def from_json(cls, data: Mapping[str, JSON]) -> Facts:
         trainable = data.get("trainable")
         return cls(int(data["num_params"]), data.get("activation"), str(data.get("source", "model_info")),
                    int(trainable) if trainable is not None else None)
@@ -72,7 +72,7 @@ class Training:
     on_nvme: bool = False  # what is offloaded goes to NVMe, not the node's RAM (its buffers aside)
 
     @classmethod
-    def of(cls, config: Mapping[str, Any]) -> Training:
+    def of(cls, config: Mapping[str, JSON]) -> Training:
         """From the config's fp16 / bf16 sections, its optimizer and zero_optimization's offload sections. A
         value "auto" (Hugging Face fills it in) counts as the smaller need: the model must not skip what fits."""
         half = any(_enabled(config.get(key)) for key in ("fp16", "bf16", "bfloat16"))
@@ -86,18 +86,18 @@ class Training:
                    on_nvme=_on_nvme(zero))
 
 
-def _enabled(section: Any) -> bool:
+def _enabled(section: JSON) -> bool:
     return isinstance(section, Mapping) and section.get("enabled") in (True, "auto")
 
 
-def _on_nvme(zero: Mapping[str, Any]) -> bool:
+def _on_nvme(zero: Mapping[str, JSON]) -> bool:
     """Something is offloaded, all of it to NVMe (none to the CPU)."""
     devices = [section.get("device") for key in ("offload_optimizer", "offload_param")
                if isinstance(section := zero.get(key), Mapping)]
     return "nvme" in devices and "cpu" not in devices and zero.get("cpu_offload") is not True
 
 
-def _offloaded(section: Any) -> bool:
+def _offloaded(section: JSON) -> bool:
     return isinstance(section, Mapping) and section.get("device") in OFF_GPU
 
 

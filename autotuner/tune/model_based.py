@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..spec import Experiment
@@ -26,12 +27,18 @@ from .reruns import rerun_of
 from .search import Search
 from .space import SearchSpec, Setting, sizes
 
+if TYPE_CHECKING:  # optuna is an optional extra, imported at run time by load_optuna only
+    from optuna import Study
+    from optuna.distributions import BaseDistribution
+    from optuna.samplers import BaseSampler, TPESampler
+    from optuna.trial import FrozenTrial, TrialState
+
 ASKS = 16  # asks per proposal before a point TPE keeps choosing (tried, or known not to fit) gives way to a draw
 READS = 6_000  # trials TPE's passes of one proposal read at most, about (`_asks`)
 STARTUP = 4  # trials drawn at random before TPE models them (Optuna's default, 10, is most of a small grid)
 
 
-def load_optuna() -> Any:
+def load_optuna() -> ModuleType:
     """The optuna module; a UserError naming the extra when it is not installed."""
     try:
         import optuna
@@ -41,7 +48,7 @@ def load_optuna() -> Any:
 
 
 @contextlib.contextmanager
-def _quiet(optuna: Any) -> Iterator[None]:
+def _quiet(optuna: ModuleType) -> Iterator[None]:
     """Optuna logs every study and trial at INFO to stderr by default: quiet while we use it, then as it was."""
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -51,7 +58,7 @@ def _quiet(optuna: Any) -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
-def _kept_cache(old: Any, new: Any) -> Any:
+def _kept_cache(old: BaseSampler, new: TPESampler) -> TPESampler:
     """`new` (a sampler seeded for this decision) with `old`'s intersection search space, a cache of the study
     the two sample: a new one reads every trial's distributions again (most of a decision's cost at 1,000 trials).
     Optuna's attribute, so only where both have it; what is sampled does not change, every trial holding the
@@ -73,8 +80,8 @@ class ModelSearch(Search):
         self.sizes = sizes(spec)
         self.space = self._space()
         self.points: list[tuple[int, int, Setting]] = []  # every trial, micro-batch or knob, in proposal order
-        self._kept: Any = None  # the study between asks
-        self._told_states: list[tuple[Any, float | None]] = []  # what it was told of each of `points`
+        self._kept: Study | None = None  # the study between asks
+        self._told_states: list[tuple[TrialState, float | None]] = []  # what it was told of each of `points`
         self._numbers: list[int] = []  # each point's trial number in it
         self._size = 0  # its trials, the failed asks included
 
@@ -104,7 +111,7 @@ class ModelSearch(Search):
         self.points, self._kept, self._told_states, self._numbers, self._size = [], None, [], [], 0
         return True
 
-    def _space(self) -> dict[str, Any]:
+    def _space(self) -> dict[str, BaseDistribution]:
         """The point TPE asks for: the stage among those of the level searched, and the size's place on the grid."""
         dist = self.optuna.distributions
         return {"stage": dist.CategoricalDistribution(self.spec.stages),
@@ -120,7 +127,7 @@ class ModelSearch(Search):
             proposed.append(experiment)
         return proposed
 
-    def study(self) -> Any:
+    def study(self) -> Study:
         """A new Optuna study of the search's trials in the order proposed, each as TPE is told it (`_state`):
         built from the ledger alone, as a search rebuilt on resume first builds it."""
         optuna = self.optuna
@@ -131,10 +138,10 @@ class ModelSearch(Search):
                 study.add_trial(self._told(*point))
         return study
 
-    def _sampler(self) -> Any:
+    def _sampler(self) -> TPESampler:
         return self.optuna.samplers.TPESampler(seed=self._seed, constant_liar=True, n_startup_trials=STARTUP)
 
-    def _synced(self) -> Any:
+    def _synced(self) -> Study:
         """The kept study told what changed since the last ask: outcomes of trials it holds as running, and the
         trials proposed since; built anew where a trial that ended would have to change (see the module), and
         once the asks it failed outnumber its trials: TPE leaves them out of what it models, but Optuna filters
@@ -155,9 +162,9 @@ class ModelSearch(Search):
                 if state != running:
                     study.tell(self._numbers[i], value, state=state)
                 self._told_states[i] = told[i]
-            for point, state in zip(self.points[known:], told[known:], strict=True):
+            for point, told_state in zip(self.points[known:], told[known:], strict=True):
                 study.add_trial(self._told(*point))
-                self._told_states.append(state)
+                self._told_states.append(told_state)
                 self._numbers.append(self._size)
                 self._size += 1
         study.sampler = _kept_cache(study.sampler, self._sampler())
@@ -210,7 +217,7 @@ class ModelSearch(Search):
         """A knob's parameter: one per stage, as a knob's values (its first) may differ between stages."""
         return f"z{stage}_{key}"
 
-    def _told(self, stage: int, mbs: int, knobs: Setting = ()) -> Any:
+    def _told(self, stage: int, mbs: int, knobs: Setting = ()) -> FrozenTrial:
         """One trial of the search as TPE is told it."""
         state, value = self._state(stage, mbs, knobs)
         space = self.spaces.get(stage, {})
@@ -228,7 +235,7 @@ class ModelSearch(Search):
         below it."""
         return max(i for i, size in enumerate(self.sizes) if size <= mbs)
 
-    def _state(self, stage: int, mbs: int, knobs: Setting = ()) -> tuple[Any, float | None]:
+    def _state(self, stage: int, mbs: int, knobs: Setting = ()) -> tuple[TrialState, float | None]:
         """What a point is to TPE. Out of memory (or time) is PRUNED, never FAIL: TPE leaves FAIL trials out of
         its model, so an OOM told as FAIL teaches it nothing and it samples there again."""
         states, known = self.optuna.trial.TrialState, self.stages[stage]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
+from ..jsonvalues import JSON, JSONObject
 from ..spec.model import NAME_MAX
 from .knobs import BY_KEY, tag_value
 from .memory_model import OFF_GPU, Bound, Facts, Training, bound
@@ -31,7 +31,7 @@ OFFLOAD_TAGS = ("", "_oo", "_op")  # of the names of each offload level: none, o
 
 # A point's ZeRO knobs (full mode): the (key, value) pairs that differ from the stage's first values, in the
 # order of the stage's knob space; () is the config its micro-batch search runs.
-Setting = tuple[tuple[str, Any], ...]
+Setting = tuple[tuple[str, JSON], ...]
 Point = tuple[int, int, Setting]  # (stage, micro-batch size, knobs)
 
 
@@ -40,8 +40,8 @@ class SearchSpec:
     """Everything the search needs, as JSON in the ledger's meta (`search`), so that resume rebuilds it."""
 
     prefix: str  # of the experiment names
-    template: Mapping[str, Any]  # Experiment JSON fields but name and ds_config (script, args, num_gpus, ...)
-    base: Mapping[str, Any]  # the user's ds_config, its autotuning section reduced to what the engine reads
+    template: Mapping[str, JSON]  # Experiment JSON fields but name and ds_config (script, args, num_gpus, ...)
+    base: Mapping[str, JSON]  # the user's ds_config, its autotuning section reduced to what the engine reads
     stages: tuple[int, ...]
     metric: str
     min_mbs: int = 1
@@ -55,15 +55,15 @@ class SearchSpec:
     seed: int = 0  # of the random and model-based tuners' draws: the same seed, the same decisions
     confirm: int | None = None  # configs re-run at the end; None: DEFAULT_CONFIRM when more than that succeeded
     # full mode: stage ("2") -> its ZeRO knobs to search -> their values, the one its micro-batches ran with first
-    knobs: Mapping[str, Mapping[str, Sequence[Any]]] = field(default_factory=dict)
+    knobs: Mapping[str, Mapping[str, Sequence[JSON]]] = field(default_factory=dict)
     gpu_memory: int | None = None  # bytes of one GPU the experiments run on (None: unknown, no memory model)
-    facts: Mapping[str, Any] | None = None  # memory.Facts from model_info (None: a profile run finds them)
+    facts: Mapping[str, JSON] | None = None  # memory.Facts from model_info (None: a profile run finds them)
     mp: int = 1  # model-parallel degree (DeepSpeed's mp_size)
     min_gain: float = 0.0  # a better run resets `patience` only when better by this fraction of the best
     host_memory: int | None = None  # bytes of RAM of a node the experiments run on (None: unknown, no constraint)
     offload: int = 0  # the offload level searched (OFFLOAD_TAGS): the base config's own, or one the search went to
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
                                "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()},
                                "facts": dict(self.facts) if self.facts is not None else None}
@@ -86,7 +86,7 @@ class SearchSpec:
         return self if prefix == self.prefix else replace(self, prefix=prefix)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> SearchSpec:
+    def from_json(cls, data: Mapping[str, JSON]) -> SearchSpec:
         # A ledger from before confirmation re-runs asked for none: its search goes on as it began.
         return cls(**{"confirm": 0, **data, "stages": tuple(data["stages"])})
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import UserError
+from ..jsonvalues import JSON, JSONObject
 from ..ledger.lock import holder_pid
 from ..ledger.store import Attempt, Ledger
 from ..spec import FIELD_KEYS, Experiment
@@ -24,9 +24,9 @@ MISSING = object()  # what `value_of` gives for a key an experiment lacks
 _LEAVES = (str, int, float, list, type(None))
 
 
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def flatten(config: Mapping[str, JSON], prefix: str = "") -> JSONObject:
     """Leaf values of a nested ds_config under their dotted keys."""
-    out: dict[str, Any] = {}
+    out: JSONObject = {}
     for key, value in config.items():
         dotted = f"{prefix}{key}"
         if not isinstance(value, _LEAVES) and isinstance(value, Mapping) and value:
@@ -36,10 +36,10 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def value_of(experiment: Experiment, key: str) -> Any:
+def value_of(experiment: Experiment, key: str) -> JSON:
     if key in FIELD_KEYS:
         return getattr(experiment, key)
-    node: Any = experiment.ds_config
+    node: JSON = experiment.ds_config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return MISSING
@@ -47,17 +47,17 @@ def value_of(experiment: Experiment, key: str) -> Any:
     return node
 
 
-def spec_of(experiment: Experiment) -> dict[str, Any]:
+def spec_of(experiment: Experiment) -> JSONObject:
     """What `swept_specs` reads of an experiment: its ds_config, num_gpus and num_nodes (as the ledger's spec)."""
     return {"ds_config": experiment.ds_config} | {k: getattr(experiment, k) for k in FIELD_KEYS}
 
 
-def _leaves(spec: Mapping[str, Any]) -> dict[str, Any]:
+def _leaves(spec: Mapping[str, JSON]) -> JSONObject:
     return flatten(spec.get("ds_config") or {}) | {k: spec.get(k) for k in FIELD_KEYS}
 
 
-def _lacks(spec: Mapping[str, Any], key: str) -> bool:
-    node: Any = spec.get("ds_config") or {}
+def _lacks(spec: Mapping[str, JSON], key: str) -> bool:
+    node: JSON = spec.get("ds_config") or {}
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
             return True
@@ -65,7 +65,7 @@ def _lacks(spec: Mapping[str, Any], key: str) -> bool:
     return False
 
 
-def _fingerprint(value: Any) -> Any:
+def _fingerprint(value: JSON) -> Hashable:
     """A hashable stand-in for a JSON value that tells 1, 1.0 and True apart (as JSON does)."""
     if isinstance(value, (list, dict)):
         return json.dumps(value, sort_keys=True)
@@ -75,13 +75,13 @@ def _fingerprint(value: Any) -> Any:
 _COMPOSITE = object()  # marks a list's or an object's fingerprint among the first values of `swept_specs`
 
 
-def swept_specs(specs: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[dict[str, Any]]]:
+def swept_specs(specs: Sequence[Mapping[str, JSON]]) -> tuple[list[str], list[JSONObject]]:
     """The keys whose value differs between experiments (or that some lack), in first-seen order, and each
     experiment's leaves, from their specs as the ledger records them (`spec_of`): what the report,
     `autotuner.load` and the plots call the swept parameters. Each value is compared with its key's first one
     (the same type and value; lists and objects as their JSON), not put in a set: most values are the first's."""
     table = [_leaves(spec) for spec in specs]
-    first: dict[str, Any] = {}  # key -> the first value seen; a list or an object as (_COMPOSITE, its JSON)
+    first: JSONObject = {}  # key -> the first value seen; a list or an object as (_COMPOSITE, its JSON)
     varying: set[str] = set()
     for row in table:
         for key, value in row.items():
@@ -131,7 +131,7 @@ def choose_axes(experiments: Sequence[Experiment], x: str | None, lines: str | N
 
 
 # --- the timeline --------------------------------------------------------------------------------------------
-def utilisation(attempts: Sequence[Attempt], slots: Mapping[str, Sequence[int]], now: float) -> dict[str, Any]:
+def utilisation(attempts: Sequence[Attempt], slots: Mapping[str, Sequence[int]], now: float) -> JSONObject:
     """Busy slot-seconds / (slots x makespan), for the sweep and for each host; makespan from the first
     start to the last end (now, for attempts still running)."""
     spans = [(a, a.started_at, a.finished_at if a.finished_at is not None else now)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..jsonvalues import JSONObject
 from ..ledger.store import Attempt
 from ..spec.metrics import format_value
 from ..states import State
@@ -29,7 +30,7 @@ SAME = 0.02  # ratios within 2% of 1 count as the same
 class Comparison:
     a: Snapshot
     b: Snapshot
-    rows: list[dict]
+    rows: list[JSONObject]  # one per experiment in both, as `--format json` prints them
     only_a: list[str]
     only_b: list[str]
 

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, cast
 
 from ..core.outcome import Outcome
 from ..errors import UserError
+from ..jsonvalues import JSONObject
 from ..spec import RESERVED_NAMES
 from ..spec.outputs import check_output
 from ..states import State
@@ -35,7 +36,7 @@ STOPPING = "stopping"  # the sweep stops dispatching (Ctrl-C, a cancel of all of
 
 
 # --- the JSON event stream -----------------------------------------------------------------------------------
-def event_record(what: str, subject: Run | Queued, outcome: Outcome | None, metric: str, at: float) -> dict:
+def event_record(what: str, subject: Run | Queued, outcome: Outcome | None, metric: str, at: float) -> JSONObject:
     """One event as a JSON-ready dict: what, the attempt, where it ran, how it ended, when."""
     reservation = getattr(subject, "reservation", None)  # an unstarted Queued has none
     record = {"event": what, "timestamp": round(at, 6),

@@ -14,11 +14,11 @@ import time
 from collections.abc import Mapping
 from html import escape
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 from ..errors import UserError
 from ..files import write_atomic
+from ..jsonvalues import JSON
 from ..ledger.lock import holder_pid
 from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
@@ -108,7 +108,7 @@ def _data_uri(png: bytes) -> str:
 
 
 def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] | None, plot_note: str | None,
-                runner_pid: int | None, now: float | None = None, *, usage: Mapping[str, Any] | None = None,
+                runner_pid: int | None, now: float | None = None, *, usage: Mapping[str, JSON] | None = None,
                 links: Mapping[str, Mapping[str, str]] | None = None) -> str:
     """The page, from a snapshot, its records, PNGs by file name (or None and a note), the slots' use
     (`analysis.utilisation`) and each experiment's log links (file name -> relative URL)."""
@@ -175,7 +175,7 @@ def _sortable(label: str, title: str = "") -> str:
     return f'<th class="sort" title="{escape(hint)}" onclick="sortBy(this)">{escape(label)}</th>'
 
 
-def _number(value: Any) -> str:
+def _number(value: object) -> str:
     """A cell's sort key: the number itself (no rounding, no thousands separators), or empty."""
     return "" if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) else repr(value)
 
@@ -224,7 +224,7 @@ def _experiment_row(r: ExperimentRecord, results: SweepResults, files: Mapping[s
     return f'<tr class="{" ".join(classes)}" data-name="{escape(r.name)}">' + "".join(cells) + "</tr>"
 
 
-def _usage_line(use: Mapping[str, Any]) -> str:
+def _usage_line(use: Mapping[str, JSON]) -> str:
     """Makespan and how busy the slots were: the sweep's and each host's."""
     if use.get("utilisation") is None:
         return '<p class="usage" id="usage">nothing has started yet</p>'

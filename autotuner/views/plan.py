@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from ..errors import UserError
 from ..files import write_atomic
+from ..jsonvalues import JSONObject
 from ..ledger.store import Attempt
 from ..planning.plan import RUN_BUDGET, Plan, PolicyPlan
 from ..planning.simulate import Played
@@ -21,7 +21,7 @@ from .tables import PLAIN, Column, Output, render_table
 SCHEDULE_ROWS = 40  # experiments listed in the table format (JSON lists every one)
 
 
-def _policy_json(plan: Plan, p: PolicyPlan) -> dict[str, Any]:
+def _policy_json(plan: Plan, p: PolicyPlan) -> JSONObject:
     t = p.expected
     return {"policy": p.queue, "placement": p.placement,
             "makespan_s": {"p10": p.percentile(10), "p50": p.percentile(50), "p90": p.percentile(90),
@@ -34,7 +34,7 @@ def _policy_json(plan: Plan, p: PolicyPlan) -> dict[str, Any]:
                             for r in _in_order(plan, p)]}
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
+def plan_json(plan: Plan) -> JSONObject:
     return {"experiments": len(plan.experiments), "slots": plan.slot_count, "hosts": len(plan.slots),
             "durations": plan.durations.counts(), "spread": plan.spread, "samples": plan.samples,
             "samples_asked": plan.samples_asked, "learned_memory": plan.learned_memory,

@@ -21,10 +21,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from ..errors import UserError
 from ..files import write_atomic
+from ..jsonvalues import JSON
 from ..ledger.store import Attempt
 from ..spec import ABBREVIATIONS
 from ..spec.metrics import UNITS, Metric, format_value
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # matplotlib is an optional extra: its types only for the che
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-Position = Callable[[Any], float]  # an x value's place on the axis
+Position = Callable[[JSON], float]  # an x value's place on the axis (x values: JSON leaves, lists and objects frozen)
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"
@@ -69,7 +70,7 @@ def _short(key: str) -> str:
 
 
 # --- the metric plot -----------------------------------------------------------------------------------------
-def _sort_key(value: Any) -> tuple:
+def _sort_key(value: JSON) -> tuple:
     """Numbers in order before everything else (as text)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return (0, float(value), "")
@@ -95,9 +96,9 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     experiments = list(snap.experiments.values())
     x, lines = choose_axes(experiments, x, lines)
     others = [k for k in swept_keys(experiments) if k not in (x, lines)]
-    points: dict[Any, dict[Any, list[tuple[float, str]]]] = {}
-    failures: list[tuple[Any, Any, str]] = []  # (x, line value, reason)
-    broken: dict[Any, set] = {}  # line -> x values where it has only failures: the line has a gap there
+    points: dict[JSON, dict[JSON, list[tuple[float, str]]]] = {}
+    failures: list[tuple[JSON, JSON, str]] = []  # (x, line value, reason)
+    broken: dict[JSON, set] = {}  # line -> x values where it has only failures: the line has a gap there
     for a in snap.attempts:
         e = snap.experiments.get(a.name)
         if e is None:
@@ -152,8 +153,8 @@ def metric_figure(snap: Snapshot, x: str | None = None, lines: str | None = None
     return fig
 
 
-def _draw_lines(ax: Axes, snap: Snapshot, points: dict[Any, dict[Any, list[tuple[float, str]]]],
-                broken: dict[Any, set], position: Position, lines: str | None) -> tuple[float, float, str] | None:
+def _draw_lines(ax: Axes, snap: Snapshot, points: dict[JSON, dict[JSON, list[tuple[float, str]]]],
+                broken: dict[JSON, set], position: Position, lines: str | None) -> tuple[float, float, str] | None:
     """One line per value of the `lines` key, each its own colour (never the failures' red); where the best
     experiment is."""
     best = snap.best
@@ -174,7 +175,7 @@ def _draw_lines(ax: Axes, snap: Snapshot, points: dict[Any, dict[Any, list[tuple
     return best_point
 
 
-def _draw_failures(strip: Axes, failures: list[tuple[Any, Any, str]], rows: list[Any], position: Position,
+def _draw_failures(strip: Axes, failures: list[tuple[JSON, JSON, str]], rows: list[JSON], position: Position,
                    lines: str | None) -> None:
     """Failed and timed-out experiments in their strip: a row per line value, a marker per reason (red, no
     line's colour), side by side where several reasons meet at one x, `x2` beside a marker that stands for two."""
@@ -206,15 +207,15 @@ def _draw_failures(strip: Axes, failures: list[tuple[Any, Any, str]], rows: list
     strip.grid(True, axis="x", alpha=0.3)
 
 
-def _group(count: Iterable[tuple[Any, Any, str]]) -> dict[tuple[Any, Any], list[str]]:
+def _group(count: Iterable[tuple[JSON, JSON, str]]) -> dict[tuple[JSON, JSON], list[str]]:
     """(x, line value) -> the reasons of failures there, in order."""
-    out: dict[tuple[Any, Any], list[str]] = {}
+    out: dict[tuple[JSON, JSON], list[str]] = {}
     for xv, lv, reason in sorted(count, key=lambda k: (_sort_key(k[0]), _sort_key(k[1]), k[2])):
         out.setdefault((xv, lv), []).append(reason)
     return out
 
 
-def _x_axis(ax: Axes, xs: list[Any], position: Position, numeric: bool) -> None:
+def _x_axis(ax: Axes, xs: list[JSON], position: Position, numeric: bool) -> None:
     from matplotlib.ticker import FixedLocator, NullLocator
 
     if numeric and min(xs) > 0 and max(xs) / min(xs) >= 8:
@@ -230,7 +231,7 @@ def _best_value(snap: Snapshot, values: list[tuple[float, str]]) -> float:
     return min(values, key=lambda point: snap.metric.sort_key(point[0]))[0]
 
 
-def _freeze(value: Any) -> Any:
+def _freeze(value: JSON) -> JSON:
     return json.dumps(value, sort_keys=True) if isinstance(value, (list, dict)) else value
 
 

@@ -15,6 +15,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, overload
 
+from ..jsonvalues import JSON, JSONObject
 from ..ledger.store import Ledger
 from ..spec.metrics import KNOWN, Metric
 from ..states import Reason, State
@@ -39,7 +40,7 @@ class ExperimentRecord:
     rank: int | None  # 1 is the best; None when it did not succeed
     best: bool
     metric: float | None  # the value of the sweep's metric
-    parameters: Mapping[str, Any]  # swept key -> value; None where this experiment lacks the key
+    parameters: Mapping[str, JSON]  # swept key -> value; None where this experiment lacks the key
     metrics: Mapping[str, float]  # everything its metrics file held that is a number
     started: float | None  # seconds since the epoch
     finished: float | None
@@ -147,7 +148,7 @@ class SweepResults(Sequence[ExperimentRecord]):
             out.append(row)
         return out
 
-    def to_dataframe(self) -> Any:
+    def to_dataframe(self) -> Any:  # a pandas.DataFrame: pandas has no type information (no py.typed, no stubs)
         """A pandas DataFrame of `rows()`, one row per experiment; ImportError naming pandas without it."""
         try:
             pandas = importlib.import_module("pandas")
@@ -183,7 +184,7 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     primary, directory = snap.metric.name, snap.directory
     ranks: dict[str | None, int] = {}
     records = []
-    empty: dict[str, Any] = {}
+    empty: JSONObject = {}
     new, put = object.__new__, object.__setattr__
     for position, a in enumerate(snap.ranked, 1):
         kind = snap.type_of(a) if typed else None
@@ -210,7 +211,7 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
                         metric_names(snap.metric, [r.metrics for r in records]), tuple(records), typed)
 
 
-def _specs(snap: Snapshot) -> dict[str, Mapping[str, Any]]:
+def _specs(snap: Snapshot) -> dict[str, Mapping[str, JSON]]:
     """name -> what the swept parameters are read from: the snapshot's experiments, or the ledger's specs."""
     if all(a.name in snap.experiments for a in snap.attempts):
         return {name: spec_of(e) for name, e in snap.experiments.items()}

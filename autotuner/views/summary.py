@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..backends.launch import Launcher, optimal_command, without_autotuning
 from ..files import write_atomic, write_json_atomic
+from ..jsonvalues import JSONObject
 from ..limits import memory
 from ..states import State
 from ..tune.memory_loop import profile_facts
@@ -40,7 +41,7 @@ def command_file(gpu_type: str | None = None) -> str:
 
 
 def optimal(snap: Snapshot, launcher: Launcher | None = None, gpu_type: str | None = None
-            ) -> tuple[dict, str] | None:
+            ) -> tuple[JSONObject, str] | None:
     """The best config (autotuning section removed) and a runnable command for it, as the files hold them;
     computed from the ledger, so it is there for a sweep that still runs, before the files are written. With
     `gpu_type`, that type's best."""

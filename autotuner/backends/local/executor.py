@@ -21,11 +21,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ...core.events import Finished, Key, Launched, Post, Run
 from ...core.outcome import Outcome
 from ...core.slots import Devices
+from ...jsonvalues import JSONObject
 from ...spec.metrics import Metric
 from ...states import Reason, State
 from ...threads import Workers
@@ -137,7 +138,7 @@ class Processes(Protocol):
 
     waits_for_start: bool  # True: Launched is posted once `await_start` returns, on the attempt's thread
 
-    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+    def command(self, run: Run, port: int) -> tuple[JSONObject, Command]:
         """The config this attempt runs (autotuning section included) and the command that runs it."""
         ...
 
@@ -182,7 +183,7 @@ class Here:
     cpu_slots: Mapping[str, Sequence[int]] = field(default_factory=dict)  # this machine's CPU slots, by host
     waits_for_start: bool = False
 
-    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+    def command(self, run: Run, port: int) -> tuple[JSONObject, Command]:
         metrics_path = str(run.dir / "metrics.json")
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
         command = deepspeed_command(
@@ -359,7 +360,7 @@ class LocalExecutor:
         """DeepSpeed's leaked /dev/shm buffers of an attempt that has ended, where its ranks ran."""
         self._how.remove_buffers(run, port)
 
-    def _watch(self, run: Run, proc: Child, config: dict[str, Any], command: Command, port: int,
+    def _watch(self, run: Run, proc: Child, config: JSONObject, command: Command, port: int,
                post: Post) -> Outcome:
         if self._how.waits_for_start:
             post(Launched(run, proc.pid, port, self.clock(), self._how.await_start(run, proc)))

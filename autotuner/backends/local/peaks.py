@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any  # pynvml has no type information: the module (or a fake) is Any
 
 from ...core.events import Event, Finished, Key, Post, Run
 from ...core.scheduler import Executor

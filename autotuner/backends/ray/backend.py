@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post
@@ -139,7 +139,7 @@ class RayBackend:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
         runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the
         connection to Ray."""
-        closing: list[Any] = [self._executor, self._watcher]
+        closing: list[RayExecutor | NodeWatcher | None] = [self._executor, self._watcher]
         with contextlib.ExitStack() as stack:
             if self._ray is not None:
                 stack.callback(self._ray.shutdown)

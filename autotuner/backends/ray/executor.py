@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 from ...core.events import Finished, HostLost, Key, Launched, Post, Run
 from ...core.outcome import Outcome
+from ...jsonvalues import JSONObject
 from ...spec.hostfile import format_hostfile
 from ...spec.metrics import Metric
 from ...states import Reason, State
@@ -121,7 +121,7 @@ class RayExecutor:
         self.leases.close()
 
     # --- one attempt --------------------------------------------------------------------------------------
-    def _command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+    def _command(self, run: Run, port: int) -> tuple[JSONObject, Command]:
         """The config the attempt runs and DeepSpeed's command for it (its first node as the master)."""
         metrics_path = str(run.dir / "metrics.json")
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
@@ -143,7 +143,7 @@ class RayExecutor:
         for name in ("stdout.log", "stderr.log"):
             (run.dir / name).write_bytes(b"")
 
-    def _attempt(self, run: Run, port: int, post: Post, config: dict[str, Any], command: Command) -> None:
+    def _attempt(self, run: Run, port: int, post: Post, config: JSONObject, command: Command) -> None:
         """The attempt's own thread: a lease, the nodes' launchers, their end; the outcome is posted whatever
         goes wrong, after the lease is given back or released (the next attempt may need its GPUs)."""
         lease: Lease | None = None

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
 
 from . import node
 from .node import NodeLauncher

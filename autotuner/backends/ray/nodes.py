@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ...gpu.types import TYPE_NAME, size_of_type
+from ...jsonvalues import JSON
 from ..cluster import Cluster
 
 ACCELERATOR = "accelerator_type:"
@@ -32,7 +32,7 @@ def host_of(node_id: str) -> str:
     return PREFIX + node_id[:12]
 
 
-def read_nodes(reported: Sequence[Mapping[str, Any]]) -> list[RayNode]:
+def read_nodes(reported: Sequence[Mapping[str, JSON]]) -> list[RayNode]:
     """The live nodes of `ray.nodes()`, in the order Ray lists them."""
     nodes = []
     for n in reported:

@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ...core.events import HostLost, Post, Run
 from ...core.outcome import Outcome
+from ...jsonvalues import JSONObject
 from ...spec.hostfile import format_hostfile
 from ...spec.metrics import Metric
 from ...states import Reason, State
@@ -106,7 +106,7 @@ class SlurmSteps:
         self._steps_lock = threading.Lock()
         self._steps_read: tuple[float, list[parse.Step]] = (float("-inf"), [])
 
-    def command(self, run: Run, port: int) -> tuple[dict[str, Any], Command]:
+    def command(self, run: Run, port: int) -> tuple[JSONObject, Command]:
         metrics_path = str(run.dir / "metrics.json")
         config = with_autotuning(run.experiment.config(), metrics_path, self.metric.name)
         hosts = run.reservation.hosts

@@ -13,7 +13,7 @@ import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any  # paramiko has no type information: its clients and keys are Any
 
 from .errors import HostKeyError
 

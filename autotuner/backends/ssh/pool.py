@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any  # fabric and paramiko have no type information: their objects are Any
 
 from ...errors import UserError
 from .errors import CommandTimeout, HostDown, HostKeyError, RemoteStartError, describe
@@ -386,7 +386,7 @@ class SSHPool:
 
 # --- helpers --------------------------------------------------------------------------------------------------
 
-def _tcp_keepalive(sock: Any, seconds: int) -> None:
+def _tcp_keepalive(sock: object, seconds: int) -> None:
     """Let the kernel notice a silently vanished peer in about 5 x seconds (paramiko's keepalive alone only
     writes; with no TCP keepalive a dead link takes the retransmission timeout, many minutes)."""
     if not isinstance(sock, socket.socket):

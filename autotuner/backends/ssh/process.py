@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any  # paramiko has no type information: its channels are Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pool import SSHPool

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar  # paramiko and fabric have no type information: their objects are Any
 
 from .errors import HostDown, describe
 from .pool import SSHPool
