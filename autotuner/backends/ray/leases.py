@@ -40,7 +40,7 @@ class Lease:
     """One placement group and its actors, by rank (see the module docstring)."""
 
     name: str
-    group: Any  # ray.util.placement_group.PlacementGroup
+    group: Any  # ray.util.placement_group.PlacementGroup; None for a lease found after a crash without one
     actors: list[Any]  # ActorHandle, one per bundle, in rank order
     nodes: tuple[str, ...]  # Ray's node ids, in rank order
     gpus: int  # per node
@@ -118,8 +118,9 @@ class Leases:
         for actor in lease.actors:
             with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
-        with contextlib.suppress(Exception):
-            self.ray.util.remove_placement_group(lease.group)
+        if lease.group is not None:  # a lease found after a crash whose group Ray had removed has none
+            with contextlib.suppress(Exception):
+                self.ray.util.remove_placement_group(lease.group)
 
     def _expire_locked(self) -> None:
         now = self.clock()
