@@ -68,10 +68,8 @@ class MicroBatchSearch(Search):
         bounding the others' probes: taking a slot from them costs more runs out of memory than it saves time.
         With a model each stage starts at its own predicted size.)"""
         order = sorted(self.stages, reverse=True)
-        first_level = self.spec.offload == self.levels[0].offload
-        untouched = all(known.predicted is None and not (known.fits or known.too_big or known.out or known.crashed)
-                        for known in self.stages.values())
-        if room == 1 and first_level and untouched:
+        unbounded = all(known.predicted is None for known in self.stages.values())
+        if room == 1 and not self.trials and unbounded:  # the search's first point (trials span every level)
             order.insert(0, order.pop())
         return order
 
@@ -179,10 +177,10 @@ class MicroBatchSearch(Search):
     def _keep_batch(self, known: Stage, fit: int, mbs: int) -> None:
         """Without a global batch in the config, a size measured below the largest that fits runs with the
         accumulation that keeps the largest's batch per GPU, as DeepSpeed's autotuner derives it (largest x the
-        config's accumulation, over the size), fixed from now on (knowledge.derived_accumulation)."""
+        config's accumulation, over the size), fixed from now on (knowledge.accumulation_of)."""
         own = self.spec.config_accumulation()
-        if own is not None and fit * own // mbs != own:
-            known.accumulation.setdefault(mbs, fit * own // mbs)
+        if own is not None and (derived := fit * own // mbs) != own:
+            known.accumulation.setdefault(mbs, derived)
 
     def _measure(self, known: Stage, fit: int | None) -> list[int]:
         """The next size below the largest that fits worth measuring: three quarters of it, then half, and so

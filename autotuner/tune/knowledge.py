@@ -244,12 +244,11 @@ class Knowledge:
         for key, value in knobs:  # a config key (gradient accumulation) or a zero_optimization one
             (config if BY_KEY[key].top else config["zero_optimization"])[key] = value
         config["train_micro_batch_size_per_gpu"] = mbs
-        gas = spec.accumulation(mbs)
+        gas = self.accumulation_of(stage, mbs)
         if gas is not None:
             config["gradient_accumulation_steps"] = gas
-            config["train_batch_size"] = mbs * gas * spec.dp
-        elif (derived := self.derived_accumulation(stage, mbs)) is not None:
-            config["gradient_accumulation_steps"] = derived
+            if spec.global_batch is not None:  # the global batch it keeps, written as DeepSpeed checks it
+                config["train_batch_size"] = mbs * gas * spec.dp
         name = self.name_of(stage, mbs, knobs)
         template = dict(spec.template)
         args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
@@ -261,20 +260,20 @@ class Knowledge:
         asked of every point of the grid when a sampling tuner looks for the open ones."""
         spec = self.spec
         name = f"{spec.prefix}_z{stage}_mbs{mbs}"
-        gas = spec.accumulation(mbs)
-        if gas is None:
-            gas = self.derived_accumulation(stage, mbs)
+        gas = self.accumulation_of(stage, mbs)
         if gas is not None:
             name += f"_gas{gas}"
         name += OFFLOAD_TAGS[spec.offload] if spec.offload > self.own else ""
         return name + "".join(f"_{BY_KEY[key].tag}{tag_value(value)}" for key, value in knobs)
 
-    def derived_accumulation(self, stage: int, mbs: int) -> int | None:
-        """The accumulation a size measured below its stage's largest was proposed with, keeping the largest's
-        batch per GPU (SearchSpec.config_accumulation: the sizes compare at one batch). Fixed when proposed, so
-        the point's name and its re-runs' never change; None for every other point (the config's own)."""
+    def accumulation_of(self, stage: int, mbs: int) -> int | None:
+        """The accumulation a point runs with where it is not the config's own (None): derived to keep a global
+        batch (SearchSpec.accumulation), or, for a size gridsearch measured below its stage's largest, to keep
+        that size's batch per GPU (SearchSpec.config_accumulation), fixed when proposed so that the point's name
+        and its re-runs' never change."""
+        gas = self.spec.accumulation(mbs)
         known = self.stages.get(stage)
-        return known.accumulation.get(mbs) if known is not None else None
+        return known.accumulation.get(mbs) if gas is None and known is not None else gas
 
     def remember_accumulation(self, experiment: Experiment) -> None:
         """Replaying the ledger: a micro-batch trial that ran with a derived accumulation keeps it."""

@@ -24,7 +24,7 @@ class Stage:
     predicted: int | None = None  # the memory model's largest size that fits (0: none, the stage is skipped)
     top: int = MAX_MICRO_BATCH  # the largest size the user allows
     accumulation: dict[int, int] = field(default_factory=dict)  # sizes measured below the largest -> the
-    # accumulation derived for them, fixed when proposed (knowledge.derived_accumulation)
+    # accumulation derived for them, fixed when proposed (knowledge.accumulation_of)
 
     def pruned(self, mbs: int) -> bool:
         """Known not to fit: a size at or above one that ran out of memory (or time), or above the ceiling."""
