@@ -82,35 +82,34 @@ class Leases:
         new one, once the idle leases on those nodes are released (a NotPlaced after PLACED_WITHIN seconds)."""
         shape = (frozenset(nodes), gpus)
         with self._lock:
-            self._expire_locked()
+            expired = self._expired_locked()
             found = next((lease for lease in self._idle if lease.shape == shape), None)
             if found is not None:
                 self._idle.remove(found)
-                return found.ranked(nodes)
-            in_the_way = [lease for lease in self._idle if set(lease.nodes) & set(nodes)]
+            in_the_way = [] if found else [lease for lease in self._idle if set(lease.nodes) & set(nodes)]
             self._idle = [lease for lease in self._idle if lease not in in_the_way]
-        for lease in in_the_way:
-            self.release(lease, 0)
-        return self._reserve(tuple(nodes), gpus)
+        self._release_idle(expired + in_the_way)
+        return found.ranked(nodes) if found is not None else self._reserve(tuple(nodes), gpus)
 
     def give_back(self, lease: Lease) -> None:
         """An attempt that ended on its own: its lease idle, for the next attempt of its shape."""
         with self._lock:
             lease.idle_since = self.clock()
             self._idle.append(lease)
-            self._expire_locked()
+            expired = self._expired_locked()
+        self._release_idle(expired)
 
     def expire(self) -> None:
         """Idle leases past their time released."""
         with self._lock:
-            self._expire_locked()
+            expired = self._expired_locked()
+        self._release_idle(expired)
 
     def close(self) -> None:
         """Every idle lease released: nothing of the sweep stays reserved in Ray."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for lease in idle:
-            self.release(lease, 0)
+        self._release_idle(idle)
 
     def release(self, lease: Lease, grace: float) -> None:
         """Each node's launcher ended (SIGTERM, `grace` seconds, SIGKILL), the actors killed, the group removed."""
@@ -122,11 +121,16 @@ class Leases:
             with contextlib.suppress(Exception):
                 self.ray.util.remove_placement_group(lease.group)
 
-    def _expire_locked(self) -> None:
+    def _expired_locked(self) -> list[Lease]:
+        """The idle leases past their time, taken out of the idle list (released by the caller, once it has let
+        go of the lock: Ray's answers are not waited for while another attempt wants a lease)."""
         now = self.clock()
         old = [lease for lease in self._idle if now - lease.idle_since >= self.idle_for]
         self._idle = [lease for lease in self._idle if lease not in old]
-        for lease in old:  # nothing runs on them: no grace period to wait, each a message to Ray
+        return old
+
+    def _release_idle(self, leases: Sequence[Lease]) -> None:
+        for lease in leases:  # nothing runs on them: no grace period to wait, each a message to Ray
             self.release(lease, 0)
 
     def _reserve(self, nodes: tuple[str, ...], gpus: int) -> Lease:
