@@ -30,8 +30,9 @@ def size(count: int) -> str:
     return f"{count} bytes"
 
 def memory(count: float) -> str:
-    """GPU memory for a message or a table: GiB to a tenth ("27.9 GiB", "80 GiB"), MiB below one GiB."""
-    unit, name = (GiB, "GiB") if count >= GiB else (MiB, "MiB")
+    """GPU memory for a message or a table: GiB to a tenth ("27.9 GiB", "80 GiB"), MiB below one GiB, KiB below
+    one MiB (a small model's activations per sample, 41 KiB on a real GPU, read "0 MiB" before)."""
+    unit, name = (GiB, "GiB") if count >= GiB else (MiB, "MiB") if count >= MiB or not count else (1024, "KiB")
     return f"{count / unit:.1f}".removesuffix(".0") + f" {name}"
 
 

@@ -296,6 +296,8 @@ def test_the_note_says_why_a_stage_is_skipped():
         "70.8 GiB usable): z0 skipped, cannot fit (model states 74.5 GiB); z1 up to micro-batch 26;")
     assert "z0 skipped, cannot fit micro-batch 13 (model states 59.6 GiB, activations 12.1 GiB)" in note(min_mbs=13)
     assert note(gpu_memory=None) is None
+    # A small model's activations, as a real GPU's profile run measured them (43 MB at micro-batch 1,024):
+    assert ", 41 KiB of activations per sample;" in note(facts=Facts(PARAMS, 43_000_000 // 1024).to_json())
 
 
 @pytest.mark.parametrize("tuner", ["random", "model_based"])
