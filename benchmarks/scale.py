@@ -12,6 +12,7 @@ succeeded with metrics, some failed, some were interrupted, some are still queue
 
   python benchmarks/scale.py --experiments 10000 --rounds 5
   python benchmarks/scale.py --code OLD_CHECKOUT --code . --rounds 5   # interleaved: each command under each
+  python benchmarks/scale.py --full-configs --rounds 5                   # whole ds_configs (FULL_CONFIG)
 
 With --code (repeatable), every command runs under each checkout's code in turn (PYTHONPATH), round after round,
 so a load swing on a shared machine hits them alike; the sweep is built once, by this checkout. With Optuna
@@ -24,6 +25,7 @@ Targets (issue 24): status, report (every format) and compare < 0.3 s; resume to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -47,12 +49,37 @@ STANDIN = ROOT / "benchmarks" / "standin.sh"
 SLOTS = 8
 
 
-def build(directory: Path, n: int) -> dict[str, int]:
+# `--full-configs`: each experiment's ds_config as users write a whole one (optimizer, scheduler, precision, ZeRO
+# settings) around the same three swept values. The report flattens every config to find what the sweep varies,
+# so the configs' size is part of what it costs.
+FULL_CONFIG = {
+    "gradient_clipping": 1.0, "steps_per_print": 100, "wall_clock_breakdown": False,
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-5, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-5, "warmup_num_steps": 500}},
+    "bf16": {"enabled": True}, "fp16": {"enabled": False},
+    "zero_optimization": {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 5e8,
+                          "allgather_bucket_size": 5e8, "stage3_prefetch_bucket_size": 5e7,
+                          "stage3_param_persistence_threshold": 1e5, "offload_optimizer": {"device": "none"},
+                          "offload_param": {"device": "none"}},
+    "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False},
+    "flops_profiler": {"enabled": False}, "comms_logger": {"enabled": False}}
+
+
+def ds_config(i: int, full: bool) -> dict[str, object]:
+    """The `i`th experiment's config: micro-batch, ZeRO stage and accumulation swept, the whole rest fixed if `full`."""
+    swept = {"train_micro_batch_size_per_gpu": 2 ** (i % 6), "zero_optimization": {"stage": i % 3},
+             "gradient_accumulation_steps": 1 + i % 4}
+    if not full:
+        return swept
+    fixed = json.loads(json.dumps(FULL_CONFIG))  # every experiment its own objects, as the ledger's decode gives
+    fixed["zero_optimization"]["stage"] = i % 3
+    return {**fixed, **swept, "zero_optimization": fixed["zero_optimization"]}
+
+
+def build(directory: Path, n: int, full: bool = False) -> dict[str, int]:
     """A sweep of `n` experiments in `directory`, recorded as a long sweep would have left it."""
     experiments = tuple(
-        autotuner.Experiment(name=f"scale_z{i % 3}_mbs{2 ** (i % 6)}_i{i:05d}",
-                   ds_config={"train_micro_batch_size_per_gpu": 2 ** (i % 6), "zero_optimization": {"stage": i % 3},
-                              "gradient_accumulation_steps": 1 + i % 4},
+        autotuner.Experiment(name=f"scale_z{i % 3}_mbs{2 ** (i % 6)}_i{i:05d}", ds_config=ds_config(i, full),
                    num_gpus=1, num_nodes=1, script=str(STANDIN), args=("--steps", "10"), timeout=None, env={},
                    source="benchmarks/scale.py")
         for i in range(n))
@@ -191,6 +218,8 @@ def main() -> None:
     parser.add_argument("--code", type=Path, action="append",
                         help="a checkout whose autotuner runs each command (repeat it to interleave several)")
     parser.add_argument("--no-optuna", action="store_true", help="leave Optuna's CLI (the anchor) out")
+    parser.add_argument("--full-configs", action="store_true",
+                        help="whole ds_configs as users write them around the swept keys (see FULL_CONFIG)")
     opts = parser.parse_args()
     codes: list[Path | None] = list(opts.code or [None])
 
@@ -198,7 +227,7 @@ def main() -> None:
         workdir = Path(tmp)
         template = opts.keep or workdir / "sweep"
         started = time.perf_counter()
-        counts = build(template, opts.experiments)
+        counts = build(template, opts.experiments, opts.full_configs)
         print(f"built {opts.experiments} experiments in {time.perf_counter() - started:.1f} s: "
               + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), flush=True)
         storage = None if opts.no_optuna else optuna_study(workdir, 10_000)
