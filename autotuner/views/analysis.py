@@ -27,13 +27,18 @@ _LEAVES = (str, int, float, list, type(None))
 def flatten(config: Mapping[str, JSON], prefix: str = "") -> JSONObject:
     """Leaf values of a nested ds_config under their dotted keys."""
     out: JSONObject = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if not isinstance(value, _LEAVES) and isinstance(value, Mapping) and value:
-            out.update(flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
+    _flatten_into(config, prefix, out)
     return out
+
+
+def _flatten_into(config: Mapping[str, JSON], prefix: str, out: JSONObject) -> None:
+    """Every level writes into the one `out`: a dict made and merged per nested object was a third of the time
+    on whole configs (optimizer, scheduler, ZeRO settings: `benchmarks/scale.py --full-configs`)."""
+    for key, value in config.items():
+        if (value.__class__ is dict or not isinstance(value, _LEAVES) and isinstance(value, Mapping)) and value:
+            _flatten_into(value, f"{prefix}{key}.", out)
+        else:
+            out[f"{prefix}{key}"] = value
 
 
 def value_of(experiment: Experiment, key: str) -> JSON:
