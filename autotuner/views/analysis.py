@@ -35,7 +35,7 @@ def _flatten_into(config: Mapping[str, JSON], prefix: str, out: JSONObject) -> N
     """Every level writes into the one `out`: a dict made and merged per nested object was a third of the time
     on whole configs (optimizer, scheduler, ZeRO settings: `benchmarks/scale.py --full-configs`)."""
     for key, value in config.items():
-        if (value.__class__ is dict or not isinstance(value, _LEAVES) and isinstance(value, Mapping)) and value:
+        if (value.__class__ is dict or (not isinstance(value, _LEAVES) and isinstance(value, Mapping))) and value:
             _flatten_into(value, f"{prefix}{key}.", out)
         else:
             out[f"{prefix}{key}"] = value
@@ -58,7 +58,11 @@ def spec_of(experiment: Experiment) -> JSONObject:
 
 
 def _leaves(spec: Mapping[str, JSON]) -> JSONObject:
-    return flatten(spec.get("ds_config") or {}) | {k: spec.get(k) for k in FIELD_KEYS}
+    out: JSONObject = {}
+    _flatten_into(spec.get("ds_config") or {}, "", out)
+    for key in FIELD_KEYS:  # over a ds_config key of the same name, in its place (as `|` merges)
+        out[key] = spec.get(key)
+    return out
 
 
 def _lacks(spec: Mapping[str, JSON], key: str) -> bool:
@@ -70,10 +74,13 @@ def _lacks(spec: Mapping[str, JSON], key: str) -> bool:
     return False
 
 
+_EXACT = json.JSONEncoder(sort_keys=True).encode  # made once: json.dumps(sort_keys=True) makes one a call
+
+
 def _fingerprint(value: JSON) -> Hashable:
     """A hashable stand-in for a JSON value that tells 1, 1.0 and True apart (as JSON does)."""
     if isinstance(value, (list, dict)):
-        return json.dumps(value, sort_keys=True)
+        return _EXACT(value)
     return (type(value), value)
 
 
@@ -82,9 +89,13 @@ _COMPOSITE = object()  # marks a list's or an object's fingerprint among the fir
 
 def swept_specs(specs: Sequence[Mapping[str, JSON]]) -> tuple[list[str], list[JSONObject]]:
     """The keys whose value differs between experiments (or that some lack), in first-seen order, and each
-    experiment's leaves, from their specs as the ledger records them (`spec_of`): what the report,
-    `autotuner.load` and the plots call the swept parameters. Each value is compared with its key's first one
-    (the same type and value; lists and objects as their JSON), not put in a set: most values are the first's."""
+    experiment's values of those keys (a key it lacks left out), from their specs as the ledger records them
+    (`spec_of`): what the report, `autotuner.load` and the plots call the swept parameters. Values are the same
+    when of the same type and value (lists and objects as their JSON). Configs of one shape are compared a
+    column at a time (`_swept_by_column`); any other sweep's leaves each with its key's first value."""
+    found = _swept_by_column(specs)
+    if found is not None:
+        return found
     table = [_leaves(spec) for spec in specs]
     first: JSONObject = {}  # key -> the first value seen; a list or an object as (_COMPOSITE, its JSON)
     varying: set[str] = set()
@@ -103,7 +114,54 @@ def swept_specs(specs: Sequence[Mapping[str, JSON]]) -> tuple[list[str], list[JS
     # a key some experiments lack also varies (a row with every key seen lacks none)
     varying |= {k for k in first if k not in varying and any(
         k not in row and _lacks(spec, k) for spec, row in zip(specs, table, strict=True) if len(row) < len(first))}
-    return [k for k in first if k in varying], table
+    keys = [k for k in first if k in varying]
+    return keys, [{k: row[k] for k in keys if k in row} for row in table]
+
+
+def _swept_by_column(specs: Sequence[Mapping[str, JSON]]) -> tuple[list[str], list[JSONObject]] | None:
+    """`swept_specs` of the usual sweep, where every config has one shape (the same keys, nested alike: one base
+    config, values swept): each key's values compared a column at a time, no config flattened (flattening every
+    one was most of a report's time on whole configs). None for any other sweep."""
+    configs = [spec.get("ds_config") or {} for spec in specs]
+    columns: dict[str, list[JSON]] = {}
+    if not configs or any(key in configs[0] for key in FIELD_KEYS) or not _leaf_columns(configs, "", columns):
+        return None
+    for key in FIELD_KEYS:
+        columns[key] = [spec.get(key) for spec in specs]
+    keys = [key for key, column in columns.items() if _varies(column)]
+    if not keys:
+        return keys, [{} for _ in specs]
+    return keys, [dict(zip(keys, values, strict=True)) for values in zip(*(columns[k] for k in keys), strict=True)]
+
+
+def _leaf_columns(nodes: Sequence[Mapping[str, JSON]], prefix: str, columns: dict[str, list[JSON]]) -> bool:
+    """Each leaf's values under `prefix` (one per node, dotted keys in the first node's order) into `columns`;
+    False where the nodes are not all of one shape (a key some lack, an object in one and a value in another,
+    an empty object, a mapping that is no dict)."""
+    shape = nodes[0].keys()
+    if any(node.keys() != shape for node in nodes):
+        return False
+    for key in nodes[0]:
+        column = [node[key] for node in nodes]
+        kinds = set(map(type, column))
+        if kinds == {dict} and all(column):
+            if not _leaf_columns(column, f"{prefix}{key}.", columns):
+                return False
+        elif any(issubclass(kind, Mapping) for kind in kinds):
+            return False
+        else:
+            columns[f"{prefix}{key}"] = column
+    return True
+
+
+def _varies(values: list[JSON]) -> bool:
+    """Whether one key's values (every experiment has it) are not all the same type and value, compared a column
+    at a time in sets, where a loop compared each with the first (most of the swept keys' time on whole configs)."""
+    if len(set(map(type, values))) > 1:
+        return True
+    if isinstance(values[0], (list, dict)):
+        return len(set(map(_fingerprint, values))) > 1
+    return len(set(values)) > 1
 
 
 def swept_keys(experiments: Iterable[Experiment]) -> list[str]:
