@@ -173,10 +173,12 @@ def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]]) -> tu
 
 def from_snapshot(snap: Snapshot) -> SweepResults:
     """The records of a snapshot (read with or without every experiment: their specs are read if missing)."""
-    specs = _specs(snap)
-    names = [a.name for a in snap.ranked if a.name in specs]
-    keys, table = swept_specs([specs[n] for n in names])
-    values = dict(zip(names, table, strict=True))
+    # In the sweep's order: the columns do not move as the ranking does, and the configs are read in the order
+    # they lie in memory (in the ranking's order, the swept keys of 10,000 whole configs took twice as long).
+    attempted = {a.name for a in snap.attempts}
+    specs = {name: spec for name, spec in _specs(snap).items() if name in attempted}
+    keys, table = swept_specs(list(specs.values()))
+    values = dict(zip(specs, table, strict=True))
     best = snap.best
     typed = snap.by_type  # ranked per GPU type (snap.ranked groups them), each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
