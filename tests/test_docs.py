@@ -96,3 +96,20 @@ def test_links_inside_the_repository_lead_somewhere(doc):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_no_doc_points_outside_the_repository(doc):
     assert re.findall(r"/work/shared|\.\./shared", doc.read_text()) == []
+
+
+def test_the_commands_table_gives_each_command_only_options_it_takes():
+    command = typer.main.get_command(app)
+    takes = {name: {o for p in sub.params for o in (*p.opts, *p.secondary_opts)}
+             for name, sub in command.commands.items()}  # type: ignore[attr-defined]
+    wrong = []
+    for line in README.splitlines():
+        if not line.startswith("| `autotune "):
+            continue
+        usage = line.split(" | ")[0]
+        first = re.match(r"\| `autotune (\w+)", line)
+        also = re.search(r"\(and ([^)]*)\)", usage)
+        assert first is not None, line
+        names = [first.group(1), *(re.findall(r"`(\w+)`", also.group(1)) if also else [])]
+        wrong += [f"{n} {o}" for o in re.findall(r"--[a-z][\w-]*", usage) for n in names if o not in takes[n]]
+    assert wrong == []
