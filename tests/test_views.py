@@ -181,6 +181,8 @@ def test_report_plot_through_the_cli(midway):
     assert bad.exit_code == 2 and "--plot" in bad.output
     unknown = runner.invoke(cli.app, ["report", str(midway), "--plot", "--x", "no.such.key"])
     assert unknown.exit_code == 2 and "no.such.key" in unknown.output
+    # Bad input is the one line: no report printed before it.
+    assert len(unknown.output.strip().splitlines()) == 1, unknown.output
 
 
 def test_without_matplotlib_plots_say_how_to_install_and_html_still_works(midway):
