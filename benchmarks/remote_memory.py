@@ -1,5 +1,5 @@
-"""GPU memory of SSH hosts for `--placement memory` (autotuner/ssh/memory.py): what a reading costs, and that
-placing by it costs dispatch nothing.
+"""GPU memory of SSH hosts for `--placement memory` (autotuner/backends/ssh/free_memory.py): what a reading
+costs, and that placing by it costs dispatch nothing.
 
 1. A reading: `nvidia-smi --query-gpu=...` run over the host's pooled connection and parsed (`nvidia_smi(pool)`),
    against a pooled `true` (the round trip alone), interleaved round by round; and what the placement pays to

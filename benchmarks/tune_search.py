@@ -22,11 +22,11 @@ clock: gridsearch's knob sweep against the grid of every knob setting at each st
 clock, N seeds, with DeepSpeed's defaults and with larger budgets (--budgets, no early stopping): past 62 trials
 model_based asks TPE fewer times a decision (tune/model_based.py, READS), which changes its draws there.
 
---memory runs the tuners with and without the memory model (autotuner/memory.py), through the real runner, on the
-stand-in's DeepSpeed-like fake GPU (OOM_STANDIN_MODEL: 5e9 parameters in fp16 with Adam, 1e9 bytes of activations a
-sample, each experiment on 2 GPUs of an "A100-80GB", 80e9 bytes; stage 0 cannot fit, the largest sizes that fit
-are 28, 33, 38 for stages 1-3, the best z3 mbs38): without a model (the hostfile states no GPU type), with
-`model_info` stated, and with the profile run finding the facts; and the same on the simulated clock.
+--memory runs the tuners with and without the memory model (autotuner/tune/memory_model.py), through the real
+runner, on the stand-in's DeepSpeed-like fake GPU (OOM_STANDIN_MODEL: 5e9 parameters in fp16 with Adam, 1e9 bytes
+of activations a sample, each experiment on 2 GPUs of an "A100-80GB", 80e9 bytes; stage 0 cannot fit, the largest
+sizes that fit are 28, 33, 38 for stages 1-3, the best z3 mbs38): without a model (the hostfile states no GPU type),
+with `model_info` stated, and with the profile run finding the facts; and the same on the simulated clock.
 
 --unknown runs the case of a new user whose GPUs' memory autotune cannot read (CPU slots, no `gpu=`): every ZeRO
 stage, sizes up to 1,024 (the power-of-two grid: 44 experiments), the stand-in's plain rule (largest sizes that fit

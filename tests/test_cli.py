@@ -343,8 +343,8 @@ def test_help_starts_without_rich_pydantic_or_any_backend():
              "--grace", "--ssh-config", "--accept-new-hosts", "--remote-dir", "--quiet", "--events", "--fail-on",
              "--format", "--slurm", "--nodes", "--gpus-per-node", "--partition", "--time", "--account"]),
     ("tune", ["--hostfile", "--include", "--exclude", "--slots", "--ray", "--timeout", "--deadline", "--retries",
-              "--grace", "--ssh-config", "--accept-new-hosts", "--remote-dir", "--quiet", "--events", "--slurm",
-              "--nodes", "--gpus-per-node", "--partition", "--time", "--account"]),
+              "--grace", "--ssh-config", "--accept-new-hosts", "--remote-dir", "--quiet", "--events", "--fail-on",
+              "--format", "--slurm", "--nodes", "--gpus-per-node", "--partition", "--time", "--account"]),
     ("resume", ["--timeout", "--deadline", "--retries", "--grace", "--ssh-config", "--accept-new-hosts",
                 "--remote-dir", "--quiet", "--events", "--fail-on", "--format", "--slurm", "--nodes",
                 "--gpus-per-node", "--partition", "--time", "--account", "--ray"]),
@@ -362,3 +362,18 @@ def test_a_bundled_value_reaches_the_command_and_is_checked_there(tmp_path):
     for args in (("run", sweep_file(tmp_path, GOOD), "--slots", "1"), ("resume", tmp_path / "none")):
         assert_one_line_error(autotune(*args, "--deadline", "-5"), "--deadline must be a positive number")
         assert_one_line_error(autotune(*args, "--ssh-config", tmp_path / "missing"), "--ssh-config: no such file")
+
+
+def test_a_launcher_named_by_a_relative_path_is_taken_from_the_current_directory(tmp_path):
+    """Runs start in their script's directory: `--launcher bin/launch.sh` passed the check that it exists (from
+    here), then every run failed with exit status 127 there, twice."""
+    (tmp_path / "bin").mkdir()
+    launcher = tmp_path / "bin" / "launch.sh"
+    launcher.write_text(STANDIN.read_text())
+    launcher.chmod(0o755)
+    (tmp_path / "exp").mkdir()
+    spec = sweep_file(tmp_path / "exp", "{\n  script: train.py\n  ds_config: {}\n  space: {x: [1, 2]}\n}\n")
+    result = autotune("run", spec, "--slots", "2", "--launcher", "bin/launch.sh", "-o", tmp_path / "out", "-q",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 experiments: 2 succeeded" in result.stdout

@@ -86,7 +86,7 @@ def test_a_bad_fail_on_is_a_usage_error_of_one_line(sweep, tmp_path):
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "--fail-on" in result.stderr and "no-result" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
-    for command in ("run", "resume"):  # the choices are listed in --help
+    for command in ("run", "tune", "resume"):  # the choices are listed in --help
         assert "any|no-result" in autotune(command, "--help").stdout
 
 
@@ -108,3 +108,36 @@ def test_the_api_refuses_an_unknown_policy_before_it_touches_the_sweep(tmp_path)
 def test_the_rule(interrupted, all_succeeded, best_written, fail_on, expected):
     assert exit_code(interrupted=interrupted, all_succeeded=all_succeeded, best_written=best_written,
                      fail_on=fail_on) == expected
+
+
+# A tune's stand-in: a run whose name holds $FAIL fails (not out of memory); the others measure their size.
+TUNE_LAUNCHER = """\
+#!/bin/sh
+name=$(basename "$(dirname "$AUTOTUNE_METRICS_PATH")")
+case "$name" in *$FAIL*) echo "ValueError: boom" >&2; exit 1;; esac
+mbs=${name#*_mbs}; mbs=${mbs%%_*}
+printf '{"throughput": %s}\\n' "$mbs" > "$AUTOTUNE_METRICS_PATH"
+"""
+
+
+def test_tune_takes_fail_on_and_format_as_run_does(tmp_path):
+    # The README: every command that prints takes --format; a tune's failed run (a profile run, say) counts for
+    # the exit status unless --fail-on no-result.
+    (tmp_path / "launcher.sh").write_text(TUNE_LAUNCHER)
+    (tmp_path / "train.py").touch()
+    (tmp_path / "ds.json").write_text('{"gradient_accumulation_steps": 1, "zero_optimization": {"stage": [0, 1]},\n'
+                                      ' "autotuning": {"min_train_micro_batch_size_per_gpu": 1,'
+                                      ' "max_train_micro_batch_size_per_gpu": 4}}\n')
+
+    def tune(out: str, *extra: object) -> subprocess.CompletedProcess:
+        return autotune("tune", "--slots", "2", "--launcher", f"sh {tmp_path / 'launcher.sh'}", "-o", tmp_path / out,
+                        *extra, "train.py", "--deepspeed_config", "ds.json", fail="z1_", cwd=tmp_path)
+
+    strict = tune("strict", "--format", "json")
+    assert strict.returncode == 1, strict.stderr
+    outcome = json.loads(strict.stdout)  # stdout is the one JSON object, nothing else
+    assert outcome["exit_code"] == 1 and outcome["counts"]["failed"] >= 1
+    assert outcome["best"]["name"].startswith("train_z0_mbs4") and outcome["confirmed"] is True
+    tolerant = tune("tolerant", "--fail-on", "no-result", "--quiet")
+    assert tolerant.returncode == 0, tolerant.stderr
+    assert "failed" in tolerant.stdout and "best: train_z0_mbs4" in tolerant.stdout

@@ -453,6 +453,8 @@ def test_a_changed_spec_is_refused_on_resume_and_only_new_runs_just_the_new(tmp_
     assert len(refused.stderr.strip().splitlines()) == 1
     only_new = autotune("resume", s.dir, "--only-new", environ=s.env())  # nothing new: nothing runs
     assert only_new.returncode == 0, only_new.stderr
+    # said, not silent: the changed experiments keep the config they ran with
+    assert "left as recorded (changed: s_x0, s_x1)" in only_new.stderr, only_new.stderr
 
     s.spec.write_text(original.replace('"x": [0, 1]', '"x": [0, 1, 2]'))
     refused = autotune("resume", s.dir, environ=s.env())

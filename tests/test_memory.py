@@ -1,5 +1,5 @@
-"""The memory model (autotuner/memory.py) against figures computed by hand, and `autotune tune`'s search with it,
-driven by the real scheduler on a simulated clock against a fake GPU (named as such) whose memory need is
+"""The memory model (autotuner/tune/memory_model.py) against figures computed by hand, and `autotune tune`'s search
+with it, driven by the real scheduler on a simulated clock against a fake GPU (named as such) whose memory need is
 DeepSpeed-like: model states per ZeRO stage, partitioned over the data-parallel GPUs, plus activations per sample,
 plus what CUDA keeps for itself; past the GPU's size a run fails with the runtime's OOM message."""
 import pytest

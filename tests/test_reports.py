@@ -286,6 +286,27 @@ def test_hosts_json_is_an_alias_of_format_json(tmp_path):
     assert results[2].stdout.splitlines()[1].startswith("node-x,2,down: ")
 
 
+def test_hosts_probes_this_machine_here_as_its_runs_start_here(tmp_path):
+    """A hostfile's `localhost` runs its single-node experiments without SSH, so `autotune hosts` probes it here:
+    it was reported down (exit 1) on a machine whose sshd does not answer, while `run` on it worked. SSH to it is
+    still tried (pdsh needs it for multi-node runs), and its failure said."""
+    import socket
+
+    with socket.socket() as closed:  # bound, never listening: every connection is refused at once
+        closed.bind(("127.0.0.1", 0))
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host localhost\n  HostName 127.0.0.1\n  Port {closed.getsockname()[1]}\n")
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("localhost slots=2\n")
+        result = cli("hosts", "-H", hostfile, "--ssh-config", config, "--json")
+        table = cli("hosts", "-H", hostfile, "--ssh-config", config, "-f", "csv")
+    assert result.returncode == 0, result.stderr
+    (here,) = json.loads(result.stdout)
+    assert here["reachable"] and here["python"] and here["cpus"] and here["loadavg"]  # probed here
+    assert "refused" in here["ssh_error"]
+    assert table.stdout.splitlines()[1].startswith("localhost,2,up (here; over SSH: connection refused")
+
+
 def test_cancel_format_json(sweep):
     unfinished = {r.name for r in autotuner.load(sweep) if r.state in ("queued", "running")}
     text = cli("cancel", sweep, "zm_z2_mbs32_gas1")

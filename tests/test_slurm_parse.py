@@ -1,4 +1,4 @@
-"""Reading Slurm's text (autotuner/slurm/parse.py) on output recorded from a real Slurm 22.05 cluster
+"""Reading Slurm's text (autotuner/backends/slurm/parse.py) on output recorded from a real Slurm 22.05 cluster
 (tests/data/slurm, see its README), and on hand-made lines for what the lab cannot show (typed GPUs, tracked
 memory, zero-padded host lists)."""
 from pathlib import Path

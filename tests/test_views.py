@@ -181,6 +181,8 @@ def test_report_plot_through_the_cli(midway):
     assert bad.exit_code == 2 and "--plot" in bad.output
     unknown = runner.invoke(cli.app, ["report", str(midway), "--plot", "--x", "no.such.key"])
     assert unknown.exit_code == 2 and "no.such.key" in unknown.output
+    # Bad input is the one line: no report printed before it.
+    assert len(unknown.output.strip().splitlines()) == 1, unknown.output
 
 
 def test_without_matplotlib_plots_say_how_to_install_and_html_still_works(midway):
@@ -265,6 +267,22 @@ def test_html_file_argument_and_bare_flag(finished, tmp_path):
     assert json.loads(result.stdout)["best"] == "zm_z0_mbs32_gas1"  # stdout stays the report
     assert target.exists() and f"html: {target}" in result.stderr
     assert not (finished / "report.html").exists()
+
+
+def test_html_never_lands_on_the_sweeps_own_files_nor_its_runs(finished):
+    """The README: --html is refused where it names one of the command's inputs, its sweep's files among them.
+    `--html=DIR/summary.txt` replaced the summary with the page, `--html=DIR/RUN/stdout.log` a run's log."""
+    log = finished / "zm_z0_mbs2_gas1" / "stdout.log"
+    log.parent.mkdir(exist_ok=True)
+    log.write_text("the run's own output\n")
+    kept = {p: p.read_bytes() for p in (finished / "summary.txt", finished / "ds_config_optimal.json", log)}
+    for target in kept:
+        result = autotune("report", finished, f"--html={target}", "--plot")
+        assert result.returncode == 2 and result.stdout == "", result.stdout
+        assert len(result.stderr.strip().splitlines()) == 1 and "--html wants a file of its own" in result.stderr
+    assert {p: p.read_bytes() for p in kept} == kept
+    assert not (finished / METRIC_PNG).exists()  # nothing written before the refusal
+    assert autotune("report", finished, f"--html={finished / 'report.html'}").returncode == 0
 
 
 def test_report_plot_and_html_while_the_sweep_runs(tmp_path):

@@ -9,9 +9,12 @@ backend that built it closes it (`close`, once the executor's runs have ended).
 from __future__ import annotations
 
 import logging
+import math
+import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
+from .. import limits
 from ..core.events import HostBack, HostLost, Post
 from ..threads import Workers
 
@@ -20,6 +23,23 @@ log = logging.getLogger(__name__)
 # Of the hosts asked, each with None when it answers now, else why it is lost. Yielded one at a time, so that
 # a slow probe per host can be left as soon as the watcher is closed.
 Look = Callable[[Sequence[str]], Iterable[tuple[str, str | None]]]
+
+
+def env_seconds(name: str, default: float) -> float:
+    """Seconds an environment variable sets: at least 0.1, at most limits.SECONDS; the default where it is not
+    such a number (`inf` or `1e300` overflowed the waits they were handed: a traceback), with a warning."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= limits.SECONDS:  # NaN fails it too
+        log.warning("%s=%s is not a number of seconds from 0 to %s: using %g", name, text[:40],
+                    f"{limits.SECONDS:,}", default)
+        return default
+    return max(0.1, value)
 
 
 class PollingWatcher:

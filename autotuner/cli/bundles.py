@@ -48,7 +48,8 @@ RETRIES = typer.Option(1, "--retries", min=0, max=100, help="Retries of transien
 GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL when ending a run.")
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
 EVENTS = typer.Option(None, "--events", help="Append one JSON line per event (started, finished: name, attempt, "
-                                             "slots, state, reason, metric, timestamp) to this file, for scripts.")
+                                             "slots, state, reason, metric, timestamp; stopping: why the sweep "
+                                             "stops dispatching) to this file, for scripts.")
 FAIL_ON = typer.Option(autotuner.FailOn.ANY, "--fail-on",
                        help="When to exit 1: `any` experiment did not succeed, or only `no-result` (none "
                             "succeeded, so no best config: an OOM alone then exits 0).")

@@ -64,14 +64,16 @@ def report(
         if html:  # before anything is printed: a refusal is the one line
             autotuner.check_output(Path(html), "--html", [directory / "ledger.sqlite"], own_files=False,
                                    replaced=True)
-        with _collector_paused():
-            sys.stdout.write(autotuner.render_report(directory, fmt.value, screen()))
-        if plot:
-            paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
-            typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
+        # The page, then the plots, then the report: a refusal (a --x no experiment has, a page over the sweep's
+        # own files, no matplotlib) is then the one line, with nothing written before it.
         if html is not None:
             page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines)
             typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
+        if plot:
+            paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
+            typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
+        with _collector_paused():
+            sys.stdout.write(autotuner.render_report(directory, fmt.value, screen()))
     except UserError as e:
         raise fail(e) from None
 

@@ -22,7 +22,6 @@ from .bundles import (
     SLURM_OPTIONS,
     SPECS,
     SSH,
-    WATCH,
     WATCH_AND_VERDICT,
     SshOptions,
     Timing,
@@ -132,7 +131,7 @@ def tune(
                                                "(0 to 1000)."),
     launcher: str | None = LAUNCHER,
     ssh: SshOptions = SSH,
-    watch: Watch = WATCH,
+    watch: Watch = WATCH_AND_VERDICT,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
@@ -165,7 +164,7 @@ def tune(
         if not watch.quiet:
             template = autotuner.snapshot(directory).meta.search["template"]  # type: ignore[index]
             typer.echo(f"tuning {script}: experiments of {template['num_nodes']} node(s) x {template['num_gpus']} "
-                       f"slot(s) on {_slots(cluster)}; results in {directory}")
+                       f"slot(s) on {_slots(cluster)}; results in {directory}", err=watch.fmt == Brief.json)
         execute(directory, options, watch)
 
 

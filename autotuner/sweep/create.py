@@ -62,6 +62,7 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     caller that reads them before it asks a cluster for anything.
     """
     check_fits(sweep, cluster)
+    launcher = _launcher_path(launcher)
     _check_launcher(launcher, cluster)
     learned = None
     if memory_from is not None:
@@ -182,6 +183,15 @@ def _gpu_memory(cluster: Cluster) -> int | None:
     known (CPU slots, a type that states no size): then the model skips nothing."""
     known = [cluster.memory[host] for host in cluster.slots if host in cluster.memory]
     return max(known) if known and len(known) == len(cluster.slots) else None
+
+
+def _launcher_path(launcher: Sequence[str] | None) -> Sequence[str] | None:
+    """A launcher named by a relative path (`./launch.sh`, `bin/launch`) is taken from the current directory, as
+    any path given is: the runs start in their script's directory, where it would name another file (or none,
+    each run failing with exit status 127). A bare command name is left to PATH."""
+    if launcher and "/" in launcher[0] and not os.path.isabs(launcher[0]):
+        return [os.path.abspath(launcher[0]), *launcher[1:]]
+    return launcher
 
 
 def _check_launcher(launcher: Sequence[str] | None, cluster: Cluster) -> None:

@@ -40,7 +40,7 @@ class ResumePlan:
 
     new_experiments: tuple[Experiment, ...] = ()
     timeout: float | None = limits.DEFAULT_TIMEOUT  # the run's limit for experiments whose spec gives none
-    notes: tuple[str, ...] = ()  # for the user: why the spec was not read again
+    notes: tuple[str, ...] = ()  # for the user: why the spec was not read again, or what of it is left aside
     slurm: dict[str, object] | None = None  # the Slurm allocation it last ran in (job id, whether ours), if one
     inputs: tuple[str, ...] = ()  # the files the spec was read from again (Sweep.paths): no output may be one
 
@@ -81,7 +81,10 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         raise UserError(f"the sweep's spec changed since it started ({changes}); `--only-new` runs just the new "
                         "experiments", sweep.source)
     new = set(changes.new) if only_new else set()
-    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, slurm=slurm,
+    kept = SpecChanges(changed=changes.changed, removed=changes.removed)
+    notes = (f"the spec's other changes are left as recorded ({kept}): those experiments keep the config they "
+             "ran with; `autotune run` starts a sweep of the spec as it is now",) if kept else ()
+    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, notes=notes, slurm=slurm,
                       inputs=sweep.paths())
 
 

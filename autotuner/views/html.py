@@ -22,6 +22,8 @@ from ..jsonvalues import JSON
 from ..ledger.lock import holder_pid
 from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
+from ..spec.model import RESERVED_NAMES
+from ..spec.outputs import same_file
 from .analysis import all_attempts, timeline_end, utilisation
 from .panel import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
@@ -250,6 +252,16 @@ def _url(path: str) -> str:
     return quote(path, safe="/")
 
 
+def _not_the_sweeps(directory: Path, target: Path, snap: Snapshot) -> None:
+    """The page is written whole over `target`: never over one of the sweep's own files but its page (its
+    summary, best config, hostfile...), nor into a run's directory (its logs, config, metrics the page links to)."""
+    if target.name != REPORT_HTML and RESERVED_NAMES.fullmatch(target.name) and same_file(target.parent, directory):
+        raise UserError("is one of the sweep's own files; --html wants a file of its own", target)
+    if target.parent.name in snap.experiments and same_file(target.parent.parent, directory):
+        raise UserError(f"is in the directory of the sweep's experiment {target.parent.name}; --html wants a file of "
+                        "its own", target)
+
+
 def write_html(directory: Path, path: Path | None = None, *, x: str | None = None, lines: str | None = None,
                plots: dict[str, bytes] | None = None) -> tuple[Path, str | None]:
     """Write the page (default DIR/report.html); returns its path and a note when the plots are missing."""
@@ -262,6 +274,7 @@ def write_html(directory: Path, path: Path | None = None, *, x: str | None = Non
         except NoMatplotlib as e:
             note = str(e)
     target = Path(path) if path else directory / REPORT_HTML
+    _not_the_sweeps(directory, target, snap)
     attempts = all_attempts(directory)
     usage = utilisation(attempts, snap.slots, timeline_end(directory, attempts))
     links = log_links(directory, target, [a.name for a in snap.attempts])

@@ -3,22 +3,19 @@ there is ended and queued again elsewhere), and a host that Ray lists alive agai
 GCS), never the nodes; every POLL seconds (AUTOTUNE_RAY_POLL)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 
 from ...core.events import Event
-from ..watch import PollingWatcher
+from ..watch import PollingWatcher, env_seconds
 
 POLL_ENV = "AUTOTUNE_RAY_POLL"
 POLL = 2.0
 
 
 def poll_interval() -> float:
-    try:
-        return max(0.1, float(os.environ.get(POLL_ENV, POLL)))
-    except ValueError:
-        return POLL
+    """Seconds between looks at the nodes (`AUTOTUNE_RAY_POLL`, else POLL; `inf` would end the watch's thread)."""
+    return env_seconds(POLL_ENV, POLL)
 
 
 class NodeWatcher:

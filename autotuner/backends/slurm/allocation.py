@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import shlex
 import signal
@@ -17,10 +16,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from ... import limits
 from ...errors import UserError
 from ...gpu.types import size_of_type
 from ..cluster import Cluster
+from ..watch import env_seconds
 from . import parse
 
 log = logging.getLogger(__name__)
@@ -35,23 +34,6 @@ TIMEOUT_ENV = "AUTOTUNE_SLURM_TIMEOUT"  # seconds, in place of COMMAND_TIMEOUT
 def command_timeout() -> float:
     """Seconds one Slurm command may take (`AUTOTUNE_SLURM_TIMEOUT`, else COMMAND_TIMEOUT)."""
     return env_seconds(TIMEOUT_ENV, COMMAND_TIMEOUT)
-
-
-def env_seconds(name: str, default: float) -> float:
-    """Seconds an environment variable sets: at least 0.1, at most limits.SECONDS; the default where it is not
-    such a number (`inf` or `1e300` overflowed the waits they were handed: a traceback), with a warning."""
-    text = os.environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= limits.SECONDS:  # NaN fails it too
-        log.warning("%s=%s is not a number of seconds from 0 to %s: using %g", name, text[:40],
-                    f"{limits.SECONDS:,}", default)
-        return default
-    return max(0.1, value)
 
 
 class SlurmError(UserError):

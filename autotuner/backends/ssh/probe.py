@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from ...gpu.nvml import Gpu
 from ...gpu.nvml import gpu_type as type_of_gpus
 from ...gpu.types import size_of_type
 from ...limits import GiB
-from ...spec.hostfile import Host, load_hostfile
+from ...spec.hostfile import Host, is_local, load_hostfile
 from ..base import HostsCheck
 from .errors import HostDown
 from .fanout import each, run_many
@@ -48,6 +49,7 @@ class HostReport:
     cpus: int | None = None
     seconds: float = 0.0  # how long the probe took
     notes: list[str] = field(default_factory=list)
+    ssh_error: str | None = None  # this machine, probed without SSH: why SSH to it failed (pdsh needs it)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -56,7 +58,7 @@ class HostReport:
                       "memory_free": g.memory_free, "uuid": g.uuid, "mig": g.mig} for g in self.gpus],
             "gpu_error": self.gpu_error, "python": self.python, "deepspeed": self.deepspeed,
             "loadavg": list(self.loadavg) if self.loadavg is not None else None, "cpus": self.cpus,
-            "seconds": round(self.seconds, 3), "notes": list(self.notes),
+            "seconds": round(self.seconds, 3), "notes": list(self.notes), "ssh_error": self.ssh_error,
         }
 
 
@@ -197,13 +199,33 @@ def unanswering(pool: SSHPool, hosts: Sequence[str], timeout: float = 10.0) -> d
 
 
 def probe_host(host: str, pool: SSHPool, timeout: float = 30.0, python: str = "python3") -> HostReport:
-    """Probe one host; never raises for a host that is down (the report says why)."""
+    """Probe one host; never raises for a host that is down (the report says why). This machine is probed
+    here, as its single-node runs start here without SSH; SSH to it is tried too (multi-node runs reach it
+    through pdsh), and where it fails the report says so."""
     started = time.monotonic()
+    if is_local(host):
+        return _probe_here(host, pool, timeout, python, started)
     try:
         result = pool.run(host, probe_script(python), timeout=timeout)
     except HostDown as e:
         return HostReport(host, reachable=False, reason=e.reason, seconds=time.monotonic() - started)
     return parse_probe(host, result.stdout, time.monotonic() - started)
+
+
+def _probe_here(host: str, pool: SSHPool, timeout: float, python: str, started: float) -> HostReport:
+    try:
+        done = subprocess.run(["sh", "-c", probe_script(python)], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return HostReport(host, reachable=False, reason=f"the probe on this machine failed: {e}",
+                          seconds=time.monotonic() - started)
+    report = parse_probe(host, done.stdout, time.monotonic() - started)
+    try:
+        result = pool.run(host, "true", timeout=timeout)
+        report.ssh_error = None if result.ok else "`true` failed"
+    except HostDown as e:
+        report.ssh_error = e.reason
+    return report
 
 
 def probe_hosts(hosts: Sequence[str], pool: SSHPool, timeout: float = 30.0,
@@ -258,5 +280,13 @@ def _host_cells(r: HostReport, slots: int, kind: str | None = None) -> tuple[str
                      for g in r.gpus) or ("error: " + r.gpu_error if r.gpu_error else "none")
     load = " ".join(f"{x:.2f}" for x in r.loadavg) if r.loadavg else ""
     return (r.host, str(slots), *([kind] if kind is not None else []),
-            "up" if r.reachable else f"down: {r.reason}", gpus if r.reachable else "",
+            _state(r), gpus if r.reachable else "",
             r.python or "", r.deepspeed or "", load)
+
+
+def _state(r: HostReport) -> str:
+    if not r.reachable:
+        return f"down: {r.reason}"
+    if r.ssh_error:
+        return f"up (here; over SSH: {r.ssh_error}: single-node runs only)"
+    return "up"
