@@ -5,8 +5,10 @@ written or launched, memory and time bounded."""
 from __future__ import annotations
 
 import pytest
-from test_bad_input import refused
-from test_bad_input_surfaces import STANDIN, config
+from test_bad_input import line_of, refused
+from test_bad_input_surfaces import STANDIN, config, tune
+
+from autotuner.spec.reading import Budget, read_source
 
 from cli_rig import autotune, env
 
@@ -27,3 +29,27 @@ def test_an_argument_that_is_not_utf8_is_one_line_before_anything_is_written(tmp
                           environ=env(OOM_STANDIN_LOG=tmp_path / "launches.log"), cwd=tmp_path, timeout=60)
     refused(result, "argument ", "\\xff", "is not UTF-8 text", tmp_path=tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds.json", "train.py"]
+
+
+@pytest.mark.parametrize("value", ['"a\\ud800"', '["ok", "\\udc00 alone"]', '"\\ude00\\ud83d"'])
+def test_half_a_utf16_pair_in_a_config_is_located_not_written(tmp_path, value):
+    """JSON's `\\ud800` escape parses to a string no encoder can write: tune made its results directory and
+    ledger, then failed on the experiment's digest with a traceback."""
+    config(tmp_path)
+    path = tmp_path / "ds.json"
+    path.write_text(path.read_text()[:-1] + f',\n "comment": {value}\n}}')
+    refused(tune(tmp_path), f"{path}:{line_of(path, 'comment')}:", "half of a UTF-16 pair", tmp_path=tmp_path)
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_whole_utf16_pair_is_one_character_and_read(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text('{"a": "\\ud83d\\ude00", "b": "\\uD83D\\uDE00"}')
+    assert read_source(path, Budget(), "DeepSpeed config").data == {"a": "\U0001F600", "b": "\U0001F600"}
+
+
+def test_half_a_utf16_pair_in_a_sweep_file_is_located(tmp_path):
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text('{\n  script: train.py\n  name: "s\\udfff"\n  ds_config: {}\n}\n')
+    refused(autotune("plan", "--slots", "1", path, cwd=tmp_path), f"{path}:3:", "half of a UTF-16 pair")
