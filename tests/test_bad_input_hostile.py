@@ -9,6 +9,7 @@ from test_bad_input import line_of, refused
 from test_bad_input_surfaces import STANDIN, config, tune
 
 from autotuner.spec.reading import Budget, read_source
+from autotuner.tune.batches import keeping, largest_keeping
 
 from cli_rig import autotune, env
 
@@ -53,3 +54,33 @@ def test_half_a_utf16_pair_in_a_sweep_file_is_located(tmp_path):
     path = tmp_path / "sweep.hjson"
     path.write_text('{\n  script: train.py\n  name: "s\\udfff"\n  ds_config: {}\n}\n')
     refused(autotune("plan", "--slots", "1", path, cwd=tmp_path), f"{path}:3:", "half of a UTF-16 pair")
+
+
+@pytest.mark.parametrize("key, value", [("train_batch_size", 10 ** 15 + 1), ("gradient_accumulation_steps", 10 ** 12),
+                                        ("gradient_accumulation_steps", [1, 10 ** 10])])
+def test_batch_numbers_past_what_is_meant_are_located(tmp_path, key, value):
+    """A train_batch_size of 10^15 + 1 over two GPUs looped over every size below it looking for one that keeps
+    it (hours); the batch keys are bounded as the autotuning section's whole numbers are."""
+    path = config(tmp_path, {"max_train_micro_batch_size_per_gpu": None}, {key: value})
+    refused(tune(tmp_path, "--slots", "2", "--num_gpus", "2"), f"{path}:{line_of(path, key)}:", key,
+            "at most 1,000,000,000", tmp_path=tmp_path)
+
+
+def test_a_batch_with_few_divisors_below_a_large_bound_is_found_from_its_divisors(tmp_path):
+    """train_batch_size 2 x 499,999,993 (a prime) with sizes up to 8 x 10^8: the sizes that keep it are 1, 2 and
+    the prime, found from the batch's divisors; trying every size down from the bound (and listing them all for
+    the end of tune's note) took minutes and gigabytes."""
+    config(tmp_path, {"max_train_micro_batch_size_per_gpu": 800_000_000}, {"train_batch_size": 2 * 499_999_993,
+                                                                          "zero_optimization": {"stage": 1}})
+    result = tune(tmp_path, "--slots", "1")
+    assert result.returncode == 0, result.stderr
+    assert "micro-batch sizes 1, 2, 499999993; 799999997 size(s) from 1 to 800000000 skipped" in result.stdout
+
+
+@pytest.mark.parametrize("batch, dp, low, high, largest, every", [
+    (12, 1, 1, 12, 12, [1, 2, 3, 4, 6, 12]), (12, 2, 1, 5, 3, [1, 2, 3]), (12, 5, 1, 12, None, []),
+    (36, 1, 5, 8, 6, [6]), (36, 1, 7, 8, None, []), (49, 1, 2, 48, 7, [7]), (1, 1, 1, 1, 1, [1])])
+def test_the_sizes_that_keep_a_batch_are_its_divisors(batch, dp, low, high, largest, every):
+    assert largest_keeping(batch, dp, low, high) == largest
+    assert keeping(batch, dp, low, high) == every
+    assert every == [m for m in range(low, high + 1) if batch % (m * dp) == 0]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .. import limits
 from ..errors import UserError, shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.metrics import metric_named
@@ -26,6 +27,7 @@ from ..spec.reading import (
     script_path,
     string_list,
 )
+from .batches import largest_keeping
 from .knobs import Space, accumulation_values, first_values, knob_spaces, with_accumulation
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
@@ -42,7 +44,7 @@ STAGES = (0, 1, 2, 3)
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
-COUNT_MAX = 10 ** 9  # the most a whole number of the section may be: sizes, steps, trials (none is near it)
+COUNT_MAX = limits.COUNT  # the most a whole number of the config may be: sizes, steps, trials (none is near it)
 MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
 # model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
@@ -162,8 +164,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     if global_batch is not None:
         by_batch = max(1, global_batch // dp)
         max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
-    sizes = range(min_mbs, (max_mbs or min_mbs) + 1)
-    if fixed and global_batch is not None and not any(global_batch % (m * dp) == 0 for m in sizes):
+    if fixed and global_batch is not None and largest_keeping(global_batch, dp, min_mbs, max_mbs or min_mbs) is None:
         raise src.error(f"train_batch_size {batch} cannot be kept: no micro-batch size from {min_mbs} to "
                         f"{max_mbs} times the accumulation times {dp} data-parallel GPU(s) makes it",
                         "train_batch_size")
@@ -210,8 +211,9 @@ def _check_batch_keys(src: Source, config: JSONObject) -> None:
     for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
         value = config.get(key)
         listed = key == "gradient_accumulation_steps" and isinstance(value, list)  # searched: knobs.py checks it
-        if value is not None and value != "auto" and not listed and not positive_int(value):
-            raise src.error(f"{key} must be a positive whole number or \"auto\", not {shown(value)}", key)
+        if value is not None and value != "auto" and not listed and not (positive_int(value) and value <= COUNT_MAX):
+            most = f", at most {COUNT_MAX:,}" if positive_int(value) else ""
+            raise src.error(f"{key} must be a positive whole number or \"auto\"{most}, not {shown(value)}", key)
 
 
 def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
