@@ -84,3 +84,26 @@ def test_the_sizes_that_keep_a_batch_are_its_divisors(batch, dp, low, high, larg
     assert largest_keeping(batch, dp, low, high) == largest
     assert keeping(batch, dp, low, high) == every
     assert every == [m for m in range(low, high + 1) if batch % (m * dp) == 0]
+
+
+@pytest.mark.parametrize(("zero", "key", "fragment"), [
+    ({"stage": 2, "offload_optimizer": "cpu"}, "offload_optimizer", "must be an object"),
+    ({"stage": 2, "offload_optimizer": [{"device": "cpu"}]}, "offload_optimizer", "must be an object"),
+    ({"stage": 3, "offload_param": {"device": "gpu"}}, "device", "device 'gpu': one of none, cpu, nvme"),
+    ({"stage": 3, "offload_param": {"device": None}}, "device", "device null"),
+    ({"stage": 3, "offload_param": {"device": "nvme"}}, "offload_param", "nvme needs nvme_path"),
+    ({"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": 5}}, "nvme_path", "nvme needs nvme_path"),
+])
+def test_an_offload_section_every_run_would_fail_on_is_located(tmp_path, zero, key, fragment):
+    """`offload_optimizer: "cpu"` was accepted: every run failed in DeepSpeed's engine, and the search took the
+    failures for "nothing fits" and went on to offload levels built on the broken section."""
+    path = config(tmp_path, extra={"zero_optimization": zero})
+    refused(tune(tmp_path, "--slots", 1), f"{path}:{line_of(path, key)}:", fragment, tmp_path=tmp_path)
+    assert not (tmp_path / "launches.log").exists()
+
+
+@pytest.mark.parametrize("section", [None, {"device": "none"}, {"device": "cpu", "pin_memory": True}])
+def test_an_offload_section_deepspeed_takes_is_tuned(tmp_path, section):
+    config(tmp_path, extra={"zero_optimization": {"stage": 2, "offload_optimizer": section}})
+    result = tune(tmp_path, "--slots", 1)
+    assert result.returncode == 0, result.stderr

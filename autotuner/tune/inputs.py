@@ -41,6 +41,7 @@ OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pi
 PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's OffloadDeviceEnum
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
@@ -176,6 +177,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
         raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
     stages = _stages(src, config)
+    _check_offload(src, zero)
     accumulations = accumulation_values(src, config.get("gradient_accumulation_steps"), global_batch is not None)
     spaces = with_accumulation(knob_spaces(src, zero, stages, fast), accumulations)
     base = {k: v for k, v in config.items() if k != "autotuning"}
@@ -214,6 +216,27 @@ def _check_batch_keys(src: Source, config: JSONObject) -> None:
         if value is not None and value != "auto" and not listed and not (positive_int(value) and value <= COUNT_MAX):
             most = f", at most {COUNT_MAX:,}" if positive_int(value) else ""
             raise src.error(f"{key} must be a positive whole number or \"auto\"{most}, not {shown(value)}", key)
+
+
+def _check_offload(src: Source, zero: JSONObject) -> None:
+    """The offload sections the search reads and extends (`_oo`, `_op` levels), as DeepSpeed's engine takes them:
+    an object (or null), its `device` none, cpu or nvme, an `nvme_path` with nvme. Anything else failed every run,
+    and the search, taking each failure for "nothing fits", went on to offload levels built on the broken section."""
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise src.error(f"zero_optimization.{key} must be an object (e.g. {{\"device\": \"cpu\"}}), not "
+                            f"{shown(section)}", key)
+        device = section.get("device", "none")
+        if device not in OFFLOAD_DEVICES:
+            raise src.error(f"zero_optimization.{key}.device {shown(device)}: one of {', '.join(OFFLOAD_DEVICES)}",
+                            "device", src.line(key))
+        path = section.get("nvme_path")
+        if device == "nvme" and (not isinstance(path, str) or not path):
+            raise src.error(f"zero_optimization.{key}: device nvme needs nvme_path, the directory to offload to, "
+                            f"not {shown(path)}", "nvme_path" if "nvme_path" in section else key, src.line(key))
 
 
 def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
