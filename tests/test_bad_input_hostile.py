@@ -8,6 +8,7 @@ import pytest
 from test_bad_input import line_of, refused
 from test_bad_input_surfaces import STANDIN, config, tune
 
+from autotuner.errors import LINE, one_line
 from autotuner.spec.reading import Budget, read_source
 from autotuner.tune.batches import keeping, largest_keeping
 
@@ -107,3 +108,29 @@ def test_an_offload_section_deepspeed_takes_is_tuned(tmp_path, section):
     config(tmp_path, extra={"zero_optimization": {"stage": 2, "offload_optimizer": section}})
     result = tune(tmp_path, "--slots", 1)
     assert result.returncode == 0, result.stderr
+
+
+def test_cancel_of_thousands_of_unknown_names_is_one_short_line(tmp_path):
+    """`autotune cancel DIR x1 ... x3000` listed every unknown name: one line of 17,000 characters."""
+    results = tmp_path / "results"
+    sweep = tmp_path / "sweep.hjson"
+    (tmp_path / "train.py").touch()
+    sweep.write_text("{\n  script: train.py\n  ds_config: {}\n  space: {train_micro_batch_size_per_gpu: [1]}\n}\n")
+    launcher = tmp_path / "ok.sh"
+    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    assert autotune("run", "--slots", "1", "-q", "-o", results, "--launcher", f"sh {launcher}", sweep,
+                    cwd=tmp_path).returncode == 0
+    names = [f"x{i}" for i in range(3000)]
+    line = refused(autotune("cancel", results, *names, cwd=tmp_path), f"{results}: no experiment named x0, x1,",
+                   "x9 and 2990 more in this sweep")
+    assert len(line) < 200
+
+
+@pytest.mark.parametrize("text", ["short", "a\nb\rc", "x" * 479, "y" * 5000, "start " + "z" * 2000 + " end"])
+def test_an_error_is_one_bounded_line_whatever_its_message_joins(text):
+    line = one_line(text)
+    assert "\n" not in line and "\r" not in line and len(line) <= LINE
+    if len(text) < LINE:
+        assert line == " ".join(text.split())
+    else:
+        assert line.startswith(text[:100]) and line.endswith(text[-50:])
