@@ -4,11 +4,16 @@ every run would fail on. The rule is the same: exit 2, one line naming the file,
 written or launched, memory and time bounded."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_bad_input import line_of, refused
 from test_bad_input_surfaces import STANDIN, config, tune
 
+from autotuner import limits
 from autotuner.errors import LINE, one_line
+from autotuner.spec import Experiment
+from autotuner.spec.launchable import RUNNER_SECTION, launch_problem, may_be_too_long
 from autotuner.spec.reading import Budget, read_source
 from autotuner.tune.batches import keeping, largest_keeping
 
@@ -134,3 +139,39 @@ def test_an_error_is_one_bounded_line_whatever_its_message_joins(text):
         assert line == " ".join(text.split())
     else:
         assert line.startswith(text[:100]) and line.endswith(text[-50:])
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    ('env: {A: "' + "a" * 140_000 + '"}', "env A is more than the OS takes in one variable (128 KiB)"),
+    ('args: ["--x", "' + "a" * 140_000 + '"]', "an argument of 137 KiB is more than the OS takes in one"),
+    ('ds_config: {pad: "' + "é" * 20_000 + '"}', "its ds_config, 117 KiB as JSON, is handed to the script as one "
+                                               "base64 argument"),
+], ids=["env", "args", "ds_config"])
+def test_an_experiment_the_os_would_not_start_is_refused_before_the_sweep(tmp_path, extra, fragment):
+    """Linux refuses one argument or environment string over 128 KiB: each such sweep started, then failed every
+    attempt (retries too) with "Argument list too long"."""
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text("{\n  script: train.py\n" + ("" if "ds_config" in extra else "  ds_config: {}\n") +
+                    f"  {extra}\n}}\n")
+    launcher = tmp_path / "ok.sh"
+    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    result = autotune("run", "--slots", "1", "-o", tmp_path / "results", "--launcher", f"sh {launcher}", path,
+                      cwd=tmp_path)
+    refused(result, f"{path}: experiment sweep: ", fragment, tmp_path=tmp_path)
+
+
+def test_a_tune_config_the_os_would_not_take_as_an_argument_is_refused(tmp_path):
+    path = config(tmp_path, extra={"pad": "x" * 100_000})
+    refused(tune(tmp_path, "--slots", 1), f"{path}: experiment train_z1_mbs1: ", "its ds_config, 98 KiB as JSON",
+            tmp_path=tmp_path)
+    assert not (tmp_path / "launches.log").exists()
+
+
+def test_a_config_just_under_the_limit_still_launches():
+    config_bytes = limits.ARGUMENT * 3 // 4 - RUNNER_SECTION - 100
+    base = Experiment("e", {"pad": ""}, 1, 1, "/t.py")
+    pad = config_bytes - len(json.dumps(base.ds_config))
+    assert launch_problem(Experiment("e", {"pad": "x" * pad}, 1, 1, "/t.py")) is None
+    assert launch_problem(Experiment("e", {"pad": "x" * (pad + 4000)}, 1, 1, "/t.py")) is not None
+    assert not may_be_too_long(10_000) and may_be_too_long(20_000)

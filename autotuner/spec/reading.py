@@ -43,9 +43,11 @@ class Budget:
         self.bytes = limits.SWEEP_BYTES
         self.experiments = limits.EXPERIMENTS
         self.files: list[Path] = []  # every file read, in order: the command's inputs, which no output may be
+        self.text = 0  # characters of those files: what bounds any one config, argument or value built from them
 
     def read(self, path: Path, size: int) -> None:
         self.files.append(path)
+        self.text += size
         self.bytes -= size
         if self.bytes < 0:
             raise UserError(f"the sweep's files add up to more than {limits.size(limits.SWEEP_BYTES)}, the limit "
