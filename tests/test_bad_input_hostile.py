@@ -5,6 +5,7 @@ written or launched, memory and time bounded."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from test_bad_input import line_of, refused
@@ -12,12 +13,13 @@ from test_bad_input_surfaces import STANDIN, config, tune
 
 from autotuner import limits
 from autotuner.errors import LINE, one_line
+from autotuner.ledger.store import open_sweep
 from autotuner.spec import Experiment
 from autotuner.spec.launchable import RUNNER_SECTION, launch_problem, may_be_too_long
 from autotuner.spec.reading import Budget, read_source
 from autotuner.tune.batches import keeping, largest_keeping
 
-from cli_rig import autotune, env
+from cli_rig import autotune, cli, env
 
 NOT_UTF8 = "r\udcffes"  # how Python hands on the byte 0xff of an argument (surrogateescape)
 
@@ -175,3 +177,26 @@ def test_a_config_just_under_the_limit_still_launches():
     assert launch_problem(Experiment("e", {"pad": "x" * pad}, 1, 1, "/t.py")) is None
     assert launch_problem(Experiment("e", {"pad": "x" * (pad + 4000)}, 1, 1, "/t.py")) is not None
     assert not may_be_too_long(10_000) and may_be_too_long(20_000)
+
+
+def test_stdout_that_cannot_be_written_is_one_note_never_a_traceback(tmp_path):
+    """`autotune report DIR > /dev/full` (and status, compare, --help, ...) ended in a traceback; `run` in one after
+    it had made its results directory, before it launched anything. Now one note, the command goes on: a sweep
+    ends as it would (its exit status), a command whose output is its product exits 1."""
+    results = tmp_path / "results"
+    (tmp_path / "train.py").touch()
+    sweep = tmp_path / "sweep.hjson"
+    sweep.write_text("{\n  script: train.py\n  ds_config: {}\n  space: {train_micro_batch_size_per_gpu: [1, 2]}\n}\n")
+    launcher = tmp_path / "ok.sh"
+    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    note = "autotune: note: stdout cannot be written (No space left on device): what this command prints is left out"
+    for args, code in ((("run", "--slots", "1", "-o", results, "--launcher", f"sh {launcher}", sweep), 0),
+                       (("status", results), 1), (("report", results, "--format", "json"), 1),
+                       (("compare", results, results), 1), (("--help",), 1)):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run(cli(*args), env=env(), stdout=full, stderr=subprocess.PIPE, text=True, timeout=120,
+                                  cwd=tmp_path)
+        assert done.stderr.splitlines() == [note], (args, done.stderr)
+        assert done.returncode == code, (args, done.returncode)
+    with open_sweep(results) as ledger:
+        assert sorted(a.state.value for a in ledger.latest()) == ["succeeded", "succeeded"]

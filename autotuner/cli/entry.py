@@ -10,6 +10,7 @@ import typer
 import autotuner
 
 from ..errors import shown
+from . import stdout
 from .app import app
 from .interrupts import EARLY_PRESS, interrupt_once, interrupted
 
@@ -66,9 +67,12 @@ def main(argv: list[str] | None = None) -> None:
             args = optional_html_value(args)
         if "--ray" in args:
             args = autotuner.optional_ray_value(args)
+        stdout.install()
         code = app(args=args, prog_name="autotune", standalone_mode=False)
         if code == autotuner.EXIT_INTERRUPTED and EARLY_PRESS.is_set():  # typer's silent exit 130 for it
             interrupted()
+        stdout.flush()
+        code = stdout.exit_code(args, code if isinstance(code, int) else 0)
     except KeyboardInterrupt:  # typer still building the command
         interrupted()
     except _USAGE_ERROR as e:
