@@ -200,3 +200,12 @@ def test_stdout_that_cannot_be_written_is_one_note_never_a_traceback(tmp_path):
         assert done.returncode == code, (args, done.returncode)
     with open_sweep(results) as ledger:
         assert sorted(a.state.value for a in ledger.latest()) == ["succeeded", "succeeded"]
+
+
+@pytest.mark.parametrize(("key", "value", "fragment"), [
+    ("enabled", "no", "enabled must be true or false, not 'no'"), ("overwrite", 1, "overwrite must be true or false"),
+    ("results_dir", 5, "results_dir must be a path (a string), not 5"), ("exps_dir", [], "exps_dir must be a path")])
+def test_deepspeed_bookkeeping_keys_of_the_wrong_kind_are_located(tmp_path, key, value, fragment):
+    """`"enabled": "no"` was accepted and tuned anyway: the section's keys are read as typed, never ignored."""
+    path = config(tmp_path, {key: value})
+    refused(tune(tmp_path, "--slots", 1), f"{path}:{line_of(path, key)}:", fragment, tmp_path=tmp_path)

@@ -37,6 +37,8 @@ KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "st
         "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
         "model_info_path")
 TUNERS = ("gridsearch", "random", "model_based")
+SWITCHES = ("enabled", "fast", "overwrite")  # the section's true/false keys
+PATHS = ("results_dir", "exps_dir", "metric_path")  # the section's path keys
 OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
 PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
@@ -134,9 +136,13 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     for key in section:
         if key not in KEYS:
             raise src.error(f"unknown autotuning key {shown(key)} (DeepSpeed's keys: {', '.join(KEYS)})", key)
+    for key in SWITCHES:
+        if key in section and not isinstance(section[key], bool):
+            raise src.error(f"{key} must be true or false, not {shown(section[key])}", key)
+    for key in PATHS:  # DeepSpeed's autotuner's own bookkeeping, unused here: still never a mistyped value
+        if section.get(key) is not None and not isinstance(section[key], str):
+            raise src.error(f"{key} must be a path (a string), not {shown(section[key])}", key)
     fast = section.get("fast", True)
-    if not isinstance(fast, bool):
-        raise src.error(f"fast must be true or false, not {shown(fast)}", "fast")
     tuner = section.get("tuner_type", "gridsearch")
     if tuner not in TUNERS:
         raise src.error(f"tuner_type {shown(tuner)}: one of {', '.join(TUNERS)}", "tuner_type")
