@@ -18,6 +18,7 @@ from autotuner.spec import Experiment
 from autotuner.spec.launchable import RUNNER_SECTION, launch_problem, may_be_too_long
 from autotuner.spec.reading import Budget, read_source
 from autotuner.tune.batches import keeping, largest_keeping
+from autotuner.tune.memory_model import Facts, Training, bound, budget
 
 from cli_rig import autotune, cli, env
 
@@ -209,3 +210,15 @@ def test_deepspeed_bookkeeping_keys_of_the_wrong_kind_are_located(tmp_path, key,
     """`"enabled": "no"` was accepted and tuned anyway: the section's keys are read as typed, never ignored."""
     path = config(tmp_path, {key: value})
     refused(tune(tmp_path, "--slots", 1), f"{path}:{line_of(path, key)}:", fragment, tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("activation", [1e-300, 1e-3, 5e-324])
+def test_an_activation_figure_below_a_byte_bounds_the_size_not_overflows(activation):
+    """`model_info.activation_mem_per_gpu: 1e-300` (or a slope the loop measured that small) made the largest
+    size infinite: tune failed with a traceback (OverflowError) before it wrote anything."""
+    found = bound(Facts(10 ** 6, activation), Training(), 1, 80 << 30, 1)
+    assert found.largest == limits.COUNT
+
+
+def test_an_activation_figure_in_bytes_still_divides_as_before():
+    assert bound(Facts(1, 1 << 20), Training(), 0, 80 << 30, 1).largest == int((budget(80 << 30) - 16) // (1 << 20))
