@@ -222,3 +222,24 @@ def test_an_activation_figure_below_a_byte_bounds_the_size_not_overflows(activat
 
 def test_an_activation_figure_in_bytes_still_divides_as_before():
     assert bound(Facts(1, 1 << 20), Training(), 0, 80 << 30, 1).largest == int((budget(80 << 30) - 16) // (1 << 20))
+
+
+@pytest.mark.parametrize("target", ["ledger.sqlite", "summary.txt"])
+def test_an_output_through_a_link_to_a_sweeps_own_file_is_refused(tmp_path, target):
+    """`resume DIR --events LINK`, LINK a link to DIR/ledger.sqlite, was accepted: a resume that ran anything
+    would have appended its events to the ledger. A sweep's own files are found where links lead."""
+    results = tmp_path / "results"
+    (tmp_path / "train.py").touch()
+    sweep = tmp_path / "sweep.hjson"
+    sweep.write_text("{\n  script: train.py\n  ds_config: {}\n}\n")
+    launcher = tmp_path / "ok.sh"
+    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    assert autotune("run", "--slots", "1", "-q", "-o", results, "--launcher", f"sh {launcher}", sweep,
+                    cwd=tmp_path).returncode == 0
+    link = tmp_path / "events.jsonl"
+    link.symlink_to(results / target)
+    ledger = (results / "ledger.sqlite").read_bytes()
+    refused(autotune("resume", results, "--events", link, cwd=tmp_path), f"{link}: is one of the sweep's own files")
+    refused(autotune("plan", "--slots", "1", "--duration", "1", "--plot", link, sweep, cwd=tmp_path),
+            f"{link}: is one of the sweep's own files")
+    assert (results / "ledger.sqlite").read_bytes() == ledger
