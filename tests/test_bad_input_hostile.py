@@ -243,3 +243,27 @@ def test_an_output_through_a_link_to_a_sweeps_own_file_is_refused(tmp_path, targ
     refused(autotune("plan", "--slots", "1", "--duration", "1", "--plot", link, sweep, cwd=tmp_path),
             f"{link}: is one of the sweep's own files")
     assert (results / "ledger.sqlite").read_bytes() == ledger
+
+
+@pytest.mark.parametrize(("space", "fragment"), [
+    ('{"' + ".".join(["a"] * 5000) + '": [1, 2]}', "nests 5000 levels, more than 64, the limit"),
+    ('{"a.b": [1, 2], "a": [{"b": 3}, {"c": 4}]}', "space keys 'a' and 'a.b' overlap"),
+    ('{"zero_optimization": [{"stage": 1}], "zero_optimization.stage": [2, 3]}',
+     "space keys 'zero_optimization' and 'zero_optimization.stage' overlap"),
+], ids=["deep", "overlap", "overlap-after"])
+def test_space_keys_that_build_no_sane_config_are_located(tmp_path, space, fragment):
+    """A space key of 5,000 dotted segments built a config 5,000 levels deep: plan and run failed with a
+    RecursionError traceback of 3,000 lines. Keys where one holds the other (`a`, `a.b`) made experiments
+    alike under two names (the one set last undoes the other)."""
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text(f"{{\n  script: train.py\n  ds_config: {{}}\n  space: {space}\n}}\n")
+    refused(autotune("plan", "--slots", "1", "--duration", "1", path, cwd=tmp_path), f"{path}:4:", fragment)
+
+
+def test_sibling_space_keys_are_no_overlap(tmp_path):
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text('{\n  script: train.py\n  ds_config: {}\n  space: {"zero_optimization.stage": [1, 2], '
+                    '"zero_optimization.reduce_bucket_size": [5, 6], "zero": [1], "--zero_optimization.x": [1]}\n}\n')
+    assert autotune("plan", "--slots", "1", "--duration", "1", path, cwd=tmp_path).returncode == 0

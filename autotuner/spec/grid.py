@@ -137,6 +137,15 @@ def load_sweep_file(src: Source, data: JSONObject, defaults: Defaults) -> Loaded
         segments = key.split(".")
         if not key or not all(segments):
             raise src.error(f"space key {shown(key)} is not a dotted ds_config key", key, space_line)
+        if len(segments) > limits.DEPTH:  # each segment a level of the config it builds
+            raise src.error(f"space key {shown(key)} nests {len(segments)} levels, more than {limits.DEPTH}, the "
+                            "limit", key, space_line)
+        if not key.startswith("-"):
+            within = next((".".join(segments[:i]) for i in range(1, len(segments)) if ".".join(segments[:i]) in space),
+                          None)
+            if within is not None:  # the one set last would undo the other: experiments alike under two names
+                raise src.error(f"space keys {shown(within)} and {shown(key)} overlap: {shown(within)} sets what "
+                                f"{shown(key)} does; give one of them", key, space_line)
         if not isinstance(values, list) or not values:
             raise src.error(f"space key {shown(key)} needs a non-empty list of values", key, space_line)
         if key in FIELD_KEYS:
