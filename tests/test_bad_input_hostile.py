@@ -267,3 +267,16 @@ def test_sibling_space_keys_are_no_overlap(tmp_path):
     path.write_text('{\n  script: train.py\n  ds_config: {}\n  space: {"zero_optimization.stage": [1, 2], '
                     '"zero_optimization.reduce_bucket_size": [5, 6], "zero": [1], "--zero_optimization.x": [1]}\n}\n')
     assert autotune("plan", "--slots", "1", "--duration", "1", path, cwd=tmp_path).returncode == 0
+
+
+def test_runs_that_only_crash_do_not_send_the_search_to_offload(tmp_path):
+    """A script that fails at once (no run out of memory) failed each stage, then the search went on to offload
+    the optimizer and ran every stage again, `_oo`, to fail the same way: runs spent on nothing offload changes."""
+    config(tmp_path)
+    failing = tmp_path / "fail.sh"
+    failing.write_text("#!/bin/sh\necho 'ImportError: no module named mylib' >&2\nexit 1\n")
+    result = autotune("tune", "--slots", "1", "-o", tmp_path / "results", "--launcher", f"sh {failing}", "train.py",
+                      "--deepspeed_config", "ds.json", cwd=tmp_path, timeout=60)
+    assert result.returncode == 1, result.stderr
+    ran = sorted(p.name for p in (tmp_path / "results").iterdir() if (p / "exp.json").exists())
+    assert ran == ["train_z1_mbs8", "train_z2_mbs8"]
