@@ -280,3 +280,13 @@ def test_runs_that_only_crash_do_not_send_the_search_to_offload(tmp_path):
     assert result.returncode == 1, result.stderr
     ran = sorted(p.name for p in (tmp_path / "results").iterdir() if (p / "exp.json").exists())
     assert ran == ["train_z1_mbs8", "train_z2_mbs8"]
+
+
+def test_a_nul_in_a_swept_script_option_is_located(tmp_path):
+    """`args` holding a NUL were refused, a swept option's value holding one was not: the sweep started and every
+    launch of it failed ("embedded null byte")."""
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text('{\n  script: train.py\n  ds_config: {}\n  space: {"--tag": ["a\\u0000b", "c"]}\n}\n')
+    refused(autotune("plan", "--slots", "1", "--duration", "1", path, cwd=tmp_path), f"{path}:4:",
+            "space key --tag: a value holds a NUL character")

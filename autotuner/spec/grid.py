@@ -206,6 +206,8 @@ def _check_option_axis(src: Source, key: str, values: list[JSON], config_flag: s
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
             raise src.error(f"space key {key}: every value must be a string, number or boolean, not "
                             f"{shown(value)}", key, line)
+        if isinstance(value, str) and "\0" in value:  # no argument can hold one: every launch would fail
+            raise src.error(f"space key {key}: a value holds a NUL character", key, line)
 
 
 def _gpu_needs(src: Source, data: JSONObject, defaults: Defaults) -> tuple[str | None, bool, int | None]:
