@@ -23,7 +23,6 @@ _FLOAT_MAX = sys.float_info.max
 Corrupt = Callable[[str], UserError]  # a detail -> the one-line error naming the ledger
 
 
-
 def _no_constant(name: str) -> None:
     """NaN and Infinity: Python's json reads them, no writer of the ledger writes them (the metrics read from a
     run drop them), and `report --format json` would hand them on as JSON no other reader takes."""
