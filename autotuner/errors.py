@@ -39,6 +39,17 @@ def _short_path(path: str, limit: int = 200) -> str:
     return path if len(path) <= limit else f"{path[:limit // 2 - 2]}...{path[-(limit // 2 - 1):]}"
 
 
+LINE = 480  # the most characters of the one line an error is printed as
+
+
+def one_line(text: str, limit: int = LINE) -> str:
+    """A message as the one line an error is: newlines made spaces, and one longer than `limit` cut in the middle
+    (its start says what, its end often what to do). Messages quote user values through `shown`; this bounds
+    the line whatever a message joins (a list of 3,000 names a user gave)."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[:limit * 2 // 3 - 3]} ... {text[-(limit // 3 - 2):]}"
+
+
 def shown(value: object, limit: int = SHOWN, *, quoted: bool = True) -> str:
     """A user value as a message repeats it: a string quoted (unless not `quoted`), on one line, at most `limit`
     characters.

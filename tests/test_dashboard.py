@@ -222,6 +222,16 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2 and "cannot listen on 127.0.0.1" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("host", ["", " "])
+def test_an_empty_host_is_refused_not_served_on_every_interface(tmp_path, host):
+    """`--host ''` bound every interface and printed http://:8765/ as the URL to open (found by a hostile
+    tester): refused in one line, before anything listens."""
+    done = autotune("dashboard", tmp_path, "--host", host, "--port", "0", timeout=30)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.strip() == f"autotune: error: --host {host!r}: name the address to listen on (127.0.0.1, or " \
+                                  "0.0.0.0 for every interface)"
+
+
 def test_binding_beyond_loopback_says_what_that_means(finished, runners):
     shown = start_dashboard(runners, finished, "--host", "0.0.0.0")
     assert any("anyone who can reach this machine" in line for line in shown.printed)

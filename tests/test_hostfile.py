@@ -54,6 +54,11 @@ def test_host_is_immutable_and_hashable() -> None:
     assert copy.attrs["gpu"] == "A100"
 
 
+@pytest.mark.parametrize("name", ["node-1", "gpu_node.cluster.local", "10.0.0.2", "nœud", "A100x8"])
+def test_host_names_dns_and_ssh_aliases_use_are_read(name: str) -> None:
+    assert list(parse_hostfile(f"{name} slots=2\n")) == [name]
+
+
 def test_attribute_value_may_contain_equals() -> None:
     assert parse_hostfile("a slots=1 note=x=y\n")["a"].attrs["note"] == "x=y"
 
@@ -76,6 +81,16 @@ def test_attribute_value_may_contain_equals() -> None:
     ("a slots=2 slots=4\n", 1, "given twice"),
     ("a slots=2\nuser@b slots=2\n", 2, "contains '@'"),
     ("a:1 slots=2\n", 1, "contains ':'"),
+    # Found by a hostile tester: names that reach ssh / pdsh as options, or DeepSpeed's remote shell command
+    # line as --master_addr, and one host under two spellings (twice its slots).
+    ("a slots=2\n-v slots=2\n", 2, "host name '-v': a host name is letters, digits"),
+    ("n1;touch_x slots=2\n", 1, "host name 'n1;touch_x'"),
+    ("n$(id) slots=2\n", 1, "host name 'n$(id)'"),
+    ("`id` slots=2\n", 1, "host name '`id`'"),
+    (".hidden slots=2\n", 1, "not starting with '.' or '-'"),
+    ("a/b slots=2\n", 1, "host name 'a/b'"),
+    ("a'b slots=2\n", 1, "host name \"a'b\""),
+    ("N1 slots=2\nn1 slots=4\n", 2, "duplicate host 'n1' (as 'N1')"),
 ])
 def test_parse_errors_name_file_and_line(text: str, line: int, words: str) -> None:
     with pytest.raises(UserError) as info:

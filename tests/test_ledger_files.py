@@ -171,6 +171,24 @@ BAD_LEDGERS = {
     "peak_not_a_number": (sql("UPDATE attempts SET peak_memory = 'lots'"),
                           "has a peak_memory that is no whole number of bytes ('lots')"),
     "peak_a_real": (sql("UPDATE attempts SET peak_memory = 1.5e300"), "has a peak_memory that is no whole number"),
+    # Found by a hostile tester: `report --format json` handed NaN and Infinity on as JSON no reader takes.
+    "metrics_nan": (sql("UPDATE attempts SET metrics = '{\"throughput\": NaN}' WHERE metrics IS NOT NULL"),
+                    "corrupt sweep ledger: attempts.metrics is not JSON"),
+    "metric_infinite": (sql("UPDATE attempts SET metric = 9e999 WHERE metric IS NOT NULL"),
+                        "has a metric that is no finite number (inf)"),
+    "metric_text": (sql("UPDATE attempts SET metric = 'fast' WHERE metric IS NOT NULL"),
+                    "has a metric that is no finite number (fast)"),
+}
+
+# Damage that the runner (resume) and cancel, which write, refuse before they write; readers show what is there.
+# Each made resume fail with a traceback: an attempt of no experiment, a time no clock reads.
+BAD_FOR_WRITERS = {
+    "orphan_attempt": (sql("INSERT INTO attempts (name, attempt, state, queued_at) VALUES ('ghost', 1, 'queued', 0)"),
+                       "attempts: ghost is an attempt of no experiment"),
+    "time_huge": (sql("UPDATE attempts SET started_at = 1e300 WHERE started_at IS NOT NULL"),
+                  "has a started_at that is no time (1e+300)"),
+    "time_negative": (sql("UPDATE attempts SET finished_at = -5 WHERE finished_at IS NOT NULL"),
+                      "has a finished_at that is no time (-5.0)"),
 }
 
 
@@ -207,6 +225,16 @@ def test_the_python_api_raises_user_error_and_writes_nothing(kind, pristine, tmp
         assert words in str(caught.value)
     assert snapshot_of(results) == before
     assert not (results / LOCKFILE).exists()
+
+
+@pytest.mark.parametrize("kind", BAD_FOR_WRITERS)
+def test_resume_and_cancel_refuse_rows_no_writer_of_ours_leaves(kind, pristine, tmp_path):
+    damage, words = BAD_FOR_WRITERS[kind]
+    results = bad_copy(pristine, tmp_path, damage)
+    before = snapshot_of(tmp_path)
+    for command in (["resume", results, "-q"], ["cancel", results, "s_x500"]):
+        one_line_error(autotune(*command), str(results / FILENAME), words)
+    assert snapshot_of(tmp_path) == before
 
 
 def test_damage_met_mid_read_is_found_only_by_the_query_that_reaches_it(pristine, tmp_path):

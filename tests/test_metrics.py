@@ -7,6 +7,7 @@ from autotuner.errors import UserError
 from autotuner.spec.metrics import (
     FLOPS_PER_GPU,
     LATENCY,
+    MAX_KEPT,
     METRICS_PATH_ENV,
     THROUGHPUT,
     Metric,
@@ -66,6 +67,18 @@ def test_keeps_only_finite_numbers(tmp_path):
     path = tmp_path / "metrics.json"
     path.write_text('{"loss": 0, "note": "x", "ok": true, "bad": NaN, "big": Infinity, "n": null, "l": [1]}')
     assert read_metrics(path, metric_named("loss:min")) == {"loss": 0.0}
+
+
+def test_keys_no_report_column_can_show_are_left_out(tmp_path):
+    """Found by a hostile tester: a script's key `"\\ud800"` (half a UTF-16 pair) made every table of the report
+    fail with a traceback; a key of a million characters made each row a megabyte; 3,000 keys 3,000 columns."""
+    path = tmp_path / "metrics.json"
+    keys = ["\ud800", "k" * 101, "tab\there", "", "train/loss", "k" * 100]
+    path.write_text(json.dumps({**{k: 1 for k in keys}, "throughput": 2}))
+    assert read_metrics(path, THROUGHPUT) == {"train/loss": 1.0, "k" * 100: 1.0, "throughput": 2.0}
+    path.write_text(json.dumps({**{f"m{i}": i for i in range(3000)}, "throughput": 2}))
+    values = read_metrics(path, THROUGHPUT)
+    assert len(values) == MAX_KEPT and values["throughput"] == 2.0 and "m254" in values and "m255" not in values
 
 
 @pytest.mark.parametrize("content, reason", [

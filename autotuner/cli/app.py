@@ -17,6 +17,7 @@ import typer
 
 import autotuner
 from autotuner import UserError
+from autotuner.errors import one_line
 
 from .logs import configure_logging
 
@@ -53,7 +54,7 @@ def screen() -> autotuner.Output:
 
 def fail(error: UserError | str) -> typer.Exit:
     """Bad input: its one line on stderr; raise what this returns to exit 2."""
-    typer.echo(f"autotune: error: {error}", err=True)
+    typer.echo(one_line(f"autotune: error: {error}"), err=True)
     return typer.Exit(2)
 
 

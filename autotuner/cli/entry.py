@@ -10,6 +10,7 @@ import typer
 import autotuner
 
 from ..errors import shown
+from . import stdout
 from .app import app
 from .interrupts import EARLY_PRESS, interrupt_once, interrupted
 
@@ -30,6 +31,21 @@ def optional_html_value(argv: list[str]) -> list[str]:
     return out
 
 
+def undecodable_argument(argv: list[str]) -> str | None:
+    """The error line for the first argument that is not UTF-8 text (None: all are). Python hands bytes it
+    cannot decode on as lone surrogates, which no ledger, config or log can hold: refused here, before a command
+    writes half a sweep and fails on them."""
+    for number, arg in enumerate(argv, 1):
+        try:
+            arg.encode()
+        except UnicodeEncodeError:
+            text = arg.encode(errors="surrogateescape").decode(errors="backslashreplace")
+            shown_text = " ".join(text.split())  # one line, whatever the argument holds
+            shown_text = shown_text if len(shown_text) <= 200 else f"{shown_text[:98]}...{shown_text[-99:]}"
+            return f"autotune: error: argument {number} ({shown_text}) is not UTF-8 text"
+    return None
+
+
 def usage_error_line(error: Any) -> str:  # a _USAGE_ERROR, of whichever click typer carries
     """A click usage error as the one line every other mistake gets, instead of a usage box."""
     message = " ".join(error.format_message().split())
@@ -44,13 +60,19 @@ def main(argv: list[str] | None = None) -> None:
     interrupt_once(early=True)
     try:
         args = list(sys.argv[1:] if argv is None else argv)
+        if (undecodable := undecodable_argument(args)) is not None:
+            typer.echo(undecodable, err=True)
+            sys.exit(2)
         if "--html" in args:
             args = optional_html_value(args)
         if "--ray" in args:
             args = autotuner.optional_ray_value(args)
+        stdout.install()
         code = app(args=args, prog_name="autotune", standalone_mode=False)
         if code == autotuner.EXIT_INTERRUPTED and EARLY_PRESS.is_set():  # typer's silent exit 130 for it
             interrupted()
+        stdout.flush()
+        code = stdout.exit_code(args, code if isinstance(code, int) else 0)
     except KeyboardInterrupt:  # typer still building the command
         interrupted()
     except _USAGE_ERROR as e:

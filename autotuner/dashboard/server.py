@@ -297,6 +297,9 @@ def exposed(host: str) -> bool:
 
 def listen(host: str, port: int) -> socket.socket:
     """The server's socket, bound before the URL is printed (port 0: a free one, named in the URL)."""
+    if not host.strip():  # Python binds every interface, and the URL printed would be http://:PORT
+        raise UserError(f"--host {host!r}: name the address to listen on (127.0.0.1, or 0.0.0.0 for every "
+                        "interface)")
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         return socket.create_server((host, port), family=family, reuse_port=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import json.scanner
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -18,16 +19,24 @@ from ..jsonvalues import JSON, JSONObject
 from .attempt import ATTEMPT_DEFAULTS, REASONS, STATES, Attempt
 from .schema import short
 
+_FLOAT_MAX = sys.float_info.max
 Corrupt = Callable[[str], UserError]  # a detail -> the one-line error naming the ledger
 
+
+def _no_constant(name: str) -> None:
+    """NaN and Infinity: Python's json reads them, no writer of the ledger writes them (the metrics read from a
+    run drop them), and `report --format json` would hand them on as JSON no other reader takes."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
 # typeshed names the scanner's context as the scanner's own type; json itself passes its decoder, as here
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
+_SCAN = json.scanner.make_scanner(json.JSONDecoder(parse_constant=_no_constant))  # type: ignore[arg-type]
 
 
 def json_value(text: str, where: str, corrupt: Corrupt, kind: type = object) -> JSON:
     """A JSON value the ledger holds. One that does not decode (or is not a `kind`) was not written by us."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant)
     except (TypeError, ValueError, RecursionError):
         raise corrupt(f"{where} is not JSON") from None
     if not isinstance(value, kind):
@@ -84,6 +93,10 @@ def decode_attempts(columns: Sequence[str], rows: Iterable[Sequence[object]], co
         data["state"] = state
         if reason is not None:
             data["reason"] = REASONS[reason]
+        metric = data["metric"]
+        if metric is not None and (not isinstance(metric, (int, float)) or not -_FLOAT_MAX <= metric <= _FLOAT_MAX):
+            raise corrupt(f"attempts: {short(str(data['name']))} attempt {data['attempt']} has a metric that is no "
+                          f"finite number ({short(str(metric))})")
         peak = data["peak_memory"]
         if peak is not None and (not isinstance(peak, int) or isinstance(peak, bool)):
             raise odd_peak(data["name"], peak, corrupt)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -40,6 +41,7 @@ from .schema import (
 __all__ = ["FILENAME", "SCHEMA_VERSION", "Attempt", "Ledger", "SweepMeta", "TransitionError", "open_sweep"]
 
 FILENAME = "ledger.sqlite"
+TIME_MAX = 1e11  # seconds since 1970 no clock of ours will read (year 5138): a larger time was not written by us
 
 # The most names one query reads by (SQLite bounds a statement's parameters): more take several queries.
 _FEW = 500
@@ -148,6 +150,7 @@ class Ledger:
                                         ("attempts", "metrics", dict), ("requests", "names", list)):
                 self._check_json(table, column, kind)
             self.peaks()  # a peak_memory we did not write (text, a real) is refused as reading it would be
+            self._check_rows()
             for column, words in (("state", State), ("reason", Reason)):  # what reading them would refuse later
                 known = [str(w) for w in words]
                 marks = ",".join("?" * len(known))
@@ -159,6 +162,26 @@ class Ledger:
             if damaged(e):
                 raise self._corrupt(str(e)) from None
             raise
+
+    def _check_rows(self) -> None:
+        """What the runner takes as given and no writer of ours leaves: an attempt of no experiment (resume failed
+        on it with a traceback), a time that is no clock's (seconds since 1970, below TIME_MAX: the summary's
+        duration overflowed), a metric that is not finite."""
+        orphan = self._db.execute("SELECT name FROM attempts WHERE name NOT IN (SELECT name FROM experiments) "
+                                  "LIMIT 1").fetchone()
+        if orphan is not None:
+            raise self._corrupt(f"attempts: {short(str(orphan[0]))} is an attempt of no experiment")
+        for column in ("queued_at", "started_at", "launched_at", "finished_at"):
+            odd = self._db.execute(f"SELECT name, {column} FROM attempts WHERE {column} IS NOT NULL AND NOT "
+                                   f"({column} BETWEEN 0 AND ?) LIMIT 1", (TIME_MAX,)).fetchone()
+            if odd is not None:
+                raise self._corrupt(f"attempts: {short(str(odd[0]))} has a {column} that is no time "
+                                    f"({short(str(odd[1]))})")
+        odd = self._db.execute("SELECT name, metric FROM attempts WHERE metric IS NOT NULL AND NOT "
+                               "(metric BETWEEN ? AND ?) LIMIT 1", (-sys.float_info.max, sys.float_info.max)).fetchone()
+        if odd is not None:
+            raise self._corrupt(f"attempts: {short(str(odd[0]))} has a metric that is no finite number "
+                                f"({short(str(odd[1]))})")
 
     def _check_json(self, table: str, column: str, kind: type) -> None:
         """Every value of a JSON column decodes to a `kind`. SQLite's json_valid picks the suspects (10,000

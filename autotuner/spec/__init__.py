@@ -18,6 +18,7 @@ from ..errors import UserError, shown
 from ..gpu.types import type_problem
 from .dsfiles import load_ds_exp
 from .grid import experiment_name, load_sweep_file
+from .launchable import launch_problem, may_be_too_long
 from .metrics import THROUGHPUT, Metric, metric_named
 from .model import (
     ABBREVIATIONS,
@@ -128,6 +129,9 @@ def load_sweep(paths: Sequence[str | Path], *, script: str | None = None, args: 
                     raise UserError(f"experiment name {experiment.name!r} is already used by {seen[experiment.name]}",
                                     path, line)
                 seen[experiment.name] = here
+                problem = launch_problem(experiment) if may_be_too_long(budget.text) else None
+                if problem is not None:
+                    raise UserError(f"experiment {experiment.name}: {problem}", path, line)
                 experiments.append(experiment)
                 if loaded.origin is not None:
                     origins[experiment.name] = loaded.origin

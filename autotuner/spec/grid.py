@@ -137,6 +137,15 @@ def load_sweep_file(src: Source, data: JSONObject, defaults: Defaults) -> Loaded
         segments = key.split(".")
         if not key or not all(segments):
             raise src.error(f"space key {shown(key)} is not a dotted ds_config key", key, space_line)
+        if len(segments) > limits.DEPTH:  # each segment a level of the config it builds
+            raise src.error(f"space key {shown(key)} nests {len(segments)} levels, more than {limits.DEPTH}, the "
+                            "limit", key, space_line)
+        if not key.startswith("-"):
+            within = next((".".join(segments[:i]) for i in range(1, len(segments)) if ".".join(segments[:i]) in space),
+                          None)
+            if within is not None:  # the one set last would undo the other: experiments alike under two names
+                raise src.error(f"space keys {shown(within)} and {shown(key)} overlap: {shown(within)} sets what "
+                                f"{shown(key)} does; give one of them", key, space_line)
         if not isinstance(values, list) or not values:
             raise src.error(f"space key {shown(key)} needs a non-empty list of values", key, space_line)
         if key in FIELD_KEYS:
@@ -197,6 +206,8 @@ def _check_option_axis(src: Source, key: str, values: list[JSON], config_flag: s
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
             raise src.error(f"space key {key}: every value must be a string, number or boolean, not "
                             f"{shown(value)}", key, line)
+        if isinstance(value, str) and "\0" in value:  # no argument can hold one: every launch would fail
+            raise src.error(f"space key {key}: a value holds a NUL character", key, line)
 
 
 def _gpu_needs(src: Source, data: JSONObject, defaults: Defaults) -> tuple[str | None, bool, int | None]:

@@ -23,6 +23,10 @@ _ATTR_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 # Characters that would make a name ambiguous in the filter syntax (`host:0,1@host`) or in our own syntax.
 _NAME_FORBIDDEN = set(":@,=#")
 HOST_NAME_MAX = 253  # the longest DNS name
+# What a host name may hold: letters, digits, `_` (ssh config aliases), `.` and `-`, never first. A name reaches
+# ssh and pdsh as an argument and DeepSpeed's multi-node launcher as --master_addr inside the remote shell's
+# command line: `-v` would be an option there, `n1;cmd` a second command.
+_HOST_NAME = re.compile(r"[^\W][\w.-]*")
 KNOWN_ATTRS = ("gpu", "accelerator")  # the attributes this package reads
 ACCELERATORS = ("cuda", "cpu")  # accelerator=cpu: DeepSpeed on CPU; cuda is what a host without one runs
 
@@ -53,6 +57,7 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
     as `node slots=1000000000` must be refused, not turned into a billion slot ids.
     """
     hosts: dict[str, Host] = {}
+    lowered: dict[str, str] = {}
     total = 0
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -68,13 +73,18 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
         if bad:
             raise _fail(f"host name {shown(name)} contains {''.join(bad)!r}, which the --include/--exclude "
                         "syntax cannot express", path, number)
+        if _HOST_NAME.fullmatch(name) is None:
+            raise _fail(f"host name {shown(name)}: a host name is letters, digits, '.', '-' and '_', not "
+                        "starting with '.' or '-'", path, number)
         if not slots_text.isascii() or not slots_text.isdigit() or int(slots_text[:20]) < 1:
             raise _fail(f"slots for {name} must be a positive integer, got {shown(slots_text)}", path, number)
         if len(slots_text) > 20 or int(slots_text) > limits.SLOTS_PER_HOST:
             raise _fail(f"slots={shown(slots_text, 20)} for {name} is more than {limits.SLOTS_PER_HOST}, "
                         "the most slots one host may have", path, number)
-        if name in hosts:
-            raise _fail(f"duplicate host {shown(name)}", path, number)
+        same = lowered.setdefault(name.lower(), name)  # DNS ignores case: N1 and n1 are one host
+        if same != name or name in hosts:
+            raise _fail(f"duplicate host {shown(name)}" + (f" (as {shown(same)})" if same != name else ""), path,
+                        number)
         total += int(slots_text)
         if total > limits.SLOTS:
             raise _fail(f"the hosts up to this line have {total} slots, more than {limits.SLOTS}, the most a "

@@ -39,6 +39,8 @@ _CUSTOM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 MAX_BYTES = 1024 * 1024
 MISSING = "metrics file missing"  # the run wrote none: `outcome.judge` says why that may be
 MAX_DEPTH = 32
+MAX_NAME = 100  # characters of a metric's name the report shows; a longer key is left out
+MAX_KEPT = 256  # numbers kept of one metrics file, the sweep's metric among them (each a report column)
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,24 @@ def read_metrics(path: str | Path, metric: Metric) -> dict[str, float]:
     value = _finite(data[metric.name])
     if value is None or value < 0:
         raise MetricsError(f"metric {metric.name!r} is {_shown(data[metric.name])}, not a finite number >= 0", path)
-    return {str(k): v for k, v in ((k, _finite(v)) for k, v in data.items()) if v is not None}
+    kept: dict[str, float] = {}
+    for key, number in ((k, _finite(v)) for k, v in data.items()):  # in the file's order, the sweep's metric kept
+        if number is not None and (key == metric.name or (len(kept) < MAX_KEPT - 1 and _usable_name(key))):
+            kept[key] = number
+    return kept
+
+
+def _usable_name(key: str) -> bool:
+    """Whether a metrics key can head a column of the report: printable text of at most MAX_NAME characters that
+    UTF-8 can write (a script's `"\\ud800"` key made every table of the report fail with a traceback, a key of a
+    million characters made each row a megabyte)."""
+    if not key or len(key) > MAX_NAME or not key.isprintable():
+        return False
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _read_bounded(path: Path) -> bytes:

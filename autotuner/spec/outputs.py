@@ -47,9 +47,17 @@ def check_output(path: str | Path, option: str, inputs: Iterable[str | Path | No
 
 
 def is_sweep_file(path: Path) -> bool:
-    """Whether `path` names one of a results directory's own files (its ledger, hostfile, lock, summary...)."""
-    directory = path.parent if str(path.parent) else Path(".")
-    return (directory / "ledger.sqlite").exists() and bool(RESERVED_NAMES.fullmatch(path.name))
+    """Whether `path` names one of a results directory's own files (its ledger, hostfile, lock, summary...), as
+    it is spelled or where its links lead (`--events evl`, a link to a sweep's ledger, appended to the ledger)."""
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a loop of links: nothing it could name is written through it
+        resolved = path
+    for spelled in (path, resolved):
+        directory = spelled.parent if str(spelled.parent) else Path(".")
+        if (directory / "ledger.sqlite").exists() and RESERVED_NAMES.fullmatch(spelled.name):
+            return True
+    return False
 
 
 def check_results_directory(directory: str | Path, inputs: Iterable[str | Path | None],

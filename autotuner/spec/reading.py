@@ -43,9 +43,11 @@ class Budget:
         self.bytes = limits.SWEEP_BYTES
         self.experiments = limits.EXPERIMENTS
         self.files: list[Path] = []  # every file read, in order: the command's inputs, which no output may be
+        self.text = 0  # characters of those files: what bounds any one config, argument or value built from them
 
     def read(self, path: Path, size: int) -> None:
         self.files.append(path)
+        self.text += size
         self.bytes -= size
         if self.bytes < 0:
             raise UserError(f"the sweep's files add up to more than {limits.size(limits.SWEEP_BYTES)}, the limit "
@@ -194,6 +196,39 @@ def _too_deep(data: JSON) -> bool:
     return False
 
 
+def _lone_surrogate(data: JSON) -> bool:
+    """Whether a key or string holds half of a UTF-16 pair (`"\\ud800"`): JSON's escapes can write one, and no
+    file, ledger or command line can hold it (walked without recursion)."""
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        items = [*node.keys(), *node.values()] if isinstance(node, dict) else node if isinstance(node, list) else ()
+        for item in items:
+            if isinstance(item, str):
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    return True
+            elif isinstance(item, (dict, list)):
+                stack.append(item)
+    return False
+
+
+# A \u escape of half a UTF-16 pair, and the whole pair (which is one character, and fine).
+_SURROGATE = re.compile(r"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}")
+_PAIR = re.compile(r"\\[uU][dD][89abAB][0-9a-fA-F]{2}\\[uU][dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _spot_surrogate(text: str) -> tuple[int | None, int | None]:
+    """(line, col) of the first escape of half a UTF-16 pair that is not followed by its other half."""
+    position = 0
+    while (m := _SURROGATE.search(text, position)) is not None:
+        if (pair := _PAIR.match(text, m.start())) is None:
+            return text.count("\n", 0, m.start()) + 1, m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+        position = pair.end()
+    return None, None
+
+
 def read_source(path: Path, budget: Budget, what: str = "experiment file") -> Source:
     text = read_user_file(path, what)
     budget.read(path, len(text))
@@ -227,6 +262,10 @@ def read_source(path: Path, budget: Budget, what: str = "experiment file") -> So
         raise UserError("empty file", path)
     if _too_deep(data):
         raise UserError(f"objects and lists nest deeper than {limits.DEPTH} levels, the limit", path)
+    if _lone_surrogate(data):
+        line, col = _spot_surrogate(text)
+        raise UserError("a string escapes half of a UTF-16 pair (\\ud800-\\udfff alone), which is no character",
+                        path, line, col)
     return Source(path, text, data, budget)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..backends.recovery import recover
 from ..backends.registry import backend_for
-from ..errors import UserError
+from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
 from ..ledger.lock import SweepBusy, holder_pid
 from ..ledger.store import open_sweep
@@ -59,7 +59,9 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
         known = {e.name for e in ledger.experiments()}
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise UserError(f"no experiment named {', '.join(unknown)} in this sweep", directory)
+            listed = ", ".join(shown(n, quoted=False) for n in unknown[:10])
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            raise UserError(f"no experiment named {listed}{more} in this sweep", directory)
         ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
         ledger.request("cancel", names, time.time())
         requested = tuple(names)

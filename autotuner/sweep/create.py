@@ -28,6 +28,7 @@ from ..limits import memory
 from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
 from ..spec import Sweep
 from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
+from ..spec.launchable import launch_problem
 from ..spec.metrics import metric_named
 from ..tune.memory_model import Bound, Facts, budget
 from ..tune.request import TuneRequest, read_tune
@@ -105,6 +106,9 @@ def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSp
     any of its GPUs: nothing would run, and the user learns it now rather than from "no best configuration"."""
     spec = replace(request.spec, gpu_memory=_gpu_memory(cluster), host_memory=_host_memory(cluster))
     first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
+    problem = launch_problem(first)  # every experiment of the search is the first one's config give or take knobs
+    if problem is not None:
+        raise UserError(f"experiment {first.name}: {problem}", request.config)
     sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(request.config))
     check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
     _check_nvme(request, spec, cluster)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .. import limits
 from ..errors import UserError, shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.metrics import metric_named
@@ -26,6 +27,7 @@ from ..spec.reading import (
     script_path,
     string_list,
 )
+from .batches import largest_keeping
 from .knobs import Space, accumulation_values, first_values, knob_spaces, with_accumulation
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
@@ -35,14 +37,17 @@ KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "st
         "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
         "model_info_path")
 TUNERS = ("gridsearch", "random", "model_based")
+SWITCHES = ("enabled", "fast", "overwrite")  # the section's true/false keys
+PATHS = ("results_dir", "exps_dir", "metric_path")  # the section's path keys
 OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
 PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's OffloadDeviceEnum
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
-COUNT_MAX = 10 ** 9  # the most a whole number of the section may be: sizes, steps, trials (none is near it)
+COUNT_MAX = limits.COUNT  # the most a whole number of the config may be: sizes, steps, trials (none is near it)
 MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
 # model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
@@ -131,9 +136,13 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     for key in section:
         if key not in KEYS:
             raise src.error(f"unknown autotuning key {shown(key)} (DeepSpeed's keys: {', '.join(KEYS)})", key)
+    for key in SWITCHES:
+        if key in section and not isinstance(section[key], bool):
+            raise src.error(f"{key} must be true or false, not {shown(section[key])}", key)
+    for key in PATHS:  # DeepSpeed's autotuner's own bookkeeping, unused here: still never a mistyped value
+        if section.get(key) is not None and not isinstance(section[key], str):
+            raise src.error(f"{key} must be a path (a string), not {shown(section[key])}", key)
     fast = section.get("fast", True)
-    if not isinstance(fast, bool):
-        raise src.error(f"fast must be true or false, not {shown(fast)}", "fast")
     tuner = section.get("tuner_type", "gridsearch")
     if tuner not in TUNERS:
         raise src.error(f"tuner_type {shown(tuner)}: one of {', '.join(TUNERS)}", "tuner_type")
@@ -162,8 +171,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     if global_batch is not None:
         by_batch = max(1, global_batch // dp)
         max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
-    sizes = range(min_mbs, (max_mbs or min_mbs) + 1)
-    if fixed and global_batch is not None and not any(global_batch % (m * dp) == 0 for m in sizes):
+    if fixed and global_batch is not None and largest_keeping(global_batch, dp, min_mbs, max_mbs or min_mbs) is None:
         raise src.error(f"train_batch_size {batch} cannot be kept: no micro-batch size from {min_mbs} to "
                         f"{max_mbs} times the accumulation times {dp} data-parallel GPU(s) makes it",
                         "train_batch_size")
@@ -175,6 +183,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
         raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
     stages = _stages(src, config)
+    _check_offload(src, zero)
     accumulations = accumulation_values(src, config.get("gradient_accumulation_steps"), global_batch is not None)
     spaces = with_accumulation(knob_spaces(src, zero, stages, fast), accumulations)
     base = {k: v for k, v in config.items() if k != "autotuning"}
@@ -210,8 +219,30 @@ def _check_batch_keys(src: Source, config: JSONObject) -> None:
     for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
         value = config.get(key)
         listed = key == "gradient_accumulation_steps" and isinstance(value, list)  # searched: knobs.py checks it
-        if value is not None and value != "auto" and not listed and not positive_int(value):
-            raise src.error(f"{key} must be a positive whole number or \"auto\", not {shown(value)}", key)
+        if value is not None and value != "auto" and not listed and not (positive_int(value) and value <= COUNT_MAX):
+            most = f", at most {COUNT_MAX:,}" if positive_int(value) else ""
+            raise src.error(f"{key} must be a positive whole number or \"auto\"{most}, not {shown(value)}", key)
+
+
+def _check_offload(src: Source, zero: JSONObject) -> None:
+    """The offload sections the search reads and extends (`_oo`, `_op` levels), as DeepSpeed's engine takes them:
+    an object (or null), its `device` none, cpu or nvme, an `nvme_path` with nvme. Anything else failed every run,
+    and the search, taking each failure for "nothing fits", went on to offload levels built on the broken section."""
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero.get(key)
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            raise src.error(f"zero_optimization.{key} must be an object (e.g. {{\"device\": \"cpu\"}}), not "
+                            f"{shown(section)}", key)
+        device = section.get("device", "none")
+        if device not in OFFLOAD_DEVICES:
+            raise src.error(f"zero_optimization.{key}.device {shown(device)}: one of {', '.join(OFFLOAD_DEVICES)}",
+                            "device", src.line(key))
+        path = section.get("nvme_path")
+        if device == "nvme" and (not isinstance(path, str) or not path):
+            raise src.error(f"zero_optimization.{key}: device nvme needs nvme_path, the directory to offload to, "
+                            f"not {shown(path)}", "nvme_path" if "nvme_path" in section else key, src.line(key))
 
 
 def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:

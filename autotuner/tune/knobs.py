@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .. import limits
 from ..errors import shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.model import positive_int
@@ -118,8 +119,9 @@ def accumulation_values(src: Source, value: JSON, derived: bool) -> list[int] | 
     if derived:
         raise src.error(f"{key}: a list of values, but the global batch the config states (train_batch_size or "
                         "max_train_batch_size) derives it for each micro-batch size: give one or the other", key)
-    if not value or not all(positive_int(v) for v in value):
-        raise src.error(f"{key}: a list of positive whole numbers to search, not {shown(value)}", key)
+    if not value or not all(positive_int(v) and v <= limits.COUNT for v in value):
+        raise src.error(f"{key}: a list of positive whole numbers (at most {limits.COUNT:,}) to search, not "
+                        f"{shown(value)}", key)
     if len(set(value)) != len(value):
         raise src.error(f"{key}: a value is listed twice", key)
     return list(value)

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .. import limits
 from ..core.slots import headroom
 from ..jsonvalues import JSON, JSONObject
 
@@ -175,7 +176,8 @@ def bound(facts: Facts, training: Training, stage: int, gpu_memory: int | None, 
         return Bound(stage, states, 0, host)
     if not facts.activation:
         return Bound(stage, states, None, host)
-    largest = int(room // facts.activation)
+    # A sub-byte figure (stated, or measured by the loop) made the quotient infinite: no size past COUNT is meant.
+    largest = int(room // facts.activation) if room / facts.activation < limits.COUNT else limits.COUNT
     return Bound(stage, states, largest if largest >= min_mbs else 0, host)
 
 

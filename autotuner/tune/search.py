@@ -46,11 +46,18 @@ class Search(MemoryLoop):
         if self.profile in ("wanted", "out"):  # nothing else until the model is known
             return self._profile_run()
         chosen = [] if self._stopped() else self.choose(room)
-        while not chosen and not self.busy and not self.configs and not self._spent() and self.escalate():
+        while not chosen and not self.busy and not self.configs and not self._spent() and self._ended_on_memory() \
+                and self.escalate():
             chosen = self.choose(room)  # nothing fits without (more) offload
         if chosen or self.busy:
             return chosen
         return self._confirmations()
+
+    def _ended_on_memory(self) -> bool:
+        """Whether the level searched ended on memory: a run out of memory (or time), or a stage the model ruled
+        out. Runs that only crashed (a script that fails, a config refused) say nothing more offload changes:
+        going on at the next level ran each stage again, offloaded, to fail the same way."""
+        return any(known.too_big or (known.given_up and not known.crashed) for known in self.stages.values())
 
     def observe(self, run: Run | Queued, outcome: Outcome) -> None:
         profiled = self.spec.profile_of(run.experiment.name)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..jsonvalues import JSON, JSONObject
 from ..spec.model import NAME_MAX
+from .batches import largest_keeping
 from .knobs import BY_KEY, tag_value
 from .memory_model import OFF_GPU, Bound, Facts, Training, bound
 from .reruns import rerun_name
@@ -106,7 +107,10 @@ class SearchSpec:
 
     def kept(self, mbs: int, low: int = 0) -> int | None:
         """The largest size at or below `mbs` and above `low` that keeps the batch (`keeps`); None when none does."""
-        return next((m for m in range(mbs, max(low, self.min_mbs - 1), -1) if self.keeps(m)), None)
+        least = max(low + 1, self.min_mbs)
+        if not self.fixed_batch or self.global_batch is None:
+            return mbs if mbs >= least else None
+        return largest_keeping(self.global_batch, self.dp, least, mbs)
 
     def accumulation(self, mbs: int) -> int | None:
         """The gradient accumulation of a micro-batch size, as DeepSpeed derives it: a fixed train_batch_size over

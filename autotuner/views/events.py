@@ -20,7 +20,6 @@ from typing import IO, TYPE_CHECKING, cast
 from ..core.outcome import Outcome
 from ..errors import UserError
 from ..jsonvalues import JSONObject
-from ..spec import RESERVED_NAMES
 from ..spec.outputs import check_output
 from ..states import State
 from .snapshot import format_slots
@@ -124,12 +123,6 @@ def check_events_path(path: Path) -> None:
 
 
 _HELD: list[int] = []  # write ends of --events FIFOs, open until the process exits (see check_events_path)
-
-
-def _is_sweep_file(path: Path) -> bool:
-    """Whether `path` names one of a results directory's own files (its ledger, hostfile, lock, summary...)."""
-    directory = path.parent if str(path.parent) else Path(".")
-    return (directory / "ledger.sqlite").exists() and bool(RESERVED_NAMES.fullmatch(path.name))
 
 
 def _write_probe(path: Path, *, regular: bool, created: bool) -> None:

@@ -18,6 +18,7 @@ from ..files import write_atomic, write_json_atomic
 from ..jsonvalues import JSONObject
 from ..limits import memory
 from ..states import State
+from ..tune.batches import keeping
 from ..tune.memory_loop import profile_facts
 from ..tune.memory_model import Facts, budget
 from ..tune.space import OFFLOAD_TAGS, SearchSpec
@@ -172,9 +173,8 @@ def batch_note(snap: Snapshot) -> str | None:
     spec = SearchSpec.from_json(snap.meta.search)
     if not spec.fixed_batch or spec.global_batch is None:
         return None
-    sizes = range(spec.min_mbs, spec.max_mbs + 1)
-    kept = [m for m in sizes if spec.keeps(m)]
-    skipped = len(sizes) - len(kept)
+    kept = keeping(spec.global_batch, spec.dp, spec.min_mbs, spec.max_mbs)
+    skipped = spec.max_mbs - spec.min_mbs + 1 - len(kept)
     shown_kept = ", ".join(map(str, kept[:12])) + (", ..." if len(kept) > 12 else "")
     return (f"train_batch_size {spec.global_batch} kept by every candidate (micro-batch x accumulation x "
             f"{spec.dp} data-parallel GPU(s)): micro-batch sizes {shown_kept}; {skipped} size(s) from "
