@@ -362,6 +362,18 @@ def test_compare_table_through_the_cli(pair):
     assert missing.exit_code == 2 and "no sweep here" in missing.output
 
 
+def test_compare_of_sweeps_that_share_no_experiment_says_so_and_lists_few_names(tmp_path):
+    """No empty box, and at most ten names of each side's (all of them in JSON)."""
+    a = record(tmp_path / "a", grid_sweep(mbs=tuple(range(1, 12))), two_nodes(), finished=33)
+    b = record(tmp_path / "b", grid_sweep(name="other", stages=(0,), mbs=(4,)), two_nodes(), finished=1)
+    text = render_compare(a, b, "table")
+    assert "┏" not in text and "0 experiment(s) in both" in text, text
+    listed = [f"zm_z0_mbs{m}" for m in range(1, 11)]
+    assert f"only in A (33): {', '.join(listed)}, and 23 more (--format json lists them all)" in text
+    assert "only in B (1): other_z0_mbs4\n" in text
+    assert len(json.loads(render_compare(a, b, "json"))["only_a"]) == 33
+
+
 def test_compare_latency_sweeps_lower_is_better(tmp_path):
     a = record(tmp_path / "a", grid_sweep(metric="latency"), two_nodes(), finished=12)
     b = record(tmp_path / "b", grid_sweep(metric="latency"), two_nodes(), finished=12,

@@ -24,6 +24,7 @@ from .tables import PLAIN, Cell, Column, Output, Styled, markdown_table, render_
 FORMATS = ("table", "json", "csv", "md")
 CSV_COLUMNS = ("name", "a_state", "a_metric", "a_reason", "b_state", "b_metric", "b_reason", "ratio", "verdict")
 SAME = 0.02  # ratios within 2% of 1 count as the same
+SHOWN = 10  # names of experiments only one sweep has, listed in the table's notes
 
 
 @dataclass(frozen=True)
@@ -166,9 +167,17 @@ def _table(c: Comparison, dir_a: Path, dir_b: Path, output: Output) -> str:
         notes.append("paired per GPU type: an experiment only with itself on the same type")
     if c.a.metric.name != c.b.metric.name:
         notes.append(f"note: B ranks by {c.b.metric.name}; compared on A's {c.metric} where B recorded it")
-    if c.only_a:
-        notes.append(f"only in A ({len(c.only_a)}): {', '.join(c.only_a)}")
-    if c.only_b:
-        notes.append(f"only in B ({len(c.only_b)}): {', '.join(c.only_b)}")
+    for label, names in (("A", c.only_a), ("B", c.only_b)):
+        if names:
+            notes.append(f"only in {label} ({len(names)}): {_some(names)}")
     title = f"{c.metric} ({c.a.metric.direction}): A = {c.a.name} ({dir_a}), B = {c.b.name} ({dir_b})"
+    if not c.rows:  # no box with no row in it: the notes say why
+        return title + "\n" + "".join(note + "\n" for note in notes)
     return render_table(columns, cells, title=title, notes=notes, output=output)
+
+
+def _some(names: list[str]) -> str:
+    """The first SHOWN names and how many more (`--format json` lists them all): a sweep of 10,000 compared
+    with another that shares none made a line of 200,000 characters."""
+    more = f", and {len(names) - SHOWN:,} more (--format json lists them all)" if len(names) > SHOWN else ""
+    return ", ".join(names[:SHOWN]) + more
