@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from test_bad_input import line_of, refused
@@ -180,16 +181,22 @@ def test_a_config_just_under_the_limit_still_launches():
     assert not may_be_too_long(10_000) and may_be_too_long(20_000)
 
 
+def tiny_sweep(tmp_path: Path, more: str = "") -> tuple[Path, Path]:
+    """A sweep file of an empty script (`more`: its further lines) and a launcher that writes its metrics at once."""
+    (tmp_path / "train.py").touch()
+    sweep = tmp_path / "sweep.hjson"
+    sweep.write_text("{\n  script: train.py\n  ds_config: {}" + more + "\n}\n")
+    launcher = tmp_path / "ok.sh"
+    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    return sweep, launcher
+
+
 def test_stdout_that_cannot_be_written_is_one_note_never_a_traceback(tmp_path):
     """`autotune report DIR > /dev/full` (and status, compare, --help, ...) ended in a traceback; `run` in one after
     it had made its results directory, before it launched anything. Now one note, the command goes on: a sweep
     ends as it would (its exit status), a command whose output is its product exits 1."""
     results = tmp_path / "results"
-    (tmp_path / "train.py").touch()
-    sweep = tmp_path / "sweep.hjson"
-    sweep.write_text("{\n  script: train.py\n  ds_config: {}\n  space: {train_micro_batch_size_per_gpu: [1, 2]}\n}\n")
-    launcher = tmp_path / "ok.sh"
-    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    sweep, launcher = tiny_sweep(tmp_path, "\n  space: {train_micro_batch_size_per_gpu: [1, 2]}")
     note = "autotune: note: stdout cannot be written (No space left on device): what this command prints is left out"
     for args, code in ((("run", "--slots", "1", "-o", results, "--launcher", f"sh {launcher}", sweep), 0),
                        (("status", results), 1), (("report", results, "--format", "json"), 1),
@@ -229,11 +236,7 @@ def test_an_output_through_a_link_to_a_sweeps_own_file_is_refused(tmp_path, targ
     """`resume DIR --events LINK`, LINK a link to DIR/ledger.sqlite, was accepted: a resume that ran anything
     would have appended its events to the ledger. A sweep's own files are found where links lead."""
     results = tmp_path / "results"
-    (tmp_path / "train.py").touch()
-    sweep = tmp_path / "sweep.hjson"
-    sweep.write_text("{\n  script: train.py\n  ds_config: {}\n}\n")
-    launcher = tmp_path / "ok.sh"
-    launcher.write_text('#!/bin/sh\nprintf \'{"throughput": 1}\' > "$AUTOTUNE_METRICS_PATH"\n')
+    sweep, launcher = tiny_sweep(tmp_path)
     assert autotune("run", "--slots", "1", "-q", "-o", results, "--launcher", f"sh {launcher}", sweep,
                     cwd=tmp_path).returncode == 0
     link = tmp_path / "events.jsonl"

@@ -3,6 +3,7 @@ the Python results API (`autotuner.load`); `--format` on every read command; tab
 coloured only there; plots whose failures stand apart; the HTML page's links, sorting and utilisation."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import io
@@ -10,10 +11,12 @@ import json
 import os
 import pkgutil
 import re
+import socket
 import struct
 import subprocess
 import sys
 import termios
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas
@@ -267,15 +270,21 @@ def test_hosts_in_every_format():
     assert "\x1b[32mup" in coloured and "\x1b[31mdown" in coloured
 
 
-def test_hosts_json_is_an_alias_of_format_json(tmp_path):
-    import socket
-
-    with socket.socket() as closed:  # bound, never listening: every connection is refused at once
+@contextlib.contextmanager
+def refusing_ssh(tmp_path: Path, host: str) -> Iterator[tuple[Path, Path]]:
+    """A hostfile of `host` and an ssh_config sending it to a port bound but never listening (every connection
+    refused at once), while the `with` lasts."""
+    with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
         config = tmp_path / "ssh_config"
-        config.write_text(f"Host node-x\n  HostName 127.0.0.1\n  Port {closed.getsockname()[1]}\n")
+        config.write_text(f"Host {host}\n  HostName 127.0.0.1\n  Port {closed.getsockname()[1]}\n")
         hostfile = tmp_path / "hostfile"
-        hostfile.write_text("node-x slots=2\n")
+        hostfile.write_text(f"{host} slots=2\n")
+        yield hostfile, config
+
+
+def test_hosts_json_is_an_alias_of_format_json(tmp_path):
+    with refusing_ssh(tmp_path, "node-x") as (hostfile, config):
         results = [cli("hosts", "-H", hostfile, "--ssh-config", config, *flags) for flags in
                    (["--json"], ["--format", "json"], ["-f", "csv"])]
     assert [r.returncode for r in results] == [1, 1, 1]
@@ -290,14 +299,7 @@ def test_hosts_probes_this_machine_here_as_its_runs_start_here(tmp_path):
     """A hostfile's `localhost` runs its single-node experiments without SSH, so `autotune hosts` probes it here:
     it was reported down (exit 1) on a machine whose sshd does not answer, while `run` on it worked. SSH to it is
     still tried (pdsh needs it for multi-node runs), and its failure said."""
-    import socket
-
-    with socket.socket() as closed:  # bound, never listening: every connection is refused at once
-        closed.bind(("127.0.0.1", 0))
-        config = tmp_path / "ssh_config"
-        config.write_text(f"Host localhost\n  HostName 127.0.0.1\n  Port {closed.getsockname()[1]}\n")
-        hostfile = tmp_path / "hostfile"
-        hostfile.write_text("localhost slots=2\n")
+    with refusing_ssh(tmp_path, "localhost") as (hostfile, config):
         result = cli("hosts", "-H", hostfile, "--ssh-config", config, "--json")
         table = cli("hosts", "-H", hostfile, "--ssh-config", config, "-f", "csv")
     assert result.returncode == 0, result.stderr
