@@ -9,7 +9,7 @@ import typer
 
 import autotuner
 
-from ..errors import shown
+from ..errors import one_line, shown
 from . import stdout
 from .app import app
 from .interrupts import EARLY_PRESS, interrupt_once, interrupted
@@ -39,10 +39,8 @@ def undecodable_argument(argv: list[str]) -> str | None:
         try:
             arg.encode()
         except UnicodeEncodeError:
-            text = arg.encode(errors="surrogateescape").decode(errors="backslashreplace")
-            shown_text = " ".join(text.split())  # one line, whatever the argument holds
-            shown_text = shown_text if len(shown_text) <= 200 else f"{shown_text[:98]}...{shown_text[-99:]}"
-            return f"autotune: error: argument {number} ({shown_text}) is not UTF-8 text"
+            text = one_line(arg.encode(errors="surrogateescape").decode(errors="backslashreplace"), 200)
+            return f"autotune: error: argument {number} ({text}) is not UTF-8 text"
     return None
 
 

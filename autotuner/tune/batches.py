@@ -18,16 +18,13 @@ def divisors(number: int) -> tuple[int, ...]:
 def largest_keeping(batch: int, dp: int, low: int, high: int) -> int | None:
     """The largest micro-batch size from `low` to `high` that times a whole accumulation times `dp` GPUs makes
     `batch`; None when none does."""
-    if batch % dp or high < low:
-        return None
-    found = divisors(batch // dp)
-    at = bisect.bisect_right(found, high) - 1
-    return found[at] if at >= 0 and found[at] >= low else None
+    found = keeping(batch, dp, low, high)
+    return found[-1] if found else None
 
 
 def keeping(batch: int, dp: int, low: int, high: int) -> list[int]:
     """Every micro-batch size from `low` to `high` that keeps `batch` over `dp` GPUs, smallest first."""
-    if batch % dp:
+    if batch % dp or high < low:
         return []
     found = divisors(batch // dp)
     return list(found[bisect.bisect_left(found, low):bisect.bisect_right(found, high)])

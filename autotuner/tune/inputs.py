@@ -47,7 +47,6 @@ OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's OffloadDeviceEnum
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
-COUNT_MAX = limits.COUNT  # the most a whole number of the config may be: sizes, steps, trials (none is near it)
 MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
 # model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
@@ -219,8 +218,8 @@ def _check_batch_keys(src: Source, config: JSONObject) -> None:
     for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
         value = config.get(key)
         listed = key == "gradient_accumulation_steps" and isinstance(value, list)  # searched: knobs.py checks it
-        if value is not None and value != "auto" and not listed and not (positive_int(value) and value <= COUNT_MAX):
-            most = f", at most {COUNT_MAX:,}" if positive_int(value) else ""
+        if value is not None and value != "auto" and not listed and not (positive_int(value) and value <= limits.COUNT):
+            most = f", at most {limits.COUNT:,}" if positive_int(value) else ""
             raise src.error(f"{key} must be a positive whole number or \"auto\"{most}, not {shown(value)}", key)
 
 
@@ -324,8 +323,8 @@ def _count(src: Source, section: JSONObject, key: str) -> int | None:
     value = section.get(key)
     if value is None:
         return None
-    if not positive_int(value) or value > COUNT_MAX:
-        raise src.error(f"{key} must be a positive whole number (at most {COUNT_MAX:,}), not {shown(value)}", key)
+    if not positive_int(value) or value > limits.COUNT:
+        raise src.error(f"{key} must be a positive whole number (at most {limits.COUNT:,}), not {shown(value)}", key)
     return value
 
 
