@@ -56,6 +56,16 @@ def test_unknown_failures_keep_the_last_error_line(tmp_path):
     assert classify(127, [tmp_path / "missing.log"])[0] == Reason.LAUNCH
 
 
+def test_srun_saying_which_task_ended_does_not_hide_why(tmp_path):
+    log = write(tmp_path / "stderr.log", "RuntimeError: the rank failed\n"
+                "srun: error: n2: task 1: Exited with exit code 1\n"
+                "slurmstepd-n1: error: *** STEP 4.1 ON n1 CANCELLED AT 2026-11-26T08:10:16 ***\n"
+                "srun: error: n1: task 0: Terminated\n")
+    assert classify(143, [log]) == (Reason.EXIT, "RuntimeError: the rank failed")
+    alone = write(tmp_path / "alone.log", "srun: error: n1: task 0: Terminated\n")
+    assert classify(143, [alone]) == (Reason.EXIT, "srun: error: n1: task 0: Terminated")  # nothing else tells
+
+
 def test_a_c10d_connection_warning_does_not_hide_a_config_error(tmp_path):
     warning = ("[W socket.cpp:697] [c10d] The client socket has failed to connect to [localhost]:29500 "
                "(errno: 111 - Connection refused).")

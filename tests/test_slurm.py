@@ -84,6 +84,11 @@ def node_lines(results: Path, name: str) -> list[dict[str, str]]:
             for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def run_logs(run_dir: Path) -> str:
+    """The ends of a run's logs, for a failure message that says why the run failed."""
+    return "".join(f"\n--- {p.name}\n" + p.read_text(errors="replace")[-4000:] for p in sorted(run_dir.glob("*.log")))
+
+
 def no_step_left(slurm_lab, job: str, sweep: str) -> bool:
     return not [s for s in slurm_lab.steps(job) if s.name.startswith(f"{sweep}.")] and not tagged_pids(sweep)
 
@@ -330,12 +335,44 @@ def test_a_real_two_node_deepspeed_run_as_one_step(slurm_lab, allocation, tmp_pa
     results = tmp_path / "r"
     done = autotune("run", tmp_path / "sweep.hjson", "--slurm", "--timeout", "300", "-o", results, "-q",
                     environ=lab_env(slurm_lab, allocation), timeout=400)
-    assert done.returncode == 0, done.stdout + done.stderr
     (attempt,) = attempts(results)
+    assert done.returncode == 0, done.stdout + done.stderr + str(attempt.detail) + run_logs(results / attempt.name)
     assert len(attempt.slots) == 2
     log = (results / attempt.name / "stdout.log").read_text() + (results / attempt.name / "stderr.log").read_text()
     assert "world_size=2" in log.replace(" ", "") or "dist_world_size=2" in log
     assert json.loads((results / attempt.name / "metrics.json").read_text())["throughput"] > 0
+    assert no_step_left(slurm_lab, allocation, sweep_id(results))
+
+
+# Node 0 measures and then runs on; node 1, once the metrics are written, says LAST_WORDS and its launcher exits
+# 250, as DeepSpeed's does when its rank aborts: srun then ends node 0's with SIGTERM and itself exits 143. The
+# pause before the exit is the launcher's own (it logs the rank's end first): srun may drop what a task wrote just
+# before an exit that makes it end the step.
+ABORTING_STANDIN = """\
+#!/bin/sh
+if [ "$SLURM_NODEID" = 0 ]; then printf '{"throughput": 2.0}\\n' > "$AUTOTUNE_METRICS_PATH"; exec sleep 60; fi
+while [ ! -s "$AUTOTUNE_METRICS_PATH" ]; do sleep 0.1; done
+printf '%s\\n' "$LAST_WORDS" >&2
+sleep 0.5
+exit 250
+"""
+
+
+@pytest.mark.parametrize("last_words, state", [
+    ("terminate called without an active exception", State.SUCCEEDED),  # gloo's threads, at the rank's exit
+    ("RuntimeError: the rank failed", State.FAILED),
+])
+def test_a_step_is_judged_by_the_node_whose_failure_ended_it(slurm_lab, allocation, tmp_path, last_words, state):
+    spec = write_sweep(tmp_path, [1], extra="num_gpus: 1\n  num_nodes: 2")
+    (tmp_path / "node.sh").write_text(ABORTING_STANDIN)
+    results = tmp_path / "r"
+    done = autotune("run", spec, "--slurm", "--launcher", f"sh {tmp_path / 'node.sh'}", "-o", results, "-q",
+                    environ=lab_env(slurm_lab, allocation, LAST_WORDS=last_words))
+    (attempt,) = attempts(results)
+    assert "Exited with exit code 250" in (results / attempt.name / "stderr.log").read_text()
+    assert (attempt.state, attempt.exit_code) == (state, 250), attempt.detail
+    assert done.returncode == (0 if state == State.SUCCEEDED else 1), done.stderr
+    assert ("aborted at exit" if state == State.SUCCEEDED else last_words) in attempt.detail
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
 
 

@@ -79,6 +79,21 @@ def test_steps_and_their_names():
     assert [s.id for s in parse.steps(text("squeue-steps-percent-T.txt"))] == ["6.0", "6.1"]
 
 
+def test_the_first_bad_exit_of_a_step_that_srun_ended():
+    # n2's launcher exited 250 (its rank aborted at exit); srun then ended n1's with SIGTERM and exited 143
+    assert parse.first_bad_exit(text("srun-rank-aborted-at-exit.stderr")) == 250
+    # a node failure, a cancel, a time limit: no task's own exit status tells
+    for name in ("srun-node-failure-other-node.stderr", "srun-step-cancelled.stderr", "srun-time-limit.stderr"):
+        assert parse.first_bad_exit(text(name)) is None, name
+    # two statuses of their own, or a task that ended by a signal the step's kill does not send: not one story
+    assert parse.first_bad_exit("srun: error: n1: task 0: Exited with exit code 1\n"
+                                "srun: error: n2: task 1: Exited with exit code 2\n") is None
+    assert parse.first_bad_exit("srun: error: n1: task 0: Segmentation fault (core dumped)\n"
+                                "srun: error: n2: task 1: Exited with exit code 250\n") is None
+    assert parse.first_bad_exit("srun: error: n1: tasks 0-1: Exited with exit code 3\n"
+                                "srun: error: n2: task 2: Killed\n") == 3
+
+
 def test_the_granted_job_of_salloc():
     assert parse.granted_job(text("salloc-granted.stderr")) == "1"
     assert parse.granted_job("salloc: error: Job submit/allocate failed: Invalid partition name specified") is None

@@ -33,6 +33,9 @@ _TAIL_BYTES = 256 * 1024
 # DeepSpeed's autotuning mode ends a run by calling exit() from inside its engine once it wrote the metrics, so
 # the script never tears its process group down, and the interpreter's exit can end this way.
 _TEARDOWN_ABORT = re.compile(r"terminate called without an active exception")
+# Lines that only say a process ended, not why: srun's per-task lines and slurmstepd's cancel. The line before
+# them tells; they tell only when nothing else does.
+_ENDED_ONLY = re.compile(r"^srun: error: \S+: tasks? [\d,\-]+: |^slurmstepd\S*: error: \*\*\* ")
 # SIGABRT as subprocess reports it (-6), as a shell does (134), and as DeepSpeed's launcher passes a rank's -6 on
 # (sys.exit(-6): 250).
 _ABORTED = (-6, 128 + 6, 256 - 6)
@@ -82,7 +85,8 @@ def classify(exit_code: int | None, logs: list[Path]) -> tuple[Reason, str | Non
     if exit_code is not None and exit_code < 0 and -exit_code == 9:
         return Reason.OOM, "killed by SIGKILL (the kernel's OOM killer?)"
     errors = [line for line in lines if re.search(r"Error|error:|Traceback|FAILED", line)]
-    return Reason.EXIT, (errors[-1][:300] if errors else None)
+    telling = [line for line in errors if not _ENDED_ONLY.search(line)] or errors
+    return Reason.EXIT, (telling[-1][:300] if telling else None)
 
 
 def judge(exit_code: int, metrics_path: Path, metric: Metric, logs: list[Path],

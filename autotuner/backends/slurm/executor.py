@@ -32,6 +32,7 @@ from ...jsonvalues import JSONObject
 from ...spec.hostfile import format_hostfile
 from ...spec.metrics import Metric
 from ...states import Reason, State
+from .. import exitstatus
 from ..launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
 from ..local.executor import Adopted, Child, LocalExecutor
 from . import parse
@@ -166,6 +167,8 @@ class SlurmSteps:
         the node: interrupted, to run again elsewhere, and the node reported at once rather than at the
         watcher's next look."""
         self._end_step(run.tag)
+        if outcome.state == State.FAILED:
+            outcome = self._as_its_first_failure(run, outcome)
         if outcome.state == State.SUCCEEDED:
             return outcome
         lost = self._lost_node(run)
@@ -175,6 +178,15 @@ class SlurmSteps:
         post(HostLost(node, why))
         self.on_lost(node)
         return Outcome(State.INTERRUPTED, Reason.LOST, f"node {node} lost: {why}")
+
+    def _as_its_first_failure(self, run: Run, outcome: Outcome) -> Outcome:
+        """A failed step judged again by the exit status of the node whose failure made srun end the rest (see
+        `parse.first_bad_exit`): that status, not srun's highest, says how it ended; a rank that measured and
+        then aborted at exit on one node then counts, as it does on one machine."""
+        first = parse.first_bad_exit(tail(run.dir / "stderr.log"))
+        if first is None or first == outcome.exit_code:
+            return outcome
+        return exitstatus.judge_files(first, run.dir, self.metric)
 
     def remove_buffers(self, run: Run, port: int) -> None:
         """On the step's nodes (where its ranks ran, named by the first node's address): one short step that

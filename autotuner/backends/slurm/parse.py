@@ -238,6 +238,27 @@ def steps(text: str) -> list[Step]:
     return found
 
 
+# srun's line for tasks that ended badly: "srun: error: NODE: task(s) IDS: Exited with exit code N", or the
+# signal's name ("Terminated", "Killed", "Aborted") when one ended them.
+_TASK_END = re.compile(r"^srun: error: \S+: tasks? [\d,\-]+: (?:Exited with exit code (\d+)|(.+))$", re.M)
+_ENDED_BY_STEP = frozenset({"Terminated", "Killed"})  # what srun's kill of a step's other tasks does to them
+
+
+def first_bad_exit(text: str) -> int | None:
+    """The exit status of the task whose bad exit ended a `--kill-on-bad-exit` step, from srun's stderr; None
+    unless that is the whole story (one such status, every other task reported ended by the step's kill).
+
+    srun's own status is the highest of its tasks': a node launcher's 250 (a rank that aborted at exit) becomes
+    143 once srun has sent the other nodes' launchers SIGTERM, and hides how the step really ended."""
+    codes = []
+    for match in _TASK_END.finditer(text):
+        if match.group(1) is not None:
+            codes.append(int(match.group(1)))
+        elif match.group(2).strip() not in _ENDED_BY_STEP:
+            return None
+    return codes[0] if len(codes) == 1 else None
+
+
 def granted_job(text: str) -> str | None:
     """The job id in `salloc`'s "Granted job allocation J" line."""
     match = _GRANTED.search(text)
