@@ -3,6 +3,7 @@ node, a hung remote run, host keys. Every node is this machine under another add
 node" is checked once, on the process table here."""
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -124,7 +125,11 @@ def test_a_real_multi_node_deepspeed_run(ssh_nodes, tmp_path):
     log = (results / attempt.name / "stdout.log").read_text() + (results / attempt.name / "stderr.log").read_text()
     # pdsh prefixes each node's lines: both nodes ran a rank of the same job (world size 2)
     assert "node-1: " in log and "node-2: " in log
-    assert log.count("exits successfully") == 2
+    # each node's launcher saw its rank end: well, or (gloo's threads, at times) aborted at exit after measuring,
+    # which the product counts as measured (outcome.aborted_at_exit)
+    ended = re.findall(r"(node-\d): .*(exits successfully|exits with return code = -6)", log)
+    assert sorted(node for node, _ in ended) == ["node-1", "node-2"], log[-3000:]
+    assert all(how == "exits successfully" for _, how in ended) or "aborted at exit" in (attempt.detail or "")
     assert json.loads((results / attempt.name / "metrics.json").read_text())["throughput"] > 0
     assert leftovers(sweep_id) == []
 
