@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, os.environ.get("SCALE_BUILD_CODE") or str(ROOT))  # (set for --build-only: that checkout's)
 
 import autotuner  # noqa: E402
 from autotuner import Reason, State  # noqa: E402
@@ -220,28 +220,40 @@ def main() -> None:
     parser.add_argument("--no-optuna", action="store_true", help="leave Optuna's CLI (the anchor) out")
     parser.add_argument("--full-configs", action="store_true",
                         help="whole ds_configs as users write them around the swept keys (see FULL_CONFIG)")
+    parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)  # one checkout's sweep
     opts = parser.parse_args()
     codes: list[Path | None] = list(opts.code or [None])
+    if opts.build_only:
+        build(opts.keep, opts.experiments, opts.full_configs)
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        template = opts.keep or workdir / "sweep"
         started = time.perf_counter()
-        counts = build(template, opts.experiments, opts.full_configs)
-        print(f"built {opts.experiments} experiments in {time.perf_counter() - started:.1f} s: "
-              + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), flush=True)
+        templates = {code: (opts.keep or workdir) / f"sweep{i}" for i, code in enumerate(codes)}
+        if len(codes) == 1:
+            counts = build(templates[codes[0]], opts.experiments, opts.full_configs)
+            print(f"built {opts.experiments} experiments in {time.perf_counter() - started:.1f} s: "
+                  + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), flush=True)
+        else:  # each checkout builds its own: its ledger is of its own version (an older one refuses a newer one)
+            for code, template in templates.items():
+                subprocess.run([sys.executable, __file__, "--build-only", "--keep", str(template), "--experiments",
+                                str(opts.experiments), *(["--full-configs"] if opts.full_configs else [])],
+                               check=True, env={**os.environ, "SCALE_BUILD_CODE": str(Path(str(code)).resolve())})
+            print(f"built {opts.experiments} experiments for each checkout in {time.perf_counter() - started:.1f} s",
+                  flush=True)
         storage = None if opts.no_optuna else optuna_study(workdir, 10_000)
-        commands = (("status", ("status", template)), ("status --json", ("status", template, "--json")),
-                    ("report", ("report", template)),
-                    ("report --format json", ("report", template, "--format", "json")),
-                    ("report --format csv", ("report", template, "--format", "csv")),
-                    ("report --format md", ("report", template, "--format", "md")),
-                    ("compare", ("compare", template, template)),
-                    ("--help", ("--help",)), ("--version", ("--version",)))
         figures: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for round_ in range(opts.rounds):
             for code in codes:
-                label = str(code or ".")
+                label, template = str(code or "."), templates[code]
+                commands = (("status", ("status", template)), ("status --json", ("status", template, "--json")),
+                            ("report", ("report", template)),
+                            ("report --format json", ("report", template, "--format", "json")),
+                            ("report --format csv", ("report", template, "--format", "csv")),
+                            ("report --format md", ("report", template, "--format", "md")),
+                            ("compare", ("compare", template, template)),
+                            ("--help", ("--help",)), ("--version", ("--version",)))
                 figures.setdefault((label, "resume -> first launch"), []).append(
                     (first_launch(template, workdir, round_, code), float("nan")))
                 for name, args in commands:

@@ -3,6 +3,7 @@ import pytest
 
 from autotuner.ledger.store import Ledger, TransitionError
 from autotuner.states import Reason, State
+from autotuner.views.analysis import swept_specs
 
 from helpers import SWEEP_META, experiment
 
@@ -131,3 +132,29 @@ def test_attempts_read_back_as_the_typed_vocabulary(ledger):
     a = ledger.attempts("a")[0]
     assert a.state is State.FAILED and a.reason is Reason.OOM and a.terminal
     assert ledger.states()["b"] == (1, State.QUEUED) and ledger.states()["b"][1] is State.QUEUED
+
+
+def test_the_swept_values_are_kept_as_experiments_are_added(tmp_path):
+    """Added one or a few at a time, as a tune and a resume add them, in shapes that change: what the ledger
+    keeps is what working them out from every spec says; kept leaves that do not cover every experiment (added
+    by a writer that keeps none) are not used, and the next add works every value out again."""
+    configs = [{"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 0}},
+               {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 0}},
+               {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3, "offload_param": {
+                   "device": "cpu"}}},
+               {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 3}, "fp16": {"enabled": True}},
+               {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}, "fp16": {"enabled": True}},
+               {"train_micro_batch_size_per_gpu": 2, "zero_optimization": 3}]
+    with Ledger.create(tmp_path, SWEEP_META) as ledger:
+        for i, batch in enumerate([[0], [1], [2, 3], [4], [5]]):
+            ledger.add_experiments([experiment(f"e{j}", ds_config=configs[j], num_gpus=1 + (j == 4))
+                                    for j in batch], at=1.0)
+            keys, rows = swept_specs(ledger.specs())
+            assert ledger.swept() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)]), i
+        assert ledger.swept()[0] == ["train_micro_batch_size_per_gpu", "zero_optimization.stage", "num_gpus",
+                                     "zero_optimization.offload_param.device", "fp16.enabled"]
+        ledger._db.execute("UPDATE leaves SET value = json_set(value, '$.count', 2)")
+        assert ledger.swept() is None
+        ledger.add_experiments([experiment("e6", ds_config=configs[0])], at=1.0)
+        keys, rows = swept_specs(ledger.specs())
+        assert ledger.swept() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)])

@@ -137,8 +137,8 @@ BAD_LEDGERS = {
     "directory": (replace_with_directory, "not a sweep ledger (a directory)"),
     "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
     "truncated": (truncate, "corrupt sweep ledger"),
-    "newer_version": (sql("PRAGMA user_version = 4"),
-                      "written by a newer autotuner (ledger schema 4; this one reads up to 3): upgrade autotuner"),
+    "newer_version": (sql("PRAGMA user_version = 5"),
+                      "written by a newer autotuner (ledger schema 5; this one reads up to 4): upgrade autotuner"),
     "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
                        "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
     "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
@@ -254,20 +254,21 @@ def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_n
                                                "PRAGMA user_version = 7"))
     line = one_line_error(autotune("status", results))
     assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
-                    "(ledger schema 7; this one reads up to 3): upgrade autotuner")
+                    "(ledger schema 7; this one reads up to 4): upgrade autotuner")
 
 
 def test_a_new_ledger_carries_the_schema_version(pristine):
     db = sqlite3.connect(pristine / FILENAME)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     finally:
         db.close()
 
 
 # --- a ledger from before schema versions (version 0) ---------------------------------------------------------
 # Version 1's tables, no version: what main wrote before versions.
-VERSION_0 = ("ALTER TABLE attempts DROP COLUMN peak_memory", "ALTER TABLE attempts DROP COLUMN step",
+VERSION_3 = ("DROP TABLE swept", "DROP TABLE leaves")
+VERSION_0 = (*VERSION_3, "ALTER TABLE attempts DROP COLUMN peak_memory", "ALTER TABLE attempts DROP COLUMN step",
              "PRAGMA user_version = 0")
 
 
@@ -313,7 +314,7 @@ def test_a_version_2_ledger_is_read_as_it_is_and_resume_adds_the_peak_memory_col
     """Version 2 had no peak GPU memory per attempt: readers see none, the runner migrates it and the attempts
     already recorded keep every value they had."""
     results = make_sweep(tmp_path, 3, finished=1)
-    sql("ALTER TABLE attempts DROP COLUMN peak_memory", "PRAGMA user_version = 2")(results / FILENAME)
+    sql(*VERSION_3, "ALTER TABLE attempts DROP COLUMN peak_memory", "PRAGMA user_version = 2")(results / FILENAME)
     ledger_bytes = (results / FILENAME).read_bytes()
     with Ledger.open(results) as ledger:
         assert ledger.version() == 2
@@ -325,10 +326,34 @@ def test_a_version_2_ledger_is_read_as_it_is_and_resume_adds_the_peak_memory_col
     done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0, done.stderr
     with Ledger.open(results) as ledger:
-        assert ledger.version() == SCHEMA_VERSION == 3
+        assert ledger.version() == SCHEMA_VERSION == 4
         assert "peak_memory" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
         kept = {(a.name, a.attempt): a.to_json() for a in ledger.attempts()}
     assert all(kept[(a["name"], a["attempt"])] == a for a in before if a["state"] == State.SUCCEEDED)
+
+
+def test_a_version_3_ledger_is_reported_from_its_specs_and_resume_keeps_its_swept_values(tmp_path):
+    """Version 3 kept no swept values: readers work them out from the specs, writing nothing; the runner's
+    migration keeps them from then on, and the report says the same before and after."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    before = json.loads(autotune("report", results, "--format", "json").stdout)
+    assert before["parameters"] == ["x"]
+    sql(*VERSION_3, "PRAGMA user_version = 3")(results / FILENAME)
+    ledger_bytes = (results / FILENAME).read_bytes()
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == 3 and ledger.swept() is None
+    read = json.loads(autotune("report", results, "--format", "json").stdout)
+    assert (results / FILENAME).read_bytes() == ledger_bytes
+    assert read == before
+    done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
+    assert done.returncode == 0, done.stderr
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == SCHEMA_VERSION
+        assert ledger.swept() == (["x"], [(f"s_x{i}", {"x": i}) for i in range(3)])
+    after = json.loads(autotune("report", results, "--format", "json").stdout)
+    assert after["parameters"] == ["x"]  # the runs ranked anew: by name
+    assert {r["name"]: r["parameters"] for r in after["experiments"]} == \
+        {r["name"]: r["parameters"] for r in before["experiments"]}
 
 
 # --- the lock a user could break ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 import pytest
 
-from autotuner.views import analysis
+from autotuner.ledger import swept
 from autotuner.views.analysis import swept_specs
 
 FIELDS = ("num_gpus", "num_nodes")
@@ -95,23 +95,27 @@ def exact(rows: list[dict]) -> list[list[tuple]]:
     return [[(k, type(v).__name__, json.dumps(v, sort_keys=True)) for k, v in row.items()] for row in rows]
 
 
+def random_sweep(rng: random.Random, reshape: bool) -> list[dict]:
+    base = config(rng)
+    return [{"ds_config": base if i == 0 else varied(rng, base, reshape),
+             **{k: rng.choice([1, 2, 1.0, True, None]) for k in FIELDS if rng.random() < 0.9}}
+            for i in range(rng.randint(1, 8))]
+
+
 @pytest.mark.parametrize("reshape", [False, True])
 def test_the_swept_keys_and_values_are_the_definitions_for_random_sweeps(reshape, monkeypatch):
     by_column = {"taken": 0}
-    columns = analysis._swept_by_column
+    columns = swept._by_column
 
     def counted(specs):
         found = columns(specs)
         by_column["taken"] += found is not None
         return found
 
-    monkeypatch.setattr(analysis, "_swept_by_column", counted)
+    monkeypatch.setattr(swept, "_by_column", counted)
     rng = random.Random(20261126 + reshape)
     for _ in range(600):
-        base = config(rng)
-        specs = [{"ds_config": base if i == 0 else varied(rng, base, reshape),
-                  **{k: rng.choice([1, 2, 1.0, True, None]) for k in FIELDS if rng.random() < 0.9}}
-                 for i in range(rng.randint(1, 8))]
+        specs = random_sweep(rng, reshape)
         keys, rows = swept_specs(specs)
         want_keys, want_rows = reference(specs)
         assert keys == want_keys, specs
@@ -130,3 +134,39 @@ def test_one_shape_that_is_not_plain_dicts_or_has_empty_objects_is_compared_leaf
     assert swept_specs(empty) == (["b"], [{"b": 1}, {"b": 2}]) == reference(empty)
     mixed = [{"ds_config": {"a": {"b": 1}}}, {"ds_config": {"a": 5}}]
     assert swept_specs(mixed) == reference(mixed) == (["a.b"], [{"a.b": 1}, {}])  # `a` is no value in the first
+
+
+@pytest.mark.parametrize("reshape", [False, True])
+def test_leaves_extended_as_experiments_come_say_what_the_definition_says(reshape):
+    """As the ledger keeps them: the first experiments summarized, the rest added a few at a time (`extend`,
+    or `summarize` of all where extend says it cannot), the leaves through their JSON between adds."""
+    rng = random.Random(20261127 + reshape)
+    extended = anew = 0
+    for _ in range(600):
+        specs = json.loads(json.dumps(random_sweep(rng, reshape)).replace("NaN", "0.5"))  # as a ledger holds them
+        end = rng.randint(1, len(specs))
+        leaves, values = swept.summarize(specs[:end])
+        while end < len(specs):
+            chunk = specs[end:end + rng.randint(1, 3)]
+            leaves = swept.Leaves.from_json(json.loads(json.dumps(leaves.to_json())))
+            found = swept.extend(leaves, chunk)
+            end += len(chunk)
+            if found is None:
+                anew += 1
+                leaves, values = swept.summarize(specs[:end])
+            else:
+                extended += 1
+                leaves, more = found
+                values = values + more
+            want_keys, want_rows = reference(specs[:end])
+            assert (leaves.keys, exact(values), leaves.count) == (want_keys, exact(want_rows), end), specs[:end]
+    assert extended > 200 and anew > 200  # both ways taken (seeded draws)
+
+
+def test_leaves_not_written_by_to_json_are_none():
+    for data in (None, [], {"first": {}, "varying": [], "count": -1}, {"first": {}, "varying": ["a"], "count": 1},
+                 {"first": {}, "varying": [], "count": True}, {"first": [], "varying": [], "count": 0},
+                 {"first": {}, "varying": [], "count": 0, "more": 1}):
+        assert swept.Leaves.from_json(data) is None, data
+    assert swept.Leaves.from_json({"first": {"a": 1}, "varying": ["a"], "count": 2}) == \
+        swept.Leaves({"a": 1}, frozenset({"a"}), 2)

@@ -12,7 +12,7 @@ from ..errors import UserError
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 TABLES_SQL = """  -- version 1's tables: a new ledger gets them, then every migration (`schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -31,13 +31,16 @@ CREATE TABLE IF NOT EXISTS requests (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL
     at REAL NOT NULL, handled INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
 """
-TABLES = ("meta", "experiments", "attempts", "transitions", "requests")
+TABLES = ("meta", "experiments", "attempts", "transitions", "requests", "swept", "leaves")
 
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
-# 1 -> 2: a Slurm job step's id per attempt. 2 -> 3: the peak GPU memory an attempt held (peaks.py).
-MIGRATIONS: tuple[tuple[str, ...], ...] = ((), ("ALTER TABLE attempts ADD COLUMN step TEXT",),
-                                           ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",))
+# 1 -> 2: a Slurm job step's id per attempt. 2 -> 3: the peak GPU memory an attempt held (peaks.py). 3 -> 4:
+# each experiment's values of the swept keys, and (one row) the leaves they are kept by (swept.py).
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (), ("ALTER TABLE attempts ADD COLUMN step TEXT",), ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",),
+    ("CREATE TABLE swept (position INTEGER PRIMARY KEY, name TEXT NOT NULL, params TEXT NOT NULL)",
+     "CREATE TABLE leaves (one INTEGER PRIMARY KEY CHECK (one = 1), value TEXT NOT NULL)"))
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,

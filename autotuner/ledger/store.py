@@ -23,6 +23,7 @@ from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..states import Reason, State
+from . import swept
 from .attempt import STATES, Attempt
 from .meta import SweepMeta
 from .rows import decode_attempts, json_object, json_value, odd_peak
@@ -147,7 +148,8 @@ class Ledger:
             if problems != ["ok"]:
                 raise self._corrupt(problems[0])
             for table, column, kind in (("experiments", "spec", dict), ("attempts", "slots", dict),
-                                        ("attempts", "metrics", dict), ("requests", "names", list)):
+                                        ("attempts", "metrics", dict), ("requests", "names", list),
+                                        *([("swept", "params", dict)] if self.version() >= 4 else [])):
                 self._check_json(table, column, kind)
             self.peaks()  # a peak_memory we did not write (text, a real) is refused as reading it would be
             self._check_rows()
@@ -211,6 +213,7 @@ class Ledger:
                 for statement in step:
                     self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            self._keep_swept_anew()  # a ledger from before version 4 (or one another writer left without them)
 
     def _corrupt(self, detail: str) -> UserError:
         return UserError(f"corrupt sweep ledger: {detail}", self.path)
@@ -290,14 +293,71 @@ class Ledger:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None:
-        """Record new experiments, each with a first attempt queued, in one transaction."""
+        """Record new experiments, each with a first attempt queued, and the swept keys' values kept up to date
+        (`_keep_swept`), in one transaction."""
         start = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM experiments").fetchone()[0]
+        specs = [json.dumps(e.to_json(), sort_keys=True) for e in experiments]
         with self._transaction():
-            self._db.executemany(
-                "INSERT INTO experiments VALUES (?, ?, ?, ?)",
-                [(e.name, start + i, e.digest, json.dumps(e.to_json(), sort_keys=True))
-                 for i, e in enumerate(experiments)])
+            self._db.executemany("INSERT INTO experiments VALUES (?, ?, ?, ?)",
+                                 [(e.name, start + i, e.digest, spec) for i, (e, spec) in enumerate(zip(
+                                     experiments, specs, strict=True))])
             self._insert_queued([(e.name, 1) for e in experiments], at)
+            self._keep_swept(start, [json.loads(spec) for spec in specs])
+
+    # --- the swept keys --------------------------------------------------------------------------------------
+    def _keep_swept(self, start: int, added: Sequence[JSONObject]) -> None:
+        """After experiments from position `start` were added (their specs as recorded): the leaves extended
+        by them and their values of the swept keys written; where that is not enough (`swept.extend`), every
+        experiment's worked out again. In the caller's transaction."""
+        leaves = self._leaves(start) if start else swept.Leaves({}, frozenset(), 0)
+        found = swept.extend(leaves, added) if leaves is not None else None
+        if found is None:
+            self._keep_swept_anew()
+        else:
+            self._write_swept(start, added, *found)
+
+    def _keep_swept_anew(self) -> None:
+        """Every experiment's values of the swept keys worked out from the specs and written (in the caller's
+        transaction): when the leaves kept are not enough, and once for a ledger from before version 4."""
+        specs = self.specs()
+        self._db.execute("DELETE FROM swept")
+        self._write_swept(0, specs, *swept.summarize(specs))
+
+    def _write_swept(self, start: int, specs: Sequence[JSONObject], leaves: swept.Leaves,
+                     values: Sequence[JSONObject]) -> None:
+        self._db.executemany("INSERT INTO swept VALUES (?, ?, ?)",
+                             [(start + i, spec.get("name"), json.dumps(v)) for i, (spec, v) in enumerate(zip(
+                                 specs, values, strict=True))])
+        self._db.execute("INSERT OR REPLACE INTO leaves VALUES (1, ?)", (json.dumps(leaves.to_json()),))
+
+    def _leaves(self, count: int) -> swept.Leaves | None:
+        """The leaves kept, if they cover exactly the first `count` experiments (None: none kept, or experiments
+        were added without them since, or they are not ours)."""
+        row = self._db.execute("SELECT value FROM leaves").fetchone()
+        if row is None:
+            return None
+        try:
+            leaves = swept.Leaves.from_json(json.loads(row[0]))
+        except ValueError:
+            return None
+        return leaves if leaves is not None and leaves.count == count else None
+
+    def swept(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
+        """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
+        since its experiments were added: a few values each, where working them out decoded and compared every
+        config. None for a ledger that keeps none whole (from before version 4, not yet resumed)."""
+        if self.version() < 4:
+            return None
+        count = self._db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+        leaves = self._leaves(count)
+        if leaves is None:
+            return None
+        cursor = self._db.cursor()
+        cursor.row_factory = None
+        rows = cursor.execute("SELECT name, params FROM swept ORDER BY position").fetchall()
+        if len(rows) != count:
+            return None
+        return leaves.keys, [(name, json_object(params, "swept.params", self._corrupt)) for name, params in rows]
 
     def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
         """Every experiment in the sweep's order, or only those named (only their rows are read and decoded)."""

@@ -175,10 +175,7 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     """The records of a snapshot (read with or without every experiment: their specs are read if missing)."""
     # In the sweep's order: the columns do not move as the ranking does, and the configs are read in the order
     # they lie in memory (in the ranking's order, the swept keys of 10,000 whole configs took twice as long).
-    attempted = {a.name for a in snap.attempts}
-    specs = {name: spec for name, spec in _specs(snap).items() if name in attempted}
-    keys, table = swept_specs(list(specs.values()))
-    values = dict(zip(specs, table, strict=True))
+    keys, values = _swept(snap)
     best = snap.best
     typed = snap.by_type  # ranked per GPU type (snap.ranked groups them), each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
@@ -213,12 +210,20 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
                         metric_names(snap.metric, [r.metrics for r in records]), tuple(records), typed)
 
 
-def _specs(snap: Snapshot) -> dict[str, Mapping[str, JSON]]:
-    """name -> what the swept parameters are read from: the snapshot's experiments, or the ledger's specs."""
-    if all(a.name in snap.experiments for a in snap.attempts):
-        return {name: spec_of(e) for name, e in snap.experiments.items()}
+def _swept(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
+    """The swept keys, and name -> the experiment's values of them: as the ledger keeps them; for a ledger that
+    keeps none (from before version 4), worked out from the specs of the experiments the snapshot shows."""
     with Ledger.open(snap.directory) as ledger:
-        return {str(spec.get("name")): spec for spec in ledger.specs()}
+        kept = ledger.swept()
+        if kept is not None:
+            return kept[0], dict(kept[1])
+        attempted = {a.name for a in snap.attempts}
+        if all(name in snap.experiments for name in attempted):
+            specs = {name: spec_of(e) for name, e in snap.experiments.items() if name in attempted}
+        else:
+            specs = {name: spec for spec in ledger.specs() if (name := str(spec.get("name"))) in attempted}
+    keys, table = swept_specs(list(specs.values()))
+    return keys, dict(zip(specs, table, strict=True))
 
 
 def load_results(directory: str | Path) -> SweepResults:
