@@ -184,13 +184,14 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     ranks: dict[str | None, int] = {}
     records = []
     empty: JSONObject = {}
+    swept = set(keys)
     new, put = object.__new__, object.__setattr__
     for position, a in enumerate(snap.ranked, 1):
         kind = snap.type_of(a) if typed else None
         succeeded = a.state == State.SUCCEEDED
         if typed and succeeded:
             ranks[kind] = position = ranks.get(kind, 0) + 1
-        row = values.get(a.name, empty)
+        row = values.get(a.name, empty)  # its own dict (decoded, or made by swept): taken whole if it has every key
         metrics = dict(a.metrics)
         if a.metric is not None:  # the ranking value is a metric of the record even where `metrics` lacks it
             metrics.setdefault(primary, a.metric)
@@ -201,7 +202,8 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
             "name": a.name, "state": a.state, "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
             "rank": position if succeeded else None,
             "best": id(a) in bests if typed else a.name == best_name and best_name is not None,
-            "metric": a.metric, "parameters": {k: row.get(k) for k in keys}, "metrics": metrics,
+            "metric": a.metric, "parameters": row if row.keys() == swept and row is not empty else {
+                k: row.get(k) for k in keys}, "metrics": metrics,
             "started": a.started_at, "finished": a.finished_at,
             "slots": {h: tuple(ids) for h, ids in a.slots.items()}, "sweep_directory": directory, "gpu_type": kind,
             "peak_memory": a.peak_memory})

@@ -191,8 +191,11 @@ def load(directory: Path, every_experiment: bool = True) -> Snapshot:
 
 def format_slots(slots: Mapping[str, Iterable[int]] | Iterable[tuple[str, Iterable[int]]], sep: str = "@") -> str:
     """Where an attempt runs, as every view writes it: `node-a:0,1@node-b:2` (the plain event line uses " ")."""
-    pairs = slots.items() if isinstance(slots, Mapping) else slots
-    if isinstance(slots, Mapping) and len(slots) == 1:  # most runs: one host (no generator per call)
-        ((host, ids),) = pairs
-        return f"{host}:{','.join(map(str, ids))}"
+    if isinstance(slots, (dict, Mapping)):  # a dict asked first: the ABC's check is slow
+        if len(slots) == 1:  # most runs: one host (no generator per call)
+            ((host, ids),) = slots.items()
+            return f"{host}:{','.join(map(str, ids))}"
+        pairs: Iterable[tuple[str, Iterable[int]]] = slots.items()
+    else:
+        pairs = slots
     return sep.join(f"{host}:{','.join(map(str, ids))}" for host, ids in pairs)

@@ -73,7 +73,7 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, t
     columns again (as pandas prints a wide DataFrame). Coloured only when `output.color`."""
     # Column by column: one pass of C-level loops per column (widths, padding) where a row at a time made
     # 120,000 calls for a report of 10,000.
-    texts = [[_text(c) for c in cells] if any(c.__class__ is Styled for c in cells) else list(cells)
+    texts = [[_text(c) for c in cells] if Styled in set(map(type, cells)) else list(cells)
              for cells in (zip(*rows, strict=True) if rows else [() for _ in columns])]
     natural = [max(_width(c.header), _widest(cells)) for c, cells in zip(columns, texts, strict=True)]
     plain = len(rows) > RICH_ROWS
