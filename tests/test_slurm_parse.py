@@ -5,8 +5,13 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.backends.recovery import recover
 from autotuner.backends.slurm import parse
 from autotuner.backends.slurm.watch import end_seconds
+from autotuner.ledger.store import Ledger
+from autotuner.states import State
+
+from helpers import SWEEP_META, experiment
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -109,3 +114,24 @@ def test_typed_gpus_and_tracked_memory_in_detail():
     assert parse.gpus_of("gres/gpu:a100=4") == parse.Gpus(4, (), "a100")
     assert parse.gpus_of("gpu:2(IDX:1,3),shard:0") == parse.Gpus(2, (1, 3))
     assert parse.gpus_of("mps:100") is None
+
+
+def test_a_step_that_ended_while_no_runner_was_alive_is_judged_by_its_first_failing_node(tmp_path):
+    """`cancel` with no runner (backends/recovery): a step whose n2 rank measured and then aborted at exit, and
+    whose wrapper recorded srun's 143, counts as measured, as it does when the runner follows it."""
+    with Ledger.create(tmp_path, SWEEP_META) as ledger:
+        ledger.add_experiments([experiment("a"), experiment("b")], at=1.0)
+        for name, stderr in (("a", text("srun-rank-aborted-at-exit.stderr")),
+                             ("b", "RuntimeError: the rank failed\nsrun: error: n2: task 1: Exited with exit code 1\n"
+                                   "srun: error: n1: task 0: Terminated\n")):
+            run = tmp_path / name
+            run.mkdir()
+            (run / "stderr.log").write_text(stderr)
+            (run / "metrics.json").write_text('{"throughput": 3.0}')
+            (run / "exit_status").write_text("143\n")
+            ledger.start(name, 1, slots={"n1": [0], "n2": [0]}, tag=f"t.{name}.1", dir=str(run), at=2.0)
+            ledger.launched(name, 1, pid=2 ** 22 + 1, port=None, at=2.0, step="7.1")
+        recover(ledger, 3.0, end=lambda attempt: None)
+        got = {a.name: (a.state, a.exit_code, a.detail) for a in ledger.latest()}
+    assert got["a"][:2] == (State.SUCCEEDED, 250) and "aborted at exit" in got["a"][2]
+    assert got["b"] == (State.FAILED, 1, "RuntimeError: the rank failed")

@@ -12,6 +12,7 @@ from ..spec.hostfile import is_local
 from ..spec.metrics import metric_named
 from ..states import Reason, State
 from . import exitstatus
+from .slurm.executor import step_status
 
 
 def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
@@ -31,8 +32,10 @@ def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
         outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
         if status is not None and directory is not None:
             local = attempt.step is not None or all(is_local(h) for h in attempt.slots)  # srun runs here
-            outcome = exitstatus.judge_files(exitstatus.as_returncode(status) if local else status, directory,
-                                             metric)
+            code = exitstatus.as_returncode(status) if local else status
+            if attempt.step is not None:  # a Slurm step: as the node whose failure ended it, if one did
+                code = step_status(code, directory)
+            outcome = exitstatus.judge_files(code, directory, metric)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
                       exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
                       metrics=outcome.metrics)

@@ -64,6 +64,16 @@ exec "${{@:1:{k}}}" --no_ssh --node_rank "$me" --include "$include" "${{@:{rest}
 """
 
 
+def step_status(status: int, directory: Path) -> int:
+    """How a step ended: srun's exit status, or where one node's bad exit made srun end the others (srun's
+    own status is then theirs, SIGTERM's), that node's (`parse.first_bad_exit`, from srun's lines in the
+    attempt's stderr.log)."""
+    if status == 0:
+        return status
+    first = parse.first_bad_exit(exitstatus.log_tail(directory / "stderr.log"))
+    return status if first is None else first
+
+
 def srun_environment() -> dict[str, str]:
     """Ours without our own job's step settings, which srun would read as those of the step it starts."""
     return {k: v for k, v in os.environ.items() if k not in _SRUN_INPUTS}
@@ -180,13 +190,15 @@ class SlurmSteps:
         return Outcome(State.INTERRUPTED, Reason.LOST, f"node {node} lost: {why}")
 
     def _as_its_first_failure(self, run: Run, outcome: Outcome) -> Outcome:
-        """A failed step judged again by the exit status of the node whose failure made srun end the rest (see
-        `parse.first_bad_exit`): that status, not srun's highest, says how it ended; a rank that measured and
-        then aborted at exit on one node then counts, as it does on one machine."""
-        first = parse.first_bad_exit(tail(run.dir / "stderr.log"))
-        if first is None or first == outcome.exit_code:
+        """A failed step judged again by the exit status of the node whose failure made srun end the rest
+        (`step_status`): a rank that measured and then aborted at exit on one node then counts, as it does on
+        one machine."""
+        if outcome.exit_code is None:
             return outcome
-        return exitstatus.judge_files(first, run.dir, self.metric)
+        status = step_status(outcome.exit_code, run.dir)
+        if status == outcome.exit_code:
+            return outcome
+        return exitstatus.judge_files(status, run.dir, self.metric)
 
     def remove_buffers(self, run: Run, port: int) -> None:
         """On the step's nodes (where its ranks ran, named by the first node's address): one short step that
@@ -215,7 +227,7 @@ class SlurmSteps:
             marked = []
         if marked:
             return marked[0].name, f"Slurm marks it {marked[0].why}"
-        told = _NODE_FAILURE.findall(tail(run.dir / "stderr.log"))
+        told = _NODE_FAILURE.findall(exitstatus.log_tail(run.dir / "stderr.log"))
         failed = [node for node in told if node in run.reservation.hosts]
         return (failed[0], "srun reported a node failure") if failed else None
 
@@ -260,15 +272,6 @@ def slurm_executor(hostfile: str, metric: Metric, clock: Callable[[], float], la
     return LocalExecutor(hostfile, metric, clock, launcher, env, grace, processes=steps_here)
 
 
-def tail(path: Path, size: int = 65536) -> str:
-    """The end of a log (what srun said last), or nothing when there is none."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
 
 def _ended(proc: Child) -> bool:
     try:
@@ -287,4 +290,3 @@ def end_strays(allocation: Allocation, sweep_id: str, keep: set[str]) -> list[st
             slurm("scancel", step.id, check=False)
             ended.append(step.name)
     return ended
-
