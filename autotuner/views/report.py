@@ -27,13 +27,18 @@ _HEADERS = {**ABBREVIATIONS, "num_gpus": "gpus", "num_nodes": "nodes"}
 
 
 def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, object]:
-    return {"rank": r.rank, "best": r.best, "name": r.name} | ({"gpu_type": r.gpu_type} if typed else {}) | {
-            "state": r.state, "metric": r.metric,
-            "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
-            "duration_s": round(r.duration, 3) if r.duration is not None else None, "peak_memory": r.peak_memory,
-            "slots": format_slots(r.slots),
-            "parameters": dict(r.parameters), "metrics": dict(r.metrics), "started_at": r.started,
-            "finished_at": r.finished}
+    """One dict literal, the GPU type left out unless typed (three merged dicts a row were a fifth of a JSON
+    report of 10,000)."""
+    duration = r.duration
+    row: dict[str, object] = {
+        "rank": r.rank, "best": r.best, "name": r.name, "gpu_type": r.gpu_type, "state": r.state, "metric": r.metric,
+        "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
+        "duration_s": round(duration, 3) if duration is not None else None, "peak_memory": r.peak_memory,
+        "slots": format_slots(r.slots), "parameters": r.parameters, "metrics": r.metrics, "started_at": r.started,
+        "finished_at": r.finished}
+    if not typed:
+        del row["gpu_type"]
+    return row
 
 
 def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
