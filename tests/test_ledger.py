@@ -150,11 +150,11 @@ def test_the_swept_values_are_kept_as_experiments_are_added(tmp_path):
             ledger.add_experiments([experiment(f"e{j}", ds_config=configs[j], num_gpus=1 + (j == 4))
                                     for j in batch], at=1.0)
             keys, rows = swept_specs(ledger.specs())
-            assert ledger.swept() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)]), i
-        assert ledger.swept()[0] == ["train_micro_batch_size_per_gpu", "zero_optimization.stage", "num_gpus",
+            assert ledger.swept_values() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)]), i
+        assert ledger.swept_values()[0] == ["train_micro_batch_size_per_gpu", "zero_optimization.stage", "num_gpus",
                                      "zero_optimization.offload_param.device", "fp16.enabled"]
         ledger._db.execute("UPDATE leaves SET value = json_set(value, '$.count', 2)")
-        assert ledger.swept() is None
+        assert ledger.swept_values() is None
         ledger.add_experiments([experiment("e6", ds_config=configs[0])], at=1.0)
         keys, rows = swept_specs(ledger.specs())
-        assert ledger.swept() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)])
+        assert ledger.swept_values() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)])

@@ -341,7 +341,7 @@ def test_a_version_3_ledger_is_reported_from_its_specs_and_resume_keeps_its_swep
     sql(*VERSION_3, "PRAGMA user_version = 3")(results / FILENAME)
     ledger_bytes = (results / FILENAME).read_bytes()
     with Ledger.open(results) as ledger:
-        assert ledger.version() == 3 and ledger.swept() is None
+        assert ledger.version() == 3 and ledger.swept_values() is None
     read = json.loads(autotune("report", results, "--format", "json").stdout)
     assert (results / FILENAME).read_bytes() == ledger_bytes
     assert read == before
@@ -349,11 +349,31 @@ def test_a_version_3_ledger_is_reported_from_its_specs_and_resume_keeps_its_swep
     assert done.returncode == 0, done.stderr
     with Ledger.open(results) as ledger:
         assert ledger.version() == SCHEMA_VERSION
-        assert ledger.swept() == (["x"], [(f"s_x{i}", {"x": i}) for i in range(3)])
+        assert ledger.swept_values() == (["x"], [(f"s_x{i}", {"x": i}) for i in range(3)])
     after = json.loads(autotune("report", results, "--format", "json").stdout)
     assert after["parameters"] == ["x"]  # the runs ranked anew: by name
     assert {r["name"]: r["parameters"] for r in after["experiments"]} == \
         {r["name"]: r["parameters"] for r in before["experiments"]}
+
+
+def test_damaged_swept_values_are_a_corrupt_ledger_and_damaged_leaves_are_worked_out_again(pristine, tmp_path):
+    """swept.params is data a report shows: damaged, it is refused as any JSON column is (the runner before it
+    writes). The leaves only say whether the values kept are whole: damaged, the report works the values out
+    from the specs (the next add keeps them again: test_ledger.py)."""
+    bad = bad_copy(pristine, tmp_path, sql("UPDATE swept SET params = 'not json' WHERE position = 7"))
+    before = (bad / FILENAME).read_bytes()
+    one_line_error(autotune("report", bad), "corrupt sweep ledger: swept.params is not JSON")
+    one_line_error(autotune("resume", bad, "-q"), "corrupt sweep ledger: swept.params is not JSON")
+    assert (bad / FILENAME).read_bytes() == before
+
+    want = json.loads(autotune("report", pristine, "--format", "json").stdout)["experiments"]
+    for n, damage in enumerate(("UPDATE leaves SET value = 'garbage'", "DELETE FROM leaves",
+                                "UPDATE leaves SET value = json_set(value, '$.count', 3)")):
+        results = bad_copy(pristine, tmp_path / str(n), sql(damage))
+        with Ledger.open(results) as ledger:
+            assert ledger.swept_values() is None
+        got = json.loads(autotune("report", results, "--format", "json").stdout)["experiments"]
+        assert got == want, damage
 
 
 # --- the lock a user could break ----------------------------------------------------------------------------------

@@ -342,7 +342,7 @@ class Ledger:
             return None
         return leaves if leaves is not None and leaves.count == count else None
 
-    def swept(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
+    def swept_values(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
         """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
         since its experiments were added: a few values each, where working them out decoded and compared every
         config. None for a ledger that keeps none whole (from before version 4, not yet resumed)."""

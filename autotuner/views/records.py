@@ -216,7 +216,7 @@ def _swept(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
     """The swept keys, and name -> the experiment's values of them: as the ledger keeps them; for a ledger that
     keeps none (from before version 4), worked out from the specs of the experiments the snapshot shows."""
     with Ledger.open(snap.directory) as ledger:
-        kept = ledger.swept()
+        kept = ledger.swept_values()
         if kept is not None:
             return kept[0], dict(kept[1])
         attempted = {a.name for a in snap.attempts}
