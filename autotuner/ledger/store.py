@@ -206,6 +206,10 @@ class Ledger:
         writer, holding the sweep's lock. Readers never call it: they read an older version as it is."""
         self._db.execute("PRAGMA journal_mode=WAL")
         if self.version() == SCHEMA_VERSION:
+            if not self._swept_right():  # edited by hand: what the next add extends must be right
+                with self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._keep_swept_anew()
             return
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -342,22 +346,32 @@ class Ledger:
             return None
         return leaves if leaves is not None and leaves.count == count else None
 
+    def _swept_right(self) -> bool:
+        """Whether the leaves and values kept are, text for text, what the specs give (the runner asks once, before
+        it adds: a hand edit that still looks whole, such as a varying key added, would be extended as it is)."""
+        specs = self.specs()
+        leaves, values = swept.summarize(specs)
+        kept = self._db.execute("SELECT value FROM leaves").fetchone()
+        rows = [tuple(r) for r in self._db.execute("SELECT position, name, params FROM swept ORDER BY position")]
+        return kept is not None and kept[0] == json.dumps(leaves.to_json()) and rows == [
+            (i, spec.get("name"), json.dumps(v)) for i, (spec, v) in enumerate(zip(specs, values, strict=True))]
+
     def swept_values(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
         """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
         since its experiments were added: a few values each, where working them out decoded and compared every
-        config. None for a ledger that keeps none whole (from before version 4, not yet resumed)."""
+        config. None for a ledger that keeps none whole (from before version 4, not yet resumed), or whose rows
+        disagree with the experiments or the leaves (a name or a position not the experiment's, a key not swept)."""
         if self.version() < 4:
-            return None
-        count = self._db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-        leaves = self._leaves(count)
-        if leaves is None:
             return None
         cursor = self._db.cursor()
         cursor.row_factory = None
-        rows = cursor.execute("SELECT name, params FROM swept ORDER BY position").fetchall()
-        if len(rows) != count:
+        rows = cursor.execute("SELECT e.name, s.name, s.params FROM experiments e LEFT JOIN swept s "
+                              "ON s.position = e.position ORDER BY e.position").fetchall()
+        leaves = self._leaves(len(rows))  # after the rows: an add committed between them changed the count
+        if leaves is None or any(kept != name for name, kept, _ in rows):
             return None
-        return leaves.keys, [(name, json_object(params, "swept.params", self._corrupt)) for name, params in rows]
+        values = [(name, json_object(params, "swept.params", self._corrupt)) for name, _, params in rows]
+        return (leaves.keys, values) if swept.agree(leaves.keys, [v for _, v in values]) else None
 
     def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
         """Every experiment in the sweep's order, or only those named (only their rows are read and decoded)."""
