@@ -24,6 +24,7 @@ from autotuner.ledger.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
 from autotuner.ledger.store import FILENAME, SCHEMA_VERSION, Ledger
 from autotuner.spec import load_sweep
 from autotuner.states import State
+from autotuner.views.analysis import swept_specs
 from autotuner.views.snapshot import snapshot
 
 from cli_rig import (
@@ -466,3 +467,44 @@ def test_a_runner_of_the_previous_version_which_locked_only_runner_lock_still_ex
     finally:
         holder.communicate("")
     SweepLock(tmp_path).acquire().release()
+
+
+# Kept values that decode, but disagree with the experiments or the leaves: each once showed wrong values (None for
+# an experiment, another's value, a column of nothing, no column at all) or a traceback (a varying key no string).
+DISAGREEING = {
+    "a name not the experiment's": "UPDATE swept SET name = 'zzz' WHERE position = 1",
+    "two names swapped": "UPDATE swept SET name = CASE position WHEN 1 THEN 's_x2' ELSE 's_x1' END "
+                         "WHERE position IN (1, 2)",
+    "a key not swept": "UPDATE swept SET params = '{\"y\": 5}' WHERE position = 1",
+    "a row moved away": "UPDATE swept SET position = 9999 WHERE position = 5",
+    "no key varies": "UPDATE leaves SET value = json_set(value, '$.varying', json('[]'))",
+    "a key no experiment holds varies": "UPDATE leaves SET value = json_set(value, '$.varying', json('[\"x\", \"num_gpus\"]'))",
+    "a varying key that is no string": "UPDATE leaves SET value = json_set(value, '$.varying', json('[[1]]'))",
+}
+
+
+@pytest.mark.parametrize("damage", list(DISAGREEING))
+def test_kept_values_that_disagree_are_worked_out_from_the_specs(damage, pristine, tmp_path):
+    results = bad_copy(pristine, tmp_path, sql(DISAGREEING[damage]))
+    with Ledger.open(results) as ledger:
+        assert ledger.swept_values() is None
+    want = json.loads(autotune("report", pristine, "--format", "json").stdout)
+    done = autotune("report", results, "--format", "json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["parameters"], got["experiments"]) == (want["parameters"], want["experiments"])
+
+
+def test_resume_of_an_edited_sweep_rewrites_kept_values_a_row_of_which_is_in_the_way(tmp_path):
+    """A row kept at the position the next experiment takes failed the add (a UNIQUE constraint traceback, the
+    sweep left half-resumed): the runner works the values out again before it adds."""
+    results = make_sweep(tmp_path, 3, finished=3)
+    sql("INSERT INTO swept VALUES (3, 'stray', '{\"x\": 9}')")(results / FILENAME)
+    write_sweep(tmp_path, [0, 1, 2, 3, '{"a": 1}'], name="s",
+                extra="  args: [" + ", ".join(f'"--pad{i}"' for i in range(20)) + "]")
+    done = autotune("resume", results, "--only-new", "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    with Ledger.open(results) as ledger:
+        specs = ledger.specs()
+        keys, values = swept_specs(specs)
+        assert len(specs) == 5 and ledger.swept_values() == (keys, [(s["name"], v) for s, v in zip(specs, values)])

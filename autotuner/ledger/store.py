@@ -206,7 +206,7 @@ class Ledger:
         writer, holding the sweep's lock. Readers never call it: they read an older version as it is."""
         self._db.execute("PRAGMA journal_mode=WAL")
         if self.version() == SCHEMA_VERSION:
-            if not self._swept_right():  # edited by hand: what the next add extends must be right
+            if self.swept_values() is None:  # not whole (a hand edit): not extended (a row in the way fails an add)
                 with self._db:
                     self._db.execute("BEGIN IMMEDIATE")
                     self._keep_swept_anew()
@@ -346,16 +346,6 @@ class Ledger:
             return None
         return leaves if leaves is not None and leaves.count == count else None
 
-    def _swept_right(self) -> bool:
-        """Whether the leaves and values kept are, text for text, what the specs give (the runner asks once, before
-        it adds: a hand edit that still looks whole, such as a varying key added, would be extended as it is)."""
-        specs = self.specs()
-        leaves, values = swept.summarize(specs)
-        kept = self._db.execute("SELECT value FROM leaves").fetchone()
-        rows = [tuple(r) for r in self._db.execute("SELECT position, name, params FROM swept ORDER BY position")]
-        return kept is not None and kept[0] == json.dumps(leaves.to_json()) and rows == [
-            (i, spec.get("name"), json.dumps(v)) for i, (spec, v) in enumerate(zip(specs, values, strict=True))]
-
     def swept_values(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
         """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
         since its experiments were added: a few values each, where working them out decoded and compared every
@@ -368,7 +358,8 @@ class Ledger:
         rows = cursor.execute("SELECT e.name, s.name, s.params FROM experiments e LEFT JOIN swept s "
                               "ON s.position = e.position ORDER BY e.position").fetchall()
         leaves = self._leaves(len(rows))  # after the rows: an add committed between them changed the count
-        if leaves is None or any(kept != name for name, kept, _ in rows):
+        if leaves is None or any(kept != name for name, kept, _ in rows) or \
+                self._db.execute("SELECT COUNT(*) FROM swept").fetchone()[0] != len(rows):  # none beyond them
             return None
         values = [(name, json_object(params, "swept.params", self._corrupt)) for name, _, params in rows]
         return (leaves.keys, values) if swept.agree(leaves.keys, [v for _, v in values]) else None
