@@ -500,7 +500,7 @@ def test_resume_of_an_edited_sweep_rewrites_kept_values_a_row_of_which_is_in_the
     sweep left half-resumed): the runner works the values out again before it adds."""
     results = make_sweep(tmp_path, 3, finished=3)
     sql("INSERT INTO swept VALUES (3, 'stray', '{\"x\": 9}')")(results / FILENAME)
-    write_sweep(tmp_path, [0, 1, 2, 3, '{"a": 1}'], name="s",
+    write_sweep(tmp_path, range(5), name="s",
                 extra="  args: [" + ", ".join(f'"--pad{i}"' for i in range(20)) + "]")
     done = autotune("resume", results, "--only-new", "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
