@@ -25,7 +25,8 @@ from autotuner.ledger.store import FILENAME, SCHEMA_VERSION, Ledger
 from autotuner.spec import load_sweep
 from autotuner.states import State
 from autotuner.views.analysis import swept_specs
-from autotuner.views.snapshot import snapshot
+from autotuner.views.records import from_snapshot
+from autotuner.views.snapshot import load, snapshot
 
 from cli_rig import (
     SLEEP_THEN_SUCCEED,
@@ -41,6 +42,7 @@ from cli_rig import (
     write_launcher,
     write_sweep,
 )
+from helpers import experiment
 
 PAGE = 4096
 
@@ -478,7 +480,8 @@ DISAGREEING = {
     "a key not swept": "UPDATE swept SET params = '{\"y\": 5}' WHERE position = 1",
     "a row moved away": "UPDATE swept SET position = 9999 WHERE position = 5",
     "no key varies": "UPDATE leaves SET value = json_set(value, '$.varying', json('[]'))",
-    "a key no experiment holds varies": "UPDATE leaves SET value = json_set(value, '$.varying', json('[\"x\", \"num_gpus\"]'))",
+    "a key no experiment holds varies":
+        "UPDATE leaves SET value = json_set(value, '$.varying', json('[\"x\", \"num_gpus\"]'))",
     "a varying key that is no string": "UPDATE leaves SET value = json_set(value, '$.varying', json('[[1]]'))",
 }
 
@@ -507,4 +510,19 @@ def test_resume_of_an_edited_sweep_rewrites_kept_values_a_row_of_which_is_in_the
     with Ledger.open(results) as ledger:
         specs = ledger.specs()
         keys, values = swept_specs(specs)
-        assert len(specs) == 5 and ledger.swept_values() == (keys, [(s["name"], v) for s, v in zip(specs, values)])
+        assert len(specs) == 5
+        assert ledger.swept_values() == (keys, [(s["name"], v) for s, v in zip(specs, values, strict=True)])
+
+
+def test_a_report_read_while_experiments_are_added_shows_the_columns_of_what_it_read(tmp_path):
+    """The swept values are read after the snapshot: experiments added between (a tune, a resume) made a key that
+    varies only among them a column of every record it shows (None in each)."""
+    results = make_sweep(tmp_path, 3, finished=2)
+    snap = load(results, every_experiment=False)
+    with Ledger.open(results) as ledger:
+        ledger.add_experiments([experiment("late", ds_config={"train_micro_batch_size_per_gpu": 1, "y": 7},
+                                           script=str(tmp_path / "train.py"))], 3.0)
+        assert ledger.swept_values() is not None and "y" in ledger.swept_values()[0]
+    results_read = from_snapshot(snap)
+    assert results_read.parameters == ("x",)
+    assert {r.name: dict(r.parameters) for r in results_read} == {f"s_x{i}": {"x": i} for i in range(3)}

@@ -110,7 +110,7 @@ def values_of(keys: Sequence[str], rows: Sequence[Mapping[str, JSON]]) -> list[J
 def agree(keys: Sequence[str], values: Sequence[Mapping[str, JSON]]) -> bool:
     """Whether values kept can be the values of these swept keys: none holds another key, and each key is held
     by some experiment (a swept key was some experiment's leaf)."""
-    wanted, seen = set(keys), set()
+    wanted, seen = set(keys), set[str]()
     for row in values:
         if not row.keys() <= wanted:
             return False
