@@ -526,3 +526,21 @@ def test_a_report_read_while_experiments_are_added_shows_the_columns_of_what_it_
     results_read = from_snapshot(snap)
     assert results_read.parameters == ("x",)
     assert {r.name: dict(r.parameters) for r in results_read} == {f"s_x{i}": {"x": i} for i in range(3)}
+
+
+def test_a_spec_nested_too_deep_to_copy_is_one_line_for_the_runner(tmp_path):
+    """A ds_config nested 900 deep decodes, but building the experiment from it (a copy, one call a level) ran out
+    of stack: a RecursionError traceback from the runner's dispatch."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    db = sqlite3.connect(results / FILENAME)
+    try:
+        deep = "1"
+        for _ in range(900):
+            deep = '{"k": ' + deep + "}"
+        db.execute("UPDATE experiments SET spec = json_set(spec, '$.ds_config.deep', json(?)) WHERE position = 1",
+                   (deep,))
+        db.commit()
+    finally:
+        db.close()
+    one_line_error(autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log")),
+                   "corrupt sweep ledger: experiments.spec")

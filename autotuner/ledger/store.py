@@ -239,7 +239,7 @@ class Ledger:
         data = json_object(spec, "experiments.spec", self._corrupt)
         try:
             return Experiment.from_json(data)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, RecursionError):  # RecursionError: nested too deep to copy
             raise self._corrupt("experiments.spec lacks what an experiment needs") from None
 
     def close(self) -> None:
