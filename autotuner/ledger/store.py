@@ -342,7 +342,7 @@ class Ledger:
             return None
         try:
             leaves = swept.Leaves.from_json(json.loads(row[0]))
-        except ValueError:
+        except (TypeError, ValueError, RecursionError):  # not JSON, a blob, nested too deep: not ours
             return None
         return leaves if leaves is not None and leaves.count == count else None
 
