@@ -483,9 +483,9 @@ DISAGREEING = {
     "a key no experiment holds varies":
         "UPDATE leaves SET value = json_set(value, '$.varying', json('[\"x\", \"num_gpus\"]'))",
     "a varying key that is no string": "UPDATE leaves SET value = json_set(value, '$.varying', json('[[1]]'))",
-    "leaves nested too deep to decode": "UPDATE leaves SET value = '{\"first\": ' || "
-                                        "replace(hex(zeroblob(3000)), '00', '[') || '1' || "
-                                        "replace(hex(zeroblob(3000)), '00', ']') || ', \"varying\": [], \"count\": 600}'",
+    "leaves nested too deep to decode":
+        "UPDATE leaves SET value = '{\"first\": ' || replace(hex(zeroblob(3000)), '00', '[') || '1' || "
+        "replace(hex(zeroblob(3000)), '00', ']') || ', \"varying\": [], \"count\": 600}'",
 }
 
 

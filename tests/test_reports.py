@@ -27,7 +27,7 @@ from autotuner.backends.ssh.probe import HostReport
 from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
 from autotuner.views.report import render_report
-from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_table
+from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, markdown_table, render_table
 
 from recorded import grid_sweep, record, two_nodes
 
@@ -97,6 +97,14 @@ def test_json_rows_hold_parameters_and_metrics(sweep):
     assert best["parameters"] == {"train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1,
                                   "zero_optimization.stage": 0}
     assert best["metrics"]["tokens_per_s"] == 1600.0 * 512
+
+
+def test_a_markdown_cell_or_header_with_a_line_break_or_a_bar_stays_in_its_row():
+    """A swept string value (or a ds_config key) holding a line break ended its row there: the rest became a line
+    of other columns."""
+    table = markdown_table(["name", "v|w", "x\ny"], [["e1", "line1\nline2", "a|b"], ["e2", "c\r\nd", ""]])
+    assert table.splitlines() == ["| name | v/w | x y |", "|---|---|---|", "| e1 | line1 line2 | a/b |",
+                                  "| e2 | c d |  |"]
 
 
 def test_markdown_has_every_parameter_and_metric(sweep):

@@ -185,7 +185,12 @@ def _wrap_last(line: str, indent: int, width: int) -> list[str]:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured Markdown table (a `|` in a cell becomes `/`)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |" for cells in rows]
+    """A GitHub-flavoured Markdown table: a `|` in a cell (a header's too) becomes `/`, a line break a space (a
+    swept string value holding one ended its row there, the rest a line of other columns)."""
+    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(_md_cell, cells)) + " |" for cells in rows]
     return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return " ".join(text.replace("|", "/").splitlines()) if "\n" in text or "\r" in text else text.replace("|", "/")
