@@ -413,6 +413,18 @@ def test_a_long_table_laid_out_by_hand_fits_the_terminal_too():
     assert narrow[first + 1].startswith(" " * 22) and "reason" in narrow[first + 1]  # continued under its column
 
 
+def test_a_long_table_laid_out_by_hand_keeps_a_cell_with_a_line_break_in_its_row():
+    """A swept string value holding a line break ended its row there: the rest of it began a line under the first
+    columns."""
+    columns = [Column("name", whole=True), Column("v"), Column("value", right=True)]
+    rows = [(f"experiment_{i:05d}", "line1\nline2" if i == 3 else "x\r\ny" if i == 4 else "plain", str(i))
+            for i in range(RICH_ROWS + 5)]
+    lines = render_table(columns, rows, output=PLAIN).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert lines[2 + 3].split() == ["experiment_00003", "line1", "line2", "3"]
+    assert lines[2 + 4].split() == ["experiment_00004", "x", "y", "4"]
+
+
 def in_a_terminal(args: list[str], columns: int, env: dict | None = None) -> str:
     """Run `autotune ARGS` with its stdout on a pseudo-terminal `columns` wide; what it printed."""
     leader, follower = os.openpty()

@@ -161,7 +161,10 @@ def _rich_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title
 def _plain_table(columns: Sequence[Column], cells: Sequence[Sequence[str]], title: str | None,
                  width: int | None = None) -> str:
     """The columns' `cells` (one list per column) laid out by hand: two spaces between columns, numbers
-    right-aligned, no trailing spaces."""
+    right-aligned, no trailing spaces. A line break in a cell becomes a space (it ended the row there, the rest
+    of it under other columns); the columns are searched for one whole, in C, not cell by cell."""
+    cells = [[" ".join(cell.splitlines()) for cell in column] if _breaks("".join(column)) else column
+             for column in cells]
     widths = [max(len(c.header), max(map(len, column), default=0)) for c, column in zip(columns, cells, strict=True)]
     padded = [[cell.rjust(w) for cell in column] if c.right else [cell.ljust(w) for cell in column]
               for c, column, w in zip(columns, cells, widths, strict=True)]
@@ -193,4 +196,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _md_cell(text: str) -> str:
-    return " ".join(text.replace("|", "/").splitlines()) if "\n" in text or "\r" in text else text.replace("|", "/")
+    return " ".join(text.replace("|", "/").splitlines()) if _breaks(text) else text.replace("|", "/")
+
+
+def _breaks(text: str) -> bool:
+    return "\n" in text or "\r" in text
