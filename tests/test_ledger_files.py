@@ -24,7 +24,9 @@ from autotuner.ledger.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
 from autotuner.ledger.store import FILENAME, SCHEMA_VERSION, Ledger
 from autotuner.spec import load_sweep
 from autotuner.states import State
-from autotuner.views.snapshot import snapshot
+from autotuner.views.analysis import swept_specs
+from autotuner.views.records import from_snapshot
+from autotuner.views.snapshot import load, snapshot
 
 from cli_rig import (
     SLEEP_THEN_SUCCEED,
@@ -40,6 +42,7 @@ from cli_rig import (
     write_launcher,
     write_sweep,
 )
+from helpers import experiment
 
 PAGE = 4096
 
@@ -466,3 +469,81 @@ def test_a_runner_of_the_previous_version_which_locked_only_runner_lock_still_ex
     finally:
         holder.communicate("")
     SweepLock(tmp_path).acquire().release()
+
+
+# Kept values that decode, but disagree with the experiments or the leaves: each once showed wrong values (None for
+# an experiment, another's value, a column of nothing, no column at all) or a traceback (a varying key no string).
+DISAGREEING = {
+    "a name not the experiment's": "UPDATE swept SET name = 'zzz' WHERE position = 1",
+    "two names swapped": "UPDATE swept SET name = CASE position WHEN 1 THEN 's_x2' ELSE 's_x1' END "
+                         "WHERE position IN (1, 2)",
+    "a key not swept": "UPDATE swept SET params = '{\"y\": 5}' WHERE position = 1",
+    "a row moved away": "UPDATE swept SET position = 9999 WHERE position = 5",
+    "no key varies": "UPDATE leaves SET value = json_set(value, '$.varying', json('[]'))",
+    "a key no experiment holds varies":
+        "UPDATE leaves SET value = json_set(value, '$.varying', json('[\"x\", \"num_gpus\"]'))",
+    "a varying key that is no string": "UPDATE leaves SET value = json_set(value, '$.varying', json('[[1]]'))",
+    "leaves nested too deep to decode":
+        "UPDATE leaves SET value = '{\"first\": ' || replace(hex(zeroblob(3000)), '00', '[') || '1' || "
+        "replace(hex(zeroblob(3000)), '00', ']') || ', \"varying\": [], \"count\": 600}'",
+}
+
+
+@pytest.mark.parametrize("damage", list(DISAGREEING))
+def test_kept_values_that_disagree_are_worked_out_from_the_specs(damage, pristine, tmp_path):
+    results = bad_copy(pristine, tmp_path, sql(DISAGREEING[damage]))
+    with Ledger.open(results) as ledger:
+        assert ledger.swept_values() is None
+    want = json.loads(autotune("report", pristine, "--format", "json").stdout)
+    done = autotune("report", results, "--format", "json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["parameters"], got["experiments"]) == (want["parameters"], want["experiments"])
+
+
+def test_resume_of_an_edited_sweep_rewrites_kept_values_a_row_of_which_is_in_the_way(tmp_path):
+    """A row kept at the position the next experiment takes failed the add (a UNIQUE constraint traceback, the
+    sweep left half-resumed): the runner works the values out again before it adds."""
+    results = make_sweep(tmp_path, 3, finished=3)
+    sql("INSERT INTO swept VALUES (3, 'stray', '{\"x\": 9}')")(results / FILENAME)
+    write_sweep(tmp_path, range(5), name="s",
+                extra="  args: [" + ", ".join(f'"--pad{i}"' for i in range(20)) + "]")
+    done = autotune("resume", results, "--only-new", "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    with Ledger.open(results) as ledger:
+        specs = ledger.specs()
+        keys, values = swept_specs(specs)
+        assert len(specs) == 5
+        assert ledger.swept_values() == (keys, [(s["name"], v) for s, v in zip(specs, values, strict=True)])
+
+
+def test_a_report_read_while_experiments_are_added_shows_the_columns_of_what_it_read(tmp_path):
+    """The swept values are read after the snapshot: experiments added between (a tune, a resume) made a key that
+    varies only among them a column of every record it shows (None in each)."""
+    results = make_sweep(tmp_path, 3, finished=2)
+    snap = load(results, every_experiment=False)
+    with Ledger.open(results) as ledger:
+        ledger.add_experiments([experiment("late", ds_config={"train_micro_batch_size_per_gpu": 1, "y": 7},
+                                           script=str(tmp_path / "train.py"))], 3.0)
+        assert ledger.swept_values() is not None and "y" in ledger.swept_values()[0]
+    results_read = from_snapshot(snap)
+    assert results_read.parameters == ("x",)
+    assert {r.name: dict(r.parameters) for r in results_read} == {f"s_x{i}": {"x": i} for i in range(3)}
+
+
+def test_a_spec_nested_too_deep_to_copy_is_one_line_for_the_runner(tmp_path):
+    """A ds_config nested 900 deep decodes, but building the experiment from it (a copy, one call a level) ran out
+    of stack: a RecursionError traceback from the runner's dispatch."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    db = sqlite3.connect(results / FILENAME)
+    try:
+        deep = "1"
+        for _ in range(900):
+            deep = '{"k": ' + deep + "}"
+        db.execute("UPDATE experiments SET spec = json_set(spec, '$.ds_config.deep', json(?)) WHERE position = 1",
+                   (deep,))
+        db.commit()
+    finally:
+        db.close()
+    one_line_error(autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log")),
+                   "corrupt sweep ledger: experiments.spec")

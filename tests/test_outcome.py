@@ -62,6 +62,10 @@ def test_srun_saying_which_task_ended_does_not_hide_why(tmp_path):
                 "slurmstepd-n1: error: *** STEP 4.1 ON n1 CANCELLED AT 2026-11-26T08:10:16 ***\n"
                 "srun: error: n1: task 0: Terminated\n")
     assert classify(143, [log]) == (Reason.EXIT, "RuntimeError: the rank failed")
+    unended = write(tmp_path / "unended.log", "RuntimeError: the rank failed\n"
+                    "step 3 loss 0.25srun: error: n2: task 1: Exited with exit code 1\n"
+                    "srun: error: n1: task 0: Terminated\n")  # a rank's last line had no newline
+    assert classify(1, [unended]) == (Reason.EXIT, "RuntimeError: the rank failed")
     alone = write(tmp_path / "alone.log", "srun: error: n1: task 0: Terminated\n")
     assert classify(143, [alone]) == (Reason.EXIT, "srun: error: n1: task 0: Terminated")  # nothing else tells
 

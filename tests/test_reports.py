@@ -27,7 +27,7 @@ from autotuner.backends.ssh.probe import HostReport
 from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
 from autotuner.views.report import render_report
-from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, render_table
+from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, markdown_table, render_table
 
 from recorded import grid_sweep, record, two_nodes
 
@@ -97,6 +97,14 @@ def test_json_rows_hold_parameters_and_metrics(sweep):
     assert best["parameters"] == {"train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1,
                                   "zero_optimization.stage": 0}
     assert best["metrics"]["tokens_per_s"] == 1600.0 * 512
+
+
+def test_a_markdown_cell_or_header_with_a_line_break_or_a_bar_stays_in_its_row():
+    """A swept string value (or a ds_config key) holding a line break ended its row there: the rest became a line
+    of other columns."""
+    table = markdown_table(["name", "v|w", "x\ny"], [["e1", "line1\nline2", "a|b"], ["e2", "c\r\nd", ""]])
+    assert table.splitlines() == ["| name | v/w | x y |", "|---|---|---|", "| e1 | line1 line2 | a/b |",
+                                  "| e2 | c d |  |"]
 
 
 def test_markdown_has_every_parameter_and_metric(sweep):
@@ -403,6 +411,18 @@ def test_a_long_table_laid_out_by_hand_fits_the_terminal_too():
     assert max(map(len, narrow)) <= 60
     first = narrow.index(next(line for line in narrow if "experiment_00000" in line))
     assert narrow[first + 1].startswith(" " * 22) and "reason" in narrow[first + 1]  # continued under its column
+
+
+def test_a_long_table_laid_out_by_hand_keeps_a_cell_with_a_line_break_in_its_row():
+    """A swept string value holding a line break ended its row there: the rest of it began a line under the first
+    columns."""
+    columns = [Column("name", whole=True), Column("v"), Column("value", right=True)]
+    rows = [(f"experiment_{i:05d}", "line1\nline2" if i == 3 else "x\r\ny" if i == 4 else "plain", str(i))
+            for i in range(RICH_ROWS + 5)]
+    lines = render_table(columns, rows, output=PLAIN).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert lines[2 + 3].split() == ["experiment_00003", "line1", "line2", "3"]
+    assert lines[2 + 4].split() == ["experiment_00004", "x", "y", "4"]
 
 
 def in_a_terminal(args: list[str], columns: int, env: dict | None = None) -> str:

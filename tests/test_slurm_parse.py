@@ -99,6 +99,19 @@ def test_the_first_bad_exit_of_a_step_that_srun_ended():
                                 "srun: error: n2: task 2: Killed\n") == 3
 
 
+def test_the_first_bad_exit_after_a_rank_s_unended_line_or_before_a_carriage_return():
+    """srun's lines share the file the ranks write to: after a progress bar's last "\r 99%|..." with no newline,
+    or ended "\r\n", the node that exited 250 was not found and a step that measured was judged by srun's 143."""
+    aborted = text("srun-rank-aborted-at-exit.stderr")
+    assert parse.first_bad_exit("\r 99%|#########9| 99/100 [00:09<00:00]" + aborted) == 250
+    assert parse.first_bad_exit(aborted.replace("\n", "\r\n")) == 250
+    assert parse.first_bad_exit("srun: error: gpu-node.rack-1.example: tasks 0-3: Exited with exit code 250\r\n"
+                                "srun: error: gpu-node.rack-2: tasks 4-7: Terminated\r\n") == 250
+    # "exit code 0" is no bad exit srun reports: a script's line made to look like srun's tells nothing
+    assert parse.first_bad_exit("srun: error: n9: task 0: Exited with exit code 0\n"
+                                "srun: error: n1: task 0: Terminated\n") is None
+
+
 def test_the_granted_job_of_salloc():
     assert parse.granted_job(text("salloc-granted.stderr")) == "1"
     assert parse.granted_job("salloc: error: Job submit/allocate failed: Invalid partition name specified") is None

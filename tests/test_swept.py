@@ -166,7 +166,8 @@ def test_leaves_extended_as_experiments_come_say_what_the_definition_says(reshap
 def test_leaves_not_written_by_to_json_are_none():
     for data in (None, [], {"first": {}, "varying": [], "count": -1}, {"first": {}, "varying": ["a"], "count": 1},
                  {"first": {}, "varying": [], "count": True}, {"first": [], "varying": [], "count": 0},
-                 {"first": {}, "varying": [], "count": 0, "more": 1}):
+                 {"first": {}, "varying": [], "count": 0, "more": 1}, {"first": {}, "varying": [[1]], "count": 0},
+                 {"first": {"1": 1}, "varying": [1], "count": 1}, {"first": {}, "varying": [], "count": 2.0}):
         assert swept.Leaves.from_json(data) is None, data
     assert swept.Leaves.from_json({"first": {"a": 1}, "varying": ["a"], "count": 2}) == \
         swept.Leaves({"a": 1}, frozenset({"a"}), 2)

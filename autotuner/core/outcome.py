@@ -34,8 +34,8 @@ _TAIL_BYTES = 256 * 1024
 # the script never tears its process group down, and the interpreter's exit can end this way.
 _TEARDOWN_ABORT = re.compile(r"terminate called without an active exception")
 # Lines that only say a process ended, not why: srun's per-task lines and slurmstepd's cancel. The line before
-# them tells; they tell only when nothing else does.
-_ENDED_ONLY = re.compile(r"^srun: error: \S+: tasks? [\d,\-]+: |^slurmstepd\S*: error: \*\*\* ")
+# them tells; they tell only when nothing else does. srun's, also after a rank's unended line (`first_bad_exit`).
+_ENDED_ONLY = re.compile(r"srun: error: \S+: tasks? [\d,\-]+: |^slurmstepd\S*: error: \*\*\* ")
 # SIGABRT as subprocess reports it (-6), as a shell does (134), and as DeepSpeed's launcher passes a rank's -6 on
 # (sys.exit(-6): 250).
 _ABORTED = (-6, 128 + 6, 256 - 6)

@@ -206,6 +206,10 @@ class Ledger:
         writer, holding the sweep's lock. Readers never call it: they read an older version as it is."""
         self._db.execute("PRAGMA journal_mode=WAL")
         if self.version() == SCHEMA_VERSION:
+            if self.swept_values() is None:  # not whole (a hand edit): not extended (a row in the way fails an add)
+                with self._db:
+                    self._db.execute("BEGIN IMMEDIATE")
+                    self._keep_swept_anew()
             return
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -235,7 +239,7 @@ class Ledger:
         data = json_object(spec, "experiments.spec", self._corrupt)
         try:
             return Experiment.from_json(data)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, RecursionError):  # RecursionError: nested too deep to copy
             raise self._corrupt("experiments.spec lacks what an experiment needs") from None
 
     def close(self) -> None:
@@ -338,26 +342,27 @@ class Ledger:
             return None
         try:
             leaves = swept.Leaves.from_json(json.loads(row[0]))
-        except ValueError:
+        except (TypeError, ValueError, RecursionError):  # not JSON, a blob, nested too deep: not ours
             return None
         return leaves if leaves is not None and leaves.count == count else None
 
     def swept_values(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
         """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
         since its experiments were added: a few values each, where working them out decoded and compared every
-        config. None for a ledger that keeps none whole (from before version 4, not yet resumed)."""
+        config. None for a ledger that keeps none whole (from before version 4, not yet resumed), or whose rows
+        disagree with the experiments or the leaves (a name or a position not the experiment's, a key not swept)."""
         if self.version() < 4:
-            return None
-        count = self._db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-        leaves = self._leaves(count)
-        if leaves is None:
             return None
         cursor = self._db.cursor()
         cursor.row_factory = None
-        rows = cursor.execute("SELECT name, params FROM swept ORDER BY position").fetchall()
-        if len(rows) != count:
+        rows = cursor.execute("SELECT e.name, s.name, s.params FROM experiments e LEFT JOIN swept s "
+                              "ON s.position = e.position ORDER BY e.position").fetchall()
+        leaves = self._leaves(len(rows))  # after the rows: an add committed between them changed the count
+        if leaves is None or any(kept != name for name, kept, _ in rows) or \
+                self._db.execute("SELECT COUNT(*) FROM swept").fetchone()[0] != len(rows):  # none beyond them
             return None
-        return leaves.keys, [(name, json_object(params, "swept.params", self._corrupt)) for name, params in rows]
+        values = [(name, json_object(params, "swept.params", self._corrupt)) for name, _, params in rows]
+        return (leaves.keys, values) if swept.agree(leaves.keys, [v for _, v in values]) else None
 
     def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
         """Every experiment in the sweep's order, or only those named (only their rows are read and decoded)."""

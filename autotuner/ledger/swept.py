@@ -93,7 +93,8 @@ class Leaves:
         if not isinstance(data, dict) or set(data) != {"first", "varying", "count"}:
             return None
         first, varying, count = data["first"], data["varying"], data["count"]
-        if not (isinstance(first, dict) and isinstance(varying, list) and all(k in first for k in varying)
+        if not (isinstance(first, dict) and isinstance(varying, list)
+                and all(isinstance(k, str) and k in first for k in varying)
                 and isinstance(count, int) and not isinstance(count, bool) and count >= 0):
             return None
         return cls(first, frozenset(varying), count)
@@ -104,6 +105,17 @@ def values_of(keys: Sequence[str], rows: Sequence[Mapping[str, JSON]]) -> list[J
     if not keys:
         return [{} for _ in rows]
     return [{k: row[k] for k in keys if k in row} for row in rows]
+
+
+def agree(keys: Sequence[str], values: Sequence[Mapping[str, JSON]]) -> bool:
+    """Whether values kept can be the values of these swept keys: none holds another key, and each key is held
+    by some experiment (a swept key was some experiment's leaf)."""
+    wanted, seen = set(keys), set[str]()
+    for row in values:
+        if not row.keys() <= wanted:
+            return False
+        seen.update(row)
+    return seen == wanted
 
 
 def summarize(specs: Sequence[Mapping[str, JSON]]) -> tuple[Leaves, list[JSONObject]]:

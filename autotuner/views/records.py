@@ -214,12 +214,13 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
 
 def _swept(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
     """The swept keys, and name -> the experiment's values of them: as the ledger keeps them; for a ledger that
-    keeps none (from before version 4), worked out from the specs of the experiments the snapshot shows."""
+    keeps none (from before version 4), or keeps more than the snapshot shows (an add since it was read: keys
+    that vary only in experiments it lacks are no columns of it), worked out from the specs of those it shows."""
+    attempted = {a.name for a in snap.attempts}
     with Ledger.open(snap.directory) as ledger:
         kept = ledger.swept_values()
-        if kept is not None:
+        if kept is not None and len(kept[1]) == len(attempted) and all(name in attempted for name, _ in kept[1]):
             return kept[0], dict(kept[1])
-        attempted = {a.name for a in snap.attempts}
         if all(name in snap.experiments for name in attempted):
             specs = {name: spec_of(e) for name, e in snap.experiments.items() if name in attempted}
         else:

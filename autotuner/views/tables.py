@@ -161,7 +161,10 @@ def _rich_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title
 def _plain_table(columns: Sequence[Column], cells: Sequence[Sequence[str]], title: str | None,
                  width: int | None = None) -> str:
     """The columns' `cells` (one list per column) laid out by hand: two spaces between columns, numbers
-    right-aligned, no trailing spaces."""
+    right-aligned, no trailing spaces. A line break in a cell becomes a space (it ended the row there, the rest
+    of it under other columns); the columns are searched for one whole, in C, not cell by cell."""
+    cells = [[" ".join(cell.splitlines()) for cell in column] if _breaks("".join(column)) else column
+             for column in cells]
     widths = [max(len(c.header), max(map(len, column), default=0)) for c, column in zip(columns, cells, strict=True)]
     padded = [[cell.rjust(w) for cell in column] if c.right else [cell.ljust(w) for cell in column]
               for c, column, w in zip(columns, cells, widths, strict=True)]
@@ -185,7 +188,16 @@ def _wrap_last(line: str, indent: int, width: int) -> list[str]:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A GitHub-flavoured Markdown table (a `|` in a cell becomes `/`)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |" for cells in rows]
+    """A GitHub-flavoured Markdown table: a `|` in a cell (a header's too) becomes `/`, a line break a space (a
+    swept string value holding one ended its row there, the rest a line of other columns)."""
+    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(map(_md_cell, cells)) + " |" for cells in rows]
     return "\n".join(lines) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return " ".join(text.replace("|", "/").splitlines()) if _breaks(text) else text.replace("|", "/")
+
+
+def _breaks(text: str) -> bool:
+    return "\n" in text or "\r" in text

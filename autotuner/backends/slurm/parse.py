@@ -239,8 +239,10 @@ def steps(text: str) -> list[Step]:
 
 
 # srun's line for tasks that ended badly: "srun: error: NODE: task(s) IDS: Exited with exit code N", or the
-# signal's name ("Terminated", "Killed", "Aborted") when one ended them.
-_TASK_END = re.compile(r"^srun: error: \S+: tasks? [\d,\-]+: (?:Exited with exit code (\d+)|(.+))$", re.M)
+# signal's name ("Terminated", "Killed", "Aborted") when one ended them. Not only at a line's start: srun writes
+# it into the file the ranks write to, after whatever a rank left unended (a progress bar's "\r...", no newline);
+# a "\r" before the newline is no part of it.
+_TASK_END = re.compile(r"srun: error: \S+: tasks? [\d,\-]+: (?:Exited with exit code (\d+)|(.+?))\r?$", re.M)
 _ENDED_BY_STEP = frozenset({"Terminated", "Killed"})  # what srun's kill of a step's other tasks does to them
 
 
@@ -253,6 +255,8 @@ def first_bad_exit(text: str) -> int | None:
     codes = []
     for match in _TASK_END.finditer(text):
         if match.group(1) is not None:
+            if int(match.group(1)) == 0:  # srun never says it: a line of the script's that looks like srun's
+                return None
             codes.append(int(match.group(1)))
         elif match.group(2).strip() not in _ENDED_BY_STEP:
             return None
