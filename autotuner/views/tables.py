@@ -190,13 +190,17 @@ def _wrap_last(line: str, indent: int, width: int) -> list[str]:
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-flavoured Markdown table: a `|` in a cell (a header's too) becomes `/`, a line break a space (a
     swept string value holding one ended its row there, the rest a line of other columns)."""
-    lines = ["| " + " | ".join(map(_md_cell, header)) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(map(_md_cell, cells)) + " |" for cells in rows]
+    lines = [_md_row(header), "|" + "---|" * len(header)]
+    lines += [_md_row(cells) for cells in rows]
     return "\n".join(lines) + "\n"
 
 
-def _md_cell(text: str) -> str:
-    return " ".join(text.replace("|", "/").splitlines()) if _breaks(text) else text.replace("|", "/")
+def _md_row(cells: Sequence[str]) -> str:
+    """One row, searched for a line break once, joined (a call a cell made 10,000 rows take 1.5 times as long)."""
+    text = " | ".join(cell.replace("|", "/") for cell in cells)
+    if _breaks(text):
+        text = " | ".join(" ".join(cell.replace("|", "/").splitlines()) for cell in cells)
+    return f"| {text} |"
 
 
 def _breaks(text: str) -> bool:
