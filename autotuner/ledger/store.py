@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..states import Reason, State
-from . import swept
+from . import checks, swept
 from .attempt import STATES, Attempt
 from .meta import SweepMeta
 from .rows import decode_attempts, json_object, json_value, odd_peak
@@ -42,7 +41,6 @@ from .schema import (
 __all__ = ["FILENAME", "SCHEMA_VERSION", "Attempt", "Ledger", "SweepMeta", "TransitionError", "open_sweep"]
 
 FILENAME = "ledger.sqlite"
-TIME_MAX = 1e11  # seconds since 1970 no clock of ours will read (year 5138): a larger time was not written by us
 
 # The most names one query reads by (SQLite bounds a statement's parameters): more take several queries.
 _FEW = 500
@@ -141,65 +139,18 @@ class Ledger:
 
     def check_whole(self) -> None:
         """Every page and every JSON value read: what a writer (the runner, `cancel`) does before it writes or
-        takes the sweep, so a damaged ledger is refused with nothing changed. A reader finds damage where it
-        reads, and says so then."""
+        takes the sweep, so a damaged ledger is refused with nothing changed (checks.py). A reader finds damage
+        where it reads, and says so then."""
         try:
-            problems = [row[0] for row in self._db.execute("PRAGMA quick_check")]
-            if problems != ["ok"]:
-                raise self._corrupt(problems[0])
-            for table, column, kind in (("experiments", "spec", dict), ("attempts", "slots", dict),
-                                        ("attempts", "metrics", dict), ("requests", "names", list),
-                                        *([("swept", "params", dict)] if self.version() >= 4 else [])):
-                self._check_json(table, column, kind)
+            checks.pages(self._db, self._corrupt)
+            checks.json_columns(self._db, self.version(), self._corrupt)
             self.peaks()  # a peak_memory we did not write (text, a real) is refused as reading it would be
-            self._check_rows()
-            for column, words in (("state", State), ("reason", Reason)):  # what reading them would refuse later
-                known = [str(w) for w in words]
-                marks = ",".join("?" * len(known))
-                odd = self._db.execute(f"SELECT {column} FROM attempts WHERE {column} IS NOT NULL AND "
-                                       f"{column} NOT IN ({marks}) LIMIT 1", known).fetchone()
-                if odd is not None:
-                    raise self._corrupt(f"attempts.{column} {str(odd[0])[:40]!r} is not one this autotuner knows")
+            checks.rows(self._db, self._corrupt)
+            checks.words(self._db, self._corrupt)
         except sqlite3.DatabaseError as e:
             if damaged(e):
                 raise self._corrupt(str(e)) from None
             raise
-
-    def _check_rows(self) -> None:
-        """What the runner takes as given and no writer of ours leaves: an attempt of no experiment (resume failed
-        on it with a traceback), a time that is no clock's (seconds since 1970, below TIME_MAX: the summary's
-        duration overflowed), a metric that is not finite."""
-        orphan = self._db.execute("SELECT name FROM attempts WHERE name NOT IN (SELECT name FROM experiments) "
-                                  "LIMIT 1").fetchone()
-        if orphan is not None:
-            raise self._corrupt(f"attempts: {short(str(orphan[0]))} is an attempt of no experiment")
-        for column in ("queued_at", "started_at", "launched_at", "finished_at"):
-            odd = self._db.execute(f"SELECT name, {column} FROM attempts WHERE {column} IS NOT NULL AND NOT "
-                                   f"({column} BETWEEN 0 AND ?) LIMIT 1", (TIME_MAX,)).fetchone()
-            if odd is not None:
-                raise self._corrupt(f"attempts: {short(str(odd[0]))} has a {column} that is no time "
-                                    f"({short(str(odd[1]))})")
-        odd = self._db.execute("SELECT name, metric FROM attempts WHERE metric IS NOT NULL AND NOT "
-                               "(metric BETWEEN ? AND ?) LIMIT 1", (-sys.float_info.max, sys.float_info.max)).fetchone()
-        if odd is not None:
-            raise self._corrupt(f"attempts: {short(str(odd[0]))} has a metric that is no finite number "
-                                f"({short(str(odd[1]))})")
-
-    def _check_json(self, table: str, column: str, kind: type) -> None:
-        """Every value of a JSON column decodes to a `kind`. SQLite's json_valid picks the suspects (10,000
-        specs decoded in Python took a tenth of a second); Python judges them, since it also reads NaN, which
-        SQLite does not. An SQLite without JSON functions sends every value to Python."""
-        where = f"{column} IS NOT NULL" + (" AND " + column + " != ''" if table == "attempts" else "")
-        try:
-            rows = self._db.execute(f"SELECT {column} FROM {table} WHERE {where} AND NOT "
-                                    f"(json_valid({column}) AND json_type({column}) = ?)",
-                                    ("object" if kind is dict else "array",)).fetchall()
-        except sqlite3.OperationalError as e:
-            if "no such function" not in str(e):
-                raise
-            rows = self._db.execute(f"SELECT {column} FROM {table} WHERE {where}").fetchall()
-        for (text,) in rows:
-            self._json(text, f"{table}.{column}", kind)
 
     def upgrade(self) -> None:
         """An older ledger migrated to this version in one transaction, and WAL mode: by the runner, the one
