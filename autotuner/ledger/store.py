@@ -157,7 +157,7 @@ class Ledger:
         writer, holding the sweep's lock. Readers never call it: they read an older version as it is."""
         self._db.execute("PRAGMA journal_mode=WAL")
         if self.version() == SCHEMA_VERSION:
-            if self.swept_values() is None:  # not whole (a hand edit): not extended (a row in the way fails an add)
+            if not self._swept_in_place():  # a hand edit: not extended (a row in the way fails an add)
                 with self._db:
                     self._db.execute("BEGIN IMMEDIATE")
                     self._keep_swept_anew()
@@ -296,6 +296,16 @@ class Ledger:
         except (TypeError, ValueError, RecursionError):  # not JSON, a blob, nested too deep: not ours
             return None
         return leaves if leaves is not None and leaves.count == count else None
+
+    def _swept_in_place(self) -> bool:
+        """Whether the kept values have a row for each experiment, at its position and with its name, and none
+        else, and leaves that cover them all: what the runner checks before it adds (in SQL, nothing decoded:
+        every runner start pays it; readers check the values themselves in `swept_values`)."""
+        count = self._db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
+        matched = self._db.execute("SELECT COUNT(*) FROM experiments e JOIN swept s ON s.position = e.position "
+                                   "AND s.name = e.name").fetchone()[0]
+        kept = self._db.execute("SELECT COUNT(*) FROM swept").fetchone()[0]
+        return matched == kept == count and self._leaves(count) is not None
 
     def swept_values(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
         """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
