@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -79,16 +78,6 @@ def forget(directory: Path) -> None:
 def as_returncode(status: int) -> int:
     """A status as `subprocess` reports a local process's: -N when signal N ended it."""
     return -(status - 128) if 128 < status < 128 + 65 else status
-
-
-def log_tail(path: Path, size: int = 65536) -> str:
-    """The end of an attempt's log (what its launcher, or srun, said last), or nothing when there is none."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outcome:

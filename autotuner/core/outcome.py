@@ -63,14 +63,18 @@ class Outcome:
         return self.reason is not None and self.reason.transient
 
 
-def _tail_lines(path: Path) -> list[str]:
+def log_tail(path: Path, size: int = _TAIL_BYTES) -> str:
+    """The end of an attempt's log (what its launcher, or srun, said last), or nothing when there is none."""
     try:
         with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - _TAIL_BYTES))
-            return f.read().decode(errors="replace").splitlines()
+            f.seek(max(0, f.seek(0, 2) - size))
+            return f.read().decode(errors="replace")
     except OSError:
-        return []
+        return ""
+
+
+def _tail_lines(path: Path) -> list[str]:
+    return log_tail(path).splitlines()
 
 
 def classify(exit_code: int | None, logs: list[Path]) -> tuple[Reason, str | None]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...core.events import HostLost, Post, Run
-from ...core.outcome import Outcome
+from ...core.outcome import Outcome, log_tail
 from ...jsonvalues import JSONObject
 from ...spec.hostfile import format_hostfile
 from ...spec.metrics import Metric
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 _NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.M)  # srun's own word for a lost node
 STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
 STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
+SRUN_TAIL = 65536  # bytes of the end of a step's stderr.log searched for srun's own last lines
 BUFFERS_WITHIN = 30.0  # seconds for the step that removes an ended run's /dev/shm buffers on its nodes
 # Our own job's settings that srun would read from its environment and that conflict with the step's own.
 _SRUN_INPUTS = ("SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE",
@@ -70,7 +71,7 @@ def step_status(status: int, directory: Path) -> int:
     attempt's stderr.log)."""
     if status == 0:
         return status
-    first = parse.first_bad_exit(exitstatus.log_tail(directory / "stderr.log"))
+    first = parse.first_bad_exit(log_tail(directory / "stderr.log", SRUN_TAIL))
     return status if first is None else first
 
 
@@ -227,7 +228,7 @@ class SlurmSteps:
             marked = []
         if marked:
             return marked[0].name, f"Slurm marks it {marked[0].why}"
-        told = _NODE_FAILURE.findall(exitstatus.log_tail(run.dir / "stderr.log"))
+        told = _NODE_FAILURE.findall(log_tail(run.dir / "stderr.log", SRUN_TAIL))
         failed = [node for node in told if node in run.reservation.hosts]
         return (failed[0], "srun reported a node failure") if failed else None
 
