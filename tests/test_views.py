@@ -269,14 +269,17 @@ def test_html_file_argument_and_bare_flag(finished, tmp_path):
     assert not (finished / "report.html").exists()
 
 
-def test_html_never_lands_on_the_sweeps_own_files_nor_its_runs(finished):
+def test_html_never_lands_on_the_sweeps_own_files_nor_its_runs(finished, tmp_path):
     """The README: --html is refused where it names one of the command's inputs, its sweep's files among them.
-    `--html=DIR/summary.txt` replaced the summary with the page, `--html=DIR/RUN/stdout.log` a run's log."""
+    `--html=DIR/summary.txt` replaced the summary with the page, `--html=DIR/RUN/stdout.log` a run's log, and a
+    link elsewhere to the summary the summary too."""
     log = finished / "zm_z0_mbs2_gas1" / "stdout.log"
     log.parent.mkdir(exist_ok=True)
     log.write_text("the run's own output\n")
     kept = {p: p.read_bytes() for p in (finished / "summary.txt", finished / "ds_config_optimal.json", log)}
-    for target in kept:
+    link = tmp_path / "page.html.txt"
+    link.symlink_to(finished / "summary.txt")
+    for target in [*kept, link]:
         result = autotune("report", finished, f"--html={target}", "--plot")
         assert result.returncode == 2 and result.stdout == "", result.stdout
         assert len(result.stderr.strip().splitlines()) == 1 and "--html wants a file of its own" in result.stderr

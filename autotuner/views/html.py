@@ -22,8 +22,7 @@ from ..jsonvalues import JSON
 from ..ledger.lock import holder_pid
 from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
-from ..spec.model import RESERVED_NAMES
-from ..spec.outputs import same_file
+from ..spec.outputs import is_sweep_file, same_file
 from .analysis import all_attempts, timeline_end, utilisation
 from .panel import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
@@ -253,9 +252,10 @@ def _url(path: str) -> str:
 
 
 def _not_the_sweeps(directory: Path, target: Path, snap: Snapshot) -> None:
-    """The page is written whole over `target`: never over one of the sweep's own files but its page (its
-    summary, best config, hostfile...), nor into a run's directory (its logs, config, metrics the page links to)."""
-    if target.name != REPORT_HTML and RESERVED_NAMES.fullmatch(target.name) and same_file(target.parent, directory):
+    """The page is written whole over `target`: never over a sweep's own files but its page (its summary, best
+    config, hostfile..., as spelled or where links lead: `is_sweep_file`), nor into a run's directory (its logs,
+    config, metrics the page links to)."""
+    if target.name != REPORT_HTML and is_sweep_file(target):
         raise UserError("is one of the sweep's own files; --html wants a file of its own", target)
     if target.parent.name in snap.experiments and same_file(target.parent.parent, directory):
         raise UserError(f"is in the directory of the sweep's experiment {target.parent.name}; --html wants a file of "
