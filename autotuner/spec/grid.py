@@ -141,8 +141,8 @@ def load_sweep_file(src: Source, data: JSONObject, defaults: Defaults) -> Loaded
             raise src.error(f"space key {shown(key)} nests {len(segments)} levels, more than {limits.DEPTH}, the "
                             "limit", key, space_line)
         if not key.startswith("-"):
-            within = next((".".join(segments[:i]) for i in range(1, len(segments)) if ".".join(segments[:i]) in space),
-                          None)
+            prefixes = (".".join(segments[:i]) for i in range(1, len(segments)))
+            within = next((prefix for prefix in prefixes if prefix in space), None)
             if within is not None:  # the one set last would undo the other: experiments alike under two names
                 raise src.error(f"space keys {shown(within)} and {shown(key)} overlap: {shown(within)} sets what "
                                 f"{shown(key)} does; give one of them", key, space_line)

@@ -173,8 +173,6 @@ def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]]) -> tu
 
 def from_snapshot(snap: Snapshot) -> SweepResults:
     """The records of a snapshot (read with or without every experiment: their specs are read if missing)."""
-    # In the sweep's order: the columns do not move as the ranking does, and the configs are read in the order
-    # they lie in memory (in the ranking's order, the swept keys of 10,000 whole configs took twice as long).
     keys, values = _swept(snap)
     best = snap.best
     typed = snap.by_type  # ranked per GPU type (snap.ranked groups them), each type's best marked
@@ -215,7 +213,8 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
 def _swept(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
     """The swept keys, and name -> the experiment's values of them: as the ledger keeps them; for a ledger that
     keeps none (from before version 4), or keeps more than the snapshot shows (an add since it was read: keys
-    that vary only in experiments it lacks are no columns of it), worked out from the specs of those it shows."""
+    that vary only in experiments it lacks are no columns of it), worked out from the specs of those it shows, in
+    the sweep's order (the columns then do not move as the ranking does)."""
     attempted = {a.name for a in snap.attempts}
     with Ledger.open(snap.directory) as ledger:
         kept = ledger.swept_values()
