@@ -49,14 +49,19 @@ def leaves_of(spec: Mapping[str, JSON]) -> JSONObject:
     return out
 
 
-def lacks(spec: Mapping[str, JSON], key: str) -> bool:
-    """Whether the spec's ds_config has nothing at the key's path (an object there is not nothing)."""
-    node: JSON = spec.get("ds_config") or {}
+def at(config: Mapping[str, JSON], key: str) -> JSON:
+    """What a ds_config holds at a dotted key's path (an object there too); MISSING where it holds nothing."""
+    node: JSON = config
     for part in key.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return True
+            return MISSING
         node = node[part]
-    return False
+    return node
+
+
+def lacks(spec: Mapping[str, JSON], key: str) -> bool:
+    """Whether the spec's ds_config has nothing at the key's path (an object there is not nothing)."""
+    return at(spec.get("ds_config") or {}, key) is MISSING
 
 
 _EXACT = json.JSONEncoder(sort_keys=True).encode  # made once: json.dumps(sort_keys=True) makes one a call

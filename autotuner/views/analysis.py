@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..ledger.lock import holder_pid
 from ..ledger.store import Attempt, Ledger
-from ..ledger.swept import MISSING, flatten, summarize
+from ..ledger.swept import at, flatten, summarize
 from ..spec import FIELD_KEYS, Experiment
 
 DEFAULT_X = "train_micro_batch_size_per_gpu"
@@ -19,14 +19,10 @@ DEFAULT_LINES = "zero_optimization.stage"
 
 
 def value_of(experiment: Experiment, key: str) -> JSON:
+    """An experiment's value of a swept key (num_gpus and num_nodes its own); MISSING where it has none."""
     if key in FIELD_KEYS:
         return getattr(experiment, key)
-    node: JSON = experiment.ds_config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
+    return at(experiment.ds_config, key)
 
 
 def spec_of(experiment: Experiment) -> JSONObject:

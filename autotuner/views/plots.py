@@ -27,10 +27,11 @@ from ..errors import UserError
 from ..files import write_atomic
 from ..jsonvalues import JSON
 from ..ledger.store import Attempt
+from ..ledger.swept import MISSING
 from ..spec import ABBREVIATIONS
 from ..spec.metrics import UNITS, Metric, format_value
 from ..states import State
-from .analysis import MISSING, all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
+from .analysis import all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:  # matplotlib is an optional extra: its types only for the checker
