@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..jsonvalues import JSON, JSONObject
 from ..spec import FIELD_KEYS
+from ..spec.model import dotted_value
 
 MISSING = object()  # what a lookup gives for a key an experiment lacks
 
@@ -49,19 +50,9 @@ def leaves_of(spec: Mapping[str, JSON]) -> JSONObject:
     return out
 
 
-def at(config: Mapping[str, JSON], key: str) -> JSON:
-    """What a ds_config holds at a dotted key's path (an object there too); MISSING where it holds nothing."""
-    node: JSON = config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return MISSING
-        node = node[part]
-    return node
-
-
 def lacks(spec: Mapping[str, JSON], key: str) -> bool:
     """Whether the spec's ds_config has nothing at the key's path (an object there is not nothing)."""
-    return at(spec.get("ds_config") or {}, key) is MISSING
+    return dotted_value(spec.get("ds_config") or {}, key, MISSING) is MISSING
 
 
 _EXACT = json.JSONEncoder(sort_keys=True).encode  # made once: json.dumps(sort_keys=True) makes one a call

@@ -62,12 +62,12 @@ def option_text(value: JSON) -> str:
     return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
-def dotted_value(config: Mapping[str, JSON], dotted: str) -> JSON:
-    """The value of a dotted key in a config, or None where it has none."""
+def dotted_value(config: Mapping[str, JSON], dotted: str, missing: JSON = None) -> JSON:
+    """The value of a dotted key in a config (an object there too), or `missing` where it has none."""
     node: JSON = config
     for segment in dotted.split("."):
         if not isinstance(node, Mapping) or segment not in node:
-            return None
+            return missing
         node = node[segment]
     return node
 

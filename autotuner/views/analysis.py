@@ -11,8 +11,9 @@ from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..ledger.lock import holder_pid
 from ..ledger.store import Attempt, Ledger
-from ..ledger.swept import at, flatten, summarize
+from ..ledger.swept import MISSING, flatten, summarize
 from ..spec import FIELD_KEYS, Experiment
+from ..spec.model import dotted_value
 
 DEFAULT_X = "train_micro_batch_size_per_gpu"
 DEFAULT_LINES = "zero_optimization.stage"
@@ -22,7 +23,7 @@ def value_of(experiment: Experiment, key: str) -> JSON:
     """An experiment's value of a swept key (num_gpus and num_nodes its own); MISSING where it has none."""
     if key in FIELD_KEYS:
         return getattr(experiment, key)
-    return at(experiment.ds_config, key)
+    return dotted_value(experiment.ds_config, key, MISSING)
 
 
 def spec_of(experiment: Experiment) -> JSONObject:
