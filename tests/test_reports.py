@@ -177,6 +177,21 @@ def test_load_gives_one_record_per_experiment(sweep):
     assert rows[0]["state"] == "succeeded" and type(rows[0]["state"]) is str and rows[0]["metrics.rank"] == 0
 
 
+def test_metrics_beyond_the_known_are_listed_as_the_ranking_first_shows_them(tmp_path):
+    """Records are made in the sweep's order, but a metric that is neither the sweep's nor DeepSpeed's takes its
+    column where the ranking first shows it: the best run's own metrics first."""
+    def extra(name: str, throughput: float) -> dict:
+        return {"warmup_s": 1.0} if "_mbs4" in name else {"tokens_per_s": throughput * 512}
+
+    directory = record(tmp_path / "s", grid_sweep(stages=(0,)), two_nodes(), finished=4, extra=extra)
+    results = autotuner.load(directory)
+    assert results.in_sweep_order[0].name == "zm_z0_mbs4" and results.best.name == "zm_z0_mbs32"
+    assert results.metrics == ("throughput", "latency", "tokens_per_s", "warmup_s")
+    assert render_report(directory, "csv").splitlines()[0].endswith(",throughput,latency,tokens_per_s,warmup_s,"
+                                                                    "metric,reason,detail,attempt,started,finished,"
+                                                                    "duration_s,peak_memory,slots")
+
+
 def test_load_of_a_directory_without_a_sweep_is_a_user_error(tmp_path):
     with pytest.raises(autotuner.UserError, match="no sweep here"):
         autotuner.load(tmp_path)

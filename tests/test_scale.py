@@ -5,6 +5,8 @@ show and what resume runs.
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import time
 
@@ -15,7 +17,8 @@ from autotuner.spec import Experiment, Sweep
 from autotuner.spec.hostfile import localhost_hosts
 from autotuner.spec.metrics import metric_named
 from autotuner.states import Reason, State
-from autotuner.views.tables import RICH_ROWS
+from autotuner.views.report import render_report
+from autotuner.views.tables import PLAIN, RICH_ROWS, Output
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, launches, states, sweep_id, tagged_pids, write_launcher
 
@@ -113,3 +116,26 @@ def test_a_long_queue_is_not_scanned_once_every_slot_is_taken():
     pool.give_back(started[0][1])
     assert len(queue.select(pool, Counting())) == 1 and Counting.calls == 9
     assert queue.select(pool, Counting()) == [] and Counting.calls == 9
+
+
+def test_every_format_lists_a_large_sweep_in_ranked_order(tmp_path):
+    """Rows are laid out in the sweep's order and ranked last (records.from_snapshot, the table's and each
+    format's `order`): every format, a table split in blocks to fit a terminal, colour or not, shows the ranking."""
+    directory, _ = build(tmp_path)
+    results = autotuner.load(directory)
+    ranked = [r.name for r in results]
+    assert [r.name for r in results.in_sweep_order] == [f"big_i{i:04d}" for i in range(N)]
+    assert [results.in_sweep_order[i] for i in results.ranking] == list(results.records)
+    assert ranked[0] == results.best.name and [r.rank for r in results][:3] == [1, 2, 3]
+    assert ranked[-3:] == ["big_i0905", "big_i0906", "big_i0907"]  # the rest keep the sweep's order
+
+    def names(text: str) -> list[str]:
+        return [m for line in text.splitlines() for m in line.replace("|", " ").split() if m.startswith("big_i")]
+
+    assert [row["name"] for row in json.loads(render_report(directory, "json"))["experiments"]] == ranked
+    assert [row["name"] for row in csv.DictReader(io.StringIO(render_report(directory, "csv")))] == ranked
+    assert names(render_report(directory, "md")) == ranked
+    for output in (PLAIN, Output(width=60), Output(width=60, color=True)):
+        shown = names(render_report(directory, "table", output))
+        blocks = shown.count(ranked[0])  # split to fit a terminal: each block lists them again, beside `#`
+        assert shown == ranked * blocks and blocks == (1 if output.width is None else 2), (output, blocks)

@@ -9,6 +9,7 @@ prefix.
 from __future__ import annotations
 
 import importlib
+import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -72,6 +73,13 @@ class SweepResults(Sequence[ExperimentRecord]):
     metrics: tuple[str, ...]  # every metric name recorded: the sweep's first, then DeepSpeed's, then the rest
     records: tuple[ExperimentRecord, ...]
     typed: bool = False  # it ran on several GPU types: ranked per type, each type's best marked, a gpu_type each
+    in_sweep_order: tuple[ExperimentRecord, ...] = ()  # the same records in the sweep's order (default: `records`)
+    ranking: tuple[int, ...] = ()  # records[k] is in_sweep_order[ranking[k]]
+
+    def __post_init__(self) -> None:
+        if not self.in_sweep_order:  # made without them: the records as they are
+            object.__setattr__(self, "in_sweep_order", self.records)
+            object.__setattr__(self, "ranking", tuple(range(len(self.records))))
 
     @property
     def best(self) -> ExperimentRecord | None:
@@ -81,7 +89,7 @@ class SweepResults(Sequence[ExperimentRecord]):
     def measured_memory(self) -> bool:
         """Whether any experiment's peak GPU memory was measured: the table, Markdown and HTML show the column
         then (asked once per row: kept)."""
-        return any(r.peak_memory is not None for r in self.records)
+        return any(r.peak_memory is not None for r in self.in_sweep_order)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -128,14 +136,15 @@ class SweepResults(Sequence[ExperimentRecord]):
         """The flat columns, in order: rank, best, name, state, the parameters, the metrics, then the rest."""
         return list(self.column_names())
 
-    def rows(self) -> list[dict[str, object]]:
-        """One flat dict per record (the CSV's rows, the DataFrame's): plain str for state and reason, slots as
-        `host:0,1@host2:0`, times in seconds since the epoch."""
+    def rows(self, in_sweep_order: bool = False) -> list[dict[str, object]]:
+        """One flat dict per record (the CSV's rows, the DataFrame's), ranked or in the sweep's order: plain str
+        for state and reason, slots as `host:0,1@host2:0`, times in seconds since the epoch."""
         named = self.column_names()
         params = [(c, s[len("params."):]) for c, s in named.items() if s.startswith("params.")]
         metrics = [(c, s[len("metrics."):]) for c, s in named.items() if s.startswith("metrics.")]
         out: list[dict[str, object]] = []
-        for r in self.records:  # one dict filled in column order (five merged dicts a row took twice as long)
+        for r in self.in_sweep_order if in_sweep_order else self.records:
+            # one dict filled in column order (five merged dicts a row took twice as long)
             row: dict[str, object] = {"rank": r.rank, "best": r.best, "name": r.name}
             if self.typed:
                 row["gpu_type"] = r.gpu_type
@@ -164,68 +173,90 @@ def _trailing(r: ExperimentRecord) -> dict[str, object]:
             "slots": format_slots(r.slots)}
 
 
-def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]]) -> tuple[str, ...]:
-    """Every metric name recorded: the sweep's first, then DeepSpeed's known ones, then the rest as first seen."""
-    seen = dict.fromkeys(name for metrics in recorded for name in metrics)
+def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]],
+                 ranked: Sequence[int] | None = None) -> tuple[str, ...]:
+    """Every metric name recorded: the sweep's first, then DeepSpeed's known ones, then the rest as first seen
+    (in the `ranked` order of `recorded`, when given: asked only when there are two or more such names)."""
+    seen = dict.fromkeys(itertools.chain.from_iterable(recorded))
     first = [primary.name] + [k for k in KNOWN if k != primary.name and k in seen]
-    return tuple(first + [k for k in seen if k not in first])
+    rest = [k for k in seen if k not in first]
+    if len(rest) > 1 and ranked is not None:
+        rest = [k for k in dict.fromkeys(itertools.chain.from_iterable(recorded[i] for i in ranked)) if k not in first]
+    return tuple(first + rest)
 
 
 def from_snapshot(snap: Snapshot) -> SweepResults:
-    """The records of a snapshot (read with or without every experiment: their specs are read if missing)."""
+    """The records of a snapshot (read with or without every experiment: their specs are read if missing), made
+    in the sweep's order and ranked last (see `Snapshot.order`)."""
     keys, values = _swept(snap)
-    best = snap.best
-    typed = snap.by_type  # ranked per GPU type (snap.ranked groups them), each type's best marked
+    attempts, order = snap.attempts, snap.order
+    typed = snap.by_type  # ranked per GPU type, each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
+    best = snap.best
     best_name = best.name if best is not None else None
     primary, directory = snap.metric.name, snap.directory
-    ranks: dict[str | None, int] = {}
+    positions = _positions(snap, order, typed)
     records = []
-    empty: JSONObject = {}
-    swept = set(keys)
-    new, put = object.__new__, object.__setattr__
-    for position, a in enumerate(snap.ranked, 1):
-        kind = snap.type_of(a) if typed else None
-        succeeded = a.state == State.SUCCEEDED
-        if typed and succeeded:
-            ranks[kind] = position = ranks.get(kind, 0) + 1
-        row = values.get(a.name, empty)  # its own dict (decoded, or made by swept): taken whole if it has every key
-        metrics = dict(a.metrics)
-        if a.metric is not None:  # the ranking value is a metric of the record even where `metrics` lacks it
-            metrics.setdefault(primary, a.metric)
+    count = len(keys)  # a row holds no key but swept ones (kept rows are checked, worked-out ones made so)
+    new, put, done = object.__new__, object.__setattr__, State.SUCCEEDED  # a member looked up once, not per row
+    for a, row, position in zip(attempts, values, positions, strict=True):
+        metrics = a.metrics  # its own dict, as decoded: shared with the attempt, which the snapshot holds read-only
+        if a.metric is not None and primary not in metrics:  # the ranking value is a metric of the record even
+            metrics = {**metrics, primary: a.metric}  # where `metrics` lacks it
         # Filled as its generated __init__ would (every field, in order): a frozen dataclass's __init__ sets its
         # 16 fields one object.__setattr__ at a time, 10,000 times for a report of 10,000.
         record = new(ExperimentRecord)
         put(record, "__dict__", {
             "name": a.name, "state": a.state, "reason": a.reason, "detail": a.detail, "attempt": a.attempt,
-            "rank": position if succeeded else None,
+            "rank": position if a.state == done else None,
             "best": id(a) in bests if typed else a.name == best_name and best_name is not None,
-            "metric": a.metric, "parameters": row if row.keys() == swept and row is not empty else {
-                k: row.get(k) for k in keys}, "metrics": metrics,
-            "started": a.started_at, "finished": a.finished_at,
-            "slots": {h: tuple(ids) for h, ids in a.slots.items()}, "sweep_directory": directory, "gpu_type": kind,
-            "peak_memory": a.peak_memory})
+            "metric": a.metric, "parameters": row if len(row) == count else {k: row.get(k) for k in keys},
+            "metrics": metrics, "started": a.started_at, "finished": a.finished_at,
+            "slots": {h: tuple(ids) for h, ids in a.slots.items()}, "sweep_directory": directory,
+            "gpu_type": snap.type_of(a) if typed else None, "peak_memory": a.peak_memory})
         records.append(record)
+    ranked = tuple([records[i] for i in order])
     return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
-                        metric_names(snap.metric, [r.metrics for r in records]), tuple(records), typed)
+                        metric_names(snap.metric, [r.metrics for r in records], order), ranked, typed, tuple(records),
+                        tuple(order))
 
 
-def _swept(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
-    """The swept keys, and name -> the experiment's values of them: as the ledger keeps them; for a ledger that
-    keeps none (from before version 4), or keeps more than the snapshot shows (an add since it was read: keys
-    that vary only in experiments it lacks are no columns of it), worked out from the specs of those it shows, in
-    the sweep's order (the columns then do not move as the ranking does)."""
-    attempted = {a.name for a in snap.attempts}
+def _positions(snap: Snapshot, order: Sequence[int], typed: bool) -> list[int]:
+    """Each attempt's place in the ranking (its rank, if it succeeded); in a sweep on several GPU types, its
+    place among the succeeded attempts of its type."""
+    positions = [0] * len(order)
+    for place, i in enumerate(order, 1):
+        positions[i] = place
+    if typed:
+        counted: dict[str | None, int] = {}
+        for i in order:
+            a = snap.attempts[i]
+            if a.state == State.SUCCEEDED:
+                kind = snap.type_of(a)
+                counted[kind] = positions[i] = counted.get(kind, 0) + 1
+    return positions
+
+
+def _swept(snap: Snapshot) -> tuple[list[str], list[JSONObject]]:
+    """The swept keys, and each attempt's values of them (in `snap.attempts` order, each its own dict): as the
+    ledger keeps them; for a ledger that keeps none (from before version 4), or keeps more than the snapshot
+    shows (an add since it was read: keys that vary only in experiments it lacks are no columns of it), worked
+    out from the specs of those it shows, in the sweep's order (the columns then do not move as the ranking
+    does)."""
+    attempts = snap.attempts
     with Ledger.open(snap.directory) as ledger:
         kept = ledger.swept_values()
-        if kept is not None and len(kept[1]) == len(attempted) and all(name in attempted for name, _ in kept[1]):
-            return kept[0], dict(kept[1])
+        if kept is not None and len(kept[1]) == len(attempts) and \
+                all(name == a.name for (name, _), a in zip(kept[1], attempts, strict=True)):
+            return kept[0], [values for _, values in kept[1]]
+        attempted = {a.name for a in attempts}
         if all(name in snap.experiments for name in attempted):
             specs = {name: spec_of(e) for name, e in snap.experiments.items() if name in attempted}
         else:
             specs = {name: spec for spec in ledger.specs() if (name := str(spec.get("name"))) in attempted}
     keys, table = swept_specs(list(specs.values()))
-    return keys, dict(zip(specs, table, strict=True))
+    by_name = dict(zip(specs, table, strict=True))
+    return keys, [by_name.get(a.name) or {} for a in attempts]
 
 
 def load_results(directory: str | Path) -> SweepResults:

@@ -53,9 +53,9 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN) -> str:
         return json_with_rows({"sweep": snap.name, "metric": snap.metric.name, "minimize": snap.metric.minimize,
                                "best": best.name if best else None, "counts": snap.counts(),
                                "parameters": list(results.parameters), "metrics": list(results.metrics),
-                               "experiments": [_json_row(r, results.typed) for r in results],
+                               "experiments": [_json_row(r, results.typed) for r in results.in_sweep_order],
                                "optimal": {"config": found[0], "command": found[1]} if found else None}
-                              | _per_type(snap) | confirmed_json(snap), "experiments")
+                              | _per_type(snap) | confirmed_json(snap), "experiments", results.ranking)
     if fmt == "csv":
         return _csv(results)
     if fmt == "md":
@@ -82,14 +82,16 @@ def _per_type(snap: Snapshot) -> dict[str, object]:
                                 if (o := optimal(snap, gpu_type=t)) is not None}}
 
 
-def json_with_rows(document: Mapping[str, object], key: str) -> str:
+def json_with_rows(document: Mapping[str, object], key: str, order: Sequence[int] | None = None) -> str:
     """`document` as indented JSON, but the list under its top-level `key` one compact object a line: as easy
-    to read, and written by json's C encoder (`indent=` makes it pure Python: seconds for 10,000 rows)."""
+    to read, and written by json's C encoder (`indent=` makes it pure Python: seconds for 10,000 rows). The rows
+    are written in `order` (positions in the list; default: as listed), each encoded in the list's own order."""
     rows = document[key]
     if not isinstance(rows, list):
         raise TypeError(f"{key}: the rows are a list")
     text = json.dumps({**document, key: []}, indent=2)
-    inner = ",\n".join("    " + json.dumps(row) for row in rows)
+    lines = ["    " + json.dumps(row) for row in rows]
+    inner = ",\n".join(lines if order is None else [lines[i] for i in order])
     marker = f'\n  {json.dumps(key)}: []'  # the top level's: two spaces in, nested keys are deeper
     return text.replace(marker, marker[:-1] + (f"\n{inner}\n  ]" if rows else "]"), 1) + "\n"
 
@@ -101,8 +103,9 @@ def _csv(results: SweepResults) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     columns = results.columns()
     writer.writerow(columns)
-    writer.writerows([json.dumps(v) if isinstance(v, (list, dict)) else v for v in (row.get(k, "") for k in columns)]
-                     for row in results.rows())
+    lines = [[json.dumps(v) if isinstance(v, (list, dict)) else v for v in (row.get(k, "") for k in columns)]
+             for row in results.rows(in_sweep_order=True)]
+    writer.writerows([lines[i] for i in results.ranking])
     return buffer.getvalue()
 
 
@@ -115,6 +118,17 @@ def _value_text(value: object) -> str:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # as JSON writes it, without its cost on 10,000 rows
     return json.dumps(value, sort_keys=True)
+
+
+def _value_texts(records: Sequence[ExperimentRecord], key: str) -> list[str]:
+    """`_value_text` of a column: a column of plain numbers (the usual sweep) by one C-level map."""
+    values = [r.parameters[key] for r in records]
+    if set(map(type, values)) <= _NUMBERS:
+        return list(map(str, values))
+    return [_value_text(v) for v in values]
+
+
+_NUMBERS = {int, float}  # exactly: a bool is JSON's true or false
 
 
 def _why(r: ExperimentRecord) -> str:
@@ -130,17 +144,17 @@ def _peak(r: ExperimentRecord) -> str:
 
 
 def _markdown(results: SweepResults) -> str:
-    typed, peaks, records = results.typed, results.measured_memory, results.records
+    typed, peaks, records = results.typed, results.measured_memory, results.in_sweep_order
     head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
             "time", *(["peak memory"] if peaks else []), "reason"]
     columns: list[Sequence[str]] = [  # a column at a time, as the table's cells
         ["**best**" if r.best else str(r.rank or "") for r in records], [r.name for r in records],
         *([[r.gpu_type or "" for r in records]] if typed else []), [r.state for r in records],
-        *([_value_text(r.parameters[k]) for r in records] for k in results.parameters),
+        *(_value_texts(records, k) for k in results.parameters),
         *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
         [_duration(r) for r in records], *([[_peak(r) for r in records]] if peaks else []),
         [f"{r.reason}: {r.detail}" if r.reason else "" for r in records]]
-    return markdown_table(head, list(zip(*columns, strict=True)))
+    return markdown_table(head, list(zip(*columns, strict=True)), results.ranking)
 
 
 def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
@@ -178,20 +192,21 @@ def _report_table(results: SweepResults, output: Output, more: Sequence[str] = (
     notes += more
     title = f"sweep {results.name}: {metric.name} ({metric.direction})"
     return render_table(columns, cells, title=title, notes=notes, output=output, keep=2,
-                        row_styles=["bold" if r.best else "" for r in results])
+                        row_styles=["bold" if r.best else "" for r in results.in_sweep_order], order=results.ranking)
 
 
 def _report_cells(results: SweepResults, color: bool) -> list[tuple[Cell, ...]]:
-    """Each record's cells, made a column at a time (one comprehension each: a call and a generator per row
-    were a quarter of a report of 10,000, profiled); styled (state, why) only where the output takes colour."""
-    records = results.records
+    """Each record's cells, in the sweep's order, made a column at a time (one comprehension each: a call and a
+    generator per row were a quarter of a report of 10,000, profiled); styled (state, why) only where the output
+    takes colour."""
+    records = results.in_sweep_order
     states: Sequence[Cell] = [Styled(r.state, _STATE_STYLES.get(r.state, "")) for r in records] if color else \
         [r.state for r in records]
     whys = [_why(r) for r in records]
     columns: list[Sequence[Cell]] = [
         ["best" if r.best else str(r.rank or "") for r in records], [r.name for r in records],
         *([[r.gpu_type or "" for r in records]] if results.typed else []), states,
-        *([_value_text(r.parameters[k]) for r in records] for k in results.parameters),
+        *(_value_texts(records, k) for k in results.parameters),
         *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
         [_duration(r) for r in records], *([[_peak(r) for r in records]] if results.measured_memory else []),
         [format_slots(r.slots) for r in records],

@@ -66,23 +66,30 @@ def _text(cell: Cell) -> str:
 
 def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, title: str | None = None,
                  notes: Sequence[str] = (), output: Output = PLAIN, row_styles: Sequence[str] | None = None,
-                 keep: int = 1) -> str:
+                 keep: int = 1, order: Sequence[int] | None = None) -> str:
     """Rows of plain-text cells (never read as markup) as a boxed rich table, or laid out by hand beyond
     RICH_ROWS rows; then `notes`, one line each. As wide as the rows need, or fitted to `output.width`: text
     columns wrap, and columns that still do not fit go on in another table below, beside the first `keep`
-    columns again (as pandas prints a wide DataFrame). Coloured only when `output.color`."""
+    columns again (as pandas prints a wide DataFrame). Coloured only when `output.color`. The rows are shown in
+    `order` (positions in `rows` and `row_styles`; default: as given), laid out in their own order and put in
+    `order` as finished lines (see `Snapshot.order`)."""
     # Column by column: one pass of C-level loops per column (widths, padding) where a row at a time made
     # 120,000 calls for a report of 10,000.
     texts = [[_text(c) for c in cells] if Styled in set(map(type, cells)) else list(cells)
              for cells in (zip(*rows, strict=True) if rows else [() for _ in columns])]
     natural = [max(_width(c.header), _widest(cells)) for c, cells in zip(columns, texts, strict=True)]
     plain = len(rows) > RICH_ROWS
+    if order is not None and not plain:  # a few rows: put in order before rich lays them out
+        rows = [rows[i] for i in order]
+        texts = [[column[i] for i in order] for column in texts]
+        row_styles = [row_styles[i] for i in order] if row_styles else row_styles
+        order = None
     parts = []
     for n, block in enumerate(_blocks(columns, natural, keep, output.width, plain)):
         heading = title if n == 0 else None
         chosen = [columns[i] for i in block]
         if plain:
-            parts.append(_plain_table(chosen, [texts[i] for i in block], heading, output.width))
+            parts.append(_plain_table(chosen, [texts[i] for i in block], heading, output.width, order))
         else:
             parts.append(_rich_table(chosen, [[r[i] for i in block] for r in rows], heading, output, row_styles))
     return "\n".join(parts) + "".join(note + "\n" for note in notes)
@@ -159,7 +166,7 @@ def _rich_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title
 
 
 def _plain_table(columns: Sequence[Column], cells: Sequence[Sequence[str]], title: str | None,
-                 width: int | None = None) -> str:
+                 width: int | None = None, order: Sequence[int] | None = None) -> str:
     """The columns' `cells` (one list per column) laid out by hand: two spaces between columns, numbers
     right-aligned, no trailing spaces. A line break in a cell becomes a space (it ended the row there, the rest
     of it under other columns); the columns are searched for one whole, in C, not cell by cell."""
@@ -170,8 +177,9 @@ def _plain_table(columns: Sequence[Column], cells: Sequence[Sequence[str]], titl
               for c, column, w in zip(columns, cells, widths, strict=True)]
     head = [[c.header.rjust(w) if c.right else c.header.ljust(w) for c, w in zip(columns, widths, strict=True)],
             ["-" * w for w in widths]]
-    lines = ([title] if title is not None else []) + ["  ".join(line).rstrip() for line in head] + [
-        "  ".join(line).rstrip() for line in zip(*padded, strict=True)]
+    body = ["  ".join(line).rstrip() for line in zip(*padded, strict=True)]
+    lines = ([title] if title is not None else []) + ["  ".join(line).rstrip() for line in head] + (
+        body if order is None else [body[i] for i in order])
     if width is not None:  # a terminal: the last column wraps under itself instead of the terminal's wrapping
         lines = [part for text in lines for part in _wrap_last(text, sum(widths[:-1]) + 2 * (len(widths) - 1), width)]
     return "\n".join(lines) + "\n"
@@ -187,11 +195,12 @@ def _wrap_last(line: str, indent: int, width: int) -> list[str]:
     return [head + parts[0]] + [" " * indent + part for part in parts[1:]]
 
 
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], order: Sequence[int] | None = None) -> str:
     """A GitHub-flavoured Markdown table: a `|` in a cell (a header's too) becomes `/`, a line break a space (a
-    swept string value holding one ended its row there, the rest a line of other columns)."""
-    lines = [_md_row(header), "|" + "---|" * len(header)]
-    lines += [_md_row(cells) for cells in rows]
+    swept string value holding one ended its row there, the rest a line of other columns). The rows in `order`
+    (positions in `rows`; default: as given), each made in their own order."""
+    body = [_md_row(cells) for cells in rows]
+    lines = [_md_row(header), "|" + "---|" * len(header)] + (body if order is None else [body[i] for i in order])
     return "\n".join(lines) + "\n"
 
 
