@@ -140,8 +140,8 @@ BAD_LEDGERS = {
     "directory": (replace_with_directory, "not a sweep ledger (a directory)"),
     "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
     "truncated": (truncate, "corrupt sweep ledger"),
-    "newer_version": (sql("PRAGMA user_version = 5"),
-                      "written by a newer autotuner (ledger schema 5; this one reads up to 4): upgrade autotuner"),
+    "newer_version": (sql("PRAGMA user_version = 6"),
+                      "written by a newer autotuner (ledger schema 6; this one reads up to 5): upgrade autotuner"),
     "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
                        "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
     "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
@@ -257,20 +257,20 @@ def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_n
                                                "PRAGMA user_version = 7"))
     line = one_line_error(autotune("status", results))
     assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
-                    "(ledger schema 7; this one reads up to 4): upgrade autotuner")
+                    "(ledger schema 7; this one reads up to 5): upgrade autotuner")
 
 
 def test_a_new_ledger_carries_the_schema_version(pristine):
     db = sqlite3.connect(pristine / FILENAME)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     finally:
         db.close()
 
 
 # --- a ledger from before schema versions (version 0) ---------------------------------------------------------
 # Version 1's tables, no version: what main wrote before versions.
-VERSION_3 = ("DROP TABLE swept", "DROP TABLE leaves")
+VERSION_3 = ("DROP INDEX experiments_position", "DROP TABLE swept", "DROP TABLE leaves")
 VERSION_0 = (*VERSION_3, "ALTER TABLE attempts DROP COLUMN peak_memory", "ALTER TABLE attempts DROP COLUMN step",
              "PRAGMA user_version = 0")
 
@@ -329,7 +329,7 @@ def test_a_version_2_ledger_is_read_as_it_is_and_resume_adds_the_peak_memory_col
     done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0, done.stderr
     with Ledger.open(results) as ledger:
-        assert ledger.version() == SCHEMA_VERSION == 4
+        assert ledger.version() == SCHEMA_VERSION == 5
         assert "peak_memory" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
         kept = {(a.name, a.attempt): a.to_json() for a in ledger.attempts()}
     assert all(kept[(a["name"], a["attempt"])] == a for a in before if a["state"] == State.SUCCEEDED)
@@ -357,6 +357,27 @@ def test_a_version_3_ledger_is_reported_from_its_specs_and_resume_keeps_its_swep
     assert after["parameters"] == ["x"]  # the runs ranked anew: by name
     assert {r["name"]: r["parameters"] for r in after["experiments"]} == \
         {r["name"]: r["parameters"] for r in before["experiments"]}
+
+
+def test_a_version_4_ledger_is_read_as_it_is_and_the_runner_indexes_its_positions(tmp_path):
+    """Version 4 had no index on the experiments' positions: readers read it as it is (SQLite sorts), writing
+    nothing; the runner's migration adds the index and keeps the swept values it finds whole."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    before = autotune("report", results, "--format", "json").stdout
+    sql("DROP INDEX experiments_position", "PRAGMA user_version = 4")(results / FILENAME)
+    ledger_bytes = (results / FILENAME).read_bytes()
+    assert autotune("report", results, "--format", "json").stdout == before
+    assert (results / FILENAME).read_bytes() == ledger_bytes
+    statements: list[str] = []
+    with Ledger.open(results) as ledger:
+        ledger._db.set_trace_callback(statements.append)
+        ledger.upgrade()
+        assert ledger.version() == SCHEMA_VERSION == 5
+        plan = " ".join(str(tuple(r)) for r in ledger._db.execute("EXPLAIN QUERY PLAN SELECT name FROM experiments "
+                                                              "ORDER BY position"))
+        assert "experiments_position" in plan and "TEMP B-TREE" not in plan
+        assert ledger.swept_values() == (["x"], [(f"s_x{i}", {"x": i}) for i in range(3)])
+    assert not any("swept" in s for s in statements if s.startswith(("INSERT", "DELETE"))), statements
 
 
 def test_damaged_swept_values_are_a_corrupt_ledger_and_damaged_leaves_are_worked_out_again(pristine, tmp_path):

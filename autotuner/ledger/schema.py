@@ -12,7 +12,7 @@ from ..errors import UserError
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 TABLES_SQL = """  -- version 1's tables: a new ledger gets them, then every migration (`schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -36,11 +36,14 @@ TABLES = ("meta", "experiments", "attempts", "transitions", "requests", "swept",
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
 # 1 -> 2: a Slurm job step's id per attempt. 2 -> 3: the peak GPU memory an attempt held (peaks.py). 3 -> 4:
-# each experiment's values of the swept keys, and (one row) the leaves they are kept by (swept.py).
+# each experiment's values of the swept keys, and (one row) the leaves they are kept by (swept.py). 4 -> 5: the
+# experiments indexed by position, the order every read of the whole sweep is in (without it, SQLite sorted
+# every row read: a fifth of a 100,000-experiment report's query). Older ledgers read the same, only slower.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (), ("ALTER TABLE attempts ADD COLUMN step TEXT",), ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",),
     ("CREATE TABLE swept (position INTEGER PRIMARY KEY, name TEXT NOT NULL, params TEXT NOT NULL)",
-     "CREATE TABLE leaves (one INTEGER PRIMARY KEY CHECK (one = 1), value TEXT NOT NULL)"))
+     "CREATE TABLE leaves (one INTEGER PRIMARY KEY CHECK (one = 1), value TEXT NOT NULL)"),
+    ("CREATE INDEX IF NOT EXISTS experiments_position ON experiments(position)",))
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,

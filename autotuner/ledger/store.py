@@ -168,7 +168,8 @@ class Ledger:
                 for statement in step:
                     self._db.execute(statement)
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            self._keep_swept_anew()  # a ledger from before version 4 (or one another writer left without them)
+            if not self._swept_in_place():  # a ledger from before version 4 (or one another writer left without)
+                self._keep_swept_anew()
 
     def _corrupt(self, detail: str) -> UserError:
         return UserError(f"corrupt sweep ledger: {detail}", self.path)
