@@ -24,12 +24,16 @@ import pytest
 
 import autotuner
 from autotuner.backends.ssh.probe import HostReport
+from autotuner.ledger.store import Ledger
+from autotuner.spec import Sweep
+from autotuner.states import State
 from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
 from autotuner.views.report import render_report
 from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, markdown_table, render_table
 
-from recorded import grid_sweep, record, two_nodes
+from helpers import experiment
+from recorded import T0, grid_sweep, record, two_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
@@ -82,6 +86,24 @@ def test_csv_has_a_column_for_every_parameter_and_metric(sweep):
         ("failed", "oom", "", "1")
     queued = next(r for r in rows if r["state"] == "queued")
     assert queued["started"] == "" and queued["train_micro_batch_size_per_gpu"] in ("4", "8", "16", "32")
+
+
+def test_csv_writes_list_and_object_values_as_json_and_quotes_cells_in_rank_order(tmp_path):
+    """A value that is a list or an object is a JSON cell; a detail with a comma, a quote and a line break is one
+    quoted cell; the rows, written a line each in the sweep's order, come out ranked."""
+    configs = [{"betas": [0.9, 0.99], "opt": {"type": "Adam"}}, {"betas": [0.8, 0.9], "opt": {"type": "SGD"}},
+               {"betas": [0.7, 0.9], "opt": {"type": "Lamb"}}]
+    sweep = Sweep("c", tuple(experiment(f"c{i}", ds_config=c) for i, c in enumerate(configs)),
+                  autotuner.metric_named("throughput"), "test")
+    directory = record(tmp_path / "s", sweep, two_nodes(), finished=2, value=lambda name: 1.0 + int(name[1:]))
+    with Ledger.open(directory) as ledger:
+        ledger.start("c2", 1, slots={"node-a": [0]}, tag="t.c2", dir=str(directory / "c2"), at=T0)
+        ledger.finish("c2", 1, State.FAILED, T0 + 1, reason="exit", detail='bad "x", then\nmore')
+    rows = list(csv.DictReader(io.StringIO(render_report(directory, "csv"))))
+    assert [r["name"] for r in rows] == ["c1", "c0", "c2"]
+    assert [json.loads(r["betas"]) for r in rows] == [[0.8, 0.9], [0.9, 0.99], [0.7, 0.9]]
+    assert [r["opt.type"] for r in rows] == ["SGD", "Adam", "Lamb"]  # text as it is
+    assert rows[2]["detail"] == 'bad "x", then\nmore' and rows[2]["state"] == "failed"
 
 
 def test_json_rows_hold_parameters_and_metrics(sweep):

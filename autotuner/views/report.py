@@ -5,9 +5,9 @@ command. Every format is made from the same records (`records.from_snapshot`).
 from __future__ import annotations
 
 import csv
-import io
+import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..errors import UserError
@@ -97,16 +97,23 @@ def json_with_rows(document: Mapping[str, object], key: str, order: Sequence[int
 
 
 def _csv(results: SweepResults) -> str:
-    """One line per record, its values in `columns()` order (lists and objects as JSON): what csv.DictWriter
-    wrote, without its per-row check of the keys (the rows are made with exactly these)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    columns = results.columns()
-    writer.writerow(columns)
-    lines = [[json.dumps(v) if isinstance(v, (list, dict)) else v for v in (row.get(k, "") for k in columns)]
-             for row in results.rows(in_sweep_order=True)]
-    writer.writerows([lines[i] for i in results.ranking])
-    return buffer.getvalue()
+    """One line per record, its values in `columns()` order (lists and objects as JSON): each row's dict taken
+    as it is filled (in that order) where no value needs JSON, written in the sweep's order a line each, the
+    lines then put in rank order (see `Snapshot.order`)."""
+    values: list[Iterable[object]] = list(map(dict.values, results.rows(in_sweep_order=True)))
+    if {list, dict} & set(map(type, itertools.chain.from_iterable(values))):
+        values = [[json.dumps(v) if isinstance(v, (list, dict)) else v for v in row] for row in values]
+    lines = _Lines()
+    writer = csv.writer(lines, lineterminator="\n")
+    writer.writerow(results.columns())
+    writer.writerows(values)
+    return lines[0] + "".join([lines[1 + i] for i in results.ranking])
+
+
+class _Lines(list[str]):
+    """Where csv.writer writes: one string per row it is given (its line, quoted and ended)."""
+
+    write = list.append
 
 
 def _value_text(value: object) -> str:
