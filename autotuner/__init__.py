@@ -52,7 +52,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .dashboard import serve as serve_dashboard
     from .planning.learned import peaks_by_digest as measured_peaks
     from .planning.plan import QUEUES, Plan, plan_sweep
-    from .spec import Experiment, Sweep, load_sweep
+    from .spec import Experiment, Sweep
+    from .spec.load import load_sweep
     from .spec.metrics import KNOWN, Metric, metric_named
     from .spec.outputs import check_output, check_results_directory
     from .sweep.cancel import Cancellation, cancel
@@ -96,7 +97,7 @@ _LAZY = {
     "default_directory": (".sweep.create", "default_directory"),
     "cancel": (".sweep.cancel", "cancel"),
     "Cancellation": (".sweep.cancel", "Cancellation"),
-    "load_sweep": (".spec", "load_sweep"),
+    "load_sweep": (".spec.load", "load_sweep"),
     "Experiment": (".spec", "Experiment"),
     "Sweep": (".spec", "Sweep"),
     "Metric": (".spec.metrics", "Metric"),

@@ -17,7 +17,8 @@ import pytest
 
 from autotuner import limits
 from autotuner.errors import UserError, read_user_file
-from autotuner.spec import is_safe_name, load_sweep
+from autotuner.spec import is_safe_name
+from autotuner.spec.load import load_sweep
 
 from cli_rig import PREAMBLE, WRITE_METRICS, autotune, env, latest, write_launcher
 

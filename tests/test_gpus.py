@@ -16,8 +16,9 @@ from autotuner.errors import UserError
 from autotuner.gpu.nvml import FreeMemory, gpu_type, local_inventory
 from autotuner.gpu.types import parse_size, size_of_type, type_of_gpu, type_problem
 from autotuner.ledger.store import Ledger
-from autotuner.spec import Experiment, Sweep, load_sweep
+from autotuner.spec import Experiment, Sweep
 from autotuner.spec.hostfile import format_hostfile, load_hostfile, parse_hostfile
+from autotuner.spec.load import load_sweep
 from autotuner.spec.metrics import THROUGHPUT
 from autotuner.spec.model import canonical
 from autotuner.sweep.create import prepare

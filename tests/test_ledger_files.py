@@ -22,7 +22,7 @@ from autotuner.backends.cluster import local_or_hostfile_cluster
 from autotuner.errors import UserError
 from autotuner.ledger.lock import LOCKFILE, SweepBusy, SweepLock, holder_pid
 from autotuner.ledger.store import FILENAME, SCHEMA_VERSION, Ledger
-from autotuner.spec import load_sweep
+from autotuner.spec.load import load_sweep
 from autotuner.states import State
 from autotuner.views.analysis import swept_specs
 from autotuner.views.records import from_snapshot

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from autotuner.errors import UserError
-from autotuner.spec import Experiment, Sweep, is_safe_name, load_sweep
+from autotuner.spec import Experiment, Sweep, is_safe_name
+from autotuner.spec.load import load_sweep
 from autotuner.spec.metrics import LATENCY, THROUGHPUT, Metric
 from autotuner.spec.model import copied
 

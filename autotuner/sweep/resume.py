@@ -14,7 +14,8 @@ from .. import limits
 from ..backends.registry import recorded_allocation
 from ..errors import UserError
 from ..ledger.store import FILENAME, open_sweep
-from ..spec import Experiment, Sweep, SweepInputs, load_sweep
+from ..spec import Experiment, Sweep, SweepInputs
+from ..spec.load import load_sweep
 
 
 @dataclass(frozen=True)
