@@ -13,8 +13,8 @@ from test_inventory import FakeDevice, FakeNvml
 from autotuner.core import BackfillQueue, Finished, MemoryRecord, Queued, Reservation, Scheduler, SlotPool
 from autotuner.core.outcome import Outcome
 from autotuner.core.placement import ByType, GpuMemory, Pack, Spread, placement_named
-from autotuner.core.slots import headroom
 from autotuner.gpu.nvml import FreeMemory
+from autotuner.gpu.types import headroom
 from autotuner.states import Reason, State
 
 from helpers import experiment

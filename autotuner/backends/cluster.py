@@ -13,11 +13,11 @@ from typing import Any  # pynvml has no type information: the module (or a fake)
 
 from ..core.events import Queued
 from ..core.placement import ByType, Pack
-from ..core.slots import Device, Devices, SlotPool, headroom
+from ..core.slots import Device, Devices, SlotPool
 from ..errors import UserError, shown
 from ..gpu import nvml as inventory
 from ..gpu.nvml import Gpu, LocalSlots, local_inventory
-from ..gpu.types import size_of_type, type_of_gpu
+from ..gpu.types import headroom, size_of_type, type_of_gpu
 from ..limits import memory
 from ..spec import Sweep
 from ..spec.hostfile import Host, is_local, load_hostfile, localhost_hosts, parse_filter, select_slots

@@ -24,14 +24,17 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..core.slots import Devices, Reservation
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..spec.hostfile import format_include
 from ..spec.metrics import METRICS_PATH_ENV
 from ..spec.model import CONFIG_FLAG, with_arg
 from .tags import TAG_ENV
+
+if TYPE_CHECKING:  # types only: the views that write a best run's command do not import the scheduling core
+    from ..core.slots import Devices, Reservation
 
 # Master ports are drawn below Linux's default ephemeral range (32768-60999): between the moment a port is
 # chosen and the moment DeepSpeed's rank 0 binds it (seconds later), no outgoing connection can take it.

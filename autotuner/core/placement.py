@@ -9,8 +9,9 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..gpu.types import headroom
 from ..limits import GiB
-from .slots import Demand, Devices, GpuNeed, Only, Placement, Reservation, Slots, headroom, need_of, takes_one_gpu
+from .slots import Demand, Devices, GpuNeed, Only, Placement, Reservation, Slots, need_of, takes_one_gpu
 
 
 def _reserve(pool: Slots, hosts: list[str], num_gpus: int) -> Reservation:

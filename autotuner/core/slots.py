@@ -1,7 +1,8 @@
 """Slots: which GPU slots of which hosts are free (`SlotPool`: bookkeeping only: free slot ids per host,
 all-or-nothing take and give back, hosts up or down, and an index of hosts by how many slots they have free, so
 that a placement on 1,024 hosts reads a few buckets instead of every host), and what an experiment needs of
-them: its GPU needs (type, memory), the headroom kept free on a GPU, the devices (MIG instances) a slot may be.
+them: its GPU needs (type, memory), the devices (MIG instances) a slot may be (the headroom kept free on a GPU is
+a GPU fact: gpu/types.py).
 """
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
-
-from ..limits import GiB
 
 
 @dataclass(frozen=True)
@@ -232,14 +231,6 @@ def need_of(demand: Demand) -> GpuNeed:
     """A demand's `gpu_need` (a `Queued` has one); a plain demand needs nothing beyond its slots."""
     need = getattr(demand, "gpu_need", None)
     return need if isinstance(need, GpuNeed) else NO_NEED
-
-
-
-
-def headroom(size: int) -> int:
-    """What is kept free on a GPU of `size` bytes beyond an experiment's stated need (CUDA's own context,
-    allocator slack, a need stated a little low): 5% of it, at least 1 GiB."""
-    return max(GiB, size // 20)
 
 
 @dataclass(frozen=True)

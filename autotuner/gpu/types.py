@@ -90,3 +90,9 @@ def size_of_type(gpu_type: str) -> int | None:
         return None
     gib = m.re is _NAMED_SIZE and m[2].lower() == "gib"
     return math.floor(float(m[1]) * (GiB if gib else 10**9)) or None
+
+
+def headroom(size: int) -> int:
+    """What is kept free on a GPU of `size` bytes beyond an experiment's stated need (CUDA's own context,
+    allocator slack, a need stated a little low): 5% of it, at least 1 GiB."""
+    return max(GiB, size // 20)

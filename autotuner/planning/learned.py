@@ -13,8 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from ..core.slots import Devices, headroom
+from ..core.slots import Devices
 from ..errors import UserError
+from ..gpu.types import headroom
 from ..ledger.store import open_sweep
 from ..spec import Experiment
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import limits
 from ..errors import shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.model import positive_int
-from ..spec.reading import Source
+
+if TYPE_CHECKING:  # a type only: the views that show a tune's knobs do not import the hjson readers
+    from ..spec.reading import Source
 
 SIZES = (500_000_000, 50_000_000, 1_000_000_000)  # bucket sizes (elements), DeepSpeed's default first
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .. import limits
-from ..core.slots import headroom
+from ..gpu.types import headroom
 from ..jsonvalues import JSON, JSONObject
 
 ONE_STATE = ("sgd", "adagrad", "lion", "fusedlion", "cpuadagrad", "onebitsgd")  # optimizers with one fp32 state
