@@ -3,8 +3,17 @@ the one frame that turns a Ctrl-C pressed while they load into the usual interru
 the first line of `cli.main` on, the command line handles presses itself)."""
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import signal
 import sys
+
+# The commands that read and print: once one has returned, its process has nothing left to do, and it ends
+# without Python's teardown (freeing every module and object it built: 11 ms whatever the sweep, and a tenth
+# of a 100,000-experiment report), as mypy's does. Whatever they write (a page, a plot) is closed before they
+# return; stdout and stderr are flushed here.
+_READS = frozenset({"status", "report", "compare", "plan", "--help", "--version"})
 
 
 def main() -> None:
@@ -16,6 +25,19 @@ def main() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second press while this one is told
         sys.stderr.write("autotune: interrupted\n")
         sys.exit(130)
+    except SystemExit as done:
+        if sys.argv[1:2] and sys.argv[1] in _READS and (done.code is None or isinstance(done.code, int)):
+            _end_now(done.code or 0)
+        raise
+
+
+def _end_now(code: int) -> None:
+    """End the process with `code` now: logging's handlers, stdout and stderr flushed first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # closed, or its pipe gone: the exit status is what is left
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.views.report import render_report
+
+from recorded import grid_sweep, record, two_nodes
+
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 
@@ -377,3 +381,29 @@ def test_a_launcher_named_by_a_relative_path_is_taken_from_the_current_directory
                       cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 experiments: 2 succeeded" in result.stdout
+
+
+@pytest.mark.parametrize("argv, code, torn_down", [
+    (["report", "SWEEP", "--format", "csv"], 0, False),  # a read command: ends as soon as its output is out
+    (["status", "NOWHERE"], 2, False),  # its bad input too, with its exit status
+    (["--version"], 0, False),
+    (["resume", "NOWHERE"], 2, True),  # a command that runs sweeps ends as Python ends
+])
+def test_a_read_command_ends_without_the_interpreters_teardown_its_output_whole(tmp_path, argv, code, torn_down):
+    """`autotune status/report/compare/plan`, --help and --version skip Python's teardown (__main__._READS):
+    their output and exit status are what they were; any other command ends as Python ends (atexit runs)."""
+    sweep = record(tmp_path / "s", grid_sweep(), two_nodes(), finished=12)
+    mark = tmp_path / "torn-down"
+    argv = [str(sweep) if a == "SWEEP" else str(tmp_path / "none") if a == "NOWHERE" else a for a in argv]
+    program = ("import atexit, sys\n"
+               f"atexit.register(lambda: open({str(mark)!r}, 'w').close())\n"
+               f"sys.argv = ['autotune', *{argv!r}]\n"
+               "from autotuner.__main__ import main\n"
+               "main()\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert mark.exists() == torn_down
+    if argv[0] == "report":
+        assert done.stdout == render_report(sweep, "csv") and len(done.stdout.splitlines()) == 13
+    elif code == 2:
+        assert done.stderr.startswith("autotune: error:") and len(done.stderr.splitlines()) == 1
