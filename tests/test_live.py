@@ -641,3 +641,41 @@ def test_in_a_real_terminal_ctrl_c_says_the_sweep_is_stopping_and_drops_the_eta(
     last = tmux.watch(lambda screen: "EXIT=" in screen)[-1]
     assert re.search(r"stopped after \d+s: interrupted by the user", panel(last)) and "ETA" not in panel(last)
     assert "2 interrupted" in panel(last) and "EXIT=130" in last
+
+
+def test_the_eta_is_replanned_at_most_once_per_share_of_its_cost_however_old_the_plan(midway, monkeypatch):
+    """A re-plan that costs `cost` is not repeated within REPLAN_SHARE * cost, whether runs end before every
+    frame or the plan has aged past REPLAN_SECONDS (which re-planned whatever it cost: 4.5% of a core at 500
+    queued); a cheap plan is still re-planned once it has aged, nothing having changed."""
+    from autotuner.views import eta
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(eta, "time", clock)
+    view = LiveView(snapshot(midway), clock=lambda: T0)
+    planner = eta.Eta(snapshot(midway).meta)
+    state = view.state()
+    last = 59.75  # the last frame's time
+    costly = 1 + int(last / (eta.REPLAN_SHARE * 0.5))
+    for cost, changing, expected in ((0.5, True, costly), (0.5, False, costly),
+                                     (0.001, False, 1 + int(last / eta.REPLAN_SECONDS))):
+        plans = []
+
+        def replan(*args, cost=cost, plans=plans):
+            clock.now += cost
+            plans.append(clock.now)
+            return None
+
+        monkeypatch.setattr(planner, "_replan", replan)
+        planner._plan = None
+        start = clock.now
+        for frame in range(240):  # a minute of frames at 4 a second, something changed before each
+            at = start + frame / 4
+            clock.now = max(clock.now, at)
+            planner.planned_end(state, at, frame if changing else 0, {}, {})
+        assert len(plans) == expected, (cost, changing, len(plans))

@@ -1,7 +1,8 @@
 """The live view's ETA: when the sweep should end, re-planned on the scheduler's own policies (`plan.time_left`)
 as runs end, at a bounded cost. A plan holds until the next event, or until the runs have aged a while; and
-however fast runs end, it is not re-planned within REPLAN_SHARE times its own cost (on 8 slots of 0.2 s runs
-every frame saw an event, and re-planning at every frame cost the runner a tenth of a core).
+however fast runs end, and however long ago it was made, it is not re-planned within REPLAN_SHARE times its own
+cost (on 8 slots of 0.2 s runs every frame saw an event, and re-planning at every frame cost the runner a tenth
+of a core; a plan that aged past REPLAN_SECONDS was re-planned whatever it cost, 4.5% of a core).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ..states import State
 from .livestate import LiveState
 
 REPLAN_SECONDS = 5.0
-REPLAN_SHARE = 30  # the ETA's re-planning takes at most 1/30 of the time the view is shown
+REPLAN_SHARE = 50  # the ETA's re-planning takes at most 1/50 of the time the view is shown
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Eta:
         end = self._replan(state, now, experiments, order)
         cost = time.perf_counter() - started
         with self._lock:
-            self._plan = _Plan(changes, now + max(REPLAN_SECONDS, 10 * cost), end, now + REPLAN_SHARE * cost)
+            self._plan = _Plan(changes, now + max(REPLAN_SECONDS, REPLAN_SHARE * cost), end, now + REPLAN_SHARE * cost)
         return end
 
     def _replan(self, state: LiveState, now: float, known: Mapping[str, Experiment],
