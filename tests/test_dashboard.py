@@ -344,3 +344,16 @@ def test_a_page_further_behind_than_the_reads_kept_gets_every_row(tmp_path, monk
     assert feed.changes(seen[0]).full  # its reads were let go
     recent = feed.changes(seen[-2])
     assert not recent.full and [r[0] for r in recent.rows] == ["e5"]
+
+
+def test_what_the_feed_shares_between_its_two_snapshots_is_what_a_snapshot_caches():
+    """`SweepFeed.snapshot` copies the probe's ranking and types (every cached property of a Snapshot: none
+    needs its experiments): one renamed or added must be named in PROBED, or the second snapshot works it out
+    again."""
+    import functools
+
+    from autotuner.dashboard.feed import PROBED
+    from autotuner.views.snapshot import Snapshot
+
+    cached = {name for name, value in vars(Snapshot).items() if isinstance(value, functools.cached_property)}
+    assert set(PROBED) == cached

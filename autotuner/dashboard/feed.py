@@ -37,6 +37,8 @@ from ..views.snapshot import Snapshot
 COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
            "peak_memory", "position")
 _MISSING = object()  # a swept key an experiment lacks
+# What a Snapshot works out (cached properties) without its experiments: the ranking and the GPU types.
+PROBED = ("order", "ranked", "runs", "_run_of", "host_types", "slot_types", "types", "best_by_type")
 KEPT_READS = 10_000  # reads whose moved experiments are kept to answer "since N" (a long tune reads many)
 # Past this many experiments moved since the last read, every latest attempt is read again in one query.
 BULK = 200
@@ -231,7 +233,7 @@ class SweepFeed:
                 experiments = {n: e for n in needed if (e := self._experiment(n)) is not None}
                 snap = Snapshot(self.directory, self.meta.name, metric, experiments, attempts, self.meta)
                 # The ranking and the types do not depend on the experiments: worked out once, not twice.
-                for key in ("ranked", "runs", "_run_of", "host_types", "slot_types", "types", "best_by_type"):
+                for key in PROBED:
                     if key in probe.__dict__:
                         snap.__dict__[key] = probe.__dict__[key]
                 self._snapshot = snap
