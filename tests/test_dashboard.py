@@ -4,6 +4,7 @@ test_dashboard_browser.py.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -16,13 +17,13 @@ from dataclasses import replace
 import pytest
 
 from autotuner.dashboard.eta import Planner, planned_end
-from autotuner.dashboard.feed import COLUMNS, SweepFeed, read_only, runner_pid
+from autotuner.dashboard.feed import COLUMNS, PROBED, SweepFeed, read_only, runner_pid
 from autotuner.dashboard.summary import standing
 from autotuner.ledger.lock import SweepLock
 from autotuner.ledger.store import Ledger
 from autotuner.states import Reason, State
 from autotuner.views.live import LiveView
-from autotuner.views.snapshot import snapshot
+from autotuner.views.snapshot import Snapshot, snapshot
 
 from cli_rig import SLEEP_THEN_SUCCEED, Runners, autotune, env, wait_until, write_launcher, write_sweep
 from dashboard_rig import start_dashboard
@@ -350,10 +351,5 @@ def test_what_the_feed_shares_between_its_two_snapshots_is_what_a_snapshot_cache
     """`SweepFeed.snapshot` copies the probe's ranking and types (every cached property of a Snapshot: none
     needs its experiments): one renamed or added must be named in PROBED, or the second snapshot works it out
     again."""
-    import functools
-
-    from autotuner.dashboard.feed import PROBED
-    from autotuner.views.snapshot import Snapshot
-
     cached = {name for name, value in vars(Snapshot).items() if isinstance(value, functools.cached_property)}
     assert set(PROBED) == cached
