@@ -81,9 +81,7 @@ def render_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], *, t
     plain = len(rows) > RICH_ROWS
     if order is not None and not plain:  # a few rows: put in order before rich lays them out
         rows = [rows[i] for i in order]
-        texts = [[column[i] for i in order] for column in texts]
         row_styles = [row_styles[i] for i in order] if row_styles else row_styles
-        order = None
     parts = []
     for n, block in enumerate(_blocks(columns, natural, keep, output.width, plain)):
         heading = title if n == 0 else None
