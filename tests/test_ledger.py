@@ -1,6 +1,9 @@
 
+from dataclasses import fields, replace
+
 import pytest
 
+from autotuner.ledger.attempt import Attempt
 from autotuner.ledger.store import Ledger, TransitionError
 from autotuner.states import Reason, State
 from autotuner.views.analysis import swept_specs
@@ -158,3 +161,23 @@ def test_the_swept_values_are_kept_as_experiments_are_added(tmp_path):
         ledger.add_experiments([experiment("e6", ds_config=configs[0])], at=1.0)
         keys, rows = swept_specs(ledger.specs())
         assert ledger.swept_values() == (keys, [(f"e{j}", row) for j, row in enumerate(rows)])
+
+
+def test_an_attempt_read_holds_every_field_in_order_and_an_older_versions_missing_ones_as_none(ledger, tmp_path):
+    """Rows are selected in Attempt's field order and made into attempts by position (rows.decode_attempts): what
+    is read equals what Attempt itself would hold, whichever query; a ledger from before a column (a Slurm step,
+    a peak) reads it as None."""
+    ledger.start("a", 1, slots={"h": [0]}, tag="t.a.1", dir=str(tmp_path / "a"), at=2.0)
+    ledger.launched("a", 1, pid=1234, port=29500, at=2.1, step="7.0")
+    ledger.finish("a", 1, State.FAILED, at=5.0, reason=Reason.OOM, exit_code=1, detail="out of memory",
+                  peak_memory=3 << 30)
+    expected = Attempt(name="a", attempt=1, state=State.FAILED, queued_at=1.0, reason=Reason.OOM,
+                       detail="out of memory", started_at=2.0, finished_at=5.0, slots={"h": [0]}, tag="t.a.1",
+                       pid=1234, launched_at=2.1, port=29500, dir=str(tmp_path / "a"), exit_code=1, metric=None,
+                       metrics={}, step="7.0", peak_memory=3 << 30)
+    for read in (ledger.latest()[0], ledger.attempts("a")[0], ledger.attempts()[0], ledger.in_state(State.FAILED)[0]):
+        assert read == expected and list(vars(read)) == [f.name for f in fields(Attempt)]
+    ledger._db.executescript("ALTER TABLE attempts DROP COLUMN peak_memory; ALTER TABLE attempts DROP COLUMN step; "
+                             "DROP TABLE swept; DROP TABLE leaves; PRAGMA user_version = 1;")
+    with Ledger.open(tmp_path) as old:
+        assert old.attempts("a")[0] == replace(expected, step=None, peak_memory=None)

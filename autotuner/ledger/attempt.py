@@ -46,8 +46,8 @@ class Attempt:
             "slots": dict(self.slots), "metrics": dict(self.metrics)}
 
 
-# What reading a row needs of Attempt and the words: every field with its default (None: the columns of an
-# older ledger's version that are missing), and each state and reason by its text.
-ATTEMPT_DEFAULTS: dict[str, None] = {f.name: None for f in fields(Attempt)}
+# What reading a row needs of Attempt and the words: its fields in order (the columns a row is selected in, an
+# older version's missing ones as NULL), and each state and reason by its text.
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Attempt))
 STATES = {str(s): s for s in State}
 REASONS = {str(r): r for r in Reason}

@@ -12,6 +12,7 @@ error naming it, never a traceback from deep inside a query.
 """
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..states import Reason, State
 from . import checks, swept
-from .attempt import STATES, Attempt
+from .attempt import FIELDS, STATES, Attempt
 from .meta import SweepMeta
 from .rows import decode_attempts, json_object, json_value, odd_peak
 from .schema import (
@@ -179,13 +180,14 @@ class Ledger:
         return json_value(text, where, self._corrupt, kind)
 
     def _rows(self, query: str, parameters: Sequence[object] = ()) -> list[Attempt]:
-        """The attempts a query selects (every column of theirs), fetched whole before they are decoded: a
-        cursor left open by a decoding error kept the connection (and its -wal and -shm files) alive after
-        close(). Plain tuples, zipped with the column names read once from the cursor."""
+        """The attempts a query selects (`query` from its FROM on; `a` names the attempts table), fetched whole
+        before they are decoded: a cursor left open by a decoding error kept the connection (and its -wal and
+        -shm files) alive after close(). Plain tuples of Attempt's fields in order (`_fields`, of the version
+        now: the runner's migration adds columns)."""
         cursor = self._db.cursor()
         cursor.row_factory = None
-        rows = cursor.execute(query, parameters).fetchall()
-        return decode_attempts([c[0] for c in cursor.description], rows, self._corrupt) if rows else []
+        rows = cursor.execute(f"SELECT {_fields(self.version())} {query}", parameters).fetchall()
+        return decode_attempts(rows, self._corrupt) if rows else []
 
     def _experiment(self, spec: str) -> Experiment:
         data = json_object(spec, "experiments.spec", self._corrupt)
@@ -437,7 +439,7 @@ class Ledger:
     # --- reading -------------------------------------------------------------------------------------------
     def latest(self) -> list[Attempt]:
         """The latest attempt of every experiment, in the sweep's order."""
-        return self._rows(f"SELECT a.* {_LATEST} ORDER BY e.position")
+        return self._rows(f"{_LATEST} ORDER BY e.position")
 
     def states(self, names: Iterable[str] | None = None) -> dict[str, tuple[int, State]]:
         """name -> (number, state) of every experiment's latest attempt, in the sweep's order; or of the named
@@ -464,7 +466,7 @@ class Ledger:
                                      states).fetchall())
 
     def attempts(self, name: str | None = None) -> list[Attempt]:
-        query = "SELECT a.* FROM attempts a JOIN experiments e ON e.name = a.name"
+        query = "FROM attempts a JOIN experiments e ON e.name = a.name"
         return self._rows(query + (" WHERE a.name = ?" if name else "") + " ORDER BY e.position, a.attempt",
                           (name,) if name else ())
 
@@ -483,7 +485,15 @@ class Ledger:
 
     def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))
-        return self._rows(f"SELECT * FROM attempts WHERE state IN ({marks})", states)
+        return self._rows(f"FROM attempts a WHERE state IN ({marks})", states)
+
+
+@functools.cache
+def _fields(version: int) -> str:
+    """Attempt's fields as columns of `a`, in order: NULL for those a ledger of `version` lacks (a Slurm step
+    before version 2, a peak before 3)."""
+    have = {column[1] for column in expected_columns(max(1, version))["attempts"]}
+    return ", ".join(f"a.{name}" if name in have else f"NULL AS {name}" for name in FIELDS)
 
 
 def open_sweep(directory: str | Path) -> Ledger:
