@@ -380,6 +380,19 @@ def test_a_version_4_ledger_is_read_as_it_is_and_the_runner_indexes_its_position
     assert not any("swept" in s for s in statements if s.startswith(("INSERT", "DELETE"))), statements
 
 
+def test_a_migration_a_hand_edit_is_in_the_way_of_is_one_line_and_leaves_the_ledger_as_it_was(tmp_path):
+    """A version-4 ledger holding a table by the name the migration gives its index: readers read it as it is;
+    the runner refuses it in one line, its transaction rolled back (no traceback, no half-migrated file)."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    sql("DROP INDEX experiments_position", "CREATE TABLE experiments_position (x)", "PRAGMA user_version = 4")(
+        results / FILENAME)
+    assert autotune("report", results).returncode == 0
+    before = (results / FILENAME).read_bytes()
+    one_line_error(autotune("resume", results, "-q"), "cannot be brought to version 5",
+                   "there is already a table named experiments_position")
+    assert (results / FILENAME).read_bytes() == before
+
+
 def test_damaged_swept_values_are_a_corrupt_ledger_and_damaged_leaves_are_worked_out_again(pristine, tmp_path):
     """swept.params is data a report shows: damaged, it is refused as any JSON column is (the runner before it
     writes). The leaves only say whether the values kept are whole: damaged, the report works the values out

@@ -167,7 +167,10 @@ class Ledger:
             self._db.execute("BEGIN IMMEDIATE")
             for step in MIGRATIONS[self.version():]:
                 for statement in step:
-                    self._db.execute(statement)
+                    try:
+                        self._db.execute(statement)
+                    except sqlite3.OperationalError as e:  # a hand edit in its way (a table by an index's name)
+                        raise self._corrupt(f"cannot be brought to version {SCHEMA_VERSION} ({e})") from None
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             if not self._swept_in_place():  # a ledger from before version 4 (or one another writer left without)
                 self._keep_swept_anew()
