@@ -181,3 +181,19 @@ def test_an_attempt_read_holds_every_field_in_order_and_an_older_versions_missin
                              "DROP TABLE swept; DROP TABLE leaves; PRAGMA user_version = 1;")
     with Ledger.open(tmp_path) as old:
         assert old.attempts("a")[0] == replace(expected, step=None, peak_memory=None)
+
+
+@pytest.mark.parametrize("odd, said", [
+    ({"reason": "error"}, "'error' is no reason"),
+    ({"metric": float("inf")}, "the metric inf is no finite number"),
+    ({"metrics": {"throughput": float("nan")}}, "a metric that is no finite number"),
+])
+def test_the_writer_refuses_what_every_reader_would_refuse_and_writes_nothing(ledger, odd, said):
+    """A reason outside the vocabulary, or a metric JSON and the readers have no number for: written, every read
+    command would refuse the whole ledger as corrupt. The writer refuses it first; the attempt stays as it was."""
+    ledger.start("a", 1, slots={"h": [0]}, tag="t", dir="d", at=2.0)
+    with pytest.raises(ValueError, match=said):
+        ledger.finish("a", 1, State.FAILED, at=3.0, **odd)
+    assert ledger.attempts("a")[0].state == State.RUNNING
+    ledger.finish("a", 1, State.FAILED, at=3.0, reason=Reason.OOM, metrics={"throughput": 1.0})
+    assert ledger.latest()[0].reason == Reason.OOM

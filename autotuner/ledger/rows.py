@@ -1,5 +1,6 @@
 """The ledger's rows decoded: its JSON values and its attempts, every value checked, one that this code did not
-write (damage, an edit by hand) refused as a corrupt ledger by the `Corrupt` the caller passes.
+write (damage, an edit by hand) refused as a corrupt ledger by the `Corrupt` the caller passes. Also what a row
+is read as (`attempt_columns`) and, for the writer, what it must not write (`unreadable`).
 
 Reading is what every read command does 10,000 or 100,000 times, so the common case takes the short path:
 JSON through the C scanner json.loads itself ends in (json.loads adds a Python call and a whitespace check
@@ -8,16 +9,18 @@ gives the same value or refuses it as before.
 """
 from __future__ import annotations
 
+import functools
 import json
 import json.scanner
+import math
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
-from .attempt import REASONS, STATES, Attempt
-from .schema import short
+from .attempt import FIELDS, REASONS, STATES, Attempt
+from .schema import expected_columns, short
 
 _FLOAT_MAX = sys.float_info.max
 Corrupt = Callable[[str], UserError]  # a detail -> the one-line error naming the ledger
@@ -99,3 +102,23 @@ def decode_attempts(rows: Iterable[Sequence[Any]], corrupt: Corrupt) -> list[Att
             "metric": metric, "metrics": metrics, "step": step, "peak_memory": peak_memory})
         out.append(record)
     return out
+
+
+def unreadable(reason: object, metric: float | None, metrics: Mapping[str, float] | None) -> str | None:
+    """What of a finished attempt its readers would refuse (`decode_attempts`): a reason not in the vocabulary, a
+    metric that is no finite number, a metrics value that JSON has no number for. None when there is none."""
+    if reason is not None and str(reason) not in REASONS:
+        return f"{reason!r} is no reason"
+    if metric is not None and not math.isfinite(metric):
+        return f"the metric {metric} is no finite number"
+    if metrics and not all(math.isfinite(v) for v in metrics.values() if isinstance(v, (int, float))):
+        return "a metric that is no finite number"
+    return None
+
+
+@functools.cache
+def attempt_columns(version: int) -> str:
+    """Attempt's fields as columns of `a`, in order: NULL for those a ledger of `version` lacks (a Slurm step
+    before version 2, a peak before 3)."""
+    have = {column[1] for column in expected_columns(max(1, version))["attempts"]}
+    return ", ".join(f"a.{name}" if name in have else f"NULL AS {name}" for name in FIELDS)

@@ -12,7 +12,6 @@ error naming it, never a traceback from deep inside a query.
 """
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -24,9 +23,9 @@ from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..states import Reason, State
 from . import checks, swept
-from .attempt import FIELDS, STATES, Attempt
+from .attempt import STATES, Attempt
 from .meta import SweepMeta
-from .rows import decode_attempts, json_object, json_value, odd_peak
+from .rows import attempt_columns, decode_attempts, json_object, json_value, odd_peak, unreadable
 from .schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -185,11 +184,11 @@ class Ledger:
     def _rows(self, query: str, parameters: Sequence[object] = ()) -> list[Attempt]:
         """The attempts a query selects (`query` from its FROM on; `a` names the attempts table), fetched whole
         before they are decoded: a cursor left open by a decoding error kept the connection (and its -wal and
-        -shm files) alive after close(). Plain tuples of Attempt's fields in order (`_fields`, of the version
+        -shm files) alive after close(). Plain tuples of Attempt's fields in order (`attempt_columns`, of the version
         now: the runner's migration adds columns)."""
         cursor = self._db.cursor()
         cursor.row_factory = None
-        rows = cursor.execute(f"SELECT {_fields(self.version())} {query}", parameters).fetchall()
+        rows = cursor.execute(f"SELECT {attempt_columns(self.version())} {query}", parameters).fetchall()
         return decode_attempts(rows, self._corrupt) if rows else []
 
     def _experiment(self, spec: str) -> Experiment:
@@ -402,6 +401,9 @@ class Ledger:
         `peak_memory`: the most the attempt held on one GPU, where it was measured (peaks.py)."""
         if not state.terminal:
             raise TransitionError(f"{state} is not a terminal state")
+        odd = unreadable(reason, metric, metrics)
+        if odd is not None:  # written, it would make every reader refuse the ledger as corrupt
+            raise ValueError(f"{name} attempt {attempt}: {odd}")
         with self._transaction():
             self._move(name, attempt, (State.QUEUED, State.RUNNING), state, at,
                        "finished_at = ?, reason = ?, detail = ?, exit_code = ?, metric = ?, metrics = ?, "
@@ -489,14 +491,6 @@ class Ledger:
     def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))
         return self._rows(f"FROM attempts a WHERE state IN ({marks})", states)
-
-
-@functools.cache
-def _fields(version: int) -> str:
-    """Attempt's fields as columns of `a`, in order: NULL for those a ledger of `version` lacks (a Slurm step
-    before version 2, a peak before 3)."""
-    have = {column[1] for column in expected_columns(max(1, version))["attempts"]}
-    return ", ".join(f"a.{name}" if name in have else f"NULL AS {name}" for name in FIELDS)
 
 
 def open_sweep(directory: str | Path) -> Ledger:
