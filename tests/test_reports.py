@@ -635,3 +635,17 @@ def test_html_table_sorts_in_a_browser(sweep, tmp_path):
     by_value_down = sorted((r for r in results if r.metric is not None),
                            key=lambda r: (-r.metric, results.records.index(r)))
     assert down == ",".join([r.name for r in by_value_down] + unmeasured) + ";descending"
+
+
+@pytest.mark.parametrize("metric, expected", [
+    ("latency", ["zm_z0_mbs8", "zm_z0_mbs16", "zm_z0_mbs4", "zm_z0_mbs32"]),  # lowest first
+    ("throughput", ["zm_z0_mbs8", "zm_z0_mbs16", "zm_z0_mbs4", "zm_z0_mbs32"]),  # highest first
+])
+def test_ties_rank_in_the_sweeps_order_whichever_way_the_metric_is_better(tmp_path, metric, expected):
+    """The ranking sorts by value alone, reversed for a metric where higher is better: equal values keep the
+    sweep's order either way (as the report ranked them when it sorted on the negated value)."""
+    throughputs = {"zm_z0_mbs4": 100.0, "zm_z0_mbs8": 200.0, "zm_z0_mbs16": 200.0, "zm_z0_mbs32": 100.0}
+    directory = record(tmp_path / "s", grid_sweep(stages=(0,), metric=metric), two_nodes(), finished=4,
+                       value=throughputs.__getitem__)
+    assert [r.name for r in autotuner.load(directory)] == expected
+    assert [r.rank for r in autotuner.load(directory)] == [1, 2, 3, 4]

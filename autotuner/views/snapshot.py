@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 from pathlib import Path
 
 from ..errors import UserError
@@ -50,8 +51,8 @@ class Snapshot:
             position: dict[str | None, int] = {t: i for i, t in enumerate(self.types)}
             scored.sort(key=lambda pair: (position.get(self.type_of(attempts[pair[1]]), len(position)),
                                           self.metric.sort_key(pair[0])))
-        else:
-            scored.sort(key=lambda pair: self.metric.sort_key(pair[0]))
+        else:  # by value alone, best first; a stable sort keeps ties in sweep order, reversed or not
+            scored.sort(key=itemgetter(0), reverse=not self.metric.minimize)
         return [i for _, i in scored] + rest
 
     @cached_property
