@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from ..jsonvalues import JSON, JSONObject
-from ..ledger.store import Ledger
+from ..ledger.store import Attempt, Ledger
 from ..spec.metrics import KNOWN, Metric
 from ..states import Reason, State
 from .analysis import spec_of, swept_specs
@@ -195,11 +195,12 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     best = snap.best
     best_name = best.name if best is not None else None
     primary, directory = snap.metric.name, snap.directory
-    positions = _positions(snap, order, typed)
+    kinds = [snap.type_of(a) for a in attempts] if typed else [None] * len(attempts)  # each asked once
+    positions = _positions(attempts, order, kinds if typed else None)
     records = []
     count = len(keys)  # a row holds no key but swept ones (kept rows are checked, worked-out ones made so)
     new, put, done = object.__new__, object.__setattr__, State.SUCCEEDED  # a member looked up once, not per row
-    for a, row, position in zip(attempts, values, positions, strict=True):
+    for a, row, position, kind in zip(attempts, values, positions, kinds, strict=True):
         metrics = a.metrics  # its own dict, as decoded: shared with the attempt, which the snapshot holds read-only
         if a.metric is not None and primary not in metrics:  # the ranking value is a metric of the record even
             metrics = {**metrics, primary: a.metric}  # where `metrics` lacks it
@@ -213,7 +214,7 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
             "metric": a.metric, "parameters": row if len(row) == count else {k: row.get(k) for k in keys},
             "metrics": metrics, "started": a.started_at, "finished": a.finished_at,
             "slots": {h: tuple(ids) for h, ids in a.slots.items()}, "sweep_directory": directory,
-            "gpu_type": snap.type_of(a) if typed else None, "peak_memory": a.peak_memory})
+            "gpu_type": kind, "peak_memory": a.peak_memory})
         records.append(record)
     ranked = tuple([records[i] for i in order])
     return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
@@ -221,19 +222,17 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
                         tuple(order))
 
 
-def _positions(snap: Snapshot, order: Sequence[int], typed: bool) -> list[int]:
-    """Each attempt's place in the ranking (its rank, if it succeeded); in a sweep on several GPU types, its
-    place among the succeeded attempts of its type."""
+def _positions(attempts: Sequence[Attempt], order: Sequence[int], kinds: Sequence[str | None] | None) -> list[int]:
+    """Each attempt's place in the ranking (its rank, if it succeeded); in a sweep on several GPU types (`kinds`:
+    each attempt's), its place among the succeeded attempts of its type."""
     positions = [0] * len(order)
     for place, i in enumerate(order, 1):
         positions[i] = place
-    if typed:
+    if kinds is not None:
         counted: dict[str | None, int] = {}
         for i in order:
-            a = snap.attempts[i]
-            if a.state == State.SUCCEEDED:
-                kind = snap.type_of(a)
-                counted[kind] = positions[i] = counted.get(kind, 0) + 1
+            if attempts[i].state == State.SUCCEEDED:
+                counted[kinds[i]] = positions[i] = counted.get(kinds[i], 0) + 1
     return positions
 
 

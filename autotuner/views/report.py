@@ -127,15 +127,15 @@ def _value_text(value: object) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+_NUMBERS = {int, float}  # exactly: a bool is JSON's true or false
+
+
 def _value_texts(records: Sequence[ExperimentRecord], key: str) -> list[str]:
     """`_value_text` of a column: a column of plain numbers (the usual sweep) by one C-level map."""
     values = [r.parameters[key] for r in records]
     if set(map(type, values)) <= _NUMBERS:
         return list(map(str, values))
     return [_value_text(v) for v in values]
-
-
-_NUMBERS = {int, float}  # exactly: a bool is JSON's true or false
 
 
 def _why(r: ExperimentRecord) -> str:
