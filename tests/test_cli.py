@@ -390,19 +390,22 @@ def test_a_launcher_named_by_a_relative_path_is_taken_from_the_current_directory
     (["resume", "NOWHERE"], 2, True),  # a command that runs sweeps ends as Python ends
 ])
 def test_a_read_command_ends_without_the_interpreters_teardown_its_output_whole(tmp_path, argv, code, torn_down):
-    """`autotune status/report/compare/plan`, --help and --version skip Python's teardown (__main__._READS):
-    their output and exit status are what they were; any other command ends as Python ends (atexit runs)."""
+    """`autotune status/report/compare/plan`, --help and --version skip Python's teardown (__main__._READS) and
+    run without the cyclic collector: their output and exit status are what they were; any other command ends
+    as Python ends (atexit runs), its collector at work as it loads (thousands of objects made)."""
     sweep = record(tmp_path / "s", grid_sweep(), two_nodes(), finished=12)
-    mark = tmp_path / "torn-down"
+    mark, collected = tmp_path / "torn-down", tmp_path / "collected"
     argv = [str(sweep) if a == "SWEEP" else str(tmp_path / "none") if a == "NOWHERE" else a for a in argv]
-    program = ("import atexit, sys\n"
+    program = ("import atexit, gc, sys\n"
                f"atexit.register(lambda: open({str(mark)!r}, 'w').close())\n"
                f"sys.argv = ['autotune', *{argv!r}]\n"
                "from autotuner.__main__ import main\n"
+               f"gc.callbacks.append(lambda phase, info: open({str(collected)!r}, 'w').close())\n"
                "main()\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert done.returncode == code, done.stderr
     assert mark.exists() == torn_down
+    assert collected.exists() == torn_down
     if argv[0] == "report":
         assert done.stdout == render_report(sweep, "csv") and len(done.stdout.splitlines()) == 13
     elif code == 2:

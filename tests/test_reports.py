@@ -29,7 +29,7 @@ from autotuner.spec import Sweep
 from autotuner.states import State
 from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
-from autotuner.views.report import render_report
+from autotuner.views.report import json_with_rows, render_report
 from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, markdown_table, render_table
 
 from helpers import experiment
@@ -119,6 +119,33 @@ def test_json_rows_hold_parameters_and_metrics(sweep):
     assert best["parameters"] == {"train_micro_batch_size_per_gpu": 32, "gradient_accumulation_steps": 1,
                                   "zero_optimization.stage": 0}
     assert best["metrics"]["tokens_per_s"] == 1600.0 * 512
+
+
+@pytest.mark.parametrize("rows, order", [([], None), ([{"n": 1}], None), ([{"n": 1}], [0]),
+                                         ([{"n": 1}, {"n": "a\n  \"rows\": [] b"}, {"n": [3]}], [2, 0, 1])])
+def test_json_rows_one_a_line_in_order_whatever_their_number(rows, order):
+    """The document indented, its rows one compact object a line in `order`, joined once (json_with_rows)."""
+    text = json_with_rows({"sweep": "s", "rows": rows, "after": {"k": [1]}}, "rows", order)
+    expected = [rows[i] for i in order] if order is not None else rows
+    assert json.loads(text) == {"sweep": "s", "rows": expected, "after": {"k": [1]}} and text.endswith("}\n")
+    lines = text.splitlines()
+    start = lines.index('  "rows": [' if rows else '  "rows": [],')
+    assert [json.loads(line.strip().rstrip(",")) for line in lines[start + 1:start + 1 + len(rows)]] == expected
+    assert lines[start + len(rows) + 1:] == (["  ],"] if rows else []) + ['  "after": {', '    "k": [', "      1",
+                                                                        "    ]", "  }", "}"]
+
+
+def test_read_views_hand_what_they_read_to_a_caller_that_holds_it(sweep, tmp_path):
+    """`keep`: the command line holds the snapshot and records to its end rather than free them one by one."""
+    held: list[object] = []
+    render_report(sweep, "csv", keep=held)
+    assert [type(x).__name__ for x in held] == ["Snapshot", "SweepResults"] and len(held[1]) == 24
+    held.clear()
+    autotuner.render_compare(sweep, sweep, "json", keep=held)
+    assert [type(x).__name__ for x in held] == ["Comparison"] and len(held[0].rows) == 24
+    held.clear()
+    autotuner.render_status(sweep, keep=held)
+    assert [type(x).__name__ for x in held] == ["Snapshot"] and len(held[0].attempts) == 24
 
 
 def test_a_markdown_cell_or_header_with_a_line_break_or_a_bar_stays_in_its_row():

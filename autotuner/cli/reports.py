@@ -1,10 +1,7 @@
 """The commands that read sweeps and never change them: `status`, `report`, `compare`, `dashboard`."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -16,19 +13,15 @@ from .app import Brief, Format, fail, format_option, screen
 from .bundles import DIRECTORY
 
 
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Reading a large sweep builds a few hundred thousand objects and no reference cycle: Python's cyclic
-    collector, run again and again over all of them as they pile up, took half of a 100,000-experiment report
-    (a fifth of a 10,000 one). Paused while a read command builds its output; reference counting still frees
-    everything, and the process ends soon after."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
+def _held() -> list[object]:
+    """Where a read command leaves what it read (a snapshot of 100,000 attempts, their records): held until the
+    process ends, which it does without freeing them (`autotuner.__main__`). Emptied first: run in a process
+    that goes on (tests), it holds one command's worth."""
+    _HELD.clear()
+    return _HELD
+
+
+_HELD: list[object] = []
 
 
 def status(
@@ -38,8 +31,7 @@ def status(
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
     try:
-        with _collector_paused():
-            sys.stdout.write(autotuner.render_status(directory, "json" if as_json else fmt.value))
+        sys.stdout.write(autotuner.render_status(directory, "json" if as_json else fmt.value, _held()))
     except UserError as e:
         raise fail(e) from None
 
@@ -72,8 +64,7 @@ def report(
         if plot:
             paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
             typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
-        with _collector_paused():
-            sys.stdout.write(autotuner.render_report(directory, fmt.value, screen()))
+        sys.stdout.write(autotuner.render_report(directory, fmt.value, screen(), _held()))
     except UserError as e:
         raise fail(e) from None
 
@@ -85,8 +76,7 @@ def compare(
 ) -> None:
     """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
     try:
-        with _collector_paused():
-            sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, screen()))
+        sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, screen(), _held()))
     except UserError as e:
         raise fail(e) from None
 

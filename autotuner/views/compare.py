@@ -99,12 +99,16 @@ def _label(name: str, gpu_type: str | None) -> str:
     return f"{name} ({gpu_type})" if gpu_type else name
 
 
-def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN) -> str:
-    """`autotune compare`: a table, JSON, CSV (one row per experiment in both) or Markdown."""
+def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN,
+                   keep: list[object] | None = None) -> str:
+    """`autotune compare`: a table, JSON, CSV (one row per experiment in both) or Markdown. What it read is added
+    to `keep`, if given (see `render_report`)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     # attempts only: no experiment's spec is read (building 20,000 Experiments took 80% of a 10,000 compare)
     c = compare(load(Path(dir_a), every_experiment=False), load(Path(dir_b), every_experiment=False))
+    if keep is not None:
+        keep.append(c)
     for row in c.rows:
         row["verdict"] = c.verdict(row["ratio"])
     if fmt == "json":

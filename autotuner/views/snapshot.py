@@ -91,8 +91,8 @@ class Snapshot:
     @property
     def best(self) -> Attempt | None:
         """The best attempt; of a sweep that ran on several GPU types, the best of the first type that has one."""
-        ranked = self.ranked
-        top = ranked[0] if ranked else None
+        order = self.order  # its first only: the ranked list of 100,000 was 2% of a report, 7% of a compare
+        top = self.attempts[order[0]] if order else None
         return top if top is not None and top.state == State.SUCCEEDED and top.metric is not None else None
 
     @cached_property
@@ -147,12 +147,15 @@ class Snapshot:
     def best_by_type(self) -> dict[str, Attempt]:
         """The best attempt of each GPU type that has one, in `types` order."""
         found: dict[str, Attempt] = {}
+        attempts = self.attempts
         if not self.by_type:  # one type (or none): the first that qualifies, without asking each attempt's type
-            for a in self.ranked:
+            for i in self.order:
+                a = attempts[i]
                 if a.state == State.SUCCEEDED and a.metric is not None and (kind := self.type_of(a)) is not None:
                     return {kind: a}
             return found
-        for a in self.ranked:
+        for i in self.order:
+            a = attempts[i]
             kind = self.type_of(a)
             if a.state == State.SUCCEEDED and a.metric is not None and kind is not None:
                 found.setdefault(kind, a)

@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 STATUS_FORMATS = ("table", "json")
 
 
-def render_status(directory: Path, fmt: str = "table") -> str:
+def render_status(directory: Path, fmt: str = "table", keep: list[object] | None = None) -> str:
     """Counts, the runner's liveness, what runs where for how long, and the best so far (table: lines for
-    people; json)."""
+    people; json). What it read is added to `keep`, if given (see `render_report`)."""
     if fmt not in STATUS_FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(STATUS_FORMATS)}")
     snap = load(directory, every_experiment=False)
+    if keep is not None:
+        keep.append(snap)
     pid = holder_pid(Path(directory))
     now = time.time()
     running = [a for a in snap.attempts if a.state == State.RUNNING]
