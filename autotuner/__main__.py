@@ -13,10 +13,10 @@ import sys
 # The commands that read and print: once one has returned, its process has nothing left to do, and it ends
 # without Python's teardown (freeing every module and object it built: 11 ms whatever the sweep), as mypy's
 # does. Whatever they write (a page, a plot) is closed before they return; stdout and stderr are flushed here.
-# What they build lives until then, so they run without the cyclic collector: it walked the few hundred
-# thousand objects of a large sweep again and again as they piled up (half of a 100,000-experiment report, a
-# third of a 100,000-experiment plan). What they read is held to the end (`autotuner.cli.reports`): freeing
-# 100,000 attempts one by one was a sixth of a compare.
+# What they build lives until then, so they run without the cyclic collector (but while plots are drawn):
+# it walked the few hundred thousand objects of a large sweep again and again as they piled up (half of a
+# 100,000-experiment report, a third of a 100,000-experiment plan). What they read is held to the end
+# (`autotuner.cli.reports`): freeing 100,000 attempts one by one was a sixth of a compare.
 _READS = frozenset({"status", "report", "compare", "plan", "--help", "--version"})
 
 

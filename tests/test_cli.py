@@ -410,3 +410,21 @@ def test_a_read_command_ends_without_the_interpreters_teardown_its_output_whole(
         assert done.stdout == render_report(sweep, "csv") and len(done.stdout.splitlines()) == 13
     elif code == 2:
         assert done.stderr.startswith("autotune: error:") and len(done.stderr.splitlines()) == 1
+
+
+def test_a_read_command_runs_the_collector_while_it_makes_plots(tmp_path):
+    """`report --plot` (and --html): matplotlib leaves cycles behind, collected as the plots are made though the
+    command otherwise runs without the collector."""
+    sweep = record(tmp_path / "s", grid_sweep(), two_nodes(), finished=12)
+    seen = tmp_path / "collector"
+    program = ("import gc, sys, autotuner\n"
+               "def plots(*args, **kwargs):\n"
+               f"    open({str(seen)!r}, 'w').write(str(gc.isenabled()))\n"
+               "    return []\n"
+               "autotuner.write_plots = plots\n"
+               f"sys.argv = ['autotune', 'report', {str(sweep)!r}, '--plot']\n"
+               "from autotuner.__main__ import main\n"
+               "main()\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert seen.read_text() == "True" and done.stdout == render_report(sweep, "table")
