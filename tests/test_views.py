@@ -22,7 +22,7 @@ from autotuner.ledger.store import Attempt
 from autotuner.states import State
 from autotuner.views.analysis import choose_axes, swept_keys, utilisation
 from autotuner.views.compare import compare, render_compare
-from autotuner.views.plots import METRIC_PNG, TIMELINE_PNG, write_plots
+from autotuner.views.plots import _STATE_COLORS, METRIC_PNG, TIMELINE_PNG, timeline_figure, write_plots
 from autotuner.views.report import render_report
 from autotuner.views.snapshot import snapshot
 from autotuner.views.summary import summary_text, write_outcome_files
@@ -170,6 +170,37 @@ def test_utilisation_is_busy_slot_seconds_over_slots_times_makespan():
     assert use["makespan_s"] == 20 and use["busy_slot_s"] == 43 and use["slots"] == 3
     assert use["utilisation"] == pytest.approx(43 / 60)
     assert use["per_host"] == {"a": pytest.approx(28 / 40), "b": pytest.approx(15 / 20)}
+
+
+def test_the_timeline_draws_a_bar_per_attempt_and_slot_the_best_outlined_on_top():
+    """Bars in a few collections (one patch each took minutes for a plan on 1,024 nodes): one per attempt and
+    slot it held, coloured by state, the running hatched, the best outlined and drawn last."""
+    from matplotlib.colors import to_hex
+
+    attempts = [
+        Attempt("x", 1, State.SUCCEEDED, T0, started_at=T0, finished_at=T0 + 10, slots={"a": [0, 1]}),
+        Attempt("y", 1, State.FAILED, T0, started_at=T0 + 5, finished_at=T0 + 20, slots={"b": [0]}),
+        Attempt("z", 1, State.RUNNING, T0, started_at=T0 + 12, slots={"a": [1]}),
+        Attempt("q", 1, State.QUEUED, T0)]
+    ax = timeline_figure("s", {"a": [0, 1], "b": [0]}, attempts, now=T0 + 20, best=attempts[0]).axes[0]
+    drawn = [(c.get_hatch(), [to_hex(f, keep_alpha=False) for f in c.get_facecolor()],
+              [p.vertices[:, 0].min() for p in c.get_paths()], c.get_linewidth()[0]) for c in ax.collections]
+    assert drawn == [(None, [_STATE_COLORS[State.FAILED]], [5], 0.8),
+                     ("//", [_STATE_COLORS[State.RUNNING]], [12], 0.8),
+                     (None, [_STATE_COLORS[State.SUCCEEDED]] * 2, [0, 0], 2)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a:0", "a:1", "b:0"]
+
+
+def test_the_timeline_of_thousands_of_slots_labels_as_many_as_have_room():
+    slots = {f"node{n}": list(range(8)) for n in range(1024)}
+    attempts = [Attempt(f"e{n}", 1, State.SUCCEEDED, T0, started_at=T0 + n % 7, finished_at=T0 + 10 + n % 7,
+                        slots={f"node{n}": list(range(8))}) for n in range(1024)]
+    ax = timeline_figure("s", slots, attempts, now=T0 + 20).axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert 250 <= len(labels) <= 300 and labels[:2] == ["node0:0", "node3:4"]
+    assert len(ax.collections) == 1 and len(ax.collections[0].get_paths()) == 8192
+    assert ax.collections[0].get_linewidth()[0] == 0  # rows of a pixel: no white edge to hide them
+    assert not ax.texts and not ax.lines  # no host names nor lines between hosts: 1,024 have no room
 
 
 def test_report_plot_through_the_cli(midway):
