@@ -82,10 +82,13 @@ def compare(a: Snapshot, b: Snapshot) -> Comparison:
             continue
         paired.add(x.name)
         va, vb = _value(x, metric, a.metric.name), _value(y, metric, b.metric.name)
-        rows.append({"name": x.name, **({"gpu_type": kind or b.type_of(y)} if typed else {}),
-                     "a_state": x.state, "a_metric": va, "a_reason": x.reason,
-                     "b_state": y.state, "b_metric": vb, "b_reason": y.reason,
-                     "ratio": vb / va if va and vb is not None else None})
+        row: JSONObject = {"name": x.name, "gpu_type": (kind or b.type_of(y)) if typed else None,
+                           "a_state": x.state, "a_metric": va, "a_reason": x.reason,
+                           "b_state": y.state, "b_metric": vb, "b_reason": y.reason,
+                           "ratio": vb / va if va and vb is not None else None}
+        if not typed:  # one literal, the type's key dropped (a merged dict a row was a tenth of a compare)
+            del row["gpu_type"]
+        rows.append(row)
     only_b = [_label(y.name, b.type_of(y)) if typed else y.name for y in b.attempts if y.name not in paired]
     return Comparison(a, b, rows, only_a, only_b)
 
@@ -99,7 +102,7 @@ def _label(name: str, gpu_type: str | None) -> str:
     return f"{name} ({gpu_type})" if gpu_type else name
 
 
-def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN,
+def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN, *,
                    keep: list[object] | None = None) -> str:
     """`autotune compare`: a table, JSON, CSV (one row per experiment in both) or Markdown. What it read is added
     to `keep`, if given (see `render_report`)."""
@@ -141,12 +144,13 @@ def _state(state: str, reason: str | None) -> str:
 
 def _cells(c: Comparison) -> list[tuple[str, ...]]:
     typed = c.a.by_type or c.b.by_type
-    cells = []
+    cells: list[tuple[str, ...]] = []
     for r in c.rows:
         a = format_value(r["a_metric"]) if r["a_metric"] is not None else _state(r["a_state"], r["a_reason"])
         b = format_value(r["b_metric"]) if r["b_metric"] is not None else _state(r["b_state"], r["b_reason"])
-        cells.append((r["name"], *([r["gpu_type"] or ""] if typed else []), a, b,
-                      f"{r['ratio']:.3f}" if r["ratio"] is not None else "-", r["verdict"]))
+        ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
+        cells.append((r["name"], r["gpu_type"] or "", a, b, ratio, r["verdict"]) if typed else
+                     (r["name"], a, b, ratio, r["verdict"]))
     return cells
 
 
@@ -158,7 +162,7 @@ def _table(c: Comparison, dir_a: Path, dir_b: Path, output: Output) -> str:
     columns = (Column("name", whole=True), *([Column("GPU type")] if typed else []), Column("A", right=True),
                Column("B", right=True), Column("B/A", right=True), Column(""))
     cells: list[tuple[Cell, ...]] = [(*row[:-1], Styled(row[-1], _VERDICT_STYLES.get(row[-1], "")))
-                                     for row in _cells(c)]
+                                     for row in _cells(c)] if output.color else list(_cells(c))
     both = sum(1 for r in c.rows if r["ratio"] is not None)
     mean = c.geomean_ratio()
     notes = [f"{len(c.rows)} experiment(s) in both, {both} succeeded in both"
