@@ -22,7 +22,7 @@ _READS = frozenset({"status", "report", "compare", "plan", "--help", "--version"
 
 def main() -> None:
     """Import the command line, then run it; a press before it took over Ctrl-C is one line, never a traceback."""
-    if sys.argv[1:2] and sys.argv[1] in _READS:
+    if _command(sys.argv[1:]) in _READS:
         gc.disable()
     try:
         from autotuner.cli import main as command_line  # here, not at the top: a press while it loads lands below
@@ -32,9 +32,14 @@ def main() -> None:
         sys.stderr.write("autotune: interrupted\n")
         sys.exit(130)
     except SystemExit as done:
-        if sys.argv[1:2] and sys.argv[1] in _READS and (done.code is None or isinstance(done.code, int)):
+        if _command(sys.argv[1:]) in _READS and (done.code is None or isinstance(done.code, int)):
             _end_now(done.code or 0)
         raise
+
+
+def _command(argv: list[str]) -> str | None:
+    """The command `argv` names, past the options that may come before it (`autotune -v report DIR`)."""
+    return next((arg for arg in argv if arg not in ("-v", "--verbose", "--debug")), None)
 
 
 def _end_now(code: int) -> None:

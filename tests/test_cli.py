@@ -386,6 +386,7 @@ def test_a_launcher_named_by_a_relative_path_is_taken_from_the_current_directory
 @pytest.mark.parametrize("argv, code, torn_down", [
     (["report", "SWEEP", "--format", "csv"], 0, False),  # a read command: ends as soon as its output is out
     (["status", "NOWHERE"], 2, False),  # its bad input too, with its exit status
+    (["-v", "status", "NOWHERE"], 2, False),  # after the options that may come first
     (["--version"], 0, False),
     (["resume", "NOWHERE"], 2, True),  # a command that runs sweeps ends as Python ends
 ])
@@ -416,10 +417,14 @@ def test_a_read_command_runs_the_collector_while_it_makes_plots(tmp_path):
     """`report --plot` (and --html): matplotlib leaves cycles behind, collected as the plots are made though the
     command otherwise runs without the collector."""
     sweep = record(tmp_path / "s", grid_sweep(), two_nodes(), finished=12)
-    seen = tmp_path / "collector"
-    program = ("import gc, sys, autotuner\n"
+    seen, freed = tmp_path / "collector", tmp_path / "freed"
+    program = ("import gc, sys, weakref, autotuner\n"
+               "class Figure: pass\n"
                "def plots(*args, **kwargs):\n"
                f"    open({str(seen)!r}, 'w').write(str(gc.isenabled()))\n"
+               "    figure = Figure()\n"
+               "    figure.itself = figure  # a cycle, as a drawn figure's\n"
+               f"    weakref.finalize(figure, open, {str(freed)!r}, 'w')\n"
                "    return []\n"
                "autotuner.write_plots = plots\n"
                f"sys.argv = ['autotune', 'report', {str(sweep)!r}, '--plot']\n"
@@ -427,4 +432,4 @@ def test_a_read_command_runs_the_collector_while_it_makes_plots(tmp_path):
                "main()\n")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert seen.read_text() == "True" and done.stdout == render_report(sweep, "table")
+    assert seen.read_text() == "True" and freed.exists() and done.stdout == render_report(sweep, "table")

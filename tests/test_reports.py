@@ -125,9 +125,10 @@ def test_json_rows_hold_parameters_and_metrics(sweep):
                                          ([{"n": 1}, {"n": "a\n  \"rows\": [] b"}, {"n": [3]}], [2, 0, 1])])
 def test_json_rows_one_a_line_in_order_whatever_their_number(rows, order):
     """The document indented, its rows one compact object a line in `order`, joined once (json_with_rows)."""
-    text = json_with_rows({"sweep": "s", "rows": rows, "after": {"k": [1]}}, "rows", order)
+    before = 'a\n  "rows": [] b'  # the key's own text in a value before it: a string holds no line break
+    text = json_with_rows({"sweep": before, "rows": rows, "after": {"k": [1]}}, "rows", order)
     expected = [rows[i] for i in order] if order is not None else rows
-    assert json.loads(text) == {"sweep": "s", "rows": expected, "after": {"k": [1]}} and text.endswith("}\n")
+    assert json.loads(text) == {"sweep": before, "rows": expected, "after": {"k": [1]}} and text.endswith("}\n")
     lines = text.splitlines()
     start = lines.index('  "rows": [' if rows else '  "rows": [],')
     assert [json.loads(line.strip().rstrip(",")) for line in lines[start + 1:start + 1 + len(rows)]] == expected

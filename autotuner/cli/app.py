@@ -7,9 +7,11 @@ tracebacks on every `autotune --help`, most of its start-up (BENCHMARKS.md, issu
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from enum import Enum, StrEnum
 from typing import Any  # typer.Option returns Any by its API
 
@@ -76,6 +78,21 @@ def drop_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     finally:
         os.close(devnull)
+
+
+@contextlib.contextmanager
+def collecting() -> Iterator[None]:
+    """The cyclic collector on while plots and the HTML page are drawn, though a read command otherwise runs
+    without it (`autotuner.__main__`): matplotlib's figures leave cycles (50 MB a plot of a 10,000-experiment
+    sweep), collected before it is switched off again."""
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        yield
+    finally:
+        if not was:
+            gc.collect()
+            gc.disable()
 
 
 def _show_version(value: bool) -> None:

@@ -8,7 +8,7 @@ import typer
 import autotuner
 from autotuner import UserError
 
-from .app import Brief, drop_stdout, fail, format_option, note, screen
+from .app import Brief, collecting, drop_stdout, fail, format_option, note, screen
 from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, SCRIPT, SPECS, Where, bundled, timeout_option, where
 from .checks import policy_names, seconds
 
@@ -59,7 +59,10 @@ def plan(
             timeout=autotuner.timeout_seconds(timeout), types=cluster.host_types, sizes=cluster.memory,
             devices=cluster.devices)
         text = autotuner.render_plan(predicted, fmt.value, screen())
-        drawn = autotuner.write_plan_plot(predicted, plot) if plot is not None else None
+        drawn = None
+        if plot is not None:
+            with collecting():
+                drawn = autotuner.write_plan_plot(predicted, plot)
     except UserError as e:
         raise fail(e) from None
     for line in notes:

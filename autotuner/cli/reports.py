@@ -1,10 +1,7 @@
 """The commands that read sweeps and never change them: `status`, `report`, `compare`, `dashboard`."""
 from __future__ import annotations
 
-import contextlib
-import gc
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
@@ -12,8 +9,10 @@ import typer
 import autotuner
 from autotuner import UserError
 
-from .app import Brief, Format, fail, format_option, screen
+from .app import Brief, Format, collecting, fail, format_option, screen
 from .bundles import DIRECTORY
+
+_HELD: list[object] = []
 
 
 def _held() -> list[object]:
@@ -24,23 +23,6 @@ def _held() -> list[object]:
     return _HELD
 
 
-_HELD: list[object] = []
-
-
-@contextlib.contextmanager
-def _collecting() -> Iterator[None]:
-    """The cyclic collector on while the plots and the HTML page are made, though a read command otherwise runs
-    without it (`autotuner.__main__`): matplotlib's figures leave cycles behind (50 MB each for a sweep of
-    10,000)."""
-    was = gc.isenabled()
-    gc.enable()
-    try:
-        yield
-    finally:
-        if not was:
-            gc.disable()
-
-
 def status(
     directory: Path = DIRECTORY,
     fmt: Brief = format_option("table: lines for people; json: for programs."),
@@ -48,7 +30,7 @@ def status(
 ) -> None:
     """Where a sweep stands: counts, what runs where, the best so far. Safe while it runs."""
     try:
-        sys.stdout.write(autotuner.render_status(directory, "json" if as_json else fmt.value, _held()))
+        sys.stdout.write(autotuner.render_status(directory, "json" if as_json else fmt.value, keep=_held()))
     except UserError as e:
         raise fail(e) from None
 
@@ -75,16 +57,22 @@ def report(
                                    replaced=True)
         # The page, then the plots, then the report: a refusal (a --x no experiment has, a page over the sweep's
         # own files, no matplotlib) is then the one line, with nothing written before it.
-        with _collecting():
-            if html is not None:
-                page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines)
-                typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
-            if plot:
-                paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
-                typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
-        sys.stdout.write(autotuner.render_report(directory, fmt.value, screen(), _held()))
+        if html is not None or plot:
+            with collecting():
+                _draw(directory, html, plot, x, lines)
+        sys.stdout.write(autotuner.render_report(directory, fmt.value, screen(), keep=_held()))
     except UserError as e:
         raise fail(e) from None
+
+
+def _draw(directory: Path, html: str | None, plot: bool, x: str | None, lines: str | None) -> None:
+    """The HTML page, then the plots, each named on stderr."""
+    if html is not None:
+        page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines)
+        typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
+    if plot:
+        paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
+        typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
 
 
 def compare(
@@ -94,7 +82,7 @@ def compare(
 ) -> None:
     """The same experiments (by name) of two sweeps side by side, with the ratio of the metric B / A."""
     try:
-        sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, screen(), _held()))
+        sys.stdout.write(autotuner.render_compare(dir_a, dir_b, fmt.value, screen(), keep=_held()))
     except UserError as e:
         raise fail(e) from None
 

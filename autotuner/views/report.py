@@ -41,7 +41,7 @@ def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, object]:
     return row
 
 
-def render_report(directory: Path, fmt: str, output: Output = PLAIN, keep: list[object] | None = None) -> str:
+def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: list[object] | None = None) -> str:
     """`autotune report`: one row per experiment with every swept parameter and metric, as `fmt`. What it read
     is added to `keep`, if given: a caller that ends right after holds it rather than free it object by object."""
     if fmt not in FORMATS:
@@ -99,7 +99,9 @@ def json_with_rows(document: Mapping[str, object], key: str, order: Sequence[int
     encoded = [json.dumps(row) for row in rows]
     lines = encoded if order is None else [encoded[i] for i in order]
     marker = f'\n  {json.dumps(key)}: ['  # the top level's: two spaces in, nested keys are deeper; no string
-    head, tail = text.split(marker + "]", 1)  # holds a line break
+    head, found, tail = text.partition(marker + "]")  # holds a line break
+    if not found:
+        raise TypeError(f"{key}: no list of that name at the top level")
     lines[0] = f"{head}{marker}\n    {lines[0]}"
     lines[-1] = f"{lines[-1]}\n  ]{tail}\n"
     return ",\n    ".join(lines)

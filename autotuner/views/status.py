@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 STATUS_FORMATS = ("table", "json")
 
 
-def render_status(directory: Path, fmt: str = "table", keep: list[object] | None = None) -> str:
+def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | None = None) -> str:
     """Counts, the runner's liveness, what runs where for how long, and the best so far (table: lines for
     people; json). What it read is added to `keep`, if given (see `render_report`)."""
     if fmt not in STATUS_FORMATS:
