@@ -29,8 +29,8 @@ from autotuner.spec import Sweep
 from autotuner.states import State
 from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
-from autotuner.views.report import json_with_rows, render_report
-from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, markdown_table, render_table
+from autotuner.views.report import render_report
+from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, json_with_rows, markdown_table, render_table
 
 from helpers import experiment
 from recorded import T0, grid_sweep, record, two_nodes
@@ -134,6 +134,23 @@ def test_json_rows_one_a_line_in_order_whatever_their_number(rows, order):
     assert [json.loads(line.strip().rstrip(",")) for line in lines[start + 1:start + 1 + len(rows)]] == expected
     assert lines[start + len(rows) + 1:] == (["  ],"] if rows else []) + ['  "after": {', '    "k": [', "      1",
                                                                         "    ]", "  }", "}"]
+
+
+@pytest.mark.parametrize("encoder", ["reused", "missing", "other"])
+def test_json_rows_are_json_dumps_whichever_encoder_writes_them(encoder, monkeypatch):
+    """Rows are encoded by json's C encoder made once, where it encodes as json.dumps does; json.dumps else."""
+    from autotuner.views import tables
+
+    if encoder == "missing":  # another interpreter's json
+        monkeypatch.setattr(tables, "_C_ENCODER", None)
+    elif encoder == "other":  # one that encodes otherwise, or takes other arguments
+        monkeypatch.setattr(tables, "_C_ENCODER", lambda *args: lambda value, level: ["[]"])
+    monkeypatch.setattr(tables, "_row_encoder", tables._row_encoder.__wrapped__)
+    rows = [{"name": "\u00e9\t\"x\"", "metric": 1e-7, "n": -3, "none": None, "best": False,
+             "parameters": {"offload": {"device": "cpu"}, "list": [1, 2.5, "a"]}, "metrics": {}}] * 2
+    assert tables._row_encoder() is json.dumps or encoder == "reused"
+    lines = json_with_rows({"rows": rows}, "rows").splitlines()[2:4]
+    assert lines == ["    " + json.dumps(rows[0]) + ",", "    " + json.dumps(rows[1])]
 
 
 def test_read_views_hand_what_they_read_to_a_caller_that_holds_it(sweep, tmp_path):

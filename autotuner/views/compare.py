@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from ..ledger.store import Attempt
 from ..spec.metrics import format_value
 from ..states import State
 from .snapshot import Snapshot, load
-from .tables import PLAIN, Cell, Column, Output, Styled, markdown_table, render_table
+from .tables import PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
 
 FORMATS = ("table", "json", "csv", "md")
 CSV_COLUMNS = ("name", "a_state", "a_metric", "a_reason", "b_state", "b_metric", "b_reason", "ratio", "verdict")
@@ -116,13 +115,13 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN, *
         row["verdict"] = c.verdict(row["ratio"])
     if fmt == "json":
         best_a, best_b = c.a.best, c.b.best
-        return json.dumps({
+        return json_with_rows({  # a row a line, as the report's
             "a": {"directory": str(dir_a), "sweep": c.a.name, "metric": c.a.metric.name,
                   "best": best_a.name if best_a else None},
             "b": {"directory": str(dir_b), "sweep": c.b.name, "metric": c.b.metric.name,
                   "best": best_b.name if best_b else None},
             "metric": c.metric, "minimize": c.minimize, "geomean_ratio": c.geomean_ratio(),
-            "experiments": c.rows, "only_a": c.only_a, "only_b": c.only_b}, indent=2) + "\n"
+            "experiments": c.rows, "only_a": c.only_a, "only_b": c.only_b}, "experiments")
     if fmt == "csv":
         buffer = io.StringIO()
         typed = c.a.by_type or c.b.by_type

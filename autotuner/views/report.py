@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from ..errors import UserError
@@ -18,7 +18,7 @@ from ..states import State
 from .records import ExperimentRecord, SweepResults, from_snapshot
 from .snapshot import Snapshot, format_slots, load
 from .summary import batch_note, command_file, config_file, confirmation, memory_note, optimal, uncertain
-from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, markdown_table, render_table
+from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
 
 _STATE_STYLES = {State.SUCCEEDED: "green", State.FAILED: "red", State.TIMED_OUT: "yellow", State.RUNNING: "cyan",
                  State.QUEUED: "dim", State.CANCELLED: "dim", State.INTERRUPTED: "magenta"}
@@ -83,28 +83,6 @@ def _per_type(snap: Snapshot) -> dict[str, object]:
     return {"best_by_type": {t: a.name for t, a in snap.best_by_type.items()},
             "optimal_by_type": {t: {"config": o[0], "command": o[1]} for t in snap.best_by_type
                                 if (o := optimal(snap, gpu_type=t)) is not None}}
-
-
-def json_with_rows(document: Mapping[str, object], key: str, order: Sequence[int] | None = None) -> str:
-    """`document` as indented JSON, but the list under its top-level `key` one compact object a line: as easy
-    to read, and written by json's C encoder (`indent=` makes it pure Python: seconds for 10,000 rows). The rows
-    are written in `order` (positions in the list; default: as listed), each encoded in the list's own order,
-    and the whole text joined once (each copy of a 100,000-row text was a tenth of a second)."""
-    rows = document[key]
-    if not isinstance(rows, list):
-        raise TypeError(f"{key}: the rows are a list")
-    text = json.dumps({**document, key: []}, indent=2)
-    if not rows:
-        return text + "\n"
-    encoded = [json.dumps(row) for row in rows]
-    lines = encoded if order is None else [encoded[i] for i in order]
-    marker = f'\n  {json.dumps(key)}: ['  # the top level's: two spaces in, nested keys are deeper; no string
-    head, found, tail = text.partition(marker + "]")  # holds a line break
-    if not found:
-        raise TypeError(f"{key}: no list of that name at the top level")
-    lines[0] = f"{head}{marker}\n    {lines[0]}"
-    lines[-1] = f"{lines[-1]}\n  ]{tail}\n"
-    return ",\n    ".join(lines)
 
 
 def _csv(results: SweepResults) -> str:
