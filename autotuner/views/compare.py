@@ -125,10 +125,9 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN, *
     if fmt == "csv":
         buffer = io.StringIO()
         typed = c.a.by_type or c.b.by_type
-        writer = csv.DictWriter(buffer, fieldnames=("name", "gpu_type", *CSV_COLUMNS[1:]) if typed else CSV_COLUMNS,
-                                lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(c.rows)
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(("name", "gpu_type", *CSV_COLUMNS[1:]) if typed else CSV_COLUMNS)
+        writer.writerows(map(dict.values, c.rows))  # each row filled in the columns' order (`compare`, above)
         return buffer.getvalue()
     if fmt == "md":
         typed = c.a.by_type or c.b.by_type
