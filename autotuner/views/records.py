@@ -153,7 +153,16 @@ class SweepResults(Sequence[ExperimentRecord]):
                 row[c] = r.parameters.get(k)
             for c, k in metrics:
                 row[c] = r.metrics.get(k)
-            row.update(_trailing(r))
+            duration = r.duration  # then TRAILING, one key at a time (a dict of them merged was a tenth)
+            row["metric"] = r.metric
+            row["reason"] = None if r.reason is None else str(r.reason)
+            row["detail"] = r.detail
+            row["attempt"] = r.attempt
+            row["started"] = r.started
+            row["finished"] = r.finished
+            row["duration_s"] = None if duration is None else round(duration, 3)
+            row["peak_memory"] = r.peak_memory
+            row["slots"] = format_slots(r.slots)
             out.append(row)
         return out
 
@@ -164,13 +173,6 @@ class SweepResults(Sequence[ExperimentRecord]):
         except ImportError:
             raise ImportError(PANDAS_HINT) from None
         return pandas.DataFrame(self.rows(), columns=self.columns())
-
-
-def _trailing(r: ExperimentRecord) -> dict[str, object]:
-    return {"metric": r.metric, "reason": None if r.reason is None else str(r.reason), "detail": r.detail,
-            "attempt": r.attempt, "started": r.started, "finished": r.finished,
-            "duration_s": None if r.duration is None else round(r.duration, 3), "peak_memory": r.peak_memory,
-            "slots": format_slots(r.slots)}
 
 
 def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]],
