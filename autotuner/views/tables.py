@@ -11,7 +11,7 @@ import os
 import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TextIO
+from typing import NamedTuple, TextIO
 
 FORMATS = ("table", "json", "csv", "md")
 # rich lays out and renders every cell on its own (about 0.7 ms a row here: 7 s for a sweep of 10,000), so a
@@ -242,7 +242,8 @@ def json_with_rows(document: Mapping[str, object], key: str, order: Sequence[int
 
 # CPython's C encoder of json, undocumented (typeshed leaves it out; None where json has none), and a value of
 # every kind a row holds, to check it against json.dumps itself.
-_C_ENCODER: Any = getattr(json.encoder, "c_make_encoder", None)
+_Chunks = Callable[[object, int], Sequence[str]]  # a made encoder: a value (at a level) -> its text in pieces
+_C_ENCODER: Callable[..., _Chunks] | None = getattr(json.encoder, "c_make_encoder", None)
 _PROBE: dict[str, object] = {"text": "\u00e9\n\"", "number": [1, -2.5, 1e300], "nothing": None, "yes": True,
                              "nested": {"k": []}}
 
