@@ -38,7 +38,8 @@ def main() -> None:
 
 
 def _command(argv: list[str]) -> str | None:
-    """The command `argv` names, past the options that may come before it (`autotune -v report DIR`)."""
+    """The command `argv` names, past the options that may come before it (`autotune -v report DIR`): those of
+    `cli.app._options` but --version, itself one of the reads. Read here, before the command line is imported."""
     return next((arg for arg in argv if arg not in ("-v", "--verbose", "--debug")), None)
 
 
