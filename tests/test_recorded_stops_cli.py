@@ -43,16 +43,21 @@ esac
 
 
 class Stopping:
-    """A one-experiment sweep whose runner was killed (-9) while the stop it had begun was under way."""
+    """A one-experiment sweep whose runner was killed (-9) while the stop it had begun was under way. `where`:
+    the options that pick the cluster (this machine's one slot by default), `environ` what reaching it needs."""
 
-    def __init__(self, tmp_path: Path, runners: Runners, *more: object):
+    def __init__(self, tmp_path: Path, runners: Runners, *more: object, where: tuple[object, ...] = ("--slots", 1),
+                 environ: dict[str, str] | None = None):
         self.dir, self.log = tmp_path / "out", tmp_path / "launches.log"
         self.stopped, self.release = tmp_path / "stopped", tmp_path / "release"
-        self.env = env(LAUNCH_LOG=self.log, READY=tmp_path / "ready", STOPPED=self.stopped, RELEASE=self.release)
+        files = {"LAUNCH_LOG": self.log, "READY": tmp_path / "ready", "STOPPED": self.stopped, "RELEASE": self.release}
+        self.env = environ or env()
         self.runners = runners
         spec = write_sweep(tmp_path, [0], name="a")
-        launcher = write_launcher(tmp_path, HOLDS_ITS_STOP)
-        self.proc = runners.start("run", spec, "--slots", 1, "--launcher", launcher, "-o", self.dir, "-q",
+        # The files named on the launcher's command line: a Ray node's environment is its own, not the runner's.
+        launcher = "env " + " ".join(f"{k}={v}" for k, v in files.items()) + " " + write_launcher(tmp_path,
+                                                                                                   HOLDS_ITS_STOP)
+        self.proc = runners.start("run", spec, *where, "--launcher", launcher, "-o", self.dir, "-q",
                                   "--grace", 300, *more, environ=self.env, directory=self.dir)
         self.sweep = wait_until(lambda: sweep_id(self.dir))
         wait_until(lambda: launched(self.dir) == ["a_x0"] and (tmp_path / "ready").exists(), message="a_x0 running")
@@ -140,3 +145,30 @@ def test_cancel_with_no_runner_alive_reads_the_dead_runners_stop_too(tmp_path, r
     expected = {"interrupt": [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.CANCELLED, Reason.CANCELLED)],
                 "cancel": [(1, State.CANCELLED, Reason.CANCELLED)]}[stop]
     assert stopping.attempts() == expected
+
+
+def test_on_slurm_a_stop_then_kill_9_during_it_reads_as_the_stop(slurm_lab, tmp_path, runners):
+    """The same on a step of a real Slurm allocation: the stop is the core's, not the backend's."""
+    job = slurm_lab.allocate(1, 2, "--exclusive")
+    try:
+        environ = dict(slurm_lab.env) | {"AUTOTUNE_SLURM_POLL": "0.2", "SLURM_JOB_ID": job}
+        stopping = Stopping(tmp_path, runners, where=("--slurm",), environ=environ)
+        stopping.proc.send_signal(signal.SIGINT)
+        stopping.kill_runner_during_the_stop()
+        stopping.end_while_away()
+        code, out, err = stopping.resume()
+        assert code == 0, (out, err)
+        assert stopping.attempts() == [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
+    finally:
+        slurm_lab.release(job)
+
+
+def test_on_ray_a_stop_then_kill_9_during_it_reads_as_the_stop(ray_lab, tmp_path, runners):
+    environ = env(**ray_lab.env, AUTOTUNE_RAY_POLL=0.3)
+    stopping = Stopping(tmp_path, runners, where=("--ray",), environ=environ)
+    assert autotune("cancel", stopping.dir, "a_x0", environ=environ).returncode == 0
+    stopping.kill_runner_during_the_stop()
+    stopping.end_while_away()
+    code, out, err = stopping.resume()
+    assert code == 1, (out, err)
+    assert stopping.attempts() == [(1, State.CANCELLED, Reason.CANCELLED)]
