@@ -22,7 +22,7 @@ from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..states import Reason, State
-from . import checks, swept
+from . import checks, kept
 from .attempt import STATES, Attempt
 from .meta import SweepMeta
 from .rows import attempt_columns, decode_attempts, json_object, json_value, odd_peak, stop_words, unreadable
@@ -157,7 +157,7 @@ class Ledger:
         writer, holding the sweep's lock. Readers never call it: they read an older version as it is."""
         self._db.execute("PRAGMA journal_mode=WAL")
         if self.version() == SCHEMA_VERSION:
-            if not self._swept_in_place():  # a hand edit: not extended (a row in the way fails an add)
+            if not kept.in_place(self._db):  # a hand edit: not extended (a row in the way fails an add)
                 with self._db:
                     self._db.execute("BEGIN IMMEDIATE")
                     self._keep_swept_anew()
@@ -171,7 +171,7 @@ class Ledger:
                     except sqlite3.OperationalError as e:  # a hand edit in its way (a table by an index's name)
                         raise self._corrupt(f"cannot be brought to version {SCHEMA_VERSION} ({e})") from None
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            if not self._swept_in_place():  # a ledger from before version 4 (or one another writer left without)
+            if not kept.in_place(self._db):  # a ledger from before version 4 (or one another writer left without)
                 self._keep_swept_anew()
 
     def _corrupt(self, detail: str) -> UserError:
@@ -254,7 +254,7 @@ class Ledger:
 
     def add_experiments(self, experiments: Sequence[Experiment], at: float) -> None:
         """Record new experiments, each with a first attempt queued, and the swept keys' values kept up to date
-        (`_keep_swept`), in one transaction."""
+        (`kept.keep`), in one transaction."""
         start = self._db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM experiments").fetchone()[0]
         specs = [json.dumps(e.to_json(), sort_keys=True) for e in experiments]
         with self._transaction():
@@ -262,73 +262,16 @@ class Ledger:
                                  [(e.name, start + i, e.digest, spec) for i, (e, spec) in enumerate(zip(
                                      experiments, specs, strict=True))])
             self._insert_queued([(e.name, 1) for e in experiments], at)
-            self._keep_swept(start, [json.loads(spec) for spec in specs])
+            kept.keep(self._db, start, [json.loads(spec) for spec in specs], self.specs)
 
-    # --- the swept keys --------------------------------------------------------------------------------------
-    def _keep_swept(self, start: int, added: Sequence[JSONObject]) -> None:
-        """After experiments from position `start` were added (their specs as recorded): the leaves extended
-        by them and their values of the swept keys written; where that is not enough (`swept.extend`), every
-        experiment's worked out again. In the caller's transaction."""
-        leaves = self._leaves(start) if start else swept.Leaves({}, frozenset(), 0)
-        found = swept.extend(leaves, added) if leaves is not None else None
-        if found is None:
-            self._keep_swept_anew()
-        else:
-            self._write_swept(start, added, *found)
-
+    # --- the swept keys (kept.py) ----------------------------------------------------------------------------
     def _keep_swept_anew(self) -> None:
-        """Every experiment's values of the swept keys worked out from the specs and written (in the caller's
-        transaction): when the leaves kept are not enough, and once for a ledger from before version 4."""
-        specs = self.specs()
-        self._db.execute("DELETE FROM swept")
-        self._write_swept(0, specs, *swept.summarize(specs))
+        kept.keep_anew(self._db, self.specs())
 
-    def _write_swept(self, start: int, specs: Sequence[JSONObject], leaves: swept.Leaves,
-                     values: Sequence[JSONObject]) -> None:
-        self._db.executemany("INSERT INTO swept VALUES (?, ?, ?)",
-                             [(start + i, spec.get("name"), json.dumps(v)) for i, (spec, v) in enumerate(zip(
-                                 specs, values, strict=True))])
-        self._db.execute("INSERT OR REPLACE INTO leaves VALUES (1, ?)", (json.dumps(leaves.to_json()),))
-
-    def _leaves(self, count: int) -> swept.Leaves | None:
-        """The leaves kept, if they cover exactly the first `count` experiments (None: none kept, or experiments
-        were added without them since, or they are not ours)."""
-        row = self._db.execute("SELECT value FROM leaves").fetchone()
-        if row is None:
-            return None
-        try:
-            leaves = swept.Leaves.from_json(json.loads(row[0]))
-        except (TypeError, ValueError, RecursionError):  # not JSON, a blob, nested too deep: not ours
-            return None
-        return leaves if leaves is not None and leaves.count == count else None
-
-    def _swept_in_place(self) -> bool:
-        """Whether the kept values have a row for each experiment, at its position and with its name, and none
-        else, and leaves that cover them all: what the runner checks before it adds (in SQL, nothing decoded:
-        every runner start pays it; readers check the values themselves in `swept_values`)."""
-        count = self._db.execute("SELECT COUNT(*) FROM experiments").fetchone()[0]
-        matched = self._db.execute("SELECT COUNT(*) FROM experiments e JOIN swept s ON s.position = e.position "
-                                   "AND s.name = e.name").fetchone()[0]
-        kept = self._db.execute("SELECT COUNT(*) FROM swept").fetchone()[0]
-        return matched == kept == count and self._leaves(count) is not None
-
-    def swept_values(self) -> tuple[list[str], list[tuple[str, JSONObject]]] | None:
-        """The swept keys and each experiment's values of them (name, values), in the sweep's order, as kept
-        since its experiments were added: a few values each, where working them out decoded and compared every
-        config. None for a ledger that keeps none whole (from before version 4, not yet resumed), or whose rows
-        disagree with the experiments or the leaves (a name or a position not the experiment's, a key not swept)."""
-        if self.version() < 4:
-            return None
-        cursor = self._db.cursor()
-        cursor.row_factory = None
-        rows = cursor.execute("SELECT e.name, s.name, s.params FROM experiments e LEFT JOIN swept s "
-                              "ON s.position = e.position ORDER BY e.position").fetchall()
-        leaves = self._leaves(len(rows))  # after the rows: an add committed between them changed the count
-        if leaves is None or any(kept != name for name, kept, _ in rows) or \
-                self._db.execute("SELECT COUNT(*) FROM swept").fetchone()[0] != len(rows):  # none beyond them
-            return None
-        values = [(name, json_object(params, "swept.params", self._corrupt)) for name, _, params in rows]
-        return (leaves.keys, values) if swept.agree(leaves.keys, [v for _, v in values]) else None
+    def swept_values(self) -> kept.Kept | None:
+        """The swept keys and each experiment's values of them, as kept since its experiments were added
+        (`kept.read`); None where they are not kept whole."""
+        return kept.read(self._db, self.version(), self._corrupt)
 
     def experiments(self, names: Iterable[str] | None = None) -> list[Experiment]:
         """Every experiment in the sweep's order, or only those named (only their rows are read and decoded)."""
