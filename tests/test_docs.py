@@ -11,11 +11,12 @@ import pytest
 import typer
 
 import autotuner
-from autotuner.cli import app
+from autotuner.cli import app, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REFERENCE = ROOT / "docs" / "reference.md"
 FENCED = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
@@ -32,6 +33,22 @@ def test_every_option_help_lists_is_named_in_the_readme():
             spellings = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--") and o != "--help"]
             if spellings and not any(re.search(re.escape(o) + r"(?![\w-])", README) for o in spellings):
                 missing.append(f"{name} {spellings[0]}")
+    assert missing == []
+
+
+def test_the_reference_is_what_the_command_line_says():
+    assert REFERENCE.read_text() == reference.markdown(), \
+        f"docs/reference.md differs from the command line: write it again with `{reference.REGENERATE}`"
+
+
+def test_the_reference_lists_every_option_of_every_command():
+    """What the comparison above leans on: the page names each command and each of its options."""
+    text = REFERENCE.read_text()
+    command = typer.main.get_command(app)
+    missing = [f"{name} {opt}" for name, sub in command.commands.items()  # type: ignore[attr-defined]
+               for param in sub.params for opt in (*param.opts, *param.secondary_opts)
+               if param.param_type_name == "option"
+               and not re.search(rf"^## autotune {name}\n(?:(?!^## ).)*?`[^`\n]*{re.escape(opt)}\b", text, re.M | re.S)]
     assert missing == []
 
 
