@@ -2,7 +2,8 @@
 
 Sweeps of 16 stand-ins (0 to 3.9 s each, by name) on 3 slots. The runner is killed (SIGKILL) at a random moment
 and started again (`resume`, or `run` when no ledger was made yet) until the wanted number of kills is reached;
-then each sweep runs to its end. Counted over all sweeps:
+then each sweep runs to its end. With `--stops`, each kill follows a stop the runner began (SIGINT or SIGTERM,
+0-0.3 s before; the stand-ins take 0.2 s to end on SIGTERM), so most land during the stop. Counted over all sweeps:
 
 - completed_rerun: launches of an experiment after one of its attempts had already completed (wrote its
   metrics and ended): the GPU time a crash wasted. Expected 0.
@@ -10,14 +11,17 @@ then each sweep runs to its end. Counted over all sweeps:
 - leftover_processes: processes still carrying a sweep's tag at the end. Expected 0.
 - adopted_kept_attempt / running_at_kill: attempts that were running when a runner died and then succeeded
   under that same attempt number (adopted, not ended and run again).
+- misjudged: attempts that ended other than succeeded or interrupted (a stand-in never fails on its own: a stop
+  judged as a failure, a cancel or a timeout nobody asked for). Expected 0.
 
-  python benchmarks/crash_fuzz.py --seed 1 --kills 20
+  python benchmarks/crash_fuzz.py --seed 1 --kills 20 [--stops]
 """
 from __future__ import annotations
 
 import argparse
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -39,11 +43,13 @@ from cli_rig import (  # the test rig: stand-ins, ledger look-ups, tagged proces
     write_sweep,
 )
 
-# Sleeps 0-3.9 s (by name), writes its metrics, then logs that it completed.
-STANDIN = PREAMBLE + 'sleep "$((ck % 4)).$((ck % 10))"\n' + WRITE_METRICS + 'echo "$AUTOTUNE_TAG" >> "$END_LOG"\n'
+# Sleeps 0-3.9 s (by name), writes its metrics, then logs that it completed; on SIGTERM it ends 0.2 s later, 143.
+STANDIN = PREAMBLE + "trap 'sleep 0.2; exit 143' TERM\n" + 'sleep "$((ck % 4)).$((ck % 10))"\n' + WRITE_METRICS + \
+    'echo "$AUTOTUNE_TAG" >> "$END_LOG"\n'
 
 
-def one_sweep(base: Path, number: int, rng: random.Random, runners: Runners, totals: Counter, kills: int) -> None:
+def one_sweep(base: Path, number: int, rng: random.Random, runners: Runners, totals: Counter, kills: int,
+              stops: bool = False) -> None:
     spec = write_sweep(base, range(16), name=f"f{number}")
     launcher = write_launcher(base, STANDIN)
     results, log, ends = base / "out", base / "launch.log", base / "end.log"
@@ -57,6 +63,10 @@ def one_sweep(base: Path, number: int, rng: random.Random, runners: Runners, tot
             break
         running = {(n, a.attempt) for n, a in latest(results).items() if a.state == "running"}
         hit |= running & set(launches(log))  # running, and its process did start
+        if stops:  # a stop the runner begins, then the kill during it (or after)
+            proc.send_signal(rng.choice([signal.SIGINT, signal.SIGTERM]))
+            time.sleep(rng.uniform(0.0, 0.3))
+            totals["stops"] += 1
         proc.kill()
         proc.wait()
         totals["kills"] += 1
@@ -80,12 +90,14 @@ def one_sweep(base: Path, number: int, rng: random.Random, runners: Runners, tot
     totals["running_at_kill"] += len(hit)
     totals["adopted_kept_attempt"] += sum(1 for n, k in hit if succeeded.get(n) == k)
     totals["leftover_processes"] += len(tagged_pids(sweep_id(results)))
+    totals["misjudged"] += sum(1 for a in attempts(results) if a.state not in ("succeeded", "interrupted"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--stops", action="store_true", help="a SIGINT or SIGTERM shortly before each kill")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="crash-fuzz-"))
@@ -97,7 +109,7 @@ def main() -> None:
             number += 1
             base = root / f"s{number}"
             base.mkdir()
-            one_sweep(base, number, rng, runners, totals, args.kills)
+            one_sweep(base, number, rng, runners, totals, args.kills, args.stops)
     finally:
         runners.cleanup()
         shutil.rmtree(root, ignore_errors=True)

@@ -178,8 +178,9 @@ def test_a_source_with_nothing_to_propose_ends_the_sweep_once_nothing_runs():
 def test_abort_stops_what_runs_and_wind_down_records_each_end():
     s = core([experiment("a"), experiment("b"), experiment("c")], slots={"h": [0, 1]})
     a, b = s.step([], 0.0).start
-    actions = s.abort(RuntimeError("disk"), unstarted=[b])  # b was placed but never handed to an executor
+    actions = s.abort(RuntimeError("disk"), 0.5, unstarted=[b])  # b was placed but never handed to an executor
     assert [stop.run for stop in actions.stop] == [a] and s.stopping == State.INTERRUPTED
+    assert s.record.stops == {("a", 1): (State.INTERRUPTED, Reason.INTERRUPTED, 0.5)}  # recorded where it can be
     notes = s.wind_down([Finished(a, Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "x"), 1.0)], 1.0).notes
     assert [n.what for n in notes] == ["finished"] and not s.busy
 

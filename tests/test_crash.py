@@ -5,6 +5,7 @@ what ran when the runner died adopted by the next one (finished under its own at
 from __future__ import annotations
 
 import random
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -122,6 +123,52 @@ def test_kill_9_at_random_moments_then_resume_finishes_as_a_clean_run_does(tmp_p
     assert "| global         |" in (directory / "summary.txt").read_text()
     assert f"| {best} " in (directory / "summary.txt").read_text().splitlines()[-3]
     assert (directory / "ds_config_optimal.json").exists()
+
+
+# Ends on SIGTERM as a script that saves its state first would: a moment later, exit status 143.
+STOPPABLE = PREAMBLE + "trap 'sleep 0.2; exit 143' TERM\n" + 'sleep "0.$((3 + ck % 4))"\n' + WRITE_METRICS
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_a_stop_then_kill_9_at_random_moments_never_reads_as_a_failure(tmp_path, runners, seed):
+    """Ctrl-C or SIGTERM, then kill -9 a moment later (during the stop, mostly: the stand-ins take 0.2 s to end and
+    the grace is 1 s), then resume, round after round: each experiment's outcome is checked, not only that none
+    was lost or run twice. A stand-in never fails on its own, so a failed attempt here is a stop misjudged."""
+    rng = random.Random(seed)
+    spec = write_sweep(tmp_path, range(EXPERIMENTS), name="stop")
+    launcher = write_launcher(tmp_path, STOPPABLE)
+    directory, log = tmp_path / "sweep", tmp_path / "launches.log"
+    environ = env(LAUNCH_LOG=log)
+    proc = runners.start("run", spec, "--slots", SLOTS, "--launcher", launcher, "-o", directory, "--grace", 1, "-q",
+                         environ=environ, directory=directory)
+    stopped_running = 0  # experiments running (their process started) when a stop was asked
+
+    def running_now() -> set[tuple[str, int]]:
+        running = {(n, a.attempt) for n, a in latest(directory).items() if a.state == State.RUNNING}
+        return running & set(launches(log))
+
+    for _ in range(6):
+        wait_until(lambda p=proc: running_now() or p.poll() is not None)
+        time.sleep(rng.uniform(0.05, 0.3))
+        if proc.poll() is not None:
+            break
+        stopped_running += len(running_now())
+        proc.send_signal(rng.choice([signal.SIGINT, signal.SIGTERM]))
+        time.sleep(rng.uniform(0.0, 0.25))
+        proc.kill()
+        proc.wait()
+        proc = runners.start("resume", directory, "--grace", 1, "-q", environ=environ, directory=directory)
+    code, out, err = finish(proc, timeout=120)
+    assert code == 0, (out, err)
+    assert stopped_running, "no stop landed while experiments ran: this round tested nothing"
+
+    every = attempts(directory)
+    assert Counter(a.state for a in every if a.state not in (State.SUCCEEDED, State.INTERRUPTED)) == Counter()
+    assert Counter(a.name for a in every if a.state == State.SUCCEEDED) == Counter(
+        {f"stop_x{i}": 1 for i in range(EXPERIMENTS)})
+    logged = launches(log)
+    assert len(logged) == len(set(logged)), Counter(logged).most_common(3)
+    assert tagged_pids(sweep_id(directory)) == []
 
 
 def test_kill_9_while_run_records_the_sweep_leaves_nothing_or_a_whole_ledger(tmp_path, runners):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.outcome import Outcome
+from ..core.outcome import Outcome, StopAsked
 from ..ledger.store import Attempt, Ledger
 from ..spec.hostfile import is_local
 from ..spec.metrics import metric_named
@@ -14,28 +14,38 @@ from ..states import Reason, State
 from . import exitstatus
 from .slurm.executor import step_status
 
+# The stop recovery asks for an attempt nobody asked one for: what ends it is the runner's death, not its own fault.
+_RECOVERED = StopAsked(State.INTERRUPTED, "the runner stopped while it ran", Reason.INTERRUPTED)
+
 
 def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
             attempts: list[Attempt] | None = None) -> list[Attempt]:
     """End the attempts a dead runner left running (all of them, or `attempts`) through `end`, for `autotune
     cancel` with no runner, and for runs found on slots not theirs (a runner that takes the sweep over adopts
-    the others instead: `Scheduler.adopt`). Returns them."""
+    the others instead: `Scheduler.adopt`). Each stop is recorded before `end` (the first one asked is kept: the
+    dead runner's, if it had asked one), so a recovery that dies half-way leaves it for the next. Returns them."""
     left = ledger.in_state(State.RUNNING) if attempts is None else attempts
     if not left:
         return left
     metric = metric_named(ledger.meta().metric)
+    asked = {key: StopAsked(*words) for key, words in ledger.stops_asked().items()}
     for attempt in left:
         # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
         directory = Path(attempt.dir) if attempt.dir else None
         status = exitstatus.read(directory / exitstatus.FILENAME) if directory else None
+        before = asked.get((attempt.name, attempt.attempt))  # the dead runner's stop, under way when it died
+        stop = before or _RECOVERED
+        ledger.stopping(attempt.name, attempt.attempt, stop.state, stop.reason, stop.detail, at)
         end(attempt)
-        outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "the runner stopped while it ran")
-        if status is not None and directory is not None:
+        outcome = Outcome(stop.state, stop.reason, stop.detail)
+        if status is not None and directory is not None:  # it ended before we came: as it ended, or as that stop
             local = attempt.step is not None or all(is_local(h) for h in attempt.slots)  # srun runs here
             code = exitstatus.as_returncode(status) if local else status
             if attempt.step is not None:  # a Slurm step: as the node whose failure ended it, if one did
                 code = step_status(code, directory)
             outcome = exitstatus.judge_files(code, directory, metric)
+            if before is not None:
+                outcome = before.settle(outcome)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
                       exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
                       metrics=outcome.metrics)

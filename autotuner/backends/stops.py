@@ -2,8 +2,9 @@
 SSH executor.
 
 A stop is asked from the dispatcher's thread (or a signal handler); the attempt's own thread waits on its
-process and, once it ended, reads here how to record it: the stop's state, unless the attempt succeeded
-before the stop reached it or its host was lost.
+process and, once it ended, reads here how to record it (`StopAsked.settle`: the stop's state, unless the
+attempt succeeded before the stop reached it or its host was lost). The scheduler recorded the stop in the ledger
+before asking for it here, so a runner that dies meanwhile leaves it for the next to judge the same way.
 """
 from __future__ import annotations
 
@@ -12,12 +13,8 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..core.events import Key, Run
-from ..core.outcome import Outcome
+from ..core.outcome import Outcome, StopAsked
 from ..states import Reason, State
-
-# The reason a stop records when it names none: its state's own word.
-REASON_OF = {State.CANCELLED: Reason.CANCELLED, State.INTERRUPTED: Reason.INTERRUPTED,
-              State.TIMED_OUT: Reason.TIMEOUT}
 
 
 class Waitable(Protocol):
@@ -34,13 +31,13 @@ class Stops:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._asked: dict[Key, tuple[State, str, Reason | None]] = {}
+        self._asked: dict[Key, StopAsked] = {}
         self.killing = False  # kill_all was called: no grace period any more, and late starts are killed too
 
     def ask(self, key: Key, state: State, detail: str, reason: Reason | None = None) -> None:
         """The first request wins: a cancel is not turned into a timeout by the timer that fires after it."""
         with self._lock:
-            self._asked.setdefault(key, (state, detail, reason))
+            self._asked.setdefault(key, StopAsked.of(state, detail, reason))
 
     def asked(self, key: Key) -> bool:
         with self._lock:
@@ -50,17 +47,14 @@ class Stops:
         with self._lock:
             self.killing = True
             for key in keys:
-                self._asked.setdefault(key, self.KILLED)
+                self._asked.setdefault(key, StopAsked.of(*self.KILLED))
 
     def settle(self, key: Key, outcome: Outcome) -> Outcome:
         """The outcome to record: the stop's, unless the attempt succeeded before the stop reached it, or its
         host was lost (then it runs again elsewhere)."""
         with self._lock:
             request = self._asked.pop(key, None)
-        if request is None or outcome.state == State.SUCCEEDED or outcome.reason == Reason.LOST:
-            return outcome
-        state, detail, reason = request
-        return Outcome(state, reason or REASON_OF[state], detail, outcome.exit_code)
+        return outcome if request is None else request.settle(outcome)
 
     def wait(self, run: Run, proc: Waitable, *, end: Callable[[], None]) -> int | None:
         """Wait for the attempt to end. A stop asked before the wait began (a cancel, or a timeout, while it

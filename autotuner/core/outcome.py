@@ -63,6 +63,34 @@ class Outcome:
         return self.reason is not None and self.reason.transient
 
 
+# The reason a stop records when it names none: its state's own word.
+REASON_OF = {State.CANCELLED: Reason.CANCELLED, State.INTERRUPTED: Reason.INTERRUPTED,
+             State.TIMED_OUT: Reason.TIMEOUT}
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """A stop asked for a running attempt (a cancel, Ctrl-C, a timeout, a lost host, a crash's clean-up): recorded
+    before its signal is sent, so that whoever sees the attempt end (this runner, a runner that adopts it after a
+    crash, `cancel` with none alive) judges that end as the stop, never as a failure of the experiment."""
+
+    state: State
+    detail: str
+    reason: Reason
+
+    @classmethod
+    def of(cls, state: State, detail: str, reason: Reason | None = None) -> StopAsked:
+        """`reason` None: the state's own word (REASON_OF)."""
+        return cls(State(state), detail, Reason(reason) if reason is not None else REASON_OF[State(state)])
+
+    def settle(self, outcome: Outcome) -> Outcome:
+        """The outcome to record: the stop's, unless the attempt succeeded before the stop reached it, or its
+        host was lost (then it runs again elsewhere)."""
+        if outcome.state == State.SUCCEEDED or outcome.reason == Reason.LOST:
+            return outcome
+        return Outcome(self.state, self.reason, self.detail, outcome.exit_code)
+
+
 def log_tail(path: Path, size: int = _TAIL_BYTES) -> str:
     """The end of an attempt's log (what its launcher, or srun, said last), or nothing when there is none."""
     try:

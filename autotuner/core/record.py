@@ -32,6 +32,10 @@ class Record(Protocol):
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
                metrics: Mapping[str, float] | None = None, peak_memory: int | None = None) -> None: ...
 
+    def stopping(self, name: str, attempt: int, state: State, reason: Reason, detail: str, at: float) -> None:
+        """A stop asked for a running attempt, recorded before it is carried out; the first one asked is kept."""
+        ...
+
     def take_requests(self) -> list[tuple[str, list[str]]]: ...
 
 
@@ -45,6 +49,7 @@ class MemoryRecord:
         self.attempts: dict[str, int] = {}
         self.started: dict[tuple[str, int], float] = {}
         self.finished: dict[tuple[str, int], tuple[State, float]] = {}
+        self.stops: dict[tuple[str, int], tuple[State, Reason, float]] = {}  # the first stop asked, by attempt
 
     def batch(self, synced: bool = True) -> AbstractContextManager[None]:
         return _NOTHING  # one reusable context: a plan makes two steps per run simulated
@@ -70,6 +75,9 @@ class MemoryRecord:
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
                metrics: Mapping[str, float] | None = None, peak_memory: int | None = None) -> None:
         self.finished[(name, attempt)] = (state, at)
+
+    def stopping(self, name: str, attempt: int, state: State, reason: Reason, detail: str, at: float) -> None:
+        self.stops.setdefault((name, attempt), (state, reason, at))
 
     def take_requests(self) -> list[tuple[str, list[str]]]:
         return []

@@ -8,7 +8,10 @@ and each attempt's timeout are the core's own timers: `wake()` says when it next
 happens, and a step at or after that time fires them.
 
 Order of duties for every transition: the step writes it to the record (one transaction per step); the driver
-acts on the returned `Actions` only after the step has returned, i.e. once the record holds it.
+acts on the returned `Actions` only after the step has returned, i.e. once the record holds it. A stop is such a
+fact too: which stop was asked (cancelled, interrupted, timed out, its host lost) is recorded before the driver
+sends the signal, and every end of that attempt is judged as that stop (`StopAsked.settle`), whoever sees it end:
+this scheduler, or the one that adopts the attempt after this runner died in the middle of the stop.
 """
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ from .events import (
     Queued,
     Run,
 )
-from .outcome import Outcome
+from .outcome import Outcome, StopAsked
 from .placement import Pack
 from .queues import BackfillQueue
 from .record import Record
@@ -117,6 +120,10 @@ class Stop:
     detail: str
     reason: Reason | None = None
 
+    @property
+    def asked(self) -> StopAsked:
+        return StopAsked.of(self.state, self.detail, self.reason)
+
 
 class Note(NamedTuple):
     """What observers are told (see `Observer`). A tuple: a step makes one per transition, cheaply."""
@@ -164,6 +171,7 @@ class Scheduler:
         self._retried: dict[str, int] = {}  # transient failures retried, per experiment, by this scheduler
         self._placing: list[Run] = []  # placed by the step under way: not yet handed to the driver
         self._adopted: set[Key] = set()  # runs a dead runner started, followed by this one
+        self._asked: dict[Key, StopAsked] = {}  # the first stop asked for each running attempt (recorded)
         self._timers: list[tuple[float, int, Key | None]] = []  # (when, tie-break, run or None: the deadline)
         self._limits: dict[Key, float] = {}  # each timed run's timeout, for its message
         self._seq = itertools.count()
@@ -178,8 +186,8 @@ class Scheduler:
             self._queue.push(item)
         self._changed = True
 
-    def adopt(self, experiment: Experiment, attempt: int, slots: Mapping[str, Sequence[int]], since: float
-              ) -> Run | None:
+    def adopt(self, experiment: Experiment, attempt: int, slots: Mapping[str, Sequence[int]], since: float,
+              stop: StopAsked | None = None) -> Run | None:
         """Take over an attempt that a dead runner left running; call before the first step, then have the
         executor follow the returned run (`Executor.adopt`). None (nothing done) when its recorded slots cannot
         be held: not the sweep's, or recorded for another running attempt too (a ledger edited or damaged by
@@ -188,7 +196,9 @@ class Scheduler:
         It stays `running` under its own number (no new attempt), its slots are taken before any queued work
         is placed, and its timeout counts from its recorded start; cancel, Ctrl-C and the deadline end it like
         any run. One that ended without recording its exit status is recorded interrupted and queued again,
-        as a crash's casualty. `since`: when it started (launched, as recorded).
+        as a crash's casualty. `since`: when it started (launched, as recorded). `stop`: the stop the dead
+        runner had asked for it (recorded before its signal): its end is judged as that stop, and no later one
+        replaces it.
         """
         name = experiment.name
         run = Run(experiment, attempt, Reservation.of(slots), f"{self.sweep_id}.{name}.{attempt}",
@@ -198,6 +208,8 @@ class Scheduler:
         self.pool.take(run.reservation)
         self._running[run.key] = run
         self._adopted.add(run.key)
+        if stop is not None:
+            self._asked[run.key] = stop
         self._note("adopted", run)
         self._arm(run, since)
         return run
@@ -246,7 +258,7 @@ class Scheduler:
         return actions
 
     # --- a fatal error --------------------------------------------------------------------------------------
-    def abort(self, error: Exception, unstarted: Sequence[Run] = ()) -> Actions:
+    def abort(self, error: Exception, now: float, unstarted: Sequence[Run] = ()) -> Actions:
         """The driver cannot go on (the ledger's disk is full, a bug): stop every run as Ctrl-C does; feed
         their ends to `wind_down`. Runs placed but never handed to an executor (`unstarted`, and those of a
         step that failed half-way) have nothing to end: the record holds them queued (the step rolled back) or
@@ -258,7 +270,10 @@ class Scheduler:
                 self.pool.give_back(run.reservation)
         self._placing = []
         self._actions = Actions()
-        return Actions(stop=[Stop(run, State.INTERRUPTED, detail) for run in self._running.values()])
+        stops = [Stop(run, State.INTERRUPTED, detail) for run in self._running.values()]
+        for stop in stops:  # where the record can still be written (it is what failed, most often)
+            _quietly(self._record_stop, stop, now)
+        return Actions(stop=stops)
 
     def wind_down(self, events: Sequence[Event], now: float) -> Actions:
         """After `abort`: record each run's end where the record can still be written (where it cannot, it
@@ -289,9 +304,9 @@ class Scheduler:
                     if kind == "cancel":
                         self._cancel(set(asked), now)
             case Interrupt(reason=reason):
-                self._stop_all(State.INTERRUPTED, reason)
+                self._stop_all(State.INTERRUPTED, reason, now)
             case HostLost(host=host, reason=reason):
-                self._host_lost(host, reason)
+                self._host_lost(host, reason, now)
             case HostBack(host=host):
                 self.pool.mark_up(host)
                 self._changed = True
@@ -299,7 +314,7 @@ class Scheduler:
             case MemoryRead():
                 self._changed = True  # the placement reads the new values itself
             case Deadline():
-                self._stop_all(State.TIMED_OUT, "the sweep's deadline passed", Reason.TIMEOUT)
+                self._stop_all(State.TIMED_OUT, "the sweep's deadline passed", now, Reason.TIMEOUT)
             case _:
                 raise TypeError(f"unknown event {event!r}")
 
@@ -314,10 +329,10 @@ class Scheduler:
         while self._timers and self._timers[0][0] <= now:
             _, _, key = heapq.heappop(self._timers)
             if key is None:
-                self._stop_all(State.TIMED_OUT, "the sweep's deadline passed", Reason.TIMEOUT)
+                self._stop_all(State.TIMED_OUT, "the sweep's deadline passed", now, Reason.TIMEOUT)
             elif key in self._running:
                 self._stop(self._running[key], State.TIMED_OUT,
-                           f"ran past its timeout of {self._limits.pop(key):g} s", Reason.TIMEOUT)
+                           f"ran past its timeout of {self._limits.pop(key):g} s", now, Reason.TIMEOUT)
 
     def _dispatch(self, now: float) -> None:
         """Place what fits now; the driver starts them once the step's transaction is committed. Nothing to
@@ -351,7 +366,11 @@ class Scheduler:
         self._actions.start.append(run)
 
     def _finished(self, run: Run, outcome: Outcome, at: float, peak_memory: int | None = None) -> None:
-        """`peak_memory`: measured while it ran (peaks.py); else what the script reported, if it did."""
+        """`peak_memory`: measured while it ran (peaks.py); else what the script reported, if it did. A stop asked
+        for it (by this runner or, recorded, by the one that died) says how its end reads."""
+        asked = self._asked.pop(run.key, None)
+        if asked is not None:
+            outcome = asked.settle(outcome)
         self._running.pop(run.key)
         self._changed = True
         self._limits.pop(run.key, None)
@@ -397,9 +416,9 @@ class Scheduler:
             self._end_unstarted(item, Outcome(State.CANCELLED, Reason.CANCELLED, "cancelled before it started"), now)
         for run in list(self._running.values()):
             if everything or run.experiment.name in names:
-                self._stop(run, State.CANCELLED, "cancelled while running")
+                self._stop(run, State.CANCELLED, "cancelled while running", now)
 
-    def _host_lost(self, host: str, reason: str) -> None:
+    def _host_lost(self, host: str, reason: str, now: float) -> None:
         """Told once per loss (several may tell it: a watcher, each run that ended with the host)."""
         if not self.pool.is_down(host):
             self.pool.mark_down(host)
@@ -407,21 +426,31 @@ class Scheduler:
             self._note("host_down", host, Outcome(State.INTERRUPTED, Reason.LOST, reason))
         for run in list(self._running.values()):
             if host in run.reservation.hosts:
-                self._stop(run, State.INTERRUPTED, f"host {host} lost: {reason}", Reason.LOST)
+                self._stop(run, State.INTERRUPTED, f"host {host} lost: {reason}", now, Reason.LOST)
 
-    def _stop_all(self, state: State, detail: str, reason: Reason | None = None) -> None:
+    def _stop_all(self, state: State, detail: str, now: float, reason: Reason | None = None) -> None:
         self._tell_stopping(state, detail, reason)
         self._stopping = self._stopping or state
         for run in list(self._running.values()):
-            self._stop(run, state, detail, reason)
+            self._stop(run, state, detail, now, reason)
 
     def _tell_stopping(self, state: State, detail: str, reason: Reason | None) -> None:
         """The first cause of a stop is told once: a view stops promising an ETA and says why it winds down."""
         if self._stopping is None:
             self._note("stopping", self.sweep_id, Outcome(state, reason, detail))
 
-    def _stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
-        self._actions.stop.append(Stop(run, state, detail, reason))
+    def _stop(self, run: Run, state: State, detail: str, now: float, reason: Reason | None = None) -> None:
+        """Ask the driver to end `run`, the stop recorded first (in this step's transaction): the first one asked
+        is the one its end is judged by, here or after a crash."""
+        stop = Stop(run, state, detail, reason)
+        self._record_stop(stop, now)
+        self._actions.stop.append(stop)
+
+    def _record_stop(self, stop: Stop, now: float) -> None:
+        key = stop.run.key
+        if key not in self._asked:
+            self._asked[key] = asked = stop.asked
+            self.record.stopping(key[0], key[1], asked.state, asked.reason, asked.detail, now)
 
     def _fail_unplaceable(self, now: float) -> None:
         """Nothing runs, yet something waits: what needs more than the hosts still up could give (the pool

@@ -65,12 +65,15 @@ def rows(db: sqlite3.Connection, corrupt: Corrupt) -> None:
         raise corrupt(f"attempts: {short(str(odd[0]))} has a metric that is no finite number ({short(str(odd[1]))})")
 
 
-def words(db: sqlite3.Connection, corrupt: Corrupt) -> None:
-    """Every state and reason one this autotuner knows (what reading them would refuse later)."""
-    for column, known_words in (("state", State), ("reason", Reason)):
-        known = [str(w) for w in known_words]
-        marks = ",".join("?" * len(known))
-        odd = db.execute(f"SELECT {column} FROM attempts WHERE {column} IS NOT NULL AND "
-                         f"{column} NOT IN ({marks}) LIMIT 1", known).fetchone()
-        if odd is not None:
-            raise corrupt(f"attempts.{column} {str(odd[0])[:40]!r} is not one this autotuner knows")
+def words(db: sqlite3.Connection, version: int, corrupt: Corrupt) -> None:
+    """Every state and reason one this autotuner knows (what reading them would refuse later): the attempts',
+    and the recorded stops' (schema 6)."""
+    tables = ("attempts", "stops") if version >= 6 else ("attempts",)
+    for table in tables:
+        for column, known_words in (("state", State), ("reason", Reason)):
+            known = [str(w) for w in known_words]
+            marks = ",".join("?" * len(known))
+            odd = db.execute(f"SELECT {column} FROM {table} WHERE {column} IS NOT NULL AND "
+                             f"{column} NOT IN ({marks}) LIMIT 1", known).fetchone()
+            if odd is not None:
+                raise corrupt(f"{table}.{column} {str(odd[0])[:40]!r} is not one this autotuner knows")

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
+from ..states import Reason, State
 from .attempt import FIELDS, REASONS, STATES, Attempt
 from .schema import expected_columns, short
 
@@ -102,6 +103,16 @@ def decode_attempts(rows: Iterable[Sequence[Any]], corrupt: Corrupt) -> list[Att
             "metric": metric, "metrics": metrics, "step": step, "peak_memory": peak_memory})
         out.append(record)
     return out
+
+
+def stop_words(name: object, attempt: object, state: object, detail: object, reason: object,
+               corrupt: Corrupt) -> tuple[State, str, Reason]:
+    """A recorded stop's row (`stops`) as its words; one this code did not write is refused as corrupt."""
+    word, why = STATES.get(str(state)), REASONS.get(str(reason))
+    if word is None or why is None or not isinstance(detail, str):
+        raise corrupt(f"stops: {short(str(name))} attempt {attempt} has an unknown state or reason "
+                      f"({short(str(state))}, {short(str(reason))})")
+    return word, detail, why
 
 
 def unreadable(reason: object, metric: float | None, metrics: Mapping[str, float] | None) -> str | None:

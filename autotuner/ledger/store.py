@@ -25,7 +25,7 @@ from ..states import Reason, State
 from . import checks, swept
 from .attempt import STATES, Attempt
 from .meta import SweepMeta
-from .rows import attempt_columns, decode_attempts, json_object, json_value, odd_peak, unreadable
+from .rows import attempt_columns, decode_attempts, json_object, json_value, odd_peak, stop_words, unreadable
 from .schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -146,7 +146,7 @@ class Ledger:
             checks.json_columns(self._db, self.version(), self._corrupt)
             self.peaks()  # a peak_memory we did not write (text, a real) is refused as reading it would be
             checks.rows(self._db, self._corrupt)
-            checks.words(self._db, self._corrupt)
+            checks.words(self._db, self.version(), self._corrupt)
         except sqlite3.DatabaseError as e:
             if damaged(e):
                 raise self._corrupt(str(e)) from None
@@ -426,6 +426,24 @@ class Ledger:
     def _state(self, name: str, attempt: int) -> str | None:
         row = self._db.execute("SELECT state FROM attempts WHERE name = ? AND attempt = ?", (name, attempt)).fetchone()
         return str(row["state"]) if row else None
+
+    def stopping(self, name: str, attempt: int, state: State, reason: Reason, detail: str, at: float) -> None:
+        """A stop asked for a running attempt, committed before its signal is sent; the first one asked is kept
+        (a timer that fires after a cancel does not make it a timeout)."""
+        with self._transaction():
+            self._db.execute("INSERT OR IGNORE INTO stops VALUES (?, ?, ?, ?, ?, ?)",
+                             (name, attempt, state, reason, detail, at))
+
+    def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
+        """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a
+        runner that adopts it, or `cancel` with none alive, judges its end by. None before schema 6."""
+        if self.version() < 6:
+            return {}
+        rows = self._db.execute("SELECT s.name, s.attempt, s.state, s.detail, s.reason FROM stops s JOIN attempts a "
+                                "ON a.name = s.name AND a.attempt = s.attempt WHERE a.state = ?",
+                                (State.RUNNING,)).fetchall()
+        return {(name, attempt): stop_words(name, attempt, state, detail, reason, self._corrupt)
+                for name, attempt, state, detail, reason in rows}
 
     # --- requests from other processes (`autotune cancel`) ----------------------------------------------------
     def request(self, kind: str, names: Sequence[str], at: float) -> None:

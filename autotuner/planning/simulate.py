@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from ..backends.stops import REASON_OF
 from ..core import (
     BackfillQueue,
     Event,
@@ -31,7 +30,7 @@ from ..core import (
     SlotPool,
     Source,
 )
-from ..core.outcome import Outcome
+from ..core.outcome import REASON_OF, Outcome
 from ..core.scheduler import default_queue
 from ..spec import Experiment
 from ..states import Reason, State

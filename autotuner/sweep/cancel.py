@@ -82,6 +82,7 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
 def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
     """No runner: apply the request here, after the sweep's backend cleared up what a dead one left; returns
     those cancelled."""
+    ledger.upgrade()  # the writer now, holding the lock: the stops it records need schema 6
     with contextlib.closing(backend_for(directory, ledger)) as backend:
         recover(ledger, time.time(), backend.end)
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).

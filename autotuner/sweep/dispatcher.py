@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import threading
 from collections.abc import Callable
 
 from ..core import Actions, Event, Executor, Observer, Run, Scheduler
@@ -41,6 +42,9 @@ class Dispatcher:
         self.log = log
         self._inbox = inbox or Inbox()
         self._events = self._inbox.events
+        # Set once the sweep's stop (Ctrl-C, a cancel of all, its deadline) is in the record, or the dispatcher
+        # gave up: a kill waits for it, so that what it kills reads as stopped, not failed, even after a crash.
+        self.stop_recorded = threading.Event()
 
     def post(self, event: Event) -> None:
         """Thread-safe: hand an event to the dispatcher."""
@@ -52,13 +56,20 @@ class Dispatcher:
         what runs and waits for it (see `_abort`), then is raised."""
         unstarted: list[Run] = []
         try:
-            self._carry_out(self.scheduler.step(self._pending(), self.clock()), unstarted)
+            self._carry_out(self._step(self._pending()), unstarted)
             while not self.scheduler.done:
-                events = self._wait(self.scheduler.wake())
-                self._carry_out(self.scheduler.step(events, self.clock()), unstarted)
+                self._carry_out(self._step(self._wait(self.scheduler.wake())), unstarted)
         except Exception as error:
             self._abort(error, unstarted)
             raise
+        finally:
+            self.stop_recorded.set()
+
+    def _step(self, events: list[Event]) -> Actions:
+        actions = self.scheduler.step(events, self.clock())  # committed: the stops it asks for are recorded
+        if self.scheduler.stopping is not None:
+            self.stop_recorded.set()
+        return actions
 
     def _wait(self, wake: float | None) -> list[Event]:
         """The next event, or none once `wake` comes; then whatever else is at hand."""
@@ -108,7 +119,8 @@ class Dispatcher:
     def _abort(self, error: Exception, unstarted: list[Run]) -> None:
         """The dispatcher cannot go on: end every run as Ctrl-C does and wait for each to end, recording it
         interrupted where the ledger can still be written. No process of the sweep outlives the runner."""
-        actions = self.scheduler.abort(error, unstarted)
+        actions = self.scheduler.abort(error, self.clock(), unstarted)
+        self.stop_recorded.set()
         for stop in actions.stop:
             with contextlib.suppress(Exception):
                 self.executor.stop(stop.run, stop.state, stop.detail, stop.reason)

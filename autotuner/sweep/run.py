@@ -24,6 +24,7 @@ from ..backends.recovery import recover
 from ..backends.registry import backend_for
 from ..backends.slurm import Allocation
 from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
+from ..core.outcome import StopAsked
 from ..core.placement import PLACEMENTS, placement_named
 from ..core.slots import Devices, devices_from_json
 from ..errors import UserError, shown
@@ -46,6 +47,9 @@ from .verdict import FailOn, exit_code
 __all__ = ["Options", "Result", "Ssh", "Stopped", "execute", "machine_fault", "requeue"]
 
 log = logging.getLogger(__name__)
+
+# The longest a second Ctrl-C waits for the first one's stop to be recorded before it kills (seconds).
+_RECORD_WAIT = 5.0
 
 @dataclass
 class Result:
@@ -188,10 +192,12 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
     experiments = {e.name: e for e in with_needs(ledger.experiments({a.name for a in adopt}), needs)} if adopt else {}
+    # The stops the dead runner had asked (recorded before their signals): those attempts' ends read as them.
+    asked = {key: StopAsked(*words) for key, words in ledger.stops_asked().items()} if adopt else {}
     stray = []
     for a in adopt:
         since = a.launched_at or a.started_at or now
-        run = scheduler.adopt(experiments[a.name], a.attempt, a.slots, since)
+        run = scheduler.adopt(experiments[a.name], a.attempt, a.slots, since, asked.get((a.name, a.attempt)))
         if run is None:
             stray.append(a)
         else:
@@ -253,9 +259,12 @@ def _run_with_signals(dispatcher: Dispatcher) -> bool:
         if presses == 1:
             dispatcher.post(Interrupt())
         elif not killing:  # nested: the kill under way SIGKILLs everything already
-            # At once: SIGKILL them all; the dispatcher records each interrupted as it is reaped and ends.
+            # At once: SIGKILL them all; the dispatcher records each interrupted as it is reaped and ends. Only
+            # after the first press's stop is recorded (a step: milliseconds), so that what is killed reads as
+            # interrupted even if this runner dies next; bounded, should the dispatcher be stuck.
             killing = True
             try:
+                dispatcher.stop_recorded.wait(_RECORD_WAIT)
                 executor.kill_all()
             except Exception:
                 log.exception("killing the sweep's processes failed")
