@@ -186,13 +186,17 @@ autotune() {
 """
 
 
-def environment(sandbox: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1", "STANDIN_SECONDS": "0",
-            "EXAMPLES_PYTHON": sys.executable, "EXAMPLES_STANDIN": str(sandbox / "benchmarks" / "standin.sh")}
+def environment(sandbox: Path, template: Path) -> dict[str, str]:
+    """The examples' environment: the working tree's package, no colour, an instant stand-in; Python's bytecode
+    kept beside the template for the next command (each is a new interpreter), never in the repository."""
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**environ, "PYTHONPATH": str(ROOT), "PYTHONPYCACHEPREFIX": str(template.parent / "pycache"),
+            "NO_COLOR": "1", "STANDIN_SECONDS": "0", "EXAMPLES_PYTHON": sys.executable,
+            "EXAMPLES_STANDIN": str(sandbox / "benchmarks" / "standin.sh")}
 
 
-def bash(script: str, sandbox: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", "-c", PRELUDE + script], cwd=sandbox, env=environment(sandbox),
+def bash(script: str, sandbox: Path, template: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", PRELUDE + script], cwd=sandbox, env=environment(sandbox, template),
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
@@ -207,7 +211,7 @@ def template(tmp_path_factory):
     sweep = (ROOT / "experiments" / "zero_mbs.hjson").read_text()
     (sandbox / "sweep.hjson").write_text(sweep.replace("script: train.py", "script: experiments/train.py"))
     made = bash("autotune run sweep.hjson --slots 2 -o results/first --quiet\n"
-                "autotune run sweep.hjson --slots 2 -o results/second --quiet\n", sandbox)
+                "autotune run sweep.hjson --slots 2 -o results/second --quiet\n", sandbox, sandbox)
     assert made.returncode == 0, made.stdout + made.stderr
     return sandbox
 
@@ -225,6 +229,6 @@ def test_every_example_runs_on_stand_ins(page, template, tmp_path):
         others = [line for line in logical_lines(block.text)
                   if any(words[0] not in ("autotune", "cd") for words in segments(line))]
         assert others == [], f"{block.where}: a block that runs holds only autotune and cd (or is marked)"
-        done = bash(block.text, sandbox)
+        done = bash(block.text, sandbox, template)
         assert done.returncode == 0, f"{block.where} exit {done.returncode}:\n{block.text}\n" \
                                      f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
