@@ -1,6 +1,8 @@
-"""What the README and docs/ promise a reader, checked against the code: every option `--help` lists is named,
-the Hjson examples read as their comments say, links inside the repository lead somewhere, and none points at
-files outside it."""
+"""What the README and docs/ promise a reader, checked against the code: every option `--help` lists is named in
+the manual, docs/reference.md is what the command line says, the Hjson examples read as their comments say,
+links inside the repository lead somewhere, and none points at files outside it. The README stays short and
+keeps the two commands a newcomer starts with. (tests/test_examples.py checks the `autotune` commands the
+pages show.)"""
 from __future__ import annotations
 
 import re
@@ -11,27 +13,47 @@ import pytest
 import typer
 
 import autotuner
-from autotuner.cli import app
+from autotuner.cli import app, reference
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REFERENCE = ROOT / "docs" / "reference.md"
+# The manual as people wrote it: the README and docs/, but the reference written from the command line.
+WRITTEN = "\n".join(doc.read_text() for doc in DOCS if doc != REFERENCE)
 FENCED = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 
 
 def hjson_blocks() -> list[str]:
-    return [body for lang, body in FENCED.findall(README) if lang == "hjson"]
+    return [body for lang, body in FENCED.findall(WRITTEN) if lang == "hjson"]
 
 
-def test_every_option_help_lists_is_named_in_the_readme():
+def test_every_option_help_lists_is_named_in_the_manual():
+    """Each option is explained somewhere in the README or a page of docs/, not only listed by the reference."""
     command = typer.main.get_command(app)
     missing = []
     commands = [("autotune", command), *command.commands.items()]  # type: ignore[attr-defined]
     for name, sub in commands:
         for param in sub.params:
             spellings = [o for o in (*param.opts, *param.secondary_opts) if o.startswith("--") and o != "--help"]
-            if spellings and not any(re.search(re.escape(o) + r"(?![\w-])", README) for o in spellings):
+            if spellings and not any(re.search(re.escape(o) + r"(?![\w-])", WRITTEN) for o in spellings):
                 missing.append(f"{name} {spellings[0]}")
+    assert missing == []
+
+
+def test_the_reference_is_what_the_command_line_says():
+    assert REFERENCE.read_text() == reference.markdown(), \
+        f"docs/reference.md differs from the command line: write it again with `{reference.REGENERATE}`"
+
+
+def test_the_reference_lists_every_option_of_every_command():
+    """What the comparison above leans on: the page names each command and each of its options."""
+    text = REFERENCE.read_text()
+    command = typer.main.get_command(app)
+    missing = [f"{name} {opt}" for name, sub in command.commands.items()  # type: ignore[attr-defined]
+               for param in sub.params for opt in (*param.opts, *param.secondary_opts)
+               if param.param_type_name == "option"
+               and not re.search(rf"^## autotune {name}\n(?:(?!^## ).)*?`[^`\n]*{re.escape(opt)}\b", text, re.M | re.S)]
     assert missing == []
 
 
@@ -98,18 +120,23 @@ def test_no_doc_points_outside_the_repository(doc):
     assert re.findall(r"/work/shared|\.\./shared", doc.read_text()) == []
 
 
-def test_the_commands_table_gives_each_command_only_options_it_takes():
+def test_the_readme_commands_table_lists_every_command_in_help_order():
     command = typer.main.get_command(app)
-    takes = {name: {o for p in sub.params for o in (*p.opts, *p.secondary_opts)}
-             for name, sub in command.commands.items()}  # type: ignore[attr-defined]
-    wrong = []
-    for line in README.splitlines():
-        if not line.startswith("| `autotune "):
-            continue
-        usage = line.split(" | ")[0]
-        first = re.match(r"\| `autotune (\w+)", line)
-        also = re.search(r"\(and ([^)]*)\)", usage)
-        assert first is not None, line
-        names = [first.group(1), *(re.findall(r"`(\w+)`", also.group(1)) if also else [])]
-        wrong += [f"{n} {o}" for o in re.findall(r"--[a-z][\w-]*", usage) for n in names if o not in takes[n]]
-    assert wrong == []
+    listed = re.findall(r"^\| \[`(\w+)`\]\(docs/[\w.-]+\.md\) \| ", README, re.M)
+    assert listed == list(command.commands)  # type: ignore[attr-defined]
+
+
+def test_the_readme_keeps_the_two_first_commands_and_ci_runs_its_test_command():
+    blocks = [body.strip() for _, body in FENCED.findall(README)]
+    assert "bash .ci/setup && autotune run experiments/zero_mbs.hjson --slots 2" in blocks
+    assert "bash .ci/setup-tests && python -m pytest -q tests" in blocks
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert "bash .ci/setup-tests" in ci and ci[-1] == "python -m pytest -q tests"
+
+
+def test_the_readme_is_read_in_five_minutes():
+    """Well under 250 lines, none of prose longer than 120 characters (a code block may hold a long command)."""
+    lines = README.splitlines()
+    assert len(lines) < 200
+    prose = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S).splitlines()
+    assert [line for line in prose if len(line) > 120] == []

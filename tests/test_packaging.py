@@ -65,7 +65,7 @@ def test_the_python_versions_said_are_the_ones_checked():
 
 def test_every_install_line_names_this_distribution():
     """`pip install 'autotuner[plots]'` would install another project's code: every hint says ours."""
-    texts = [ROOT / "README.md", *sorted((ROOT / "autotuner").rglob("*.py"))]
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "autotuner").rglob("*.py"))]
     named = {(path.name, m.group(1)) for path in texts
              for m in re.finditer(r"pip install '?([A-Za-z0-9_.-]+)\\*\[", path.read_text())}
     assert named and all(name == NAME for _, name in named), named

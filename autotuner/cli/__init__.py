@@ -5,7 +5,8 @@ The modules, by job: `app` (the typer app, global options, what every command pr
 (options several commands share, declared once), `checks` (option values checked before anything starts),
 `sweeps` (run, tune, resume, cancel), `plan`, `reports` (status, report, compare, dashboard), `hosts`,
 `allocation` (a Slurm allocation asked for and given back), `execute` (a sweep watched to its end),
-`interrupts` (Ctrl-C), `entry` (`main`, the console script). The commands are registered here, in the order
+`interrupts` (Ctrl-C), `entry` (`main`, the console script), `reference` (docs/reference.md written from the
+commands, never imported on the way to a command). The commands are registered here, in the order
 `autotune --help` lists them.
 
 Start-up stays fast: nothing here imports torch, deepspeed or the SSH stack on the way to `--help`.
