@@ -15,6 +15,7 @@ so a stop signal sent to the group reaches the launcher, and the wrapper outlive
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -93,7 +94,37 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     # The profile window only explains a missing metrics file: the config is read for that case alone, not
     # after every run.
     profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
-    return judge(exit_code, metrics, metric, logs, profile_end)
+    return _per_layout(judge(exit_code, metrics, metric, logs, profile_end), directory)
+
+
+THROUGHPUT, AS_WRITTEN, PER_GPU = "throughput", "throughput_deepspeed", "throughput_per_gpu"
+
+
+def _per_layout(outcome: Outcome, directory: Path) -> Outcome:
+    """A run with AutoTP (its config's `tensor_parallel.autotp_size`): DeepSpeed 0.19.8's engine writes as
+    throughput its train_batch_size over the step time, and counts that batch over every rank, TP ranks
+    included (tune/layout.py), so at size N each sample trained is counted N times: the throughput recorded is
+    the samples trained per second (DeepSpeed's figure over N, kept as `throughput_deepspeed`), and
+    `throughput_per_gpu` beside it (over the experiment's GPUs), so that layouts compare fairly. Other runs as
+    they are."""
+    if outcome.state != State.SUCCEEDED or not outcome.metrics or THROUGHPUT not in outcome.metrics:
+        return outcome
+    try:
+        config = json.loads((directory / "ds_config.json").read_text())
+        spec = json.loads((directory / "exp.json").read_text())
+        section = config.get("tensor_parallel")
+        size = section.get("autotp_size") if isinstance(section, dict) else None
+        world = int(spec.get("num_gpus", 1)) * int(spec.get("num_nodes", 1))
+    except (OSError, ValueError, TypeError, AttributeError):  # not a file this runner wrote: nothing to add
+        return outcome
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1 or world < 1:
+        return outcome
+    metrics = dict(outcome.metrics)
+    if size > 1:
+        metrics[AS_WRITTEN] = metrics[THROUGHPUT]
+        metrics[THROUGHPUT] = metrics[THROUGHPUT] / size
+    metrics[PER_GPU] = metrics[THROUGHPUT] / world
+    return dataclasses.replace(outcome, metrics=metrics)
 
 
 def _profiled(path: Path) -> Outcome:

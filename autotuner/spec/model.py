@@ -33,6 +33,7 @@ ABBREVIATIONS = {
     "train_micro_batch_size_per_gpu": "mbs",
     "gradient_accumulation_steps": "gas",
     "train_batch_size": "tbs",
+    "tensor_parallel.autotp_size": "tp",
     "num_gpus": "g",
     "num_nodes": "n",
     "--per_device_train_batch_size": "bs",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from ..spec import Experiment
+from .layout import stage_of
 from .search import Search
 from .space import MAX_MICRO_BATCH, Setting
 from .stage import Stage
@@ -67,10 +68,11 @@ class MicroBatchSearch(Search):
         does not, one run is spent. (With room for more, the first round already spans the stages, the highest
         bounding the others' probes: taking a slot from them costs more runs out of memory than it saves time.
         With a model each stage starts at its own predicted size.)"""
-        order = sorted(self.stages, reverse=True)
+        order = sorted(self.stages, key=lambda lane_: (-stage_of(lane_), lane_))  # each layout's highest first
         unbounded = all(known.predicted is None for known in self.stages.values())
         if room == 1 and not self.trials and unbounded:  # the search's first point (trials span every level)
-            order.insert(0, order.pop())
+            order.remove(first := min(order))
+            order.insert(0, first)
         return order
 
     def _knob_walk(self, stage: int, known: Stage) -> list[Setting]:
@@ -106,8 +108,9 @@ class MicroBatchSearch(Search):
             return self._measure(known, fit) if searched else []
         if probe is None:
             return self._measure(known, fit)
-        pending = min((m for s, other in self.stages.items() if s > stage and self.ordered() for m in other.out),
-                      default=None)
+        ordered = self.ordered()
+        pending = min((m for s, other in self.stages.items() if ordered and self.spec.needs_at_least(stage, s)
+                       for m in other.out), default=None)
         if pending is not None and probe >= pending:  # a higher stage's run there may rule it out: probe below it
             below = self._probe(stage, pending)
             return [below] if below is not None and below < pending else []
@@ -142,7 +145,8 @@ class MicroBatchSearch(Search):
                 return min(start, small - 1) if small > spec.min_mbs else None
             if small <= spec.min_mbs:
                 return None
-            if stage == min(self.stages):  # the most memory: whether it fits at all, in one run
+            if not any(self.spec.needs_at_least(other, stage) for other in self.stages):  # the most memory: whether
+                # it fits at all, in one run
                 return spec.min_mbs
             return min(midpoint(spec.min_mbs, small, share), known.ceiling())
         fit, ceiling = max(known.fits, default=None), known.ceiling()

@@ -29,13 +29,14 @@ from ..spec.reading import (
 )
 from .batches import largest_keeping
 from .knobs import Space, accumulation_values, first_values, knob_spaces, with_accumulation
+from .layout import SHAPE_KEYS, read_script_knobs, read_shape, read_tp
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
 KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
         "end_profile_step", "metric_path", "max_train_batch_size", "min_train_batch_size",
         "min_train_micro_batch_size_per_gpu", "max_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes",
         "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
-        "model_info_path")
+        "model_info_path", "script_knobs")  # script_knobs: ours (layout.py), the script's arguments to search
 TUNERS = ("gridsearch", "random", "model_based")
 SWITCHES = ("enabled", "fast", "overwrite")  # the section's true/false keys
 PATHS = ("results_dir", "exps_dir", "metric_path")  # the section's path keys
@@ -50,7 +51,8 @@ TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_s
 MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
 # model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
-                   "activation_mem_per_gpu")
+                   "activation_mem_per_gpu", *(k for k in SHAPE_KEYS if k not in ("hidden_size", "num_layers")),
+                   "hf_config")  # the shape (layout.py): what a TP size must divide, and activations under TP
 
 
 @dataclass(frozen=True)
@@ -119,9 +121,13 @@ class Tuning:
     facts_line: int | None = None  # the line of model_info or model_info_path, when the facts come from one
     files: tuple[str, ...] = ()  # every file read for it: the tune file, the config, the model info file
     fixed_batch: bool = False  # global_batch is the config's train_batch_size, kept by every candidate
+    tp: tuple[int, ...] = ()  # tensor_parallel.autotp_size: the sizes searched (layout.py)
+    script_knobs: dict[str, list[JSON]] = field(default_factory=dict)  # autotuning.script_knobs
+    shape: dict[str, int] | None = None  # the model's heads, hidden size... (model_info, its hf_config)
 
 
-def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = CONFIG_FLAG) -> Tuning:
+def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = CONFIG_FLAG,
+                num_gpus: int | None = None) -> Tuning:
     """The config at `path` (or `src`, one read already: a tune file's ds_config) and its autotuning section
     (DeepSpeed's keys); `world`: GPUs per experiment; `flag`: the option the script takes the config by, which
     no `arg_mappings` entry may hand a value to (the rules of a sweep file's)."""
@@ -196,10 +202,15 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     mappings = arg_mappings(src, section.get("arg_mappings", {}), flag)
     _check_auto(src, config, mappings, global_batch is not None)
     facts = _facts(src, section, path)  # reads the model info file, if one is named
+    shape = read_shape(src, section.get("model_info"))  # reads the Hugging Face config, if one is named
+    tp = read_tp(src, config, num_gpus or world, whole["mp_size"], shape)
+    if tp:  # each candidate writes its own size (knowledge.experiment), the section's other keys kept
+        base["tensor_parallel"] = {k: v for k, v in config["tensor_parallel"].items() if k != "autotp_size"}
+    knobs = read_script_knobs(src, section, flag, mappings)
     return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
                   facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)),
-                  fixed)
+                  fixed, tp, knobs, shape)
 
 
 def _check_steps(src: Source, start: int | None, end: int | None) -> None:
@@ -259,7 +270,7 @@ def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
                 raise src.error(f"unknown model_info key {shown(key)} (keys: {', '.join(MODEL_INFO_KEYS)})", key)
             if key == "profile" and not isinstance(value, bool):
                 raise src.error(f"model_info.profile must be true or false, not {shown(value)}", key)
-            problem = _model_number(key, value) if key != "profile" else None
+            problem = _model_number(key, value) if key not in ("profile", "hf_config", *SHAPE_KEYS) else None
             if problem is not None:
                 raise src.error(f"model_info.{key} {problem}", key)
         if "num_params" in info:

@@ -17,9 +17,10 @@ from dataclasses import replace
 from ..jsonvalues import JSON
 from ..spec import Experiment
 from ..spec.metrics import Metric, metric_named
-from ..spec.model import with_mapped_args
+from ..spec.model import option_text, with_arg, with_mapped_args
 from ..states import Reason, State
 from .knobs import BY_KEY, tag_value
+from .layout import LANE, arg_value, lane, layout_of, stage_of
 from .memory_model import Training
 from .reruns import mean_of, rerun_name, rerun_of
 from .space import OFFLOAD_TAGS, Point, SearchSpec, Setting
@@ -34,7 +35,7 @@ class Knowledge:
         self.spec = replace(spec, offload=self.own)  # at the offload level searched: `escalate` moves it on
         self.levels = spec.levels()
         self.metric: Metric = metric_named(spec.metric)
-        self.stages = {stage: Stage() for stage in spec.stages}
+        self.stages = {lane_: Stage() for lane_ in spec.lanes}  # by lane: one per stage with one layout
         self.proposed: set[str] = set()
         self.trials: list[tuple[int, int]] = []  # the search's points in the order proposed (the ledger's)
         self.best: float | None = None
@@ -42,7 +43,12 @@ class Knowledge:
         self.configs: dict[str, Point] = {}  # each config that succeeded -> its point, in order
         self.first: dict[str, float] = {}  # each config that succeeded -> the metric of its first run
         # full mode: each stage's knob space, and what the knob points (those with a Setting) taught
-        self.spaces = {int(s): {k: list(v) for k, v in space.items()} for s, space in spec.knobs.items()}
+        self.spaces = {lane(i, int(s)): {k: list(v) for k, v in space.items()} for s, space in spec.knobs.items()
+                       for i in range(len(spec.layouts))}
+        # each layout by what an experiment shows of it: its TP size, and its knobs' values as argument text
+        self._layout_keys: dict[tuple[int | None, tuple[str | None, ...]], int] = {
+            (size, tuple(option_text(v) for _, v in knobs)): i
+                             for i, (size, knobs) in enumerate(spec.layouts)}
         self.top_keys = {s: [k for k in space if BY_KEY[k].top] for s, space in self.spaces.items()}
         self.knob_trials: list[Point] = []  # in the order proposed (the ledger's)
         self.knob_fits: dict[Point, float] = {}
@@ -76,7 +82,7 @@ class Knowledge:
         """Every open point (`open`) of the grid of `sizes`, in the order stage, size, knobs: what each stage rules
         out worked out once, not once a point (the grid may hold thousands)."""
         found: list[Point] = []
-        for stage in self.spec.stages:
+        for stage in self.spec.lanes:
             known = self.stages.get(stage)
             if known is None or known.given_up:
                 continue
@@ -132,15 +138,15 @@ class Knowledge:
     # --- what the stages tell each other (stage.py) ------------------------------------------------------
     def ordered(self) -> bool:
         """Whether the runs agree that a lower stage needs at least the memory of a higher one (stage.ordered)."""
-        return ordered(self.stages)
+        return ordered(self.stages, self.spec.needs_at_least)
 
     def vouched(self, stage: int) -> int | None:
         """The largest size known to fit at `stage`: its own, or one that fits at a lower stage."""
-        return vouched(self.stages, stage)
+        return vouched(self.stages, stage, self.spec.needs_at_least)
 
     def ruled_out_above(self, stage: int) -> int | None:
         """The smallest size known not to fit at `stage`: its own, or one where a higher stage ran out of memory."""
-        return ruled_out_above(self.stages, stage)
+        return ruled_out_above(self.stages, stage, self.spec.needs_at_least)
 
     # --- learning -----------------------------------------------------------------------------------------
     def learn(self, experiment: Experiment, state: State, reason: str | None, value: float | None,
@@ -240,7 +246,11 @@ class Knowledge:
         `rerun`: the confirming re-run of that config."""
         spec = self.spec
         config = copy.deepcopy(dict(spec.base))
-        config.setdefault("zero_optimization", {})["stage"] = stage
+        config.setdefault("zero_optimization", {})["stage"] = stage_of(stage)
+        size, script_knobs = spec.layouts[layout_of(stage)]
+        if size is not None:  # the user's section kept (its other keys), its size the layout's
+            section = config.get("tensor_parallel")
+            config["tensor_parallel"] = {**(section if isinstance(section, dict) else {}), "autotp_size": size}
         for key, value in knobs:  # a config key (gradient accumulation) or a zero_optimization one
             (config if BY_KEY[key].top else config["zero_optimization"])[key] = value
         config["train_micro_batch_size_per_gpu"] = mbs
@@ -252,6 +262,8 @@ class Knowledge:
         name = self.name_of(stage, mbs, knobs)
         template = dict(spec.template)
         args = with_mapped_args(template.pop("args", []), config, template.pop("arg_mappings", {}))
+        for option, value in script_knobs:
+            args = with_arg(args, option, option_text(value))
         return Experiment.from_json({**template, "name": rerun_name(name) if rerun else name, "ds_config": config,
                                      "args": args})
 
@@ -259,7 +271,7 @@ class Knowledge:
         """The name of `experiment(stage, mbs, knobs=knobs)`, without building it: whether a point was proposed is
         asked of every point of the grid when a sampling tuner looks for the open ones."""
         spec = self.spec
-        name = f"{spec.prefix}_z{stage}_mbs{mbs}"
+        name = f"{spec.prefix}{spec.layout_tag(layout_of(stage))}_z{stage_of(stage)}_mbs{mbs}"
         gas = self.accumulation_of(stage, mbs)
         if gas is not None:
             name += f"_gas{gas}"
@@ -283,23 +295,29 @@ class Knowledge:
                 and gas != own and not self.setting_of(experiment):
             self.stages[placed[0]].accumulation[placed[1]] = gas
 
-    @staticmethod
-    def place_of(experiment: Experiment) -> tuple[int, int] | None:
-        """(stage, micro-batch size) of one of the search's experiments, read from its config."""
+    def place_of(self, experiment: Experiment) -> tuple[int, int] | None:
+        """(lane, micro-batch size) of one of the search's experiments, read from its config (the stage, the TP
+        size) and its arguments (the script knobs' values); None for what is no point of the search."""
         config = experiment.ds_config
         stage = (config.get("zero_optimization") or {}).get("stage")
         mbs = config.get("train_micro_batch_size_per_gpu")
-        if isinstance(stage, int) and isinstance(mbs, int):
-            return stage, mbs
-        return None
+        if not (isinstance(stage, int) and isinstance(mbs, int) and 0 <= stage < LANE):
+            return None
+        section = config.get("tensor_parallel")
+        size = section.get("autotp_size") if isinstance(section, dict) and self.spec.tp else None
+        size = size if isinstance(size, int) else None
+        texts = tuple(arg_value(experiment.args, option) for option in self.spec.script_knobs)
+        index = self._layout_keys.get((size, texts))
+        return (lane(index, stage), mbs) if index is not None else None
 
     def setting_of(self, experiment: Experiment) -> Setting:
         """The knobs of one of the search's experiments, read from its config (() for a micro-batch trial)."""
         config = experiment.ds_config
         zero = config.get("zero_optimization") or {}
-        stage = zero.get("stage")
-        if not isinstance(stage, int):
+        placed = self.place_of(experiment)
+        if placed is None:
             return ()
+        stage = placed[0]
         top = self.top_keys.get(stage)  # gradient accumulation given as a list: a key of the config itself
         return self.setting(stage, {**zero, **{k: config[k] for k in top if k in config}} if top else zero)
 
@@ -309,3 +327,4 @@ class Knowledge:
         """The offload level of one of the search's experiments, read from its config."""
         training = Training.of(experiment.ds_config)
         return 2 if training.offload_params else 1 if training.offload_optimizer else 0
+

@@ -20,6 +20,7 @@ from dataclasses import replace
 from ..spec import Experiment
 from ..states import Reason, State
 from .knowledge import Knowledge
+from .layout import layout_of, replicated_params, stage_of
 from .memory_model import Facts, Training, model_states
 from .space import SearchSpec
 from .stage import Stage
@@ -35,7 +36,9 @@ def profile_facts(spec: SearchSpec, metrics: Mapping[str, float] | None, name: s
     if not num_params or num_params <= 0:
         return None
     activation = (metrics or {}).get("activation_mem_per_gpu")
-    per_sample = activation / spec.min_mbs if activation and activation > 0 else None
+    # measured in the first layout (its TP size, its knobs): the figure at TP 1 without checkpointing is its over
+    # the layout's share
+    per_sample = activation / spec.min_mbs / spec.share(0) if activation and activation > 0 else None
     trainable = (metrics or {}).get("trainable_num_params")
     return Facts(int(num_params), per_sample, f"profile run {name}",
                  int(trainable) if trainable is not None and 0 <= trainable < num_params else None)
@@ -67,7 +70,7 @@ class MemoryLoop(Knowledge):
     def _bound(self, facts: Facts) -> None:
         """Each stage's bound from `facts`, for the stages no run has answered or is answering yet (a stage's
         search keeps the bound it started with)."""
-        for stage, found in self.spec.bounds(facts).items():
+        for stage, found in self.spec.bounds(facts, self._by_layout()).items():
             known = self.stages[stage]
             if known.fits or known.too_big or known.out or known.crashed:
                 continue
@@ -83,15 +86,35 @@ class MemoryLoop(Knowledge):
         facts, gpu = self.facts, self.spec.gpu_memory
         if facts is None or gpu is None:
             return facts
-        training = Training.of(self.spec.base)
-        states = {stage: model_states(facts.num_params, stage, training, self.spec.dp, self.spec.mp, facts.trainable)
-                  for stage in self.stages}
-        seen = [figure for stage in self.stages if (figure := self._per_sample(stage, states[stage])) is not None]
-        seen += [(gpu - states[stage]) / mbs for stage, known in self.stages.items() for mbs in known.oom
-                 if gpu > states[stage] and (known.predicted is None or mbs <= known.predicted)]
+        states = self._states(facts)
+        share = {stage: self.spec.share(layout_of(stage)) for stage in self.stages}  # each figure as at TP 1
+        seen = [figure / share[stage] for stage in self.stages
+                if (figure := self._per_sample(stage, states[stage])) is not None]
+        seen += [(gpu - states[stage]) / mbs / share[stage] for stage, known in self.stages.items()
+                 for mbs in known.oom if gpu > states[stage] and (known.predicted is None or mbs <= known.predicted)]
         if not seen:
             return facts
         return replace(facts, activation=max(seen), source=f"{facts.source}, corrected by {len(seen)} run(s)")
+
+    def _states(self, facts: Facts) -> dict[int, float]:
+        """Each lane's model states (its stage, its TP size: ZeRO over world / TP)."""
+        spec, training = self.spec, Training.of(self.spec.base)
+        whole = replicated_params(facts.num_params, spec.shape)
+        return {lane_: model_states(facts.num_params, stage_of(lane_), training, max(1, spec.dp // spec.tp_of(lane_)),
+                                    spec.mp, facts.trainable, spec.tp_of(lane_), whole) for lane_ in self.stages}
+
+    def _by_layout(self) -> dict[int, float]:
+        """Each layout's activations per sample as its own runs' peaks showed them (the largest of its lanes'):
+        what the model learns of a layout (a TP size, checkpointing) beyond its share, where runs measured it."""
+        if self.facts is None or not self.peaks or len(self.spec.layouts) == 1:
+            return {}
+        states = self._states(self.facts)
+        found: dict[int, float] = {}
+        for stage in self.stages:
+            figure = self._per_sample(stage, states[stage])
+            if figure is not None:
+                found[layout_of(stage)] = max(figure, found.get(layout_of(stage), 0.0))
+        return found
 
     def _per_sample(self, stage: int, states: float) -> float | None:
         """The activation memory per sample a stage's measured peaks show: the slope between its smallest and
@@ -158,7 +181,7 @@ class MemoryLoop(Knowledge):
             return False
         corrected = self.model()
         self.spec, self.stages, self.peaks, self.since_best = wanted[0], {}, {}, 0
-        for stage in self.spec.stages:
+        for stage in self.spec.lanes:
             self.stages[stage] = Stage(top=self.spec.max_mbs)
         if corrected is not None:
             self.apply(corrected)

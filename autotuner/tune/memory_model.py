@@ -10,8 +10,12 @@ there is no copy (the ZeRO paper's accounting). Frozen parameters (LoRA, PEFT: `
 partitions over the data-parallel GPUs: stage 1 the optimizer states (the fp32 copy included), stage 2 also the
 gradients, stage 3 also the parameters. Offloading the optimizer (`offload_optimizer.device` cpu or nvme, stage 1
 and up) takes its states off the GPU; offloading the parameters (`offload_param`, stage 3) takes them off too. Model
-parallelism (`mp_size`) divides all of it. Activations are a figure per sample (a profile run's, or the one
-`model_info` states) times the micro-batch. What is kept free on top (CUDA's context, the allocator's slack, ZeRO's
+parallelism (`mp_size`) divides all of it. Tensor parallelism (AutoTP, `tp`) divides what it shards (every parameter
+but the `whole` ones: the embedding, the norms) and leaves the rest whole on each rank; ZeRO then partitions over the
+data-parallel group only (`dp` is world / TP: never counted twice, unlike DeepSpeed's own estimate, DeepSpeed issue
+6796). Activations are a figure per sample (a profile run's, or the one `model_info` states, at TP 1 without
+checkpointing) times the micro-batch, times the layout's share (layout.activation_share). What is kept free on
+top (CUDA's context, the allocator's slack, ZeRO's
 buckets) is the placement's headroom.
 
 Offloaded states land in the node's RAM (`host_states`): per rank its partition of the optimizer states (the fp32
@@ -102,14 +106,21 @@ def _offloaded(section: JSON) -> bool:
     return isinstance(section, Mapping) and section.get("device") in OFF_GPU
 
 
+def _sharded(count: float, tp: int, whole: float) -> float:
+    """A rank's share of `count` parameters under `tp`-way tensor parallelism, `whole` of them not split."""
+    kept = min(whole, count)
+    return kept + (count - kept) / tp
+
+
 def model_states(num_params: int, stage: int, training: Training, dp: int, mp: int = 1,
-                 trainable: int | None = None) -> float:
+                 trainable: int | None = None, tp: int = 1, whole: float = 0.0) -> float:
     """Bytes one GPU holds for parameters, gradients and optimizer states at a ZeRO stage, `dp` data-parallel
-    GPUs and `mp`-way model parallelism (activations not included). Of `trainable` parameters only (all when
-    None) are there gradients, an fp32 copy and optimizer states: frozen ones are only held."""
+    GPUs, `mp`-way model parallelism and `tp`-way tensor parallelism (`whole` parameters not split by it;
+    activations not included). Of `trainable` parameters only (all when None) are there gradients, an fp32 copy
+    and optimizer states: frozen ones are only held."""
     width = 2.0 if training.half else 4.0
-    trained = num_params if trainable is None else min(trainable, num_params)
-    params, grads = num_params * width, trained * width
+    trained = _sharded(num_params if trainable is None else min(trainable, num_params), tp, whole)
+    params, grads = _sharded(num_params, tp, whole) * width, trained * width
     optimizer = trained * 4.0 * (training.optimizer_states + (1 if training.half else 0))
     if stage >= 1:
         optimizer = 0.0 if training.offload_optimizer else optimizer / dp
@@ -121,19 +132,20 @@ def model_states(num_params: int, stage: int, training: Training, dp: int, mp: i
 
 
 def host_states(num_params: int, stage: int, training: Training, dp: int, local: int, mp: int = 1,
-                trainable: int | None = None) -> float:
+                trainable: int | None = None, tp: int = 1, whole: float = 0.0) -> float:
     """Bytes one node's RAM holds for what a config offloads, `local` ranks on the node: each rank's partition of
     the optimizer states with the fp32 gradients they step with (offload_optimizer, stage 1 and up), and of the
     half or full parameters (offload_param, stage 3). 0 when nothing is offloaded to the CPU."""
     if training.on_nvme:
         return 0.0
     width = 2.0 if training.half else 4.0
-    trained = num_params if trainable is None else min(trainable, num_params)
+    trained = _sharded(num_params if trainable is None else min(trainable, num_params), tp, whole)
+    held = _sharded(num_params, tp, whole)
     share = 0.0
     if stage >= 1 and training.offload_optimizer:
         share += trained * 4.0 * (training.optimizer_states + (1 if training.half else 0) + 1) / dp
     if stage >= 3 and training.offload_params:
-        share += num_params * width / dp
+        share += held * width / dp
     return share * local / mp
 
 
@@ -161,12 +173,15 @@ def budget(gpu_memory: int) -> int:
 
 
 def bound(facts: Facts, training: Training, stage: int, gpu_memory: int | None, dp: int, mp: int = 1,
-          min_mbs: int = 1, host_memory: int | None = None, local: int = 1) -> Bound:
+          min_mbs: int = 1, host_memory: int | None = None, local: int = 1, tp: int = 1, whole: float = 0.0,
+          activation: float | None = None) -> Bound:
     """The largest micro-batch size of `stage` that the model says fits on a GPU of `gpu_memory` bytes (None: not
     known, no size predicted) beside what it offloads to a node of `host_memory` bytes with `local` ranks (None:
-    not known, no constraint); 0 when not even `min_mbs` does."""
-    states = model_states(facts.num_params, stage, training, dp, mp, facts.trainable)
-    host = host_states(facts.num_params, stage, training, dp, local, mp, facts.trainable)
+    not known, no constraint); 0 when not even `min_mbs` does. `tp`, `whole`: tensor parallelism (model_states);
+    `activation`: the bytes a sample needs on a rank of this layout (default: the facts' figure)."""
+    states = model_states(facts.num_params, stage, training, dp, mp, facts.trainable, tp, whole)
+    host = host_states(facts.num_params, stage, training, dp, local, mp, facts.trainable, tp, whole)
+    per_sample = facts.activation if activation is None else activation
     if host_memory is not None and host > 0 and host > budget(host_memory):
         return Bound(stage, states, 0, host, True)
     if gpu_memory is None:
@@ -174,10 +189,10 @@ def bound(facts: Facts, training: Training, stage: int, gpu_memory: int | None, 
     room = budget(gpu_memory) - states
     if room <= 0:
         return Bound(stage, states, 0, host)
-    if not facts.activation:
+    if not per_sample:
         return Bound(stage, states, None, host)
     # A sub-byte figure (stated, or measured by the loop) made the quotient infinite: no size past COUNT is meant.
-    largest = int(room // facts.activation) if room / facts.activation < limits.COUNT else limits.COUNT
+    largest = int(room // per_sample) if room / per_sample < limits.COUNT else limits.COUNT
     return Bound(stage, states, largest if largest >= min_mbs else 0, host)
 
 

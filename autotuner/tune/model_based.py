@@ -114,7 +114,7 @@ class ModelSearch(Search):
     def _space(self) -> dict[str, BaseDistribution]:
         """The point TPE asks for: the stage among those of the level searched, and the size's place on the grid."""
         dist = self.optuna.distributions
-        return {"stage": dist.CategoricalDistribution(self.spec.stages),
+        return {"stage": dist.CategoricalDistribution(self.spec.lanes),
                 "log2_mbs": dist.IntDistribution(0, len(self.sizes) - 1)}
 
     def choose(self, room: int) -> list[Experiment]:

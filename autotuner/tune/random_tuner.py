@@ -18,7 +18,7 @@ class RandomSearch(Search):
 
     def __init__(self, spec: SearchSpec):
         super().__init__(spec)
-        self.order = [(stage, mbs, knobs) for stage in spec.stages for mbs in sizes(spec)
+        self.order = [(stage, mbs, knobs) for stage in spec.lanes for mbs in sizes(spec)
                       for knobs in self.settings(stage)]
         random.Random(spec.seed).shuffle(self.order)
         self._names: dict[Point, str] = {}  # each point's name at the spec `_named` (an offload level names anew)

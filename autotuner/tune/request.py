@@ -51,7 +51,7 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, 
         command, located, prefix, env = split_command(script, args, where), None, None, {}
         num_gpus, num_nodes = num_gpus or 1, num_nodes or 1
     _check_shape(num_gpus, num_nodes)
-    tuning = read_tuning(command.config_path, num_gpus * num_nodes, located, command.flag)
+    tuning = read_tuning(command.config_path, num_gpus * num_nodes, located, command.flag, num_gpus)
     template = {"script": command.script, "args": list(command.args), "num_gpus": num_gpus, "num_nodes": num_nodes,
                 "source": str(command.config_path), "config_flag": command.flag, "arg_mappings": tuning.arg_mappings}
     if env:
@@ -63,7 +63,8 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, 
                       patience=tuning.patience,
                       tuner=tuning.tuner, seed=seed, confirm=confirm, min_gain=min_gain,
                       knobs={str(stage): space for stage, space in tuning.knobs.items() if space},
-                      facts=tuning.facts, mp=tuning.mp)
+                      facts=tuning.facts, mp=tuning.mp, tp=tuning.tp, script_knobs=tuning.script_knobs,
+                      shape=tuning.shape)
     if tuning.tuner != "gridsearch":  # a sampling tuner stops by DeepSpeed's defaults when the config sets none
         spec = replace(spec, trials=spec.trials or DEFAULT_TRIALS, patience=spec.patience or DEFAULT_PATIENCE)
     try:  # a long script or tune name, with full mode's knob tags, would make names no directory takes

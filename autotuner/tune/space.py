@@ -21,6 +21,18 @@ from ..jsonvalues import JSON, JSONObject
 from ..spec.model import NAME_MAX
 from .batches import largest_keeping
 from .knobs import BY_KEY, tag_value
+from .layout import (
+    Layout,
+    activation_share,
+    checkpointing,
+    lane,
+    layout_of,
+    layout_tag,
+    layouts,
+    needs_at_least,
+    replicated_params,
+    stage_of,
+)
 from .memory_model import OFF_GPU, Bound, Facts, Training, bound
 from .reruns import rerun_name
 
@@ -63,11 +75,56 @@ class SearchSpec:
     min_gain: float = 0.0  # a better run resets `patience` only when better by this fraction of the best
     host_memory: int | None = None  # bytes of RAM of a node the experiments run on (None: unknown, no constraint)
     offload: int = 0  # the offload level searched (OFFLOAD_TAGS): the base config's own, or one the search went to
+    tp: tuple[int, ...] = ()  # AutoTP sizes (tensor_parallel.autotp_size) searched or fixed; (): none set (layout.py)
+    script_knobs: Mapping[str, Sequence[JSON]] = field(default_factory=dict)  # "--option" -> its values
+    shape: Mapping[str, int] | None = None  # heads, KV heads, hidden, vocabulary, sequence, layers (layout.py)
 
     def to_json(self) -> JSONObject:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
                                "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()},
-                               "facts": dict(self.facts) if self.facts is not None else None}
+                               "facts": dict(self.facts) if self.facts is not None else None,
+                               "tp": list(self.tp), "script_knobs": {k: list(v) for k, v in self.script_knobs.items()},
+                               "shape": dict(self.shape) if self.shape is not None else None}
+
+    @property
+    def layouts(self) -> list[Layout]:
+        """Every layout searched (TP size x script knob values, layout.py); one when the tune sets none."""
+        return layouts(self.tp, self.script_knobs)
+
+    @property
+    def lanes(self) -> list[int]:
+        """Every (layout, ZeRO stage) the search walks, as lanes (layout.lane); the stages themselves with one
+        layout."""
+        return [lane(index, stage) for index in range(len(self.layouts)) for stage in self.stages]
+
+    @property
+    def searches_tp(self) -> bool:
+        """More than one TP size is searched: names carry each one's."""
+        return len(self.tp) > 1
+
+    def layout_tag(self, index: int) -> str:
+        return layout_tag(self.layouts[index], self.searches_tp)
+
+    def lane_label(self, lane_: int) -> str:
+        """A lane for people: `z1`, or `tp2 z1` / `tp2 gc1 z1` where layouts are searched."""
+        tag = self.layout_tag(layout_of(lane_)).replace("_", " ").strip()
+        return f"{tag} z{stage_of(lane_)}" if tag else f"z{stage_of(lane_)}"
+
+    def needs_at_least(self, a: int, b: int) -> bool:
+        """Whether lane `a` needs at least lane `b`'s memory at the same size (a lower or equal stage, a layout
+        that needs at least as much: layout.needs_at_least), `a` != `b`."""
+        if a == b:
+            return False
+        shapes = self.layouts
+        return stage_of(a) <= stage_of(b) and needs_at_least(shapes[layout_of(a)], shapes[layout_of(b)])
+
+    def tp_of(self, lane_: int) -> int:
+        return self.layouts[layout_of(lane_)][0] or 1
+
+    def share(self, index: int) -> float:
+        """A layout's activations per sample on a rank, over the figure at TP 1 without checkpointing."""
+        size, knobs = self.layouts[index]
+        return activation_share(size or 1, checkpointing(knobs), self.shape)
 
     def fitted(self) -> SearchSpec:
         """This spec with its prefix cut so that every experiment name it can make (the longest: the largest
@@ -77,7 +134,8 @@ class SearchSpec:
         most = max(1, self.global_batch // (self.min_mbs * self.dp)) if self.global_batch else \
             self.max_mbs * own // self.min_mbs if own is not None and self.max_mbs > self.min_mbs else None
         gas = f"_gas{most}" if most is not None else ""
-        longest = max(len(f"_z{stage}_mbs{self.max_mbs}{gas}{OFFLOAD_TAGS[-1]}") + sum(
+        tags = max(len(self.layout_tag(i)) for i in range(len(self.layouts)))
+        longest = tags + max(len(f"_z{stage}_mbs{self.max_mbs}{gas}{OFFLOAD_TAGS[-1]}") + sum(
             max(len(f"_{BY_KEY[key].tag}{tag_value(v)}") for v in values)
             for key, values in self.knobs.get(str(stage), {}).items()) for stage in self.stages)
         room = NAME_MAX - longest - len(rerun_name(""))
@@ -89,7 +147,7 @@ class SearchSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, JSON]) -> SearchSpec:
         # A ledger from before confirmation re-runs asked for none: its search goes on as it began.
-        return cls(**{"confirm": 0, **data, "stages": tuple(data["stages"])})
+        return cls(**{"confirm": 0, **data, "stages": tuple(data["stages"]), "tp": tuple(data.get("tp") or ())})
 
     @property
     def world(self) -> int:
@@ -146,15 +204,27 @@ class SearchSpec:
         """The stage of a profile run's name; None for any other name."""
         return next((stage for stage in self.stages if self.profile_name(stage) == name), None)
 
-    def bounds(self, facts: Facts) -> dict[int, Bound]:
-        """The memory model's bound of each stage on the spec's GPUs and nodes (memory_model.py); none with neither
-        the GPUs' nor the nodes' memory known."""
+    def bounds(self, facts: Facts, measured: Mapping[int, float] | None = None) -> dict[int, Bound]:
+        """The memory model's bound of each lane (each stage of each layout) on the spec's GPUs and nodes
+        (memory_model.py); none with neither the GPUs' nor the nodes' memory known. A TP size divides what it
+        shards, ZeRO partitions over the rest (world / TP); `measured`: a layout's activations per sample as its
+        runs showed them (memory_loop.py), over the facts' figure times the layout's share."""
         if self.gpu_memory is None and self.host_memory is None:
             return {}
         training = Training.of(self.base)
         local = int(self.template.get("num_gpus", 1))
-        return {stage: bound(facts, training, stage, self.gpu_memory, self.dp, self.mp, self.min_mbs,
-                             self.host_memory, local) for stage in self.stages}
+        whole = replicated_params(facts.num_params, self.shape)
+        found = {}
+        for index, (size, _) in enumerate(self.layouts):
+            tp = size or 1
+            per_sample = (measured or {}).get(index)
+            if per_sample is None and facts.activation:
+                per_sample = facts.activation * self.share(index)
+            for stage in self.stages:
+                found[lane(index, stage)] = bound(facts, training, stage, self.gpu_memory, max(1, self.dp // tp),
+                                                  self.mp, self.min_mbs, self.host_memory, local, tp, whole,
+                                                  per_sample)
+        return found
 
     def own_offload(self) -> int:
         """The offload level the user's config states: 2 with parameters offloaded, 1 the optimizer, else 0."""

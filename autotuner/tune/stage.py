@@ -5,7 +5,7 @@ stage 1 vouches for stages 2 and 3 (`vouched`).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .space import MAX_MICRO_BATCH
@@ -42,23 +42,32 @@ class Stage:
         return min(ceiling, self.top)
 
 
-def ordered(stages: Mapping[int, Stage]) -> bool:
+Needs = Callable[[int, int], bool]  # whether lane a needs at least lane b's memory at the same size
+
+
+def lower(a: int, b: int) -> bool:
+    """Plain stages: a lower stage needs at least a higher one's memory."""
+    return a < b
+
+
+def ordered(stages: Mapping[int, Stage], needs: Needs = lower) -> bool:
     """Whether the runs agree that a lower ZeRO stage needs at least the memory of a higher one at the same size
     (what partitioning more implies; with one data-parallel GPU only the buffers differ): no stage fits at or
     above a size where a higher stage ran out of memory. A run that contradicts it turns the inference off
-    (`vouched`, `ruled_out_above`)."""
+    (`vouched`, `ruled_out_above`). With layouts (lanes: layout.py), `needs` says which lane needs at least which
+    (a lower stage, a smaller TP size, checkpointing off)."""
     return not any(fit >= oom for high, known in stages.items() for oom in known.oom
-                   for low, other in stages.items() if low < high for fit in other.fits)
+                   for low, other in stages.items() if needs(low, high) for fit in other.fits)
 
 
-def vouched(stages: Mapping[int, Stage], stage: int) -> int | None:
-    """The largest size known to fit at `stage`: its own, or one that fits at a lower stage."""
-    lower = [s for s in stages if s < stage] if ordered(stages) else []
-    return max((m for s in (stage, *lower) for m in stages[s].fits), default=None)
+def vouched(stages: Mapping[int, Stage], stage: int, needs: Needs = lower) -> int | None:
+    """The largest size known to fit at `stage`: its own, or one that fits at a lane that needs more."""
+    more = [s for s in stages if needs(s, stage)] if ordered(stages, needs) else []
+    return max((m for s in (stage, *more) for m in stages[s].fits), default=None)
 
 
-def ruled_out_above(stages: Mapping[int, Stage], stage: int) -> int | None:
-    """The smallest size known not to fit at `stage`: its own out of memory or time, or one where a higher stage
-    ran out of memory."""
-    higher = [s for s in stages if s > stage] if ordered(stages) else []
-    return min([*stages[stage].too_big, *(m for s in higher for m in stages[s].oom)], default=None)
+def ruled_out_above(stages: Mapping[int, Stage], stage: int, needs: Needs = lower) -> int | None:
+    """The smallest size known not to fit at `stage`: its own out of memory or time, or one where a lane that
+    needs less ran out of memory."""
+    less = [s for s in stages if needs(stage, s)] if ordered(stages, needs) else []
+    return min([*stages[stage].too_big, *(m for s in less for m in stages[s].oom)], default=None)

@@ -20,6 +20,8 @@ from ..jsonvalues import JSON, JSONObject
 from ..ledger.store import Attempt, Ledger
 from ..spec.metrics import KNOWN, Metric
 from ..states import Reason, State
+from ..tune.layout import arg_value
+from ..tune.space import SearchSpec
 from .analysis import spec_of, swept_specs
 from .snapshot import Snapshot, format_slots, load
 
@@ -190,7 +192,7 @@ def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]],
 def from_snapshot(snap: Snapshot) -> SweepResults:
     """The records of a snapshot (read with or without every experiment: their specs are read if missing), made
     in the sweep's order and ranked last (see `Snapshot.order`)."""
-    keys, values = _swept(snap)
+    keys, values = _with_layout(snap, *_swept(snap))
     attempts, order = snap.attempts, snap.order
     typed = snap.by_type  # ranked per GPU type, each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
@@ -258,6 +260,36 @@ def _swept(snap: Snapshot) -> tuple[list[str], list[JSONObject]]:
     keys, table = swept_specs(list(specs.values()))
     by_name = dict(zip(specs, table, strict=True))
     return keys, [by_name.get(a.name) or {} for a in attempts]
+
+
+TP_KEY = "tensor_parallel.autotp_size"
+DP_KEY = "dp"  # a tune's data-parallel size (world / TP): a column of its own beside the TP size
+
+
+def _with_layout(snap: Snapshot, keys: list[str], values: list[JSONObject]) -> tuple[list[str], list[JSONObject]]:
+    """A tune that searches a layout (tune/layout.py) shows each candidate's: its TP size (even where one size
+    is fixed), its data-parallel size (world / TP), and each script knob's value as the script was handed it.
+    Other sweeps' columns as they are."""
+    spec = SearchSpec.from_json(snap.meta.search) if snap.meta.search is not None else None
+    if spec is None or not (spec.tp or spec.script_knobs):
+        return keys, values
+    by_name: dict[str, JSONObject] = {}
+    with Ledger.open(snap.directory) as ledger:
+        for found in ledger.specs():
+            config, args = found.get("ds_config") or {}, found.get("args") or []
+            section = config.get("tensor_parallel") if isinstance(config, dict) else None
+            size = section.get("autotp_size") if isinstance(section, dict) else None
+            row: JSONObject = {}
+            if spec.tp and isinstance(size, int):
+                row = {TP_KEY: size, DP_KEY: max(1, spec.world // size)}
+            row |= {option: arg_value(args, option) for option in spec.script_knobs}
+            by_name[str(found.get("name"))] = row
+    added = [k for k in (*((TP_KEY, DP_KEY) if spec.tp else ()), *spec.script_knobs) if k not in keys]
+    rows = []
+    for attempt, row in zip(snap.attempts, values, strict=True):
+        extra = by_name.get(attempt.name, {})
+        rows.append({**row, **{k: extra[k] for k in added if extra.get(k) is not None}})
+    return [*keys, *added], rows
 
 
 def load_results(directory: str | Path) -> SweepResults:

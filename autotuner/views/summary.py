@@ -19,12 +19,14 @@ from ..jsonvalues import JSONObject
 from ..limits import memory
 from ..states import State
 from ..tune.batches import keeping
+from ..tune.layout import lane
 from ..tune.memory_loop import profile_facts
 from ..tune.memory_model import Facts, budget
 from ..tune.space import OFFLOAD_TAGS, SearchSpec
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
     from ..ledger.store import Attempt
+    from ..spec import Experiment
     from .snapshot import Snapshot
 
 OPTIMAL_CONFIG = "ds_config_optimal.json"
@@ -88,7 +90,7 @@ def summary_text(snap: Snapshot) -> str:
             continue
         experiment = snap.experiments.get(attempt.name)
         stage = experiment.ds_config.get("zero_optimization", {}).get("stage", 0) if experiment else 0
-        spaces.setdefault(f"z{stage}" if isinstance(stage, int) else "z?", []).append(attempt)
+        spaces.setdefault((f"z{stage}" if isinstance(stage, int) else "z?") + _tp_of(experiment), []).append(attempt)
     space_of = {id(a): space for space, attempts in spaces.items() for a in attempts}
     tops: dict[str, Attempt] = {}
     for a in snap.ranked:  # best first: the first of each space is its best
@@ -106,6 +108,13 @@ def summary_text(snap: Snapshot) -> str:
     took = datetime.timedelta(seconds=max(ends) - min(starts)) if starts and ends else datetime.timedelta(0)
     # Nothing after DeepSpeed's last line: how a tune's winner was confirmed is in the report and tune's end.
     return f"{text}\n\nTuning completed in {took}. Total number of experiments: {ran}.\n"
+
+
+def _tp_of(experiment: Experiment | None) -> str:
+    """A run's AutoTP size as its tuning space's suffix (`z1_tp2`), where it has one above 1."""
+    section = experiment.ds_config.get("tensor_parallel") if experiment is not None else None
+    size = section.get("autotp_size") if isinstance(section, dict) else None
+    return f"_tp{size}" if isinstance(size, int) and size > 1 else ""
 
 
 DISAGREE = 0.1  # runs of one config that differ by more than this share of their mean measured the machine
@@ -189,7 +198,7 @@ def _profile_runs(snap: Snapshot) -> set[str]:
     return {a.name for a in snap.attempts if spec.profile_of(a.name) is not None}
 
 
-_PLACE = re.compile(r"_z([0-3])_mbs([0-9]+)(?:_gas[0-9]+)?")
+_PLACE = re.compile(r"(.*)_z([0-3])_mbs([0-9]+)(?:_gas[0-9]+)?")  # (layout tag), stage, size
 
 
 def memory_note(snap: Snapshot) -> str | None:
@@ -211,25 +220,27 @@ def memory_note(snap: Snapshot) -> str | None:
         if facts is None:
             return (f"No memory model: the profile run {profile.name} {profile.state.value} "
                     "(no model info); the sizes that fit were found by running")
-    ran: dict[int, int] = {}
+    ran: dict[int, int] = {}  # lane -> the largest size that ran
+    tags = {spec.layout_tag(i): i for i in range(len(spec.layouts))}
     for a in snap.attempts:
         found = _PLACE.fullmatch(a.name[len(spec.prefix):]) if a.name.startswith(spec.prefix) else None
-        if found and a.state == State.SUCCEEDED:
-            stage, mbs = int(found[1]), int(found[2])
+        if found and found[1] in tags and a.state == State.SUCCEEDED:
+            stage, mbs = lane(tags[found[1]], int(found[2])), int(found[3])
             ran[stage] = max(mbs, ran.get(stage, 0))
     parts = []
     for stage, bound in spec.bounds(facts).items():
+        label = spec.lane_label(stage)
         if bound.largest == 0 and bound.states >= budget(spec.gpu_memory):
-            parts.append(f"z{stage} skipped, cannot fit (model states {memory(bound.states)})")
+            parts.append(f"{label} skipped, cannot fit (model states {memory(bound.states)})")
         elif bound.largest == 0:
-            parts.append(f"z{stage} skipped, cannot fit micro-batch {spec.min_mbs} (model states "
+            parts.append(f"{label} skipped, cannot fit micro-batch {spec.min_mbs} (model states "
                          f"{memory(bound.states)}, activations {memory((facts.activation or 0) * spec.min_mbs)})")
         elif bound.largest is None:
-            parts.append(f"z{stage} fits (model states {memory(bound.states)}), no size predicted")
+            parts.append(f"{label} fits (model states {memory(bound.states)}), no size predicted")
         else:
             raised = f", ran up to {ran[stage]}" if ran.get(stage, 0) > bound.largest else ""
             above = f" (above the largest allowed, {spec.max_mbs})" if bound.largest > spec.max_mbs else ""
-            parts.append(f"z{stage} up to micro-batch {bound.largest}{above}{raised}")
+            parts.append(f"{label} up to micro-batch {bound.largest}{above}{raised}")
     parts += _offload_parts(spec, facts, {a.name for a in snap.attempts})
     activation = f", {memory(facts.activation)} of activations per sample" if facts.activation else ""
     trained = f" ({facts.trainable} trainable)" if facts.frozen else ""
@@ -249,7 +260,7 @@ def _offload_parts(spec: SearchSpec, facts: Facts, names: set[str]) -> list[str]
         for stage, bound in level.bounds(facts).items():
             fits = "does not fit" if bound.largest == 0 else \
                 "fits" if bound.largest is None else f"up to micro-batch {bound.largest}"
-            said.append(f"z{stage}{tag} {fits} (node RAM {memory(bound.host)}"
+            said.append(f"{level.lane_label(stage)}{tag} {fits} (node RAM {memory(bound.host)}"
                         f"{' of ' + memory(spec.host_memory) if spec.host_memory else ', not bounded'})")
         parts.append("; ".join(said))
     return parts
