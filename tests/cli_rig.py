@@ -71,7 +71,11 @@ def write_sweep(directory: Path, values: Iterable[object], *, name: str = "s", e
 
 
 def env(**extra: object) -> dict[str, str]:
+    """This environment for a CLI run, with this tree's package first on the path: a run whose cwd is not the
+    repository (a test's tmp_path) would otherwise import the installed one, another checkout's code in a
+    worktree."""
     base = {k: v for k, v in os.environ.items() if k != TAG_ENV}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH")) if p)
     return base | {k: str(v) for k, v in extra.items()}
 
 

@@ -19,16 +19,26 @@
 # partition (to nvme: off the GPU, not in the host's RAM); past $OOM_STANDIN_HOST bytes (default: this machine's RAM) the run is killed as the kernel's OOM killer
 # would (exit 137). Offloading the optimizer makes a step 0.6 times as fast, the parameters 0.5 times more.
 # $OOM_STANDIN_CONTEXT: what the runtime keeps, instead of 1.5e9.
-while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;; esac; shift; done
-exec python3 - "$cfg" "$inc" <<'PY'
-import base64, json, os, sys, time
+# Tensor parallelism (tensor_parallel.autotp_size N, AutoTP): each rank holds 5% of the parameters whole and its
+# 1/N of the rest, ZeRO partitions over the data-parallel GPUs (world / N), and 30% of the activations stay whole
+# (the rest split N ways); each step pays a communication cost, 10% of a step per doubling of N (within a node);
+# the throughput is written as DeepSpeed 0.19.8 writes it, counting each sample N times. `--gradient_checkpointing
+# true` (a script argument) keeps a quarter of the activations and makes a step 0.75 times as fast. The run's
+# line in the log then carries tpN and gc.
+while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;;
+    --gradient_checkpointing) gc="$2"; shift;; esac; shift; done
+exec python3 - "$cfg" "$inc" "${gc:-false}" <<'PY'
+import base64, json, math, os, sys, time
 config = json.loads(base64.urlsafe_b64decode(sys.argv[1]))
+tp = (config.get("tensor_parallel") or {}).get("autotp_size") or 1
+checkpointed = sys.argv[3] == "true"
 zero = config["zero_optimization"]
 stage, mbs = zero["stage"], config["train_micro_batch_size_per_gpu"]
 world = sum(len(part.split(":", 1)[1].split(",")) if ":" in part else 1 for part in sys.argv[2].split("@")) \
     if sys.argv[2] else 1
 profile = (config["autotuning"].get("model_info") or {}).get("profile")
-line = " ".join([f"z{stage} mbs{mbs}", *(f"{k}={json.dumps(v)}" for k, v in zero.items() if k != "stage")])
+line = " ".join([f"z{stage} mbs{mbs}", *(f"{k}={json.dumps(v)}" for k, v in zero.items() if k != "stage"),
+                 *([f"tp{tp}"] if "tensor_parallel" in config else []), *(["gc"] if checkpointed else [])])
 with open(os.environ["OOM_STANDIN_LOG"], "a") as log:
     log.write(("profile " if profile else "") + line + "\n")
 with open(os.environ["OOM_STANDIN_LOG"]) as log:
@@ -41,13 +51,16 @@ if profile and not model:
 if model:
     params, per_sample, gpu = (float(w) for w in model[:3])
     trained = float(model[3]) if len(model) > 3 else params
-    weights = 2 * params / world if stage >= 3 else 2 * params
-    grads = 2 * trained / world if stage >= 2 else 2 * trained
-    adam = 12 * trained / world if stage >= 1 else 12 * trained
+    params, trained = (n * 0.05 + n * 0.95 / tp for n in (params, trained))
+    per_sample *= (0.3 + 0.7 / tp) * (0.25 if checkpointed else 1.0)
+    dp = max(1, world // tp)  # ZeRO's partitions: over the data-parallel GPUs
+    weights = 2 * params / dp if stage >= 3 else 2 * params
+    grads = 2 * trained / dp if stage >= 2 else 2 * trained
+    adam = 12 * trained / dp if stage >= 1 else 12 * trained
     host = 0.0
     device = {key: (zero.get(key) or {}).get("device") for key in ("offload_optimizer", "offload_param")}
     if stage >= 1 and device["offload_optimizer"] in ("cpu", "nvme"):
-        host, adam = host + (adam + 4 * trained / world) * world * (device["offload_optimizer"] == "cpu"), 0.0
+        host, adam = host + (adam + 4 * trained / dp) * world * (device["offload_optimizer"] == "cpu"), 0.0
     if stage >= 3 and device["offload_param"] in ("cpu", "nvme"):
         host, weights = host + weights * world * (device["offload_param"] == "cpu"), 0.0
     ram = float(os.environ.get("OOM_STANDIN_HOST") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -73,6 +86,7 @@ throughput *= 1.0 if zero.get("contiguous_gradients", True) else 0.97
 throughput *= 0.99 if allgather == 5e7 else 1.0
 throughput *= 0.6 if (zero.get("offload_optimizer") or {}).get("device") == "cpu" and stage >= 1 else 1.0
 throughput *= 0.5 if (zero.get("offload_param") or {}).get("device") == "cpu" and stage >= 3 else 1.0
+throughput *= (0.75 if checkpointed else 1.0) / (1 + 0.1 * math.log2(tp)) * tp  # DeepSpeed's count under TP
 lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])

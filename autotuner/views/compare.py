@@ -17,6 +17,7 @@ from ..jsonvalues import JSONObject
 from ..ledger.store import Attempt
 from ..spec.metrics import format_value
 from ..states import State
+from .records import DP_KEY, TP_KEY, layout_values
 from .snapshot import Snapshot, load
 from .tables import PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
 
@@ -24,6 +25,7 @@ FORMATS = ("table", "json", "csv", "md")
 CSV_COLUMNS = ("name", "a_state", "a_metric", "a_reason", "b_state", "b_metric", "b_reason", "ratio", "verdict")
 SAME = 0.02  # ratios within 2% of 1 count as the same
 SHOWN = 10  # names of experiments only one sweep has, listed in the table's notes
+SHORT = {TP_KEY: "tp", DP_KEY: "dp"}  # a layout's columns (tunes over TP sizes)
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,19 @@ def compare(a: Snapshot, b: Snapshot) -> Comparison:
             del row["gpu_type"]
         rows.append(row)
     only_b = [_label(y.name, b.type_of(y)) if typed else y.name for y in b.attempts if y.name not in paired]
-    return Comparison(a, b, rows, only_a, only_b)
+    return Comparison(a, b, _with_layout(a, b, rows), only_a, only_b)
+
+
+def _with_layout(a: Snapshot, b: Snapshot, rows: list[JSONObject]) -> list[JSONObject]:
+    """Tunes over layouts: each row's TP and data-parallel sizes (records.layout_values), after its name."""
+    keys_a, values = layout_values(a)
+    keys_b, values_b = layout_values(b)
+    shown = [k for k in (TP_KEY, DP_KEY) if k in keys_a or k in keys_b]
+    if not shown:
+        return rows
+    values = {**values_b, **values}
+    return [{"name": r["name"], **{SHORT[k]: values.get(str(r["name"]), {}).get(k) for k in shown},
+             **{k: v for k, v in r.items() if k != "name"}} for r in rows]
 
 
 def _same_type(a: str | None, b: str | None) -> bool:
@@ -126,13 +140,15 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN, *
         buffer = io.StringIO()
         typed = c.a.by_type or c.b.by_type
         writer = csv.writer(buffer, lineterminator="\n")
-        writer.writerow(("name", "gpu_type", *CSV_COLUMNS[1:]) if typed else CSV_COLUMNS)
+        layout = [k for k in ("tp", "dp") if c.rows and k in c.rows[0]]
+        writer.writerow(("name", *layout, "gpu_type", *CSV_COLUMNS[1:]) if typed else
+                        ("name", *layout, *CSV_COLUMNS[1:]))
         writer.writerows(map(dict.values, c.rows))  # each row filled in the columns' order (`compare`, above)
         return buffer.getvalue()
     if fmt == "md":
         typed = c.a.by_type or c.b.by_type
-        return markdown_table(("name", *(["GPU type"] if typed else []), f"A {c.metric}", f"B {c.metric}", "B/A",
-                               ""), _cells(c))
+        return markdown_table(("name", *_layout_columns(c), *(["GPU type"] if typed else []), f"A {c.metric}",
+                               f"B {c.metric}", "B/A", ""), _cells(c))
     return _table(c, Path(dir_a), Path(dir_b), output)
 
 
@@ -140,15 +156,21 @@ def _state(state: str, reason: str | None) -> str:
     return state if state == State.SUCCEEDED or not reason else f"{state} ({reason})"
 
 
+def _layout_columns(c: Comparison) -> list[str]:
+    return [k for k in ("tp", "dp") if c.rows and k in c.rows[0]]
+
+
 def _cells(c: Comparison) -> list[tuple[str, ...]]:
     typed = c.a.by_type or c.b.by_type
+    layout = _layout_columns(c)
     cells: list[tuple[str, ...]] = []
     for r in c.rows:
         a = format_value(r["a_metric"]) if r["a_metric"] is not None else _state(r["a_state"], r["a_reason"])
         b = format_value(r["b_metric"]) if r["b_metric"] is not None else _state(r["b_state"], r["b_reason"])
         ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else "-"
-        cells.append((r["name"], r["gpu_type"] or "", a, b, ratio, r["verdict"]) if typed else
-                     (r["name"], a, b, ratio, r["verdict"]))
+        sizes = tuple("" if r[k] is None else str(r[k]) for k in layout)
+        cells.append((r["name"], *sizes, r["gpu_type"] or "", a, b, ratio, r["verdict"]) if typed else
+                     (r["name"], *sizes, a, b, ratio, r["verdict"]))
     return cells
 
 
@@ -157,7 +179,8 @@ _VERDICT_STYLES = {"better": "green", "worse": "red"}
 
 def _table(c: Comparison, dir_a: Path, dir_b: Path, output: Output) -> str:
     typed = c.a.by_type or c.b.by_type
-    columns = (Column("name", whole=True), *([Column("GPU type")] if typed else []), Column("A", right=True),
+    columns = (Column("name", whole=True), *(Column(k, right=True) for k in _layout_columns(c)),
+               *([Column("GPU type")] if typed else []), Column("A", right=True),
                Column("B", right=True), Column("B/A", right=True), Column(""))
     cells: list[tuple[Cell, ...]] = [(*row[:-1], Styled(row[-1], _VERDICT_STYLES.get(row[-1], "")))
                                      for row in _cells(c)] if output.color else list(_cells(c))

@@ -266,13 +266,13 @@ TP_KEY = "tensor_parallel.autotp_size"
 DP_KEY = "dp"  # a tune's data-parallel size (world / TP): a column of its own beside the TP size
 
 
-def _with_layout(snap: Snapshot, keys: list[str], values: list[JSONObject]) -> tuple[list[str], list[JSONObject]]:
-    """A tune that searches a layout (tune/layout.py) shows each candidate's: its TP size (even where one size
-    is fixed), its data-parallel size (world / TP), and each script knob's value as the script was handed it.
-    Other sweeps' columns as they are."""
+def layout_values(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
+    """A tune that searches a layout (tune/layout.py): the keys of its layout, and each experiment's values of
+    them: its TP size (even where one size is fixed), its data-parallel size (world / TP), each script knob's
+    value as the script was handed it. ([], {}) for any other sweep."""
     spec = SearchSpec.from_json(snap.meta.search) if snap.meta.search is not None else None
     if spec is None or not (spec.tp or spec.script_knobs):
-        return keys, values
+        return [], {}
     by_name: dict[str, JSONObject] = {}
     with Ledger.open(snap.directory) as ledger:
         for found in ledger.specs():
@@ -284,12 +284,24 @@ def _with_layout(snap: Snapshot, keys: list[str], values: list[JSONObject]) -> t
                 row = {TP_KEY: size, DP_KEY: max(1, spec.world // size)}
             row |= {option: arg_value(args, option) for option in spec.script_knobs}
             by_name[str(found.get("name"))] = row
-    added = [k for k in (*((TP_KEY, DP_KEY) if spec.tp else ()), *spec.script_knobs) if k not in keys]
+    return [*((TP_KEY, DP_KEY) if spec.tp else ()), *spec.script_knobs], by_name
+
+
+def _with_layout(snap: Snapshot, keys: list[str], values: list[JSONObject]) -> tuple[list[str], list[JSONObject]]:
+    """The swept keys and values, with a tune's layout (`layout_values`) beside them: the data-parallel size
+    next to the TP size."""
+    layout, by_name = layout_values(snap)
+    added = [k for k in layout if k not in keys]
+    if not added:
+        return keys, values
     rows = []
     for attempt, row in zip(snap.attempts, values, strict=True):
         extra = by_name.get(attempt.name, {})
         rows.append({**row, **{k: extra[k] for k in added if extra.get(k) is not None}})
-    return [*keys, *added], rows
+    ordered = [*keys, *(k for k in added if k != DP_KEY)]
+    if DP_KEY in added:  # beside the TP size
+        ordered.insert(ordered.index(TP_KEY) + 1, DP_KEY)
+    return ordered, rows
 
 
 def load_results(directory: str | Path) -> SweepResults:

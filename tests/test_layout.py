@@ -1,0 +1,195 @@
+"""`autotune tune` over layouts (tune/layout.py): DeepSpeed's automatic tensor parallelism (`tensor_parallel.
+autotp_size`) searched with the ZeRO stages, and the script's own knobs (`autotuning.script_knobs`), from the
+command line on the stand-in launcher with a fake GPU (oom_standin.sh: AutoTP shards the memory and costs a step
+10% per doubling, gradient checkpointing keeps a quarter of the activations and slows a step to 0.75, DeepSpeed's
+throughput written as it counts it under TP). Bad layouts are refused in one located line, exit 2, nothing run."""
+import json
+from pathlib import Path
+
+import pytest
+
+import autotuner
+from autotuner.tune.layout import activation_share
+from autotuner.tune.memory_model import Training, model_states
+
+from cli_rig import autotune, env
+
+ROOT = Path(__file__).resolve().parent.parent
+STANDIN = ROOT / "tests" / "oom_standin.sh"
+# 2e9 parameters in fp16 with Adam, 4e9 bytes of activations a sample, GPUs of 80e9 bytes, 4 a run. By the
+# stand-in's rule the largest sizes that fit are 11-17 (TP 1), 22-26 (TP 2) and 36 (TP 4): the fastest, TP 4 at
+# ZeRO 0 and micro-batch 36, fits no stage without TP.
+MODEL = "2e9 4e9 80e9"
+INFO = {"num_params": 2_000_000_000, "activation_mem_per_gpu": 4_000_000_000, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "hidden_size": 3200, "vocab_size": 31250}
+
+
+def setup(tmp_path, tp=None, knobs=None, info=None, stages="all", largest=64, gpu="gpu=A100-80GB", **more):
+    (tmp_path / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    autotuning = {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": largest}
+    if info is not None:
+        autotuning["model_info"] = info
+    if knobs is not None:
+        autotuning["script_knobs"] = knobs
+    autotuning |= more.pop("autotuning", {})
+    ds = {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+          "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": stages},
+          **({"tensor_parallel": tp} if tp is not None else {}), **more, "autotuning": autotuning}
+    (tmp_path / "ds.json").write_text(json.dumps(ds, indent=1))
+    (tmp_path / "hostfile").write_text(f"localhost slots=4 {gpu}\n")
+    return env(OOM_STANDIN_LOG=tmp_path / "launches.log", OOM_STANDIN_MODEL=MODEL)
+
+
+def tune(tmp_path, environ, *args):
+    return autotune("tune", "--hostfile", tmp_path / "hostfile", "--num_gpus", "4", "-o", tmp_path / "res",
+                    "--launcher", f"sh {STANDIN}", "train.py", "--deepspeed_config", "ds.json", *args,
+                    environ=environ, cwd=tmp_path, timeout=300)
+
+
+def report(directory, fmt="json"):
+    shown = autotune("report", directory, "--format", fmt)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    return json.loads(shown.stdout) if fmt == "json" else shown.stdout
+
+
+def test_tensor_parallel_is_searched_and_the_fastest_layout_wins_where_no_stage_fits_it_without(tmp_path):
+    result = tune(tmp_path, setup(tmp_path, {"autotp_size": "all"}, info=INFO))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "best: train_tp4_z0_mbs36 " in result.stdout
+    assert "tp1 z3 up to micro-batch 17" in result.stdout and "tp4 z0 up to micro-batch 35" in result.stdout
+    data = report(tmp_path / "res")
+    assert {"tensor_parallel.autotp_size", "dp"} <= set(data["parameters"])
+    assert {"throughput", "throughput_per_gpu"} <= set(data["metrics"])
+    ran = [e for e in data["experiments"] if e["state"] == "succeeded"]
+    assert {e["parameters"]["tensor_parallel.autotp_size"] for e in ran} == {1, 2, 4}
+    for e in ran:
+        tp, dp = e["parameters"]["tensor_parallel.autotp_size"], e["parameters"]["dp"]
+        assert tp * dp == 4
+        assert e["metrics"]["throughput_per_gpu"] == pytest.approx(e["metrics"]["throughput"] / 4)
+        if tp > 1:  # DeepSpeed counts each sample once per TP rank: the samples trained are its figure over TP
+            assert e["metrics"]["throughput_deepspeed"] == pytest.approx(tp * e["metrics"]["throughput"])
+    oom = sum(1 for e in data["experiments"] if e["reason"] == "oom")
+    assert oom * 3 <= len(data["experiments"])
+    optimal = json.loads((tmp_path / "res" / "ds_config_optimal.json").read_text())
+    assert optimal["tensor_parallel"] == {"autotp_size": 4} and optimal["zero_optimization"]["stage"] == 0
+    assert "ds_config_optimal.json" in (tmp_path / "res" / "cmd_optimal.txt").read_text()
+    table = report(tmp_path / "res", "table")
+    header = next(line for line in table.splitlines() if " name " in line)
+    assert " tp " in header and " dp " in header
+    assert "dp" in report(tmp_path / "res", "csv").splitlines()[0].split(",")
+    summary = (tmp_path / "res" / "summary.txt").read_text()
+    assert "z0_tp4" in summary and "train_tp4_z0_mbs36" in summary
+    compared = autotune("compare", tmp_path / "res", tmp_path / "res")
+    assert compared.returncode == 0, compared.stderr
+    assert "tp" in compared.stdout and "dp" in compared.stdout
+
+
+def test_a_fixed_tp_size_runs_every_candidate_with_it_and_the_report_shows_it(tmp_path):
+    result = tune(tmp_path, setup(tmp_path, {"autotp_size": 2}, info=INFO, stages=[3]))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (tmp_path / "launches.log").read_text().splitlines()
+    assert lines and all(line.split()[-1] == "tp2" for line in lines)
+    data = report(tmp_path / "res")
+    assert all(e["parameters"]["tensor_parallel.autotp_size"] == 2 and e["parameters"]["dp"] == 2
+               for e in data["experiments"])
+    assert "best: train_z3_mbs26 " in result.stdout  # a fixed size names no layout
+
+
+def test_gradient_checkpointing_is_searched_as_a_script_knob_and_lets_larger_micro_batches_fit(tmp_path):
+    environ = setup(tmp_path, knobs={"--gradient_checkpointing": [False, True]}, info=INFO, stages=[3])
+    result = tune(tmp_path, environ)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = (tmp_path / "launches.log").read_text().splitlines()
+    assert any(line.endswith(" gc") for line in lines) and any(not line.endswith(" gc") for line in lines)
+    # checkpointing keeps a quarter of the activations: 64, the largest allowed, fits with it (17 without)
+    assert "best: train_gc1_z3_mbs64 " in result.stdout
+    assert "gc0 z3 up to micro-batch 17" in result.stdout
+    data = report(tmp_path / "res")
+    assert "--gradient_checkpointing" in data["parameters"]
+    values = {e["name"]: e["parameters"]["--gradient_checkpointing"] for e in data["experiments"]}
+    assert {v for n, v in values.items() if "_gc1_" in n} == {"true"}
+    assert {v for n, v in values.items() if "_gc0_" in n} == {"false"}
+    assert "--gradient_checkpointing true" in (tmp_path / "res" / "cmd_optimal.txt").read_text()
+
+
+def test_the_memory_model_shards_with_tp_and_partitions_zero_over_the_data_parallel_group_only():
+    half = Training(half=True)
+    n = 10**9
+    assert model_states(n, 3, half, dp=4) == pytest.approx(16 * n / 4)
+    # TP 2 of 4 GPUs: ZeRO 3 over 2 data-parallel GPUs of the halves, 4 bytes a parameter: never 16/8 (issue 6796)
+    assert model_states(n, 3, half, dp=2, tp=2) == pytest.approx(16 * n / 4)
+    assert model_states(n, 0, half, dp=2, tp=2) == pytest.approx(16 * n / 2)
+    assert model_states(n, 0, half, dp=2, tp=2, whole=n / 10) == pytest.approx(16 * (n / 10 + 0.9 * n / 2))
+    assert activation_share(1, False, None) == 1.0
+    assert 0.29 < activation_share(1 << 20, False, None) < 0.3  # what stays whole on each rank
+    assert activation_share(1, True, {"num_layers": 2}) < 0.6
+
+
+BAD = [
+    ({"tp": {"autotp_size": 3}}, "tensor_parallel.autotp_size 3 does not divide the 4 GPU(s) of a node"),
+    ({"tp": {"autotp_size": [1, 8]}}, "tensor_parallel.autotp_size 8 is more than the 4 GPU(s) of a node"),
+    ({"tp": {"autotp_size": [2, 4]}, "info": {"num_attention_heads": 6, "num_key_value_heads": 6}},
+     "autotp_size 4 does not divide the model's 6 attention heads"),
+    ({"tp": {"autotp_size": 4}, "info": {"num_attention_heads": 8, "num_key_value_heads": 2}},
+     "autotp_size 4 does not divide the model's 2 key value heads"),
+    ({"tp": {"autotp_size": 4}, "info": {"hidden_size": 66}}, "does not divide the model's 66 hidden size"),
+    ({"tp": {"autotp_size": "two"}}, "tensor_parallel.autotp_size 'two': a size, a list of sizes, or \"all\""),
+    ({"tp": {"autotp_size": [2, 0]}}, "a size, a list of sizes"),
+    ({"tp": {"autotp_size": []}}, "a size, a list of sizes"),
+    ({"tp": {"autotp_size": 1.5}}, "a size, a list of sizes"),
+    ({"tp": {"autotp_size": True}}, "a size, a list of sizes"),
+    ({"tp": 4}, "tensor_parallel must be an object"),
+    ({"tp": {"autotp_size": [1, 2]}, "autotuning": {"mp_size": 2}}, "both split the model"),
+    ({"info": {"num_attention_heads": 8, "num_key_value_heads": 3}}, "not a multiple of 3 key-value heads"),
+    ({"info": {"num_attention_heads": -2}}, "model_info.num_attention_heads must be a positive whole number"),
+    ({"info": {"hf_config": "nowhere/config.json"}}, "hf_config 'nowhere/config.json'"),
+    ({"knobs": {"gradient_checkpointing": [True]}}, "script_knobs: 'gradient_checkpointing' is not a script option"),
+    ({"knobs": {"--deepspeed_config": ["a.json"]}}, "--deepspeed_config is the option the config is handed to"),
+    ({"knobs": {"--local_rank": [0]}}, "--local_rank is DeepSpeed's launcher's own"),
+    ({"knobs": {"--bs": [1, 2]}, "autotuning": {"arg_mappings": {"train_micro_batch_size_per_gpu": "--bs"}}},
+     "--bs is set by arg_mappings from the config"),
+    ({"knobs": {"--gradient_checkpointing": []}}, "--gradient_checkpointing needs a non-empty list of values"),
+    ({"knobs": {"--gradient_checkpointing": True}}, "needs a non-empty list of values, not true"),
+    ({"knobs": {"--seed": [None]}}, "every value must be a number, a boolean or a non-empty string"),
+    ({"knobs": {"--seed": [""]}}, "every value must be a number, a boolean or a non-empty string"),
+    ({"knobs": {"--seed": [{"a": 1}]}}, "every value must be a number"),
+    ({"knobs": ["--seed"]}, "script_knobs must be an object"),
+]
+
+
+@pytest.mark.parametrize(("given", "message"), BAD, ids=[m[:40] for _, m in BAD])
+def test_a_layout_that_cannot_work_is_refused_at_its_line(tmp_path, given, message):
+    setup(tmp_path, given.get("tp"), given.get("knobs"), given.get("info"), autotuning=given.get("autotuning", {}))
+    with pytest.raises(autotuner.UserError) as refused:
+        autotuner.read_tune("train.py", ["--deepspeed_config", "ds.json"], num_gpus=4, cwd=tmp_path)
+    assert message in str(refused.value) and str(refused.value.path) == str(tmp_path / "ds.json")
+    assert refused.value.line is not None
+
+
+@pytest.mark.parametrize("given", [BAD[0][0], BAD[2][0], BAD[15][0], BAD[19][0]],
+                         ids=["tp-gpus", "tp-heads", "knob-unknown", "knob-empty"])
+def test_the_command_line_refuses_a_bad_layout_in_one_line_and_runs_nothing(tmp_path, given):
+    environ = setup(tmp_path, given.get("tp"), given.get("knobs"), given.get("info"))
+    result = tune(tmp_path, environ)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{tmp_path / 'ds.json'}:" in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "launches.log").exists() and not (tmp_path / "res").exists()
+
+
+def test_a_hugging_face_config_states_the_shape_a_tp_size_must_divide(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 12, "num_key_value_heads": 4, "hidden_size": 768, "vocab_size": 50257,
+         "max_position_embeddings": 1024, "num_hidden_layers": 12}))
+    environ = setup(tmp_path, {"autotp_size": "all"}, info={**INFO, "hf_config": "model"})
+    spec = autotuner.read_tune("train.py", ["--deepspeed_config", "ds.json"], num_gpus=4, cwd=tmp_path).spec
+    assert spec.tp == (1, 2, 4) and spec.shape["num_attention_heads"] == 32  # model_info's own keys win
+    setup(tmp_path, {"autotp_size": "all"}, info={"hf_config": "model"})
+    spec = autotuner.read_tune("train.py", ["--deepspeed_config", "ds.json"], num_gpus=4, cwd=tmp_path).spec
+    assert spec.tp == (1, 2, 4) and spec.shape == {"num_attention_heads": 12, "num_key_value_heads": 4,
+                                                   "hidden_size": 768, "vocab_size": 50257, "seq_length": 1024,
+                                                   "num_layers": 12}
+    setup(tmp_path, {"autotp_size": 4}, info={"hf_config": "model/config.json", "num_key_value_heads": 2})
+    refused = tune(tmp_path, environ)
+    assert refused.returncode == 2 and "does not divide the model's 2 key value heads" in refused.stderr
