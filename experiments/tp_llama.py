@@ -37,6 +37,8 @@ def main() -> None:
     if args.gradient_checkpointing == "true":
         model.gradient_checkpointing_enable()
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
+    held = sum(p.numel() for p in engine.module.parameters())  # AutoTP's shard of the model on this rank
+    print(f"rank {engine.global_rank} holds {held} parameters", flush=True)
     micro_batch = engine.train_micro_batch_size_per_gpu()
     data = torch.Generator().manual_seed(1)
     for _ in range(args.steps * engine.gradient_accumulation_steps()):
@@ -45,8 +47,7 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
     if engine.global_rank == 0:
-        held = sum(p.numel() for p in engine.module.parameters())
-        print(f"trained {args.steps} steps, {held} parameters on rank 0, final loss {loss.item():.4f}")
+        print(f"trained {args.steps} steps, final loss {loss.item():.4f}")
     torch.distributed.barrier()  # every rank reaches the end before any tears down its gloo connections
     torch.distributed.destroy_process_group()
 

@@ -1,7 +1,7 @@
 """A real Hugging Face Trainer script (experiments/hf_trainer.py: a tiny Llama built in code, synthetic tokens)
 tuned end to end through the CLI, as its users run it: `autotune tune` where `deepspeed` stood, the config by
 `--deepspeed`, "auto" values the Trainer fills, and the batch sizes handed over as the Trainer's own options
-(`arg_mappings`). Real DeepSpeed on CPU, nothing downloaded (offline, an empty Hugging Face cache). Then the
+(`arg_mappings`), with the Trainer's `--gradient_checkpointing` searched as a script knob. Real DeepSpeed on CPU, nothing downloaded (offline, an empty Hugging Face cache). Then the
 winner's cmd_optimal.txt is run as the README says, as a normal training run."""
 import json
 import os
@@ -15,7 +15,8 @@ from cli_rig import autotune, env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments"
-STAGES, LARGEST = (1, 2), 8  # each stage from the largest allowed; smaller sizes only while measuring them pays
+STAGE, LARGEST = 1, 8  # each layout from the largest allowed; smaller sizes only while measuring them pays
+CHECKPOINTING = ("false", "true")  # the script knob searched: the Trainer's --gradient_checkpointing
 SMALLEST = 4  # of about 15 s on a quiet machine
 STEPS = 12  # past the profile's end (step 5): under autotune the engine ends each run there
 
@@ -56,9 +57,10 @@ def optimal_command_trains(results: Path, environ: dict[str, str], cwd: Path, mb
 
 def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp_path):
     config = json.loads((EXAMPLE / "ds_hf.json").read_text())  # narrowed: CI's minutes are few
-    config["zero_optimization"]["stage"] = list(STAGES)
+    config["zero_optimization"]["stage"] = STAGE
     config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": SMALLEST,
-                             "max_train_micro_batch_size_per_gpu": LARGEST, "num_tuning_micro_batch_sizes": 2}
+                             "max_train_micro_batch_size_per_gpu": LARGEST, "num_tuning_micro_batch_sizes": 2,
+                             "script_knobs": {"--gradient_checkpointing": [False, True]}}
     (tmp_path / "ds_hf.json").write_text(json.dumps(config, indent=2))
     environ = offline(tmp_path)
     results = tmp_path / "results"
@@ -70,17 +72,18 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
 
     report = json.loads(autotune("report", results, "--format", "json").stdout)
-    runs = {(r["parameters"]["zero_optimization.stage"], r["parameters"]["train_micro_batch_size_per_gpu"]):
+    runs = {(r["parameters"]["--gradient_checkpointing"], r["parameters"]["train_micro_batch_size_per_gpu"]):
             r for r in report["experiments"]}
     # Which smaller sizes are measured depends on the throughput the runs measured (a size is measured only while
-    # it could pay): every stage at the largest allowed, every run within the bounds the config set.
-    assert {(z, LARGEST) for z in STAGES} <= set(runs)
-    assert all(z in STAGES and SMALLEST <= m <= LARGEST for z, m in runs), sorted(runs)
+    # it could pay): checkpointing on and off at the largest allowed, every run within the bounds the config set.
+    assert {(gc, LARGEST) for gc in CHECKPOINTING} <= set(runs)
+    assert all(gc in CHECKPOINTING and SMALLEST <= m <= LARGEST for gc, m in runs), sorted(runs)
     assert {r["state"] for r in runs.values()} == {"succeeded"}, [(r["name"], r["reason"]) for r in runs.values()]
-    for (stage, mbs), run in runs.items():
+    for (gc, mbs), run in runs.items():
         directory = results / run["name"]
-        assert json.loads((directory / "ds_config.json").read_text())["zero_optimization"]["stage"] == stage
+        assert json.loads((directory / "ds_config.json").read_text())["zero_optimization"]["stage"] == STAGE
         command = (directory / "cmd.txt").read_text()
+        assert f"--gradient_checkpointing {gc}" in command and f"_gc{int(gc == 'true')}_" in run["name"]
         assert f"--per_device_train_batch_size {mbs} " in command and "--deepspeed_config" not in command
         assert " --deepspeed " in command and "--gradient_accumulation_steps 1 " in command  # "auto": the user's
         logs = (directory / "stdout.log").read_text() + (directory / "stderr.log").read_text()
@@ -92,16 +95,16 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     best = runs[max(runs, key=lambda p: runs[p]["metric"])]
     assert f"best: {best['name']} with throughput" in tuned.stdout
     summary = (results / "summary.txt").read_text()
-    assert all(f"| z{z} " in summary for z in STAGES) and "| global " in summary and best["name"] in summary
+    assert f"| z{STAGE} " in summary and "| global " in summary and best["name"] in summary
     assert summary.rstrip().splitlines()[-1].startswith("Tuning completed in ")
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
-    stage, mbs = best["parameters"]["zero_optimization.stage"], best["parameters"]["train_micro_batch_size_per_gpu"]
-    assert "autotuning" not in optimal and optimal["zero_optimization"]["stage"] == stage
+    gc, mbs = best["parameters"]["--gradient_checkpointing"], best["parameters"]["train_micro_batch_size_per_gpu"]
+    assert "autotuning" not in optimal and optimal["zero_optimization"]["stage"] == STAGE
     assert optimal["train_micro_batch_size_per_gpu"] == mbs
     assert optimal["optimizer"]["params"]["lr"] == "auto" and optimal["train_batch_size"] == "auto"  # the Trainer's
 
     # The README: cmd_optimal.txt trains with the winner as a normal run (all its steps: no autotuning section).
     command = (results / "cmd_optimal.txt").read_text().strip()
-    assert f"--per_device_train_batch_size {mbs} " in command
+    assert f"--per_device_train_batch_size {mbs} " in command and f"--gradient_checkpointing {gc}" in command
     optimal_command_trains(results, environ, tmp_path, mbs, STEPS)
     assert not (tmp_path / "hf-home").exists()  # nothing was fetched into the Hugging Face cache, nor needed
