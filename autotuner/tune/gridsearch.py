@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 
 from ..spec import Experiment
-from .layout import stage_of
+from .layout import checkpointing, layout_of, stage_of
 from .search import Search
 from .space import MAX_MICRO_BATCH, Setting
 from .stage import Stage
 
 WORTH = 0.01  # a larger size is sought only while it could measure this fraction better (see `_worth`)
+BEHIND = 0.1  # with layouts, a lane this far below another layout's best measures no smaller sizes (`_behind`)
 CAPPED = 1 / 3  # how far a lower stage probes towards a size a higher stage's run may yet rule out (log scale)
 
 
@@ -68,12 +69,19 @@ class MicroBatchSearch(Search):
         does not, one run is spent. (With room for more, the first round already spans the stages, the highest
         bounding the others' probes: taking a slot from them costs more runs out of memory than it saves time.
         With a model each stage starts at its own predicted size.)"""
-        order = sorted(self.stages, key=lambda lane_: (-stage_of(lane_), lane_))  # each layout's highest first
+        order = sorted(self.stages, key=self._rank)
         unbounded = all(known.predicted is None for known in self.stages.values())
         if room == 1 and not self.trials and unbounded:  # the search's first point (trials span every level)
-            order.remove(first := min(order))
+            order.remove(first := min(order, key=lambda lane_: (stage_of(lane_), self._rank(lane_))))
             order.insert(0, first)
         return order
+
+    def _rank(self, lane_: int) -> tuple[int, int, bool, int]:
+        """A lane's place in a round: the highest stage first, and among layouts the one that needs the least
+        memory (the largest TP size, checkpointing on): where memory bounds the sizes it fits the largest, its
+        runs rule out the others' sizes above theirs, and its best, found early, cuts their walks (`_worth`)."""
+        _, knobs = self.spec.layouts[layout_of(lane_)]
+        return -stage_of(lane_), -self.spec.tp_of(lane_), not checkpointing(knobs), lane_
 
     def _knob_walk(self, stage: int, known: Stage) -> list[Setting]:
         """Full mode, once a stage's micro-batch search is over: its knobs, one at a time, at its best size. Each
@@ -105,9 +113,9 @@ class MicroBatchSearch(Search):
         probe = self._probe(stage)
         if known.out:
             searched = probe is None and not any(m > (fit or 0) for m in known.out)
-            return self._measure(known, fit) if searched else []
+            return self._measure(known, fit) if searched and not self._behind(stage, fit) else []
         if probe is None:
-            return self._measure(known, fit)
+            return [] if self._behind(stage, fit) else self._measure(known, fit)
         ordered = self.ordered()
         pending = min((m for s, other in self.stages.items() if ordered and self.spec.needs_at_least(stage, s)
                        for m in other.out), default=None)
@@ -150,7 +158,10 @@ class MicroBatchSearch(Search):
                 return spec.min_mbs
             return min(midpoint(spec.min_mbs, small, share), known.ceiling())
         fit, ceiling = max(known.fits, default=None), known.ceiling()
-        if small is None and low < ceiling:  # with a model, its size (a lower stage's fit vouches for less)
+        if small is None and low < ceiling and (fit is None or len(self.spec.layouts) == 1 or
+                                                self._worth(stage, fit, ceiling + 1)):
+            # with a model, its size (a lower stage's fit vouches for less); past it, with layouts, only where a
+            # larger size could beat the best of them all
             return ceiling if known.predicted is not None else min(low * 2, ceiling)
         if small is not None and small - low > 1 and low < ceiling and \
                 (fit is None or self._worth(stage, fit, small)):
@@ -177,6 +188,17 @@ class MicroBatchSearch(Search):
         gain = ((small - 1) / fit) ** growth - 1
         best = max((self.mean(name) for name in self.configs), default=None)  # re-runs correct a lucky first
         return gain >= WORTH and (best is None or value * (1 + gain) > best)
+
+    def _behind(self, stage: int, fit: int | None) -> bool:
+        """With layouts (tune/layout.py): a lane whose largest size measured more than BEHIND below the best of
+        another layout measures no smaller sizes (a smaller size pays where the step's time grows faster than its
+        samples, by a few percent, never by that much). With one layout every stage measures as ever."""
+        if fit is None or len(self.spec.layouts) == 1 or not self.configs or self.metric.minimize:
+            return False
+        best = max(self.configs, key=self.mean)
+        if layout_of(self.configs[best][0]) == layout_of(stage):
+            return False
+        return self.stages[stage].fits[fit] < (1 - BEHIND) * self.mean(best)
 
     def _keep_batch(self, known: Stage, fit: int, mbs: int) -> None:
         """Without a global batch in the config, a size measured below the largest that fits runs with the

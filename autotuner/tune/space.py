@@ -111,12 +111,15 @@ class SearchSpec:
         return f"{tag} z{stage_of(lane_)}" if tag else f"z{stage_of(lane_)}"
 
     def needs_at_least(self, a: int, b: int) -> bool:
-        """Whether lane `a` needs at least lane `b`'s memory at the same size (a lower or equal stage, a layout
-        that needs at least as much: layout.needs_at_least), `a` != `b`."""
+        """Whether lane `a` needs at least lane `b`'s memory at the same size (a lower or equal stage, or any
+        stage of a layout whose TP size leaves one data-parallel GPU; a layout that needs at least as much:
+        layout.needs_at_least), `a` != `b`."""
         if a == b:
             return False
         shapes = self.layouts
-        return stage_of(a) <= stage_of(b) and needs_at_least(shapes[layout_of(a)], shapes[layout_of(b)])
+        alone = self.dp // self.tp_of(a) <= 1 and layout_of(a) == layout_of(b)  # ZeRO partitions over one GPU:
+        # every stage holds the same (only buffers differ), so at one size they fit or not alike
+        return (stage_of(a) <= stage_of(b) or alone) and needs_at_least(shapes[layout_of(a)], shapes[layout_of(b)])
 
     def tp_of(self, lane_: int) -> int:
         return self.layouts[layout_of(lane_)][0] or 1
