@@ -193,3 +193,26 @@ def test_a_hugging_face_config_states_the_shape_a_tp_size_must_divide(tmp_path):
     setup(tmp_path, {"autotp_size": 4}, info={"hf_config": "model/config.json", "num_key_value_heads": 2})
     refused = tune(tmp_path, environ)
     assert refused.returncode == 2 and "does not divide the model's 2 key value heads" in refused.stderr
+
+
+def test_every_lane_is_read_back_from_its_experiment_as_resume_replays_it():
+    from autotuner.tune.space import SearchSpec
+    from autotuner.tune.tuners import search_for
+
+    spec = SearchSpec(prefix="t", template={"script": "/x/train.py", "args": ["--gradient_checkpointing", "false"],
+                                            "num_gpus": 4, "num_nodes": 1}, base={"tensor_parallel": {"tp_overlap_comm":
+                                                                                                        True}},
+                      stages=(1, 3), metric="throughput", tp=(1, 2),
+                      script_knobs={"--gradient_checkpointing": [False, True]})
+    search = search_for(spec)
+    names = set()
+    for lane in spec.lanes:
+        e = search.experiment(lane, 4)
+        assert search.place_of(e) == (lane, 4) and e.name == search.name_of(lane, 4)
+        assert e.ds_config["tensor_parallel"] == {"tp_overlap_comm": True, "autotp_size": spec.tp_of(lane)}
+        assert e.args.count("--gradient_checkpointing") == 1  # the user's own value replaced, never doubled
+        names.add(e.name)
+    assert names == {f"t_tp{tp}_gc{gc}_z{z}_mbs4" for tp in (1, 2) for gc in (0, 1) for z in (1, 3)}
+    # a smaller TP size, or checkpointing off, needs at least the memory of a larger one (or on) at one stage
+    tp1_gc0_z1, tp2_gc1_z3 = 1, 3 * 4 + 3
+    assert spec.needs_at_least(tp1_gc0_z1, tp2_gc1_z3) and not spec.needs_at_least(tp2_gc1_z3, tp1_gc0_z1)

@@ -176,7 +176,7 @@ def _is_dir(src: Source, named: str) -> bool:
 def layouts(tp: Sequence[int], knobs: Mapping[str, Sequence[JSON]]) -> list[Layout]:
     """Every layout of a search: each TP size (None where the config sets none) with each combination of the
     script knobs' values, the first values first."""
-    combos = itertools.product(*([(option, v) for v in values] for option, values in knobs.items()))
+    combos = list(itertools.product(*([(option, v) for v in values] for option, values in knobs.items())))
     return [(size, combo) for size in (tp or (None,)) for combo in combos] if knobs else \
         [(size, ()) for size in (tp or (None,))]
 

@@ -117,8 +117,8 @@ class SearchSpec:
         if a == b:
             return False
         shapes = self.layouts
-        alone = self.dp // self.tp_of(a) <= 1 and layout_of(a) == layout_of(b)  # ZeRO partitions over one GPU:
-        # every stage holds the same (only buffers differ), so at one size they fit or not alike
+        tp = self.tp_of(a)  # TP leaving ZeRO one GPU to partition over: every stage holds the same (only buffers
+        alone = tp > 1 and self.dp // tp <= 1 and layout_of(a) == layout_of(b)  # differ), they fit or not alike
         return (stage_of(a) <= stage_of(b) or alone) and needs_at_least(shapes[layout_of(a)], shapes[layout_of(b)])
 
     def tp_of(self, lane_: int) -> int:
