@@ -1,8 +1,9 @@
 """A real Hugging Face Trainer script (experiments/hf_trainer.py: a tiny Llama built in code, synthetic tokens)
 tuned end to end through the CLI, as its users run it: `autotune tune` where `deepspeed` stood, the config by
 `--deepspeed`, "auto" values the Trainer fills, and the batch sizes handed over as the Trainer's own options
-(`arg_mappings`), with the Trainer's `--gradient_checkpointing` searched as a script knob. Real DeepSpeed on CPU, nothing downloaded (offline, an empty Hugging Face cache). Then the
-winner's cmd_optimal.txt is run as the README says, as a normal training run."""
+(`arg_mappings`), with the Trainer's `--gradient_checkpointing` searched as a script knob (tune/layout.py). Real
+DeepSpeed on CPU, nothing downloaded (offline, an empty Hugging Face cache). Then the winner's cmd_optimal.txt is run
+as the README says, as a normal training run."""
 import json
 import os
 import re
