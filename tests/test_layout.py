@@ -166,14 +166,15 @@ def test_a_layout_that_cannot_work_is_refused_at_its_line(tmp_path, given, messa
     assert refused.value.line is not None
 
 
-@pytest.mark.parametrize("given", [BAD[0][0], BAD[2][0], BAD[15][0], BAD[19][0]],
+@pytest.mark.parametrize(("given", "message"), [BAD[0], BAD[2], BAD[15], BAD[19]],
                          ids=["tp-gpus", "tp-heads", "knob-unknown", "knob-empty"])
-def test_the_command_line_refuses_a_bad_layout_in_one_line_and_runs_nothing(tmp_path, given):
+def test_the_command_line_refuses_a_bad_layout_in_one_line_and_runs_nothing(tmp_path, given, message):
     environ = setup(tmp_path, given.get("tp"), given.get("knobs"), given.get("info"))
     result = tune(tmp_path, environ)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{tmp_path / 'ds.json'}:" in lines[0] and "Traceback" not in result.stderr
+    assert message in lines[0]
     assert not (tmp_path / "launches.log").exists() and not (tmp_path / "res").exists()
 
 
