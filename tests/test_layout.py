@@ -217,3 +217,33 @@ def test_every_lane_is_read_back_from_its_experiment_as_resume_replays_it():
     # a smaller TP size, or checkpointing off, needs at least the memory of a larger one (or on) at one stage
     tp1_gc0_z1, tp2_gc1_z3 = 1, 3 * 4 + 3
     assert spec.needs_at_least(tp1_gc0_z1, tp2_gc1_z3) and not spec.needs_at_least(tp2_gc1_z3, tp1_gc0_z1)
+
+
+def test_the_loop_learns_checkpointing_from_its_own_runs_and_tp_through_its_share():
+    from autotuner.states import State
+    from autotuner.tune.space import SearchSpec
+    from autotuner.tune.tuners import search_for
+
+    spec = SearchSpec(prefix="t", template={"script": "/x/train.py", "num_gpus": 4, "num_nodes": 1},
+                      base={"fp16": {"enabled": True}}, stages=(2, 3), metric="throughput", gpu_memory=80 * 10**9,
+                      facts={"num_params": 2 * 10**9, "activation": 4e9}, tp=(1, 2),
+                      script_knobs={"--gradient_checkpointing": [False, True]})
+    search = search_for(spec)
+    lane = {(tp, gc, z): spec.lanes.index(i) for i in spec.lanes for tp, gc, z in
+            [(spec.tp_of(i), spec.layouts[i // 4][1][0][1], i % 4)]}
+    lane = {key: spec.lanes[index] for key, index in lane.items()}
+    states = search._states(search.facts)
+    predicted = {key: search.stages[i].predicted for key, i in lane.items()}
+    # checkpointing kept twice what the model guessed: its z3 run's peak says so, and its z2 is bounded by it
+    measured = 2 * 4e9 * spec.share(1)
+    search.learn(search.take(lane[1, True, 3], 40), State.SUCCEEDED, None, 100.0,
+                 int(states[lane[1, True, 3]] + 40 * measured))
+    assert search._by_layout()[1] == pytest.approx(measured)
+    assert search.stages[lane[1, True, 2]].predicted < predicted[1, True, 2]
+    assert search.model() == search.facts  # a checkpointed layout teaches itself alone
+    # TP 2's peak shows 1.5 times the activations it was given: every other layout's bound follows, through shares
+    measured = 1.5 * 4e9 * spec.share(2)
+    search.learn(search.take(lane[2, False, 3], 10), State.SUCCEEDED, None, 100.0,
+                 int(states[lane[2, False, 3]] + 10 * measured))
+    assert search.model().activation == pytest.approx(1.5 * 4e9)
+    assert search.stages[lane[1, False, 3]].predicted < predicted[1, False, 3]

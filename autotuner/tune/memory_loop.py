@@ -20,7 +20,7 @@ from dataclasses import replace
 from ..spec import Experiment
 from ..states import Reason, State
 from .knowledge import Knowledge
-from .layout import layout_of, replicated_params, stage_of
+from .layout import checkpointing, layout_of, replicated_params, stage_of
 from .memory_model import Facts, Training, model_states
 from .space import SearchSpec
 from .stage import Stage
@@ -87,11 +87,14 @@ class MemoryLoop(Knowledge):
         if facts is None or gpu is None:
             return facts
         states = self._states(facts)
-        share = {stage: self.spec.share(layout_of(stage)) for stage in self.stages}  # each figure as at TP 1
-        seen = [figure / share[stage] for stage in self.stages
-                if (figure := self._per_sample(stage, states[stage])) is not None]
-        seen += [(gpu - states[stage]) / mbs / share[stage] for stage, known in self.stages.items()
-                 for mbs in known.oom if gpu > states[stage] and (known.predicted is None or mbs <= known.predicted)]
+        # each figure as at TP 1 without checkpointing, through its layout's share; a checkpointed layout's runs
+        # teach that layout alone (`_by_layout`): what checkpointing keeps is the model's roughest guess
+        share = {stage: self.spec.share(layout_of(stage)) for stage in self.stages
+                 if not checkpointing(self.spec.layouts[layout_of(stage)][1])}
+        seen = [figure / share[stage] for stage in share if (figure := self._per_sample(stage, states[stage]))
+                is not None]
+        seen += [(gpu - states[stage]) / mbs / share[stage] for stage in share for mbs in self.stages[stage].oom
+                 if gpu > states[stage] and _within(mbs, self.stages[stage].predicted)]
         if not seen:
             return facts
         return replace(facts, activation=max(seen), source=f"{facts.source}, corrected by {len(seen)} run(s)")
@@ -129,9 +132,10 @@ class MemoryLoop(Knowledge):
         return (high - states) / large if high > states else None
 
     def _relearn(self) -> None:
-        """After a run: the stages still to start bounded by the corrected model."""
+        """After a run: the stages still to start bounded by the corrected model (and, with layouts, by what each
+        layout's own runs showed)."""
         corrected = self.model()
-        if corrected is not None and corrected != self.facts:
+        if corrected is not None and (corrected != self.facts or len(self.spec.layouts) > 1):
             self._bound(corrected)
 
     def learn_profile(self, stage: int, state: State, reason: str | None, metrics: Mapping[str, float] | None,
@@ -186,3 +190,8 @@ class MemoryLoop(Knowledge):
         if corrected is not None:
             self.apply(corrected)
         return True
+
+
+def _within(mbs: int, predicted: int | None) -> bool:
+    """An OOM at a size the model said fits (or with no size predicted): it teaches the model something."""
+    return predicted is None or mbs <= predicted
