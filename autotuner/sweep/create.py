@@ -25,7 +25,7 @@ from ..errors import UserError, shown
 from ..files import sync_directory, write_atomic
 from ..ledger.store import FILENAME, Ledger, SweepMeta
 from ..limits import memory
-from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
+from ..planning.learned import check_learned, largest_usable, learned_needs, peaks_by_digest
 from ..spec import Sweep
 from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ..spec.launchable import launch_problem
@@ -69,6 +69,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     if memory_from is not None:
         peaks = memory_from if isinstance(memory_from, Mapping) else peaks_by_digest(Path(memory_from))
         learned = learned_needs(sweep.experiments, peaks, largest_usable(cluster.memory, cluster.devices))
+        check_learned(sweep.experiments, learned, getattr(peaks, "source", None), cluster.slots,
+                      cluster.host_types, cluster.memory, cluster.devices)
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
