@@ -105,20 +105,21 @@ def check_learned(experiments: Sequence[Experiment], needs: Mapping[str, int], s
     pool = SlotPool(slots)
     by_type = ByType(Pack(), kinds, devices=devices, slots=slots)
     by_size = ByType(Pack(), kinds, sizes, devices, slots)
-    fits: dict[tuple[int, int, str | None, bool, int | None], bool] = {}  # one placement per shape and need
-    for e in with_needs(experiments, needs):
-        if e.name not in needs or e.gpu_memory is None:
+    fits: dict[tuple[int, int, str | None, bool, int], bool] = {}  # one placement per shape and need
+    for e in experiments:  # 100,000 of them in a large plan: an experiment is copied only for a shape not seen
+        need = needs.get(e.name)
+        if need is None or e.gpu_memory is not None:
             continue
-        kind = (e.num_nodes, e.num_gpus, e.gpu_type, e.gpu_mixed, e.gpu_memory)
+        kind = (e.num_nodes, e.num_gpus, e.gpu_type, e.gpu_mixed, need)
         if kind not in fits:
-            fits[kind] = (by_size.could_fit(pool, Queued(e, 1))
-                          or not by_type.could_fit(pool, Queued(replace(e, gpu_memory=None), 1)))
+            fits[kind] = (by_size.could_fit(pool, Queued(replace(e, gpu_memory=need), 1))
+                          or not by_type.could_fit(pool, Queued(e, 1)))
         if not fits[kind]:
             largest = max([*(size for host, size in (sizes or {}).items()
                              if e.gpu_type is None or kinds.get(host) == e.gpu_type),
                            *(d.memory for own in (devices or {}).values() for d in own.values() if d.memory
                              and (e.gpu_type is None or d.gpu_type == e.gpu_type))], default=0)
-            raise UserError(f"--from: experiment {e.name} needs {memory(e.gpu_memory)} on each GPU, learned from "
+            raise UserError(f"--from: experiment {e.name} needs {memory(need)} on each GPU, learned from "
                             f"what its config held there; the GPUs it may use have {memory(largest)}, "
                             f"{memory(headroom(largest))} of it kept free: run it on larger GPUs, or leave it out",
                             source)
