@@ -34,6 +34,7 @@ from scale import build  # noqa: E402
 
 import autotuner  # noqa: E402
 from autotuner import State  # noqa: E402
+from autotuner.dashboard.client import sign_in  # noqa: E402
 from autotuner.ledger.store import Ledger  # noqa: E402  # plays the runner's part: one start, one end per update
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
@@ -48,9 +49,7 @@ class Served:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("open "):
-                url = line.split()[1]
-                self.port = int(url.split(":")[2].split("/")[0])
-                self.token = url.split("token=")[1]
+                _, self.port, self.token = sign_in(line.split()[1])  # the link's one-time code traded
                 break
         else:
             raise SystemExit("the dashboard did not start")

@@ -7,11 +7,15 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import signal
+import socket
 import subprocess
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from autotuner.dashboard.client import sign_in
 
 from cli_rig import PREAMBLE, WRITE_METRICS, Runners, env, write_launcher, write_sweep
 
@@ -65,9 +69,43 @@ class Dashboard:
     def sweep_ids(self) -> list[str]:
         return [s["id"] for s in self.json("/api/sweeps")["sweeps"]]
 
+    def raw(self, data: bytes, *, half_close: bool = False) -> tuple[int | None, dict[str, str], bytes]:
+        """Bytes sent as they are (a request no client library would send), the answer read to its end:
+        (status, headers, body), status None when the server closed without answering."""
+        with socket.create_connection(self.host_port, timeout=30) as connection:
+            connection.sendall(data)
+            if half_close:
+                connection.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        if not answer:
+            return None, {}, b""
+        head, _, body = answer.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        return int(lines[0].split()[1]), headers, body
+
+    def stop(self) -> str:
+        """Ctrl-C, as a user ends it; what it wrote on stderr, all of it."""
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=60)
+        return str(err)
+
+    def next_link(self) -> str:
+        """The link the dashboard printed after the last one was used (each opens the page once)."""
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, f"the dashboard ended: {self.printed}"
+            self.printed.append(line.rstrip("\n"))
+            if line.startswith("open "):
+                return line.split()[1]
+
 
 def start_dashboard(runners: Runners, *args: object) -> Dashboard:
-    """`autotune dashboard ARGS --port 0`, up and listening: its lines up to the URL it prints."""
+    """`autotune dashboard ARGS --port 0`, up and listening: its lines up to the link it prints, whose one-time
+    code is traded for the token here (`next_link` reads the link printed next, for a browser)."""
     proc = runners.start("dashboard", *args, "--port", 0)
     printed = []
     assert proc.stdout is not None
@@ -80,8 +118,7 @@ def start_dashboard(runners: Runners, *args: object) -> Dashboard:
         if line.startswith("open "):
             url = line.split()[1]
             parsed = urllib.parse.urlsplit(url)
-            token = urllib.parse.parse_qs(parsed.query)["token"][0]
-            return Dashboard(proc, f"{parsed.scheme}://{parsed.netloc}", token, printed)
+            return Dashboard(proc, f"{parsed.scheme}://{parsed.netloc}", sign_in(url)[2], printed)
 
 
 def stand_in_sweep(directory: Path, values: list[object], *, name: str = "s", slots: int = 2, extra: str = "",

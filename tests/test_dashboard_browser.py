@@ -145,7 +145,7 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     shown = start_dashboard(runners, out.parent)
 
     browser.get(shown.base + "/")  # no token: a notice, and the API refuses the page
-    wait_until(lambda: "token" in _text(browser, "#main"))
+    wait_until(lambda: "printed last" in _text(browser, "#main"))
     status = browser.execute_async_script(
         "const done = arguments[0]; fetch('/api/sweeps').then((r) => done(r.status))")
     assert status == 403

@@ -7,15 +7,36 @@ const PAGE_ROWS = 100;        // table rows drawn at once (sorting and filtering
 const PLOT_MS = 2000;         // plots are redrawn at most this often
 const LOG_MS = 1000;
 
-const token = (() => {
-  const params = new URLSearchParams(location.search);
-  const given = params.get("token");
-  if (given) {
-    sessionStorage.setItem("autotune-token", given);
-    history.replaceState(null, "", location.pathname + location.hash);  // the token leaves the address bar
-  }
-  return given || sessionStorage.getItem("autotune-token") || "";
+// The link the terminal prints carries no token but a one-time code in its fragment (#code=..., never sent with
+// the page). It leaves the address here, before anything is fetched, and is traded for the token (kept in this
+// tab's sessionStorage), which spends it: the browser's history keeps a dead code, nothing that opens the
+// dashboard. A ?token= link (an older autotune's, or made by hand) is taken out of the address the same way.
+const link = (() => {
+  const code = /^#code=([\w-]+)$/.exec(location.hash);
+  const given = new URLSearchParams(location.search).get("token");
+  if (code || given !== null) history.replaceState(null, "", location.pathname + (code ? "" : location.hash));
+  return { code: code && code[1], given };
 })();
+let token = sessionStorage.getItem("autotune-token") || "";
+let signedOut = "";  // why the link opened nothing, shown in place of the page
+
+async function signIn() {
+  if (!link.code && link.given === null) return;
+  if (document.prerendering) {  // a page the browser prepares ahead spends no code: only the one opened does
+    await new Promise((done) => document.addEventListener("prerenderingchange", done, { once: true }));
+  }
+  const response = await (link.code
+    ? fetch("/api/session", { method: "POST", headers: { "X-Autotune-Code": link.code } })
+    : fetch("/api/config", { headers: { "X-Autotune-Token": link.given } })).catch(() => null);
+  if (response && response.ok) {
+    token = link.code ? (await response.json()).token : link.given;
+    sessionStorage.setItem("autotune-token", token);
+  } else if (!token) {  // a tab signed in before keeps its token: an old link reopened in it changes nothing
+    const said = response && link.code ? await response.json().then((b) => b.error, () => "") : "";
+    signedOut = !response ? "The dashboard does not answer: is autotune dashboard still running?"
+      : said || "This link's token is not this dashboard's: open the link the terminal printed last.";
+  }
+}
 
 let config = { allow_cancel: false };
 let timer = null;
@@ -105,8 +126,8 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren();
   if (!token) {
-    main.append(el("div", { class: "notice" }, "Open the URL that ", el("code", {}, "autotune dashboard"),
-      " printed: it carries the secret token this page needs."));
+    main.append(el("div", { class: "notice" }, signedOut || ["Open the link that ", el("code", {}, "autotune dashboard"),
+      " printed last: it signs this page in (a link opens the page once)."]));
     return;
   }
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
@@ -509,6 +530,7 @@ window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () 
   if (view && view.kind === "sweep" && view.tab === "plots") { view.plotted = 0; drawPlots(view); }
 });
 window.addEventListener("DOMContentLoaded", async () => {
+  await signIn();
   if (token) {
     try { config = await (await api("/api/config")).json(); } catch (e) { live(false, e.message); }
   }
