@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp as App
+from starlette.types import Message, Receive, Scope, Send
 
 from .listen import Listening, split_authority
 
 log = logging.getLogger("autotuner.dashboard")
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Scripts run only from the server's own files: markup that slipped into the page (an escaping bug) runs nothing,
 # neither <script> nor on...= attributes. plotly.js needs two allowances: its WebGL plots (parallel coordinates)
