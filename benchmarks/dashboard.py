@@ -266,7 +266,8 @@ def _driver(profile: Path) -> Any:
 
 
 def _longest(tasks: list[Task]) -> tuple[float, float]:
-    """The longest task's wall ms and its CPU ms, and (second) the most CPU any task took."""
+    """The longest task's wall ms, and the most CPU ms any of the tasks found in the trace took (nan: none found;
+    a task of many seconds can be missing from it)."""
     wall = max(tasks, key=lambda t: t[1], default=(0.0, 0.0, 0.0))
     return wall[1], max((t[2] for t in tasks if t[2] == t[2]), default=float("nan") if tasks else 0.0)
 
