@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,63 @@ def chromium_driver(profile: Path, width: int = 1280, height: int = 900) -> Any:
                  f"--user-data-dir={profile}", f"--window-size={width},{height}"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(driver), options=options)
+
+
+# Text that plotly would draw as markup, a link, a line break, an entity, a template or TeX if it drew it as given.
+HOSTILE = ('<b>bold</b>', '<a href="https://evil.example/x">link</a>', '<i>it</i><br>x', '&lt;b&gt;ent', '%{x}%{text}',
+           '$x^2$', '<span style="font-size:40px">big</span>', 'x' * 3000)
+
+
+def recorded_sweep(directory: Path, n: int, *, strings: Sequence[str] = (), key: str = "k",
+                   hosts: Sequence[str] = ("node1", "node2"), gpu_types: Mapping[str, str] | None = None,
+                   detail: str = "torch.OutOfMemoryError: CUDA out of memory", extra_metric: str = "FLOPS_per_gpu",
+                   logs: bool = False) -> Path:
+    """A sweep of `n` experiments written straight into a ledger, as a runner would have left it (nothing runs):
+    experiment `e{i:05d}` has `a.b` = i * 10 // n (the latest hold the largest, as a sweep ordered by it), the
+    micro-batch 2 ** (i % 4) and ZeRO stage i % 3, and `strings[i % len]` under `key`. Every 97th is queued,
+    every 31st failed with `detail`, every 211th left running, the others succeeded (their metrics:
+    throughput, latency and `extra_metric`). `logs`: each run's directory with empty stdout.log and stderr.log."""
+    from dataclasses import replace
+
+    from autotuner.ledger.meta import SweepMeta
+    from autotuner.ledger.store import Ledger
+    from autotuner.spec import Experiment
+    from autotuner.states import Reason, State
+
+    directory.mkdir(parents=True, exist_ok=True)
+    configs = []
+    for i in range(n):
+        config: dict[str, object] = {"train_micro_batch_size_per_gpu": 2 ** (i % 4),
+                                     "zero_optimization": {"stage": i % 3}, "a": {"b": i * 10 // n}}
+        if strings:
+            config[key] = strings[i % len(strings)]
+        configs.append(config)
+    experiments = [Experiment(name=f"e{i:05d}", ds_config=c, num_gpus=1, num_nodes=1, script="/bin/true", args=(),
+                              timeout=None, env={}, source="test") for i, c in enumerate(configs)]
+    meta = SweepMeta(name=directory.name, metric="throughput", sweep_id="sid", launcher=("deepspeed",),
+                     slots={h: (0, 1, 2, 3) for h in hosts}, gpu_types=dict(gpu_types) if gpu_types else None)
+    ledger = Ledger.create(directory, replace(meta, created=1.0e9))
+    ledger._db.execute("PRAGMA synchronous=OFF")  # setting up is not what is tested: no fsync per transition
+    ledger.add_experiments(experiments, at=1.0e9)
+    for i, e in enumerate(experiments):
+        if i % 97 == 5:
+            continue
+        at = 1.0e9 + i * 0.2
+        run = directory / e.name
+        if logs:
+            run.mkdir()
+            (run / "stdout.log").write_text("")
+            (run / "stderr.log").write_text("")
+        ledger.start(e.name, 1, slots={hosts[i % len(hosts)]: [(i // len(hosts)) % 4]}, tag=f"sid.{e.name}.1",
+                     dir=str(run), at=at)
+        ledger.launched(e.name, 1, pid=1, port=29500, at=at + 0.01)
+        if i % 211 == 7:
+            continue
+        if i % 31 == 4:
+            ledger.finish(e.name, 1, State.FAILED, at + 0.5, reason=Reason.OOM, exit_code=1, detail=detail)
+        else:
+            value = 1000.0 + (i * 7919) % 5000
+            ledger.finish(e.name, 1, State.SUCCEEDED, at + 1.4, exit_code=0, metric=value,
+                          metrics={"throughput": value, "latency": 1.0 / value, extra_metric: value * 1e9})
+    ledger.close()
+    return directory

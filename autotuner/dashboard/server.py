@@ -48,7 +48,8 @@ log = logging.getLogger("autotuner.dashboard")
 
 ASSETS = Path(__file__).parent / "assets"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-STATIC = {"app.js": ASSETS / "app.js", "app.css": ASSETS / "app.css", "plotly.min.js": PLOTLY_JS}
+STATIC = {"app.js": ASSETS / "app.js", "app.css": ASSETS / "app.css", "plots.js": ASSETS / "plots.js",
+          "plotly.min.js": PLOTLY_JS}
 TOKEN_HEADER = "x-autotune-token"
 CODE_HEADER = "x-autotune-code"
 MAX_BODY = 64 * 1024
