@@ -90,17 +90,17 @@ const collator = new Intl.Collator(undefined, { numeric: true });
 // --- the server reached or lost ------------------------------------------------------------------------------
 // When the server stops answering, the page says so in a banner, greys what it shows (as of the last answer), and
 // keeps asking, further apart; the first answer takes the banner away and the page goes on from where it was.
-const link = { asOf: null, failures: 0 };
+const connection = { asOf: null, failures: 0 };
 
 function reached() {
-  link.asOf = new Date();
-  link.failures = 0;
+  connection.asOf = new Date();
+  connection.failures = 0;
   document.body.classList.remove("stale");
   const banner = document.getElementById("offline");
   if (banner) banner.remove();
 }
 
-function retryMs() { return Math.min(POLL_MS * 2 ** link.failures, RETRY_MS); }
+function retryMs() { return Math.min(POLL_MS * 2 ** connection.failures, RETRY_MS); }
 
 function banner(text) {
   let box = document.getElementById("offline");
@@ -114,7 +114,7 @@ function banner(text) {
 
 // A failed request: true when no answer came (the caller retries after retryMs()); an HTTP error is the caller's.
 function lost(e) {
-  const asOf = link.asOf ? "as of " + link.asOf.toLocaleTimeString() : "from before";
+  const asOf = connection.asOf ? "as of " + connection.asOf.toLocaleTimeString() : "from before";
   if (e.status === 403) {
     banner("The dashboard refuses this page: " + e.message + ". What is shown is " + asOf +
       " (a dashboard started again prints a new URL).");
@@ -122,7 +122,7 @@ function lost(e) {
     return false;
   }
   if (e.status) return false;
-  link.failures++;
+  connection.failures++;
   banner("Disconnected: the dashboard server does not answer (" + e.message + "). What is shown is " + asOf +
     "; asking again every " + Math.round(retryMs() / 1000) + " s.");
   live(false, "disconnected");
