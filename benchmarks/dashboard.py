@@ -9,8 +9,18 @@
   beside   the scheduling benchmark (N x S s on K slots, benchmarks/scheduling.py's round) with a dashboard
            open (a client polling as the page does, in a process of its own) against without, interleaved:
            makespan / ideal both ways, and the dashboard's own CPU time
+  browser  (--browser) the page in headless Chromium at 1400 px, its main thread's long tasks as the browser's own
+           PerformanceObserver('longtask') reports them (every task over 50 ms): plotly.js's own evaluation (the
+           task in which it defines window.Plotly), the plots tab's first drawing, redraws (the system's colour
+           scheme switched, which redraws every plot), and 10 s of a live sweep (one experiment started and ended
+           every 0.5 s, written to the ledger as a runner does): the longest task and the share of the time in
+           long tasks. Each long task is also found in Chromium's own trace (its `toplevel` RunTask events, the
+           same task by start and length), for its CPU time on the main thread (`tdur`): on a loaded machine a
+           task's wall time is several times its CPU time. Each --code (a checkout: its autotuner serves the page)
+           in turn, round after round, each on a fresh copy of the sweep and a fresh browser profile (nothing cached)
 
   python benchmarks/dashboard.py --experiments 10000 --rounds 5 --beside-rounds 3
+  python benchmarks/dashboard.py --browser --rounds 3 --code OLD_CHECKOUT --code .
 """
 from __future__ import annotations
 
@@ -18,6 +28,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,23 +45,24 @@ from scale import build  # noqa: E402
 
 import autotuner  # noqa: E402
 from autotuner import State  # noqa: E402
+from autotuner.dashboard.client import sign_in  # noqa: E402
 from autotuner.ledger.store import Ledger  # noqa: E402  # plays the runner's part: one start, one end per update
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 
 
 class Served:
-    """`autotune dashboard DIR --port 0` as a subprocess, and requests to it."""
+    """`autotune dashboard DIR --port 0` as a subprocess (of the checkout `code`), and requests to it."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, code: Path = ROOT):
         self.proc = subprocess.Popen([sys.executable, "-m", "autotuner", "dashboard", str(directory), "--port", "0"],
-                                     stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                                     stdout=subprocess.PIPE, text=True, cwd=code,
+                                     env={**os.environ, "PYTHONPATH": str(code)})
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith("open "):
-                url = line.split()[1]
-                self.port = int(url.split(":")[2].split("/")[0])
-                self.token = url.split("token=")[1]
+                host, self.port, self.token = sign_in(line.split()[1])  # the link's one-time code traded
+                self.url = f"http://{host}:{self.port}/?token={self.token}"  # for a browser: the token's own link
                 break
         else:
             raise SystemExit("the dashboard did not start")
@@ -176,6 +188,174 @@ def scheduling_round(n: int, seconds: float, slots: int, workdir: Path, dashboar
     return {"ratio": wall / (n * seconds / slots), "dashboard_cpu_s": used, "wall_s": wall}
 
 
+# Injected before the page's own scripts: the long tasks, and when plotly.js finished evaluating (it ends by
+# setting window.Plotly), so that its one task is told apart from the page's own.
+OBSERVER = """
+window.__long = [];
+new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__long.push([e.startTime, e.duration]); })
+  .observe({type: 'longtask'});
+let plotly;
+Object.defineProperty(window, 'Plotly', {configurable: true, get() { return plotly; },
+  set(v) { plotly = v; window.__plotlyAt = performance.now(); }});
+"""
+
+
+Task = tuple[float, float, float]  # start (page ms), wall ms (the longtask entry), CPU ms of the main thread (trace)
+
+
+class Traced:
+    """Chromium's trace of the renderers' main threads, as chromedriver's performance log hands it over."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[float, float, float]] = []  # (start ms, wall ms, thread ms) of each task over 40 ms
+        self.threads: dict[tuple[int, int], str] = {}
+        self.offset: float | None = None  # trace ms - page ms, once found
+
+    def read(self, driver: Any) -> None:
+        events = [json.loads(e["message"])["message"] for e in driver.get_log("performance")]
+        traced = [e["params"] for e in events if e["method"] == "Tracing.dataCollected"]
+        self.threads.update({(t["pid"], t["tid"]): t["args"]["name"] for t in traced if t.get("name") == "thread_name"})
+        self.runs += [(t["ts"] / 1000, t["dur"] / 1000, t.get("tdur", 0) / 1000) for t in traced
+                      if t.get("name", "").endswith("RunTask") and t.get("dur", 0) > 40_000
+                      and self.threads.get((t["pid"], t["tid"])) == "CrRendererMain"]
+
+    def cpu(self, tasks: list[tuple[float, float]]) -> list[Task]:
+        """The long tasks with their CPU time: each matched to the traced task of the same length whose start is
+        the page's start shifted by the clocks' offset (the offset most matches agree on, to 2 ms)."""
+        votes: dict[int, int] = {}
+        for s, d in tasks:
+            for ts, dur, _ in self.runs:
+                if abs(dur - d) < 1.5:
+                    votes[round((ts - s) / 2)] = votes.get(round((ts - s) / 2), 0) + 1
+        if self.offset is None and votes:
+            self.offset = max(votes, key=lambda k: votes[k]) * 2.0
+        if self.offset is None:
+            return [(s, d, float("nan")) for s, d in tasks]
+        offset = self.offset
+        found = []
+        for s, d in tasks:
+            near = [cpu for ts, dur, cpu in self.runs if abs(ts - s - offset) < 5 and abs(dur - d) < 1.5]
+            found.append((s, d, near[0] if near else float("nan")))
+        return found
+
+
+def _tasks(driver: Any, since: float) -> tuple[list[tuple[float, float]], float | None]:
+    """The long tasks since `since` (page ms) but plotly's own evaluation, and that one's start (if it was seen)."""
+    tasks, at = driver.execute_script("return [window.__long, window.__plotlyAt || null]")
+    plotly = [s for s, d in tasks if at is not None and s <= at <= s + d]
+    return [(s, d) for s, d in tasks if s >= since and not (at is not None and s <= at <= s + d)], \
+        (plotly[0] if plotly else None)
+
+
+def _driver(profile: Path) -> Any:
+    """Headless Chromium at 1400 px, as the tests' (dashboard_rig.chromium_driver), tracing its main threads."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium") or "chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                 f"--user-data-dir={profile}", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    options.add_experimental_option("perfLoggingPrefs", {"traceCategories": "toplevel", "enableNetwork": False,
+                                                         "enablePage": False})
+    return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"), options=options)
+
+
+def _longest(tasks: list[Task]) -> tuple[float, float]:
+    """The longest task's wall ms, and the most CPU ms any of the tasks found in the trace took (nan: none found;
+    a task of many seconds can be missing from it)."""
+    wall = max(tasks, key=lambda t: t[1], default=(0.0, 0.0, 0.0))
+    return wall[1], max((t[2] for t in tasks if t[2] == t[2]), default=float("nan") if tasks else 0.0)
+
+
+def _wait(driver: Any, script: str, timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while not driver.execute_script(script):
+        if time.monotonic() > end:
+            raise SystemExit(f"timed out: {script}")
+        time.sleep(0.2)
+
+
+def browser_round(template: Path, code: Path, workdir: Path) -> dict[str, float]:
+    """One page of the sweep's plots in a fresh Chromium, served by `code`'s dashboard; its long tasks: the
+    longest's wall ms (the browser's longtask entry) and the most CPU ms one took (the trace)."""
+    directory = Path(tempfile.mkdtemp(dir=workdir)) / "scale"
+    shutil.copytree(template, directory)
+    served = Served(directory, code)
+    driver = _driver(Path(tempfile.mkdtemp(dir=workdir)) / "profile")
+    trace = Traced()
+    out: dict[str, float] = {}
+    try:
+        driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": OBSERVER})
+        driver.get(served.url)
+        _wait(driver, "return document.querySelectorAll('#sweeps a').length > 0")
+        sid = driver.execute_script("return document.querySelector('#sweeps a').getAttribute('href')")
+        since = driver.execute_script("return performance.now()")
+        driver.get(served.url.split("?")[0] + sid + "/plots")
+        _wait(driver, "return document.querySelectorAll('.plot .main-svg').length >= 4")
+        time.sleep(3)  # what the drawing leaves to later tasks
+        page, plotly_at = _tasks(driver, since)
+        trace.read(driver)
+        every = trace.cpu(driver.execute_script("return window.__long"))
+        evaluated = [t for t in every if t[0] == plotly_at]
+        out["plotly_eval"], out["plotly_eval_cpu"] = evaluated[0][1:] if evaluated else (float("nan"),) * 2
+        out["first_max"], out["first_cpu"] = _longest(trace.cpu(page))
+        redraws: list[Task] = []
+        for scheme in ("dark", "light", "dark"):
+            since = driver.execute_script("return performance.now()")
+            driver.execute_cdp_cmd("Emulation.setEmulatedMedia",
+                                   {"features": [{"name": "prefers-color-scheme", "value": scheme}]})
+            time.sleep(4)
+            trace.read(driver)
+            redraws += trace.cpu(_tasks(driver, since)[0])
+        out["redraw_max"], out["redraw_cpu"] = _longest(redraws)
+        # A live sweep: one experiment started and ended every 0.5 s, as a runner records them.
+        ledger = Ledger.open(directory)
+        queued = [a.name for a in ledger.latest() if a.state == State.QUEUED]
+        ledger.close()
+        since = driver.execute_script("return performance.now()")
+        started = time.monotonic()
+        for name in queued[:20]:
+            ledger = Ledger.open(directory)
+            ledger.start(name, 1, slots={"localhost": [0]}, tag=f"bench.{name}.1", dir=str(directory / name),
+                         at=time.time())
+            ledger.finish(name, 1, State.SUCCEEDED, time.time() + 0.01, exit_code=0, metric=4321.0,
+                          metrics={"throughput": 4321.0})
+            ledger.close()
+            time.sleep(max(0.0, started + 0.5 * (queued.index(name) + 1) - time.monotonic()))
+        live = _tasks(driver, since)[0]
+        window = driver.execute_script("return performance.now()") - since
+        trace.read(driver)
+        out["live_max"], out["live_cpu"] = _longest(trace.cpu(live))
+        out["live_share"] = sum(d for _, d in live) / window
+    finally:
+        driver.quit()
+        served.close()
+    return out
+
+
+def browser(n: int, rounds: int, codes: list[Path], workdir: Path) -> None:
+    template = workdir / "template"
+    template.mkdir()
+    counts = build(template, n)
+    print(f"sweep of {n}: {', '.join(f'{k} {v}' for k, v in counts.items())}; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    results: dict[Path, list[dict[str, float]]] = {c: [] for c in codes}
+    for i in range(rounds):
+        for code in codes if i % 2 == 0 else codes[::-1]:
+            r = browser_round(template, code, workdir)
+            results[code].append(r)
+            print(f"round {i + 1} {code}: " + "  ".join(f"{k}={v:.0f}" if k != "live_share" else f"{k}={v:.2f}"
+                                                        for k, v in r.items())
+                  + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+    for code, rs in results.items():
+        print(f"{code}, median of {len(rs)}: " + "  ".join(
+            f"{k}={statistics.median(r[k] for r in rs):.{2 if k == 'live_share' else 0}f}" for k in rs[0]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiments", type=int, default=10_000)
@@ -183,9 +363,16 @@ def main() -> None:
     parser.add_argument("--beside-rounds", type=int, default=3)
     parser.add_argument("--beside", default="500x0.2x8", help="the scheduling sweep: NxSECONDSxSLOTS")
     parser.add_argument("--poll", nargs=2, metavar=("PORT", "TOKEN"), help=argparse.SUPPRESS)
+    parser.add_argument("--browser", action="store_true", help="the page's long tasks in Chromium (only that)")
+    parser.add_argument("--code", type=Path, action="append", help="--browser: a checkout to serve the page "
+                        "(repeatable, interleaved; default this one)")
     opts = parser.parse_args()
     if opts.poll:
         poll(int(opts.poll[0]), opts.poll[1])
+        return
+    if opts.browser:
+        with tempfile.TemporaryDirectory() as tmp:
+            browser(opts.experiments, opts.rounds, [c.resolve() for c in opts.code or [ROOT]], Path(tmp))
         return
     with tempfile.TemporaryDirectory() as tmp:
         page_and_updates(opts.experiments, opts.rounds, Path(tmp))

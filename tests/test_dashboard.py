@@ -67,7 +67,11 @@ def test_every_api_request_needs_the_token(served):
 def test_the_page_and_its_charts_come_from_the_server_itself(served):
     status, _, page = served.request("GET", "/", token=False)
     assert status == 200
-    assert b'src="/static/plotly.min.js"' in page and b"://" not in page.replace(b"http://", b"")
+    assert b'src="/static/app.js"' in page and b"://" not in page.replace(b"http://", b"")
+    # plotly.js and the plots are loaded by the page when its plots tab is first opened, from the server too.
+    status, _, app = served.request("GET", "/static/app.js", token=False, headers={"Accept-Encoding": "identity"})
+    assert status == 200 and b'"/static/plotly.min.js", "/static/plots.js"' in app and b"://" not in app
+    assert served.request("GET", "/static/plots.js", token=False)[0] == 200
     status, _, js = served.request("GET", "/static/plotly.min.js", token=False,
                                          headers={"Accept-Encoding": "identity"})
     assert status == 200 and len(js) > 1_000_000 and b"plotly" in js[:2000].lower()

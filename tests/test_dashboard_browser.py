@@ -145,7 +145,7 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     shown = start_dashboard(runners, out.parent)
 
     browser.get(shown.base + "/")  # no token: a notice, and the API refuses the page
-    wait_until(lambda: "token" in _text(browser, "#main"))
+    wait_until(lambda: "printed last" in _text(browser, "#main"))
     status = browser.execute_async_script(
         "const done = arguments[0]; fetch('/api/sweeps').then((r) => done(r.status))")
     assert status == 403
@@ -163,13 +163,16 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".plot .main-svg")) >= 4, timeout=30,
                message="four plots drawn")
     # Plotly's text takes the page's colours: light text on the dark page.
-    fill = browser.execute_script("return document.querySelector('#plot-metric .gtitle').style.fill")
+    fill = browser.execute_script("return document.querySelector('#plot-metric .ytitle').style.fill")
     assert fill in ("rgb(230, 233, 239)", "#e6e9ef"), fill
     _keep(browser, tmp_path, "dashboard-dark-plots")
-    # The slot timeline: each two-slot run a bar on each of its slots.
-    bars = browser.execute_script("return document.getElementById('plot-timeline').data.flatMap("
-                                  "(t) => t.y.map((slot, i) => [t.text[i], slot]))")
-    assert sorted(map(tuple, bars)) == [(f"s_x{x}", slot) for x in (1, 2, 4) for slot in ("localhost:0", "localhost:1")]
+    # The slot timeline: each two-slot run a bar (a segment from its start to its end) on each of its slots.
+    bars = browser.execute_script(
+        "const gd = document.getElementById('plot-timeline'), names = gd.layout.yaxis.ticktext;"
+        "return gd.data.flatMap((t) => t.y.map((row, i) => [t.text[i], row === null ? null : names[row]]))"
+        ".filter(([name], i) => name !== null && i % 3 === 0)")
+    assert sorted(map(tuple, bars)) == [(f"s_x{x} · succeeded", slot) for x in (1, 2, 4)
+                                        for slot in ("localhost:0", "localhost:1")]
 
     browser.set_window_size(400, 900)
     browser.execute_cdp_cmd("Emulation.setEmulatedMedia",

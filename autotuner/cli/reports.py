@@ -91,13 +91,16 @@ def dashboard(
     directories: list[Path] = typer.Argument(None, help="Results directories: a sweep's, or a folder of sweeps "
                                                          "(new ones appear as they start) [default: results]."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on (0: any free one)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on. Anything but loopback lets other "
-                             "machines reach the page: the token still guards it, but the traffic is plain HTTP."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address or name to listen on (::1, 0.0.0.0, :: for "
+                             "IPv6 and IPv4, localhost: each address it resolves to). Anything but loopback lets "
+                             "other machines reach the page: the link still guards it, but the traffic is plain "
+                             "HTTP."),
     allow_cancel: bool = typer.Option(False, "--allow-cancel", help="Let the page cancel experiments or a whole "
                                       "sweep (as `autotune cancel` does)."),
 ) -> None:
     """A live page of sweeps in the browser, read only from their ledgers: counts, ETA, best config, nodes,
-    every experiment, each run's logs, plots. Prints the URL to open (with its secret token); Ctrl-C ends it.
+    every experiment, each run's logs, plots. Prints the link to open (it opens the page once; the next one is
+    printed when it is used); Ctrl-C ends it.
     Needs the dashboard extra: pip install 'ds-autotune[dashboard]'."""
     try:
         autotuner.serve_dashboard(directories or [Path("results")], host=host, port=port,

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ..errors import UserError
+from .discover import check_roots
+from .listen import listen
 
 
 def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8765, allow_cancel: bool = False,
@@ -20,8 +22,17 @@ def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8
     """`autotune dashboard`: serve the sweeps under `directories` until interrupted (`server.serve`). The web
     stack is imported here, when asked for: it is an optional extra."""
     try:
-        from .server import serve as run
+        import plotly  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
     except ModuleNotFoundError as e:
         raise UserError(f"the dashboard needs {e.name}, which is not installed: "
                         "pip install 'ds-autotune[dashboard]'") from None
-    run(directories, host=host, port=port, allow_cancel=allow_cancel, announce=announce, token=token)
+    directories = check_roots(directories)  # refused before a port is taken
+    listening = listen(host, port)  # a bad --host refused before the rest loads
+    try:
+        from .server import serve as run
+    except BaseException:
+        listening.close()
+        raise
+    run(directories, listening, allow_cancel=allow_cancel, announce=announce, token=token)

@@ -3,11 +3,17 @@ transitions recorded since the last read.
 
 The ledger numbers every transition (`transitions.seq`), so "what changed since N" is one indexed query, and a
 page that last saw transition N is sent the rows of the experiments whose attempts moved since. The file is
-opened with SQLite's read-only URI (`mode=ro`, `query_only`) on every read: the dashboard never writes into a
+opened anew on every read, any statement that writes refused (`query_only`): the dashboard changes nothing in a
 sweep, never takes its lock, and holds no connection between reads, so it is safe beside a running runner,
-`resume` and `cancel`. A ledger that no writer has open (no `-wal` file beside it) is read as immutable, since
-even a read-only connection to a WAL database leaves `-wal` and `-shm` files behind; should a writer open it
-during that read, the read is done again the usual way.
+`resume` and `cancel`.
+
+A ledger that no writer has open (no `-wal` file beside it) is read as immutable (`mode=ro&immutable=1`):
+nothing is created beside it. Should a writer open it during that read (a `-wal` appears, or the file changes),
+the read is done again the usual way. Read the usual way, a connection to a WAL database creates `-wal` and
+`-shm` if they are missing (the writer left between the look and the open), and only the last connection to
+close removes them, which a connection opened read only (`mode=ro`) cannot do: a writer that left while it
+read left them behind for good. So the usual way is a connection SQLite may tidy up with (`mode=rw`, with
+`query_only`), which removes them on close when it is the last, exactly as the runner's own close would.
 """
 from __future__ import annotations
 
@@ -16,10 +22,11 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import quote
 
 from ..errors import UserError
@@ -42,6 +49,7 @@ PROBED = ("order", "ranked", "runs", "_run_of", "host_types", "slot_types", "typ
 KEPT_READS = 10_000  # reads whose moved experiments are kept to answer "since N" (a long tune reads many)
 # Past this many experiments moved since the last read, every latest attempt is read again in one query.
 BULK = 200
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,26 +60,41 @@ class Reader:
     ledger: Ledger
     db: sqlite3.Connection
     immutable: bool  # read as a file no writer has open
+    seen: tuple[int, int, int] | None  # the file (inode, size, mtime) before an immutable read
 
     def raced(self) -> bool:
-        """A writer opened the ledger while it was read as immutable: what was read may be torn."""
-        return self.immutable and _wal(self.ledger.path).exists()
+        """A writer opened the ledger while it was read as immutable (it may have left again, after writing into
+        the file): what was read may be torn."""
+        return self.immutable and (_wal(self.ledger.path).exists() or _identity(self.ledger.path) != self.seen)
 
 
 def _wal(path: Path) -> Path:
     return path.with_name(path.name + "-wal")
 
 
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 @contextmanager
 def read_only(directory: Path, *, quiet: bool = True) -> Iterator[Reader]:
-    """The sweep's ledger opened read only: SQLite refuses any write through this connection. `quiet`: read a
-    ledger no writer has open as immutable (nothing created beside it); check `Reader.raced` after."""
+    """The sweep's ledger opened for reading: SQLite refuses any statement that writes through this connection.
+    `quiet`: read a ledger no writer has open as immutable (nothing created beside it); check `Reader.raced`
+    after (`read` does). Else a connection that, the last to close, removes `-wal` and `-shm` (the module says
+    why)."""
     path = Path(directory) / FILENAME
     if not path.is_file():
         raise UserError("no sweep here (no ledger.sqlite)", directory)
+    seen = _identity(path)
     immutable = quiet and not _wal(path).exists()
-    uri = f"file:{quote(str(path.resolve()))}?mode=ro" + ("&immutable=1" if immutable else "")
-    db = sqlite3.connect(uri, uri=True, timeout=5, isolation_level=None, check_same_thread=False)
+    # A file this process may not write is opened read only by SQLite in any case (and could not be tidied).
+    mode = "ro&immutable=1" if immutable else "rw" if os.access(path, os.W_OK) else "ro"
+    db = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode={mode}", uri=True, timeout=5, isolation_level=None,
+                         check_same_thread=False)
     try:
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA query_only=1")
@@ -80,11 +103,22 @@ def read_only(directory: Path, *, quiet: bool = True) -> Iterator[Reader]:
         version = ledger.version()
         if version > SCHEMA_VERSION:
             raise UserError(f"written by a newer autotuner (ledger schema {version}): upgrade autotuner", path)
-        yield Reader(ledger, db, immutable)
+        yield Reader(ledger, db, immutable, seen)
     except sqlite3.DatabaseError as e:
         raise UserError(f"cannot read the ledger: {e}", path) from None
     finally:
         db.close()
+
+
+def read(directory: Path, work: Callable[[Reader], T]) -> T:
+    """`work` done on the ledger (`read_only`): as an unchanging file when no writer has it open, and again the
+    usual way should one have opened it meanwhile."""
+    with read_only(directory) as reader:
+        done = work(reader)
+        if not reader.raced():
+            return done
+    with read_only(directory, quiet=False) as reader:
+        return work(reader)
 
 
 def runner_pid(directory: Path) -> int | None:

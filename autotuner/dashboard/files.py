@@ -52,12 +52,16 @@ def inside(sweep: Path, relative: str) -> Path:
 
 def read_piece(path: Path, offset: int) -> Piece:
     """The bytes from `offset` (negative: the last CHUNK of the file), cut after the last newline of a full
-    piece so that a line, and a character, is never split between two."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        start = max(size - CHUNK, 0) if offset < 0 else min(offset, size)
-        f.seek(start)
-        data = f.read(CHUNK)
+    piece so that a line, and a character, is never split between two. A file removed or made unreadable since
+    `inside` looked (a run's directory cleaned, a log rotated) is refused as such, never an error of the server."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(size - CHUNK, 0) if offset < 0 else min(offset, size)
+            f.seek(start)
+            data = f.read(CHUNK)
+    except OSError as e:
+        raise Refused(404, f"cannot read that file: {e.strerror or 'unreadable'}") from None
     if len(data) == CHUNK and b"\n" in data:
         data = data[:data.rindex(b"\n") + 1]
     return Piece(data, start, start + len(data), size)

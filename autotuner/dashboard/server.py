@@ -1,10 +1,13 @@
 """The dashboard's web app (Starlette) and its server (uvicorn): the page, its assets and plotly.js served from
 installed packages (no CDN), and a small JSON API the page polls for what changed.
 
-Security: every API request carries the secret token printed with the URL (header `X-Autotune-Token`), so a page
-from another origin can read nothing; cancelling is a POST of JSON with the token in its header, refused unless
-the server was started with `--allow-cancel` and, when the browser names an Origin, it is the server's own.
-Files are served only from inside a sweep's directory (`files.inside`). A malformed request is a 4xx.
+Security: every API request carries the secret token (header `X-Autotune-Token`), so a page from another origin
+can read nothing. The URL printed carries no token but a one-time code in its fragment (`#code=...`, never sent
+with the page), which the page exchanges for the token (`POST /api/session`): what the browser's history keeps
+of it opens nothing. Cancelling is a POST of JSON with the token in its header, refused unless the server was
+started with `--allow-cancel`. `guard.Guard` wraps it all: the Host and Origin checked against the names served,
+the security headers (no framing), no traceback for a broken request. Files are served only from inside a
+sweep's directory (`files.inside`). A malformed request is a 4xx.
 """
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ import json
 import logging
 import secrets
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -25,7 +27,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -36,16 +38,20 @@ from ..sweep.cancel import cancel
 from ..views.compare import compare
 from .discover import Served, Sweeps, check_roots
 from .eta import Planner
-from .feed import read_only, runner_pid
+from .feed import read, runner_pid
 from .files import Refused, inside, read_piece
+from .guard import Guard
+from .listen import Listening
 from .summary import brief, standing, summary
 
 log = logging.getLogger("autotuner.dashboard")
 
 ASSETS = Path(__file__).parent / "assets"
 PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-STATIC = {"app.js": ASSETS / "app.js", "app.css": ASSETS / "app.css", "plotly.min.js": PLOTLY_JS}
+STATIC = {"app.js": ASSETS / "app.js", "app.css": ASSETS / "app.css", "plots.js": ASSETS / "plots.js",
+          "plotly.min.js": PLOTLY_JS}
 TOKEN_HEADER = "x-autotune-token"
+CODE_HEADER = "x-autotune-code"
 MAX_BODY = 64 * 1024
 MAX_NAMES = 10_000
 RUNNER_SECONDS = 1.0  # how long a look-up of the sweep's runner is kept
@@ -58,11 +64,14 @@ class Dashboard:
     roots: list[Path]
     allow_cancel: bool = False
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    code: str = field(default_factory=lambda: secrets.token_urlsafe(24))  # the one-time code of the URL printed
+    on_sign_in: Callable[[str], None] = lambda code: None  # told the next code when one is spent
     sweeps: Sweeps = field(init=False)
     planner: Planner = field(init=False, default_factory=Planner)
     _summaries: dict[str, tuple[tuple[int, JSON, str], JSONObject]] = field(init=False, default_factory=dict)
     _standing: dict[str, tuple[int, JSONObject]] = field(init=False, default_factory=dict)
     _runners: dict[Path, tuple[float, int | None]] = field(init=False, default_factory=dict)
+    _signing: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.sweeps = Sweeps(self.roots)
@@ -83,6 +92,15 @@ class Dashboard:
         if last is None or last[0] != key:
             self._summaries[served.id] = last = (key, made)
         return f"{seq}.{abs(hash(key)) % 10**9}", last[1]
+
+    def sign_in(self, code: str) -> bool:
+        """Whether `code` is the current one-time code: if so it is spent, and the next one announced."""
+        with self._signing:
+            if not hmac.compare_digest(code.encode(), self.code.encode()):
+                return False
+            self.code = secrets.token_urlsafe(24)
+            self.on_sign_in(self.code)
+            return True
 
     def _runner(self, directory: Path) -> int | None:
         """`runner_pid`, kept for a second: the kernel's lock table can be long on a busy machine."""
@@ -129,6 +147,7 @@ def api(handler: Callable[[Request, Dashboard], Response]) -> Callable[[Request]
             response = JSONResponse({"error": str(e)}, status_code=e.status)
         except UserError as e:
             response = JSONResponse({"error": str(e)}, status_code=409)
+        response.headers["Cache-Control"] = "no-store"
         # What the server spent on it, before compression (benchmarks/dashboard.py reads it).
         response.headers["Server-Timing"] = f"app;dur={(time.perf_counter() - started) * 1000:.2f}"
         return response
@@ -170,12 +189,10 @@ def experiment(request: Request, dashboard: Dashboard) -> Response:
     """One experiment: its spec and every attempt, for its own page."""
     served = _sweep(request, dashboard)
     name = str(request.path_params["name"])
-    with read_only(served.feed.directory) as reader:
-        found = reader.ledger.experiments([name])
-        if not found:
-            raise Refused(404, "no such experiment in this sweep")
-        attempts = reader.ledger.attempts(name)
-        sweep_name = reader.ledger.meta().name
+    found, attempts, sweep_name = read(served.feed.directory, lambda reader: (
+        reader.ledger.experiments([name]), reader.ledger.attempts(name), reader.ledger.meta().name))
+    if not found:
+        raise Refused(404, "no such experiment in this sweep")
     where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
     return JSONResponse({"sweep": sweep_name, "spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts],
                          "logs": {k: f"{where}/{k}.log" for k in ("stdout", "stderr")}})
@@ -217,12 +234,10 @@ def comparison(request: Request, dashboard: Dashboard) -> Response:
 
 
 def cancel_runs(request: Request, dashboard: Dashboard) -> Response:
-    """Cancel experiments (or the whole sweep: no names) through `autotuner.cancel`, as `autotune cancel` does."""
+    """Cancel experiments (or the whole sweep: no names) through `autotuner.cancel`, as `autotune cancel` does.
+    A foreign Origin never gets here (`Guard`)."""
     if not dashboard.allow_cancel:
         raise Refused(403, "cancelling from the page is off: start the dashboard with --allow-cancel")
-    origin = request.headers.get("origin")
-    if origin is not None and origin != f"{request.url.scheme}://{request.headers.get('host', '')}":
-        raise Refused(403, "a request from another origin is refused")
     if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
         raise Refused(415, "send JSON: {\"names\": [...]}")
     served = _sweep(request, dashboard)
@@ -246,13 +261,30 @@ async def cancel_endpoint(request: Request) -> Response:
     """The body is read here (bounded), then the cancel runs on a worker thread: it may wait on the ledger."""
     from starlette.concurrency import run_in_threadpool
 
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:  # refused before waiting for a body it would not read
+        return JSONResponse({"error": "the body is too large"}, status_code=413)
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY:
-            return JSONResponse({"error": "the body is too large"}, status_code=413)
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                return JSONResponse({"error": "the body is too large"}, status_code=413)
+    except ClientDisconnect:  # a body shorter than its Content-Length, broken chunks: nobody left to answer
+        return JSONResponse({"error": "the request broke off"}, status_code=400)
     request.state.body = body
     return await run_in_threadpool(api(cancel_runs), request)
+
+
+def session(request: Request) -> Response:
+    """The one-time code of a printed URL exchanged for the token (the page keeps it for its tab). Spent once,
+    so the link the browser's history keeps opens nothing; the terminal prints the next one."""
+    dashboard: Dashboard = request.app.state.dashboard
+    if not dashboard.sign_in(request.headers.get(CODE_HEADER, "")):
+        return JSONResponse({"error": "this link was used already, or is not this dashboard's (a link opens it "
+                             "once): open the link its terminal printed last"}, status_code=403,
+                            headers={"Cache-Control": "no-store"})
+    return JSONResponse({"token": dashboard.token}, headers={"Cache-Control": "no-store"})
 
 
 # --- the page ------------------------------------------------------------------------------------------------
@@ -271,6 +303,7 @@ def create_app(dashboard: Dashboard) -> Starlette:
     routes = [
         Route("/", index),
         Route("/static/{name}", static),
+        Route("/api/session", session, methods=["POST"]),
         Route("/api/config", api(config)),
         Route("/api/sweeps", api(sweeps)),
         Route("/api/compare", api(comparison)),
@@ -285,50 +318,59 @@ def create_app(dashboard: Dashboard) -> Starlette:
 
 
 # --- serving -------------------------------------------------------------------------------------------------
-def url(host: str, port: int, token: str) -> str:
-    shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}/?token={token}"
+def url(host: str, port: int, code: str) -> str:
+    """The link to open: its one-time code in the fragment, which the browser never sends to the server."""
+    return f"http://{host}:{port}/#code={code}"
 
 
-def exposed(host: str) -> bool:
-    """Whether binding `host` lets other machines reach the server (anything but loopback)."""
-    return host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127.")
+class _Relay(logging.Handler):
+    """uvicorn's own log lines into the dashboard's (`autotune: ...`, one line each): what a malformed request
+    makes it say only with --verbose, since anyone who reaches the port could fill the terminal with it."""
+
+    NOISE = ("Invalid HTTP request received", "Unsupported upgrade request", "No supported WebSocket library")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        log.log(logging.DEBUG if text.startswith(self.NOISE) else record.levelno, "%s", text.strip(),
+                exc_info=record.exc_info)
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The server's socket, bound before the URL is printed (port 0: a free one, named in the URL)."""
-    if not host.strip():  # Python binds every interface, and the URL printed would be http://:PORT
-        raise UserError(f"--host {host!r}: name the address to listen on (127.0.0.1, or 0.0.0.0 for every "
-                        "interface)")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        return socket.create_server((host, port), family=family, reuse_port=False)
-    except OSError as e:
-        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+def server_for(app: Starlette, listening: Listening) -> uvicorn.Server:
+    """uvicorn serving the app behind its guard: no WebSocket, no proxy headers trusted (nothing stands between
+    the browser and this server), its log relayed."""
+    relay = logging.getLogger("uvicorn")
+    relay.handlers, relay.propagate = [_Relay()], False
+    return uvicorn.Server(uvicorn.Config(Guard(app, listening), log_level="warning", access_log=False,
+                                         lifespan="off", ws="none", proxy_headers=False, server_header=False,
+                                         log_config=None))
 
 
-def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8765, allow_cancel: bool = False,
+def serve(directories: Sequence[Path], listening: Listening, *, allow_cancel: bool = False,
           announce: Callable[[str], None] = lambda line: None, token: str | None = None) -> None:
-    """Serve the sweeps under `directories` until interrupted; `announce` is told the URL to open (with the token)
-    and, when `host` is not loopback, what that exposes."""
-    dashboard = Dashboard(check_roots(directories), allow_cancel=allow_cancel)
-    if token is not None:
-        dashboard.token = token
-    sock = listen(host, port)
-    bound = sock.getsockname()[1]
-    # A cancel from the page with no runner alive holds the sweep's lock for a moment; `autotune cancel` run
-    # meanwhile signals the holder (SIGUSR1), whose default action would end this server.
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    server = uvicorn.Server(uvicorn.Config(create_app(dashboard), log_level="warning", access_log=False,
-                                           lifespan="off"))
-    announce(f"serving {len(dashboard.sweeps.scan())} sweep(s) under {', '.join(map(str, dashboard.roots))}")
-    if exposed(host):
-        announce(f"listening on {host}: anyone who can reach this machine's port {bound} and has the token can read "
-                 "these sweeps" + (" and cancel their runs" if allow_cancel else "") + "; the traffic is plain HTTP")
-    announce(f"open {url(host if host not in ('0.0.0.0', '::') else '127.0.0.1', bound, dashboard.token)}")
+    """Serve the sweeps under `directories` on the sockets bound (`listen.listen`; closed here) until interrupted;
+    `announce` is told the URL to open (with a one-time code; the next one each time one is spent) and, when
+    not on loopback, what that exposes."""
     try:
-        server.run(sockets=[sock])
+        dashboard = Dashboard(check_roots(directories), allow_cancel=allow_cancel)
+        if token is not None:
+            dashboard.token = token
+        shown = listening.shown
+        dashboard.on_sign_in = lambda code: announce(f"open {url(shown, listening.port, code)} in another browser "
+                                                     "(the link before it was used)")
+        # A cancel from the page with no runner alive holds the sweep's lock for a moment; `autotune cancel` run
+        # meanwhile signals the holder (SIGUSR1), whose default action would end this server.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        server = server_for(create_app(dashboard), listening)
+        announce(f"serving {len(dashboard.sweeps.scan())} sweep(s) under {', '.join(map(str, dashboard.roots))}")
+        if listening.exposed:
+            announce(f"listening on {listening.host}: anyone who can reach this machine's port {listening.port} and "
+                     "has the link can read these sweeps" + (" and cancel their runs" if allow_cancel else "") +
+                     "; the traffic is plain HTTP")
+        announce(f"open {url(shown, listening.port, dashboard.code)} (the link opens the dashboard once)")
+        try:
+            server.run(sockets=list(listening.sockets))
+        finally:
+            dashboard.planner.close()
     finally:
-        dashboard.planner.close()
-        sock.close()
+        listening.close()

@@ -26,7 +26,7 @@ from ..core.slots import Devices
 from ..errors import UserError
 from ..spec import Experiment
 from .durations import DEFAULT_SECONDS, Durations, durations
-from .learned import largest_usable, learned_needs, peaks_by_digest, with_needs
+from .learned import check_learned, largest_usable, learned_needs, peaks_by_digest, with_needs
 from .simulate import Timeline, Underway, simulate
 
 RUN_BUDGET = 2_000_000  # simulated runs one plan may play (100,000 experiments: about 15 s each play here)
@@ -111,6 +111,7 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     expected = durations(experiments, past, default_seconds)
     learned = (learned_needs(experiments, peaks_by_digest(past, required=False), largest_usable(sizes, devices))
                if past is not None else {})
+    check_learned(experiments, learned, past, slots, types, sizes, devices)  # as `run` refuses them: up front
     experiments = with_needs(experiments, learned)  # what the earlier runs held: the needs of those that state none
     for name in queues:
         if name not in QUEUES:

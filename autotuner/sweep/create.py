@@ -6,11 +6,13 @@ runs yet: `sweep.run.execute` does. A tune's request (tune/request.py) is checke
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import secrets
 import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -25,7 +27,7 @@ from ..errors import UserError, shown
 from ..files import sync_directory, write_atomic
 from ..ledger.store import FILENAME, Ledger, SweepMeta
 from ..limits import memory
-from ..planning.learned import largest_usable, learned_needs, peaks_by_digest
+from ..planning.learned import check_learned, largest_usable, learned_needs, peaks_by_digest
 from ..spec import Sweep
 from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ..spec.launchable import launch_problem
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RESULTS_ROOT = Path("results")
+PATH_SHOWN = 200  # characters of a resolved path a message names: enough for a deep tree, never a screenful
 
 
 def default_directory(sweep: Sweep, now: float | None = None) -> Path:
@@ -69,6 +72,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
     if memory_from is not None:
         peaks = memory_from if isinstance(memory_from, Mapping) else peaks_by_digest(Path(memory_from))
         learned = learned_needs(sweep.experiments, peaks, largest_usable(cluster.memory, cluster.devices))
+        check_learned(sweep.experiments, learned, getattr(peaks, "source", None), cluster.slots,
+                      cluster.host_types, cluster.memory, cluster.devices)
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
     ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
@@ -123,52 +128,82 @@ def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSp
 
 
 def _check_nvme(request: TuneRequest, spec: SearchSpec, cluster: Cluster) -> None:
-    """An NVMe offload path the config names must be a directory this machine can write to when it runs
-    experiments here (one located line otherwise); on other nodes the run itself finds out, said once."""
+    """An NVMe offload path the config names must be a directory this machine can create files in when it runs
+    experiments here (one located line otherwise); on other nodes the run itself finds out, said once. A relative
+    path is looked up where DeepSpeed's engine will look it up: the runs' own directory, their script's (the
+    config goes to them unchanged, as the best config goes to the user)."""
     zero = spec.base.get("zero_optimization")
+    runs_in = Path(str(spec.template["script"])).parent
     for key in ("offload_optimizer", "offload_param"):
         section = zero.get(key) if isinstance(zero, Mapping) else None
         path = section.get("nvme_path") if isinstance(section, Mapping) and section.get("device") == "nvme" else None
         if not isinstance(path, str):
             continue
-        if any(is_local(h) for h in cluster.slots) and not (os.path.isdir(path) and os.access(path, os.W_OK)):
-            problem = "does not exist" if not os.path.exists(path) else "is not a directory this user can write to"
-            raise UserError(f"zero_optimization.{key}.nvme_path {shown(path)} {problem}: offloading to NVMe needs "
-                            "a directory to write to", request.config, _line_naming(request.config, path))
+        if any(is_local(h) for h in cluster.slots):
+            problem = _unwritable(runs_in / path)
+            if problem is not None:
+                where = shown(str(runs_in / path), PATH_SHOWN, quoted=False)
+                relative = "" if os.path.isabs(path) else f" ({where}: runs start in the script's directory)"
+                hint = "; DeepSpeed expands neither ~ nor $VARIABLES" if path.startswith(("~", "$")) else ""
+                raise UserError(f"zero_optimization.{key}.nvme_path {shown(path)}{relative} {problem}: offloading "
+                                f"to NVMe needs a directory to write to{hint}", request.config,
+                                request.nvme_lines.get(key))
         if any(not is_local(h) for h in cluster.slots):
             log.warning("zero_optimization.%s.nvme_path %s is checked by each run on the other nodes", key, path)
 
 
-def _line_naming(config: Path, value: str) -> int | None:
-    """The first line of `config` that holds `value` (a path it names), for the line an error points at."""
+def _unwritable(directory: Path) -> str | None:
+    """Why runs could not write their offloaded states in `directory` (None: they can), found by creating a file
+    there and removing it: permission bits say yes to root where the file system says no (/proc, /sys, a
+    read-only mount)."""
     try:
-        lines = config.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    return next((number for number, line in enumerate(lines, 1) if "nvme_path" in line and value in line), None)
+        if not directory.is_dir():
+            return "is not a directory" if directory.exists() else "does not exist"
+    except OSError as e:  # a name too long, a directory that may not be looked into
+        return f"cannot be looked up ({e.strerror or e})"
+    try:
+        fd, made = tempfile.mkstemp(prefix=".autotune-nvme-check-", dir=directory)
+    except OSError as e:  # /proc answers "no such file" to a create in it: said without that word
+        why = f" ({e.strerror})" if e.strerror and e.errno != errno.ENOENT else ""
+        return f"is a directory this user cannot create files in{why}"
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(made)
+    return None
 
 
 def _check_some_stage_fits(request: TuneRequest, bounds: dict[int, Bound], spec: SearchSpec) -> None:
     """`run` refuses an experiment no GPU could hold; a tune whose every stage the model rules out, at every
-    offload level too, is refused the same way, at the config's line that states the model's facts."""
+    offload level too, is refused the same way, at the config's line that states the model's facts. The line
+    says what is short: the GPUs (model states, or activations at the smallest micro-batch size), or, where a
+    GPU would hold an offloaded stage, the node's RAM it offloads to, with advice for that."""
     if not bounds or any(b.fits for b in bounds.values()):
         return
-    short = [b for level in spec.levels() for b in level.bounds(Facts.from_json(spec.facts or {})).values()
-             if b.host_short]
-    node = (f"; offloaded, it needs at least {memory(min(b.host for b in short))} of a node's RAM of "
-            f"{memory(spec.host_memory or 0)}") if short else ""
-    least = min(bounds.values(), key=lambda b: b.states)
-    room = budget(spec.gpu_memory or 0)
     facts = Facts.from_json(spec.facts or {})
-    why = (f"stage {least.stage} needs {memory(least.states)} for its model states alone" if least.states >= room
-           else f"stage {least.stage} leaves {memory(room - least.states)} for activations, less than "
-                f"micro-batch size {spec.min_mbs} needs ({memory((facts.activation or 0) * spec.min_mbs)})")
+    room = budget(spec.gpu_memory or 0)
+    every = [b for level in spec.levels() for b in level.bounds(facts).values()]
+    activations = (facts.activation or 0) * spec.min_mbs
     stages = ", ".join(str(s) for s in spec.stages)
     offload = ", even with offload" if len(spec.levels()) > 1 else ""
-    raise UserError(f"the memory model says this model ({facts.num_params:,} parameters) fits no GPU of the "
-                    f"cluster at any ZeRO stage tuned ({stages}){offload}: a GPU of {memory(spec.gpu_memory or 0)} "
-                    f"leaves {memory(room)} beside the headroom, and {why}{node}; tune on larger GPUs, or more of them "
-                    "per experiment (--num_gpus)",
+    said = f"the memory model says this model ({facts.num_params:,} parameters) "
+    ram_only = [b for b in every if b.host_short and b.states + activations <= room]
+    if ram_only:  # a GPU would hold it offloaded: the node's RAM is what is short
+        least = min(ram_only, key=lambda b: b.host)
+        raise UserError(f"{said}fits no node of the cluster at any ZeRO stage tuned ({stages}){offload}: a GPU of "
+                        f"{memory(spec.gpu_memory or 0)} would hold stage {least.stage} offloaded, but it needs "
+                        f"{memory(least.host)} of a node's RAM, more than a node of {memory(spec.host_memory or 0)} "
+                        "holds beside its headroom; offload to NVMe (device nvme, with its nvme_path), or tune on "
+                        "nodes with more RAM", request.config, request.facts_line)
+    short = [b for b in every if b.host_short]
+    node = (f"; offloaded, it needs at least {memory(min(b.host for b in short))} of a node's RAM of "
+            f"{memory(spec.host_memory or 0)}") if short else ""
+    least = min(every, key=lambda b: b.states)
+    why = (f"stage {least.stage} needs {memory(least.states)} for its model states alone" if least.states >= room
+           else f"stage {least.stage} leaves {memory(room - least.states)} for activations, less than "
+                f"micro-batch size {spec.min_mbs} needs ({memory(activations)})")
+    raise UserError(f"{said}fits no GPU of the cluster at any ZeRO stage tuned ({stages}){offload}: a GPU of "
+                    f"{memory(spec.gpu_memory or 0)} leaves {memory(room)} beside the headroom, and {why}{node}; tune "
+                    "on larger GPUs, or more of them per experiment (--num_gpus)",
                     request.config, request.facts_line)
 
 

@@ -5,6 +5,7 @@ located errors, never ignored; what the search does not do yet is refused by nam
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..spec.reading import (
     string_list,
 )
 from .batches import largest_keeping
-from .knobs import Space, accumulation_values, first_values, knob_spaces, with_accumulation
+from .knobs import Space, accumulation_values, first_values, knob_spaces, whole, with_accumulation
 from .layout import SHAPE_KEYS, read_script_knobs, read_shape, read_tp
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
@@ -44,10 +45,12 @@ OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pi
 PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
 ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
+BATCH_KEYS = ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's OffloadDeviceEnum
 # The Trainer's options for the values the search sets, named in the hint when a config says "auto" unmapped.
 TRAINER_OPTIONS = {"train_micro_batch_size_per_gpu": "--per_device_train_batch_size",
                    "gradient_accumulation_steps": "--gradient_accumulation_steps"}
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # characters no path the user means holds
 MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes of activations a sample
 # model_info: DeepSpeed's documented keys, and those its engine writes on a profile run (a file's, pasted in).
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
@@ -121,6 +124,7 @@ class Tuning:
     facts_line: int | None = None  # the line of model_info or model_info_path, when the facts come from one
     files: tuple[str, ...] = ()  # every file read for it: the tune file, the config, the model info file
     fixed_batch: bool = False  # global_batch is the config's train_batch_size, kept by every candidate
+    nvme_lines: dict[str, int] = field(default_factory=dict)  # offload section -> the line of its nvme_path
     tp: tuple[int, ...] = ()  # tensor_parallel.autotp_size: the sizes searched (layout.py)
     script_knobs: dict[str, list[JSON]] = field(default_factory=dict)  # autotuning.script_knobs
     shape: dict[str, int] | None = None  # the model's heads, hidden size... (model_info, its hf_config)
@@ -157,38 +161,32 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     if not isinstance(metric, str):
         raise src.error("metric must be a string", "metric")
     metric = metric_named(metric, path=path, line=src.line("metric")).spec
-    whole = {k: _count(src, section, k) for k in ("min_train_micro_batch_size_per_gpu",
+    counts = {k: _count(src, section, k) for k in ("min_train_micro_batch_size_per_gpu",
                                                    "max_train_micro_batch_size_per_gpu", "max_train_batch_size",
                                                    "num_tuning_micro_batch_sizes", "tuner_num_trials",
                                                    "tuner_early_stopping", "start_profile_step", "end_profile_step",
                                                    "mp_size")}
-    _check_steps(src, whole["start_profile_step"], whole["end_profile_step"])
-    if whole["mp_size"] is not None and world % whole["mp_size"]:
-        raise src.error(f"mp_size {whole['mp_size']} does not divide the {world} GPU(s) of each experiment "
+    _check_steps(src, counts["start_profile_step"], counts["end_profile_step"])
+    if counts["mp_size"] is not None and world % counts["mp_size"]:
+        raise src.error(f"mp_size {counts['mp_size']} does not divide the {world} GPU(s) of each experiment "
                         "(--num_gpus x --num_nodes)", "mp_size")
-    _check_batch_keys(src, config)
-    min_mbs = whole["min_train_micro_batch_size_per_gpu"] or 1
-    max_mbs = whole["max_train_micro_batch_size_per_gpu"]
+    config = _check_batch_keys(src, config)
+    min_mbs = counts["min_train_micro_batch_size_per_gpu"] or 1
     batch = config.get("train_batch_size")
     fixed = isinstance(batch, int) and not isinstance(batch, bool) and batch > 0
-    global_batch = batch if fixed else whole["max_train_batch_size"]
-    dp = max(1, world // (whole["mp_size"] or 1))
-    if global_batch is not None:
-        by_batch = max(1, global_batch // dp)
-        max_mbs = min(max_mbs, by_batch) if max_mbs is not None else by_batch
+    dp = max(1, world // (counts["mp_size"] or 1))
+    global_batch = _global_batch(src, batch if fixed else None, counts["max_train_batch_size"], dp)
+    max_mbs = _largest_micro_batch(src, counts["max_train_micro_batch_size_per_gpu"], min_mbs, global_batch,
+                                   "train_batch_size" if fixed else "max_train_batch_size", dp)
     if fixed and global_batch is not None and largest_keeping(global_batch, dp, min_mbs, max_mbs or min_mbs) is None:
         raise src.error(f"train_batch_size {batch} cannot be kept: no micro-batch size from {min_mbs} to "
                         f"{max_mbs} times the accumulation times {dp} data-parallel GPU(s) makes it",
                         "train_batch_size")
-    if max_mbs is not None and max_mbs < min_mbs:
-        raise src.error(f"the largest micro-batch size allowed ({max_mbs}) is below the smallest ({min_mbs})",
-                        "max_train_micro_batch_size_per_gpu" if "max_train_micro_batch_size_per_gpu" in section
-                        else "autotuning")
     zero = config.get("zero_optimization", {})
     if not isinstance(zero, dict):  # the search sets its stage: nothing else can stand here
         raise src.error(f"zero_optimization must be an object, not {shown(zero)}", "zero_optimization")
     stages = _stages(src, config)
-    _check_offload(src, zero)
+    nvme_lines = _check_offload(src, zero)
     accumulations = accumulation_values(src, config.get("gradient_accumulation_steps"), global_batch is not None)
     spaces = with_accumulation(knob_spaces(src, zero, stages, fast), accumulations)
     base = {k: v for k, v in config.items() if k != "autotuning"}
@@ -196,21 +194,50 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
         base["gradient_accumulation_steps"] = accumulations[0]
     if zero:
         base["zero_optimization"] = first_values(zero)
-    engine = {k: whole[k] for k in ENGINE_KEYS if whole[k] is not None}
+    engine = {k: counts[k] for k in ENGINE_KEYS if counts[k] is not None}
     if engine:
         base["autotuning"] = engine
     mappings = arg_mappings(src, section.get("arg_mappings", {}), flag)
     _check_auto(src, config, mappings, global_batch is not None)
     facts = _facts(src, section, path)  # reads the model info file, if one is named
     shape = read_shape(src, section.get("model_info"))  # reads the Hugging Face config, if one is named
-    tp = read_tp(src, config, num_gpus or world, whole["mp_size"], shape)
+    tp = read_tp(src, config, num_gpus or world, counts["mp_size"], shape)
     if tp:  # each candidate writes its own size (knowledge.experiment), the section's other keys kept
         base["tensor_parallel"] = {k: v for k, v in config["tensor_parallel"].items() if k != "autotp_size"}
     knobs = read_script_knobs(src, section, flag, mappings)
-    return Tuning(base, stages, metric, min_mbs, max_mbs, whole["num_tuning_micro_batch_sizes"] or 3,
-                  global_batch, whole["tuner_num_trials"], whole["tuner_early_stopping"], mappings, tuner, spaces,
-                  facts, whole["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)),
-                  fixed, tp, knobs, shape)
+    return Tuning(base, stages, metric, min_mbs, max_mbs, counts["num_tuning_micro_batch_sizes"] or 3,
+                  global_batch, counts["tuner_num_trials"], counts["tuner_early_stopping"], mappings, tuner, spaces,
+                  facts, counts["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)),
+                  fixed, nvme_lines, tp, knobs, shape)
+
+
+def _global_batch(src: Source, fixed: int | None, most: int | None, dp: int) -> int | None:
+    """The global batch the search keeps (`fixed`, the config's train_batch_size) or stays within (`most`,
+    max_train_batch_size), checked against each other and against `dp`, the data-parallel GPUs of an experiment:
+    below them, micro-batch 1 on each GPU would already pass the most allowed (the search ran it all the same)."""
+    if most is not None and fixed is not None and fixed > most:
+        raise src.error(f"max_train_batch_size {most} is below the config's train_batch_size {fixed}, which every "
+                        "candidate keeps: raise it, or leave one of them out", "max_train_batch_size")
+    if fixed is None and most is not None and most < dp:
+        raise src.error(f"max_train_batch_size {most} is below the {dp} data-parallel GPU(s) of each experiment: "
+                        f"micro-batch size 1 on each already makes a global batch of {dp}", "max_train_batch_size")
+    return fixed if fixed is not None else most
+
+
+def _largest_micro_batch(src: Source, stated: int | None, least: int, global_batch: int | None, batch_key: str,
+                         dp: int) -> int | None:
+    """The largest micro-batch size allowed: max_train_micro_batch_size_per_gpu (`stated`), bounded by the global
+    batch over the data-parallel GPUs. Below the smallest allowed (`least`), refused at the key that bounds it,
+    naming it: the global batch's key where that bound is the tighter one."""
+    by_batch = max(1, global_batch // dp) if global_batch is not None else None
+    largest = min((x for x in (stated, by_batch) if x is not None), default=None)
+    if largest is None or largest >= least:
+        return largest
+    if by_batch is not None and (stated is None or by_batch <= stated):
+        raise src.error(f"{batch_key} {global_batch} over {dp} data-parallel GPU(s) allows micro-batch sizes up to "
+                        f"{by_batch}, below min_train_micro_batch_size_per_gpu {least}", batch_key)
+    raise src.error(f"max_train_micro_batch_size_per_gpu {stated} is below min_train_micro_batch_size_per_gpu {least}",
+                    "max_train_micro_batch_size_per_gpu")
 
 
 def _check_steps(src: Source, start: int | None, end: int | None) -> None:
@@ -223,21 +250,28 @@ def _check_steps(src: Source, start: int | None, end: int | None) -> None:
                         "write the metrics before it measured", "start_profile_step" if start else "end_profile_step")
 
 
-def _check_batch_keys(src: Source, config: JSONObject) -> None:
-    """The batch sizes the search leaves to the config: a positive whole number, or "auto" (the script's), as
-    DeepSpeed takes them; anything else fails every run."""
-    for key in ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+def _check_batch_keys(src: Source, config: JSONObject) -> JSONObject:
+    """The batch sizes the search leaves to the config: a positive whole number (1e3 too, handed on as 1000), or
+    "auto" (the script's), as DeepSpeed takes them; anything else fails every run. The config, its whole numbers
+    as such."""
+    config = {k: (whole(v) if k in BATCH_KEYS else v) for k, v in config.items()}
+    for key in BATCH_KEYS:
         value = config.get(key)
         listed = key == "gradient_accumulation_steps" and isinstance(value, list)  # searched: knobs.py checks it
         if value is not None and value != "auto" and not listed and not (positive_int(value) and value <= limits.COUNT):
             most = f", at most {limits.COUNT:,}" if positive_int(value) else ""
             raise src.error(f"{key} must be a positive whole number or \"auto\"{most}, not {shown(value)}", key)
+    return config
 
 
-def _check_offload(src: Source, zero: JSONObject) -> None:
+def _check_offload(src: Source, zero: JSONObject) -> dict[str, int]:
     """The offload sections the search reads and extends (`_oo`, `_op` levels), as DeepSpeed's engine takes them:
-    an object (or null), its `device` none, cpu or nvme, an `nvme_path` with nvme. Anything else failed every run,
-    and the search, taking each failure for "nothing fits", went on to offload levels built on the broken section."""
+    an object (or null), its `device` none, cpu or nvme, an `nvme_path` with nvme, a path no control character
+    is part of (no file system takes a NUL; a newline is a pasted value's, never a directory meant). Anything
+    else failed every run, and the search, taking each failure for "nothing fits", went on to offload levels
+    built on the broken section. Returns the line of each section's nvme_path, where `sweep.create` points when
+    the cluster's machine cannot write there."""
+    lines: dict[str, int] = {}
     for key in ("offload_optimizer", "offload_param"):
         section = zero.get(key)
         if section is None:
@@ -253,6 +287,13 @@ def _check_offload(src: Source, zero: JSONObject) -> None:
         if device == "nvme" and (not isinstance(path, str) or not path):
             raise src.error(f"zero_optimization.{key}: device nvme needs nvme_path, the directory to offload to, "
                             f"not {shown(path)}", "nvme_path" if "nvme_path" in section else key, src.line(key))
+        if device == "nvme" and isinstance(path, str) and CONTROL.search(path):
+            raise src.error(f"zero_optimization.{key}.nvme_path {shown(path)} holds a control character (a NUL, "
+                            "a newline): no directory to offload to is named so", "nvme_path", src.line(key))
+        line = src.line("nvme_path", src.line(key)) if "nvme_path" in section else None
+        if line is not None:
+            lines[key] = line
+    return lines
 
 
 def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
@@ -260,26 +301,20 @@ def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
     `activation_mem_per_gpu`, as a profile run writes it at micro-batch 1), else the model info file
     `model_info_path` names (relative to the config), as DeepSpeed's engine writes it. None: a profile run finds
     them. `trainable_num_params` (LoRA, PEFT) counts gradients and optimizer states apart. `hidden_size` and
-    `num_layers` are DeepSpeed's, checked, and not needed by the memory model."""
+    `num_layers` are DeepSpeed's, checked, and not needed by the memory model. Each fact is checked by one rule
+    (`_fact_problem`) wherever it is read; a file's keys beyond them (the engine writes `rank`) are its own."""
     info = section.get("model_info")
     if info is not None:
         if not isinstance(info, dict):
             raise src.error("model_info must be an object", "model_info")
-        for key, value in info.items():
+        for key in info:
             if key not in MODEL_INFO_KEYS:
                 raise src.error(f"unknown model_info key {shown(key)} (keys: {', '.join(MODEL_INFO_KEYS)})", key)
-            if key == "profile" and not isinstance(value, bool):
-                raise src.error(f"model_info.profile must be true or false, not {shown(value)}", key)
-            problem = _model_number(key, value) if key not in ("profile", "hf_config", *SHAPE_KEYS) else None
-            if problem is not None:
-                raise src.error(f"model_info.{key} {problem}", key)
+        problem = _fact_problem(info)
+        if problem is not None:
+            raise src.error(f"model_info.{problem[0]} {problem[1]}", problem[0])
         if "num_params" in info:
-            trainable = info.get("trainable_num_params")
-            if trainable is not None and trainable > info["num_params"]:
-                raise src.error(f"model_info.trainable_num_params ({trainable}) is more than num_params "
-                                f"({info['num_params']})", "trainable_num_params")
-            return {"num_params": info["num_params"], "activation": info.get("activation_mem_per_gpu") or None,
-                    "source": "model_info", "trainable": trainable}
+            return _facts_of(info, "model_info", frozen_only=False)
     named = section.get("model_info_path")
     if named is None:
         return None
@@ -290,14 +325,42 @@ def _facts(src: Source, section: JSONObject, path: Path) -> JSONObject | None:
     if not isinstance(data, dict) or data.get("num_params") is None:
         raise src.error(f"model_info_path {shown(named)}: holds no num_params (a positive whole number)",
                         "model_info_path")
-    for key in ("num_params", "activation_mem_per_gpu", "trainable_num_params"):
-        problem = _model_number(key, data[key]) if data.get(key) is not None else None
+    problem = _fact_problem(data)
+    if problem is not None:  # located as read_named locates a problem of the file: the key naming it, its line
+        line = info_src.line(problem[0])
+        where = f" (line {line})" if line is not None else ""
+        raise src.error(f"model_info_path {shown(named)}{where}: {problem[0]} {problem[1]}", "model_info_path")
+    return _facts_of(data, f"model_info_path {info_src.path}", frozen_only=True)
+
+
+def _fact_problem(info: JSONObject) -> tuple[str, str] | None:
+    """(key, why) of the first fact of `info` the memory model cannot use, None when all can: the one rule for
+    model_info and a model info file alike (a file once passed more trainable parameters than parameters)."""
+    for key, value in info.items():
+        if key not in MODEL_INFO_KEYS or key in ("hf_config", *SHAPE_KEYS):  # the shape: layout.read_shape's
+            continue
+        if key == "profile":
+            if not isinstance(value, bool):
+                return key, f"must be true or false, not {shown(value)}"
+            continue
+        problem = _model_number(key, value)
         if problem is not None:
-            raise src.error(f"model_info_path {shown(named)}: {key} {problem}", "model_info_path")
-    trainable = data.get("trainable_num_params")
-    return {"num_params": data["num_params"], "activation": data.get("activation_mem_per_gpu") or None,
-            "source": f"model_info_path {info_src.path}",
-            "trainable": trainable if trainable is not None and trainable < data["num_params"] else None}
+            return key, problem
+    total, trainable = whole(info.get("num_params")), whole(info.get("trainable_num_params"))
+    if isinstance(total, int) and isinstance(trainable, int) and trainable > total:
+        return "trainable_num_params", f"({trainable}) is more than num_params ({total})"
+    return None
+
+
+def _facts_of(info: JSONObject, source: str, frozen_only: bool) -> JSONObject:
+    """memory.Facts as JSON from checked facts, counts as whole numbers (1.3e9 is 1300000000). `frozen_only`: the
+    trainable count only where some parameters are frozen (a file's, which the engine writes for every model;
+    model_info's is kept as stated, as recorded searches have it)."""
+    total, trainable = whole(info["num_params"]), whole(info.get("trainable_num_params"))
+    if frozen_only and trainable is not None and trainable >= total:
+        trainable = None
+    return {"num_params": total, "activation": info.get("activation_mem_per_gpu") or None, "source": source,
+            "trainable": trainable}
 
 
 def _facts_line(src: Source, section: JSONObject) -> int | None:
@@ -314,7 +377,7 @@ def _model_number(key: str, value: JSON) -> str | None:
     parameters would overflow it)."""
     bytes_ = key == "activation_mem_per_gpu"
     wanted = "a non-negative number of bytes" if bytes_ else "a positive whole number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (bytes_ or positive_int(value)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (bytes_ or positive_int(whole(value))):
         return f"must be {wanted}, not {shown(value)}"
     if (isinstance(value, float) and not math.isfinite(value)) or value < 0 or value > MODEL_NUMBER:
         return f"must be {wanted} of at most 10^15, not {shown(value)}"
@@ -331,11 +394,13 @@ def _have_optuna() -> bool:
 
 
 def _count(src: Source, section: JSONObject, key: str) -> int | None:
-    value = section.get(key)
+    """A whole number of the autotuning section (1e3, as JSON writes it, is 1000)."""
+    value = whole(section.get(key))
     if value is None:
         return None
     if not positive_int(value) or value > limits.COUNT:
-        raise src.error(f"{key} must be a positive whole number (at most {limits.COUNT:,}), not {shown(value)}", key)
+        raise src.error(f"{key} must be a positive whole number (at most {limits.COUNT:,}), not "
+                        f"{shown(section.get(key))}", key)
     return value
 
 
@@ -424,6 +489,6 @@ def read_tune_file(path: Path) -> TuneFile:
     else:  # a file of its own (ds_config_of refuses what is not one): errors point there
         ds_config_of(src, config)
         located = read_source(Path(abspath(config, path.parent)), src.budget, "ds_config file")
-    counts = {k: positive_count(src, k, data[k]) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
+    counts = {k: positive_count(src, k, whole(data[k])) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
     return TuneFile(TuneInput(script, args, flag, located.path), located, name, counts.get("num_gpus"),
                     counts.get("num_nodes"), env_of(src, data.get("env", {})))

@@ -122,6 +122,7 @@ def accumulation_values(src: Source, value: JSON, derived: bool) -> list[int] | 
     if derived:
         raise src.error(f"{key}: a list of values, but the global batch the config states (train_batch_size or "
                         "max_train_batch_size) derives it for each micro-batch size: give one or the other", key)
+    value = [whole(v) for v in value]
     if not value or not all(positive_int(v) and v <= limits.COUNT for v in value):
         raise src.error(f"{key}: a list of positive whole numbers (at most {limits.COUNT:,}) to search, not "
                         f"{shown(value)}", key)
@@ -137,7 +138,7 @@ def with_accumulation(spaces: dict[int, Space], values: list[int] | None) -> dic
 
 def first_values(zero: Mapping[str, JSON]) -> JSONObject:
     """The config's zero_optimization as each run starts from: a listed knob at its first value (as checked)."""
-    return {k: (_number(v[0]) if isinstance(v, list) and k in BY_KEY else v) for k, v in zero.items()}
+    return {k: (whole(v[0]) if isinstance(v, list) and k in BY_KEY else v) for k, v in zero.items()}
 
 
 def _checked(src: Source, knob: Knob, value: JSON) -> JSON:
@@ -147,15 +148,16 @@ def _checked(src: Source, knob: Knob, value: JSON) -> JSON:
         if not isinstance(value, bool):
             raise src.error(f"zero_optimization.{knob.key} must be true or false, not {shown(value)}", knob.key)
         return value
-    number = _number(value)
+    number = whole(value)
     if not positive_int(number):
         raise src.error(f"zero_optimization.{knob.key} must be a positive whole number of elements (e.g. 5e8), "
                         f"not {shown(value)}", knob.key)
     return number
 
 
-def _number(value: JSON) -> JSON:
-    """5e8 (a float in JSON) as the whole number it is; anything else as it is."""
+def whole(value: JSON) -> JSON:
+    """5e8 (a float in JSON) as the whole number it is; anything else as it is. JSON has one kind of number, and
+    its users write sizes as DeepSpeed's docs do (5e8, 1e3): a whole number is one however it is written."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value

@@ -8,7 +8,7 @@ NVMe offload path that this machine cannot write to.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import limits
@@ -26,6 +26,7 @@ class TuneRequest:
     config: Path
     facts_line: int | None = None
     inputs: tuple[str, ...] = ()  # every file it read (tune file, config, model info) and the script
+    nvme_lines: dict[str, int] = field(default_factory=dict)  # offload section -> its nvme_path's line in config
 
 
 def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, num_nodes: int | None = None,
@@ -71,7 +72,8 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | None = None, 
         spec = spec.fitted()
     except ValueError as e:
         raise UserError(f"{e}: list shorter knob values in zero_optimization", command.config_path) from None
-    return TuneRequest(spec, command.config_path, tuning.facts_line, (*tuning.files, command.script))
+    return TuneRequest(spec, command.config_path, tuning.facts_line, (*tuning.files, command.script),
+                       tuning.nvme_lines)
 
 
 def _check_shape(num_gpus: int, num_nodes: int) -> None:

@@ -4,18 +4,41 @@
 
 const POLL_MS = 500;          // what the runner records shows within a second
 const PAGE_ROWS = 100;        // table rows drawn at once (sorting and filtering work on all of them)
-const PLOT_MS = 2000;         // plots are redrawn at most this often
 const LOG_MS = 1000;
+const RETRY_MS = 5000;        // a server that does not answer is asked again at most this far apart
+const ANSWER_MS = 15000;      // a request unanswered this long counts as the server lost
+const SHOWN_CHARS = 200;      // of a value in the table (its cell's tooltip holds more, the run's page all)
 
-const token = (() => {
-  const params = new URLSearchParams(location.search);
-  const given = params.get("token");
-  if (given) {
-    sessionStorage.setItem("autotune-token", given);
-    history.replaceState(null, "", location.pathname + location.hash);  // the token leaves the address bar
-  }
-  return given || sessionStorage.getItem("autotune-token") || "";
+// The link the terminal prints carries no token but a one-time code in its fragment (#code=..., never sent with
+// the page). It leaves the address here, before anything is fetched, and is traded for the token (kept in this
+// tab's sessionStorage), which spends it: the browser's history keeps a dead code, nothing that opens the
+// dashboard. A ?token= link (an older autotune's, or made by hand) is taken out of the address the same way.
+const link = (() => {
+  const code = /^#code=([\w-]+)$/.exec(location.hash);
+  const given = new URLSearchParams(location.search).get("token");
+  if (code || given !== null) history.replaceState(null, "", location.pathname + (code ? "" : location.hash));
+  return { code: code && code[1], given };
 })();
+let token = sessionStorage.getItem("autotune-token") || "";
+let signedOut = "";  // why the link opened nothing, shown in place of the page
+
+async function signIn() {
+  if (!link.code && link.given === null) return;
+  if (document.prerendering) {  // a page the browser prepares ahead spends no code: only the one opened does
+    await new Promise((done) => document.addEventListener("prerenderingchange", done, { once: true }));
+  }
+  const response = await (link.code
+    ? fetch("/api/session", { method: "POST", headers: { "X-Autotune-Code": link.code } })
+    : fetch("/api/config", { headers: { "X-Autotune-Token": link.given } })).catch(() => null);
+  if (response && response.ok) {
+    token = link.code ? (await response.json()).token : link.given;
+    sessionStorage.setItem("autotune-token", token);
+  } else if (!token) {  // a tab signed in before keeps its token: an old link reopened in it changes nothing
+    const said = response && link.code ? await response.json().then((b) => b.error, () => "") : "";
+    signedOut = !response ? "The dashboard does not answer: is autotune dashboard still running?"
+      : said || "This link's token is not this dashboard's: open the link the terminal printed last.";
+  }
+}
 
 let config = { allow_cancel: false };
 let timer = null;
@@ -48,6 +71,65 @@ async function api(path, options = {}) {
   }
   return response;
 }
+
+// Text that may break only after its separators (_ . - / @ , :), never inside a word: a long name wraps there.
+const AFTER_SEPARATORS = /(?<=[_.\-/@,:])/, AFTER_HOSTS = /(?<=[@,])/;
+function breakable(text, at = AFTER_SEPARATORS) {
+  const parts = String(text).split(at);
+  return parts.flatMap((p, i) => (i ? [el("wbr"), p] : [p]));
+}
+
+// A value as the table shows it: cut to SHOWN_CHARS (the cell's title holds more of it).
+function shortText(v) {
+  const text = typeof v === "object" && v !== null ? JSON.stringify(v) : number(v);
+  return text.length > SHOWN_CHARS ? text.slice(0, SHOWN_CHARS - 1) + "…" : text;
+}
+
+const collator = new Intl.Collator(undefined, { numeric: true });
+
+// --- the server reached or lost ------------------------------------------------------------------------------
+// When the server stops answering, the page says so in a banner, greys what it shows (as of the last answer), and
+// keeps asking, further apart; the first answer takes the banner away and the page goes on from where it was.
+const connection = { asOf: null, failures: 0 };
+
+function reached() {
+  connection.asOf = new Date();
+  connection.failures = 0;
+  document.body.classList.remove("stale");
+  const banner = document.getElementById("offline");
+  if (banner) banner.remove();
+}
+
+function retryMs() { return Math.min(POLL_MS * 2 ** connection.failures, RETRY_MS); }
+
+function banner(text) {
+  let box = document.getElementById("offline");
+  if (!box) {
+    box = el("div", { id: "offline", class: "offline", role: "alert" });
+    document.querySelector(".top").after(box);
+  }
+  box.textContent = text;
+  document.body.classList.add("stale");
+}
+
+// A failed request: true when no answer came (the caller retries after retryMs()); an HTTP error is the caller's.
+function lost(e) {
+  const asOf = connection.asOf ? "as of " + connection.asOf.toLocaleTimeString() : "from before";
+  if (e.status === 403) {
+    banner("The dashboard refuses this page: " + e.message + ". What is shown is " + asOf +
+      " (a dashboard started again prints a new URL).");
+    live(false, "refused");
+    return false;
+  }
+  if (e.status) return false;
+  connection.failures++;
+  banner("Disconnected: the dashboard server does not answer (" + e.message + "). What is shown is " + asOf +
+    "; asking again every " + Math.round(retryMs() / 1000) + " s.");
+  live(false, "disconnected");
+  return true;
+}
+
+function ask(path) { return api(path, { signal: AbortSignal.timeout(ANSWER_MS) }); }
 
 function toast(text) {
   const box = document.getElementById("toast");
@@ -105,8 +187,8 @@ function route() {
   const main = document.getElementById("main");
   main.replaceChildren();
   if (!token) {
-    main.append(el("div", { class: "notice" }, "Open the URL that ", el("code", {}, "autotune dashboard"),
-      " printed: it carries the secret token this page needs."));
+    main.append(el("div", { class: "notice" }, signedOut || ["Open the link that ", el("code", {}, "autotune dashboard"),
+      " printed last: it signs this page in (a link opens the page once)."]));
     return;
   }
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
@@ -125,31 +207,45 @@ function showSweeps(main) {
   view = { kind: "sweeps" };
   const body = el("tbody");
   main.append(el("h1", {}, "Sweeps"), el("div", { class: "tablewrap" }, el("table", { id: "sweeps" },
-    el("thead", {}, el("tr", {}, ["sweep", "directory", "state", "done", "running", "queued", "failed", "best", "ETA"]
-      .map((h) => el("th", {}, h)))), body)));
+    el("thead", {}, el("tr", {}, SWEEP_COLUMNS.map(([h, title]) => el("th", { title }, h)))), body)));
   const tick = async () => {
+    if (view.kind !== "sweeps") return;
     try {
-      const data = await (await api("/api/sweeps")).json();
+      const data = await (await ask("/api/sweeps")).json();
+      reached();
       body.replaceChildren(...data.sweeps.map(sweepLine));
-      if (!data.sweeps.length) body.append(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No sweep yet: they appear here as they start.")));
+      if (!data.sweeps.length) body.append(el("tr", {}, el("td", { colspan: SWEEP_COLUMNS.length, class: "muted" }, "No sweep yet: they appear here as they start.")));
       live(true, "live");
-    } catch (e) { live(false, e.message); }
+    } catch (e) {
+      if (lost(e)) { schedule(tick, retryMs()); return; }
+      if (e.status === 403) return;
+      live(false, e.message);
+    }
     if (view.kind === "sweeps") schedule(tick, 2000);
   };
   tick();
 }
 
+const SWEEP_COLUMNS = [["sweep", ""], ["directory", ""], ["state", ""],
+  ["ended", "experiments that ended (succeeded, failed, timed out, cancelled or interrupted) of all"],
+  ["succeeded", ""], ["failed", "failed or timed out"], ["stopped", "cancelled or interrupted"], ["running", ""],
+  ["queued", ""], ["best", "the best run so far and its value of the sweep's metric"], ["ETA", ""]];
+
 function sweepLine(s) {
-  if (s.error) return el("tr", {}, el("td", {}, s.name), el("td", { colspan: 8, class: "why" }, s.error));
+  if (s.error) return el("tr", {}, el("td", {}, s.name), el("td", { colspan: SWEEP_COLUMNS.length - 1, class: "why" }, s.error));
   const c = s.counts, best = s.best[0];
   const eta = s.eta.end ? seconds(s.eta.end - Date.now() / 1000) : (s.eta.why === "finished" ? "done" : "?");
+  const count = (...states) => states.reduce((n, k) => n + (c[k] || 0), 0);
+  const ended = s.total - count("queued", "running");
   return el("tr", {},
-    el("td", { class: "name" }, el("a", { href: "#/s/" + s.id }, s.name)), el("td", {}, s.directory),
+    el("td", { class: "name" }, el("a", { href: "#/s/" + s.id }, breakable(s.name))), el("td", { class: "path" }, breakable(s.directory)),
     el("td", {}, s.runner ? stateBadge("running") : el("span", { class: "muted" }, (c.queued || c.running) ? "stopped (no runner)" : "finished")),
-    el("td", { class: "num" }, number(c.succeeded || 0) + " / " + number(s.total)),
-    el("td", { class: "num" }, number(c.running || 0)), el("td", { class: "num" }, number(c.queued || 0)),
-    el("td", { class: "num" }, number((c.failed || 0) + (c.timed_out || 0))),
-    el("td", {}, best ? best.name + " (" + number(best.value) + ")" : ""), el("td", {}, eta));
+    el("td", { class: "num" }, number(ended) + " of " + number(s.total)),
+    el("td", { class: "num" }, number(count("succeeded"))), el("td", { class: "num" }, number(count("failed", "timed_out"))),
+    el("td", { class: "num" }, number(count("cancelled", "interrupted"))),
+    el("td", { class: "num" }, number(count("running"))), el("td", { class: "num" }, number(count("queued"))),
+    el("td", { class: "name" }, best ? [breakable(best.name), el("span", { class: "muted" }, " · " + s.metric.name + " " + number(best.value))] : ""),
+    el("td", {}, eta));
 }
 
 // --- one sweep -------------------------------------------------------------------------------------------------
@@ -168,11 +264,15 @@ function showSweep(main, id, tab) {
     if (view !== S) return;
     try {
       const url = "/api/sweeps/" + id + "?since=" + S.seq + (S.sv ? "&sv=" + encodeURIComponent(S.sv) : "");
-      apply(S, await (await api(url)).json());
+      const data = await (await ask(url)).json();
+      reached();
+      apply(S, data);
       live(true, "live · transition " + S.seq);
     } catch (e) {
+      if (lost(e)) { schedule(tick, retryMs()); return; }
+      if (e.status === 403) return;
       live(false, e.message);
-      if (e.status === 404 || e.status === 403) { S.body.replaceChildren(el("p", { class: "notice" }, e.message)); return; }
+      if (e.status === 404) { S.body.replaceChildren(el("p", { class: "notice" }, e.message)); return; }
     }
     if (view === S) schedule(tick, POLL_MS);
   };
@@ -194,16 +294,17 @@ function apply(S, data) {
   if (S.table) tickDurations(S.table);
   if (!S.dirty) return;
   rank(S);
-  if (S.tab === "experiments") { drawTable(S); S.dirty = false; }
-  else if (S.tab === "plots" && Date.now() - S.plotted > PLOT_MS) { drawPlots(S); S.dirty = false; }
-  else if (S.tab === "compare") S.dirty = false;
+  S.dirty = false;
+  if (S.tab === "experiments") drawTable(S);
+  else if (S.tab === "plots" && window.plotsChanged) plotsChanged(S);  // drawn when due (plots.js)
 }
 
 function rank(S) {
   // 1 is the best, as the report ranks: by the metric, per GPU type where the sweep ran on several.
   const m = S.col.metric, t = S.col.gpu_type, sign = S.summary && S.summary.metric.direction.startsWith("lower") ? 1 : -1;
   const ok = [...S.rows.values()].filter((r) => r[S.col.state] === "succeeded" && r[m] !== null);
-  ok.sort((a, b) => String(a[t]).localeCompare(String(b[t])) || sign * (a[m] - b[m]) || a[S.col.position] - b[S.col.position]);
+  const type = (r) => (r[t] === null || r[t] === undefined ? "" : String(r[t]));
+  ok.sort((a, b) => (type(a) < type(b) ? -1 : type(a) > type(b) ? 1 : 0) || sign * (a[m] - b[m]) || a[S.col.position] - b[S.col.position]);
   S.ranks = new Map();
   let kind, n = 0;
   for (const r of ok) { if (r[t] !== kind) { kind = r[t]; n = 0; } S.ranks.set(r[0], ++n); }
@@ -223,11 +324,11 @@ function drawTop(S) {
         ? el("button", { class: "danger", id: "cancel-sweep", onclick: () => cancelRuns(S.id, []) }, "Cancel sweep") : null),
     el("div", { class: "muted" }, s.directory + " · " + s.metric.name + " (" + s.metric.direction + ") · " +
       (s.runner ? "runner pid " + s.runner : "no runner works on it")),
-    el("div", { style: "margin-top:.5rem" }, counts), S.etaLine);
+    el("div", { class: "spaced" }, counts), S.etaLine);
   const bests = el("div", { class: "card", id: "best" }, el("h2", {}, "Best so far"),
     s.best.length ? s.best.map((b) => el("div", {},
       el("div", {}, b.gpu_type ? el("b", {}, b.gpu_type + ": ") : null,
-        el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(b.name) }, b.name), " · " + s.metric.name + " " + number(b.value)),
+        el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(b.name) }, breakable(b.name)), " · " + s.metric.name + " " + number(b.value)),
       b.config ? el("div", { class: "row spread" }, el("span", { class: "muted" }, "ds_config_optimal.json"),
         el("button", { class: "small", onclick: () => copy(JSON.stringify(b.config, null, 2)) }, "copy")) : null,
       b.config ? el("pre", { class: "config" }, JSON.stringify(b.config, null, 2)) : null,
@@ -240,7 +341,7 @@ function drawTop(S) {
       el("span", {}, n.slots.map((x) => el("span", { class: "slot " + (n.lost ? "lost" : x.run ? "busy" : "free"),
         title: n.host + ":" + x.id + (n.lost ? " lost" : x.run ? " runs " + x.run : " free") }))),
       n.lost ? el("span", { class: "s-failed" }, "lost") : null))),
-    el("div", { class: "muted", style: "margin-top:.4rem;font-size:12px" }, "■ busy  □ free  ▨ lost"));
+    el("div", { class: "muted legend" }, "■ busy  □ free  ▨ lost"));
   S.top.replaceChildren(el("div", { class: "grid" }, head, bests, nodes));
   drawEta(S);
 }
@@ -276,7 +377,7 @@ function tableColumns(S) {
   const params = c.filter((x) => x.startsWith("param:"));
   const metrics = c.filter((x) => x.startsWith("metric:"));
   const typed = S.summary && S.summary.types.length > 1;
-  return ["rank", "name", "state", ...(typed ? ["gpu_type"] : []), ...params, ...metrics, "duration", "slots", "why",
+  return ["rank", "name", "state", ...(typed ? ["gpu_type"] : []), ...params, ...metrics, "duration", "slots",
     ...(config.allow_cancel ? ["action"] : [])];
 }
 
@@ -297,7 +398,7 @@ function visible(S) {
     if (x === y) return a[S.col.position] - b[S.col.position];
     if (x === null || x === undefined || x === "") return 1;
     if (y === null || y === undefined || y === "") return -1;
-    return (typeof x === "number" && typeof y === "number" ? x - y : String(x).localeCompare(String(y), undefined, { numeric: true })) * dir;
+    return (typeof x === "number" && typeof y === "number" ? x - y : collator.compare(String(x), String(y))) * dir;
   });
   return rows;
 }
@@ -310,20 +411,25 @@ function drawTable(S) {
   S.page = Math.min(S.page, pages - 1);
   const label = (k) => k.replace(/^(param|metric):/, "");
   const head = el("tr", {}, keys.map((k) => el("th", { "data-col": k, class: S.sort.col === k ? (S.sort.dir > 0 ? "sorted-asc" : "sorted-desc") : "",
-    onclick: () => { S.sort = { col: k, dir: S.sort.col === k ? -S.sort.dir : (k.startsWith("metric:") && !k.endsWith("latency") ? -1 : 1) }; drawTable(S); } },
-    k === "why" ? "reason" : label(k))));
+    title: label(k), onclick: () => { S.sort = { col: k, dir: S.sort.col === k ? -S.sort.dir : (k.startsWith("metric:") && !k.endsWith("latency") ? -1 : 1) }; drawTable(S); } },
+    breakable(label(k)))));
   const best = new Set((S.summary ? S.summary.best : []).map((b) => b.name));
   const body = rows.slice(S.page * PAGE_ROWS, (S.page + 1) * PAGE_ROWS).map((r) => el("tr", { "data-name": r[0], class: best.has(r[0]) ? "best" : "" },
     keys.map((k) => {
       const v = cell(S, r, k);
-      if (k === "name") return el("td", { class: "name" }, el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(r[0]) }, r[0]));
-      if (k === "state") return el("td", {}, stateBadge(v));
-      if (k === "why") return el("td", { class: "why" }, v);
+      if (k === "name") return el("td", { class: "name" }, el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(r[0]) }, breakable(r[0])));
+      if (k === "state") {  // the reason a run failed or stopped under its state: never a column off-screen
+        const why = cell(S, r, "why");
+        return el("td", {}, stateBadge(v), why ? el("div", { class: "why", title: why.slice(0, 2000) }, why.length > 600 ? why.slice(0, 599) + "…" : why) : null);
+      }
+      if (k === "slots") return el("td", { class: "slots" }, breakable(v || "", AFTER_HOSTS));
       if (k === "duration") return el("td", { class: "num", "data-started": r[S.col.started] && !r[S.col.finished] ? r[S.col.started] : null },
         v === null ? "" : seconds(v));
       if (k === "action") return el("td", {}, ["running", "queued"].includes(r[S.col.state])
         ? el("button", { class: "small danger", onclick: () => cancelRuns(S.id, [r[0]]) }, "cancel") : null);
-      return el("td", { class: typeof v === "number" ? "num" : "" }, typeof v === "object" && v !== null ? JSON.stringify(v) : number(v));
+      if (typeof v === "number") return el("td", { class: "num" }, number(v));
+      const text = typeof v === "object" && v !== null ? JSON.stringify(v) : number(v);  // a value cut to its cell's width
+      return el("td", { class: "val", title: text.length > 20 ? text.slice(0, 2000) : null }, shortText(v));
     })));
   S.table.replaceChildren(el("thead", {}, head), el("tbody", {}, body));
   S.count.textContent = number(rows.length) + " of " + number(S.rows.size) + " experiments";
@@ -342,85 +448,27 @@ function slotsOf(text) {
 }
 
 // --- plots -----------------------------------------------------------------------------------------------------
+// The plots (plots.js) and plotly.js are loaded when the tab is first opened: no other page pays for plotly's start.
+let plotting = null;
+function loadPlots() {
+  plotting = plotting || Promise.all(["/static/plotly.min.js", "/static/plots.js"].map((src) => new Promise((resolve, reject) => {
+    const script = el("script", { src });
+    script.async = false;  // run in this order
+    script.addEventListener("load", resolve);
+    script.addEventListener("error", () => { plotting = null; reject(new Error("could not load " + src)); });
+    document.head.append(script);
+  })));
+  return plotting;
+}
+
 function buildPlots(S) {
-  S.plots = Object.fromEntries(["metric", "best", "timeline", "parallel"].map((k) => [k, el("div", { class: "plot", id: "plot-" + k })]));
-  S.body.replaceChildren(el("div", { class: "plots" }, Object.values(S.plots).map((p) => el("div", { class: "card" }, p))));
-}
-
-function theme() {
-  const css = getComputedStyle(document.documentElement);
-  const v = (n) => css.getPropertyValue(n).trim();
-  return { paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)", font: { color: v("--fg"), size: 12 },
-    margin: { l: 60, r: 20, t: 40, b: 80 }, legend: { orientation: "h", y: -0.3 },
-    xaxis: { gridcolor: v("--line"), zerolinecolor: v("--line") }, yaxis: { gridcolor: v("--line"), zerolinecolor: v("--line") } };
-}
-
-function drawPlots(S) {
-  if (!window.Plotly || !S.plots || !S.summary) return;
-  S.plotted = Date.now();
-  const c = S.col, m = S.summary.metric.name, rows = [...S.rows.values()];
-  const ok = rows.filter((r) => r[c.state] === "succeeded" && r[c.metric] !== null);
-  const base = theme(), opts = { responsive: true, displaylogo: false };
-  const layout = (title, extra) => ({ ...base, title: { text: title, font: { size: 14 }, x: 0.01, xanchor: "left" }, ...extra,
-    xaxis: { ...base.xaxis, ...(extra && extra.xaxis) }, yaxis: { ...base.yaxis, ...(extra && extra.yaxis) } });
-  // The metric against the x key: the best run of each x value, a line per value of the lines key (per GPU type
-  // where several); every run as a faint dot behind.
-  const [x, lines] = S.axes, xi = c["param:" + x], li = lines ? c["param:" + lines] : undefined;
-  const lower = S.summary.metric.direction.startsWith("lower");
-  const xOf = (r) => (xi !== undefined ? r[xi] : r[c.position]);
-  const groups = new Map();
-  for (const r of ok) {
-    const key = [r[c.gpu_type], li !== undefined ? r[li] : null].filter((v) => v !== null && v !== undefined).join(" · ");
-    if (!groups.has(key)) groups.set(key, new Map());
-    const byX = groups.get(key), at = JSON.stringify(xOf(r)), seen = byX.get(at);
-    if (!seen || (lower ? r[c.metric] < seen[c.metric] : r[c.metric] > seen[c.metric])) byX.set(at, r);
-  }
-  const order = (a, b) => (typeof a === "number" && typeof b === "number" ? a - b : String(a).localeCompare(String(b)));
-  const xs = [...new Set(ok.map(xOf))].sort(order);
-  const few = xs.length <= 16;
-  const traces = [...groups].sort().map(([key, byX]) => {
-    const rs = [...byX.values()].sort((a, b) => order(xOf(a), xOf(b)));
-    return { type: "scatter", mode: "lines+markers", name: key ? (lines ? lines.split(".").pop() + " " : "") + key : m,
-      x: rs.map((r) => (few ? String(xOf(r)) : xOf(r))), y: rs.map((r) => r[c.metric]), text: rs.map((r) => r[0]) };
-  });
-  const dots = ok.slice(-3000);
-  traces.unshift({ type: "scatter", mode: "markers", name: "every run", x: dots.map((r) => (few ? String(xOf(r)) : xOf(r))),
-    y: dots.map((r) => r[c.metric]), text: dots.map((r) => r[0]), marker: { size: 4, color: "rgba(128,128,128,.35)" }, showlegend: false });
-  const xlabel = xi !== undefined ? x : "experiment (sweep order)";
-  const xaxis = few ? { type: "category", categoryorder: "array", categoryarray: xs.map(String) } : { type: xs.every((v) => typeof v === "number" && v > 0) ? "log" : "-" };
-  Plotly.react(S.plots.metric, traces, layout("best " + m + " by " + xlabel, { xaxis: { title: { text: xlabel }, ...xaxis }, yaxis: { title: { text: m } } }), opts);
-  // Best so far over time (the latest 3,000 runs as dots).
-  const done = ok.filter((r) => r[c.finished]).sort((a, b) => a[c.finished] - b[c.finished]);
-  let bestv = null; const bx = [], by = [];
-  for (const r of done) { const v = r[c.metric]; if (bestv === null || (lower ? v < bestv : v > bestv)) bestv = v; bx.push(new Date(r[c.finished] * 1000)); by.push(bestv); }
-  Plotly.react(S.plots.best, [{ type: "scatter", mode: "lines", line: { shape: "hv" }, x: bx, y: by, name: "best" },
-    { type: "scatter", mode: "markers", x: done.slice(-3000).map((r) => new Date(r[c.finished] * 1000)), y: done.slice(-3000).map((r) => r[c.metric]), name: "runs", marker: { size: 4, color: "rgba(128,128,128,.45)" } }],
-  layout("best " + m + " so far", { yaxis: { title: { text: m } } }), opts);
-  // The slot timeline: each run a bar on every slot it holds (the latest 1,500 runs).
-  const now = Date.now() / 1000, colors = { succeeded: "#1f8a4c", failed: "#c8372d", timed_out: "#c8372d", running: "#0e7c9b", cancelled: "#b7791f", interrupted: "#b7791f" };
-  const ran = rows.filter((r) => r[c.started]).sort((a, b) => a[c.started] - b[c.started]).slice(-1500);
-  const byState = new Map();
-  for (const r of ran) { const s = r[c.state]; if (!byState.has(s)) byState.set(s, []); byState.get(s).push(r); }
-  Plotly.react(S.plots.timeline, [...byState].map(([s, rs]) => {
-    const bars = rs.flatMap((r) => slotsOf(r[c.slots]).map((slot) => [slot, r]));
-    return { type: "bar", orientation: "h", name: s, marker: { color: colors[s] || "#888" }, y: bars.map(([slot]) => slot),
-      base: bars.map(([, r]) => new Date(r[c.started] * 1000)), x: bars.map(([, r]) => ((r[c.finished] || now) - r[c.started]) * 1000),
-      text: bars.map(([, r]) => r[0]), hovertemplate: "%{text}<extra>" + s + "</extra>" };
-  }),
-  layout("slot timeline", { barmode: "overlay", xaxis: { type: "date" }, yaxis: { type: "category", categoryorder: "category descending" } }), opts);
-  // Parallel coordinates over the swept keys, coloured by the metric.
-  const keys = S.columns.filter((k) => k.startsWith("param:"));
-  const sample = ok.slice(-5000);
-  const short = (k) => { const last = k.split(".").pop(); return last.length > 16 ? last.slice(0, 15) + "…" : last; };
-  const dims = keys.map((k) => {
-    const vals = sample.map((r) => r[c[k]]);
-    if (vals.every((v) => typeof v === "number")) return { label: short(k.slice(6)), values: vals };
-    const cats = [...new Set(vals.map((v) => JSON.stringify(v)))].sort();
-    return { label: short(k.slice(6)), values: vals.map((v) => cats.indexOf(JSON.stringify(v))), tickvals: cats.map((_, i) => i), ticktext: cats };
-  });
-  dims.push({ label: m, values: sample.map((r) => r[c.metric]) });
-  Plotly.react(S.plots.parallel, sample.length ? [{ type: "parcoords", dimensions: dims, line: { color: sample.map((r) => r[c.metric]), colorscale: "Viridis", showscale: true } }] : [],
-    layout("parallel coordinates", { margin: { l: 60, r: 60, t: 90, b: 30 } }), opts);
+  const keys = ["metric", "best", "timeline", "parallel"];
+  S.plots = {}; S.plotTitles = {}; S.plotCaptions = {};
+  const cards = keys.map((k) => el("div", { class: "card" },
+    S.plotTitles[k] = el("h2", { id: "title-" + k }), S.plotCaptions[k] = el("p", { class: "caption muted", id: "caption-" + k }),
+    S.plots[k] = el("div", { class: "plot", id: "plot-" + k })));
+  S.body.replaceChildren(el("div", { class: "plots" }, cards));
+  loadPlots().then(() => { if (view === S) plotsChanged(S); }, (e) => toast(e.message));
 }
 
 // --- two sweeps compared ---------------------------------------------------------------------------------------
@@ -447,7 +495,7 @@ async function buildCompare(S) {
 
 // --- one run: its attempts, config, and logs followed as they grow ----------------------------------------------
 function showRun(main, id, name) {
-  const R = view = { kind: "run", id, name, offsets: { stdout: -1, stderr: -1 }, running: true };
+  const R = view = { kind: "run", id, name, offsets: { stdout: -1, stderr: -1 }, running: true, started: false };
   crumbs(el("a", { href: "#/" }, "sweeps"), el("a", { href: "#/s/" + id }, "sweep"), name);
   R.info = el("div", { class: "card" }, el("h1", {}, name));
   R.logs = {};
@@ -459,11 +507,17 @@ function showRun(main, id, name) {
   const tick = async () => {
     if (view !== R) return;
     try {
-      const d = await (await api("/api/sweeps/" + id + "/experiments/" + encodeURIComponent(name))).json();
+      const d = await (await ask("/api/sweeps/" + id + "/experiments/" + encodeURIComponent(name))).json();
       drawRun(R, d);
       for (const k of ["stdout", "stderr"]) await follow(R, k, d.logs[k]);
+      reached();
       live(true, R.running ? "following" : "ended");
-    } catch (e) { live(false, e.message); if (e.status === 404 || e.status === 403) { R.info.append(el("p", { class: "notice" }, e.message)); return; } }
+    } catch (e) {
+      if (lost(e)) { schedule(tick, retryMs()); return; }
+      if (e.status === 403) return;
+      live(false, e.message);
+      if (e.status === 404) { R.info.append(el("p", { class: "notice" }, e.message)); return; }
+    }
     if (view === R) schedule(tick, LOG_MS);
   };
   tick();
@@ -472,15 +526,27 @@ function showRun(main, id, name) {
 function drawRun(R, d) {
   crumbs(el("a", { href: "#/" }, "sweeps"), el("a", { href: "#/s/" + R.id }, d.sweep), R.name);
   const last = d.attempts[d.attempts.length - 1];
-  R.running = last && ["running", "queued"].includes(last.state);
+  R.running = !last || ["running", "queued"].includes(last.state);
+  R.started = d.attempts.some((a) => a.started_at);
+  // Every metric the runs measured, a column each: the sweep's own first (the one whose value the run's metric is).
+  const own = d.attempts.map((a) => Object.keys(a.metrics || {}).find((k) => a.metrics[k] === a.metric)).find(Boolean);
+  const names = [...new Set(d.attempts.flatMap((a) => Object.keys(a.metrics || {})))]
+    .sort((a, b) => (b === own) - (a === own) || collator.compare(a, b));
+  if (!names.length && d.attempts.some((a) => a.metric !== null)) names.push("metric");
+  const valueOf = (a, n) => (a.metrics && n in a.metrics ? a.metrics[n] : n === "metric" ? a.metric : null);
   R.info.replaceChildren(el("div", { class: "row spread" }, el("h1", {}, R.name),
     config.allow_cancel && R.running ? el("button", { class: "danger", id: "cancel-run", onclick: () => cancelRuns(R.id, [R.name]) }, "Cancel") : null),
-  el("div", { class: "tablewrap" }, el("table", { id: "attempts" }, el("thead", {}, el("tr", {}, ["attempt", "state", "slots", "started", "took", "exit", "metric", "reason"].map((h) => el("th", {}, h)))),
+  el("div", { class: "tablewrap" }, el("table", { id: "attempts" }, el("thead", {}, el("tr", {},
+    [...["attempt", "state", "slots", "started", "took", "exit"].map((h) => el("th", {}, h)),
+      ...names.map((n) => el("th", { class: "metric", title: n }, breakable(n.length > 60 ? n.slice(0, 59) + "…" : n))), el("th", {}, "reason")])),
     el("tbody", {}, d.attempts.map((a) => el("tr", {}, el("td", {}, a.attempt), el("td", {}, stateBadge(a.state)),
-      el("td", {}, Object.entries(a.slots).map(([h, ids]) => h + ":" + ids.join(",")).join("@")), el("td", {}, when(a.started_at)),
+      el("td", { class: "slots" }, breakable(Object.entries(a.slots).map(([h, ids]) => h + ":" + ids.join(",")).join("@"), AFTER_HOSTS)), el("td", {}, when(a.started_at)),
       el("td", { class: "num" }, a.started_at ? seconds((a.finished_at || Date.now() / 1000) - a.started_at) : ""),
-      el("td", {}, a.exit_code ?? ""), el("td", { class: "num" }, number(a.metric)), el("td", { class: "why" }, [a.reason, a.detail].filter(Boolean).join(": "))))))),
-  el("h2", { style: "margin-top:.8rem" }, "ds_config"), el("pre", {}, JSON.stringify(d.spec.ds_config, null, 2)));
+      el("td", {}, a.exit_code ?? ""), ...names.map((n) => el("td", { class: "num" }, number(valueOf(a, n)))),
+      el("td", { class: "why" }, [a.reason, a.detail].filter(Boolean).join(": "))))))),
+  el("h2", { class: "spaced" }, "ds_config"), el("pre", {}, JSON.stringify(d.spec.ds_config, null, 2)));
+  // What an empty log means: nothing yet, or nothing at all.
+  for (const pre of Object.values(R.logs)) pre.dataset.empty = R.running ? (R.started ? "(empty so far)" : "(not started yet)") : "(empty)";
 }
 
 async function follow(R, kind, path) {
@@ -497,7 +563,7 @@ async function follow(R, kind, path) {
     }
     R.offsets[kind] = next;
   } catch (e) {
-    if (e.status === 404) pre.textContent = "no " + kind + ".log yet";
+    if (e.status === 404) pre.textContent = R.running ? "no " + kind + ".log yet" : "no " + kind + ".log: the run left none";
     else throw e;
   }
 }
@@ -506,9 +572,10 @@ async function follow(R, kind, path) {
 window.addEventListener("hashchange", route);
 // The plots take their colours from the page's: drawn again when the system switches light and dark.
 window.matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
-  if (view && view.kind === "sweep" && view.tab === "plots") { view.plotted = 0; drawPlots(view); }
+  if (view && view.kind === "sweep" && view.tab === "plots" && window.plotsChanged) { view.plotted = 0; plotsChanged(view); }
 });
 window.addEventListener("DOMContentLoaded", async () => {
+  await signIn();
   if (token) {
     try { config = await (await api("/api/config")).json(); } catch (e) { live(false, e.message); }
   }
