@@ -56,6 +56,7 @@ MODEL_NUMBER = 10 ** 15  # the most a model fact may state: parameters, or bytes
 MODEL_INFO_KEYS = ("profile", "num_params", "hidden_size", "num_layers", "trainable_num_params",
                    "activation_mem_per_gpu", *(k for k in SHAPE_KEYS if k not in ("hidden_size", "num_layers")),
                    "hf_config")  # the shape (layout.py): what a TP size must divide, and activations under TP
+SHAPE_ONLY = tuple(k for k in (*SHAPE_KEYS, "hf_config") if k not in ("hidden_size", "num_layers"))
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,7 @@ def _fact_problem(info: JSONObject) -> tuple[str, str] | None:
     """(key, why) of the first fact of `info` the memory model cannot use, None when all can: the one rule for
     model_info and a model info file alike (a file once passed more trainable parameters than parameters)."""
     for key, value in info.items():
-        if key not in MODEL_INFO_KEYS or key in ("hf_config", *SHAPE_KEYS):  # the shape: layout.read_shape's
+        if key not in MODEL_INFO_KEYS or key in SHAPE_ONLY:  # the shape alone: layout.read_shape checks it
             continue
         if key == "profile":
             if not isinstance(value, bool):

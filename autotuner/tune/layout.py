@@ -26,7 +26,7 @@ from ..errors import shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.model import FLAG, positive_int
 from ..spec.reading import CONFIG_OPTIONS, Source, read_named
-from .knobs import tag_value
+from .knobs import tag_value, whole
 
 LANE = 4  # ZeRO stages 0-3 per layout
 # A layout: its TP size (None: the config sets none) and the script knobs' values, in script_knobs' order.
@@ -149,13 +149,13 @@ def read_shape(src: Source, info: JSONObject | None) -> dict[str, int] | None:
             raise src.error(f"model_info.hf_config {shown(named)}: not a Hugging Face config (an object)",
                             "hf_config")
         for key, names in SHAPE_KEYS.items():
-            value = next((data[n] for n in names if positive_int(data.get(n))), None)
+            value = next((whole(data[n]) for n in names if positive_int(whole(data.get(n)))), None)
             if value is not None:
                 shape[key] = value
         if "num_key_value_heads" not in shape and "num_attention_heads" in shape:
             shape["num_key_value_heads"] = shape["num_attention_heads"]
     for key in SHAPE_KEYS:
-        value = info.get(key)
+        value = whole(info.get(key))  # 2.048e3 is 2048, as every whole number of the config
         if value is None:
             continue
         if not positive_int(value) or value > 10 ** 9:
