@@ -35,6 +35,7 @@ from .nodes import RayNode, cluster_of, read_nodes, record_of
 from .watch import NodeWatcher
 
 SEEN_WITHIN = 60.0  # seconds for every node to say whether it sees the results directory
+ASK_AGAIN = 0.5  # seconds before a node Ray lists alive, whose task it could not place, is asked again
 
 
 class RayBackend:
@@ -184,8 +185,9 @@ class RayBackend:
 
 def sharing(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> tuple[list[str], dict[str, str]]:
     """The nodes that do not see a file written in `directory` now (each asked by a task pinned to it), and those
-    that died, or did not answer within SEEN_WITHIN seconds, as they were asked (host -> why): a node Ray still
-    lists alive may be dead already, and its task then fails, or waits until Ray says so."""
+    that died, or did not answer within SEEN_WITHIN seconds, as they were asked (host -> why). Ray lists a dead
+    node alive for some seconds (its task then waits, and fails once Ray declares it dead), and a node that has
+    just joined before its scheduler knows it (its task fails at once while Ray lists it alive: asked again)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from . import node
@@ -193,24 +195,35 @@ def sharing(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> tuple
     ray.cloudpickle.register_pickle_by_value(node)
     probe = directory / f".autotune-shared-{secrets.token_hex(4)}"
     probe.write_text("")
+    sees = ray.remote(node.sees)
+
+    def ask(n: RayNode) -> Any:
+        return sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)) \
+            .remote(str(probe.resolve()))
+
     unseen: list[str] = []
     lost: dict[str, str] = {}
+    end = time.monotonic() + SEEN_WITHIN
     try:
-        sees = ray.remote(node.sees)
-        asks = [sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False))
-                .remote(str(probe.resolve())) for n in nodes]
-        ready, _ = ray.wait(asks, num_returns=len(asks), timeout=SEEN_WITHIN)
-        for n, ask in zip(nodes, asks, strict=True):
-            if ask not in ready:
-                lost[n.host] = f"did not answer within {SEEN_WITHIN:g} s"
-                with contextlib.suppress(Exception):
-                    ray.cancel(ask, force=True)
-                continue
+        asks = {ask(n): n for n in nodes}
+        while asks:
+            ready, _ = ray.wait(list(asks), num_returns=1, timeout=max(0.0, end - time.monotonic()))
+            if not ready:
+                break
+            n = asks.pop(ready[0])
             try:
-                if not ray.get(ask):
+                if not ray.get(ready[0]):
                     unseen.append(n.host)
             except ray.exceptions.RayError as e:
-                lost[n.host] = f"lost as it was asked ({type(e).__name__})"
+                if time.monotonic() < end and n.id in {m["NodeID"] for m in ray.nodes() if m["Alive"]}:
+                    time.sleep(ASK_AGAIN)
+                    asks[ask(n)] = n
+                else:
+                    lost[n.host] = f"lost as it was asked ({type(e).__name__})"
+        for pending, n in asks.items():
+            lost[n.host] = f"did not answer within {SEEN_WITHIN:g} s"
+            with contextlib.suppress(Exception):
+                ray.cancel(pending, force=True)
         return unseen, lost
     finally:
         probe.unlink(missing_ok=True)
