@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 os.environ.update(LOOPBACK)  # read by Ray when it is imported, so before that
 
 import ray  # noqa: E402
+from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 GPUS_PER_NODE = 2
@@ -47,16 +49,38 @@ class RayLab:
         return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
 
     def kill_worker(self, index: int) -> str:
-        """End worker node `index` (its raylet and everything on it) as a lost machine would; its node id."""
+        """End worker node `index` as a lost machine would: its raylet and every process that descends from it
+        (the launchers its actors started in sessions of their own outlive the raylet otherwise); its node id."""
         node = self.workers[index]
         node_id = node.node_id
+        raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+        on_it = descendants(raylet)
         self.cluster.remove_node(node, allow_graceful=False)
+        for pid in on_it:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return node_id
 
     def replace_worker(self, index: int) -> None:
         """A new worker node in place of worker `index` (a node Ray lost never comes back under its id)."""
         self.workers[index] = self.cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, node_ip_address="127.0.0.1")
         self.cluster.wait_for_nodes(timeout=180)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under `pid`, from /proc (children of children too)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115
+                children.setdefault(int(stat.rpartition(")")[2].split()[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def start() -> RayLab:

@@ -282,7 +282,7 @@ def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
 
 @pytest.mark.parametrize(("args", "says"), [
     (["--ray", "127.0.0.1:9"], "no Ray cluster answers at 127.0.0.1:9"),
-    (["--ray", "http://127.0.0.1:8265"], "Invalid Ray address: 'http://127.0.0.1:8265'."),  # Ray's list cut
+    (["--ray", "http://127.0.0.1:8265"], "http:// is not a Ray cluster's address"),  # the dashboard's, not Ray's
     (["--ray", "--hostfile", "hostfile"], "leave out --hostfile"),
 ])
 def test_bad_ray_asks_are_one_line(ray_lab, tmp_path, args, says):

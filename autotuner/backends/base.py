@@ -3,6 +3,8 @@
 The runner builds the backend the sweep's record names (`registry.backend_for`) and wires it to the scheduler,
 the placement and the views; it never asks which kind it holds. A backend owns what differs between clusters:
 
+- `reach`: before the sweep's lock, the cluster reached and whatever can refuse the sweep checked, nothing written
+  (a refused command leaves the sweep byte for byte as it was);
 - `attach` and `read_memory`: the cluster checked against the sweep's record; free-memory readers opened;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
 - `measure` and `observers`: the GPUs' free memory for the memory placement, and who must hear the notes;
@@ -34,6 +36,11 @@ class Backend(Protocol):
 
     measure: FreeMemory | None  # host -> slot id -> free bytes now, for the memory placement (None: not read)
     observers: list[Observer]  # told the scheduler's notes before the user's observers
+
+    def reach(self) -> None:
+        """Before the sweep's lock is taken: the cluster reached and checked as far as can be without writing
+        anything (a UserError when the sweep cannot run there, the sweep left as it was)."""
+        ...
 
     def attach(self) -> None:
         """Holding the sweep's lock, before anything runs: the cluster checked against the sweep's record, and

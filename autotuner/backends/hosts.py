@@ -95,6 +95,9 @@ class HostsBackend:
         self._watcher: PollingWatcher | None = None
         self._remote: SshExecutor | None = None
 
+    def reach(self) -> None:
+        """Nothing to reach before the lock: the hosts are probed at `ready`."""
+
     def attach(self) -> None:
         """Nothing to check: the hosts are the sweep's hostfile's (the pool, when needed, is open already)."""
 

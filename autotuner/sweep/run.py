@@ -141,13 +141,14 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
     with contextlib.ExitStack() as held:
         with open_sweep(directory) as ledger:
             ledger.check_whole()  # a damaged ledger is refused before anything is written, the lock's files included
-            try:
-                held.enter_context(holding(directory))
-            except SweepBusy as e:
-                raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
-            ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
             with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
                                                 ray=options.ray, grace=options.grace, log=options.log)) as backend:
+                backend.reach()  # a cluster that refuses the sweep does so before the lock rewrites runner.lock
+                try:
+                    held.enter_context(holding(directory))
+                except SweepBusy as e:
+                    raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
+                ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
                 backend.attach()
                 left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
                 requeue(ledger, retry_failed)

@@ -9,7 +9,8 @@ from pathlib import Path
 from ...errors import UserError
 from ..base import HostsCheck
 from ..cluster import Cluster
-from .connect import address_of, connect
+from .address import parse
+from .connect import address_of, connect, source_of
 from .nodes import RayNode, cluster_of, read_nodes
 
 # What follows a bare `--ray` as its address, rather than as the next argument (a spec file, an option).
@@ -33,9 +34,11 @@ def optional_ray_value(argv: list[str]) -> list[str]:
 
 def check(ray: str | None, *, hostfile: Path | None = None, slots: int | None = None, slurm: bool = False,
           include: str = "", exclude: str = "") -> None:
-    """--ray takes its nodes from the cluster: the options that name other nodes are refused with it."""
+    """--ray takes its nodes from the cluster: the options that name other nodes are refused with it; its address
+    (or RAY_ADDRESS's) is read before anything else is (address.parse: nothing of the network asked yet)."""
     if ray is None:
         return
+    parse(address_of(ray or None), source_of(ray or None))
     for given, name in ((hostfile is not None, "--hostfile"), (slots is not None, "--slots"), (slurm, "--slurm"),
                         (bool(include), "--include"), (bool(exclude), "--exclude")):
         if given:
@@ -45,7 +48,7 @@ def check(ray: str | None, *, hostfile: Path | None = None, slots: int | None = 
 def ray_nodes(ray: str) -> tuple[str, list[RayNode]]:
     """The address `--ray` names and the cluster's live nodes (this process connected to it)."""
     address = address_of(ray or None)
-    return address, read_nodes(connect(address).nodes())
+    return address, read_nodes(connect(address, source=source_of(ray or None)).nodes())
 
 
 def ray_cluster(ray: str) -> Cluster:

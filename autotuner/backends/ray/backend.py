@@ -28,13 +28,14 @@ from ...ledger.store import Attempt, Ledger
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
 from ..launch import Launcher
-from .connect import address_of, connect
+from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
 from .executor import RayExecutor
 from .leases import Lease, Leases, in_ray
 from .nodes import RayNode, cluster_of, read_nodes, record_of
 from .watch import NodeWatcher
 
 SEEN_WITHIN = 60.0  # seconds for every node to say whether it sees the results directory
+ASK_AGAIN = 0.5  # seconds before a node Ray lists alive, whose task it could not place, is asked again
 
 
 class RayBackend:
@@ -45,6 +46,7 @@ class RayBackend:
         self.directory, self.ledger, self.grace, self.log = directory, ledger, grace, log
         recorded = (ledger.meta().ray or {}).get("address")
         self.address = address or recorded or address_of(None)
+        self.source = source_of(address) if address or not recorded else "the Ray address the sweep recorded"
         self.measure: FreeMemory | None = None  # GPUs are read by nobody here: Ray hands them out
         self.observers: list[Observer] = []
         self._ray: ModuleType | None = None
@@ -52,10 +54,12 @@ class RayBackend:
         self._executor: RayExecutor | None = None
         self._watcher: NodeWatcher | None = None
         self._found: dict[str, Lease] | None = None  # what a dead runner left, by attempt (for `end` alone)
+        self._nodes: list[RayNode] | None = None  # the live nodes as `reach` read them
+        self._lost: dict[str, str] = {}  # host -> why: nodes that died (or were dying) as `reach` asked them
 
     def ray(self) -> ModuleType:
         if self._ray is None:
-            self._ray = connect(self.address, self.directory)
+            self._ray = connect(self.address, self.directory, self.source)
         return self._ray
 
     def leases(self) -> Leases:
@@ -63,20 +67,34 @@ class RayBackend:
             self._leases = Leases(self.ray(), self.ledger.meta().sweep_id)
         return self._leases
 
-    def attach(self) -> None:
-        """The cluster read, checked to share the results directory, and recorded (a UserError if not)."""
+    def reach(self) -> None:
+        """Before the sweep's lock is taken: the cluster reached, read and checked to share the results directory
+        (a UserError, with nothing of the sweep written, when the sweep cannot run there). A node that dies or is
+        dying meanwhile is a lost host (left out at `ready`), never a failure of the check."""
         nodes = read_nodes(self.ray().nodes())
-        cluster = cluster_of(nodes)
-        if not cluster.slots:
+        if not cluster_of(nodes).slots:
             raise UserError(f"the Ray cluster at {self.address} has no live node with a GPU", self.directory)
-        unseen = unshared_nodes(self.ray(), [n for n in nodes if n.gpus > 0], self.directory)
+        unseen, lost = sharing(self.ray(), [n for n in nodes if n.gpus > 0], self.directory)
         if unseen:
             raise UserError(f"node(s) {', '.join(unseen)} of the Ray cluster at {self.address} do not see this "
                             "results directory (each node's launcher writes its logs there, the first node the "
                             "metrics): put it on storage the nodes share (NFS, a shared volume of the pods)",
                             self.directory)
+        if not [n for n in nodes if n.gpus > 0 and n.host not in lost]:
+            raise UserError(f"the Ray cluster at {self.address} has no live node with a GPU (" + "; ".join(
+                f"{host}: {why}" for host, why in lost.items()) + ")", self.directory)
+        self._nodes, self._lost = nodes, lost
+
+    def attach(self) -> None:
+        """Holding the lock: the cluster `reach` read recorded (the nodes found lost too, marked down at
+        `ready`: an attempt a dead runner left on one is adopted, and found lost)."""
+        if self._nodes is None:
+            self.reach()
+        nodes = self._nodes or []
+        cluster = cluster_of(nodes)
         meta = self.ledger.meta()
         record = record_of(self.address, nodes)
+        MESSAGES.to(self.directory / RAY_LOG)  # the lock held: what Ray says from now on is the sweep's to keep
         if meta.ray == record and dict(meta.slots) == dict(cluster.slots):
             return
         for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
@@ -129,11 +147,15 @@ class RayBackend:
             self.leases().release(found, self.grace)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
-        """Nodes the sweep recorded that Ray no longer lists alive are left out (watched)."""
+        """Nodes the sweep recorded that Ray no longer lists alive, or that died as `reach` asked them, are left
+        out (and watched: back when Ray lists them alive)."""
         if self._watcher is not None:
-            for host in self._watcher.dead_now():
-                self.log(f"Ray reports node {host} dead: left out")
-                slots.mark_down(host)
+            dead = dict.fromkeys(self._watcher.dead_now(), "Ray reports the node dead") | self._lost
+            for host, why in dead.items():
+                if host in slots.hosts:
+                    self.log(f"node {host} left out: {why}")
+                    slots.mark_down(host)
+                    self._watcher.watch(host)
 
     def close(self) -> None:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
@@ -141,6 +163,7 @@ class RayBackend:
         connection to Ray."""
         closing: list[RayExecutor | NodeWatcher | None] = [self._executor, self._watcher]
         with contextlib.ExitStack() as stack:
+            stack.callback(MESSAGES.to, None)
             if self._ray is not None:
                 stack.callback(self._ray.shutdown)
             if self._found:
@@ -160,8 +183,11 @@ class RayBackend:
                 self.ray().util.remove_placement_group(group)
 
 
-def unshared_nodes(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> list[str]:
-    """The nodes that do not see a file written in `directory` now (each asked by a task pinned to it)."""
+def sharing(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> tuple[list[str], dict[str, str]]:
+    """The nodes that do not see a file written in `directory` now (each asked by a task pinned to it), and those
+    that died, or did not answer within SEEN_WITHIN seconds, as they were asked (host -> why). Ray lists a dead
+    node alive for some seconds (its task then waits, and fails once Ray declares it dead), and a node that has
+    just joined before its scheduler knows it (its task fails at once while Ray lists it alive: asked again)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from . import node
@@ -169,11 +195,35 @@ def unshared_nodes(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -
     ray.cloudpickle.register_pickle_by_value(node)
     probe = directory / f".autotune-shared-{secrets.token_hex(4)}"
     probe.write_text("")
+    sees = ray.remote(node.sees)
+
+    def ask(n: RayNode) -> Any:
+        return sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)) \
+            .remote(str(probe.resolve()))
+
+    unseen: list[str] = []
+    lost: dict[str, str] = {}
+    end = time.monotonic() + SEEN_WITHIN
     try:
-        sees = ray.remote(node.sees)
-        asks = [sees.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False))
-                .remote(str(probe.resolve())) for n in nodes]
-        ready, _ = ray.wait(asks, num_returns=len(asks), timeout=SEEN_WITHIN)
-        return [n.host for n, ask in zip(nodes, asks, strict=True) if ask not in ready or not ray.get(ask)]
+        asks = {ask(n): n for n in nodes}
+        while asks:
+            ready, _ = ray.wait(list(asks), num_returns=1, timeout=max(0.0, end - time.monotonic()))
+            if not ready:
+                break
+            n = asks.pop(ready[0])
+            try:
+                if not ray.get(ready[0]):
+                    unseen.append(n.host)
+            except ray.exceptions.RayError as e:
+                if time.monotonic() < end and n.id in {m["NodeID"] for m in ray.nodes() if m["Alive"]}:
+                    time.sleep(ASK_AGAIN)
+                    asks[ask(n)] = n
+                else:
+                    lost[n.host] = f"lost as it was asked ({type(e).__name__})"
+        for pending, n in asks.items():
+            lost[n.host] = f"did not answer within {SEEN_WITHIN:g} s"
+            with contextlib.suppress(Exception):
+                ray.cancel(pending, force=True)
+        return unseen, lost
     finally:
         probe.unlink(missing_ok=True)

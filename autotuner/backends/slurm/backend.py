@@ -63,6 +63,9 @@ class SlurmBackend:
         self._peaks: PeakMemory | None = None
         self._watcher: PollingWatcher | None = None
 
+    def reach(self) -> None:
+        """Nothing to reach before the lock: the allocation is checked (and recorded) at `attach`."""
+
     def attach(self) -> None:
         """The allocation checked against the sweep and recorded (a UserError when there is none)."""
         use_allocation(self.directory, self.ledger, self.allocation)
