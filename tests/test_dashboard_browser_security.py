@@ -52,9 +52,10 @@ def test_the_page_draws_under_its_csp_and_markup_slipped_in_runs_nothing(sweep, 
     browser.execute_script("location.hash = arguments[0]", f"#/s/{sid}/plots")
     wait_until(lambda: browser.execute_script("return document.querySelectorAll('.plot .main-svg').length") >= 4,
                timeout=60, message="four plots drawn")
-    # The parallel coordinates are drawn with WebGL (regl compiles its code with Function): drawn, not blocked.
+    # The parallel coordinates (SVG lines, one trace each): drawn, not blocked.
     wait_until(lambda: browser.execute_script(
-        "const p = document.getElementById('plot-parallel'); return p && p.querySelectorAll('canvas').length"),
+        "const p = document.getElementById('plot-parallel'); "
+        "return p && p.querySelectorAll('.scatterlayer .trace').length"),
         timeout=60, message="the parallel coordinates drawn")
     assert browser.execute_script("return window.violations") == []
     assert _csp_messages(browser) == []
