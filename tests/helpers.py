@@ -1,6 +1,9 @@
 """Small builders shared by the unit tests."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from autotuner.core import MemoryRecord, Queued, Scheduler, SlotPool
 from autotuner.ledger.store import SweepMeta
 from autotuner.spec import Experiment
 
@@ -16,3 +19,12 @@ def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str 
 # What a ledger's meta must hold for it to open (autotuner.prepare records this and more).
 SWEEP_META = SweepMeta(name="s", metric="throughput", sweep_id="sid", slots={"localhost": (0,)},
                        launcher=("deepspeed",))
+
+
+def core(exps: list[Experiment], slots: dict | None = None, **options: object) -> Scheduler:
+    """A scheduler on a memory record with `exps` queued (one slot of host h unless `slots` says otherwise)."""
+    scheduler = Scheduler(MemoryRecord(), SlotPool(slots or {"h": [0]}), "sid", Path("/results"), "throughput",
+                          **options)
+    scheduler.record.add_experiments(exps, 0.0)
+    scheduler.submit(Queued(e, 1) for e in exps)
+    return scheduler

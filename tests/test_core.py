@@ -1,5 +1,4 @@
 """The pure scheduling core, driven by scripted event lists: no threads, no clock, no processes."""
-from pathlib import Path
 
 import pytest
 
@@ -9,26 +8,14 @@ from autotuner.core import (
     Finished,
     Interrupt,
     Launched,
-    MemoryRecord,
-    Queued,
-    Scheduler,
-    SlotPool,
     Stop,
 )
 from autotuner.core.outcome import Outcome
 from autotuner.states import Reason, State
 
-from helpers import experiment
+from helpers import core, experiment
 
 OK = Outcome(State.SUCCEEDED, metrics={"throughput": 1.0})
-
-
-def core(exps, slots=None, **options):
-    scheduler = Scheduler(MemoryRecord(), SlotPool(slots or {"h": [0]}), "sid", Path("/results"), "throughput",
-                          **options)
-    scheduler.record.add_experiments(exps, 0.0)
-    scheduler.submit(Queued(e, 1) for e in exps)
-    return scheduler
 
 
 def names(runs):

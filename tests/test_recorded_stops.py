@@ -2,7 +2,6 @@
 (issue 38): this runner, a runner that adopts the attempt after this one died in the middle of the stop, or
 `cancel` with no runner alive. The core's part, driven by scripted events; the end-to-end part, with a stand-in
 that holds the runner between the signal and the attempt's end, in test_recorded_stops_cli.py."""
-from pathlib import Path
 
 import pytest
 
@@ -13,10 +12,6 @@ from autotuner.core import (
     HostLost,
     Interrupt,
     Launched,
-    MemoryRecord,
-    Queued,
-    Scheduler,
-    SlotPool,
 )
 from autotuner.core.outcome import Outcome, StopAsked
 from autotuner.errors import UserError
@@ -24,18 +19,10 @@ from autotuner.ledger.store import Ledger
 from autotuner.states import Reason, State
 from autotuner.sweep.dispatcher import Dispatcher
 
-from helpers import SWEEP_META, experiment
+from helpers import SWEEP_META, core, experiment
 
 OK = Outcome(State.SUCCEEDED, exit_code=0, metrics={"throughput": 1.0})
 BY_SIGTERM = Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15)  # how a stopped run's end is judged alone
-
-
-def core(exps, slots=None, **options):
-    scheduler = Scheduler(MemoryRecord(), SlotPool(slots or {"h": [0]}), "sid", Path("/results"), "throughput",
-                          **options)
-    scheduler.record.add_experiments(exps, 0.0)
-    scheduler.submit(Queued(e, 1) for e in exps)
-    return scheduler
 
 
 def running(**options):
