@@ -18,6 +18,12 @@ from .slurm.executor import step_status
 _RECOVERED = StopAsked(State.INTERRUPTED, "the runner stopped while it ran", Reason.INTERRUPTED)
 
 
+def stops_asked(ledger: Ledger) -> dict[tuple[str, int], StopAsked]:
+    """The stops a dead runner had asked for the attempts still running (recorded before their signals), by
+    (name, attempt): those attempts' ends read as them, whoever sees them end."""
+    return {key: StopAsked(*words) for key, words in ledger.stops_asked().items()}
+
+
 def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
             attempts: list[Attempt] | None = None) -> list[Attempt]:
     """End the attempts a dead runner left running (all of them, or `attempts`) through `end`, for `autotune
@@ -28,7 +34,7 @@ def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
     if not left:
         return left
     metric = metric_named(ledger.meta().metric)
-    asked = {key: StopAsked(*words) for key, words in ledger.stops_asked().items()}
+    asked = stops_asked(ledger)
     for attempt in left:
         # Read before ending it: the status a wrapper records when we end its launcher is ours, not its own.
         directory = Path(attempt.dir) if attempt.dir else None

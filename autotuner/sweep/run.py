@@ -20,11 +20,10 @@ from .. import limits
 from ..backends.base import Backend
 from ..backends.hosts import Ssh
 from ..backends.launch import Launcher
-from ..backends.recovery import recover
+from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for
 from ..backends.slurm import Allocation
 from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
-from ..core.outcome import StopAsked
 from ..core.placement import PLACEMENTS, placement_named
 from ..core.slots import Devices, devices_from_json
 from ..errors import UserError, shown
@@ -193,8 +192,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
     experiments = {e.name: e for e in with_needs(ledger.experiments({a.name for a in adopt}), needs)} if adopt else {}
-    # The stops the dead runner had asked (recorded before their signals): those attempts' ends read as them.
-    asked = {key: StopAsked(*words) for key, words in ledger.stops_asked().items()} if adopt else {}
+    asked = stops_asked(ledger) if adopt else {}  # the dead runner's stops under way: their ends read as them
     stray = []
     for a in adopt:
         since = a.launched_at or a.started_at or now
