@@ -9,10 +9,13 @@ from pathlib import Path
 import pytest
 
 import autotuner
-from autotuner.tune.layout import activation_share
+from autotuner.dashboard.feed import SweepFeed
+from autotuner.tune.flops import flops_per_sample
+from autotuner.tune.layout import activation_share, checkpointed
 from autotuner.tune.memory_model import Training, model_states
 
-from cli_rig import autotune, env
+from cli_rig import autotune, env, wait_until
+from dashboard_rig import chromium_driver, start_dashboard
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -189,7 +192,7 @@ def test_a_hugging_face_config_states_the_shape_a_tp_size_must_divide(tmp_path):
     setup(tmp_path, {"autotp_size": "all"}, info={"hf_config": "model"})
     spec = autotuner.read_tune("train.py", ["--deepspeed_config", "ds.json"], num_gpus=4, cwd=tmp_path).spec
     assert spec.tp == (1, 2, 4) and spec.shape == {"num_attention_heads": 12, "num_key_value_heads": 4,
-                                                   "hidden_size": 768, "vocab_size": 50257, "seq_length": 1024,
+                                                   "hidden_size": 768, "vocab_size": 50257, "max_positions": 1024,
                                                    "num_layers": 12}
     setup(tmp_path, {"autotp_size": 4}, info={"hf_config": "model/config.json", "num_key_value_heads": 2})
     refused = tune(tmp_path, environ)
@@ -247,3 +250,156 @@ def test_the_loop_learns_checkpointing_from_its_own_runs_and_tp_through_its_shar
                  int(states[lane[2, False, 3]] + 10 * measured))
     assert search.model().activation == pytest.approx(1.5 * 4e9)
     assert search.stages[lane[1, False, 3]].predicted < predicted[1, False, 3]
+
+
+# --- TFLOPs per GPU, and the layout on the dashboard --------------------------------------------------------------
+# The model the stand-in tunes, with what TFLOPs are counted from: 32 layers of hidden 3200, sequences of 2048.
+LAYERS, HIDDEN, SEQ = 32, 3200, 2048
+COUNTED = {**INFO, "num_layers": LAYERS, "seq_length": SEQ}
+
+
+def operations(params, checkpointed, trainable=None, layers=LAYERS, hidden=HIDDEN, seq=SEQ):
+    """A sample's operations written out as the papers state them: 6N + 12·L·h·s a token (PaLM, appendix B), the
+    forward pass once more with checkpointing (8N + 16·L·h·s), frozen weights without their gradient (4N + 2T)."""
+    trainable = params if trainable is None else trainable
+    weights = (8 if checkpointed else 6) * params - 2 * (params - trainable)
+    return seq * (weights + (16 if checkpointed else 12) * layers * hidden * seq)
+
+
+def test_a_samples_operations_are_the_published_figures_and_absent_without_the_facts():
+    # GPT-3 175B as Narayanan et al. 2021 count it (N = 12·L·h² + V·h): 72·s·L·h²·(1 + s/6h + V/12Lh) a sample, and
+    # with recomputation 96·s·L·h²·(1 + s/6h + V/12Lh) (the logits recomputed too).
+    layers, hidden, seq, vocab = 96, 12288, 2048, 51200
+    n = 12 * layers * hidden**2 + vocab * hidden
+    shape = {"num_layers": layers, "hidden_size": hidden, "seq_length": seq}
+    megatron = seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (12 * hidden * layers))
+    assert flops_per_sample(n, None, shape, False) == pytest.approx(72 * megatron)
+    assert flops_per_sample(n, None, shape, True) == pytest.approx(96 * megatron)
+    # The paper's estimate for it: 300 billion tokens on 1,024 GPUs at 140 TFLOP/s each take 34 days (8·N a token,
+    # the attention left out: it adds 3% here)
+    days = 300e9 / seq * flops_per_sample(n, None, shape, True) / (1024 * 140e12) / 86400
+    assert days == pytest.approx(34, rel=0.04)
+    # LoRA: 7B parameters, 4M of them trained: 4N + 2T (the frozen weights get no gradient of their own)
+    assert flops_per_sample(7 * 10**9, 4 * 10**6, shape, False) == pytest.approx(
+        operations(7 * 10**9, False, 4 * 10**6, layers, hidden, seq))
+    for lacking in ("num_layers", "hidden_size", "seq_length"):  # absent, not zero, not guessed
+        assert flops_per_sample(n, None, {k: v for k, v in shape.items() if k != lacking}, False) is None
+    assert flops_per_sample(n, None, None, False) is None
+    # Checkpointing on the command line: a knob's value or the script's own argument, a flag alone, the last said
+    on = (["--gradient_checkpointing", "true"], ["--gradient_checkpointing=True"], ["--gradient_checkpointing"],
+          ["--gradient_checkpointing", "--bf16"], ["--activation_checkpointing", "1"], ["--use_gradient_checkpointing"],
+          ["--gradient_checkpointing", "false", "--gradient_checkpointing", "true"])
+    off = ([], ["--gradient_checkpointing", "false"], ["--gradient_checkpointing=0"], ["--resume_from_checkpoint"],
+           ["--resume_from_checkpoint", "out/checkpoint-500"], ["--save_checkpoint", "true"],
+           ["--gradient_checkpointing", "true", "--gradient_checkpointing", "false"], ["gradient_checkpointing"])
+    assert all(checkpointed(args) for args in on) and not any(checkpointed(args) for args in off)
+
+
+@pytest.fixture(scope="module")
+def layouts_tuned(tmp_path_factory):
+    """TP 1 and 2, with gradient checkpointing off and on, ZeRO 3: a tune whose model_info states what TFLOPs are
+    counted from."""
+    tmp = tmp_path_factory.mktemp("layouts")
+    environ = setup(tmp, {"autotp_size": [1, 2]}, knobs={"--gradient_checkpointing": [False, True]}, info=COUNTED,
+                    stages=[3], largest=16)
+    result = tune(tmp, environ)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return tmp / "res"
+
+
+def test_each_candidates_tflops_per_gpu_is_in_every_report_format(layouts_tuned, tmp_path):
+    data = report(layouts_tuned)
+    assert "tflops_per_gpu" in data["metrics"]
+    ran = [e for e in data["experiments"] if e["state"] == "succeeded"]
+    assert {(e["parameters"]["tensor_parallel.autotp_size"], e["parameters"]["--gradient_checkpointing"])
+            for e in ran} == {(1, "false"), (1, "true"), (2, "false"), (2, "true")}
+    for e in ran:  # the samples trained a second (DeepSpeed's figure over TP) times a sample's operations, per GPU
+        expected = e["metrics"]["throughput"] * operations(2e9, e["parameters"]["--gradient_checkpointing"] == "true")
+        assert e["metrics"]["tflops_per_gpu"] == pytest.approx(expected / 4 / 1e12)
+    best = next(e for e in ran if e["best"])
+    figure = best["metrics"]["tflops_per_gpu"]
+    csv_lines = report(layouts_tuned, "csv").splitlines()
+    head = csv_lines[0].split(",")
+    row = next(line.split(",") for line in csv_lines if line.split(",")[2] == best["name"])
+    assert float(row[head.index("tflops_per_gpu")]) == pytest.approx(figure)
+    markdown = report(layouts_tuned, "md").splitlines()
+    assert "tflops_per_gpu" in markdown[0]
+    table = report(layouts_tuned, "table")
+    assert "tflops_per_gpu" in next(line for line in table.splitlines() if " name " in line)
+    page = tmp_path / "page.html"
+    shown = autotune("report", layouts_tuned, "--html", page)
+    assert shown.returncode == 0, shown.stderr
+    html = page.read_text()
+    assert "tflops_per_gpu" in html and f'data-v="{figure!r}"' in html
+
+
+def test_tflops_come_from_a_profile_runs_count_and_are_absent_without_the_sequence_length(tmp_path):
+    # No num_params: the profile run counts them, 2e9 of which 1e8 train (LoRA-like): 4N + 2T
+    profiled = tmp_path / "profiled"
+    profiled.mkdir()
+    environ = setup(profiled, info={k: v for k, v in COUNTED.items() if k not in ("num_params",
+                                                                                  "activation_mem_per_gpu")},
+                    stages=[3], largest=4)
+    environ["OOM_STANDIN_MODEL"] = f"{MODEL} 1e8"
+    result = tune(profiled, environ)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = [e for e in report(profiled / "res")["experiments"] if e["metrics"].get("throughput")]
+    assert ran and all(e["metrics"]["tflops_per_gpu"] == pytest.approx(
+        e["metrics"]["throughput"] * operations(2e9, False, 1e8) / 4 / 1e12) for e in ran)
+    # A Hugging Face config states the longest sequence the model takes, not the one trained on: no figure made up
+    unknown = tmp_path / "unknown"
+    (unknown / "model").mkdir(parents=True)
+    (unknown / "model" / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 32, "hidden_size": HIDDEN, "num_hidden_layers": LAYERS,
+         "max_position_embeddings": 131072}))
+    environ = setup(unknown, info={"num_params": 2_000_000_000, "activation_mem_per_gpu": 4_000_000_000,
+                                   "hf_config": "model"}, stages=[3], largest=4)
+    result = tune(unknown, environ)
+    assert result.returncode == 0, result.stdout + result.stderr
+    data = report(unknown / "res")
+    assert "tflops_per_gpu" not in data["metrics"]
+    assert all("tflops_per_gpu" not in e["metrics"] for e in data["experiments"])
+    assert "tflops_per_gpu" not in report(unknown / "res", "csv").splitlines()[0]
+
+
+def test_the_dashboards_feed_shows_the_layout_and_tflops_as_the_report_does(layouts_tuned):
+    data = report(layouts_tuned)
+    feed = SweepFeed(layouts_tuned)
+    assert feed.refresh()
+    sent = feed.changes(-1)
+    for column in ("param:tensor_parallel.autotp_size", "param:dp", "param:--gradient_checkpointing",
+                   "metric:throughput_per_gpu", "metric:tflops_per_gpu"):
+        assert column in sent.columns, (column, sent.columns)
+    rows = {r[0]: dict(zip(sent.columns, r, strict=True)) for r in sent.rows}
+    for e in data["experiments"]:
+        row = rows[e["name"]]
+        for key in ("tensor_parallel.autotp_size", "dp", "--gradient_checkpointing"):
+            assert row[f"param:{key}"] == e["parameters"][key]
+        assert row["metric:tflops_per_gpu"] == pytest.approx(e["metrics"].get("tflops_per_gpu"))
+
+
+def test_the_dashboards_page_shows_each_candidates_layout_and_tflops(layouts_tuned, runners, tmp_path):
+    data = {e["name"]: e for e in report(layouts_tuned)["experiments"]}
+    shown = start_dashboard(runners, layouts_tuned)
+    browser = chromium_driver(tmp_path / "profile", width=1400, height=1000)
+    try:
+        (sid,) = shown.sweep_ids()
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}")
+        wait_until(lambda: browser.execute_script(
+            "return document.querySelectorAll('#experiments tbody tr').length") == len(data), timeout=60,
+            message="every experiment in the table")
+        table = browser.execute_script("""
+            const heads = [...document.querySelectorAll('#experiments th')].map((h) => h.dataset.col);
+            return [...document.querySelectorAll('#experiments tbody tr')].map((tr) =>
+              Object.fromEntries([...tr.cells].map((td, i) => [heads[i], td.textContent])));""")
+    finally:
+        browser.quit()
+    assert {"param:tensor_parallel.autotp_size", "param:dp", "param:--gradient_checkpointing",
+            "metric:tflops_per_gpu"} <= set(table[0])
+    for row in table:
+        e = data[row["name"]]
+        assert int(row["param:tensor_parallel.autotp_size"]) == e["parameters"]["tensor_parallel.autotp_size"]
+        assert int(row["param:dp"]) == e["parameters"]["dp"]
+        assert row["param:--gradient_checkpointing"] == e["parameters"]["--gradient_checkpointing"]
+        assert float(row["metric:tflops_per_gpu"].replace(",", "")) == pytest.approx(
+            e["metrics"]["tflops_per_gpu"], abs=0.06)

@@ -36,9 +36,12 @@ from ..ledger.store import FILENAME, SCHEMA_VERSION, Attempt, Ledger, SweepMeta
 from ..spec import Experiment
 from ..spec.metrics import metric_named
 from ..states import State
+from ..tune.memory_model import Facts
+from ..tune.space import SearchSpec
 from ..views.analysis import choose_axes, swept_specs
-from ..views.records import metric_names
+from ..views.records import layout_rows, metric_names, with_layout
 from ..views.snapshot import Snapshot
+from ..views.tflops import model_facts, per_sample, with_tflops
 
 # The columns of a row before the swept parameters (then one per swept key, then one per metric).
 COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
@@ -174,6 +177,9 @@ class SweepFeed:
         self._params: dict[str, list[JSON]] = {}
         self._position: dict[str, int] = {}
         self._snapshot: Snapshot | None = None
+        self._search: SearchSpec | None = None  # a tune's search (its layout, its model's facts), read once
+        self._facts: Facts | None = None  # the model's parameter counts, as known at the last read
+        self._tflop: dict[str, float] = {}  # name -> the TFLOP a sample costs each of its GPUs (views/tflops.py)
 
     # --- reading the ledger ------------------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -193,7 +199,10 @@ class SweepFeed:
         top = reader.db.execute("SELECT COALESCE(MAX(seq), 0) FROM transitions").fetchone()[0]
         if top == self.seq:
             return False
+        first = self.meta is None
         self.meta = ledger.meta()
+        if first and self.meta.search is not None:  # recorded once, when the tune was prepared
+            self._search = SearchSpec.from_json(self.meta.search)
         moved = [r[0] for r in reader.db.execute(
             "SELECT DISTINCT name FROM transitions WHERE seq > ? AND seq <= ?", (self.seq, top))]
         added = self._read_experiments(reader)
@@ -238,11 +247,21 @@ class SweepFeed:
         return found
 
     def _columns(self, top: int, added: bool) -> None:
-        """The swept keys and metric columns, worked out again when experiments or metric names appeared."""
+        """The swept keys (a tune's layout beside them: views.records.layout_rows, as the report shows it) and
+        metric columns (TFLOPs per GPU among them where the model's facts tell it), worked out again when
+        experiments or metric names appeared, or the facts became known (a profile run ended)."""
         assert self.meta is not None
-        names = metric_names(metric_named(self.meta.metric), [a.metrics for a in self.attempts.values()])
+        search = self._search
+        facts = model_facts(search, self.attempts.get) if search is not None else None
+        if added or facts != self._facts:
+            self._tflop = per_sample(search, facts, self.specs.values()) if search and facts else {}
+            if facts != self._facts:
+                self._facts, self.layout_seq = facts, top  # every row's figure with them
+        names = metric_names(metric_named(self.meta.metric), [self._metrics(a) for a in self.attempts.values()])
         if added:
             keys, table = swept_specs(list(self.specs.values()))
+            layout, by_name = layout_rows(search, self.specs.values())
+            keys, table = with_layout(keys, table, self.specs, layout, by_name)
             self._params = {n: [row.get(k) for k in keys] for n, row in zip(self.specs, table, strict=True)}
             self.axes = choose_axes([e for n in _representatives(list(self.specs), table, keys)
                                      if (e := self._experiment(n)) is not None], None, None)
@@ -250,6 +269,10 @@ class SweepFeed:
                 self.keys, self.layout_seq = keys, top
         if names != self.metric_columns:
             self.metric_columns, self.layout_seq = names, top
+
+    def _metrics(self, a: Attempt) -> Mapping[str, float]:
+        """A run's metrics as the report shows them: with its TFLOPs per GPU where the facts tell it."""
+        return with_tflops(a.metrics, self._tflop.get(a.name)) if self._tflop else a.metrics
 
     # --- what the page is sent -----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
@@ -291,7 +314,7 @@ class SweepFeed:
             return Changes(self.seq, full, self.columns(), rows)
 
     def _row(self, a: Attempt, snap: Snapshot, typed: bool) -> list[JSON]:
-        metrics = dict(a.metrics)
+        metrics = dict(self._metrics(a))
         if a.metric is not None:
             metrics.setdefault(snap.metric.name, a.metric)
         slots = "@".join(f"{h}:{','.join(map(str, ids))}" for h, ids in a.slots.items())

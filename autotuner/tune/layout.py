@@ -31,13 +31,16 @@ from .knobs import tag_value, whole
 LANE = 4  # ZeRO stages 0-3 per layout
 # A layout: its TP size (None: the config sets none) and the script knobs' values, in script_knobs' order.
 Layout = tuple[int | None, tuple[tuple[str, JSON], ...]]
-# model_info's shape keys, and the Hugging Face config keys each is read from.
+# model_info's shape keys, and the Hugging Face config keys each is read from. A Hugging Face config states the
+# longest sequence the model takes, not the one it is trained on: that is the shape's `max_positions`, which the
+# activations' share falls back on (`seq_length` only as model_info states it: what TFLOPs are counted with).
 SHAPE_KEYS = {"num_attention_heads": ("num_attention_heads", "n_head"),
               "num_key_value_heads": ("num_key_value_heads",),
               "hidden_size": ("hidden_size", "n_embd", "d_model"),
               "vocab_size": ("vocab_size",),
-              "seq_length": ("max_position_embeddings", "n_positions", "seq_length"),
+              "seq_length": (),
               "num_layers": ("num_hidden_layers", "n_layer", "num_layers")}
+POSITIONS = ("max_position_embeddings", "n_positions", "seq_length")  # a Hugging Face config's longest sequence
 DIVIDED = ("num_attention_heads", "num_key_value_heads", "hidden_size")  # what a TP size must divide
 OWNED = ("--local_rank", "--local-rank")  # options DeepSpeed's launcher hands every rank
 
@@ -131,9 +134,10 @@ def read_script_knobs(src: Source, section: JSONObject, flag: str, mappings: Map
 
 
 def read_shape(src: Source, info: JSONObject | None) -> dict[str, int] | None:
-    """The model's shape (heads, KV heads, hidden size, vocabulary, sequence length, layers): model_info's own
-    keys, over those of the Hugging Face config (config.json) `model_info.hf_config` names (relative to the
-    DeepSpeed config). None when neither states any."""
+    """The model's shape (heads, KV heads, hidden size, vocabulary, sequence length trained on, layers): model_info's
+    own keys, over those of the Hugging Face config (config.json) `model_info.hf_config` names (relative to the
+    DeepSpeed config), which gives the longest sequence the model takes (`max_positions`) but never the one trained
+    on. None when neither states any."""
     if not isinstance(info, dict):
         return None
     shape: dict[str, int] = {}
@@ -148,7 +152,7 @@ def read_shape(src: Source, info: JSONObject | None) -> dict[str, int] | None:
         if not isinstance(data, dict):
             raise src.error(f"model_info.hf_config {shown(named)}: not a Hugging Face config (an object)",
                             "hf_config")
-        for key, names in SHAPE_KEYS.items():
+        for key, names in (*SHAPE_KEYS.items(), ("max_positions", POSITIONS)):
             value = next((whole(data[n]) for n in names if positive_int(whole(data.get(n)))), None)
             if value is not None:
                 shape[key] = value
@@ -223,9 +227,11 @@ WHOLE, TOTAL, CHECKPOINTED = 10.0, 34.0, 2.0
 
 
 def _per_layer(shape: Mapping[str, int] | None) -> float:
-    """34 + 5*a*s/h where the shape states them, else 34 (the short-sequence end: the least that is split)."""
+    """34 + 5*a*s/h where the shape states them (the sequence trained on, else the longest the model takes), else
+    34 (the short-sequence end: the least that is split)."""
     shape = shape or {}
-    heads, seq, hidden = (shape.get(k) for k in ("num_attention_heads", "seq_length", "hidden_size"))
+    heads, hidden = shape.get("num_attention_heads"), shape.get("hidden_size")
+    seq = shape.get("seq_length") or shape.get("max_positions")
     return TOTAL + (5.0 * heads * seq / hidden if heads and seq and hidden else 0.0)
 
 
@@ -257,3 +263,21 @@ def arg_value(args: Sequence[str], option: str) -> str | None:
         elif arg.startswith(option + "="):
             found = arg.split("=", 1)[1]
     return found
+
+
+def checkpointed(args: Sequence[str]) -> bool:
+    """Whether a command line turns activation checkpointing on: an option named `...checkpointing` given a true
+    value (`--gradient_checkpointing true`, `=true`) or alone (a flag), the last one said of each option counting,
+    as a parser takes it. (Options that merely hold `checkpoint`, such as `--save_checkpoint true`, are not it;
+    a script knob is judged by `checkpointing`, as the memory model judges it.)"""
+    said: dict[str, bool] = {}
+    for i, arg in enumerate(args):
+        option, equals, value = arg.partition("=")
+        if not option.startswith("--") or not option.endswith("checkpointing"):
+            continue
+        following = args[i + 1] if not equals and i + 1 < len(args) else None
+        if equals or (following is not None and not following.startswith("-")):
+            said[option] = checkpointing([(option, value if equals else following)])
+        else:
+            said[option] = True
+    return any(said.values())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -24,6 +24,7 @@ from ..tune.layout import arg_value
 from ..tune.space import SearchSpec
 from .analysis import spec_of, swept_specs
 from .snapshot import Snapshot, format_slots, load
+from .tflops import model_facts, per_sample, with_tflops
 
 # The flat columns every row has, around the parameters and metrics (see `SweepResults.columns`).
 LEADING = ("rank", "best", "name", "state")
@@ -192,7 +193,7 @@ def metric_names(primary: Metric, recorded: Sequence[Mapping[str, float]],
 def from_snapshot(snap: Snapshot) -> SweepResults:
     """The records of a snapshot (read with or without every experiment: their specs are read if missing), made
     in the sweep's order and ranked last (see `Snapshot.order`)."""
-    keys, values = _with_layout(snap, *_swept(snap))
+    keys, values, tflop = _tune_columns(snap, *_swept(snap))
     attempts, order = snap.attempts, snap.order
     typed = snap.by_type  # ranked per GPU type, each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
@@ -208,6 +209,8 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
         metrics = a.metrics  # its own dict, as decoded: shared with the attempt, which the snapshot holds read-only
         if a.metric is not None and primary not in metrics:  # the ranking value is a metric of the record even
             metrics = {**metrics, primary: a.metric}  # where `metrics` lacks it
+        if tflop:
+            metrics = with_tflops(metrics, tflop.get(a.name))
         # Filled as its generated __init__ would (every field, in order): a frozen dataclass's __init__ sets its
         # 16 fields one object.__setattr__ at a time, 10,000 times for a report of 10,000.
         record = new(ExperimentRecord)
@@ -268,40 +271,68 @@ DP_KEY = "dp"  # a tune's data-parallel size (world / TP): a column of its own b
 
 def layout_values(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
     """A tune that searches a layout (tune/layout.py): the keys of its layout, and each experiment's values of
-    them: its TP size (even where one size is fixed), its data-parallel size (world / TP), each script knob's
-    value as the script was handed it. ([], {}) for any other sweep."""
+    them (`layout_rows`). ([], {}) for any other sweep."""
     spec = SearchSpec.from_json(snap.meta.search) if snap.meta.search is not None else None
     if spec is None or not (spec.tp or spec.script_knobs):
         return [], {}
-    by_name: dict[str, JSONObject] = {}
     with Ledger.open(snap.directory) as ledger:
-        for found in ledger.specs():
-            config, args = found.get("ds_config") or {}, found.get("args") or []
-            section = config.get("tensor_parallel") if isinstance(config, dict) else None
-            size = section.get("autotp_size") if isinstance(section, dict) else None
-            row: JSONObject = {}
-            if spec.tp and isinstance(size, int):
-                row = {TP_KEY: size, DP_KEY: max(1, spec.world // size)}
-            row |= {option: arg_value(args, option) for option in spec.script_knobs}
-            by_name[str(found.get("name"))] = row
+        return layout_rows(spec, ledger.specs())
+
+
+def layout_rows(spec: SearchSpec | None, specs: Iterable[Mapping[str, JSON]]
+                ) -> tuple[list[str], dict[str, JSONObject]]:
+    """The keys of a tune's layout and each experiment's values of them, from the experiments' recorded specs: its
+    TP size (even where one size is fixed), its data-parallel size (world / TP), each script knob's value as the
+    script was handed it. ([], {}) for a sweep that is no such tune (`spec` None, or no layout). The report and
+    the dashboard both show these."""
+    if spec is None or not (spec.tp or spec.script_knobs):
+        return [], {}
+    by_name: dict[str, JSONObject] = {}
+    for found in specs:
+        config, args = found.get("ds_config") or {}, found.get("args") or []
+        section = config.get("tensor_parallel") if isinstance(config, dict) else None
+        size = section.get("autotp_size") if isinstance(section, dict) else None
+        row: JSONObject = {}
+        if spec.tp and isinstance(size, int):
+            row = {TP_KEY: size, DP_KEY: max(1, spec.world // size)}
+        row |= {option: arg_value(args, option) for option in spec.script_knobs}
+        by_name[str(found.get("name"))] = row
     return [*((TP_KEY, DP_KEY) if spec.tp else ()), *spec.script_knobs], by_name
 
 
-def _with_layout(snap: Snapshot, keys: list[str], values: list[JSONObject]) -> tuple[list[str], list[JSONObject]]:
-    """The swept keys and values, with a tune's layout (`layout_values`) beside them: the data-parallel size
-    next to the TP size."""
-    layout, by_name = layout_values(snap)
+def with_layout(keys: list[str], values: list[JSONObject], names: Iterable[str], layout: Sequence[str],
+                by_name: Mapping[str, JSONObject]) -> tuple[list[str], list[JSONObject]]:
+    """The swept keys and each experiment's values (`names`, in the same order), with a tune's layout (`layout`,
+    `by_name`: `layout_rows`) beside them: the data-parallel size next to the TP size."""
     added = [k for k in layout if k not in keys]
     if not added:
         return keys, values
     rows = []
-    for attempt, row in zip(snap.attempts, values, strict=True):
-        extra = by_name.get(attempt.name, {})
+    for name, row in zip(names, values, strict=True):
+        extra = by_name.get(name, {})
         rows.append({**row, **{k: extra[k] for k in added if extra.get(k) is not None}})
     ordered = [*keys, *(k for k in added if k != DP_KEY)]
     if DP_KEY in added:  # beside the TP size
         ordered.insert(ordered.index(TP_KEY) + 1, DP_KEY)
     return ordered, rows
+
+
+def _tune_columns(snap: Snapshot, keys: list[str], values: list[JSONObject]
+                  ) -> tuple[list[str], list[JSONObject], dict[str, float]]:
+    """The swept keys and values with a tune's layout beside them (`with_layout`), and the TFLOP a sample costs
+    each GPU of each experiment where the model's facts tell it (views/tflops.py); the ledger's specs read once
+    for both, and only for a tune that has either."""
+    spec = SearchSpec.from_json(snap.meta.search) if snap.meta.search is not None else None
+    if spec is None:
+        return keys, values, {}
+    facts = model_facts(spec, {a.name: a for a in snap.attempts}.get)
+    if facts is None and not (spec.tp or spec.script_knobs):
+        return keys, values, {}
+    with Ledger.open(snap.directory) as ledger:
+        specs = ledger.specs()
+    layout, by_name = layout_rows(spec, specs)
+    keys, values = with_layout(keys, values, (a.name for a in snap.attempts), layout, by_name)
+    return keys, values, per_sample(spec, facts, specs) if facts is not None else {}
 
 
 def load_results(directory: str | Path) -> SweepResults:
