@@ -257,7 +257,9 @@ class SweepFeed:
             self._tflop = per_sample(search, facts, self.specs.values()) if search and facts else {}
             if facts != self._facts:
                 self._facts, self.layout_seq = facts, top  # every row's figure with them
-        names = metric_names(metric_named(self.meta.metric), [self._metrics(a) for a in self.attempts.values()])
+        attempts = self.attempts.values()  # a call a row only where there is a figure to add (10,000 rows a read)
+        names = metric_names(metric_named(self.meta.metric),
+                             [self._metrics(a) for a in attempts] if self._tflop else [a.metrics for a in attempts])
         if added:
             keys, table = swept_specs(list(self.specs.values()))
             layout, by_name = layout_rows(search, self.specs.values())
