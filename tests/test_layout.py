@@ -4,18 +4,23 @@ command line on the stand-in launcher with a fake GPU (oom_standin.sh: AutoTP sh
 10% per doubling, gradient checkpointing keeps a quarter of the activations and slows a step to 0.75, DeepSpeed's
 throughput written as it counts it under TP). Bad layouts are refused in one located line, exit 2, nothing run."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import autotuner
 from autotuner.dashboard.feed import SweepFeed
+from autotuner.ledger.store import Ledger
+from autotuner.states import State
 from autotuner.tune.flops import flops_per_sample
 from autotuner.tune.layout import activation_share, checkpointed
 from autotuner.tune.memory_model import Training, model_states
+from autotuner.tune.space import SearchSpec
 
 from cli_rig import autotune, env, wait_until
 from dashboard_rig import chromium_driver, start_dashboard
+from helpers import SWEEP_META, experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -403,3 +408,39 @@ def test_the_dashboards_page_shows_each_candidates_layout_and_tflops(layouts_tun
         assert row["param:--gradient_checkpointing"] == e["parameters"]["--gradient_checkpointing"]
         assert float(row["metric:tflops_per_gpu"].replace(",", "")) == pytest.approx(
             e["metrics"]["tflops_per_gpu"], abs=0.06)
+
+
+def test_a_live_tunes_page_gets_the_layout_of_each_new_candidate_and_tflops_once_the_profile_run_counted(tmp_path):
+    """The feed as a tune fills the ledger: candidates proposed after the page's first read carry their layout, and
+    when the profile run's count arrives every row already sent is sent again with its TFLOPs."""
+    spec = SearchSpec(prefix="t", template={"script": "/x/train.py", "args": [], "num_gpus": 4, "num_nodes": 1},
+                      base={}, stages=(3,), metric="throughput", gpu_memory=80 * 10**9, tp=(1, 2),
+                      shape={"num_layers": LAYERS, "hidden_size": HIDDEN, "seq_length": SEQ})
+    ledger = Ledger.create(tmp_path, replace(SWEEP_META, search=spec.to_json()))
+
+    def ran(name, tp, metrics, at):
+        ledger.add_experiments([experiment(name, num_gpus=4, script="/x/train.py", ds_config={
+            "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
+            "tensor_parallel": {"autotp_size": tp}})], at=at)
+        ledger.start(name, 1, slots={"localhost": [0]}, tag=f"sid.{name}.1", dir=str(tmp_path / name), at=at)
+        if metrics is not None:
+            ledger.finish(name, 1, State.SUCCEEDED, at + 1, exit_code=0, metric=metrics.get("throughput"),
+                          metrics=metrics)
+
+    ran("t_profile", 1, None, 1.0)  # running: no count yet
+    ran("t_tp1_z3_mbs2", 1, {"throughput": 100.0}, 3.0)
+    feed = SweepFeed(tmp_path)
+    assert feed.refresh()
+    first = feed.changes(-1)
+    assert "param:dp" in first.columns and "metric:tflops_per_gpu" not in first.columns
+    ledger.finish("t_profile", 1, State.SUCCEEDED, 4.0, exit_code=0, metrics={"num_params": 2e9})
+    ran("t_tp2_z3_mbs2", 2, {"throughput": 80.0}, 5.0)
+    ledger.close()
+    assert feed.refresh()
+    later = feed.changes(first.seq)
+    assert later.full  # the facts arrived: every row again, not only the new one
+    rows = {r[0]: dict(zip(later.columns, r, strict=True)) for r in later.rows}
+    assert (rows["t_tp2_z3_mbs2"]["param:tensor_parallel.autotp_size"], rows["t_tp2_z3_mbs2"]["param:dp"]) == (2, 2)
+    for name, samples in (("t_tp1_z3_mbs2", 100.0), ("t_tp2_z3_mbs2", 80.0)):
+        assert rows[name]["metric:tflops_per_gpu"] == pytest.approx(samples * operations(2e9, False) / 4 / 1e12)
+    assert rows["t_profile"]["metric:tflops_per_gpu"] is None
