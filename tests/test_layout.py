@@ -418,8 +418,8 @@ def test_a_live_tunes_page_gets_the_layout_of_each_new_candidate_and_tflops_once
                       shape={"num_layers": LAYERS, "hidden_size": HIDDEN, "seq_length": SEQ})
     ledger = Ledger.create(tmp_path, replace(SWEEP_META, search=spec.to_json()))
 
-    def ran(name, tp, metrics, at):
-        ledger.add_experiments([experiment(name, num_gpus=4, script="/x/train.py", ds_config={
+    def ran(name, tp, metrics, at, gpus=4):
+        ledger.add_experiments([experiment(name, num_gpus=gpus, script="/x/train.py", ds_config={
             "train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
             "tensor_parallel": {"autotp_size": tp}})], at=at)
         ledger.start(name, 1, slots={"localhost": [0]}, tag=f"sid.{name}.1", dir=str(tmp_path / name), at=at)
@@ -435,12 +435,15 @@ def test_a_live_tunes_page_gets_the_layout_of_each_new_candidate_and_tflops_once
     assert "param:dp" in first.columns and "metric:tflops_per_gpu" not in first.columns
     ledger.finish("t_profile", 1, State.SUCCEEDED, 4.0, exit_code=0, metrics={"num_params": 2e9})
     ran("t_tp2_z3_mbs2", 2, {"throughput": 80.0}, 5.0)
+    ran("t_g2_tp2_z3_mbs2", 2, {"throughput": 50.0}, 7.0, gpus=2)  # a world size of its own (tune --num_gpus 2,4)
     ledger.close()
     assert feed.refresh()
     later = feed.changes(first.seq)
     assert later.full  # the facts arrived: every row again, not only the new one
     rows = {r[0]: dict(zip(later.columns, r, strict=True)) for r in later.rows}
     assert (rows["t_tp2_z3_mbs2"]["param:tensor_parallel.autotp_size"], rows["t_tp2_z3_mbs2"]["param:dp"]) == (2, 2)
-    for name, samples in (("t_tp1_z3_mbs2", 100.0), ("t_tp2_z3_mbs2", 80.0)):
-        assert rows[name]["metric:tflops_per_gpu"] == pytest.approx(samples * operations(2e9, False) / 4 / 1e12)
+    assert (rows["t_g2_tp2_z3_mbs2"]["param:tensor_parallel.autotp_size"], rows["t_g2_tp2_z3_mbs2"]["param:dp"]) \
+        == (2, 1)  # the experiment's own GPUs over TP
+    for name, samples, gpus in (("t_tp1_z3_mbs2", 100.0, 4), ("t_tp2_z3_mbs2", 80.0, 4), ("t_g2_tp2_z3_mbs2", 50.0, 2)):
+        assert rows[name]["metric:tflops_per_gpu"] == pytest.approx(samples * operations(2e9, False) / gpus / 1e12)
     assert rows["t_profile"]["metric:tflops_per_gpu"] is None

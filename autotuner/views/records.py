@@ -282,7 +282,7 @@ def layout_values(snap: Snapshot) -> tuple[list[str], dict[str, JSONObject]]:
 def layout_rows(spec: SearchSpec | None, specs: Iterable[Mapping[str, JSON]]
                 ) -> tuple[list[str], dict[str, JSONObject]]:
     """The keys of a tune's layout and each experiment's values of them, from the experiments' recorded specs: its
-    TP size (even where one size is fixed), its data-parallel size (world / TP), each script knob's value as the
+    TP size (even where one size is fixed), its data-parallel size (its GPUs / TP), each script knob's value as the
     script was handed it. ([], {}) for a sweep that is no such tune (`spec` None, or no layout). The report and
     the dashboard both show these."""
     if spec is None or not (spec.tp or spec.script_knobs):
@@ -293,8 +293,10 @@ def layout_rows(spec: SearchSpec | None, specs: Iterable[Mapping[str, JSON]]
         section = config.get("tensor_parallel") if isinstance(config, dict) else None
         size = section.get("autotp_size") if isinstance(section, dict) else None
         row: JSONObject = {}
-        if spec.tp and isinstance(size, int):
-            row = {TP_KEY: size, DP_KEY: max(1, spec.world // size)}
+        if spec.tp and isinstance(size, int):  # the experiment's own GPUs: a tune may search world sizes
+            gpus, nodes = found.get("num_gpus"), found.get("num_nodes")
+            world = gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int) else spec.world
+            row = {TP_KEY: size, DP_KEY: max(1, world // size)}
         row |= {option: arg_value(args, option) for option in spec.script_knobs}
         by_name[str(found.get("name"))] = row
     return [*((TP_KEY, DP_KEY) if spec.tp else ()), *spec.script_knobs], by_name
