@@ -10,14 +10,18 @@
            open (a client polling as the page does, in a process of its own) against without, interleaved:
            makespan / ideal both ways, and the dashboard's own CPU time
   browser  (--browser) the page in headless Chromium at 1400 px, its main thread's long tasks as the browser's own
-           PerformanceObserver('longtask') reports them (every task over 50 ms): plotly.js's own evaluation (the
+           PerformanceObserver('longtask') reports them (every task over 50 ms): the sweep's first view (its
+           table; view_plotly 1 if plotly.js was loaded for it), plotly.js's own evaluation (the
            task in which it defines window.Plotly), the plots tab's first drawing, redraws (the system's colour
            scheme switched, which redraws every plot), and 10 s of a live sweep (one experiment started and ended
            every 0.5 s, written to the ledger as a runner does): the longest task and the share of the time in
            long tasks. Each long task is also found in Chromium's own trace (its `toplevel` RunTask events, the
            same task by start and length), for its CPU time on the main thread (`tdur`): on a loaded machine a
-           task's wall time is several times its CPU time. Each --code (a checkout: its autotuner serves the page)
-           in turn, round after round, each on a fresh copy of the sweep and a fresh browser profile (nothing cached)
+           task's wall time is several times its CPU time (where that match fails on a loaded machine, cpu_1st
+           and cpu_2nd: the CPU of the round's two costliest main-thread tasks, read from the whole trace once the
+           round is over; plotly.js's evaluation is the first). Each --code (a checkout:
+           its autotuner serves the page) in turn, round after round, each on a fresh copy of the sweep and a
+           fresh browser profile (nothing cached)
 
   python benchmarks/dashboard.py --experiments 10000 --rounds 5 --beside-rounds 3
   python benchmarks/dashboard.py --browser --rounds 3 --code OLD_CHECKOUT --code .
@@ -212,12 +216,18 @@ class Traced:
         self.offset: float | None = None  # trace ms - page ms, once found
 
     def read(self, driver: Any) -> None:
+        """The trace since the last read taken in (Chromium hands it over late, in chunks)."""
         events = [json.loads(e["message"])["message"] for e in driver.get_log("performance")]
         traced = [e["params"] for e in events if e["method"] == "Tracing.dataCollected"]
         self.threads.update({(t["pid"], t["tid"]): t["args"]["name"] for t in traced if t.get("name") == "thread_name"})
-        self.runs += [(t["ts"] / 1000, t["dur"] / 1000, t.get("tdur", 0) / 1000) for t in traced
-                      if t.get("name", "").endswith("RunTask") and t.get("dur", 0) > 40_000
-                      and self.threads.get((t["pid"], t["tid"])) == "CrRendererMain"]
+        new = [(t["ts"] / 1000, t["dur"] / 1000, t.get("tdur", 0) / 1000) for t in traced
+               if t.get("name", "").endswith("RunTask") and t.get("dur", 0) > 40_000
+               and self.threads.get((t["pid"], t["tid"])) == "CrRendererMain"]
+        self.runs += new
+
+    def top(self, n: int) -> list[float]:
+        """The most CPU ms the n costliest main-thread tasks took, whatever their wall time: no matching."""
+        return sorted((cpu for _, _, cpu in self.runs), reverse=True)[:n] + [float("nan")] * n
 
     def cpu(self, tasks: list[tuple[float, float]]) -> list[Task]:
         """The long tasks with their CPU time: each matched to the traced task of the same length whose start is
@@ -294,7 +304,15 @@ def browser_round(template: Path, code: Path, workdir: Path) -> dict[str, float]
         _wait(driver, "return document.querySelectorAll('#sweeps a').length > 0")
         sid = driver.execute_script("return document.querySelector('#sweeps a').getAttribute('href')")
         since = driver.execute_script("return performance.now()")
-        driver.get(served.url.split("?")[0] + sid + "/plots")
+        # The sweep's first view, its table (no plotly.js loaded for it), in the same document: one time origin.
+        driver.execute_script("location.hash = arguments[0]", sid)
+        _wait(driver, "return document.querySelectorAll('#experiments tbody tr').length > 0")
+        time.sleep(3)
+        trace.read(driver)
+        out["view_max"], out["view_cpu"] = _longest(trace.cpu(_tasks(driver, since)[0]))
+        out["view_plotly"] = float(driver.execute_script("return window.Plotly ? 1 : 0"))
+        since = driver.execute_script("return performance.now()")
+        driver.execute_script("location.hash = arguments[0]", sid + "/plots")
         _wait(driver, "return document.querySelectorAll('.plot .main-svg').length >= 4")
         time.sleep(3)  # what the drawing leaves to later tasks
         page, plotly_at = _tasks(driver, since)
@@ -331,6 +349,9 @@ def browser_round(template: Path, code: Path, workdir: Path) -> dict[str, float]
         trace.read(driver)
         out["live_max"], out["live_cpu"] = _longest(trace.cpu(live))
         out["live_share"] = sum(d for _, d in live) / window
+        time.sleep(5)  # the trace's last chunks
+        trace.read(driver)
+        out["cpu_1st"], out["cpu_2nd"] = trace.top(2)[:2]
     finally:
         driver.quit()
         served.close()
@@ -351,9 +372,16 @@ def browser(n: int, rounds: int, codes: list[Path], workdir: Path) -> None:
             print(f"round {i + 1} {code}: " + "  ".join(f"{k}={v:.0f}" if k != "live_share" else f"{k}={v:.2f}"
                                                         for k, v in r.items())
                   + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
-    for code, rs in results.items():
-        print(f"{code}, median of {len(rs)}: " + "  ".join(
-            f"{k}={statistics.median(r[k] for r in rs):.{2 if k == 'live_share' else 0}f}" for k in rs[0]))
+    for code, rs in results.items():  # nan: not found in that round (a CPU figure the trace missed)
+        print(f"{code}, median of {len(rs)} (of the rounds that found it, how many in brackets): " + "  ".join(
+            f"{k}={_median([r[k] for r in rs]):.{2 if k == 'live_share' else 0}f}"
+            f"({sum(r[k] == r[k] for r in rs)})" for k in rs[0]))
+
+
+def _median(values: list[float]) -> float:
+    """The median of the values found (nan: none was)."""
+    found = [v for v in values if v == v]
+    return statistics.median(found) if found else float("nan")
 
 
 def main() -> None:

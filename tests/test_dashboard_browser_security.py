@@ -64,7 +64,14 @@ def test_the_page_draws_under_its_csp_and_markup_slipped_in_runs_nothing(sweep, 
     # no script, neither inline nor from an attribute, and loads nothing from elsewhere.
     policy = browser.execute_async_script(
         "const done = arguments[0]; fetch('/').then((r) => done(r.headers.get('content-security-policy')))")
-    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy
+    # No 'unsafe-eval' (the parallel coordinates are SVG, and nothing else evaluates strings): the plots above drew
+    # under it, and a string the page's timers would evaluate is refused and reported.
+    assert "unsafe-eval" not in policy
+    browser.execute_script("setTimeout('window.ran = 3', 0)")
+    wait_until(lambda: browser.execute_script("return window.violations"), message="the string timer refused")
+    assert [v[:2] for v in browser.execute_script("return window.violations.splice(0)")] == [["script-src", "eval"]]
+    assert browser.execute_script("return window.ran") is None
     browser.execute_script(
         "document.body.insertAdjacentHTML('beforeend', '<img id=\"bad\" src=\"data:,\" onerror=\"window.ran = 1\">"
         "<img src=\"http://127.0.0.2:9/x.png\">'); const s = document.createElement('script');"

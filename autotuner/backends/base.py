@@ -4,7 +4,8 @@ The runner builds the backend the sweep's record names (`registry.backend_for`) 
 the placement and the views; it never asks which kind it holds. A backend owns what differs between clusters:
 
 - `reach`: before the sweep's lock, the cluster reached and whatever can refuse the sweep checked, nothing written
-  (a refused command leaves the sweep byte for byte as it was);
+  (a refused command leaves the sweep byte for byte as it was); `to_run=False`: only what `end` needs (`cancel`
+  with no runner alive reaches it before it writes its request);
 - `attach` and `read_memory`: the cluster checked against the sweep's record; free-memory readers opened;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
 - `measure` and `observers`: the GPUs' free memory for the memory placement, and who must hear the notes;
@@ -37,9 +38,10 @@ class Backend(Protocol):
     measure: FreeMemory | None  # host -> slot id -> free bytes now, for the memory placement (None: not read)
     observers: list[Observer]  # told the scheduler's notes before the user's observers
 
-    def reach(self) -> None:
+    def reach(self, *, to_run: bool = True) -> None:
         """Before the sweep's lock is taken: the cluster reached and checked as far as can be without writing
-        anything (a UserError when the sweep cannot run there, the sweep left as it was)."""
+        anything (a UserError when the sweep cannot run there, the sweep left as it was). `to_run=False`: reached
+        only as far as `end` needs it (a cancel with no runner alive), not checked to run the sweep."""
         ...
 
     def attach(self) -> None:

@@ -69,13 +69,12 @@ def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Calla
 
 
 def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SSHPool | None:
-    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None;
-    the settings used are recorded (`ssh`: None, as the sweep last ran)."""
+    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None
+    (`ssh`: None, as the sweep last ran). Nothing is written: `HostsBackend.attach` records the settings."""
     meta = ledger.meta()
     if not even_local and all(is_local(h) for h in meta.slots):
         return None
     ssh = ssh or Ssh(**dict(meta.ssh or {}))
-    ledger.set_meta("ssh", ssh.to_json())
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
@@ -94,12 +93,34 @@ class HostsBackend:
         self._peaks: PeakMemory | None = None
         self._watcher: PollingWatcher | None = None
         self._remote: SshExecutor | None = None
+        self._silent: dict[str, str] | None = None  # the hosts that did not answer `reach` (host -> why)
 
-    def reach(self) -> None:
-        """Nothing to reach before the lock: the hosts are probed at `ready`."""
+    def reach(self, *, to_run: bool = True) -> None:
+        """Before the lock, with hosts other than this machine: the sweep's hostfile there (their launcher reads
+        it) and the hosts probed over SSH, none answering a UserError (those that do not are left out at
+        `ready`). Nothing to reach for `end`: a host that does not answer is left alone there."""
+        if not to_run or self.pool is None or self._silent is not None:
+            return
+        hostfile = self.directory / HOSTFILE
+        if not hostfile.is_file():
+            raise UserError(("not a file" if hostfile.exists() else "missing") + ": it lists the sweep's hosts for "
+                            "DeepSpeed's launcher (`autotune run` wrote it); put it back, or start the sweep again",
+                            hostfile)
+        hosts = list(self.ledger.meta().slots)
+        self._silent = unanswering(self.pool, [h for h in hosts if not is_local(h)])
+        if len(self._silent) == len(hosts):
+            raise UserError("no host of the sweep answers (" + "; ".join(list(self._silent.values())[:3]) +
+                            "; see `autotune hosts`)", hostfile)
 
     def attach(self) -> None:
-        """Nothing to check: the hosts are the sweep's hostfile's (the pool, when needed, is open already)."""
+        """Holding the lock: the SSH settings this run reaches the hosts with recorded, so that `resume` and
+        `cancel` reach them the same way."""
+        if self.pool is None:
+            return
+        meta = self.ledger.meta()
+        settings = (self.ssh or Ssh(**dict(meta.ssh or {}))).to_json()
+        if meta.ssh != settings:
+            self.ledger.set_meta("ssh", settings)
 
     def read_memory(self, placement: str, devices: Devices) -> None:
         """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
@@ -191,7 +212,9 @@ class HostsBackend:
         the first reading of every host's GPUs, and the readings kept fresh."""
         hosts = list(slots.hosts)
         if self.pool is not None and self._watcher is not None:
-            for host, trouble in unanswering(self.pool, [h for h in hosts if not is_local(h)]).items():
+            silent = self._silent if self._silent is not None else unanswering(
+                self.pool, [h for h in hosts if not is_local(h)])
+            for host, trouble in silent.items():
                 self.log(f"{trouble}: left out until it answers")
                 slots.mark_down(host)
                 self._watcher.watch(host)

@@ -22,10 +22,10 @@ from .listen import Listening, split_authority
 log = logging.getLogger("autotuner.dashboard")
 
 # Scripts run only from the server's own files: markup that slipped into the page (an escaping bug) runs nothing,
-# neither <script> nor on...= attributes. plotly.js needs two allowances: its WebGL plots (parallel coordinates)
-# compile their shader code with Function (regl), hence 'unsafe-eval' (it evaluates code it generates, never a
-# sweep's values); it draws with inline styles (style attributes, a <style> it adds), hence styles inline.
-CSP = ("default-src 'none'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+# neither <script> nor on...= attributes, and no string is evaluated as code (no 'unsafe-eval': every plot is SVG,
+# none of plotly's WebGL traces, which compile shaders with Function, is drawn). plotly.js draws with inline
+# styles (style attributes, a <style> it adds), hence styles inline.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
        "img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; "
        "frame-ancestors 'none'")
 HEADERS = [

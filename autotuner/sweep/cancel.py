@@ -25,6 +25,7 @@ from ..states import Reason, State
 from .holding import holding
 
 if TYPE_CHECKING:
+    from ..backends.base import Backend
     from ..ledger.store import Ledger
 
 
@@ -63,28 +64,51 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             raise UserError(f"no experiment named {listed}{more} in this sweep", directory)
         ledger.check_whole()  # before the request is written (and the lock taken, when no runner is alive)
-        ledger.request("cancel", names, time.time())
-        requested = tuple(names)
-        pid = holder_pid(directory)
-        if pid is not None:
-            os.kill(pid, signal.SIGUSR1)
-            return Cancellation(directory, requested, True, pid)
+        backend = _reached(directory, ledger) if holder_pid(directory) is None else None
+        handed = False  # to _cancel_here, which closes it
         try:
-            with holding(directory):
-                return Cancellation(directory, requested, False, None, tuple(_cancel_here(directory, ledger, names,
-                                                                                          known)))
-        except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
-            if e.pid is not None:
-                os.kill(e.pid, signal.SIGUSR1)
-            return Cancellation(directory, requested, True, e.pid)
+            ledger.request("cancel", names, time.time())
+            requested = tuple(names)
+            pid = holder_pid(directory)
+            if pid is not None:
+                os.kill(pid, signal.SIGUSR1)
+                return Cancellation(directory, requested, True, pid)
+            try:
+                with holding(directory):
+                    handed = True
+                    return Cancellation(directory, requested, False, None, tuple(_cancel_here(
+                        directory, ledger, names, known, backend)))
+            except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
+                if e.pid is not None:
+                    os.kill(e.pid, signal.SIGUSR1)
+                return Cancellation(directory, requested, True, e.pid)
+        finally:
+            if backend is not None and not handed:
+                backend.close()
 
 
-def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
-    """No runner: apply the request here, after the sweep's backend cleared up what a dead one left; returns
-    those cancelled."""
+def _reached(directory: Path, ledger: Ledger) -> Backend:
+    """No runner is alive: this process will end what a dead one left running, through the sweep's backend. Its
+    cluster is reached now, before the request and the lock are written, so that one which cannot be reached
+    refuses the cancel with the sweep left byte for byte as it was (reached only when something is left
+    running: the rest is the ledger's alone)."""
+    backend = backend_for(directory, ledger)
+    try:
+        if ledger.in_state(State.RUNNING):
+            backend.reach(to_run=False)
+    except BaseException:
+        backend.close()
+        raise
+    return backend
+
+
+def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: set[str],
+                 backend: Backend | None) -> list[str]:
+    """No runner: apply the request here, after the sweep's backend (`backend`, reached before the lock; None:
+    a runner alive then has died since) cleared up what a dead one left; returns those cancelled."""
     ledger.upgrade()  # the writer now, holding the lock: the stops it records need schema 6
-    with contextlib.closing(backend_for(directory, ledger)) as backend:
-        recover(ledger, time.time(), backend.end)
+    with contextlib.closing(backend or _reached(directory, ledger)) as ending:
+        recover(ledger, time.time(), ending.end)
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
     asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
     chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)

@@ -67,11 +67,15 @@ class RayBackend:
             self._leases = Leases(self.ray(), self.ledger.meta().sweep_id)
         return self._leases
 
-    def reach(self) -> None:
+    def reach(self, *, to_run: bool = True) -> None:
         """Before the sweep's lock is taken: the cluster reached, read and checked to share the results directory
         (a UserError, with nothing of the sweep written, when the sweep cannot run there). A node that dies or is
-        dying meanwhile is a lost host (left out at `ready`), never a failure of the check."""
-        nodes = read_nodes(self.ray().nodes())
+        dying meanwhile is a lost host (left out at `ready`), never a failure of the check. `to_run=False`: only
+        connected (`end` asks Ray what a dead runner left; a cluster with no GPU left can still have it)."""
+        ray = self.ray()
+        if not to_run:
+            return
+        nodes = read_nodes(ray.nodes())
         if not cluster_of(nodes).slots:
             raise UserError(f"the Ray cluster at {self.address} has no live node with a GPU", self.directory)
         unseen, lost = sharing(self.ray(), [n for n in nodes if n.gpus > 0], self.directory)

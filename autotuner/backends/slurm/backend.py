@@ -28,10 +28,9 @@ from .shared import unshared_nodes
 from .watch import allocation_watcher
 
 
-def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | None) -> None:
-    """A sweep started in Slurm runs in an allocation: this one. A new allocation (resume after the last one
-    ended) replaces the nodes the sweep may use; what ran on the old ones ended with it."""
-    meta = ledger.meta()
+def check_allocation(directory: Path, allocation: Allocation | None) -> None:
+    """A sweep started in Slurm runs in an allocation whose nodes see its results directory: this one (a
+    UserError, with nothing written, otherwise)."""
     if allocation is None:
         raise UserError("this sweep runs inside Slurm: resume it with --slurm, inside an allocation or with "
                         "--nodes and --gpus-per-node for a new one", directory)
@@ -40,6 +39,12 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | Non
         raise UserError(f"node(s) {', '.join(unseen)} of Slurm job {allocation.job} do not see this results "
                         "directory (the first node of each experiment writes its metrics there): put it on a "
                         "filesystem the nodes share, such as home or project space", directory)
+
+
+def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation) -> None:
+    """The allocation `check_allocation` passed, recorded: a new one (resume after the last one ended) replaces
+    the nodes the sweep may use; what ran on the old ones ended with it."""
+    meta = ledger.meta()
     cluster = cluster_of(allocation)
     if meta.slurm == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
         return
@@ -62,12 +67,19 @@ class SlurmBackend:
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
         self._watcher: PollingWatcher | None = None
+        self._reached = False
 
-    def reach(self) -> None:
-        """Nothing to reach before the lock: the allocation is checked (and recorded) at `attach`."""
+    def reach(self, *, to_run: bool = True) -> None:
+        """Before the lock: the allocation checked (one there, its nodes seeing the results directory); nothing
+        to reach for `end` (a Slurm that cannot be asked is logged there)."""
+        if to_run and not self._reached:
+            check_allocation(self.directory, self.allocation)
+            self._reached = True
 
     def attach(self) -> None:
-        """The allocation checked against the sweep and recorded (a UserError when there is none)."""
+        """The allocation `reach` checked recorded."""
+        self.reach()
+        assert self.allocation is not None, "reach checked it"
         use_allocation(self.directory, self.ledger, self.allocation)
 
     def read_memory(self, placement: str, devices: Devices) -> None:

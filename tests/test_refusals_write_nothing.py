@@ -1,0 +1,130 @@
+"""A refused `cancel`, `resume`, `status` or `report` of a sweep leaves its results directory byte for byte as it
+was, whichever backend refuses: every file hashed before and after. The clusters here are stand-ins that refuse
+as real ones do (a Ray address nobody answers at, a Slurm sweep resumed with no allocation, SSH hosts that do
+not resolve, a hostfile removed), so each test is a second or two."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import autotuner
+from autotuner.backends.cluster import Cluster
+from autotuner.ledger.store import Ledger
+from autotuner.states import State
+
+from cli_rig import autotune, env, write_sweep
+
+WITHIN = 60  # hang guard only: each refusal here comes in seconds
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (runner.lock, the ledger's -wal/-shm included), by its relative path, hashed."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).digest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def quiet_env() -> dict[str, str]:
+    """No Ray cluster named in the environment; Ray kept on loopback."""
+    return {k: v for k, v in env().items() if k != "RAY_ADDRESS"} | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def refused(done: subprocess.CompletedProcess[str], *says: str) -> None:
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autotune: error: "), done.stderr
+    assert "Traceback" not in done.stderr and not done.stdout.strip(), done.stdout
+    for fragment in says:
+        assert fragment in lines[0], lines[0]
+
+
+def prepared(tmp_path: Path, cluster: Cluster, left_running: bool = True) -> Path:
+    """A sweep of two experiments on `cluster`, as a dead runner left it: the first one running (its attempt
+    started and recorded, its runner gone), and a runner.lock of that runner's."""
+    spec = write_sweep(tmp_path, range(2))
+    results = autotuner.prepare(autotuner.load_sweep([spec]), cluster, tmp_path / "r", launcher=["true"])
+    with Ledger.open(results) as ledger:
+        if left_running:
+            first = ledger.experiments()[0].name
+            ledger.start(first, 1, slots={next(iter(cluster.slots)): [0]}, tag="autotune-gone-0",
+                         dir=str(results / first / "attempt-1"), at=time.time())
+    (results / "runner.lock").write_text("999999999\n")  # the dead runner's: a refusal must not rewrite it
+    return results
+
+
+def cpu_slots() -> Cluster:
+    return autotuner.load_cluster(slots=2)
+
+
+def ssh_hosts() -> Cluster:
+    """Two hosts that never resolve (.invalid): lost, as far as SSH can tell."""
+    hosts = ("n1.invalid", "n2.invalid")
+    return Cluster({h: (0,) for h in hosts}, {h: 1 for h in hosts}, accelerator="cpu")
+
+
+def test_a_cancel_refused_by_an_unreachable_ray_cluster_writes_neither_its_request_nor_the_lock(tmp_path):
+    """With no runner alive, cancel ends what the dead one left running through Ray: a cluster that does not
+    answer refused it only after the request was in the ledger and runner.lock rewritten."""
+    results = prepared(tmp_path, cpu_slots())
+    with Ledger.open(results) as ledger:
+        ledger.set_meta("ray", {"address": "127.0.0.1:1", "nodes": {}})
+    before = tree(results)
+    for command in (["cancel", results, "s_x1"], ["resume", results]):
+        refused(autotune(*command, environ=quiet_env(), timeout=WITHIN), "no Ray cluster answers at 127.0.0.1:1")
+        assert tree(results) == before, command
+    for command in ("status", "report"):  # readers never reach the cluster
+        done = autotune(command, results, environ=quiet_env(), timeout=WITHIN)
+        assert done.returncode == 0, done.stderr
+        assert tree(results) == before, command
+    with Ledger.open(results) as ledger:
+        assert not ledger.take_requests()
+
+
+def test_a_cancel_with_nothing_left_running_needs_no_cluster(tmp_path):
+    """Only what a dead runner left running is ended through the cluster: with nothing running, a Ray sweep whose
+    cluster is gone is cancelled in its ledger."""
+    results = prepared(tmp_path, cpu_slots(), left_running=False)
+    with Ledger.open(results) as ledger:
+        ledger.set_meta("ray", {"address": "127.0.0.1:1", "nodes": {}})
+    done = autotune("cancel", results, environ=quiet_env(), timeout=WITHIN)
+    assert done.returncode == 0, done.stderr
+    with Ledger.open(results) as ledger:
+        assert {a.state for a in ledger.latest()} == {State.CANCELLED}
+
+
+def test_a_slurm_sweep_resumed_without_an_allocation_is_refused_before_the_lock(tmp_path):
+    """The allocation was checked at `attach`, holding the lock: runner.lock rewritten (and an older ledger
+    migrated) before the refusal."""
+    results = prepared(tmp_path, cpu_slots())
+    with Ledger.open(results) as ledger:
+        ledger.set_meta("slurm", {"job": "4242", "owned": False})
+    before = tree(results)
+    with pytest.raises(autotuner.UserError, match="this sweep runs inside Slurm: resume it with --slurm"):
+        autotuner.execute(results, autotuner.Options())
+    assert tree(results) == before
+
+
+def test_a_resume_whose_ssh_hosts_are_all_lost_is_refused_before_the_lock(tmp_path):
+    """No host answers: refused at `ready`, after the lock, the adoption of what was left running and the
+    requeue had all been written."""
+    results = prepared(tmp_path, ssh_hosts())
+    before = tree(results)
+    refused(autotune("resume", results, environ=quiet_env(), timeout=WITHIN), "hostfile",
+            "no host of the sweep answers")
+    assert tree(results) == before
+
+
+@pytest.mark.parametrize("gone", ["missing", "not a file"])
+def test_a_resume_whose_hostfile_is_gone_is_one_line_naming_it(tmp_path, gone):
+    """The sweep's other hosts run DeepSpeed's launcher from its hostfile: gone, the resume is refused at once,
+    naming it (it was read only once experiments were dispatched: a traceback, after the lock)."""
+    results = prepared(tmp_path, ssh_hosts())
+    (results / "hostfile").unlink()
+    if gone == "not a file":
+        (results / "hostfile").mkdir()
+    before = tree(results)
+    refused(autotune("resume", results, environ=quiet_env(), timeout=WITHIN), f"r/hostfile: {gone}: it lists")
+    assert tree(results) == before
