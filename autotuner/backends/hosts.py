@@ -13,7 +13,7 @@ from ..core.events import Post
 from ..core.placement import FreeMemory
 from ..core.slots import Demand, Devices, Only, Slots, devices_from_json
 from ..errors import UserError
-from ..gpu.nvml import FreeMemory as LocalFreeMemory
+from ..gpu.nvml import FreeMemoryReader
 from ..ledger.store import Attempt, Ledger
 from ..spec import Sweep
 from ..spec.hostfile import HOSTFILE, is_local
@@ -22,7 +22,7 @@ from .cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hos
 from .launch import Launcher
 from .local.cleanup import end_tagged
 from .local.executor import LocalExecutor
-from .local.gpus import free_memory_here, measured
+from .local.gpus import free_memory_here, peaks_watched
 from .local.peaks import PeakMemory
 from .routing import Router
 from .ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
@@ -88,7 +88,7 @@ class HostsBackend:
         self.pool = ssh_pool(ledger, ssh)
         self.measure: FreeMemory | None = None
         self.observers: list[Observer] = []
-        self._local_memory: LocalFreeMemory | None = None
+        self._local_memory: FreeMemoryReader | None = None
         self._remote_memory: RemoteMemory | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
@@ -134,7 +134,7 @@ class HostsBackend:
             remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
                                  ssh.remote_root, on_lost=self._watcher.watch, devices=devices)
             executor = Router(executor, remote)
-        self._executor, self._peaks = measured(executor, meta, devices)
+        self._executor, self._peaks = peaks_watched(executor, meta, devices)
         self._remote = remote
         return self._executor
 

@@ -13,13 +13,13 @@ from ...core.placement import FreeMemory
 from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
-from ...gpu.nvml import FreeMemory as LocalFreeMemory
+from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import Attempt, Ledger
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
-from ..local.gpus import free_memory_here, measured
+from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
 from ..watch import PollingWatcher
 from .allocation import Allocation, cancel_step, cluster_of
@@ -58,7 +58,7 @@ class SlurmBackend:
         self.directory, self.ledger, self.allocation, self.grace, self.log = directory, ledger, allocation, grace, log
         self.measure: FreeMemory | None = None
         self.observers: list[Observer] = []
-        self._local_memory: LocalFreeMemory | None = None
+        self._local_memory: FreeMemoryReader | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
         self._watcher: PollingWatcher | None = None
@@ -87,7 +87,7 @@ class SlurmBackend:
         steps = slurm_executor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
                                Launcher(meta.launcher), dict(meta.env), self.grace, allocation=self.allocation,
                                on_lost=self._watcher.watch)
-        self._executor, self._peaks = measured(steps, meta, devices)
+        self._executor, self._peaks = peaks_watched(steps, meta, devices)
         return self._executor
 
     def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
