@@ -6,6 +6,7 @@ the contracts catch what they are for."""
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -100,3 +101,36 @@ def test_one_name_is_one_thing():
     twice = {name: places for name, places in where.items() if len(places) > 1 and name not in SHARED_NAMES}
     assert not twice, twice
 
+
+
+def layout_modules() -> list[tuple[int, str]]:
+    """Each module docs/ARCHITECTURE.md's layout names, as a path under the repository, with its line: a name is
+    read in the package its line (or the entry it continues) sits in, by indentation."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines()
+    start = text.index("## Layout: packages named for their jobs")
+    block = text[start:]
+    first = block.index("```") + 1
+    block = block[first:first + block[first:].index("```")]
+    stack: list[tuple[int, str]] = []
+    named = []
+    for offset, line in enumerate(block):
+        indent = len(line) - len(line.lstrip(" "))
+        head = re.match(r"(\w+)/(\s|$)", line.lstrip(" "))
+        entry = head or re.match(r"\w+\.py\s", line.lstrip(" "))
+        if entry:
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            if head:
+                stack.append((indent, head.group(1)))
+        where = "/".join(name for _, name in stack)
+        for token in re.findall(r"(?<![\w./`])([\w/]+\.py)\b", line):
+            named.append((start + first + offset + 1, f"{where}/{token}" if "/" not in token else f"autotuner/{token}"))
+    return named
+
+
+def test_the_architecture_page_names_only_modules_that_exist():
+    # It listed spec/gpus.py, which never existed (the GPU readers are gpu/nvml.py and backends/local/gpus.py).
+    missing = [f"docs/ARCHITECTURE.md:{line}: {path}" for line, path in layout_modules()
+               if not (ROOT / path).is_file()]
+    assert layout_modules(), "no module read from the layout"
+    assert not missing, missing

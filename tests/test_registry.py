@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import autotuner
-from autotuner.backends.hosts import HostsBackend
+from autotuner.backends.hosts.hosts import HostsBackend
 from autotuner.backends.ray.backend import RayBackend
 from autotuner.backends.registry import backend_for, recorded_allocation
 from autotuner.backends.slurm.backend import SlurmBackend

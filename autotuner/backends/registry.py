@@ -9,7 +9,7 @@ from ..ledger.store import Ledger, SweepMeta
 from ..spec import Sweep
 from .base import Backend, HostsCheck
 from .cluster import Cluster
-from .hosts import HostsBackend, Ssh, hosts_cluster
+from .hosts.hosts import HostsBackend, Ssh, hosts_cluster
 from .ray.ask import nodes_check, ray_cluster, ray_nodes
 from .ray.backend import RayBackend
 from .slurm.allocation import Allocation

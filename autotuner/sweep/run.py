@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import limits
 from ..backends.base import Backend
-from ..backends.hosts import Ssh
+from ..backends.hosts.hosts import Ssh
 from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for

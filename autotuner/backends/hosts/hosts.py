@@ -8,27 +8,27 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import Executor, Observer, Placement, Queued, Reservation, SlotPool
-from ..core.events import Post
-from ..core.placement import FreeMemory
-from ..core.slots import Demand, Devices, Only, Slots, devices_from_json
-from ..errors import UserError
-from ..gpu.nvml import FreeMemoryReader
-from ..ledger.store import Attempt, Ledger
-from ..spec import Sweep
-from ..spec.hostfile import HOSTFILE, is_local
-from ..spec.metrics import metric_named
-from .cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
-from .launch import Launcher
-from .local.cleanup import end_tagged
-from .local.executor import LocalExecutor
-from .local.gpus import free_memory_here, peaks_watched
-from .local.peaks import PeakMemory
+from ...core import Executor, Observer, Placement, Queued, Reservation, SlotPool
+from ...core.events import Post
+from ...core.placement import FreeMemory
+from ...core.slots import Demand, Devices, Only, Slots, devices_from_json
+from ...errors import UserError
+from ...gpu.nvml import FreeMemoryReader
+from ...ledger.store import Attempt, Ledger
+from ...spec import Sweep
+from ...spec.hostfile import HOSTFILE, is_local
+from ...spec.metrics import metric_named
+from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
+from ..launch import Launcher
+from ..local.cleanup import end_tagged
+from ..local.executor import LocalExecutor
+from ..local.gpus import free_memory_here, peaks_watched
+from ..local.peaks import PeakMemory
+from ..ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
+from ..ssh.free_memory import RemoteMemory, nvidia_smi
+from ..ssh.probe import mig_hosts
+from ..watch import PollingWatcher
 from .routing import Router
-from .ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
-from .ssh.free_memory import RemoteMemory, nvidia_smi
-from .ssh.probe import mig_hosts
-from .watch import PollingWatcher
 
 
 @dataclass
