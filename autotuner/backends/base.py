@@ -14,21 +14,24 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 - `ready`: its hosts probed (down ones marked and watched), its readers started, before the first launch;
 - `close`: every resource it opened, in order, once.
 
-A new backend is a package under backends/ with a class that has these members, and one line in registry.py.
+A new backend is a package under backends/ with a class that has these members and `Kind`'s (its name, the
+options it takes and how it is picked, what it builds from them), and one line in registry.py's `BACKENDS`.
 `autotune hosts` asks the registry too (`registry.hosts_check`): each backend describes its hosts as a
 `HostsCheck`, which the views render whatever the kind of cluster.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 from ..core import Executor, Observer, Placement, Queued, SlotPool
 from ..core.events import Post
 from ..core.placement import FreeMemory
 from ..core.slots import Devices
-from ..ledger.store import Attempt
+from ..ledger.store import Attempt, Ledger, SweepMeta
+from .cluster import Cluster
 
 
 class Backend(Protocol):
@@ -92,3 +95,49 @@ class HostsCheck:
     state: str  # the column that says whether the host can run
     json: HostsJSON
     ok: bool
+
+
+# The options a caller gave, by name, each backend reading its own: `cluster_for`'s and `hosts_check`'s keywords,
+# the runner's Options. A name not given, or given as None (False for a switch), is absent.
+Given = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """One option a backend takes, as it declares it: the keyword it is given by (the API's, the Options'), what
+    it holds, and how it picks the backend (a flag given, a record in the sweep's ledger, the environment)."""
+
+    name: str
+    type: str  # what it holds, as a reader of the docs writes it
+    help: str
+    picks: str  # how its backend is picked: "flag", "record", "environment" (several: joined by ", ")
+
+
+class Kind(Protocol):
+    """A backend's class as the registry sees it: which options name it, and what it builds from them. Each is
+    asked in registry order (`BACKENDS`); the first that is `named` is the one, the last (the hosts backend) is
+    named by anything. Its methods read only their own options of `given` and do no I/O but what they build."""
+
+    kind: ClassVar[str]  # the kind's name, as its record and messages say it
+    options: ClassVar[tuple[BackendOption, ...]]
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        """Whether the options given (or, with `record`, the sweep's record) name this kind of cluster."""
+        ...
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> Backend:
+        """The backend of the sweep at `directory` (nothing reached or checked yet: `reach`, `attach`)."""
+        ...
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        """The nodes a new sweep runs on (`cluster_for`): what this kind of cluster holds now."""
+        ...
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        """`autotune hosts`: the hosts of this kind of cluster, described."""
+        ...

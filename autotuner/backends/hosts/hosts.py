@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from ...core import Executor, Observer, Placement, Queued, Reservation, SlotPool
 from ...core.events import Post
@@ -14,10 +15,11 @@ from ...core.placement import FreeMemory
 from ...core.slots import Demand, Devices, Only, Slots, devices_from_json
 from ...errors import UserError
 from ...gpu.nvml import FreeMemoryReader
-from ...ledger.store import Attempt, Ledger
+from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, is_local
 from ...spec.metrics import metric_named
+from ..base import BackendOption, Given, HostsCheck
 from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
@@ -26,7 +28,7 @@ from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
 from ..ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
 from ..ssh.free_memory import RemoteMemory, nvidia_smi
-from ..ssh.probe import mig_hosts
+from ..ssh.probe import check_hostfile, hostfile_check, mig_hosts
 from ..watch import PollingWatcher
 from .routing import Router
 
@@ -81,6 +83,39 @@ def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SS
 
 class HostsBackend:
     """This machine and SSH hosts (see the module docstring and base.Backend)."""
+
+    kind: ClassVar[str] = "hosts"
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption("hostfile", "path | None", "DeepSpeed's hostfile (none: this machine)", "any"),
+        BackendOption("include", "str", "DeepSpeed's --include", "any"),
+        BackendOption("exclude", "str", "DeepSpeed's --exclude", "any"),
+        BackendOption("slots", "int | None", "CPU slots of this machine", "any"),
+        BackendOption("ssh", "Ssh | None", "how SSH hosts are reached (None: as the sweep recorded)", "any"),
+        BackendOption("probe", "Ssh | None", "how the hostfile's hosts are probed for MIG instances", "any"),
+    )
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        """The cluster of every sweep no other kind claims: asked last."""
+        return True
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> HostsBackend:
+        return cls(directory, ledger, ssh=given.get("ssh"), grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        return hosts_cluster(given.get("hostfile"), include=given.get("include", ""),
+                             exclude=given.get("exclude", ""), slots=given.get("slots"), sweep=given.get("sweep"),
+                             log=given.get("log"), probe=given.get("probe"))
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        hostfile = given.get("hostfile") or "hostfile"
+        ssh = given.get("ssh") or Ssh()
+        listed, reports = check_hostfile(hostfile, ssh.config, ssh.accept_new_hosts)
+        return hostfile_check(f"hosts of {hostfile}", listed, reports)
 
     def __init__(self, directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):

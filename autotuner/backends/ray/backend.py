@@ -16,7 +16,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
+from typing import (  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
+    Any,
+    ClassVar,
+)
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post
@@ -24,10 +27,13 @@ from ...core.placement import FreeMemory
 from ...core.slots import Devices
 from ...errors import UserError
 from ...files import write_atomic
-from ...ledger.store import Attempt, Ledger
+from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
+from ..base import BackendOption, Given, HostsCheck
+from ..cluster import Cluster
 from ..launch import Launcher
+from .ask import nodes_check, ray_cluster, ray_nodes
 from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
 from .executor import RayExecutor
 from .leases import Lease, Leases, in_ray
@@ -40,6 +46,29 @@ ASK_AGAIN = 0.5  # seconds before a node Ray lists alive, whose task it could no
 
 class RayBackend:
     """Attempts on the Ray cluster at `address` (None: as the sweep recorded, else RAY_ADDRESS, else auto)."""
+
+    kind: ClassVar[str] = "ray"
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption("ray", "str | None", "the Ray cluster's address (\"\": RAY_ADDRESS, else auto)",
+                      "flag, record"),
+    )
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        return given.get("ray") is not None or (record is not None and record.ray is not None)
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> RayBackend:
+        return cls(directory, ledger, given.get("ray") or None, grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        return ray_cluster(given["ray"])
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        return nodes_check(*ray_nodes(given["ray"]))
 
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):

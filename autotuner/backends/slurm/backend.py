@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from ...core import Executor, Observer, Placement, Queued, SlotPool
 from ...core.events import Post
@@ -14,15 +15,18 @@ from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
 from ...gpu.nvml import FreeMemoryReader
-from ...ledger.store import Attempt, Ledger
+from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
+from ..base import BackendOption, Given, HostsCheck
+from ..cluster import Cluster
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
 from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
 from ..watch import PollingWatcher
 from .allocation import Allocation, cancel_step, cluster_of
+from .ask import allocation_check, allocation_cluster, this_allocation
 from .executor import end_strays, slurm_executor
 from .shared import unshared_nodes
 from .watch import allocation_watcher
@@ -52,6 +56,31 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation | Non
 
 class SlurmBackend:
     """Attempts as job steps of `allocation` (None: only recovery, `end`, is possible; see base.Backend)."""
+
+    kind: ClassVar[str] = "slurm"
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption("allocation", "Allocation | None", "the Slurm allocation a sweep runs in", "flag, record"),
+        BackendOption("slurm", "bool", "the allocation this runs in (SLURM_JOB_ID), for `autotune hosts`",
+                      "flag, environment"),
+    )
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        return (given.get("allocation") is not None or bool(given.get("slurm"))
+                or (record is not None and record.slurm is not None))
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> SlurmBackend:
+        return cls(directory, ledger, given.get("allocation"), grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        return allocation_cluster(given["allocation"], given.get("include", ""), given.get("exclude", ""))
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        return allocation_check(*this_allocation())
 
     def __init__(self, directory: Path, ledger: Ledger, allocation: Allocation | None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
