@@ -5,9 +5,10 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 
 - `reach`: before the sweep's lock, the cluster reached and whatever can refuse the sweep checked, nothing written
   (a refused command leaves the sweep byte for byte as it was);
-- `attach` and `read_memory`: the cluster checked against the sweep's record; free-memory readers opened;
+- `attach`: the cluster checked against the sweep's record (the one member that writes it, holding the lock);
+- `read_memory`: the free-memory readers the placement needs, opened and returned (a `MemoryReading`: the
+  reading the memory placement asks, and the observers that must hear the notes); the backend closes them;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
-- `measure` and `observers`: the GPUs' free memory for the memory placement, and who must hear the notes;
 - `admit`: the placement and the queue as this cluster can serve them (hosts that cannot take some runs);
 - `clear_strays` and `end`: recovery after a crash (what a dead runner left that nobody follows; ending one
   attempt's processes wherever they run, for `recovery.recover`);
@@ -34,11 +35,27 @@ from ..ledger.store import Attempt, Ledger, SweepMeta
 from .cluster import Cluster
 
 
-class Backend(Protocol):
-    """One kind of cluster, opened for one run of a sweep (see the module docstring)."""
+@dataclass(frozen=True)
+class MemoryReading:
+    """What `read_memory` opened for a placement: the GPUs' free memory (host -> slot id -> free bytes now; None:
+    not read) and the observers told the scheduler's notes before the user's (which GPUs the runs hold)."""
 
-    measure: FreeMemory | None  # host -> slot id -> free bytes now, for the memory placement (None: not read)
-    observers: list[Observer]  # told the scheduler's notes before the user's observers
+    measure: FreeMemory | None = None
+    observers: tuple[Observer, ...] = ()
+
+
+class Backend(Protocol):
+    """One kind of cluster, opened for one run of a sweep (see the module docstring).
+
+    Invariants every backend keeps:
+    - its constructor does no I/O: nothing reached, opened or written until a member is called;
+    - `reach` writes nothing; `attach` alone writes the sweep's record, and only while the runner holds the lock;
+      `end` (recovery, `cancel` with no runner) needs neither, and opens only what ending an attempt needs;
+    - the members are called from the runner's thread, one at a time; the threads it starts (the executor's, the
+      watcher's, the readers') only post events (`post`) and tell its watcher which hosts to look at; a member
+      may block on the cluster (SSH, Slurm, Ray), never on the dispatcher;
+    - what it opens it owns (readers, executor, watcher, connections) and `close` closes it, whatever was
+      reached (after a refused `reach`, or with nothing opened, it does nothing)."""
 
     def reach(self) -> None:
         """Before the sweep's lock is taken: the cluster reached and checked as far as can be without writing
@@ -50,8 +67,8 @@ class Backend(Protocol):
         what changed recorded (a UserError when the sweep cannot run here)."""
         ...
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
-        """Set `measure` (and `observers`) for the placement named: free memory is read only for `memory`."""
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
+        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
         ...
 
     def executor(self, post: Post) -> Executor:

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from ...core import Executor, Observer, Placement, Queued, Reservation, SlotPool
+from ...core import Executor, Placement, Queued, Reservation, SlotPool
 from ...core.events import Post
-from ...core.placement import FreeMemory
 from ...core.slots import Demand, Devices, Only, Slots, devices_from_json
 from ...errors import UserError
 from ...gpu.nvml import FreeMemoryReader
@@ -19,7 +18,7 @@ from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, is_local
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck
+from ..base import BackendOption, Given, HostsCheck, MemoryReading
 from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
@@ -70,11 +69,11 @@ def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Calla
     return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
-def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SSHPool | None:
-    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None;
-    the settings used are recorded (`ssh`: None, as the sweep last ran)."""
+def ssh_pool(ledger: Ledger, ssh: Ssh | None) -> SSHPool | None:
+    """A pool of SSH connections when the sweep has hosts other than this machine, else None; the settings used
+    are recorded (`ssh`: None, as the sweep last ran)."""
     meta = ledger.meta()
-    if not even_local and all(is_local(h) for h in meta.slots):
+    if all(is_local(h) for h in meta.slots):
         return None
     ssh = ssh or Ssh(**dict(meta.ssh or {}))
     ledger.set_meta("ssh", ssh.to_json())
@@ -120,9 +119,7 @@ class HostsBackend:
     def __init__(self, directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.ssh, self.grace, self.log = directory, ledger, ssh, grace, log
-        self.pool = ssh_pool(ledger, ssh)
-        self.measure: FreeMemory | None = None
-        self.observers: list[Observer] = []
+        self.pool: SSHPool | None = None  # opened by `attach` (or `end`) when the sweep has other hosts
         self._local_memory: FreeMemoryReader | None = None
         self._remote_memory: RemoteMemory | None = None
         self._executor: Executor | None = None
@@ -134,9 +131,12 @@ class HostsBackend:
         """Nothing to reach before the lock: the hosts are probed at `ready`."""
 
     def attach(self) -> None:
-        """Nothing to check: the hosts are the sweep's hostfile's (the pool, when needed, is open already)."""
+        """Nothing to check (the hosts are the sweep's hostfile's, probed at `ready`): the SSH pool opened when the
+        sweep has other hosts, and how they are reached recorded."""
+        if self.pool is None:
+            self.pool = ssh_pool(self.ledger, self.ssh)
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
         kept fresh over SSH by a RemoteMemory (MIG instances are read on this machine only)."""
         meta = self.ledger.meta()
@@ -145,14 +145,15 @@ class HostsBackend:
         remote = None
         if placement == "memory" and self.pool is not None and remote_hosts:
             remote = RemoteMemory(nvidia_smi(self.pool), remote_hosts, meta.gpu_memory)
-            self.observers.append(remote.note)  # which GPUs the sweep's runs hold
         self._local_memory, self._remote_memory = local, remote
-        if local is not None or remote is not None:
-            def measure(host: str) -> dict[int, int] | None:
-                if is_local(host):
-                    return local.read() if local is not None else None
-                return remote.free(host) if remote is not None else None
-            self.measure = measure
+        if local is None and remote is None:
+            return MemoryReading()
+
+        def measure(host: str) -> dict[int, int] | None:
+            if is_local(host):
+                return local.read() if local is not None else None
+            return remote.free(host) if remote is not None else None
+        return MemoryReading(measure, (remote.note,) if remote is not None else ())  # which GPUs the runs hold
 
     def executor(self, post: Post) -> Executor:
         meta = self.ledger.meta()
@@ -184,8 +185,7 @@ class HostsBackend:
         local = [h for h in slots.hosts if is_local(h)]
         if not local or not any(item.num_nodes > 1 for item in waiting):
             return placement, waiting
-        probing = self.pool or ssh_pool(self.ledger, self.ssh, even_local=True)
-        assert probing is not None  # even_local: always a pool
+        probing = self.pool or self._pool_as_recorded()
         try:
             silent = unanswering(probing, local)
         finally:
@@ -218,8 +218,15 @@ class HostsBackend:
             return
         end_tagged(attempt.tag, self.grace)
         remote = [host for host in attempt.slots if not is_local(host)]
-        if self.pool is not None and remote:
+        if remote:
+            if self.pool is None:  # recovery with no runner: reached as the sweep recorded
+                self.pool = self._pool_as_recorded()
             end_tagged_remote(self.pool, remote, attempt.tag)
+
+    def _pool_as_recorded(self) -> SSHPool:
+        """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
+        ssh = self.ssh or Ssh(**dict(self.ledger.meta().ssh or {}))
+        return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Hosts that do not answer are left out until they do (watched); none answering is a UserError. Then

@@ -21,16 +21,15 @@ from typing import (  # Ray comes in as a ModuleType (imported once a cluster is
     ClassVar,
 )
 
-from ...core import Executor, Observer, Placement, Queued, SlotPool
+from ...core import Executor, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.placement import FreeMemory
 from ...core.slots import Devices
 from ...errors import UserError
 from ...files import write_atomic
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck
+from ..base import BackendOption, Given, HostsCheck, MemoryReading
 from ..cluster import Cluster
 from ..launch import Launcher
 from .ask import nodes_check, ray_cluster, ray_nodes
@@ -76,8 +75,6 @@ class RayBackend:
         recorded = (ledger.meta().ray or {}).get("address")
         self.address = address or recorded or address_of(None)
         self.source = source_of(address) if address or not recorded else "the Ray address the sweep recorded"
-        self.measure: FreeMemory | None = None  # GPUs are read by nobody here: Ray hands them out
-        self.observers: list[Observer] = []
         self._ray: ModuleType | None = None
         self._leases: Leases | None = None
         self._executor: RayExecutor | None = None
@@ -132,8 +129,9 @@ class RayBackend:
             self.ledger.set_meta(key, value)
         write_atomic(self.directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """Nothing is read: Ray hands each attempt whole GPUs; a GPU's type states its memory where known."""
+        return MemoryReading()
 
     def executor(self, post: Post) -> Executor:
         meta = self.ledger.meta()

@@ -8,9 +8,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from ...core import Executor, Observer, Placement, Queued, SlotPool
+from ...core import Executor, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.placement import FreeMemory
 from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
@@ -18,7 +17,7 @@ from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck
+from ..base import BackendOption, Given, HostsCheck, MemoryReading
 from ..cluster import Cluster
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
@@ -85,8 +84,6 @@ class SlurmBackend:
     def __init__(self, directory: Path, ledger: Ledger, allocation: Allocation | None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.allocation, self.grace, self.log = directory, ledger, allocation, grace, log
-        self.measure: FreeMemory | None = None
-        self.observers: list[Observer] = []
         self._local_memory: FreeMemoryReader | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
@@ -99,14 +96,16 @@ class SlurmBackend:
         """The allocation checked against the sweep and recorded (a UserError when there is none)."""
         use_allocation(self.directory, self.ledger, self.allocation)
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: the GPUs of this machine when it is one of the allocation's nodes."""
         local = free_memory_here(self.ledger.meta(), devices, placement)
         self._local_memory = local
-        if local is not None:
-            def measure(host: str) -> dict[int, int] | None:
-                return local.read() if is_local(host) else None
-            self.measure = measure
+        if local is None:
+            return MemoryReading()
+
+        def measure(host: str) -> dict[int, int] | None:
+            return local.read() if is_local(host) else None
+        return MemoryReading(measure)
 
     def executor(self, post: Post) -> Executor:
         assert self.allocation is not None, "attach first"
