@@ -73,3 +73,19 @@ def test_the_check_sees_a_kind_however_it_is_named():
         assert kinds_named(line), line
     for line in ("array = [1]", "x.survey", "sshd_config = None", "def step(self): ..."):
         assert kinds_named(line) == [], line  # words, not letters: "array" names no Ray
+
+
+def test_what_the_backends_share_imports_no_kind():
+    # The contract and the helpers every backend uses (recovery, watch, cluster, exit status, ...) know no kind:
+    # recovery read an attempt's Slurm step itself (importing slurm.executor) where it now asks the backend
+    # (`recorded_code`). The registry alone lists the kinds; `local` is this machine, which every kind runs on.
+    shared = {}
+    for path in sorted((PACKAGE / "backends").glob("*.py")):
+        if path.name == "registry.py":
+            continue
+        imported = [node.module or "" for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.level == 1]
+        kinds = [m for m in imported if m.split(".")[0] in KINDS | {"hosts"}]
+        if kinds:
+            shared[path.name] = kinds
+    assert not shared, shared

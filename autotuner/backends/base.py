@@ -10,8 +10,9 @@ the placement and the views; it never asks which kind it holds. A backend owns w
   reading the memory placement asks, and the observers that must hear the notes); the backend closes them;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
 - `admit`: the placement and the queue as this cluster can serve them (hosts that cannot take some runs);
-- `clear_strays` and `end`: recovery after a crash (what a dead runner left that nobody follows; ending one
-  attempt's processes wherever they run, for `recovery.recover`);
+- `clear_strays`, `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
+  follows; ending one attempt's processes wherever they run, and reading the status one recorded, for
+  `recovery.recover`);
 - `ready`: its hosts probed (down ones marked and watched), its readers started, before the first launch;
 - `close`: every resource it opened, in order, once.
 
@@ -85,6 +86,11 @@ class Backend(Protocol):
 
     def end(self, attempt: Attempt) -> None:
         """End every process of one attempt a dead runner left, on every host it used."""
+        ...
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        """The exit status an attempt recorded beside its logs while no runner was alive, read as the runner
+        that followed it would have (`recovery.recover`: the attempt then judged by it and its files)."""
         ...
 
     def ready(self, slots: SlotPool, post: Post) -> None:

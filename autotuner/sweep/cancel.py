@@ -84,7 +84,7 @@ def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: s
     those cancelled."""
     ledger.upgrade()  # the writer now, holding the lock: the stops it records need schema 6
     with contextlib.closing(backend_for(directory, ledger)) as backend:
-        recover(ledger, time.time(), backend.end)
+        recover(ledger, time.time(), backend.end, code=backend.recorded_code)
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
     asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
     chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)

@@ -205,7 +205,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
             for note in memory.observers:  # before the first reading: its GPUs show the run's own memory
                 note("adopted", run, None)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
-        recover(ledger, time.time(), backend.end, attempts=stray)
+        recover(ledger, time.time(), backend.end, attempts=stray, code=backend.recorded_code)
         states = ledger.states(a.name for a in stray)  # one that ended with no runner alive keeps its status
         again = ledger.requeue([a.name for a in stray if states[a.name][1] == State.INTERRUPTED], time.time())
         waiting += [Queued(experiments[name], number) for name, number in again.items()]

@@ -25,6 +25,7 @@ from ..local.cleanup import end_tagged
 from ..local.executor import LocalExecutor
 from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
+from ..recovery import as_it_ran
 from ..ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
 from ..ssh.free_memory import RemoteMemory, nvidia_smi
 from ..ssh.probe import check_hostfile, hostfile_check, mig_hosts
@@ -227,6 +228,9 @@ class HostsBackend:
         """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
         ssh = self.ssh or Ssh(**dict(self.ledger.meta().ssh or {}))
         return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        return as_it_ran(attempt, status, directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Hosts that do not answer are left out until they do (watched); none answering is a UserError. Then

@@ -32,6 +32,7 @@ from ...spec.metrics import metric_named
 from ..base import BackendOption, Given, HostsCheck, MemoryReading
 from ..cluster import Cluster
 from ..launch import Launcher
+from ..recovery import as_it_ran
 from .ask import nodes_check, ray_cluster, ray_nodes
 from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
 from .executor import RayExecutor
@@ -172,6 +173,9 @@ class RayBackend:
         found = self._found.pop(attempt.tag, None) if attempt.tag else None
         if found is not None:
             self.leases().release(found, self.grace)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        return as_it_ran(attempt, status, directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nodes the sweep recorded that Ray no longer lists alive, or that died as `reach` asked them, are left

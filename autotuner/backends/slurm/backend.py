@@ -19,14 +19,16 @@ from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
 from ..base import BackendOption, Given, HostsCheck, MemoryReading
 from ..cluster import Cluster
+from ..exitstatus import as_returncode
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
 from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
+from ..recovery import as_it_ran
 from ..watch import PollingWatcher
 from .allocation import Allocation, cancel_step, cluster_of
 from .ask import allocation_check, allocation_cluster, this_allocation
-from .executor import end_strays, slurm_executor
+from .executor import end_strays, slurm_executor, step_status
 from .shared import unshared_nodes
 from .watch import allocation_watcher
 
@@ -134,6 +136,13 @@ class SlurmBackend:
             cancel_step(attempt.step)
         if attempt.tag:  # srun itself ran here
             end_tagged(attempt.tag, self.grace)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        """A step's srun ran here: its status as a local returncode, then as the node whose failure ended the
+        step, if one did (`step_status`)."""
+        if attempt.step is None:
+            return as_it_ran(attempt, status, directory)
+        return step_status(as_returncode(status), directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nothing to probe: the allocation watcher reports the nodes Slurm marks down."""
