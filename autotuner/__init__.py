@@ -266,7 +266,7 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     in MIG mode has its MIG instances as slots (cluster.with_hosts_mig); `log` is told where its `slots=N`
     disagrees.
     """
-    from .backends.hosts import hosts_cluster
+    from .backends.hosts.hosts import hosts_cluster
 
     return hosts_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log, probe=probe)
 

@@ -13,7 +13,7 @@ from test_inventory import FakeDevice, FakeNvml
 from autotuner.core import BackfillQueue, Finished, MemoryRecord, Queued, Reservation, Scheduler, SlotPool
 from autotuner.core.outcome import Outcome
 from autotuner.core.placement import ByType, GpuMemory, Pack, Spread, placement_named
-from autotuner.gpu.nvml import FreeMemory
+from autotuner.gpu.nvml import FreeMemoryReader
 from autotuner.gpu.types import headroom
 from autotuner.states import Reason, State
 
@@ -124,7 +124,7 @@ def test_the_failure_of_an_unplaceable_pinned_experiment_says_its_type():
 
 # --- memory ---------------------------------------------------------------------------------------------------
 def local_reader(nvml):
-    reader = FreeMemory(nvml)
+    reader = FreeMemoryReader(nvml)
     return lambda host: reader.read() if host == "localhost" else None
 
 

@@ -13,7 +13,7 @@ from test_inventory import FakeDevice, FakeNvml
 
 from autotuner.backends.cluster import Cluster, check_fits, check_gpu_needs, local_or_hostfile_cluster
 from autotuner.errors import UserError
-from autotuner.gpu.nvml import FreeMemory, gpu_type, local_inventory
+from autotuner.gpu.nvml import FreeMemoryReader, gpu_type, local_inventory
 from autotuner.gpu.types import parse_size, size_of_type, type_of_gpu, type_problem
 from autotuner.ledger.store import Ledger
 from autotuner.spec import Experiment, Sweep
@@ -99,7 +99,7 @@ def test_a_machine_of_two_models_or_cpu_slots_has_no_type():
 def test_free_memory_is_read_per_gpu_in_one_session_and_no_driver_is_not_measured():
     nvml = FakeNvml([FakeDevice("NVIDIA A100-SXM4-80GB", 80 * GiB, 70 * GiB, "a"),
                      FakeDevice("NVIDIA A100-SXM4-80GB", 80 * GiB, 20 * GiB, "b")])
-    reader = FreeMemory(nvml)
+    reader = FreeMemoryReader(nvml)
     assert reader.read() == {0: 70 * GiB, 1: 20 * GiB}
     nvml.devices[1].free = 5 * GiB  # another user's process took more: the next read says so
     assert reader.read() == {0: 70 * GiB, 1: 5 * GiB}
@@ -107,7 +107,7 @@ def test_free_memory_is_read_per_gpu_in_one_session_and_no_driver_is_not_measure
     assert nvml.calls == ["init", "shutdown"]
     import pynvml
 
-    assert FreeMemory(FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound)).read() is None
+    assert FreeMemoryReader(FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound)).read() is None
 
 
 # --- the sweep file -----------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from autotuner.core.events import Queued
 from autotuner.core.placement import placement_named
 from autotuner.core.slots import Device, Reservation, SlotPool
 from autotuner.errors import UserError
-from autotuner.gpu.nvml import FreeMemory, Gpu, find_gpus
+from autotuner.gpu.nvml import FreeMemoryReader, Gpu, find_gpus
 from autotuner.ledger.store import Ledger
 from autotuner.spec import Experiment
 
@@ -62,7 +62,7 @@ def test_a_gpu_in_mig_mode_gives_its_instances_and_a_whole_gpu_stays_as_it_was()
                     Gpu(0, "NVIDIA A100-SXM4-40GB MIG 2g.10gb", 10 * GiB, 9 * GiB, MIG_2G, mig=2, slot=3),
                     Gpu(1, "NVIDIA A100-SXM4-80GB", 80 * GiB, 70 * GiB, "GPU-whole")]
     assert [g.slot_id for g in gpus] == [2, 3, 1]
-    assert FreeMemory(mixed_machine(free_3g=5 * GiB)).read() == {2: 5 * GiB, 3: 9 * GiB, 1: 70 * GiB}
+    assert FreeMemoryReader(mixed_machine(free_3g=5 * GiB)).read() == {2: 5 * GiB, 3: 9 * GiB, 1: 70 * GiB}
 
 
 def test_free_memory_follows_the_recorded_instances_by_uuid_when_the_mig_layout_changed():
@@ -70,7 +70,7 @@ def test_free_memory_follows_the_recorded_instances_by_uuid_when_the_mig_layout_
     assert nvml.devices[0].mig is not None
     nvml.devices[0].mig[1] = FakeDevice("NVIDIA A100-SXM4-40GB MIG 1g.5gb", 5 * GiB, 4 * GiB, "MIG-new")
     assert [g.slot_id for g in find_gpus(nvml)[0]] == [2, 3, 4, 1]  # the 2g.10gb would now read as slot 4
-    reader = FreeMemory(nvml, mig={2: MIG_3G, 3: MIG_2G})  # as the sweep recorded them
+    reader = FreeMemoryReader(nvml, mig={2: MIG_3G, 3: MIG_2G})  # as the sweep recorded them
     assert reader.read() == {2: 19 * GiB, 3: 9 * GiB, 1: 70 * GiB}
     nvml.devices[0].mig[2] = None  # the 2g.10gb destroyed: no reading, so the memory placement never picks it
     assert reader.read() == {2: 19 * GiB, 1: 70 * GiB}
@@ -131,7 +131,7 @@ def queued(name: str, num_gpus: int = 1, **extra) -> Queued:
 
 def placement_on(nvml: FakeNvml, name: str = "pack"):
     cluster = local_or_hostfile_cluster(None, nvml=nvml)
-    reader = FreeMemory(nvml)
+    reader = FreeMemoryReader(nvml)
     placement = placement_named(name, cluster.host_types, cluster.memory, lambda host: reader.read(),
                                 cluster.devices, cluster.slots)
     return SlotPool(cluster.slots), placement

@@ -7,6 +7,7 @@ import pytest
 
 from autotuner.backends.recovery import recover
 from autotuner.backends.slurm import parse
+from autotuner.backends.slurm.backend import SlurmBackend
 from autotuner.backends.slurm.watch import end_seconds
 from autotuner.ledger.store import Ledger
 from autotuner.states import State
@@ -144,7 +145,7 @@ def test_a_step_that_ended_while_no_runner_was_alive_is_judged_by_its_first_fail
             (run / "exit_status").write_text("143\n")
             ledger.start(name, 1, slots={"n1": [0], "n2": [0]}, tag=f"t.{name}.1", dir=str(run), at=2.0)
             ledger.launched(name, 1, pid=2 ** 22 + 1, port=None, at=2.0, step="7.1")
-        recover(ledger, 3.0, end=lambda attempt: None)
+        recover(ledger, 3.0, end=lambda attempt: None, code=SlurmBackend(tmp_path, ledger, None).recorded_code)
         got = {a.name: (a.state, a.exit_code, a.detail) for a in ledger.latest()}
     assert got["a"][:2] == (State.SUCCEEDED, 250) and "aborted at exit" in got["a"][2]
     assert got["b"] == (State.FAILED, 1, "RuntimeError: the rank failed")

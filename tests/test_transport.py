@@ -382,7 +382,7 @@ def test_pdsh_fanout(ssh_nodes, pool, request):
 # --- the module stays cheap to import -----------------------------------------------------------------------
 
 def test_import_is_cheap():
-    code = ("import sys, autotuner.backends.ssh, autotuner.backends.routing; "
+    code = ("import sys, autotuner.backends.ssh, autotuner.backends.hosts.routing; "
             "print(sorted(m for m in ('fabric', 'paramiko', 'invoke', 'torch', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -4,39 +4,59 @@ The runner builds the backend the sweep's record names (`registry.backend_for`) 
 the placement and the views; it never asks which kind it holds. A backend owns what differs between clusters:
 
 - `reach`: before the sweep's lock, the cluster reached and whatever can refuse the sweep checked, nothing written
-  (a refused command leaves the sweep byte for byte as it was); `to_run=False`: only what `end` needs (`cancel`
-  with no runner alive reaches it before it writes its request);
-- `attach` and `read_memory`: the cluster checked against the sweep's record; free-memory readers opened;
+  (a refused command leaves the sweep byte for byte as it was);
+- `attach`: the cluster checked against the sweep's record (the one member that writes it, holding the lock);
+- `read_memory`: the free-memory readers the placement needs, opened and returned (a `MemoryReading`: the
+  reading the memory placement asks, and the observers that must hear the notes); the backend closes them;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
-- `measure` and `observers`: the GPUs' free memory for the memory placement, and who must hear the notes;
 - `admit`: the placement and the queue as this cluster can serve them (hosts that cannot take some runs);
-- `clear_strays` and `end`: recovery after a crash (what a dead runner left that nobody follows; ending one
-  attempt's processes wherever they run, for `recovery.recover`);
+- `clear_strays`, `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
+  follows; ending one attempt's processes wherever they run, and reading the status one recorded, for
+  `recovery.recover`);
 - `ready`: its hosts probed (down ones marked and watched), its readers started, before the first launch;
 - `close`: every resource it opened, in order, once.
 
-A new backend is a package under backends/ with a class that has these members, and one line in registry.py.
+A new backend is a package under backends/ with a class that has these members and `Kind`'s (its name, the
+options it takes and how it is picked, what it builds from them), and one line in registry.py's `BACKENDS`.
 `autotune hosts` asks the registry too (`registry.hosts_check`): each backend describes its hosts as a
 `HostsCheck`, which the views render whatever the kind of cluster.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 from ..core import Executor, Observer, Placement, Queued, SlotPool
 from ..core.events import Post
 from ..core.placement import FreeMemory
 from ..core.slots import Devices
-from ..ledger.store import Attempt
+from ..ledger.store import Attempt, Ledger, SweepMeta
+from .cluster import Cluster
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """What `read_memory` opened for a placement: the GPUs' free memory (host -> slot id -> free bytes now; None:
+    not read) and the observers told the scheduler's notes before the user's (which GPUs the runs hold)."""
+
+    measure: FreeMemory | None = None
+    observers: tuple[Observer, ...] = ()
 
 
 class Backend(Protocol):
-    """One kind of cluster, opened for one run of a sweep (see the module docstring)."""
+    """One kind of cluster, opened for one run of a sweep (see the module docstring).
 
-    measure: FreeMemory | None  # host -> slot id -> free bytes now, for the memory placement (None: not read)
-    observers: list[Observer]  # told the scheduler's notes before the user's observers
+    Invariants every backend keeps:
+    - its constructor does no I/O: nothing reached, opened or written until a member is called;
+    - `reach` writes nothing; `attach` alone writes the sweep's record, and only while the runner holds the lock;
+      `end` (recovery, `cancel` with no runner) needs neither, and opens only what ending an attempt needs;
+    - the members are called from the runner's thread, one at a time; the threads it starts (the executor's, the
+      watcher's, the readers') only post events (`post`) and tell its watcher which hosts to look at; a member
+      may block on the cluster (SSH, Slurm, Ray), never on the dispatcher;
+    - what it opens it owns (readers, executor, watcher, connections) and `close` closes it, whatever was
+      reached (after a refused `reach`, or with nothing opened, it does nothing)."""
 
     def reach(self, *, to_run: bool = True) -> None:
         """Before the sweep's lock is taken: the cluster reached and checked as far as can be without writing
@@ -49,8 +69,8 @@ class Backend(Protocol):
         what changed recorded (a UserError when the sweep cannot run here)."""
         ...
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
-        """Set `measure` (and `observers`) for the placement named: free memory is read only for `memory`."""
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
+        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
         ...
 
     def executor(self, post: Post) -> Executor:
@@ -67,6 +87,11 @@ class Backend(Protocol):
 
     def end(self, attempt: Attempt) -> None:
         """End every process of one attempt a dead runner left, on every host it used."""
+        ...
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        """The exit status an attempt recorded beside its logs while no runner was alive, read as the runner
+        that followed it would have (`recovery.recover`: the attempt then judged by it and its files)."""
         ...
 
     def ready(self, slots: SlotPool, post: Post) -> None:
@@ -94,3 +119,49 @@ class HostsCheck:
     state: str  # the column that says whether the host can run
     json: HostsJSON
     ok: bool
+
+
+# The options a caller gave, by name, each backend reading its own: `cluster_for`'s and `hosts_check`'s keywords,
+# the runner's Options. A name not given, or given as None (False for a switch), is absent.
+Given = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class BackendOption:
+    """One option a backend takes, as it declares it: the keyword it is given by (the API's, the Options'), what
+    it holds, and how it picks the backend (a flag given, a record in the sweep's ledger, the environment)."""
+
+    name: str
+    type: str  # what it holds, as a reader of the docs writes it
+    help: str
+    picks: str  # how its backend is picked: "flag", "record", "environment" (several: joined by ", ")
+
+
+class Kind(Protocol):
+    """A backend's class as the registry sees it: which options name it, and what it builds from them. Each is
+    asked in registry order (`BACKENDS`); the first that is `named` is the one, the last (the hosts backend) is
+    named by anything. Its methods read only their own options of `given` and do no I/O but what they build."""
+
+    kind: ClassVar[str]  # the kind's name, as its record and messages say it
+    options: ClassVar[tuple[BackendOption, ...]]
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        """Whether the options given (or, with `record`, the sweep's record) name this kind of cluster."""
+        ...
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> Backend:
+        """The backend of the sweep at `directory` (nothing reached or checked yet: `reach`, `attach`)."""
+        ...
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        """The nodes a new sweep runs on (`cluster_for`): what this kind of cluster holds now."""
+        ...
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        """`autotune hosts`: the hosts of this kind of cluster, described."""
+        ...

@@ -12,7 +12,10 @@ from ..spec.hostfile import is_local
 from ..spec.metrics import metric_named
 from ..states import Reason, State
 from . import exitstatus
-from .slurm.executor import step_status
+
+# How an attempt's recorded exit status reads (attempt, status, its directory -> the code judged): the backend's
+# `recorded_code`, since only the backend knows where and how the attempt ran.
+Judge = Callable[[Attempt, int, Path], int]
 
 # The stop recovery asks for an attempt nobody asked one for: what ends it is the runner's death, not its own fault.
 _RECOVERED = StopAsked(State.INTERRUPTED, "the runner stopped while it ran", Reason.INTERRUPTED)
@@ -24,12 +27,19 @@ def stops_asked(ledger: Ledger) -> dict[tuple[str, int], StopAsked]:
     return {key: StopAsked(*words) for key, words in ledger.stops_asked().items()}
 
 
+def as_it_ran(attempt: Attempt, status: int, directory: Path) -> int:
+    """A status recorded beside a run's logs as the runner would have seen it: a local process's returncode (-N
+    for signal N) where every host of the run is this machine, else the remote status as recorded."""
+    return exitstatus.as_returncode(status) if all(is_local(h) for h in attempt.slots) else status
+
+
 def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
-            attempts: list[Attempt] | None = None) -> list[Attempt]:
+            attempts: list[Attempt] | None = None, code: Judge = as_it_ran) -> list[Attempt]:
     """End the attempts a dead runner left running (all of them, or `attempts`) through `end`, for `autotune
     cancel` with no runner, and for runs found on slots not theirs (a runner that takes the sweep over adopts
     the others instead: `Scheduler.adopt`). Each stop is recorded before `end` (the first one asked is kept: the
-    dead runner's, if it had asked one), so a recovery that dies half-way leaves it for the next. Returns them."""
+    dead runner's, if it had asked one), so a recovery that dies half-way leaves it for the next. `code` reads
+    the status an attempt that ended meanwhile recorded (the backend's `recorded_code`). Returns them."""
     left = ledger.in_state(State.RUNNING) if attempts is None else attempts
     if not left:
         return left
@@ -45,11 +55,7 @@ def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
         end(attempt)
         outcome = Outcome(stop.state, stop.reason, stop.detail)
         if status is not None and directory is not None:  # it ended before we came: as it ended, or as that stop
-            local = attempt.step is not None or all(is_local(h) for h in attempt.slots)  # srun runs here
-            code = exitstatus.as_returncode(status) if local else status
-            if attempt.step is not None:  # a Slurm step: as the node whose failure ended it, if one did
-                code = step_status(code, directory)
-            outcome = exitstatus.judge_files(code, directory, metric)
+            outcome = exitstatus.judge_files(code(attempt, status, directory), directory, metric)
             if before is not None:
                 outcome = before.settle(outcome)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,

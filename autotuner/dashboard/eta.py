@@ -26,7 +26,7 @@ TIMED = (State.SUCCEEDED, State.FAILED, State.TIMED_OUT)
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlannedEnd:
     seq: int  # the transition it was planned at
     made: float
     valid_until: float
@@ -38,11 +38,11 @@ class Planner:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._plans: dict[Path, Plan] = {}
+        self._plans: dict[Path, PlannedEnd] = {}
         self._busy: set[Path] = set()
         self._workers = Workers("dashboard-eta")
 
-    def end(self, snap: Snapshot, seq: int, lost: Collection[str], now: float) -> Plan | None:
+    def end(self, snap: Snapshot, seq: int, lost: Collection[str], now: float) -> PlannedEnd | None:
         """The latest plan of this sweep (None before the first); a new one is started when it is due."""
         key = snap.directory
         with self._lock:
@@ -62,7 +62,7 @@ class Planner:
             with self._lock:
                 self._busy.discard(snap.directory)
         with self._lock:
-            self._plans[snap.directory] = Plan(seq, now, now + max(REPLAN_SECONDS, 10 * cost), end)
+            self._plans[snap.directory] = PlannedEnd(seq, now, now + max(REPLAN_SECONDS, 10 * cost), end)
 
     def close(self) -> None:
         self._workers.close(timeout=30)

@@ -202,7 +202,7 @@ class NvmlSession:
         self._ready = None
 
 
-class FreeMemory:
+class FreeMemoryReader:
     """Free memory of this machine's GPUs, read from NVML whenever asked: what the memory placement checks at
     the moment it places. One NVML session for the reader's life (an init per placement would cost more than
     the reads); `close` ends it. No GPU or no driver reads as None: not measured, never an error.

@@ -96,7 +96,7 @@ def split(e: Experiment, seconds: float, metrics: Mapping[str, float]) -> Split 
     return Split(startup, per_step) if startup >= 0 else None
 
 
-def measured(directory: Path) -> PastRuns:
+def past_runs(directory: Path) -> PastRuns:
     """The runs of the sweep in `directory`, read from its ledger."""
     ledger: Ledger = open_sweep(Path(directory))
     try:
@@ -127,7 +127,7 @@ def durations(experiments: Sequence[Experiment], past: Path | None = None,
     """What each experiment is expected to take (the module docstring's order)."""
     known = PastRuns()
     if past is not None:
-        known = measured(past)
+        known = past_runs(past)
         if not known.by_name:
             raise UserError("--from: this sweep has no finished run to measure durations from", past)
     every = known.every()

@@ -108,7 +108,7 @@ def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: s
     a runner alive then has died since) cleared up what a dead one left; returns those cancelled."""
     ledger.upgrade()  # the writer now, holding the lock: the stops it records need schema 6
     with contextlib.closing(backend or _reached(directory, ledger)) as ending:
-        recover(ledger, time.time(), ending.end)
+        recover(ledger, time.time(), ending.end, code=ending.recorded_code)
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
     asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
     chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)

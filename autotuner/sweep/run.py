@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import limits
-from ..backends.base import Backend
-from ..backends.hosts import Ssh
+from ..backends.base import Backend, MemoryReading
+from ..backends.hosts.hosts import Ssh
 from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for
@@ -179,14 +179,15 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     queued = ledger.latest_in(State.QUEUED)
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
-    placement, waiting = backend.admit(_placement(ledger, options, backend, devices), slot_pool, waiting)
+    chosen, memory = _placement(ledger, options, backend, devices)
+    placement, waiting = backend.admit(chosen, slot_pool, waiting)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
                           source=_search(ledger, meta.search) if meta.search is not None else None)
     inbox = Inbox()
     executor = backend.executor(inbox.post)
-    dispatcher = Dispatcher(scheduler, executor, time.time, [*backend.observers, *options.observers], options.log,
+    dispatcher = Dispatcher(scheduler, executor, time.time, [*memory.observers, *options.observers], options.log,
                             inbox)
     backend.clear_strays(adopt)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
@@ -201,10 +202,10 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
             stray.append(a)
         else:
             executor.adopt(run, a.pid, dispatcher.post)
-            for note in backend.observers:  # before the first reading: its GPUs show the run's own memory
+            for note in memory.observers:  # before the first reading: its GPUs show the run's own memory
                 note("adopted", run, None)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
-        recover(ledger, time.time(), backend.end, attempts=stray)
+        recover(ledger, time.time(), backend.end, attempts=stray, code=backend.recorded_code)
         states = ledger.states(a.name for a in stray)  # one that ended with no runner alive keeps its status
         again = ledger.requeue([a.name for a in stray if states[a.name][1] == State.INTERRUPTED], time.time())
         waiting += [Queued(experiments[name], number) for name, number in again.items()]
@@ -215,7 +216,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     return _run_with_signals(dispatcher)
 
 
-def _placement(ledger: Ledger, options: Options, backend: Backend, devices: Devices) -> Placement:
+def _placement(ledger: Ledger, options: Options, backend: Backend,
+               devices: Devices) -> tuple[Placement, MemoryReading]:
     """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
     recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` places by the
     free memory the backend reads (a host not measured is judged by its type's stated size)."""
@@ -223,9 +225,9 @@ def _placement(ledger: Ledger, options: Options, backend: Backend, devices: Devi
     name = options.placement or meta.placement or "pack"
     if options.placement is not None and options.placement != meta.placement:
         ledger.set_meta("placement", options.placement)
-    backend.read_memory(name, devices)
+    memory = backend.read_memory(name, devices)
     types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
-    return placement_named(name, types, meta.gpu_memory, backend.measure, devices, meta.slots)
+    return placement_named(name, types, meta.gpu_memory, memory.measure, devices, meta.slots), memory
 
 
 def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Source:

@@ -28,7 +28,7 @@ from ..spec.metrics import metric_named
 from ..states import State
 from .eta import Eta
 from .events import ADOPTED, FINISHED, HOST_DOWN, HOST_UP, REQUEUED, STARTED, STOPPING, EventLog, PlainPrinter, one_line
-from .livestate import Failure, LiveState, Running, Search
+from .livestate import Failure, LiveState, Running, SearchState
 from .panel import render
 from .snapshot import Snapshot, snapshot
 
@@ -210,12 +210,12 @@ class LiveView:
         return render(state, state.ended if state.ended is not None else self._clock())
 
 
-def _search_of(recorded: Mapping[str, object] | None) -> Search | None:
+def _search_of(recorded: Mapping[str, object] | None) -> SearchState | None:
     """The search of a sweep's meta (search.SearchSpec as JSON), as the view shows it."""
     if recorded is None:
         return None
     trials = recorded.get("trials")
-    return Search(str(recorded.get("tuner", "gridsearch")), trials if isinstance(trials, int) else None)
+    return SearchState(str(recorded.get("tuner", "gridsearch")), trials if isinstance(trials, int) else None)
 
 
 # --- wiring for `autotune run` / `resume` ---------------------------------------------------------------------

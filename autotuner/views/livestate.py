@@ -40,7 +40,7 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Search:
+class SearchState:
     """A sweep whose experiments a search proposes (`autotune tune`): how many it has proposed is no total, and
     an ETA of them would be one of the search's present step only."""
 
@@ -67,7 +67,7 @@ class LiveState:
     failures_seen: int = 0  # failures told since the view began (and found in the snapshot)
     stopping: str | None = None  # why the sweep winds down (Ctrl-C, a cancel of all of it, its deadline)
     ended: float | None = None  # when the watched run returned (`LiveView.end`): the last frame's clock
-    search: Search | None = None  # `autotune tune`'s: its experiments are proposed as runs end
+    search: SearchState | None = None  # `autotune tune`'s: its experiments are proposed as runs end
 
     @property
     def left(self) -> bool:

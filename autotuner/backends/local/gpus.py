@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from ...core.scheduler import Executor
 from ...core.slots import Devices
-from ...gpu.nvml import FreeMemory
+from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import SweepMeta
 from ...spec.hostfile import is_local
 from .peaks import Measured, PeakMemory
@@ -21,12 +21,12 @@ def _gpus_here(meta: SweepMeta, slots: Mapping[str, object]) -> bool:
     return meta.accelerator != "cpu" and any(is_local(h) for h in slots)
 
 
-def free_memory_here(meta: SweepMeta, devices: Devices, placement: str) -> FreeMemory | None:
+def free_memory_here(meta: SweepMeta, devices: Devices, placement: str) -> FreeMemoryReader | None:
     """A reader of this machine's GPUs' free memory, when the memory placement places on them."""
-    return FreeMemory(mig=local_mig(devices)) if placement == "memory" and _gpus_here(meta, meta.slots) else None
+    return FreeMemoryReader(mig=local_mig(devices)) if placement == "memory" and _gpus_here(meta, meta.slots) else None
 
 
-def measured(executor: Executor, meta: SweepMeta, devices: Devices) -> tuple[Executor, PeakMemory | None]:
+def peaks_watched(executor: Executor, meta: SweepMeta, devices: Devices) -> tuple[Executor, PeakMemory | None]:
     """`executor`, its runs on this machine's GPUs watched for their peak memory (and the watcher, to close)."""
     if not _gpus_here(meta, meta.slots):
         return executor, None

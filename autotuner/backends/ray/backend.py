@@ -16,18 +16,24 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
+from typing import (  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
+    Any,
+    ClassVar,
+)
 
-from ...core import Executor, Observer, Placement, Queued, SlotPool
+from ...core import Executor, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.placement import FreeMemory
 from ...core.slots import Devices
 from ...errors import UserError
 from ...files import write_atomic
-from ...ledger.store import Attempt, Ledger
+from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
+from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..cluster import Cluster
 from ..launch import Launcher
+from ..recovery import as_it_ran
+from .ask import nodes_check, ray_cluster, ray_nodes
 from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
 from .executor import RayExecutor
 from .leases import Lease, Leases, in_ray
@@ -41,14 +47,35 @@ ASK_AGAIN = 0.5  # seconds before a node Ray lists alive, whose task it could no
 class RayBackend:
     """Attempts on the Ray cluster at `address` (None: as the sweep recorded, else RAY_ADDRESS, else auto)."""
 
+    kind: ClassVar[str] = "ray"
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption("ray", "str | None", "the Ray cluster's address (\"\": RAY_ADDRESS, else auto)",
+                      "flag, record"),
+    )
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        return given.get("ray") is not None or (record is not None and record.ray is not None)
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> RayBackend:
+        return cls(directory, ledger, given.get("ray") or None, grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        return ray_cluster(given["ray"])
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        return nodes_check(*ray_nodes(given["ray"]))
+
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.grace, self.log = directory, ledger, grace, log
         recorded = (ledger.meta().ray or {}).get("address")
         self.address = address or recorded or address_of(None)
         self.source = source_of(address) if address or not recorded else "the Ray address the sweep recorded"
-        self.measure: FreeMemory | None = None  # GPUs are read by nobody here: Ray hands them out
-        self.observers: list[Observer] = []
         self._ray: ModuleType | None = None
         self._leases: Leases | None = None
         self._executor: RayExecutor | None = None
@@ -107,8 +134,9 @@ class RayBackend:
             self.ledger.set_meta(key, value)
         write_atomic(self.directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """Nothing is read: Ray hands each attempt whole GPUs; a GPU's type states its memory where known."""
+        return MemoryReading()
 
     def executor(self, post: Post) -> Executor:
         meta = self.ledger.meta()
@@ -149,6 +177,9 @@ class RayBackend:
         found = self._found.pop(attempt.tag, None) if attempt.tag else None
         if found is not None:
             self.leases().release(found, self.grace)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        return as_it_ran(attempt, status, directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nodes the sweep recorded that Ray no longer lists alive, or that died as `reach` asked them, are left

@@ -6,24 +6,29 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import ClassVar
 
-from ...core import Executor, Observer, Placement, Queued, SlotPool
+from ...core import Executor, Placement, Queued, SlotPool
 from ...core.events import Post
-from ...core.placement import FreeMemory
 from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
-from ...gpu.nvml import FreeMemory as LocalFreeMemory
-from ...ledger.store import Attempt, Ledger
+from ...gpu.nvml import FreeMemoryReader
+from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
+from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..cluster import Cluster
+from ..exitstatus import as_returncode
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
-from ..local.gpus import free_memory_here, measured
+from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
+from ..recovery import as_it_ran
 from ..watch import PollingWatcher
 from .allocation import Allocation, cancel_step, cluster_of
-from .executor import end_strays, slurm_executor
+from .ask import allocation_check, allocation_cluster, this_allocation
+from .executor import end_strays, slurm_executor, step_status
 from .shared import unshared_nodes
 from .watch import allocation_watcher
 
@@ -58,12 +63,35 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation) -> N
 class SlurmBackend:
     """Attempts as job steps of `allocation` (None: only recovery, `end`, is possible; see base.Backend)."""
 
+    kind: ClassVar[str] = "slurm"
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption("allocation", "Allocation | None", "the Slurm allocation a sweep runs in", "flag, record"),
+        BackendOption("slurm", "bool", "the allocation this runs in (SLURM_JOB_ID), for `autotune hosts`",
+                      "flag, environment"),
+    )
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        return (given.get("allocation") is not None or bool(given.get("slurm"))
+                or (record is not None and record.slurm is not None))
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> SlurmBackend:
+        return cls(directory, ledger, given.get("allocation"), grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        return allocation_cluster(given["allocation"], given.get("include", ""), given.get("exclude", ""))
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        return allocation_check(*this_allocation())
+
     def __init__(self, directory: Path, ledger: Ledger, allocation: Allocation | None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.allocation, self.grace, self.log = directory, ledger, allocation, grace, log
-        self.measure: FreeMemory | None = None
-        self.observers: list[Observer] = []
-        self._local_memory: LocalFreeMemory | None = None
+        self._local_memory: FreeMemoryReader | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
         self._watcher: PollingWatcher | None = None
@@ -82,14 +110,16 @@ class SlurmBackend:
         assert self.allocation is not None, "reach checked it"
         use_allocation(self.directory, self.ledger, self.allocation)
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: the GPUs of this machine when it is one of the allocation's nodes."""
         local = free_memory_here(self.ledger.meta(), devices, placement)
         self._local_memory = local
-        if local is not None:
-            def measure(host: str) -> dict[int, int] | None:
-                return local.read() if is_local(host) else None
-            self.measure = measure
+        if local is None:
+            return MemoryReading()
+
+        def measure(host: str) -> dict[int, int] | None:
+            return local.read() if is_local(host) else None
+        return MemoryReading(measure)
 
     def executor(self, post: Post) -> Executor:
         assert self.allocation is not None, "attach first"
@@ -99,7 +129,7 @@ class SlurmBackend:
         steps = slurm_executor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
                                Launcher(meta.launcher), dict(meta.env), self.grace, allocation=self.allocation,
                                on_lost=self._watcher.watch)
-        self._executor, self._peaks = measured(steps, meta, devices)
+        self._executor, self._peaks = peaks_watched(steps, meta, devices)
         return self._executor
 
     def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
@@ -118,6 +148,13 @@ class SlurmBackend:
             cancel_step(attempt.step)
         if attempt.tag:  # srun itself ran here
             end_tagged(attempt.tag, self.grace)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        """A step's srun ran here: its status as a local returncode, then as the node whose failure ended the
+        step, if one did (`step_status`)."""
+        if attempt.step is None:
+            return as_it_ran(attempt, status, directory)
+        return step_status(as_returncode(status), directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nothing to probe: the allocation watcher reports the nodes Slurm marks down."""

@@ -20,14 +20,14 @@ from .cleanup import end_tagged_remote, signal_tagged
 from .errors import CommandTimeout, HostDown, HostKeyError, RemoteStartError
 from .executor import SshExecutor
 from .fanout import each, run_many
-from .pool import Result, SSHPool
+from .pool import CommandResult, SSHPool
 from .probe import HostReport, check_hostfile, probe_hosts, unanswering
 from .process import RemoteProcess, signal_name
 from .sftp import RemoteFiles
 from .watch import host_watcher
 
 __all__ = [
-    "CommandTimeout", "HostDown", "HostKeyError", "HostReport", "RemoteFiles", "RemoteProcess",
-    "RemoteStartError", "Result", "SSHPool", "SshExecutor", "check_hostfile", "each", "end_tagged_remote",
+    "CommandResult", "CommandTimeout", "HostDown", "HostKeyError", "HostReport", "RemoteFiles", "RemoteProcess",
+    "RemoteStartError", "SSHPool", "SshExecutor", "check_hostfile", "each", "end_tagged_remote",
     "host_watcher", "probe_hosts", "run_many", "signal_name", "signal_tagged", "unanswering",
 ]

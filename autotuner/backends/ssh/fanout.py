@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal, TypeVar
 
 from .errors import HostDown
-from .pool import Result, SSHPool
+from .pool import CommandResult, SSHPool
 
 T = TypeVar("T")
 Fanout = Literal["pool", "pdsh"]
@@ -38,8 +38,8 @@ def each(hosts: Iterable[str], fn: Callable[[str], T]) -> dict[str, T]:
 
 
 def run_many(pool: SSHPool, hosts: Iterable[str], command: str, timeout: float | None = None, *,
-             fanout: Fanout = "pool") -> dict[str, Result | HostDown]:
-    """Run `command` on every host at once; per host its Result, or the HostDown that stopped it.
+             fanout: Fanout = "pool") -> dict[str, CommandResult | HostDown]:
+    """Run `command` on every host at once; per host its CommandResult, or the HostDown that stopped it.
 
     fanout="pdsh" needs pdsh on this machine (not on the hosts).
     """
@@ -48,7 +48,7 @@ def run_many(pool: SSHPool, hosts: Iterable[str], command: str, timeout: float |
     if fanout != "pool":
         raise ValueError(f"fanout must be 'pool' or 'pdsh', not {fanout!r}")
 
-    def one(host: str) -> Result | HostDown:
+    def one(host: str) -> CommandResult | HostDown:
         try:
             return pool.run(host, command, timeout)
         except HostDown as e:
@@ -71,7 +71,8 @@ def _pdsh_ssh_args(pool: SSHPool) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
-def _pdsh(pool: SSHPool, hosts: Sequence[str], command: str, timeout: float | None) -> dict[str, Result | HostDown]:
+def _pdsh(pool: SSHPool, hosts: Sequence[str], command: str,
+          timeout: float | None) -> dict[str, CommandResult | HostDown]:
     pdsh = shutil.which("pdsh")
     if pdsh is None:
         raise RuntimeError("pdsh is not installed")
@@ -111,10 +112,10 @@ def _pdsh(pool: SSHPool, hosts: Sequence[str], command: str, timeout: float | No
         host, sep, text = line.partition(": ")
         if host in err and sep:
             err[host].append(text)
-    results: dict[str, Result | HostDown] = {}
+    results: dict[str, CommandResult | HostDown] = {}
     for host in hosts:
         if host in codes:
-            results[host] = Result(codes[host], _lines(out[host]), _lines(err[host]))
+            results[host] = CommandResult(codes[host], _lines(out[host]), _lines(err[host]))
         else:
             why = (err[host] + notes[host]) or ["no answer"]
             results[host] = HostDown(host, "; ".join(why[-2:]))

@@ -9,7 +9,7 @@ Host keys are checked against known_hosts as OpenSSH does, on every ProxyJump ho
 
 Every failure that comes from a host being unreachable (refused, timed out, connection lost, authentication,
 host key) raises `HostDown`, so that callers have one thing to catch to mark a host down. A remote command
-that runs and fails is not such a failure: it is a `Result` with its exit code.
+that runs and fails is not such a failure: it is a `CommandResult` with its exit code.
 
 fabric and paramiko are imported on first use, not with this module (they take ~0.3 s to import).
 """
@@ -45,7 +45,7 @@ DEFAULT_KEEPALIVE = 15
 # --- results --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Result:
+class CommandResult:
     """What a short remote command gave back."""
 
     exit_code: int
@@ -277,7 +277,7 @@ class SSHPool:
         raise AssertionError("unreachable")
 
     # --- short commands ----------------------------------------------------------------------------------------
-    def run(self, host: str, command: str, timeout: float | None = None) -> Result:
+    def run(self, host: str, command: str, timeout: float | None = None) -> CommandResult:
         """Run a short shell command on `host` and return its exit code and output.
 
         `command` is a shell line for the login shell: quote what goes into it (shlex.quote). Raises HostDown
@@ -299,7 +299,7 @@ class SSHPool:
         finally:
             entry.gate.release(control=True)
 
-    def _exec(self, host: str, chan: Any, command: str, deadline: float | None) -> Result:
+    def _exec(self, host: str, chan: Any, command: str, deadline: float | None) -> CommandResult:
         import paramiko
 
         try:
@@ -310,7 +310,7 @@ class SSHPool:
             raise HostDown(host, f"connection lost: {describe(e)}") from e
         if not got_status(chan):
             raise HostDown(host, "connection lost while the command ran")
-        return Result(chan.exit_status, out.decode(errors="replace"), err.decode(errors="replace"))
+        return CommandResult(chan.exit_status, out.decode(errors="replace"), err.decode(errors="replace"))
 
     @contextmanager
     def control(self, host: str) -> Iterator[None]:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.events import Post, Run
-from ..core.scheduler import Executor
-from ..spec.hostfile import is_local
-from ..states import Reason, State
+from ...core.events import Post, Run
+from ...core.scheduler import Executor
+from ...spec.hostfile import is_local
+from ...states import Reason, State
 
 
 @dataclass

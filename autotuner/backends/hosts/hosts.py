@@ -7,28 +7,30 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from ..core import Executor, Observer, Placement, Queued, Reservation, SlotPool
-from ..core.events import Post
-from ..core.placement import FreeMemory
-from ..core.slots import Demand, Devices, Only, Slots, devices_from_json
-from ..errors import UserError
-from ..gpu.nvml import FreeMemory as LocalFreeMemory
-from ..ledger.store import Attempt, Ledger
-from ..spec import Sweep
-from ..spec.hostfile import HOSTFILE, is_local
-from ..spec.metrics import metric_named
-from .cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
-from .launch import Launcher
-from .local.cleanup import end_tagged
-from .local.executor import LocalExecutor
-from .local.gpus import free_memory_here, measured
-from .local.peaks import PeakMemory
+from ...core import Executor, Placement, Queued, Reservation, SlotPool
+from ...core.events import Post
+from ...core.slots import Demand, Devices, Only, Slots, devices_from_json
+from ...errors import UserError
+from ...gpu.nvml import FreeMemoryReader
+from ...ledger.store import Attempt, Ledger, SweepMeta
+from ...spec import Sweep
+from ...spec.hostfile import HOSTFILE, is_local
+from ...spec.metrics import metric_named
+from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
+from ..launch import Launcher
+from ..local.cleanup import end_tagged
+from ..local.executor import LocalExecutor
+from ..local.gpus import free_memory_here, peaks_watched
+from ..local.peaks import PeakMemory
+from ..recovery import as_it_ran
+from ..ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
+from ..ssh.free_memory import RemoteMemory, nvidia_smi
+from ..ssh.probe import check_hostfile, hostfile_check, mig_hosts
+from ..watch import PollingWatcher
 from .routing import Router
-from .ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswering
-from .ssh.free_memory import RemoteMemory, nvidia_smi
-from .ssh.probe import mig_hosts
-from .watch import PollingWatcher
 
 
 @dataclass
@@ -68,11 +70,11 @@ def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Calla
     return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
-def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SSHPool | None:
-    """A pool of SSH connections when the sweep has hosts other than this machine (or `even_local`), else None
-    (`ssh`: None, as the sweep last ran). Nothing is written: `HostsBackend.attach` records the settings."""
+def ssh_pool(ledger: Ledger, ssh: Ssh | None) -> SSHPool | None:
+    """A pool of SSH connections when the sweep has hosts other than this machine, else None (`ssh`: None, as the
+    sweep last ran). Nothing is written: `HostsBackend.attach` records the settings."""
     meta = ledger.meta()
-    if not even_local and all(is_local(h) for h in meta.slots):
+    if all(is_local(h) for h in meta.slots):
         return None
     ssh = ssh or Ssh(**dict(meta.ssh or {}))
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
@@ -81,13 +83,44 @@ def ssh_pool(ledger: Ledger, ssh: Ssh | None, *, even_local: bool = False) -> SS
 class HostsBackend:
     """This machine and SSH hosts (see the module docstring and base.Backend)."""
 
+    kind: ClassVar[str] = "hosts"
+    options: ClassVar[tuple[BackendOption, ...]] = (
+        BackendOption("hostfile", "path | None", "DeepSpeed's hostfile (none: this machine)", "any"),
+        BackendOption("include", "str", "DeepSpeed's --include", "any"),
+        BackendOption("exclude", "str", "DeepSpeed's --exclude", "any"),
+        BackendOption("slots", "int | None", "CPU slots of this machine", "any"),
+        BackendOption("ssh", "Ssh | None", "how SSH hosts are reached (None: as the sweep recorded)", "any"),
+        BackendOption("probe", "Ssh | None", "how the hostfile's hosts are probed for MIG instances", "any"),
+    )
+
+    @classmethod
+    def named(cls, given: Given, record: SweepMeta | None) -> bool:
+        """The cluster of every sweep no other kind claims: asked last."""
+        return True
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> HostsBackend:
+        return cls(directory, ledger, ssh=given.get("ssh"), grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given) -> Cluster:
+        return hosts_cluster(given.get("hostfile"), include=given.get("include", ""),
+                             exclude=given.get("exclude", ""), slots=given.get("slots"), sweep=given.get("sweep"),
+                             log=given.get("log"), probe=given.get("probe"))
+
+    @classmethod
+    def hosts(cls, given: Given) -> HostsCheck:
+        hostfile = given.get("hostfile") or "hostfile"
+        ssh = given.get("ssh") or Ssh()
+        listed, reports = check_hostfile(hostfile, ssh.config, ssh.accept_new_hosts)
+        return hostfile_check(f"hosts of {hostfile}", listed, reports)
+
     def __init__(self, directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.ssh, self.grace, self.log = directory, ledger, ssh, grace, log
-        self.pool = ssh_pool(ledger, ssh)
-        self.measure: FreeMemory | None = None
-        self.observers: list[Observer] = []
-        self._local_memory: LocalFreeMemory | None = None
+        self.pool: SSHPool | None = None  # opened by `reach`, `attach` or `end` when the sweep has other hosts
+        self._local_memory: FreeMemoryReader | None = None
         self._remote_memory: RemoteMemory | None = None
         self._executor: Executor | None = None
         self._peaks: PeakMemory | None = None
@@ -99,7 +132,11 @@ class HostsBackend:
         """Before the lock, with hosts other than this machine: the sweep's hostfile there (their launcher reads
         it) and the hosts probed over SSH, none answering a UserError (those that do not are left out at
         `ready`). Nothing to reach for `end`: a host that does not answer is left alone there."""
-        if not to_run or self.pool is None or self._silent is not None:
+        if not to_run or self._silent is not None:
+            return
+        if self.pool is None:
+            self.pool = ssh_pool(self.ledger, self.ssh)
+        if self.pool is None:
             return
         hostfile = self.directory / HOSTFILE
         if not hostfile.is_file():
@@ -113,8 +150,10 @@ class HostsBackend:
                             "; see `autotune hosts`)", hostfile)
 
     def attach(self) -> None:
-        """Holding the lock: the SSH settings this run reaches the hosts with recorded, so that `resume` and
-        `cancel` reach them the same way."""
+        """Holding the lock: the SSH pool opened when the sweep has other hosts (unless `reach` opened it), and the
+        settings this run reaches them with recorded, so that `resume` and `cancel` reach them the same way."""
+        if self.pool is None:
+            self.pool = ssh_pool(self.ledger, self.ssh)
         if self.pool is None:
             return
         meta = self.ledger.meta()
@@ -122,7 +161,7 @@ class HostsBackend:
         if meta.ssh != settings:
             self.ledger.set_meta("ssh", settings)
 
-    def read_memory(self, placement: str, devices: Devices) -> None:
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
         kept fresh over SSH by a RemoteMemory (MIG instances are read on this machine only)."""
         meta = self.ledger.meta()
@@ -131,14 +170,15 @@ class HostsBackend:
         remote = None
         if placement == "memory" and self.pool is not None and remote_hosts:
             remote = RemoteMemory(nvidia_smi(self.pool), remote_hosts, meta.gpu_memory)
-            self.observers.append(remote.note)  # which GPUs the sweep's runs hold
         self._local_memory, self._remote_memory = local, remote
-        if local is not None or remote is not None:
-            def measure(host: str) -> dict[int, int] | None:
-                if is_local(host):
-                    return local.read() if local is not None else None
-                return remote.free(host) if remote is not None else None
-            self.measure = measure
+        if local is None and remote is None:
+            return MemoryReading()
+
+        def measure(host: str) -> dict[int, int] | None:
+            if is_local(host):
+                return local.read() if local is not None else None
+            return remote.free(host) if remote is not None else None
+        return MemoryReading(measure, (remote.note,) if remote is not None else ())  # which GPUs the runs hold
 
     def executor(self, post: Post) -> Executor:
         meta = self.ledger.meta()
@@ -155,7 +195,7 @@ class HostsBackend:
             remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
                                  ssh.remote_root, on_lost=self._watcher.watch, devices=devices)
             executor = Router(executor, remote)
-        self._executor, self._peaks = measured(executor, meta, devices)
+        self._executor, self._peaks = peaks_watched(executor, meta, devices)
         self._remote = remote
         return self._executor
 
@@ -170,8 +210,7 @@ class HostsBackend:
         local = [h for h in slots.hosts if is_local(h)]
         if not local or not any(item.num_nodes > 1 for item in waiting):
             return placement, waiting
-        probing = self.pool or ssh_pool(self.ledger, self.ssh, even_local=True)
-        assert probing is not None  # even_local: always a pool
+        probing = self.pool or self._pool_as_recorded()
         try:
             silent = unanswering(probing, local)
         finally:
@@ -204,8 +243,18 @@ class HostsBackend:
             return
         end_tagged(attempt.tag, self.grace)
         remote = [host for host in attempt.slots if not is_local(host)]
-        if self.pool is not None and remote:
+        if remote:
+            if self.pool is None:  # recovery with no runner: reached as the sweep recorded
+                self.pool = self._pool_as_recorded()
             end_tagged_remote(self.pool, remote, attempt.tag)
+
+    def _pool_as_recorded(self) -> SSHPool:
+        """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
+        ssh = self.ssh or Ssh(**dict(self.ledger.meta().ssh or {}))
+        return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        return as_it_ran(attempt, status, directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Hosts that do not answer are left out until they do (watched); none answering is a UserError. Then

@@ -1,0 +1,59 @@
+"""The Backend contract as every kind keeps it (backends/base.py): building one reaches and writes nothing,
+members return what they open. Recorded sweeps (tests/recorded.py), no cluster reached."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+import autotuner
+from autotuner.backends.base import MemoryReading
+from autotuner.backends.registry import backend_for
+from autotuner.ledger.store import Ledger
+
+from recorded import grid_sweep, two_nodes
+
+RECORDS = {
+    "hosts": {},
+    "slurm": {"slurm": {"job": "41", "owned": True, "nodes": ["node-a", "node-b"]}},
+    "ray": {"ray": {"address": "127.0.0.1:6379", "nodes": {}}},
+}
+
+
+def recorded(tmp_path, **meta: object) -> Ledger:
+    """A sweep on two SSH hosts (node-a, node-b), its record set as the kind's `attach` writes it."""
+    autotuner.prepare(grid_sweep(mbs=(4,)), two_nodes(), tmp_path / "r", launcher=["sh", "-c", "true"])
+    ledger = Ledger.open(tmp_path / "r")
+    for key, value in meta.items():
+        ledger.set_meta(key, value)
+    return ledger
+
+
+@pytest.mark.parametrize("kind", list(RECORDS))
+def test_a_backend_built_has_reached_opened_and_written_nothing(kind, tmp_path):
+    # The hosts backend's constructor opened an SSH pool and recorded the SSH settings in the ledger although
+    # nothing was checked yet (and `cancel` built it for recovery alone): now `attach` does, holding the lock.
+    with contextlib.closing(recorded(tmp_path, **RECORDS[kind])) as ledger:
+        before = ledger.meta()
+        with contextlib.closing(backend_for(tmp_path / "r", ledger)) as backend:
+            assert type(backend).kind == kind  # type: ignore[attr-defined]
+            assert ledger.meta() == before
+            assert getattr(backend, "pool", None) is None
+
+
+@pytest.mark.parametrize("kind", list(RECORDS))
+def test_read_memory_returns_what_it_opened(kind, tmp_path):
+    # It returned nothing and set `measure` and `observers` on the backend, which the runner then read.
+    with contextlib.closing(recorded(tmp_path, **RECORDS[kind])) as ledger, \
+            contextlib.closing(backend_for(tmp_path / "r", ledger)) as backend:
+        reading = backend.read_memory("pack", {})
+        assert reading == MemoryReading()  # a CPU sweep packed: nothing to read
+        assert not hasattr(backend, "measure") and not hasattr(backend, "observers")
+
+
+@pytest.mark.parametrize("kind", list(RECORDS))
+def test_close_with_nothing_opened_and_again_is_harmless(kind, tmp_path):
+    with contextlib.closing(recorded(tmp_path, **RECORDS[kind])) as ledger:
+        backend = backend_for(tmp_path / "r", ledger)
+        backend.close()
+        backend.close()
