@@ -61,6 +61,8 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .sweep.resume import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .sweep.run import Options, Result, Ssh, Stopped, execute
     from .sweep.verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
+    from .tune.goal import Goal
+    from .tune.goal import from_options as training_goal
     from .tune.request import TuneRequest, read_tune
     from .views.compare import render_compare
     from .views.events import check_events_path
@@ -154,6 +156,9 @@ _LAZY = {
     "measured_peaks": (".planning.learned", "peaks_by_digest"),
     "check_results_directory": (".spec.outputs", "check_results_directory"),
     "read_tune": (".tune.request", "read_tune"),
+    # The training run a tune is for (`tune` / `report --train-tokens ...`): read and checked, priced by report.
+    "Goal": (".tune.goal", "Goal"),
+    "training_goal": (".tune.goal", "from_options"),
     "TuneRequest": (".tune.request", "TuneRequest"),
     # `autotune dashboard`: the web stack (an optional extra) only when served.
     "serve_dashboard": (".dashboard", "serve"),
@@ -174,6 +179,7 @@ __all__ = [
     "Experiment",
     "ExperimentRecord",
     "FailOn",
+    "Goal",
     "HostsCheck",
     "Metric",
     "Options",
@@ -232,6 +238,7 @@ __all__ = [
     "snapshot",
     "spec_changes",
     "timeout_seconds",
+    "training_goal",
     "watching",
     "write_html",
     "write_plan_plot",

@@ -34,6 +34,7 @@ from .bundles import (
 )
 from .checks import check_outputs, policy_names, results_path, split
 from .execute import execute
+from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
 
 # `tune` hands everything after the script to the script.
 TUNE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -130,6 +131,11 @@ def tune(
                                                "only when it beats the best so far by this many percent "
                                                "(0 to 1000)."),
     launcher: str | None = LAUNCHER,
+    train_tokens: str | None = TRAIN_TOKENS,
+    train_samples: str | None = TRAIN_SAMPLES,
+    seq_len: str | None = SEQ_LEN,
+    gpu_hour_cost: str | None = GPU_HOUR_COST,
+    deadline_days: str | None = DEADLINE_DAYS,
     ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
@@ -145,8 +151,9 @@ def tune(
         _check_before_asking(ask, place, times, ssh)
         launch = split(launcher, "--launcher") if launcher else None
         chosen = results_path(results)
+        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
         request = autotuner.read_tune(script, list(ctx.args), num_gpus=num_gpus, num_nodes=num_nodes, seed=seed,
-                                      confirm=confirm, min_gain=min_improvement / 100)
+                                      confirm=confirm, min_gain=min_improvement / 100, goal=wanted)
         check_outputs(watch.events, chosen, [*request.inputs, place.hostfile, ssh.ssh_config])
     except UserError as e:
         raise fail(e) from None
