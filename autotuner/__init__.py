@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .tune.goal import Goal
     from .tune.goal import from_options as training_goal
     from .tune.request import TuneRequest, read_tune
+    from .tune.worlds import counts as world_counts
     from .views.compare import render_compare
     from .views.events import check_events_path
     from .views.hosts import render_hosts, render_hosts_check
@@ -159,6 +160,8 @@ _LAZY = {
     # The training run a tune is for (`tune` / `report --train-tokens ...`): read and checked, priced by report.
     "Goal": (".tune.goal", "Goal"),
     "training_goal": (".tune.goal", "from_options"),
+    # `tune --num_gpus 1,2,4`: the world sizes searched (worlds.py).
+    "world_counts": (".tune.worlds", "counts"),
     "TuneRequest": (".tune.request", "TuneRequest"),
     # `autotune dashboard`: the web stack (an optional extra) only when served.
     "serve_dashboard": (".dashboard", "serve"),
@@ -240,6 +243,7 @@ __all__ = [
     "timeout_seconds",
     "training_goal",
     "watching",
+    "world_counts",
     "write_html",
     "write_plan_plot",
     "write_plots",

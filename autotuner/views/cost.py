@@ -126,7 +126,7 @@ def costing(snap: Snapshot, goal: Goal) -> Costing | None:
     model_seq = shape.get("seq_length") if isinstance(shape, dict) else None
     seq = goal.sequence(model_seq if isinstance(model_seq, int) else None)
     samples = goal.tokens / seq if goal.tokens is not None and seq else float(goal.samples or 0)
-    found = _measured(snap, goal)
+    found = _priced(measured(snap), goal)
     if not found:
         raise UserError(f"no config of sweep {shown(snap.name)} succeeded with a {RATE} (samples per second) "
                         "measured: nothing to compute the training time from")
@@ -139,9 +139,9 @@ def costing(snap: Snapshot, goal: Goal) -> Costing | None:
                    _basis(snap, goal, seq, model_seq, candidates))
 
 
-def _measured(snap: Snapshot, goal: Goal) -> list[tuple[str, int, str | None, list[float]]]:
-    """(name, GPUs, GPU type, the throughput of each of its runs) of each config that succeeded, re-runs with
-    their first run."""
+def measured(snap: Snapshot) -> list[tuple[str, int, str | None, list[float]]]:
+    """(name, GPUs, GPU type, the throughput of each of its runs) of each config that succeeded with a
+    throughput, re-runs counted with their config, in the sweep's order."""
     found = []
     for a in snap.attempts:
         if rerun_of(a.name) is not None and rerun_of(a.name) in snap.runs:
@@ -153,11 +153,18 @@ def _measured(snap: Snapshot, goal: Goal) -> list[tuple[str, int, str | None, li
         if not rates or a.state != State.SUCCEEDED:
             continue
         kind = snap.type_of(a)
-        typed = kind if kind not in (None, "unknown") else None
-        if goal.priced and goal.price_of(typed) is None:
-            raise UserError(f"--gpu-hour-cost names no price for GPU type {shown(kind)}, which {a.name} ran on "
-                            "(add TYPE=PRICE, or a bare price for every other type)")
-        found.append((a.name, sum(len(ids) for ids in a.slots.values()) or 1, typed, rates))
+        found.append((a.name, sum(len(ids) for ids in a.slots.values()) or 1,
+                      kind if kind not in (None, "unknown") else None, rates))
+    return found
+
+
+def _priced(found: list[tuple[str, int, str | None, list[float]]], goal: Goal
+            ) -> list[tuple[str, int, str | None, list[float]]]:
+    """The configs, each GPU type with a price where the goal prices any (one missing: refused)."""
+    for name, _, kind, _ in found:
+        if goal.priced and goal.price_of(kind) is None:
+            raise UserError(f"--gpu-hour-cost names no price for GPU type {shown(kind or 'unknown')}, which {name} "
+                            "ran on (add TYPE=PRICE, or a bare price for every other type)")
     return found
 
 

@@ -18,6 +18,7 @@ from ..states import State
 from ..tune.goal import Goal
 from . import cost
 from .records import ExperimentRecord, SweepResults, from_snapshot
+from .scaling import Scaling, scaling
 from .snapshot import Snapshot, format_slots, load
 from .summary import batch_note, command_file, config_file, confirmation, memory_note, optimal, uncertain
 from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
@@ -52,6 +53,7 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: li
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     snap = load(directory, every_experiment=False)
     training = cost.costing(snap, cost.goal_of(snap, goal))  # a goal it cannot price: refused before any output
+    sizes = scaling(snap)
     results = from_snapshot(snap)
     if keep is not None:
         keep += (snap, results)
@@ -64,15 +66,30 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: li
                                "experiments": [_json_row(r, results.typed) for r in results.in_sweep_order],
                                "optimal": {"config": found[0], "command": found[1]} if found else None}
                               | _per_type(snap) | confirmed_json(snap)
-                              | ({"training": training.to_json()} if training else {}), "experiments",
+                              | ({"training": training.to_json()} if training else {})
+                              | ({"scaling": sizes.to_json()} if sizes else {}), "experiments",
                               results.ranking)
     if fmt == "csv":
         return _csv(results, cost.csv_values(training) if training else None)
     if fmt == "md":
-        return _markdown(results) + (_training_markdown(training) if training else "")
+        return _markdown(results) + (_scaling_markdown(sizes) if sizes else "") \
+            + (_training_markdown(training) if training else "")
     notes = [note for note in (confirmation(snap), memory_note(snap), batch_note(snap)) if note]
-    return _report_table(results, output, notes) + (_training_table(training, output) if training else "") \
-        + _optimal_text(snap)
+    return _report_table(results, output, notes) + (_scaling_table(sizes, output) if sizes else "") \
+        + (_training_table(training, output) if training else "") + _optimal_text(snap)
+
+
+def _scaling_table(sizes: Scaling, output: Output) -> str:
+    """Each world size's best config, its throughput per GPU and efficiency; where adding GPUs stops paying."""
+    columns = [Column(h, right=h != "best config", whole=h == "best config") for h in Scaling.HEADERS]
+    return "\n" + render_table(columns, sizes.cells(), title="scaling: the best config at each world size",
+                               notes=[sizes.verdict(), "computed from: " + sizes.basis()], output=output, keep=1)
+
+
+def _scaling_markdown(sizes: Scaling) -> str:
+    table = markdown_table(Scaling.HEADERS, sizes.cells())
+    return f"\n**scaling: the best config at each world size**\n\n{table}\n- {sizes.verdict()}\n" \
+           f"- computed from: {sizes.basis()}\n"
 
 
 def _training_table(training: cost.Costing, output: Output) -> str:
