@@ -82,3 +82,14 @@ def test_bad_world_sizes_are_one_line_before_anything_runs(tmp_path, args, messa
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "launches.log").exists()
+
+
+def test_resume_rebuilds_every_size_from_the_ledger_and_runs_nothing_again(tuned):
+    directory, _ = tuned
+    before = sorted(p.name for p in directory.glob("train_*"))
+    launched = (directory.parent / "launches.log").read_text()
+    result = autotune("resume", directory, environ=setup(directory.parent),
+                      timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in directory.glob("train_*")) == before  # each size's search was over: no new run
+    assert (directory.parent / "launches.log").read_text() == launched
