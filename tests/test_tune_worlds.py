@@ -93,3 +93,11 @@ def test_resume_rebuilds_every_size_from_the_ledger_and_runs_nothing_again(tuned
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(p.name for p in directory.glob("train_*")) == before  # each size's search was over: no new run
     assert (directory.parent / "launches.log").read_text() == launched
+
+
+def test_report_plot_draws_the_front(tuned):
+    directory, _ = tuned
+    out = autotune("report", directory, "--plot", "--deadline-days", "5")
+    assert out.returncode == 0, out.stderr
+    assert "plot_front.png" in out.stderr
+    assert (directory / "plot_front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

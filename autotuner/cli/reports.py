@@ -82,7 +82,7 @@ def _draw(directory: Path, html: str | None, plot: bool, x: str | None, lines: s
         page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines, goal=wanted)
         typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
     if plot:
-        paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
+        paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines, goal=wanted)
         typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
 
 
