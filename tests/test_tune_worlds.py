@@ -101,3 +101,26 @@ def test_report_plot_draws_the_front(tuned):
     assert out.returncode == 0, out.stderr
     assert "plot_front.png" in out.stderr
     assert (directory / "plot_front.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_training_gives_the_whole_run_with_a_chosen_config_and_its_spread(tuned):
+    directory, _ = tuned
+    out = autotune("plan", "--training", directory, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    planned = json.loads(out.stdout)
+    training = json.loads(autotune("report", directory, "--format", "json").stdout)["training"]
+    best = next(c for c in training["candidates"] if c["name"] == planned["config"])
+    assert planned["config"].startswith("train_g4_") and planned["days"] == best["days"]
+    assert planned["runs"] == 2 and planned["days_spread"][0] <= planned["days"] <= planned["days_spread"][1]
+    text = autotune("plan", "--training", directory, "--config", training["cheapest"], "--deadline-days", "5").stdout
+    assert f"with {training['cheapest']} on 1 GPU(s)" in text and "deadline 5 days: missed" in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--config", "nope"], "--config 'nope': no config of sweep"),
+    (["--train-tokens", "1e9"], "--train-tokens needs the sequence length"),
+])
+def test_plan_training_refuses_in_one_line(tuned, args, message):
+    directory, _ = tuned
+    out = autotune("plan", "--training", directory, *args)
+    assert out.returncode == 2 and out.stdout == "" and message in out.stderr, out.stderr

@@ -9,15 +9,17 @@ its spread), on the GPUs it ran on. Nothing is extrapolated to a world size no r
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
 from ..states import State
 from ..tune.goal import Goal
 from ..tune.reruns import rerun_of
-from .snapshot import Snapshot
+from .snapshot import Snapshot, load
 
 RATE = "throughput"  # the metric each config's rate is read from: samples trained per second (DeepSpeed's)
 HOUR = 3600.0
@@ -247,3 +249,39 @@ def csv_values(costing: Costing) -> dict[str, list[object]]:
     return {c.name: [round(costing.per_second(c), 6), costing.unit, round(c.hours, 6), round(c.days, 6),
                      round(c.gpu_hours, 6), None if c.cost is None else round(c.cost, 2), c.front, c.meets]
             for c in costing.candidates}
+
+
+def render_training_plan(directory: Path, goal: Goal, name: str | None = None, fmt: str = "table") -> str:
+    """`autotune plan --training DIR`: the whole training run with one config the sweep measured (`name`,
+    default its best): time and cost at its mean throughput, and the spread its runs give (its slowest and fastest
+    run), on the GPUs it was measured on. A goal with nothing to train, or a config that did not succeed with a
+    throughput, is a UserError."""
+    snap = load(directory, every_experiment=False)
+    wanted = goal_of(snap, goal)
+    if not wanted.wanted:
+        raise UserError("plan --training needs what is to be trained: --train-tokens (with the sequence length) or "
+                        "--train-samples, or a tune that stated it")
+    priced = costing(snap, wanted)
+    assert priced is not None  # wanted
+    chosen = name or (snap.best.name if snap.best is not None else priced.fastest.name)
+    c = next((c for c in priced.candidates if c.name == chosen), None)
+    if c is None:
+        raise UserError(f"--config {shown(chosen)}: no config of sweep {shown(snap.name)} by that name succeeded "
+                        f"with a {RATE} measured")
+    slow_days, fast_days = priced.samples / c.slowest / 86400, priced.samples / c.fastest / 86400
+    if fmt == "json":
+        return json.dumps({"sweep": snap.name, "config": c.name, **priced.row(c), "basis": priced.basis,
+                           "goal": wanted.to_json()}) + "\n"
+    price = "" if c.cost is None else f", cost {c.cost:,.2f}" + (
+        f" ({c.cost * slow_days / c.days:,.2f} at its slowest run)" if c.runs > 1 else "")
+    lines = [f"training run: {title(priced)} with {c.name} on {c.gpus} GPU(s)" + (f" ({c.gpu_type})" if c.gpu_type
+                                                                                    else ""),
+             f"  time: {_days(c.days)} at {priced.per_second(c):,.4g} {priced.unit}/s"
+             + (f"; {_days(fast_days)} to {_days(slow_days)} between its fastest and slowest of {c.runs} runs"
+                if c.runs > 1 else " (one run measured: no spread)"),
+             f"  GPU-hours: {c.gpu_hours:,.0f}{price}"]
+    if wanted.deadline_days is not None:
+        lines.append(f"  deadline {wanted.deadline_days:g} days: " + ("met" if c.meets else "missed")
+                     + (", missed at its slowest run" if c.meets and slow_days > wanted.deadline_days else ""))
+    lines.append(f"  computed from: {priced.basis}")
+    return "\n".join(lines) + "\n"
