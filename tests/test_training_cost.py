@@ -12,7 +12,7 @@ import pytest
 import autotuner
 from autotuner import UserError
 
-from cli_rig import autotune, env
+from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, write_launcher, write_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -159,3 +159,20 @@ def test_a_goal_report_cannot_price_refuses_before_any_plot_or_page_is_written(t
     out = autotune("report", directory, "--plot", "--html", page, "--train-tokens", "1e9")
     assert out.returncode == 2 and "--train-tokens needs the sequence length" in out.stderr
     assert not page.exists() and not (directory / "plot_metric.png").exists()
+
+
+def test_a_price_per_gpu_type_prices_a_run_sweep_and_a_type_without_one_is_refused(tmp_path):
+    write_sweep(tmp_path, [1, 2])
+    (tmp_path / "hostfile").write_text("localhost slots=2 gpu=A100-80GB\n")
+    launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)
+    ran = autotune("run", tmp_path / "sweep.hjson", "--hostfile", tmp_path / "hostfile", "-o", tmp_path / "res",
+                   "--launcher", launcher, environ=env(LAUNCH_LOG=tmp_path / "log", STANDIN_SECONDS="0"))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    out = autotune("report", tmp_path / "res", "--format", "json", "--train-samples", "1e6", "--gpu-hour-cost",
+                   "H100=9,A100-80GB=3")
+    assert out.returncode == 0, out.stderr
+    for row in json.loads(out.stdout)["training"]["candidates"]:
+        assert row["gpu_type"] == "A100-80GB" and row["cost"] == pytest.approx(row["gpu_hours"] * 3)
+    refused = autotune("report", tmp_path / "res", "--train-samples", "1e6", "--gpu-hour-cost", "H100=9")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "--gpu-hour-cost names no price for GPU type 'A100-80GB'" in refused.stderr
