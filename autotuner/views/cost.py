@@ -138,7 +138,7 @@ def costing(snap: Snapshot, goal: Goal) -> Costing | None:
     meeting = [c for c in candidates if c.meets is not False]
     cheapest = min(meeting, key=lambda c: (c.spend, c.seconds)).name if meeting else None
     return Costing(goal, seq if goal.tokens is not None else None, samples, tuple(candidates), cheapest,
-                   _basis(snap, goal, seq, model_seq, candidates))
+                   _basis(goal, seq, candidates))
 
 
 def measured(snap: Snapshot) -> list[tuple[str, int, str | None, list[float]]]:
@@ -192,7 +192,8 @@ def _marked(candidates: list[Candidate], goal: Goal) -> list[Candidate]:
     return out
 
 
-def _basis(snap: Snapshot, goal: Goal, seq: int | None, model_seq: object, candidates: Sequence[Candidate]) -> str:
+def _basis(goal: Goal, seq: int | None, candidates: Sequence[Candidate]) -> str:
+    """What the figures were computed from, in words."""
     runs = sum(c.runs for c in candidates)
     sizes = sorted({c.gpus for c in candidates})
     amount = (f"{goal.tokens:,} tokens at {seq:,} a sample "
