@@ -115,7 +115,12 @@ def _days(days: float) -> str:
 
 
 def _money(costing: Costing, c: Candidate) -> str:
-    return f", {c.gpu_hours:,.0f} GPU-hours" + (f", cost {c.cost:,.2f}" if c.cost is not None else "")
+    return f", {_amount(c.gpu_hours)} GPU-hours" + (f", cost {c.cost:,.2f}" if c.cost is not None else "")
+
+
+def _amount(value: float) -> str:
+    """A figure for people: whole from 100 up, three significant digits below."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
 def costing(snap: Snapshot, goal: Goal) -> Costing | None:
@@ -280,7 +285,7 @@ def render_training_plan(directory: Path, goal: Goal, name: str | None = None, f
              f"  time: {_days(c.days)} at {priced.per_second(c):,.4g} {priced.unit}/s"
              + (f"; {_days(fast_days)} to {_days(slow_days)} between its fastest and slowest of {c.runs} runs"
                 if c.runs > 1 else " (one run measured: no spread)"),
-             f"  GPU-hours: {c.gpu_hours:,.0f}{price}"]
+             f"  GPU-hours: {_amount(c.gpu_hours)}{price}"]
     if wanted.deadline_days is not None:
         lines.append(f"  deadline {wanted.deadline_days:g} days: " + ("met" if c.meets else "missed")
                      + (", missed at its slowest run" if c.meets and slow_days > wanted.deadline_days else ""))
