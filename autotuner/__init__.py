@@ -61,8 +61,12 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .sweep.resume import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
     from .sweep.run import Options, Result, Ssh, Stopped, execute
     from .sweep.verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
+    from .tune.goal import Goal
+    from .tune.goal import from_options as training_goal
     from .tune.request import TuneRequest, read_tune
+    from .tune.worlds import counts as world_counts
     from .views.compare import render_compare
+    from .views.cost import render_training_plan
     from .views.events import check_events_path
     from .views.hosts import render_hosts, render_hosts_check
     from .views.html import write_html
@@ -154,6 +158,13 @@ _LAZY = {
     "measured_peaks": (".planning.learned", "peaks_by_digest"),
     "check_results_directory": (".spec.outputs", "check_results_directory"),
     "read_tune": (".tune.request", "read_tune"),
+    # The training run a tune is for (`tune` / `report --train-tokens ...`): read and checked, priced by report.
+    "Goal": (".tune.goal", "Goal"),
+    "training_goal": (".tune.goal", "from_options"),
+    # `tune --num_gpus 1,2,4`: the world sizes searched (worlds.py).
+    "world_counts": (".tune.worlds", "counts"),
+    # `autotune plan --training DIR`: the whole training run with a config a sweep measured (views/cost.py).
+    "render_training_plan": (".views.cost", "render_training_plan"),
     "TuneRequest": (".tune.request", "TuneRequest"),
     # `autotune dashboard`: the web stack (an optional extra) only when served.
     "serve_dashboard": (".dashboard", "serve"),
@@ -174,6 +185,7 @@ __all__ = [
     "Experiment",
     "ExperimentRecord",
     "FailOn",
+    "Goal",
     "HostsCheck",
     "Metric",
     "Options",
@@ -224,6 +236,7 @@ __all__ = [
     "render_report",
     "render_result",
     "render_status",
+    "render_training_plan",
     "resume",
     "resume_plan",
     "run",
@@ -232,7 +245,9 @@ __all__ = [
     "snapshot",
     "spec_changes",
     "timeout_seconds",
+    "training_goal",
     "watching",
+    "world_counts",
     "write_html",
     "write_plan_plot",
     "write_plots",

@@ -24,7 +24,9 @@
 # (the rest split N ways); each step pays a communication cost, 10% of a step per doubling of N (within a node);
 # the throughput is written as DeepSpeed 0.19.8 writes it, counting each sample N times. `--gradient_checkpointing
 # true` (a script argument) keeps a quarter of the activations and makes a step 0.75 times as fast. The run's
-# line in the log then carries tpN and gc.
+# line in the log then carries tpN and gc. $OOM_STANDIN_SCALING="WITHIN ACROSS": the throughput is the whole world's
+# (the data-parallel GPUs' sum), each doubling of the GPUs of a node keeping WITHIN of it and each doubling of the
+# nodes ACROSS, raised to 1 + stage/2 (a higher ZeRO stage communicates more); the world's size leads its log line.
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;;
     --gradient_checkpointing) gc="$2"; shift;; esac; shift; done
 exec python3 - "$cfg" "$inc" "${gc:-false}" <<'PY'
@@ -39,6 +41,8 @@ world = sum(len(part.split(":", 1)[1].split(",")) if ":" in part else 1 for part
 profile = (config["autotuning"].get("model_info") or {}).get("profile")
 line = " ".join([f"z{stage} mbs{mbs}", *(f"{k}={json.dumps(v)}" for k, v in zero.items() if k != "stage"),
                  *([f"tp{tp}"] if "tensor_parallel" in config else []), *(["gc"] if checkpointed else [])])
+if os.environ.get("OOM_STANDIN_SCALING"):
+    line = f"w{world} " + line
 with open(os.environ["OOM_STANDIN_LOG"], "a") as log:
     log.write(("profile " if profile else "") + line + "\n")
 with open(os.environ["OOM_STANDIN_LOG"]) as log:
@@ -87,6 +91,11 @@ throughput *= 0.99 if allgather == 5e7 else 1.0
 throughput *= 0.6 if (zero.get("offload_optimizer") or {}).get("device") == "cpu" and stage >= 1 else 1.0
 throughput *= 0.5 if (zero.get("offload_param") or {}).get("device") == "cpu" and stage >= 3 else 1.0
 throughput *= (0.75 if checkpointed else 1.0) / (1 + 0.1 * math.log2(tp)) * tp  # DeepSpeed's count under TP
+scaling = os.environ.get("OOM_STANDIN_SCALING", "").split()
+if scaling:  # the whole world's samples: each data-parallel GPU's, less what each doubling costs (more at higher stages)
+    nodes = len(sys.argv[2].split("@")) if sys.argv[2] else 1
+    paid = float(scaling[0]) ** math.log2(world / nodes) * float(scaling[1]) ** math.log2(nodes)
+    throughput *= max(1, world // tp) * paid ** (1 + 0.5 * stage)
 lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])

@@ -9,13 +9,15 @@ import autotuner
 from autotuner import UserError
 
 from .app import Brief, collecting, drop_stdout, fail, format_option, note, screen
-from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, SCRIPT, SPECS, Where, bundled, timeout_option, where
+from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, SCRIPT, Where, bundled, timeout_option, where
 from .checks import policy_names, seconds
+from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
 
 
 @bundled
 def plan(
-    specs: list[Path] = SPECS,
+    specs: list[Path] | None = typer.Argument(None, help="Sweep files (hjson), DeepSpeed experiment files, or "
+                                                         "directories of them (none with --training)."),
     place: Where = where("Plan for this many slots of this machine."),
     script: str | None = SCRIPT,
     past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations, and the "
@@ -37,11 +39,34 @@ def plan(
                                                       "--gpus-per-node (nothing is asked of Slurm)."),
     nodes: int | None = NODES,
     gpus_per_node: int | None = GPUS_PER_NODE,
+    training: Path | None = typer.Option(None, "--training", metavar="DIR",
+                                         help="Plan the training run instead: with a config the sweep in DIR "
+                                              "measured (--config, default its best), its time and cost, with "
+                                              "the spread of its runs."),
+    config: str | None = typer.Option(None, "--config", metavar="NAME", help="With --training: the experiment "
+                                                                              "to train with [default: the best]."),
+    train_tokens: str | None = TRAIN_TOKENS,
+    train_samples: str | None = TRAIN_SAMPLES,
+    seq_len: str | None = SEQ_LEN,
+    gpu_hour_cost: str | None = GPU_HOUR_COST,
+    deadline_days: str | None = DEADLINE_DAYS,
 ) -> None:
     """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
-    scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot)."""
+    scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot). With
+    --training DIR: the training run with a config that sweep measured, its time and cost."""
     notes: list[str] = []
     try:
+        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
+        if training is not None:
+            if specs:
+                raise UserError("--training plans a training run from a sweep already run: no sweep files")
+            typer.echo(autotuner.render_training_plan(training, wanted, config, fmt.value), nl=False)
+            return
+        if config is not None or wanted != autotuner.Goal():
+            raise UserError("--config and the training run's options go with --training DIR")
+        if not specs:
+            raise UserError("missing sweep files (or --training DIR): autotune plan SWEEP.hjson ...")
+
         seconds(duration, "--duration", positive=True)
         queues = policy_names(policy, "--policy", autotuner.QUEUES)
         placements = policy_names(placement, "--placement", autotuner.PLACEMENTS)

@@ -11,6 +11,7 @@ from autotuner import UserError
 
 from .app import Brief, Format, collecting, fail, format_option, screen
 from .bundles import DIRECTORY
+from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
 
 _HELD: list[object] = []
 
@@ -47,31 +48,41 @@ def report(
                                                               "[default: zero_optimization.stage]."),
     html: str | None = typer.Option(None, "--html", metavar="[FILE]", help="Also write one self-contained "
                                        "HTML page: table, best config, command, plots [FILE: DIR/report.html]."),
+    train_tokens: str | None = TRAIN_TOKENS,
+    train_samples: str | None = TRAIN_SAMPLES,
+    seq_len: str | None = SEQ_LEN,
+    gpu_hour_cost: str | None = GPU_HOUR_COST,
+    deadline_days: str | None = DEADLINE_DAYS,
 ) -> None:
-    """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason."""
+    """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason; with the
+    training run stated (here or in the tune), each config's time to train, GPU-hours and cost, the front."""
     try:
+        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
         if html:  # before anything is printed: a refusal is the one line
             autotuner.check_output(Path(html), "--html", [directory / "ledger.sqlite"], own_files=False,
                                    replaced=True)
-        # The page, then the plots, then the report: a refusal (a --x no experiment has, a page over the sweep's
-        # own files, no matplotlib) is then the one line, with nothing written before it.
+        # The report made (a training run it cannot price refused), then the page, then the plots, then the report
+        # written: a refusal (a --x no experiment has, a page over the sweep's own files, no matplotlib) is then
+        # the one line, with nothing written before it.
+        text = autotuner.render_report(directory, fmt.value, screen(), keep=_held(), goal=wanted)
         if html is not None or plot:
             with collecting():
-                _draw(directory, html, plot, x, lines)
-        sys.stdout.write(autotuner.render_report(directory, fmt.value, screen(), keep=_held()))
+                _draw(directory, html, plot, x, lines, wanted)
+        sys.stdout.write(text)
     except UserError as e:
         raise fail(e) from None
 
 
-def _draw(directory: Path, html: str | None, plot: bool, x: str | None, lines: str | None) -> None:
+def _draw(directory: Path, html: str | None, plot: bool, x: str | None, lines: str | None,
+          wanted: autotuner.Goal) -> None:
     """The HTML page, then the plots, each named on stderr."""
     if html is not None:
-        page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines)
+        page, note = autotuner.write_html(directory, Path(html) if html else None, x=x, lines=lines, goal=wanted)
         typer.echo(f"html: {page}" + (f" (without plots: {note})" if note else ""), err=True)
     if plot:
-        paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines)
+        paths = autotuner.write_plots(autotuner.snapshot(directory), x, lines, goal=wanted)
         typer.echo("plots: " + ", ".join(str(p) for p in paths), err=True)
 
 

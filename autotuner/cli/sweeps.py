@@ -34,6 +34,7 @@ from .bundles import (
 )
 from .checks import check_outputs, policy_names, results_path, split
 from .execute import execute
+from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
 
 # `tune` hands everything after the script to the script.
 TUNE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -113,10 +114,13 @@ def tune(
                                            "names its DeepSpeed config (--deepspeed_config ds.json, or --deepspeed "
                                            "ds.json for a Trainer script). Or a tune file (.hjson) stating it all."),
     place: Where = where("Tune on this many CPU slots of this machine (no GPU needed)."),
-    num_gpus: int | None = typer.Option(None, "--num_gpus", "--num-gpus", min=1,
-                                        help="Slots per node of each experiment (default: a tune file's, or 1)."),
-    num_nodes: int | None = typer.Option(None, "--num_nodes", "--num-nodes", min=1,
-                                         help="Nodes of each experiment (default: a tune file's, or 1)."),
+    num_gpus: str | None = typer.Option(None, "--num_gpus", "--num-gpus", metavar="N[,N...]|LOW-HIGH",
+                                        help="Slots per node of each experiment (default: a tune file's, or 1); "
+                                             "several (1,2,4,8, or 1-8: the powers of two) search each world "
+                                             "size."),
+    num_nodes: str | None = typer.Option(None, "--num_nodes", "--num-nodes", metavar="N[,N...]|LOW-HIGH",
+                                         help="Nodes of each experiment (default: a tune file's, or 1); several "
+                                              "as --num_gpus."),
     results: str | None = RESULTS,
     times: Timing = timing("the whole tuning", spec=False),
     confirm: int | None = typer.Option(None, "--confirm", min=0, metavar="K",
@@ -130,6 +134,11 @@ def tune(
                                                "only when it beats the best so far by this many percent "
                                                "(0 to 1000)."),
     launcher: str | None = LAUNCHER,
+    train_tokens: str | None = TRAIN_TOKENS,
+    train_samples: str | None = TRAIN_SAMPLES,
+    seq_len: str | None = SEQ_LEN,
+    gpu_hour_cost: str | None = GPU_HOUR_COST,
+    deadline_days: str | None = DEADLINE_DAYS,
     ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
@@ -145,8 +154,11 @@ def tune(
         _check_before_asking(ask, place, times, ssh)
         launch = split(launcher, "--launcher") if launcher else None
         chosen = results_path(results)
-        request = autotuner.read_tune(script, list(ctx.args), num_gpus=num_gpus, num_nodes=num_nodes, seed=seed,
-                                      confirm=confirm, min_gain=min_improvement / 100)
+        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
+        gpus = autotuner.world_counts(num_gpus, "--num_gpus") if num_gpus is not None else None
+        nodes = autotuner.world_counts(num_nodes, "--num_nodes") if num_nodes is not None else None
+        request = autotuner.read_tune(script, list(ctx.args), num_gpus=gpus, num_nodes=nodes, seed=seed,
+                                      confirm=confirm, min_gain=min_improvement / 100, goal=wanted)
         check_outputs(watch.events, chosen, [*request.inputs, place.hostfile, ssh.ssh_config])
     except UserError as e:
         raise fail(e) from None
@@ -162,9 +174,12 @@ def tune(
         for line in notes:
             note(line)
         if not watch.quiet:
-            template = autotuner.snapshot(directory).meta.search["template"]  # type: ignore[index]
-            typer.echo(f"tuning {script}: experiments of {template['num_nodes']} node(s) x {template['num_gpus']} "
-                       f"slot(s) on {_slots(cluster)}; results in {directory}", err=watch.fmt == Brief.json)
+            search = autotuner.snapshot(directory).meta.search
+            template = search["template"]  # type: ignore[index]
+            shapes = [f"{n} node(s) x {g} slot(s)" for g, n in search.get("worlds") or ()] or [  # type: ignore[union-attr]
+                f"{template['num_nodes']} node(s) x {template['num_gpus']} slot(s)"]
+            typer.echo(f"tuning {script}: experiments of {', '.join(shapes)} on {_slots(cluster)}; results in "
+                       f"{directory}", err=watch.fmt == Brief.json)
         execute(directory, options, watch)
 
 

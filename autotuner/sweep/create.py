@@ -110,12 +110,13 @@ def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSp
     when its experiments cannot fit the cluster's slots, or when the memory model says that no stage tuned fits
     any of its GPUs: nothing would run, and the user learns it now rather than from "no best configuration"."""
     spec = replace(request.spec, gpu_memory=_gpu_memory(cluster), host_memory=_host_memory(cluster))
-    first = search_for(spec).experiment(spec.stages[0], spec.min_mbs)
-    problem = launch_problem(first)  # every experiment of the search is the first one's config give or take knobs
-    if problem is not None:
-        raise UserError(f"experiment {first.name}: {problem}", request.config)
-    sweep = Sweep(spec.prefix, (first,), metric_named(spec.metric), str(request.config))
-    check_fits(sweep, cluster)  # every experiment of the search has the first one's shape
+    firsts = [search_for(s).experiment(s.stages[0], s.min_mbs) for s in spec.world_specs()]  # one per world size
+    for first in firsts:
+        problem = launch_problem(first)  # every experiment of the search is the first one's config give or take knobs
+        if problem is not None:
+            raise UserError(f"experiment {first.name}: {problem}", request.config)
+    sweep = Sweep(spec.prefix, tuple(firsts), metric_named(spec.metric), str(request.config))
+    check_fits(sweep, cluster)  # every experiment of the search has the first one's shape (of its world size)
     _check_nvme(request, spec, cluster)
     if len(spec.levels()) > 1 and spec.host_memory is None:
         log.warning("the RAM of %s is not known: offload, if the search comes to it, is not bounded by it",

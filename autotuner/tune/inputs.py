@@ -29,6 +29,8 @@ from ..spec.reading import (
     string_list,
 )
 from .batches import largest_keeping
+from .goal import SECTION_KEYS as GOAL_KEYS
+from .goal import Goal, from_section
 from .knobs import Space, accumulation_values, first_values, knob_spaces, whole, with_accumulation
 from .layout import SHAPE_KEYS, read_script_knobs, read_shape, read_tp
 
@@ -37,7 +39,8 @@ KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "st
         "end_profile_step", "metric_path", "max_train_batch_size", "min_train_batch_size",
         "min_train_micro_batch_size_per_gpu", "max_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes",
         "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
-        "model_info_path", "script_knobs")  # script_knobs: ours (layout.py), the script's arguments to search
+        "model_info_path", "script_knobs", *GOAL_KEYS)  # script_knobs: ours (layout.py), the script's arguments to
+# search; the goal's keys: ours too (goal.py), the training run the tune is for
 TUNERS = ("gridsearch", "random", "model_based")
 SWITCHES = ("enabled", "fast", "overwrite")  # the section's true/false keys
 PATHS = ("results_dir", "exps_dir", "metric_path")  # the section's path keys
@@ -129,6 +132,7 @@ class Tuning:
     tp: tuple[int, ...] = ()  # tensor_parallel.autotp_size: the sizes searched (layout.py)
     script_knobs: dict[str, list[JSON]] = field(default_factory=dict)  # autotuning.script_knobs
     shape: dict[str, int] | None = None  # the model's heads, hidden size... (model_info, its hf_config)
+    goal: Goal = field(default_factory=Goal)  # the training run it is for (train_tokens, gpu_hour_cost, ...)
 
 
 def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = CONFIG_FLAG,
@@ -209,7 +213,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     return Tuning(base, stages, metric, min_mbs, max_mbs, counts["num_tuning_micro_batch_sizes"] or 3,
                   global_batch, counts["tuner_num_trials"], counts["tuner_early_stopping"], mappings, tuner, spaces,
                   facts, counts["mp_size"] or 1, _facts_line(src, section), tuple(map(str, src.budget.files)),
-                  fixed, nvme_lines, tp, knobs, shape)
+                  fixed, nvme_lines, tp, knobs, shape, from_section(src, section, shape))
 
 
 def _global_batch(src: Source, fixed: int | None, most: int | None, dp: int) -> int | None:

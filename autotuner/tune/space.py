@@ -48,6 +48,11 @@ Setting = tuple[tuple[str, JSON], ...]
 Point = tuple[int, int, Setting]  # (stage, micro-batch size, knobs)
 
 
+def world_tag(gpus: int, nodes: int) -> str:
+    """A world size in experiment names (worlds.py): g4 (one node), g8n2 (8 GPUs on each of 2 nodes)."""
+    return f"g{gpus}" + (f"n{nodes}" if nodes > 1 else "")
+
+
 @dataclass(frozen=True)
 class SearchSpec:
     """Everything the search needs, as JSON in the ledger's meta (`search`), so that resume rebuilds it."""
@@ -78,13 +83,17 @@ class SearchSpec:
     tp: tuple[int, ...] = ()  # AutoTP sizes (tensor_parallel.autotp_size) searched or fixed; (): none set (layout.py)
     script_knobs: Mapping[str, Sequence[JSON]] = field(default_factory=dict)  # "--option" -> its values
     shape: Mapping[str, int] | None = None  # heads, KV heads, hidden, vocabulary, sequence, layers (layout.py)
+    goal: Mapping[str, JSON] | None = None  # the training run the tune is for (goal.Goal as JSON); None: not said
+    worlds: tuple[tuple[int, int], ...] = ()  # (GPUs per node, nodes) of each world size searched (worlds.py)
 
     def to_json(self) -> JSONObject:
         return asdict(self) | {"stages": list(self.stages), "template": dict(self.template), "base": dict(self.base),
                                "knobs": {s: {k: list(v) for k, v in space.items()} for s, space in self.knobs.items()},
                                "facts": dict(self.facts) if self.facts is not None else None,
                                "tp": list(self.tp), "script_knobs": {k: list(v) for k, v in self.script_knobs.items()},
-                               "shape": dict(self.shape) if self.shape is not None else None}
+                               "shape": dict(self.shape) if self.shape is not None else None,
+                               "goal": dict(self.goal) if self.goal is not None else None,
+                               "worlds": [list(w) for w in self.worlds]}
 
     @property
     def layouts(self) -> list[Layout]:
@@ -150,7 +159,17 @@ class SearchSpec:
     @classmethod
     def from_json(cls, data: Mapping[str, JSON]) -> SearchSpec:
         # A ledger from before confirmation re-runs asked for none: its search goes on as it began.
-        return cls(**{"confirm": 0, **data, "stages": tuple(data["stages"]), "tp": tuple(data.get("tp") or ())})
+        return cls(**{"confirm": 0, **data, "stages": tuple(data["stages"]), "tp": tuple(data.get("tp") or ()),
+                      "worlds": tuple((int(g), int(n)) for g, n in data.get("worlds") or ())})
+
+    def at_world(self, gpus: int, nodes: int, tag: str) -> SearchSpec:
+        """The search of one world size (worlds.py): its experiments on `gpus` x `nodes`, named with `tag`."""
+        return replace(self, template={**self.template, "num_gpus": gpus, "num_nodes": nodes},
+                       prefix=f"{self.prefix}_{tag}", worlds=())
+
+    def world_specs(self) -> list[SearchSpec]:
+        """The search of each world size; the spec itself where it searches one."""
+        return [self.at_world(g, n, world_tag(g, n)) for g, n in self.worlds] or [self]
 
     @property
     def world(self) -> int:

@@ -6,10 +6,18 @@ from .model_based import ModelSearch
 from .random_tuner import RandomSearch
 from .search import Search
 from .space import SearchSpec
+from .worlds import WorldSearch
 
 
-def search_for(spec: SearchSpec) -> Search:
-    """The tuner the spec names (model_based imports Optuna: a UserError when it is not installed)."""
+def search_for(spec: SearchSpec) -> Search | WorldSearch:
+    """The tuner the spec names (model_based imports Optuna: a UserError when it is not installed); with several
+    world sizes, one for each (worlds.py)."""
+    if spec.worlds:
+        return WorldSearch(spec, [_tuner(s) for s in spec.world_specs()])
+    return _tuner(spec)
+
+
+def _tuner(spec: SearchSpec) -> Search:
     if spec.tuner == "random":
         return RandomSearch(spec)
     if spec.tuner == "model_based":

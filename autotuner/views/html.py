@@ -23,7 +23,10 @@ from ..ledger.lock import holder_pid
 from ..limits import memory
 from ..spec.metrics import UNITS, format_compact, format_value
 from ..spec.outputs import is_sweep_file, same_file
+from ..tune.goal import Goal
+from . import cost
 from .analysis import all_attempts, timeline_end, utilisation
+from .cost import Costing
 from .panel import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
 from .records import ExperimentRecord, SweepResults, from_snapshot
@@ -110,9 +113,10 @@ def _data_uri(png: bytes) -> str:
 
 def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] | None, plot_note: str | None,
                 runner_pid: int | None, now: float | None = None, *, usage: Mapping[str, JSON] | None = None,
-                links: Mapping[str, Mapping[str, str]] | None = None) -> str:
+                links: Mapping[str, Mapping[str, str]] | None = None, training: Costing | None = None) -> str:
     """The page, from a snapshot, its records, PNGs by file name (or None and a note), the slots' use
-    (`analysis.utilisation`) and each experiment's log links (file name -> relative URL)."""
+    (`analysis.utilisation`), each experiment's log links (file name -> relative URL) and the training run
+    priced (cost.py)."""
     now = time.time() if now is None else now
     direction = snap.metric.direction
     best = snap.best
@@ -145,6 +149,8 @@ def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] |
 
     out.append("<h2>Experiments</h2>")
     out.append(_experiments_table(results, links or {}))
+    if training is not None:
+        out.append(_training_section(training))
 
     found = optimal(snap)
     if found is not None:
@@ -169,6 +175,16 @@ def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] |
         out.append(f'<p class="note">{escape(plot_note or "no plots")}</p>')
     out.append("</main></body></html>")
     return "\n".join(out) + "\n"
+
+
+def _training_section(training: Costing) -> str:
+    """The training run priced for each config: a table, the front marked, the answer and its basis."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in cost.headers(training))
+    rows = "".join("<tr" + (' class="front"' if c.front else "") + ">" + "".join(f"<td>{escape(v)}</td>" for v in row)
+                   + "</tr>" for c, row in zip(training.candidates, cost.cells(training), strict=True))
+    notes = "".join(f"<li>{escape(line)}</li>" for line in cost.notes(training))
+    return (f'<h2 id="training">Training run <small>({escape(cost.title(training))})</small></h2>'
+            f'<table class="training"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table><ul>{notes}</ul>')
 
 
 def _sortable(label: str, title: str = "") -> str:
@@ -263,10 +279,12 @@ def _not_the_sweeps(directory: Path, target: Path, snap: Snapshot) -> None:
 
 
 def write_html(directory: Path, path: Path | None = None, *, x: str | None = None, lines: str | None = None,
-               plots: dict[str, bytes] | None = None) -> tuple[Path, str | None]:
-    """Write the page (default DIR/report.html); returns its path and a note when the plots are missing."""
+               plots: dict[str, bytes] | None = None, goal: Goal | None = None) -> tuple[Path, str | None]:
+    """Write the page (default DIR/report.html); returns its path and a note when the plots are missing.
+    `goal`: the training run to price the configs for, over the one the tune recorded (cost.py)."""
     directory = Path(directory)
     snap = load(directory)
+    training = cost.costing(snap, cost.goal_of(snap, goal))
     note = None
     if plots is None:
         try:
@@ -279,7 +297,7 @@ def write_html(directory: Path, path: Path | None = None, *, x: str | None = Non
     usage = utilisation(attempts, snap.slots, timeline_end(directory, attempts))
     links = log_links(directory, target, [a.name for a in snap.attempts])
     page = render_html(snap, from_snapshot(snap), plots, note, holder_pid(directory), usage=usage,
-                       links=links).encode("utf-8")
+                       links=links, training=training).encode("utf-8")
     try:
         write_atomic(target, page)
     except OSError as e:  # no such directory, read-only, full: the user's choice of place, one line

@@ -31,7 +31,9 @@ from ..ledger.swept import MISSING
 from ..spec import ABBREVIATIONS
 from ..spec.metrics import UNITS, Metric, format_value
 from ..states import State
+from ..tune.goal import Goal
 from .analysis import all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
+from .cost import Costing, costing, goal_of, title
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:  # matplotlib is an optional extra: its types only for the checker
@@ -42,6 +44,7 @@ Position = Callable[[JSON], float]  # an x value's place on the axis (x values: 
 
 METRIC_PNG = "plot_metric.png"
 TIMELINE_PNG = "plot_timeline.png"
+FRONT_PNG = "plot_front.png"  # the training run's time against its cost, the front marked (cost.py)
 INSTALL_HINT = ("plots need matplotlib, which is not installed: pip install 'ds-autotune[plots]' "
                 "(or pip install matplotlib)")
 
@@ -345,6 +348,38 @@ def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[A
     return fig
 
 
+def front_figure(costing: Costing) -> Figure:
+    """Each config's time to train against its cost (GPU-hours where not priced), one colour per GPU count;
+    the front joined as a step line, the fastest and the cheapest within the deadline named, the deadline drawn."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.add_subplot()
+    spend = "cost" if costing.goal.priced else "GPU-hours"
+    for gpus in sorted({c.gpus for c in costing.candidates}):
+        group = [c for c in costing.candidates if c.gpus == gpus]
+        ax.scatter([c.days for c in group], [c.spend for c in group], s=18, alpha=0.7, label=f"{gpus} GPU(s)")
+    front = sorted((c for c in costing.candidates if c.front), key=lambda c: c.days)
+    ax.step([c.days for c in front], [c.spend for c in front], where="post", color="black", linewidth=1,
+            label="front (not beaten on both)")
+    named = {costing.fastest.name: "fastest", **({costing.cheapest: "cheapest"} if costing.cheapest else {})}
+    for c in costing.candidates:
+        if c.name in named:
+            what = "fastest and cheapest" if costing.cheapest == costing.fastest.name else named[c.name]
+            ax.annotate(f"{what}: {c.name}", (c.days, c.spend), textcoords="offset points", xytext=(6, 6),
+                        fontsize=8)
+    if costing.goal.deadline_days is not None:
+        ax.axvline(costing.goal.deadline_days, color="#c8453c", linestyle="--", linewidth=1,
+                   label=f"deadline {costing.goal.deadline_days:g} days")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("days to train (measured throughput)")
+    ax.set_ylabel(spend)
+    ax.set_title(f"training run: {title(costing)}", fontsize=10)
+    ax.legend(fontsize=8)
+    return fig
+
+
 # --- files ---------------------------------------------------------------------------------------------------
 def _png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
@@ -353,19 +388,22 @@ def _png(fig: Figure) -> bytes:
 
 
 def render_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
-                 now: float | None = None) -> dict[str, bytes]:
-    """{file name: PNG bytes} of both plots."""
+                 now: float | None = None, training: Costing | None = None) -> dict[str, bytes]:
+    """{file name: PNG bytes} of both plots, and of the training run's front where it is priced."""
     _require_matplotlib()
     attempts = all_attempts(snap.directory)
     now = timeline_end(snap.directory, attempts) if now is None else now
     return {METRIC_PNG: _png(metric_figure(snap, x, lines)),
-            TIMELINE_PNG: _png(timeline_figure(snap.name, snap.slots, attempts, now, snap.best))}
+            TIMELINE_PNG: _png(timeline_figure(snap.name, snap.slots, attempts, now, snap.best)),
+            **({FRONT_PNG: _png(front_figure(training))} if training is not None else {})}
 
 
-def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None) -> list[Path]:
-    """Draw both plots into the sweep's directory; returns their paths."""
+def write_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
+                goal: Goal | None = None) -> list[Path]:
+    """Draw the plots into the sweep's directory (the front's too, with a training run: `goal` over the one the
+    tune recorded); returns their paths."""
     paths = []
-    for name, data in render_plots(snap, x, lines).items():
+    for name, data in render_plots(snap, x, lines, training=costing(snap, goal_of(snap, goal))).items():
         try:
             write_atomic(snap.directory / name, data)
         except OSError as e:  # a read-only or full results directory

@@ -15,7 +15,10 @@ from ..limits import memory
 from ..spec import ABBREVIATIONS
 from ..spec.metrics import format_compact
 from ..states import State
+from ..tune.goal import Goal
+from . import cost
 from .records import ExperimentRecord, SweepResults, from_snapshot
+from .scaling import Scaling, scaling
 from .snapshot import Snapshot, format_slots, load
 from .summary import batch_note, command_file, config_file, confirmation, memory_note, optimal, uncertain
 from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
@@ -41,12 +44,16 @@ def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, object]:
     return row
 
 
-def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: list[object] | None = None) -> str:
+def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: list[object] | None = None,
+                  goal: Goal | None = None) -> str:
     """`autotune report`: one row per experiment with every swept parameter and metric, as `fmt`. What it read
-    is added to `keep`, if given: a caller that ends right after holds it rather than free it object by object."""
+    is added to `keep`, if given: a caller that ends right after holds it rather than free it object by object.
+    `goal`: the training run to price each config for (over the one the tune recorded: views/cost.py)."""
     if fmt not in FORMATS:
         raise UserError(f"unknown --format {fmt!r}; choose one of {', '.join(FORMATS)}")
     snap = load(directory, every_experiment=False)
+    training = cost.costing(snap, cost.goal_of(snap, goal))  # a goal it cannot price: refused before any output
+    sizes = scaling(snap)
     results = from_snapshot(snap)
     if keep is not None:
         keep += (snap, results)
@@ -58,13 +65,45 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: li
                                "parameters": list(results.parameters), "metrics": list(results.metrics),
                                "experiments": [_json_row(r, results.typed) for r in results.in_sweep_order],
                                "optimal": {"config": found[0], "command": found[1]} if found else None}
-                              | _per_type(snap) | confirmed_json(snap), "experiments", results.ranking)
+                              | _per_type(snap) | confirmed_json(snap)
+                              | ({"training": training.to_json()} if training else {})
+                              | ({"scaling": sizes.to_json()} if sizes else {}), "experiments",
+                              results.ranking)
     if fmt == "csv":
-        return _csv(results)
+        return _csv(results, cost.csv_values(training) if training else None)
     if fmt == "md":
-        return _markdown(results)
+        return _markdown(results) + (_scaling_markdown(sizes) if sizes else "") \
+            + (_training_markdown(training) if training else "")
     notes = [note for note in (confirmation(snap), memory_note(snap), batch_note(snap)) if note]
-    return _report_table(results, output, notes) + _optimal_text(snap)
+    return _report_table(results, output, notes) + (_scaling_table(sizes, output) if sizes else "") \
+        + (_training_table(training, output) if training else "") + _optimal_text(snap)
+
+
+def _scaling_table(sizes: Scaling, output: Output) -> str:
+    """Each world size's best config, its throughput per GPU and efficiency; where adding GPUs stops paying."""
+    columns = [Column(h, right=h != "best config", whole=h == "best config") for h in Scaling.HEADERS]
+    return "\n" + render_table(columns, sizes.cells(), title="scaling: the best config at each world size",
+                               notes=[sizes.verdict(), "computed from: " + sizes.basis()], output=output, keep=1)
+
+
+def _scaling_markdown(sizes: Scaling) -> str:
+    table = markdown_table(Scaling.HEADERS, sizes.cells())
+    return f"\n**scaling: the best config at each world size**\n\n{table}\n- {sizes.verdict()}\n" \
+           f"- computed from: {sizes.basis()}\n"
+
+
+def _training_table(training: cost.Costing, output: Output) -> str:
+    """The training run priced for each config, the front marked, and the answer under it."""
+    columns = [Column(h, right=h not in ("name", "front", "deadline"), whole=h == "name")
+               for h in cost.headers(training)]
+    return "\n" + render_table(columns, cost.cells(training), title="training run: " + cost.title(training),
+                               notes=cost.notes(training), output=output, keep=1)
+
+
+def _training_markdown(training: cost.Costing) -> str:
+    table = markdown_table(cost.headers(training), cost.cells(training))
+    return f"\n**training run: {cost.title(training)}**\n\n{table}\n" + "".join(f"- {line}\n"
+                                                                               for line in cost.notes(training))
 
 
 def confirmed_json(snap: Snapshot) -> dict[str, object]:
@@ -85,16 +124,20 @@ def _per_type(snap: Snapshot) -> dict[str, object]:
                                 if (o := optimal(snap, gpu_type=t)) is not None}}
 
 
-def _csv(results: SweepResults) -> str:
+def _csv(results: SweepResults, training: dict[str, list[object]] | None = None) -> str:
     """One line per record, its values in `columns()` order (lists and objects as JSON): each row's dict taken
     as it is filled (in that order) where no value needs JSON, written in the sweep's order a line each, the
-    lines then put in rank order (see `Snapshot.order`)."""
+    lines then put in rank order (see `Snapshot.order`). `training`: the training run's columns
+    (cost.CSV_COLUMNS) by name, after the rest (empty for a config not priced)."""
     values: list[Iterable[object]] = list(map(dict.values, results.rows(in_sweep_order=True)))
+    if training is not None:
+        empty = [None] * len(cost.CSV_COLUMNS)
+        values = [[*row, *training.get(r.name, empty)] for row, r in zip(values, results.in_sweep_order, strict=True)]
     if {list, dict} & set(map(type, itertools.chain.from_iterable(values))):
         values = [[json.dumps(v) if isinstance(v, (list, dict)) else v for v in row] for row in values]
     lines = _Lines()
     writer = csv.writer(lines, lineterminator="\n")
-    writer.writerow(results.columns())
+    writer.writerow([*results.columns(), *(cost.CSV_COLUMNS if training is not None else ())])
     writer.writerows(values)
     ranked = [lines[1 + i] for i in results.ranking]
     ranked.insert(0, lines[0])  # the header: one copy of the whole text, not two

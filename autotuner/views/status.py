@@ -12,9 +12,10 @@ from ..errors import UserError
 from ..ledger.lock import holder_pid
 from ..spec.metrics import format_value
 from ..states import Reason, State
+from .cost import title as cost_title
 from .report import confirmed_json
-from .snapshot import format_slots, load
-from .summary import OPTIMAL_COMMAND, batch_note, confirmation, memory_note
+from .snapshot import Snapshot, format_slots, load
+from .summary import CHEAPEST_COMMAND, OPTIMAL_COMMAND, batch_note, confirmation, memory_note, recorded_costing
 
 if TYPE_CHECKING:
     from ..sweep.run import Result
@@ -55,6 +56,17 @@ def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | N
 
 
 # --- the end of autotune run / resume ------------------------------------------------------------------------
+def _training(snap: Snapshot) -> list[str]:
+    """Of a tune for a training run: the fastest and the cheapest within its deadline (and its files)."""
+    priced = recorded_costing(snap)
+    if priced is None:
+        return []
+    cheaper = (snap.directory / CHEAPEST_COMMAND).exists() and snap.best is not None \
+        and priced.cheapest not in (None, snap.best.name)
+    return [f"training run ({cost_title(priced)}):", *(f"  {line}" for line in priced.verdict),
+            *([f"  cheapest's command: {snap.directory / CHEAPEST_COMMAND}"] if cheaper else [])]
+
+
 def render_result(result: Result, fmt: str = "table") -> str:
     """How a sweep run by `run` or `resume` ended: counts, the best and its files, in lines or one JSON object."""
     if fmt not in STATUS_FORMATS:
@@ -70,7 +82,8 @@ def render_result(result: Result, fmt: str = "table") -> str:
             "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
                      "config": str(result.optimal_config) if result.optimal_config else None,
                      "command": str(command) if result.optimal_config else None} if best else None}
-            | confirmed_json(snap)) + "\n"
+            | confirmed_json(snap) | ({"training": priced.to_json()} if (priced := recorded_costing(snap)) else {})
+        ) + "\n"
     counts = ", ".join(f"{n} {state}" for state, n in sorted(snap.counts().items()))
     if snap.meta.search is not None:  # tune: a run out of memory is an answer (that size does not fit)
         oom = sum(1 for a in snap.attempts if a.reason == Reason.OOM)
@@ -84,6 +97,7 @@ def render_result(result: Result, fmt: str = "table") -> str:
         lines += [f"best: {best.name} with {snap.metric.name} {snap.value(best) or 0:.6g}",
                   *([f"  {confirmed}"] if confirmed else []),
                   f"  config:  {result.optimal_config}", f"  command: {command}"]
+        lines += _training(snap)
     if result.interrupted:
         lines.append(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
     return "\n".join(lines) + "\n"

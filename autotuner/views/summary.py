@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..backends.launch import Launcher, optimal_command, without_autotuning
+from ..errors import UserError
 from ..files import write_atomic, write_json_atomic
 from ..jsonvalues import JSONObject
 from ..limits import memory
@@ -23,6 +24,7 @@ from ..tune.layout import lane
 from ..tune.memory_loop import profile_facts
 from ..tune.memory_model import Facts, budget
 from ..tune.space import OFFLOAD_TAGS, SearchSpec
+from .cost import Costing, costing, goal_of
 
 if TYPE_CHECKING:  # the views import this module: a runtime import back would make a cycle
     from ..ledger.store import Attempt
@@ -32,6 +34,9 @@ if TYPE_CHECKING:  # the views import this module: a runtime import back would m
 OPTIMAL_CONFIG = "ds_config_optimal.json"
 OPTIMAL_COMMAND = "cmd_optimal.txt"
 SUMMARY = "summary.txt"
+# The cheapest config within the deadline of the training run a tune was for, where it is not the best (cost.py).
+CHEAPEST_CONFIG = "ds_config_cheapest.json"
+CHEAPEST_COMMAND = "cmd_cheapest.txt"
 
 
 def config_file(gpu_type: str | None = None) -> str:
@@ -64,7 +69,34 @@ def write_outcome_files(snap: Snapshot, launcher: Launcher) -> Path | None:
     write_atomic(snap.directory / SUMMARY, summary_text(snap))
     for gpu_type in snap.best_by_type if snap.by_type else ():
         _write_optimal(snap, launcher, gpu_type)
+    found = cheapest(snap, launcher)
+    if found is not None:
+        write_json_atomic(snap.directory / CHEAPEST_CONFIG, found[0])
+        write_atomic(snap.directory / CHEAPEST_COMMAND, found[1] + "\n")
     return _write_optimal(snap, launcher, None)
+
+
+def recorded_costing(snap: Snapshot) -> Costing | None:
+    """The training run the tune recorded, priced for its configs; None when it states none or cannot be
+    priced (said by `report`, which refuses it in one line)."""
+    try:
+        return costing(snap, goal_of(snap))
+    except UserError:
+        return None
+
+
+def cheapest(snap: Snapshot, launcher: Launcher | None = None) -> tuple[JSONObject, str] | None:
+    """The config and command of the cheapest config within the deadline of the training run the tune was for,
+    where it is not the best (whose files are ds_config_optimal.json and cmd_optimal.txt); else None."""
+    priced = recorded_costing(snap)
+    best = snap.best
+    if priced is None or priced.cheapest is None or best is None or priced.cheapest == best.name:
+        return None
+    attempt = next(a for a in snap.attempts if a.name == priced.cheapest)
+    experiment = snap.experiments[attempt.name]
+    path = (snap.directory / CHEAPEST_CONFIG).resolve()
+    return without_autotuning(experiment.config()), optimal_command(experiment, str(path), launcher or Launcher(),
+                                                                    snap.env, snap.mig_of(attempt))
 
 
 def _write_optimal(snap: Snapshot, launcher: Launcher, gpu_type: str | None) -> Path | None:
