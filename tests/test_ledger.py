@@ -178,7 +178,8 @@ def test_an_attempt_read_holds_every_field_in_order_and_an_older_versions_missin
     for read in (ledger.latest()[0], ledger.attempts("a")[0], ledger.attempts()[0], ledger.in_state(State.FAILED)[0]):
         assert read == expected and list(vars(read)) == [f.name for f in fields(Attempt)]
     ledger._db.executescript("ALTER TABLE attempts DROP COLUMN peak_memory; ALTER TABLE attempts DROP COLUMN step; "
-                             "DROP TABLE swept; DROP TABLE leaves; DROP TABLE stops; PRAGMA user_version = 1;")
+                             "DROP TABLE swept; DROP TABLE leaves; DROP TABLE stops; DROP TABLE measures; "
+                             "PRAGMA user_version = 1;")
     with Ledger.open(tmp_path) as old:
         assert old.attempts("a")[0] == replace(expected, step=None, peak_memory=None)
 

@@ -13,6 +13,7 @@ error naming it, never a traceback from deep inside a query.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -21,6 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
+from ..spec.interval import Interval, Timing
 from ..states import Reason, State
 from . import checks, kept
 from .attempt import STATES, Attempt
@@ -377,6 +379,25 @@ class Ledger:
             self._db.execute("INSERT OR IGNORE INTO stops VALUES (?, ?, ?, ?, ?, ?)",
                              (name, attempt, state, reason, detail, at))
 
+    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+        """What the attempt's steps said (schema 7's `measures`), in the transaction that records its end."""
+        interval = timing.interval
+        row = (name, attempt, _finite_or_none(timing.startup), _finite_or_none(timing.step_seconds), timing.steps,
+               *((interval.mean, interval.low, interval.high) if interval is not None else (None, None, None)))
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO measures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             tuple(_finite_or_none(v) if isinstance(v, float) else v for v in row))
+
+    def measures(self) -> dict[tuple[str, int], Timing]:
+        """(name, attempt) -> what its steps said, of every attempt that left steps; none before schema 7."""
+        if self.version() < 7:
+            return {}
+        found: dict[tuple[str, int], Timing] = {}
+        for name, attempt, startup, step, steps, mean, low, high in self._db.execute("SELECT * FROM measures"):
+            interval = Interval(mean, low, high, steps, 0) if None not in (mean, low, high) else None
+            found[(name, attempt)] = Timing(startup, step, steps, interval)
+        return found
+
     def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
         """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a
         runner that adopts it, or `cancel` with none alive, judges its end by. None before schema 6."""
@@ -452,6 +473,10 @@ class Ledger:
     def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))
         return self._rows(f"FROM attempts a WHERE state IN ({marks})", states)
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def open_sweep(directory: str | Path) -> Ledger:
