@@ -4,6 +4,7 @@ ledger and shown in every report format."""
 import json
 import math
 import random
+import re
 import statistics
 import time
 
@@ -145,18 +146,47 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
     sweep = write_sweep(tmp_path, [1, 2], name="p")
     out = tmp_path / "out"
     launcher = write_launcher(tmp_path, STEPPING)
-    done = autotune("run", sweep, "--results", out, "--launcher", launcher, "--slots", "2", "-q",
+    done = autotune("run", sweep, "--results", out, "--launcher", launcher, "--slots", "2",
                     environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0, done.stderr
+    assert re.search(r"best: p_x\d with throughput 100.5 \(95% interval [\d.]+ to [\d.]+ over 6 steps\)",
+                     done.stdout), done.stdout
     with Ledger.open(out) as ledger:
         timings = ledger.measures()
     assert set(timings) == {("p_x1", 1), ("p_x2", 1)}
     for timing in timings.values():
         assert timing.steps == 6 and timing.startup >= 0.3 and 0 < timing.step_seconds < timing.startup
-        assert timing.interval.low <= 100.5 <= timing.interval.high
+        assert timing.interval.low <= timing.interval.mean <= timing.interval.high
+        assert timing.interval.mean == pytest.approx(100.5, rel=1e-3)  # steps 3-6: 101, 100, 101, 100 samples/s
     report = json.loads(autotune("report", out, "--format", "json").stdout)
     row = report["experiments"][0]["metrics"]
-    assert row["throughput_low"] <= 100.5 <= row["throughput_high"] and row["steps_measured"] == 6
+    assert row["throughput_low"] <= row["throughput_high"] and row["steps_measured"] == 6
     assert row["startup_s"] >= 0.3
     csv = autotune("report", out, "--format", "csv").stdout.splitlines()[0].split(",")
     assert {"throughput_low", "throughput_high", "startup_s", "step_s"} <= set(csv)
+    assert autotune("report", out, "--html", tmp_path / "r.html").returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "95% interval" in page and "throughput_low" in page
+
+
+def test_deepspeed_steps_after_the_profile_window_are_left_out(tmp_path):
+    """DeepSpeed's engine ends a measured run after end_profile_step; a line for the step it ends in is timed as
+    the run ends (on CPU, 320 samples/s where the window measured 40-60) and is no measure of it."""
+    t0 = int(time.time())
+    (tmp_path / "stdout.log").write_text("\n".join(ds_line(n, t0 + n * 0.2, v)
+                                                   for n, v in ((3, 59.6), (4, 44.5), (5, 41.1), (6, 320.8))))
+    (tmp_path / "ds_config.json").write_text(json.dumps({"autotuning": {"enabled": True, "end_profile_step": 5}}))
+    (tmp_path / "metrics.json").write_text('{"throughput": 45}')
+    measured = judge_files(0, tmp_path, THROUGHPUT).measured
+    assert measured.steps == 3 and 0 < measured.interval.low < 41.1
+    assert measured.interval.high == math.inf  # three steps, two batches: too few to bound it above
+
+
+def test_a_rate_is_averaged_as_work_over_time():
+    """Samples/s over steps: the run's throughput is its samples over its time, the harmonic mean of the steps'
+    rates (DeepSpeed's metric is its batch over the mean step time), not their plain mean."""
+    steps = [Step(n, float(n), 100.0 if n % 2 else 50.0) for n in range(1, 41)]
+    interval = measure(steps, warmup=0, rate=True).interval
+    assert interval.mean == pytest.approx(200 / 3) and interval.low < 200 / 3 < interval.high
+    assert measure(steps, warmup=0).interval.mean == pytest.approx(75)
+    assert measure([Step(1, 1.0, 0.0), Step(2, 2.0, 5.0)], warmup=0, rate=True).interval is None

@@ -90,7 +90,7 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     if exit_code is None:
         return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
     outcome = _judged(exit_code, directory, metric)
-    measured = measured_run(directory, metric.name)
+    measured = measured_run(directory, metric.name, lambda: _end_profile_step(directory))
     return outcome if measured is None else dataclasses.replace(outcome, measured=measured)
 
 

@@ -82,8 +82,11 @@ def with_autotuning(ds_config: Mapping[str, JSON], metric_path: str, metric: str
     if isinstance(model_info, Mapping) and model_info.get("profile"):  # a profile run: its model info file beside
         section["model_info_path"] = str(Path(metric_path).with_name(MODEL_INFO))  # the metrics file's place
     config["autotuning"] = section
-    if config.get("steps_per_print") is None:  # DeepSpeed's throughput line every step (spec/progress.py)
-        config["steps_per_print"] = 1
+    # DeepSpeed's throughput line every step, the run's progress (spec/progress.py): an INFO line of its logger,
+    # whose level is WARNING unless the config's `log_level` says otherwise.
+    config["steps_per_print"] = 1
+    if str(config.get("log_level")).lower() not in ("debug", "info"):
+        config["log_level"] = "info"
     return config
 
 

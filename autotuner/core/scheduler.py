@@ -383,7 +383,8 @@ class Scheduler:
         if timing is not None:
             self.record.measured(run.experiment.name, run.attempt, timing)
             if outcome.state == State.SUCCEEDED:
-                outcome = replace(outcome, metrics={**timing.columns(self.metric), **(outcome.metrics or {})})
+                outcome = replace(outcome, metrics={**(outcome.metrics or {}), **{  # its own first, as before
+                    k: v for k, v in timing.columns(self.metric).items() if k not in (outcome.metrics or {})}})
         self.record.finish(run.experiment.name, run.attempt, outcome.state, at, reason=outcome.reason,
                            detail=outcome.detail, exit_code=outcome.exit_code,
                            metric=self._metric_value(outcome), metrics=outcome.metrics,

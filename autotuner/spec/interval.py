@@ -18,13 +18,15 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .metrics import format_value
 from .progress import Step, read_steps
 
 MAX_BATCHES = 10
+RATES = ("throughput", "FLOPS_per_gpu")  # the metrics that are work per second (`measure`'s rate)
 WARMUP = 2  # steps of a progress file left out first: compilation, allocator and cache warm-up
 # Student's t, two-sided 95%, by degrees of freedom (1..MAX_BATCHES - 1).
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -66,7 +68,8 @@ class Measured:
 
 
 def batch_means(values: Sequence[float]) -> Interval | None:
-    """The batch-means interval of `values` in their order (see the module's doc); None for fewer than 2."""
+    """The batch-means interval of `values` (>= 0, as every metric is) in their order (see the module's doc),
+    its low end at least 0; None for fewer than 2."""
     n = len(values)
     if n < 2:
         return None
@@ -74,25 +77,42 @@ def batch_means(values: Sequence[float]) -> Interval | None:
     means = [statistics.fmean(values[i * n // b:(i + 1) * n // b]) for i in range(b)]
     mean = statistics.fmean(values)
     spread = _T95[b - 2] * statistics.stdev(means) / math.sqrt(b)
-    return Interval(mean, mean - spread, mean + spread, n, b)
+    return Interval(mean, max(0.0, mean - spread), mean + spread, n, b)  # a metric is never below 0
 
 
-def measure(steps: Sequence[Step], warmup: int = WARMUP) -> Measured | None:
+def measure(steps: Sequence[Step], warmup: int = WARMUP, rate: bool = False) -> Measured | None:
     """What `steps` say once the first `warmup` are left out (none are when that would leave fewer than two);
-    None for a run without steps."""
+    None for a run without steps. `rate`: the values are per-second rates (samples/s, FLOP/s), whose mean over
+    a run is the work over the time, i.e. the harmonic mean of the steps' rates: the interval is worked out on
+    the seconds per unit of work and turned back."""
     if not steps:
         return None
     kept = steps[warmup:] if len(steps) - warmup >= 2 else steps
     durations = [(b.at - a.at) / max(1, b.step - a.step) for a, b in itertools.pairwise(kept) if b.at >= a.at]
     values = [s.value for s in kept if s.value is not None]
-    return Measured(steps[0].at, len(steps), statistics.median(durations) if durations else None,
-                    batch_means(values) if len(values) == len(kept) else None)
+    interval = None
+    if len(values) == len(kept):
+        interval = _of_rates(values) if rate else batch_means(values)
+    return Measured(steps[0].at, len(steps), statistics.median(durations) if durations else None, interval)
 
 
-def measured_run(directory: Path, metric: str) -> Measured | None:
-    """What the steps a run left in its directory say (progress.py: its progress file, or DeepSpeed's lines)."""
-    steps, warmup = read_steps(directory, metric, WARMUP)
-    return measure(steps, warmup)
+def _of_rates(values: Sequence[float]) -> Interval | None:
+    """The batch-means interval of rates' harmonic mean (see `measure`); None where a rate is 0."""
+    if any(v <= 0 for v in values):
+        return None
+    inverse = batch_means([1 / v for v in values])
+    if inverse is None:
+        return None
+    high = 1 / inverse.low if inverse.low > 0 else math.inf
+    return Interval(1 / inverse.mean, 1 / inverse.high, high, inverse.n, inverse.batches)
+
+
+def measured_run(directory: Path, metric: str,
+                 window_end: Callable[[], int | None] = lambda: None) -> Measured | None:
+    """What the steps a run left in its directory say (progress.py: its progress file, or DeepSpeed's lines up
+    to the end of its profile window, `window_end()`)."""
+    steps, warmup = read_steps(directory, metric, WARMUP, window_end)
+    return measure(steps, warmup, rate=metric in RATES)
 
 
 @dataclass(frozen=True)
@@ -119,3 +139,14 @@ def timing_of(measured: Measured | None, launched_at: float | None) -> Timing | 
     if measured is None:
         return None
     return Timing(measured.startup(launched_at), measured.step_seconds, measured.steps, measured.interval)
+
+
+def interval_text(metrics: Mapping[str, float], metric: str) -> str:
+    """How sure a run's value is, as the best's line says it: " (95% interval LOW to HIGH over N steps)"; nothing
+    for a run that left no interval (an unbounded high end is not kept as a column: "no upper bound")."""
+    low, high, steps = metrics.get(f"{metric}_low"), metrics.get(f"{metric}_high"), metrics.get("steps_measured")
+    if low is None:
+        return ""
+    over = f" over {steps:.0f} steps" if steps else ""
+    upper = f"to {format_value(high)}" if high is not None else "with no upper bound"
+    return f" (95% interval {format_value(low)} {upper}{over})"

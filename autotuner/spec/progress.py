@@ -28,6 +28,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,18 +52,21 @@ class Step:
     value: float | None = None
 
 
-def read_steps(directory: Path, metric: str, warmup: int) -> tuple[list[Step], int]:
+def read_steps(directory: Path, metric: str, warmup: int,
+               window_end: Callable[[], int | None] = lambda: None) -> tuple[list[Step], int]:
     """The run's steps in order, and how many of them are warm-up: its progress file's (the first `warmup`),
     else DeepSpeed's throughput lines in its logs (only for the metric `throughput`; none of them: DeepSpeed's
-    timer leaves its first steps out itself); none when it left neither. At most MAX_BYTES of each file, from
-    its end."""
+    timer leaves its first steps out itself; `window_end()`: the end of its profile window, asked only here,
+    the steps after it, timed as the engine ends the run, left out); none when it left neither. At most
+    MAX_BYTES of each file, from its end."""
     steps = from_progress_file(directory / PROGRESS_FILE, metric)
     if steps or metric != "throughput":
         return steps, warmup
     for log in ("stdout.log", "stderr.log"):
         steps = from_deepspeed_log(read_tail(directory / log, MAX_BYTES))
         if steps:
-            return steps, 0
+            last = window_end()
+            return [s for s in steps if last is None or s.step <= last], 0
     return [], 0
 
 

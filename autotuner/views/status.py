@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..ledger.lock import holder_pid
+from ..spec.interval import interval_text
 from ..spec.metrics import format_value
 from ..states import Reason, State
 from .report import confirmed_json
@@ -81,7 +82,8 @@ def render_result(result: Result, fmt: str = "table") -> str:
         lines.append("no experiment succeeded: no best configuration" + (" yet" if result.interrupted else ""))
     else:
         confirmed = confirmation(snap)
-        lines += [f"best: {best.name} with {snap.metric.name} {snap.value(best) or 0:.6g}",
+        lines += [f"best: {best.name} with {snap.metric.name} {snap.value(best) or 0:.6g}"
+                  f"{interval_text(best.metrics, snap.metric.name)}",
                   *([f"  {confirmed}"] if confirmed else []),
                   f"  config:  {result.optimal_config}", f"  command: {command}"]
     if result.interrupted:
