@@ -12,7 +12,7 @@ import pytest
 
 from autotuner.backends.exitstatus import judge_files
 from autotuner.ledger.store import Ledger
-from autotuner.spec.interval import Interval, batch_means, measure
+from autotuner.spec.interval import Interval, Timing, batch_means, measure
 from autotuner.spec.metrics import metric_named
 from autotuner.spec.progress import PROGRESS_FILE, Step, from_deepspeed_log, from_progress_file, read_steps
 
@@ -153,6 +153,8 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
                      done.stdout), done.stdout
     with Ledger.open(out) as ledger:
         timings = ledger.measures()
+        ledger.measured("p_x1", 2, Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2)))
+        assert ledger.measures()[("p_x1", 2)] == Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 0))
     assert set(timings) == {("p_x1", 1), ("p_x2", 1)}
     for timing in timings.values():
         assert timing.steps == 6 and timing.startup >= 0.3 and 0 < timing.step_seconds < timing.startup

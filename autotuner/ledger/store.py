@@ -394,7 +394,8 @@ class Ledger:
             return {}
         found: dict[tuple[str, int], Timing] = {}
         for name, attempt, startup, step, steps, mean, low, high in self._db.execute("SELECT * FROM measures"):
-            interval = Interval(mean, low, high, steps, 0) if None not in (mean, low, high) else None
+            interval = None if mean is None or low is None else \
+                Interval(mean, low, math.inf if high is None else high, steps, 0)  # NULL high: no upper bound
             found[(name, attempt)] = Timing(startup, step, steps, interval)
         return found
 
