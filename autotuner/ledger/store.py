@@ -399,6 +399,20 @@ class Ledger:
             found[(name, attempt)] = Timing(startup, step, steps, interval)
         return found
 
+    def slot_seconds(self, until: float | None = None) -> tuple[float, float]:
+        """Slot-seconds held by every attempt that ended (retries and re-runs included), each one's slots times the
+        time from its start to its end: in all, and counted only up to `until` (0 when None). A slot is a GPU on
+        GPU hosts: over 3600, the sweep's GPU-hours. One query, no attempt decoded: an attempt's slots are its
+        commas plus one (`{"h": [0, 1], "g": [3]}`: host names hold no comma, no host has an empty list), where
+        json_each made 10,000 attempts cost 90 ms."""
+        slots = "(length(slots) - length(replace(slots, ',', '')) + 1)"
+        row = self._db.execute(
+            f"SELECT SUM(MAX(finished_at - started_at, 0) * {slots}), "
+            f"SUM(MAX(MIN(finished_at, :until) - started_at, 0) * {slots}) "
+            "FROM attempts WHERE started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL",
+            {"until": until if until is not None else -math.inf}).fetchone()
+        return float(row[0] or 0.0), float(row[1] or 0.0)
+
     def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
         """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a
         runner that adopts it, or `cancel` with none alive, judges its end by. None before schema 6."""
