@@ -153,7 +153,8 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
                      done.stdout), done.stdout
     status = json.loads(autotune("status", out, "--format", "json").stdout)["gpu_hours"]
     assert status["spent"] > 2 * 0.6 / 3600 and 0 < status["to_best"] <= status["spent"]  # two runs of > 0.6 s
-    assert "GPU-hours: " in done.stdout and "GPU-hours: " in autotune("status", out).stdout
+    shown = autotune("status", out).stdout
+    assert "GPU-hours: " in done.stdout and "GPU-hours: " in shown and "(95% interval " in shown
     with Ledger.open(out) as ledger:
         timings = ledger.measures()
         ledger.measured("p_x1", 2, Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2)))

@@ -53,7 +53,8 @@ def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | N
         elapsed = f"{now - a.started_at:.0f}s" if a.started_at else "?"
         lines.append(f"  running {a.name} (attempt {a.attempt}) on {format_slots(a.slots)} for {elapsed}")
     if best:
-        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}")
+        lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}"
+                     f"{interval_text(best.metrics, snap.metric.name)}")
     lines.append(gpu_hours_line(gpu_hours(Path(directory), best)))
     return "\n".join(lines) + "\n"
 
