@@ -381,12 +381,12 @@ class Ledger:
 
     def measured(self, name: str, attempt: int, timing: Timing) -> None:
         """What the attempt's steps said (schema 7's `measures`), in the transaction that records its end."""
-        interval = timing.interval
-        row = (name, attempt, _finite_or_none(timing.startup), _finite_or_none(timing.step_seconds), timing.steps,
-               *((interval.mean, interval.low, interval.high) if interval is not None else (None, None, None)))
+        found = timing.interval
+        numbers = (timing.startup, timing.step_seconds, *((found.mean, found.low, found.high) if found else [None] * 3))
+        kept = [v if v is not None and math.isfinite(v) else None for v in numbers]  # NULL: unknown, or no bound
         with self._transaction():
             self._db.execute("INSERT OR REPLACE INTO measures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             tuple(_finite_or_none(v) if isinstance(v, float) else v for v in row))
+                             (name, attempt, kept[0], kept[1], timing.steps, *kept[2:]))
 
     def measures(self) -> dict[tuple[str, int], Timing]:
         """(name, attempt) -> what its steps said, of every attempt that left steps; none before schema 7."""
@@ -488,10 +488,6 @@ class Ledger:
     def in_state(self, *states: State) -> list[Attempt]:
         marks = ",".join("?" * len(states))
         return self._rows(f"FROM attempts a WHERE state IN ({marks})", states)
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
 
 
 def open_sweep(directory: str | Path) -> Ledger:
