@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autotuner.ledger.store import Ledger
+
 ROOT = Path(__file__).resolve().parent.parent
 
 BASE = """{{
@@ -57,7 +59,16 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     expected = json.loads((results / best / "ds_config.json").read_text())
     del expected["autotuning"]
-    assert optimal == expected
+    assert expected.pop("steps_per_print") == 1 and expected.pop("log_level") == "info"  # measured runs' only
+    assert optimal == {**expected, "steps_per_print": 1000}
+
+    # DeepSpeed's own per-step throughput lines were read: start-up apart from the step time, and an interval
+    with Ledger.open(results) as ledger:
+        timings = ledger.measures()
+    for name in names:
+        timing = timings[(name, 1)]
+        assert timing.steps >= 2 and 0 < timing.step_seconds < timing.startup, (name, timing)
+        assert 0 <= timing.interval.low <= timing.interval.mean <= timing.interval.high, (name, timing)
     summary = (results / "summary.txt").read_text().splitlines()
     assert [c.strip() for c in summary[0].split("|")[1:-1]] == ["tuning_space", "num_experiments",
                                                                   "best_metric_val", "best_exp_name"]

@@ -28,7 +28,20 @@ def test_autotuning_section_is_injected_and_removable():
     assert tuned["autotuning"] == {"enabled": True, "metric_path": "/r/e/metrics.json", "metric": "throughput",
                                    "start_profile_step": 3, "end_profile_step": 9}
     assert base["autotuning"] == {"end_profile_step": 9}  # the experiment's own config is untouched
-    assert without_autotuning(tuned) == {"train_micro_batch_size_per_gpu": 4}
+    assert without_autotuning(tuned) == {"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
+                                         "log_level": "info"}
+    assert without_autotuning(base) == {"train_micro_batch_size_per_gpu": 4}
+
+
+def test_deepspeed_prints_its_throughput_every_step_of_a_measured_run():
+    """DeepSpeed's per-step throughput lines are the progress of a run that writes no progress file
+    (spec/progress.py): asked for every step of the runs a sweep measures (a config's own steps_per_print, the
+    example's 1000 among them, would hide every step of the profile window); the config the best run's command
+    uses keeps its own."""
+    assert with_autotuning({}, "/m.json", "throughput")["steps_per_print"] == 1
+    assert with_autotuning({"steps_per_print": 1000}, "/m.json", "throughput")["steps_per_print"] == 1
+    for level, runs in (("warning", "info"), (None, "info"), ("debug", "debug"), ("INFO", "INFO")):
+        assert with_autotuning({"log_level": level}, "/m.json", "throughput")["log_level"] == runs
 
 
 def test_config_arg_replaced_or_appended_on_a_fresh_list():
@@ -52,7 +65,8 @@ def test_command_targets_exactly_the_reserved_slots():
         "--master_addr", "10.0.0.1", "--master_port", "29555"]
     assert argv[-2:] == ["--deepspeed_config", encode_config({"x": 1})]
     assert cmd.env == {"DS_ACCELERATOR": "cpu", "A": "1", "AUTOTUNE_TAG": "s.z1_mbs4.1",
-                       "AUTOTUNE_METRICS_PATH": "/r/z1_mbs4/metrics.json"}
+                       "AUTOTUNE_METRICS_PATH": "/r/z1_mbs4/metrics.json",
+                       "AUTOTUNE_PROGRESS_PATH": "/r/z1_mbs4/progress.jsonl"}
     assert cmd.shell().startswith("cd /w && A=1 AUTOTUNE_METRICS_PATH=")
 
 

@@ -178,7 +178,8 @@ def test_an_attempt_read_holds_every_field_in_order_and_an_older_versions_missin
     for read in (ledger.latest()[0], ledger.attempts("a")[0], ledger.attempts()[0], ledger.in_state(State.FAILED)[0]):
         assert read == expected and list(vars(read)) == [f.name for f in fields(Attempt)]
     ledger._db.executescript("ALTER TABLE attempts DROP COLUMN peak_memory; ALTER TABLE attempts DROP COLUMN step; "
-                             "DROP TABLE swept; DROP TABLE leaves; DROP TABLE stops; PRAGMA user_version = 1;")
+                             "DROP TABLE swept; DROP TABLE leaves; DROP TABLE stops; DROP TABLE measures; "
+                             "PRAGMA user_version = 1;")
     with Ledger.open(tmp_path) as old:
         assert old.attempts("a")[0] == replace(expected, step=None, peak_memory=None)
 
@@ -197,3 +198,18 @@ def test_the_writer_refuses_what_every_reader_would_refuse_and_writes_nothing(le
     assert ledger.attempts("a")[0].state == State.RUNNING
     ledger.finish("a", 1, State.FAILED, at=3.0, reason=Reason.OOM, metrics={"throughput": 1.0})
     assert ledger.latest()[0].reason == Reason.OOM
+
+
+def test_slot_seconds_count_every_ended_attempts_slots_and_stop_at_until(ledger):
+    """GPU-hours (views/status.py): each ended attempt's slots times its run time, retries included, a running
+    one not yet; `until` (the best's end) cuts what ran past it and leaves out what started after it."""
+    ledger.start("a", 1, slots={"h": [0, 1]}, tag="t.a.1", dir="a", at=0.0)
+    ledger.finish("a", 1, State.FAILED, at=100.0, reason=Reason.LAUNCH)
+    ledger.requeue(["a"], at=100.0)
+    ledger.start("a", 2, slots={"h": [0], "g": [3]}, tag="t.a.2", dir="a", at=100.0)
+    ledger.finish("a", 2, State.SUCCEEDED, at=110.0, metric=1.0, metrics={"throughput": 1.0})
+    ledger.start("b", 1, slots={"h": [2]}, tag="t.b.1", dir="b", at=50.0)
+    ledger.finish("b", 1, State.SUCCEEDED, at=250.0, metric=2.0, metrics={"throughput": 2.0})
+    ledger.start("c", 1, slots={"h": [1]}, tag="t.c.1", dir="c", at=200.0)  # still running
+    assert ledger.slot_seconds() == (2 * 100 + 2 * 10 + 200, 0)
+    assert ledger.slot_seconds(until=105.0) == (2 * 100 + 2 * 10 + 200, 2 * 100 + 2 * 5 + 55)

@@ -140,15 +140,16 @@ BAD_LEDGERS = {
     "directory": (replace_with_directory, "not a sweep ledger (a directory)"),
     "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
     "truncated": (truncate, "corrupt sweep ledger"),
-    "newer_version": (sql("PRAGMA user_version = 7"),
-                      "written by a newer autotuner (ledger schema 7; this one reads up to 6): upgrade autotuner"),
+    "newer_version": (sql("PRAGMA user_version = 8"),
+                      "written by a newer autotuner (ledger schema 8; this one reads up to 7): upgrade autotuner"),
     "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
                        "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
     "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
                      "corrupt sweep ledger: table attempts: unknown column gpu"),
     "column_dropped": (sql("ALTER TABLE attempts DROP COLUMN metrics"),
                        "corrupt sweep ledger: table attempts: no column metrics"),
-    "column_renamed_before_versions": (sql("DROP TABLE stops", "ALTER TABLE attempts DROP COLUMN step",
+    "column_renamed_before_versions": (sql("DROP TABLE measures", "DROP TABLE stops",
+                                           "ALTER TABLE attempts DROP COLUMN step",
                                            "ALTER TABLE attempts DROP COLUMN peak_memory",
                                            "ALTER TABLE attempts RENAME COLUMN state TO status",
                                            "PRAGMA user_version = 0"),
@@ -258,23 +259,24 @@ def test_damage_met_mid_read_is_found_only_by_the_query_that_reaches_it(pristine
 def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_not_know(pristine, tmp_path):
     results = bad_copy(pristine, tmp_path, sql("ALTER TABLE attempts ADD COLUMN gpu TEXT",
                                                "ALTER TABLE meta RENAME COLUMN value TO json",
-                                               "PRAGMA user_version = 7"))
+                                               "PRAGMA user_version = 8"))
     line = one_line_error(autotune("status", results))
     assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
-                    "(ledger schema 7; this one reads up to 6): upgrade autotuner")
+                    "(ledger schema 8; this one reads up to 7): upgrade autotuner")
 
 
 def test_a_new_ledger_carries_the_schema_version(pristine):
     db = sqlite3.connect(pristine / FILENAME)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
     finally:
         db.close()
 
 
 # --- a ledger from before schema versions (version 0) ---------------------------------------------------------
 # Version 1's tables, no version: what main wrote before versions.
-VERSION_4 = ("DROP TABLE stops",)
+VERSION_6 = ("DROP TABLE measures",)
+VERSION_4 = (*VERSION_6, "DROP TABLE stops")
 VERSION_3 = (*VERSION_4, "DROP INDEX experiments_position", "DROP TABLE swept", "DROP TABLE leaves")
 VERSION_0 = (*VERSION_3, "ALTER TABLE attempts DROP COLUMN peak_memory", "ALTER TABLE attempts DROP COLUMN step",
              "PRAGMA user_version = 0")
@@ -334,7 +336,7 @@ def test_a_version_2_ledger_is_read_as_it_is_and_resume_adds_the_peak_memory_col
     done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0, done.stderr
     with Ledger.open(results) as ledger:
-        assert ledger.version() == SCHEMA_VERSION == 6
+        assert ledger.version() == SCHEMA_VERSION == 7
         assert "peak_memory" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
         kept = {(a.name, a.attempt): a.to_json() for a in ledger.attempts()}
     assert all(kept[(a["name"], a["attempt"])] == a for a in before if a["state"] == State.SUCCEEDED)
@@ -377,7 +379,7 @@ def test_a_version_4_ledger_is_read_as_it_is_and_the_runner_indexes_its_position
     with Ledger.open(results) as ledger:
         ledger._db.set_trace_callback(statements.append)
         ledger.upgrade()
-        assert ledger.version() == SCHEMA_VERSION == 6
+        assert ledger.version() == SCHEMA_VERSION == 7
         plan = " ".join(str(tuple(r)) for r in ledger._db.execute("EXPLAIN QUERY PLAN SELECT name FROM experiments "
                                                               "ORDER BY position"))
         assert "experiments_position" in plan and "TEMP B-TREE" not in plan
@@ -398,9 +400,28 @@ def test_a_version_5_ledger_is_read_as_it_is_and_the_runner_adds_the_stops_table
     assert (results / FILENAME).read_bytes() == ledger_bytes
     with Ledger.open(results) as ledger:
         ledger.upgrade()
-        assert ledger.version() == SCHEMA_VERSION == 6
+        assert ledger.version() == SCHEMA_VERSION == 7
         assert [c[1] for c in ledger._db.execute("PRAGMA table_info(stops)")] == [
             "name", "attempt", "state", "reason", "detail", "at"]
+    assert autotune("report", results, "--format", "json").stdout == before
+
+
+def test_a_version_6_ledger_is_read_as_it_is_and_the_runner_adds_the_measures_table(tmp_path):
+    """Version 6 kept no step timings: readers read it as it is, writing nothing; the runner's migration adds the
+    table (start-up and step time apart, the interval), and what was recorded reads the same."""
+    results = make_sweep(tmp_path, 3, finished=1)
+    before = autotune("report", results, "--format", "json").stdout
+    sql(*VERSION_6, "PRAGMA user_version = 6")(results / FILENAME)
+    ledger_bytes = (results / FILENAME).read_bytes()
+    with Ledger.open(results) as ledger:
+        assert ledger.version() == 6 and ledger.measures() == {}
+    assert autotune("report", results, "--format", "json").stdout == before
+    assert (results / FILENAME).read_bytes() == ledger_bytes
+    with Ledger.open(results) as ledger:
+        ledger.upgrade()
+        assert ledger.version() == SCHEMA_VERSION == 7
+        assert [c[1] for c in ledger._db.execute("PRAGMA table_info(measures)")] == [
+            "name", "attempt", "startup", "step_time", "steps", "mean", "low", "high"]
     assert autotune("report", results, "--format", "json").stdout == before
 
 
@@ -413,7 +434,7 @@ def test_a_migration_a_hand_edit_is_in_the_way_of_is_one_line_and_leaves_the_led
         results / FILENAME)
     assert autotune("report", results).returncode == 0
     before = (results / FILENAME).read_bytes()
-    one_line_error(autotune("resume", results, "-q"), "cannot be brought to version 6",
+    one_line_error(autotune("resume", results, "-q"), "cannot be brought to version 7",
                    "there is already a table named experiments_position")
     assert (results / FILENAME).read_bytes() == before
 

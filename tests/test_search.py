@@ -399,6 +399,38 @@ def test_the_best_configs_are_run_again_once_the_search_is_over():
     assert [p.name for p in few] == ["t_z3_mbs2", "t_z3_mbs1_gas2"]  # below the largest, its batch kept
 
 
+@pytest.mark.parametrize("half, reruns", [
+    (0.001, []),  # each first run known within 0.1%: the best two (3179, 3149) are told apart, nothing re-run
+    (0.02, ["t_z3_mbs88_confirm1", "t_z3_mbs90_confirm1"]),  # within 2%: their intervals overlap, both re-run
+])
+def test_the_leaders_are_re_run_only_where_their_intervals_overlap(half, reruns):
+    """A run's interval (its METRIC_low and METRIC_high, spec/interval.py) says whether one more run is needed:
+    a leader whose interval is clear of every other leader's is not re-run; one without an interval is, as
+    before."""
+    def measured(e):
+        out = fake_gpu(e)
+        if out.metrics:
+            value = out.metrics["throughput"]
+            return Outcome(State.SUCCEEDED, metrics={"throughput": value, "throughput_low": value * (1 - half),
+                                                     "throughput_high": value * (1 + half)})
+        return out
+
+    search = MicroBatchSearch(spec(confirm=None))
+    played = simulate([], {"h": list(range(4))}, lambda e: 10.0, outcome=measured, source=search,
+                      metric="throughput").played
+    assert sorted(p.name for p in played if p.name.endswith("_confirm1")) == reruns
+
+    rebuilt = MicroBatchSearch(spec(confirm=None))  # resumed: the intervals replayed from the ledger's metrics
+    outcomes, metrics = {}, {}
+    for p in played:
+        e = rebuilt.experiment(*place(p.name), rerun=p.name.endswith("_confirm1"))
+        out = measured(e)
+        outcomes[e] = (out.state, out.reason, out.metrics.get("throughput") if out.metrics else None)
+        metrics[e.name] = dict(out.metrics or {})
+    rebuilt.replay(list(outcomes), {e.name: v for e, v in outcomes.items()}, metrics)
+    assert rebuilt.propose(4, 0.0) == []
+
+
 def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlier():
     """z2 mbs49's first run measures 3300 (lucky: its throughput is 2498), above the true best, z3 mbs90
     (3179); z3's search, which could not beat it, stops short at 76. Re-run, z2 mbs49's mean falls below

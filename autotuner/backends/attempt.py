@@ -12,11 +12,12 @@ from pathlib import Path
 from ..core.events import Run
 from ..files import write_atomic, write_json_atomic
 from ..jsonvalues import JSONObject
+from ..spec.progress import PROGRESS_FILE
 from . import exitstatus
 from .launch import Command
 
 EXP_FILES = ("exp.json", "ds_config.json", "cmd.txt", "stdout.log", "stderr.log", "metrics.json",
-             exitstatus.FILENAME)
+             exitstatus.FILENAME, PROGRESS_FILE)
 
 
 def keep_previous_attempt(directory: Path, attempt: int) -> None:
@@ -37,6 +38,7 @@ def prepare_directory(run: Run) -> None:
         run.dir.mkdir(parents=True)
     except FileExistsError:  # a directory made now is empty: only one that was there can hold stale files
         (run.dir / "metrics.json").unlink(missing_ok=True)
+        (run.dir / PROGRESS_FILE).unlink(missing_ok=True)
         (run.dir / exitstatus.FILENAME).unlink(missing_ok=True)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.outcome import Outcome, aborted_at_exit, judge
+from ..spec.interval import measured_run
 from ..spec.metrics import Metric
 from ..states import Reason, State
 from . import tags
@@ -83,9 +84,17 @@ def as_returncode(status: int) -> int:
 
 def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outcome:
     """Judge an attempt from its exit status and the files in its directory, as the runner that started it
-    would have; with no exit status recorded (None) it is interrupted, to be run again."""
+    would have; with no exit status recorded (None) it is interrupted, to be run again. With what its steps
+    said (`Outcome.measured`), where it left any (spec/progress.py): every backend judges here, so none reads
+    them itself."""
     if exit_code is None:
         return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
+    outcome = _judged(exit_code, directory, metric)
+    measured = measured_run(directory, metric.name, lambda: _end_profile_step(directory))
+    return outcome if measured is None else dataclasses.replace(outcome, measured=measured)
+
+
+def _judged(exit_code: int, directory: Path, metric: Metric) -> Outcome:
     metrics = directory / "metrics.json"
     logs = [directory / "stderr.log", directory / "stdout.log"]
     if not metrics.exists() and (directory / MODEL_INFO).exists() and (exit_code == 0 or  # a profile run ended

@@ -31,6 +31,7 @@ from ..spec import Experiment
 from ..spec.hostfile import format_include
 from ..spec.metrics import METRICS_PATH_ENV
 from ..spec.model import CONFIG_FLAG, with_arg
+from ..spec.progress import PROGRESS_FILE, PROGRESS_PATH_ENV
 from .tags import TAG_ENV
 
 if TYPE_CHECKING:  # types only: the views that write a best run's command do not import the scheduling core
@@ -81,7 +82,17 @@ def with_autotuning(ds_config: Mapping[str, JSON], metric_path: str, metric: str
     if isinstance(model_info, Mapping) and model_info.get("profile"):  # a profile run: its model info file beside
         section["model_info_path"] = str(Path(metric_path).with_name(MODEL_INFO))  # the metrics file's place
     config["autotuning"] = section
+    # DeepSpeed's throughput line every step, the run's progress (spec/progress.py): an INFO line of its logger,
+    # whose level is WARNING unless the config's `log_level` says otherwise.
+    config["steps_per_print"] = 1
+    if str(config.get("log_level")).lower() not in ("debug", "info"):
+        config["log_level"] = "info"
     return config
+
+
+def run_paths(metric_path: str) -> dict[str, str]:
+    """Where a run writes what it measured: its metrics file, and its progress file beside (spec/progress.py)."""
+    return {METRICS_PATH_ENV: metric_path, PROGRESS_PATH_ENV: str(Path(metric_path).with_name(PROGRESS_FILE))}
 
 
 def end_profile_step(ds_config: Mapping) -> int | None:
@@ -152,7 +163,7 @@ def deepspeed_command(
         experiment.script,
         *with_config_arg(experiment.args, encode_config(ds_config), experiment.config_flag),
     ]
-    full_env = {**(env or {}), **experiment.env, TAG_ENV: tag, METRICS_PATH_ENV: metric_path}
+    full_env = {**(env or {}), **experiment.env, TAG_ENV: tag, **run_paths(metric_path)}
     return Command(tuple(argv), full_env, cwd)
 
 
@@ -173,7 +184,8 @@ def _mig_command(experiment: Experiment, reservation: Reservation, ds_config: Ma
     `--local_rank=0`, as for any one-GPU run). The launcher's own environment names the instance too."""
     argv = per_node_argv(launcher, reservation.hosts[0], mig, master_port, experiment.script,
                          with_config_arg(experiment.args, encode_config(ds_config), experiment.config_flag))
-    full_env = {**(env or {}), **experiment.env, VISIBLE_DEVICES: mig, TAG_ENV: tag, METRICS_PATH_ENV: metric_path}
+    full_env = {**(env or {}), **experiment.env, VISIBLE_DEVICES: mig, TAG_ENV: tag,
+                **run_paths(metric_path)}
     return Command(tuple(argv), full_env, cwd)
 
 

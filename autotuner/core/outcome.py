@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..spec.interval import Measured
 from ..spec.metrics import KNOWN, METRICS_PATH_ENV, MISSING, Metric, MetricsError, read_metrics
 from ..states import Reason, State
 
@@ -50,6 +51,7 @@ class Outcome:
     detail: str | None = None
     exit_code: int | None = None
     metrics: Mapping[str, float] | None = None
+    measured: Measured | None = None  # what its steps said (spec/interval.py), where it left any
 
     def __post_init__(self) -> None:
         """Plain words (from JSON, a test, a stand-in executor) become the enums they name."""
@@ -88,7 +90,7 @@ class StopAsked:
         host was lost (then it runs again elsewhere)."""
         if outcome.state == State.SUCCEEDED or outcome.reason == Reason.LOST:
             return outcome
-        return Outcome(self.state, self.reason, self.detail, outcome.exit_code)
+        return Outcome(self.state, self.reason, self.detail, outcome.exit_code, measured=outcome.measured)
 
 
 def log_tail(path: Path, size: int = _TAIL_BYTES) -> str:

@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from ..spec import Experiment
+from ..spec.interval import Timing
 from ..states import Reason, State
 
 
@@ -36,6 +37,10 @@ class Record(Protocol):
         """A stop asked for a running attempt, recorded before it is carried out; the first one asked is kept."""
         ...
 
+    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+        """What an attempt's steps said, recorded with its end (in the same step's transaction)."""
+        ...
+
     def take_requests(self) -> list[tuple[str, list[str]]]: ...
 
 
@@ -50,6 +55,7 @@ class MemoryRecord:
         self.started: dict[tuple[str, int], float] = {}
         self.finished: dict[tuple[str, int], tuple[State, float]] = {}
         self.stops: dict[tuple[str, int], tuple[State, Reason, float]] = {}  # the first stop asked, by attempt
+        self.timings: dict[tuple[str, int], Timing] = {}  # what each attempt's steps said
 
     def batch(self, synced: bool = True) -> AbstractContextManager[None]:
         return _NOTHING  # one reusable context: a plan makes two steps per run simulated
@@ -78,6 +84,9 @@ class MemoryRecord:
 
     def stopping(self, name: str, attempt: int, state: State, reason: Reason, detail: str, at: float) -> None:
         self.stops.setdefault((name, attempt), (state, reason, at))
+
+    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+        self.timings[(name, attempt)] = timing
 
     def take_requests(self) -> list[tuple[str, list[str]]]:
         return []

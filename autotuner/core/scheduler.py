@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol, TypeVarTuple
 
 from ..limits import memory
 from ..spec import Experiment
+from ..spec.interval import timing_of
 from ..spec.metrics import PEAK_MEMORY, reported_peak
 from ..states import Reason, State
 from .events import (
@@ -174,6 +175,7 @@ class Scheduler:
         self._asked: dict[Key, StopAsked] = {}  # the first stop asked for each running attempt (recorded)
         self._timers: list[tuple[float, int, Key | None]] = []  # (when, tie-break, run or None: the deadline)
         self._limits: dict[Key, float] = {}  # each timed run's timeout, for its message
+        self._launched: dict[Key, float] = {}  # when each running attempt was launched: its start-up's origin
         self._seq = itertools.count()
         self._changed = True  # since the last placing: slots freed, work queued, a host back (else skip it)
         if self.deadline is not None:
@@ -211,6 +213,7 @@ class Scheduler:
         if stop is not None:
             self._asked[run.key] = stop
         self._note("adopted", run)
+        self._launched[run.key] = since
         self._arm(run, since)
         return run
 
@@ -294,6 +297,7 @@ class Scheduler:
             case Launched(run=run, pid=pid, port=port, at=at, step=step):
                 self.record.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at, step=step)
                 if run.key in self._running:
+                    self._launched[run.key] = at
                     self._arm(run, at)
             case Finished(run=run, outcome=outcome, at=at, peak_memory=peak):
                 self._finished(run, outcome, at, peak)
@@ -375,6 +379,12 @@ class Scheduler:
         self._changed = True
         self._limits.pop(run.key, None)
         self.pool.give_back(run.reservation)
+        timing = timing_of(outcome.measured, self._launched.pop(run.key, None))
+        if timing is not None:
+            self.record.measured(run.experiment.name, run.attempt, timing)
+            if outcome.state == State.SUCCEEDED:
+                outcome = replace(outcome, metrics={**(outcome.metrics or {}), **{  # its own first, as before
+                    k: v for k, v in timing.columns(self.metric).items() if k not in (outcome.metrics or {})}})
         self.record.finish(run.experiment.name, run.attempt, outcome.state, at, reason=outcome.reason,
                            detail=outcome.detail, exit_code=outcome.exit_code,
                            metric=self._metric_value(outcome), metrics=outcome.metrics,

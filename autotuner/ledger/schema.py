@@ -12,7 +12,7 @@ from ..errors import UserError
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 TABLES_SQL = """  -- version 1's tables: a new ledger gets them, then every migration (`schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -31,7 +31,11 @@ CREATE TABLE IF NOT EXISTS requests (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL
     at REAL NOT NULL, handled INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS attempts_state ON attempts(state);
 """
-TABLES = ("meta", "experiments", "attempts", "transitions", "requests", "swept", "leaves", "stops")
+TABLES = ("meta", "experiments", "attempts", "transitions", "requests", "swept", "leaves", "stops", "measures")
+
+# 6 -> 7, kept apart so that it can be renumbered on its own.
+MEASURES = ("CREATE TABLE measures (name TEXT NOT NULL, attempt INTEGER NOT NULL, startup REAL, step_time REAL, "
+            "steps INTEGER NOT NULL, mean REAL, low REAL, high REAL, PRIMARY KEY (name, attempt))",)
 
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
@@ -41,13 +45,16 @@ TABLES = ("meta", "experiments", "attempts", "transitions", "requests", "swept",
 # every row read: a fifth of a 100,000-experiment report's query). Older ledgers read the same, only slower.
 # 5 -> 6: the stop asked for a running attempt (which one: cancelled, interrupted, timed out, its host lost),
 # recorded before its signal, so that an attempt whose runner died during the stop is judged as that stop.
+# 6 -> 7: what an attempt's steps said (spec/interval.py Timing): start-up and step time apart, the steps it made,
+# the interval of the metric's mean; one row per attempt that left steps.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (), ("ALTER TABLE attempts ADD COLUMN step TEXT",), ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",),
     ("CREATE TABLE swept (position INTEGER PRIMARY KEY, name TEXT NOT NULL, params TEXT NOT NULL)",
      "CREATE TABLE leaves (one INTEGER PRIMARY KEY CHECK (one = 1), value TEXT NOT NULL)"),
     ("CREATE INDEX IF NOT EXISTS experiments_position ON experiments(position)",),
     ("CREATE TABLE stops (name TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, "
-     "detail TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (name, attempt))",))
+     "detail TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (name, attempt))",),
+    MEASURES,)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,

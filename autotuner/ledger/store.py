@@ -13,6 +13,7 @@ error naming it, never a traceback from deep inside a query.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -21,6 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
+from ..spec.interval import Interval, Timing
 from ..states import Reason, State
 from . import checks, kept
 from .attempt import STATES, Attempt
@@ -376,6 +378,40 @@ class Ledger:
         with self._transaction():
             self._db.execute("INSERT OR IGNORE INTO stops VALUES (?, ?, ?, ?, ?, ?)",
                              (name, attempt, state, reason, detail, at))
+
+    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+        """What the attempt's steps said (schema 7's `measures`), in the transaction that records its end."""
+        found = timing.interval
+        numbers = (timing.startup, timing.step_seconds, *((found.mean, found.low, found.high) if found else [None] * 3))
+        kept = [v if v is not None and math.isfinite(v) else None for v in numbers]  # NULL: unknown, or no bound
+        with self._transaction():
+            self._db.execute("INSERT OR REPLACE INTO measures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (name, attempt, kept[0], kept[1], timing.steps, *kept[2:]))
+
+    def measures(self) -> dict[tuple[str, int], Timing]:
+        """(name, attempt) -> what its steps said, of every attempt that left steps; none before schema 7."""
+        if self.version() < 7:
+            return {}
+        found: dict[tuple[str, int], Timing] = {}
+        for name, attempt, startup, step, steps, mean, low, high in self._db.execute("SELECT * FROM measures"):
+            interval = None if mean is None or low is None else \
+                Interval(mean, low, math.inf if high is None else high, steps, 0)  # NULL high: no upper bound
+            found[(name, attempt)] = Timing(startup, step, steps, interval)
+        return found
+
+    def slot_seconds(self, until: float | None = None) -> tuple[float, float]:
+        """Slot-seconds held by every attempt that ended (retries and re-runs included), each one's slots times the
+        time from its start to its end: in all, and counted only up to `until` (0 when None). A slot is a GPU on
+        GPU hosts: over 3600, the sweep's GPU-hours. One query, no attempt decoded: an attempt's slots are its
+        commas plus one (`{"h": [0, 1], "g": [3]}`: host names hold no comma, no host has an empty list), where
+        json_each made 10,000 attempts cost 90 ms."""
+        slots = "(length(slots) - length(replace(slots, ',', '')) + 1)"
+        row = self._db.execute(
+            f"SELECT SUM(MAX(finished_at - started_at, 0) * {slots}), "
+            f"SUM(MAX(MIN(finished_at, :until) - started_at, 0) * {slots}) "
+            "FROM attempts WHERE started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL",
+            {"until": until if until is not None else -math.inf}).fetchone()
+        return float(row[0] or 0.0), float(row[1] or 0.0)
 
     def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
         """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a

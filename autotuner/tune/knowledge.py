@@ -22,7 +22,7 @@ from ..states import Reason, State
 from .knobs import BY_KEY, tag_value
 from .layout import LANE, arg_value, lane, layout_of, stage_of
 from .memory_model import Training
-from .reruns import mean_of, rerun_name, rerun_of
+from .reruns import Bounds, mean_of, rerun_name, rerun_of
 from .space import OFFLOAD_TAGS, Point, SearchSpec, Setting
 from .stage import Stage, ordered, ruled_out_above, vouched
 
@@ -55,6 +55,7 @@ class Knowledge:
         self.knob_oom: dict[tuple[int, Setting], int] = {}  # (stage, knobs) -> the smallest size out of memory
         self.knob_out: set[Point] = set()
         self.reruns: dict[str, float | None] = {}  # a config re-run -> the re-run's metric (None: out or failed)
+        self.intervals: dict[str, Bounds] = {}  # a config -> its first run's interval (reruns.overlapping)
         self.rerun_out: set[str] = set()
         for known in self.stages.values():
             known.top = spec.max_mbs

@@ -1,6 +1,8 @@
 """The confirming re-runs: when the search is over, its best configs are run once more (`NAME_confirm1`) and ranked
 by the mean of their runs, so that one lucky measurement does not name the winner. Their names, how many are
-re-run, and which ones next: pure functions of what the search learnt (search.py proposes them)."""
+re-run, and which ones next: pure functions of what the search learnt (search.py proposes them). A leader whose
+first run's interval (spec/interval.py: METRIC_low, METRIC_high) is clear of every other leader's is told apart
+already and not re-run; one whose interval overlaps another's, or that has none, is."""
 from __future__ import annotations
 
 import re
@@ -35,9 +37,36 @@ def confirm_count(wanted: int | None, succeeded: int) -> int:
     return min(wanted, succeeded)
 
 
+Bounds = tuple[float, float]  # a first run's interval: (low, high)
+
+
 def to_rerun(configs: Collection[str], count: int, mean: Callable[[str], float],
-             sort_key: Callable[[float], float], reruns: Mapping[str, float | None]) -> list[str]:
-    """The configs among the top `count` by the mean of their runs that have not been re-run yet: a config that a
-    re-run brought down makes room for the next, which is re-run in turn."""
+             sort_key: Callable[[float], float], reruns: Mapping[str, float | None],
+             intervals: Mapping[str, Bounds] | None = None) -> list[str]:
+    """The configs among the top `count` by the mean of their runs that have not been re-run yet and are not told
+    apart from the other leaders by their intervals (`overlapping`): a config that a re-run brought down makes
+    room for the next, which is re-run in turn."""
     ranked = sorted(configs, key=lambda name: sort_key(mean(name)))  # stable: ties in order
-    return [name for name in ranked[:count] if name not in reruns]
+    leaders = ranked[:count]
+    return [name for name in leaders if name not in reruns and overlapping(name, leaders, intervals or {})]
+
+
+def overlapping(name: str, leaders: Collection[str], intervals: Mapping[str, Bounds]) -> bool:
+    """Whether `name` needs a re-run to be told apart from the other leaders: it has no interval, or one of
+    theirs has none or overlaps its."""
+    mine = intervals.get(name)
+    if mine is None:
+        return True
+    for other in leaders:
+        if other == name:
+            continue
+        theirs = intervals.get(other)
+        if theirs is None or (theirs[0] <= mine[1] and mine[0] <= theirs[1]):
+            return True
+    return False
+
+
+def interval_of(metrics: Mapping[str, float] | None, metric: str) -> Bounds | None:
+    """A run's interval of `metric` among its recorded metrics (METRIC_low, METRIC_high), None where it has none."""
+    low, high = (metrics or {}).get(f"{metric}_low"), (metrics or {}).get(f"{metric}_high")
+    return (low, high) if low is not None and high is not None else None

@@ -31,7 +31,7 @@ from ..spec import Experiment
 from ..spec.metrics import reported_peak
 from .memory_loop import MemoryLoop
 from .replay import Latest, replay
-from .reruns import confirm_count, to_rerun
+from .reruns import confirm_count, interval_of, rerun_of, to_rerun
 
 
 class Search(MemoryLoop):
@@ -60,6 +60,7 @@ class Search(MemoryLoop):
         return any(known.too_big or (known.given_up and not known.crashed) for known in self.stages.values())
 
     def observe(self, run: Run | Queued, outcome: Outcome) -> None:
+        self._keep_interval(run.experiment.name, outcome.metrics)
         profiled = self.spec.profile_of(run.experiment.name)
         if profiled is not None:
             self.learn_profile(profiled, outcome.state, outcome.reason, outcome.metrics, outcome.detail)
@@ -73,8 +74,16 @@ class Search(MemoryLoop):
 
     def replay(self, experiments: Sequence[Experiment], latest: Latest,
                metrics: Mapping[str, Mapping[str, float]] | None = None) -> None:
-        """Rebuild from the ledger (replay.py)."""
+        """Rebuild from the ledger (replay.py), the first runs' intervals with it."""
         replay(self, experiments, latest, metrics)
+        for name, recorded in (metrics or {}).items():
+            self._keep_interval(name, recorded)
+
+    def _keep_interval(self, name: str, metrics: Mapping[str, float] | None) -> None:
+        """A first run's interval, for the re-runs' choice (reruns.overlapping)."""
+        bounds = interval_of(metrics, self.metric.name)
+        if bounds is not None and rerun_of(name) is None:
+            self.intervals[name] = bounds
 
     # --- confirming the best (reruns.py) ------------------------------------------------------------------
     def confirm_count(self) -> int:
@@ -87,7 +96,8 @@ class Search(MemoryLoop):
         if self.rerun_out:
             return []
         proposed = []
-        for name in to_rerun(self.configs, self.confirm_count(), self.mean, self.metric.sort_key, self.reruns):
+        for name in to_rerun(self.configs, self.confirm_count(), self.mean, self.metric.sort_key, self.reruns,
+                             self.intervals):
             stage, mbs, knobs = self.configs[name]
             experiment = self.experiment(stage, mbs, rerun=True, knobs=knobs)
             if experiment.name in self.proposed:  # proposed, then cancelled: not wanted

@@ -21,6 +21,7 @@ from ..files import write_atomic
 from ..jsonvalues import JSON
 from ..ledger.lock import holder_pid
 from ..limits import memory
+from ..spec.interval import interval_text
 from ..spec.metrics import UNITS, format_compact, format_value
 from ..spec.outputs import is_sweep_file, same_file
 from ..tune.goal import Goal
@@ -138,7 +139,7 @@ def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] |
     if best is not None:
         out.append(f'<p class="bestline" id="best"><span class="marker">&#9733; best:</span> '
                    f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} "
-                   f"{escape(format_value(best.metric))}</p>")
+                   f"{escape(format_value(best.metric))}{escape(interval_text(best.metrics, snap.metric.name))}</p>")
     else:
         out.append('<p class="bestline" id="best">no experiment has succeeded yet: no best configuration</p>')
     typed = snap.by_type

@@ -1,0 +1,153 @@
+"""A run's per-step progress: when each training step ended and what it measured.
+
+Two sources, read from the attempt's own directory (on the filesystem every node of a sweep shares, or copied
+back with the logs), so that no backend needs to know of them:
+
+The progress file (the contract for any script)
+    The runner sets `AUTOTUNE_PROGRESS_PATH` (`PROGRESS_PATH_ENV`) to an absolute path beside
+    `AUTOTUNE_METRICS_PATH`. A script may append one JSON object per line to it, one line per optimizer step,
+    from one process (rank 0): `{"step": 12, "time": 1764361234.5, "throughput": 1834.2}`. `step` is the step's
+    number (an integer >= 0), `time` when it ended (seconds since the epoch, `time.time()`), and the sweep's
+    metric key, when present, what that step measured (a finite number >= 0). Lines that are not such objects
+    (a half-written last line among them) are skipped. Writing it is optional: a run without it is judged by
+    its metrics file alone.
+
+DeepSpeed's own throughput lines
+    A DeepSpeed run needs no change: the runner sets `steps_per_print` to 1 in the config it runs unless the
+    config sets it, so DeepSpeed's engine prints on rank 0, every optimizer step, a line such as
+    `[2026-11-28 21:24:44,478] [INFO] [timer.py:264:stop] epoch=0/micro_step=4/global_step=4,
+    RunningAvgSamplesPerSec=..., CurrSamplesPerSec=1834.2, ...` (`deepspeed/utils/timer.py`). Its time stamp
+    (this machine's local time, to the millisecond) is when the step ended, and `CurrSamplesPerSec` its
+    throughput. Read only when the run wrote no progress file.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+PROGRESS_PATH_ENV = "AUTOTUNE_PROGRESS_PATH"
+PROGRESS_FILE = "progress.jsonl"
+MAX_STEPS = 100_000  # steps read of one run: the last ones; a longer file is read from its end
+MAX_BYTES = 8 * 1024 * 1024  # of the progress file and of each log, read from the end
+
+_DEEPSPEED = re.compile(
+    r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[INFO\] \[timer\.py:\d+:stop\] "
+    r"epoch=\d+/micro_step=\d+/global_step=(\d+), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec=([0-9.eE+\-]+)",
+    re.M)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimizer step: its number, when it ended (seconds since the epoch), and its value of the metric."""
+
+    step: int
+    at: float
+    value: float | None = None
+
+
+def read_steps(directory: Path, metric: str, warmup: int,
+               window_end: Callable[[], int | None] = lambda: None) -> tuple[list[Step], int]:
+    """The run's steps in order, and how many of them are warm-up: its progress file's (the first `warmup`),
+    else DeepSpeed's throughput lines in its logs (only for the metric `throughput`; none of them: DeepSpeed's
+    timer leaves its first steps out itself; `window_end()`: the end of its profile window, asked only here,
+    the steps after it, timed as the engine ends the run, left out); none when it left neither. At most
+    MAX_BYTES of each file, from its end."""
+    steps = from_progress_file(directory / PROGRESS_FILE, metric)
+    if steps or metric != "throughput":
+        return steps, warmup
+    for log in ("stdout.log", "stderr.log"):
+        steps = from_deepspeed_log(read_tail(directory / log, MAX_BYTES))
+        if steps:
+            last = window_end()
+            return [s for s in steps if last is None or s.step <= last], 0
+    return [], 0
+
+
+def from_progress_file(path: Path, metric: str) -> list[Step]:
+    """The lines of a progress file that are whole step objects, in step order (a repeated step: its last line)."""
+    text = read_tail(path, MAX_BYTES)
+    found: dict[int, Step] = {}
+    for line in text.splitlines():
+        step = _step_line(line, metric)
+        if step is not None:
+            found[step.step] = step
+    return _ordered(found)
+
+
+def _step_line(line: str, metric: str) -> Step | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    number, at, value = data.get("step"), _finite(data.get("time")), _finite(data.get(metric))
+    if not isinstance(number, int) or isinstance(number, bool) or number < 0 or at is None or at <= 0:
+        return None
+    return Step(number, at, value if value is not None and value >= 0 else None)
+
+
+def from_deepspeed_log(text: str) -> list[Step]:
+    """DeepSpeed's per-step throughput lines in a log's text, in step order."""
+    found: dict[int, Step] = {}
+    for match in _DEEPSPEED.finditer(text):
+        stamp, millis, number, value = match.groups()
+        try:
+            at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+        except (ValueError, OverflowError):
+            continue
+        speed = _finite_text(value)
+        found[int(number)] = Step(int(number), at, speed if speed is not None and speed >= 0 else None)
+    return _ordered(found)
+
+
+def read_tail(path: Path, size: int) -> str:
+    """At most `size` bytes from the end of a regular file, as text; nothing for a missing or odd file (a FIFO
+    would block the reader, a device never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        os.lseek(fd, max(0, info.st_size - size), os.SEEK_SET)
+        chunks, left = [], size
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def _ordered(found: dict[int, Step]) -> list[Step]:
+    return [found[k] for k in sorted(found)][-MAX_STEPS:]
+
+
+def _finite(value: object) -> float | None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _finite_text(text: str) -> float | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None

@@ -1,0 +1,198 @@
+"""Per-step progress (spec/progress.py) and what it says (spec/interval.py): the progress file's protocol,
+DeepSpeed's own throughput lines, the batch-means interval, and start-up and step time recorded apart in the
+ledger and shown in every report format."""
+import json
+import math
+import random
+import re
+import statistics
+import time
+
+import pytest
+
+from autotuner.backends.exitstatus import judge_files
+from autotuner.ledger.store import Ledger
+from autotuner.spec.interval import Interval, Timing, batch_means, measure
+from autotuner.spec.metrics import metric_named
+from autotuner.spec.progress import PROGRESS_FILE, Step, from_deepspeed_log, from_progress_file, read_steps
+
+from cli_rig import PREAMBLE, autotune, env, write_launcher, write_sweep
+
+THROUGHPUT = metric_named("throughput")
+
+
+def write_lines(path, lines):
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+
+
+def test_the_progress_file_keeps_whole_step_lines_in_step_order(tmp_path):
+    """Bad lines of every kind are skipped, not fatal: not JSON, a half-written last line, no object, a step that
+    is no whole number >= 0 (a bool, a float, negative), a time that is no finite positive number, a value that is
+    no finite number >= 0 (kept as a step without a value); a repeated step keeps its last line."""
+    path = tmp_path / PROGRESS_FILE
+    write_lines(path, [
+        {"step": 2, "time": 102.0, "throughput": 20},
+        "not json", "[1, 2]", '{"step": 9, "time": 1',
+        {"step": True, "time": 1.0}, {"step": 1.5, "time": 1.0}, {"step": -1, "time": 1.0},
+        {"step": 5, "time": "soon"}, {"step": 6, "time": 0}, {"step": 7},
+        {"step": 3, "time": 103.0, "throughput": -1}, {"step": 4, "time": 104.0, "throughput": "fast"},
+        '{"step": 1, "time": 101.0, "throughput": NaN}',
+        {"step": 2, "time": 102.5, "throughput": 25},
+    ])
+    assert from_progress_file(path, "throughput") == [
+        Step(1, 101.0, None), Step(2, 102.5, 25.0), Step(3, 103.0, None), Step(4, 104.0, None)]
+
+
+def test_odd_progress_files_are_no_steps_and_never_block(tmp_path):
+    """Missing, a directory, a FIFO with no writer (would block a plain open), binary garbage."""
+    import os
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "garbage").write_bytes(bytes(range(256)) * 10)
+    for name in ("missing", "fifo", "dir", "garbage"):
+        assert from_progress_file(tmp_path / name, "throughput") == []
+
+
+DS_LINE = ("[{stamp},{ms:03d}] [INFO] [timer.py:264:stop] epoch=0/micro_step={n}/global_step={n}, "
+           "RunningAvgSamplesPerSec=99.0, CurrSamplesPerSec={v}, MemAllocated=0.0GB, MaxMemAllocated=0.0GB")
+
+
+def ds_line(step, at, value):
+    return DS_LINE.format(stamp=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)), ms=int(at * 1000) % 1000,
+                          n=step, v=value)
+
+
+def test_deepspeed_throughput_lines_are_steps_read_when_there_is_no_progress_file(tmp_path):
+    t0 = int(time.time())
+    log = "\n".join(["[2026-11-28 21:24:44,478] [INFO] [engine.py:1:init] something else",
+                     ds_line(3, t0 + 0.25, 100.5), "noise", ds_line(4, t0 + 1.5, 98.0),
+                     ds_line(5, t0 + 2.75, "nan")])
+    steps = from_deepspeed_log(log)
+    assert [(s.step, s.value) for s in steps] == [(3, 100.5), (4, 98.0)]  # step 5's "nan" is no measure
+    assert steps[0].at == pytest.approx(t0 + 0.25) and steps[1].at == pytest.approx(t0 + 1.5)
+    (tmp_path / "stdout.log").write_text(log)
+    assert read_steps(tmp_path, "throughput", 2) == (steps, 0)  # DeepSpeed's timer skipped its warm-up itself
+    assert read_steps(tmp_path, "tokens_per_s", 2) == ([], 2)  # its lines are throughput only
+    write_lines(tmp_path / PROGRESS_FILE, [{"step": 1, "time": 5.0}])
+    assert read_steps(tmp_path, "throughput", 2) == ([Step(1, 5.0)], 2)  # the script's own file wins
+
+
+def test_batch_means_is_the_t_interval_of_contiguous_batches():
+    values = [float(v) for v in range(1, 17)]  # 16 values: 4 batches of 4
+    interval = batch_means(values)
+    means = [2.5, 6.5, 10.5, 14.5]
+    spread = 3.182 * statistics.stdev(means) / 2
+    assert interval == Interval(8.5, 8.5 - spread, 8.5 + spread, 16, 4)
+    assert batch_means([1.0]) is None and batch_means([]) is None
+    assert batch_means([5.0, 5.0, 5.0]).half_width == 0
+
+
+def test_batch_means_widens_for_steps_that_drift_where_an_iid_interval_would_not_cover():
+    """Steps in slow and fast stretches (an AR(1) around 100): over many seeds, the batch-means interval covers
+    the true mean far more often than the i.i.d. t-interval over the steps, which is too narrow."""
+    covered_bm = covered_iid = 0
+    trials = 200
+    for seed in range(trials):
+        rng = random.Random(seed)
+        x, values = 0.0, []
+        for _ in range(400):
+            x = 0.9 * x + rng.gauss(0, 1)
+            values.append(100 + x)
+        interval = batch_means(values)
+        covered_bm += interval.low <= 100 <= interval.high
+        half = 1.966 * statistics.stdev(values) / math.sqrt(len(values))
+        covered_iid += abs(statistics.fmean(values) - 100) <= half
+    assert covered_bm / trials > 0.85 > 0.5 > covered_iid / trials
+
+
+def test_measure_leaves_warm_up_out_and_says_start_up_and_step_time():
+    steps = [Step(1, 110.0, 5.0), Step(2, 111.0, 50.0)] + [Step(n, 111.0 + (n - 2) * 0.5, 100.0 + n % 2)
+                                                           for n in range(3, 13)]
+    m = measure(steps, warmup=2)
+    assert m.first_at == 110.0 and m.steps == 12 and m.step_seconds == 0.5
+    assert m.interval.n == 10 and 99 < m.interval.low < m.interval.mean < m.interval.high < 102
+    assert m.startup(100.0) == 10.0 and m.startup(None) is None and m.startup(120.0) is None
+    assert measure([], 2) is None
+    assert measure([Step(1, 1.0, 3.0), Step(2, 2.0, 3.0)], warmup=2).interval.mean == 3.0  # too few: all kept
+
+
+def test_a_judged_run_carries_what_its_steps_said(tmp_path):
+    (tmp_path / "metrics.json").write_text('{"throughput": 100}')
+    write_lines(tmp_path / PROGRESS_FILE, [{"step": n, "time": 1000.0 + n, "throughput": 100 + n % 3}
+                                           for n in range(1, 11)])
+    outcome = judge_files(0, tmp_path, THROUGHPUT)
+    assert outcome.state == "succeeded" and outcome.measured.steps == 10 and outcome.measured.step_seconds == 1.0
+    assert judge_files(0, tmp_path / "none", THROUGHPUT).measured is None
+
+
+# One stand-in that writes a progress line per step: the start-up sleep, then STEPS steps of STEP seconds.
+STEPPING = PREAMBLE + """\
+progress="$AUTOTUNE_PROGRESS_PATH"
+sleep 0.3
+i=1
+while [ $i -le 6 ]; do
+  sleep 0.05
+  printf '{"step": %d, "time": %s, "throughput": %d}\\n' $i "$(date +%s.%N)" $((100 + i % 2)) >> "$progress"
+  i=$((i + 1))
+done
+printf '{"throughput": 100.5}\\n' > "$AUTOTUNE_METRICS_PATH"
+"""
+
+
+def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the_interval(tmp_path):
+    """Through the runner: the stand-in's steps are read when it ends, the ledger's `measures` row holds start-up
+    (at least the stand-in's 0.3 s before its first step) apart from the step time, and the report shows the
+    interval (throughput_low, throughput_high) in its JSON and CSV."""
+    sweep = write_sweep(tmp_path, [1, 2], name="p")
+    out = tmp_path / "out"
+    launcher = write_launcher(tmp_path, STEPPING)
+    done = autotune("run", sweep, "--results", out, "--launcher", launcher, "--slots", "2",
+                    environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"best: p_x\d with throughput 100.5 \(95% interval [\d.]+ to [\d.]+ over 6 steps\)",
+                     done.stdout), done.stdout
+    status = json.loads(autotune("status", out, "--format", "json").stdout)["gpu_hours"]
+    assert status["spent"] > 2 * 0.6 / 3600 and 0 < status["to_best"] <= status["spent"]  # two runs of > 0.6 s
+    shown = autotune("status", out).stdout
+    assert "GPU-hours: " in done.stdout and "GPU-hours: " in shown and "(95% interval " in shown
+    with Ledger.open(out) as ledger:
+        timings = ledger.measures()
+        ledger.measured("p_x1", 2, Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2)))
+        assert ledger.measures()[("p_x1", 2)] == Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 0))
+    assert set(timings) == {("p_x1", 1), ("p_x2", 1)}
+    for timing in timings.values():
+        assert timing.steps == 6 and timing.startup >= 0.3 and 0 < timing.step_seconds < timing.startup
+        assert timing.interval.low <= timing.interval.mean <= timing.interval.high
+        assert timing.interval.mean == pytest.approx(100.5, rel=1e-3)  # steps 3-6: 101, 100, 101, 100 samples/s
+    report = json.loads(autotune("report", out, "--format", "json").stdout)
+    row = report["experiments"][0]["metrics"]
+    assert row["throughput_low"] <= row["throughput_high"] and row["steps_measured"] == 6
+    assert row["startup_s"] >= 0.3
+    csv = autotune("report", out, "--format", "csv").stdout.splitlines()[0].split(",")
+    assert {"throughput_low", "throughput_high", "startup_s", "step_s"} <= set(csv)
+    assert autotune("report", out, "--html", tmp_path / "r.html").returncode == 0
+    page = (tmp_path / "r.html").read_text()
+    assert "95% interval" in page and "throughput_low" in page
+
+
+def test_deepspeed_steps_after_the_profile_window_are_left_out(tmp_path):
+    """DeepSpeed's engine ends a measured run after end_profile_step; a line for the step it ends in is timed as
+    the run ends (on CPU, 320 samples/s where the window measured 40-60) and is no measure of it."""
+    t0 = int(time.time())
+    (tmp_path / "stdout.log").write_text("\n".join(ds_line(n, t0 + n * 0.2, v)
+                                                   for n, v in ((3, 59.6), (4, 44.5), (5, 41.1), (6, 320.8))))
+    (tmp_path / "ds_config.json").write_text(json.dumps({"autotuning": {"enabled": True, "end_profile_step": 5}}))
+    (tmp_path / "metrics.json").write_text('{"throughput": 45}')
+    measured = judge_files(0, tmp_path, THROUGHPUT).measured
+    assert measured.steps == 3 and 0 < measured.interval.low < 41.1
+    assert measured.interval.high == math.inf  # three steps, two batches: too few to bound it above
+
+
+def test_a_rate_is_averaged_as_work_over_time():
+    """Samples/s over steps: the run's throughput is its samples over its time, the harmonic mean of the steps'
+    rates (DeepSpeed's metric is its batch over the mean step time), not their plain mean."""
+    steps = [Step(n, float(n), 100.0 if n % 2 else 50.0) for n in range(1, 41)]
+    interval = measure(steps, warmup=0, rate=True).interval
+    assert interval.mean == pytest.approx(200 / 3) and interval.low < 200 / 3 < interval.high
+    assert measure(steps, warmup=0).interval.mean == pytest.approx(75)
+    assert measure([Step(1, 1.0, 0.0), Step(2, 2.0, 5.0)], warmup=0, rate=True).interval is None
