@@ -12,9 +12,9 @@ import pytest
 
 from autotuner.backends.exitstatus import judge_files
 from autotuner.ledger.store import Ledger
-from autotuner.spec.interval import Interval, Timing, batch_means, measure
+from autotuner.spec.interval import Interval, RunTimes, batch_means, measure
 from autotuner.spec.metrics import metric_named
-from autotuner.spec.progress import PROGRESS_FILE, Step, from_deepspeed_log, from_progress_file, read_steps
+from autotuner.spec.progress import PROGRESS_FILE, TrainStep, from_deepspeed_log, from_progress_file, read_steps
 
 from cli_rig import PREAMBLE, autotune, env, write_launcher, write_sweep
 
@@ -40,7 +40,7 @@ def test_the_progress_file_keeps_whole_step_lines_in_step_order(tmp_path):
         {"step": 2, "time": 102.5, "throughput": 25},
     ])
     assert from_progress_file(path, "throughput") == [
-        Step(1, 101.0, None), Step(2, 102.5, 25.0), Step(3, 103.0, None), Step(4, 104.0, None)]
+        TrainStep(1, 101.0, None), TrainStep(2, 102.5, 25.0), TrainStep(3, 103.0, None), TrainStep(4, 104.0, None)]
 
 
 def test_odd_progress_files_are_no_steps_and_never_block(tmp_path):
@@ -74,7 +74,7 @@ def test_deepspeed_throughput_lines_are_steps_read_when_there_is_no_progress_fil
     assert read_steps(tmp_path, "throughput", 2) == (steps, 0)  # DeepSpeed's timer skipped its warm-up itself
     assert read_steps(tmp_path, "tokens_per_s", 2) == ([], 2)  # its lines are throughput only
     write_lines(tmp_path / PROGRESS_FILE, [{"step": 1, "time": 5.0}])
-    assert read_steps(tmp_path, "throughput", 2) == ([Step(1, 5.0)], 2)  # the script's own file wins
+    assert read_steps(tmp_path, "throughput", 2) == ([TrainStep(1, 5.0)], 2)  # the script's own file wins
 
 
 def test_batch_means_is_the_t_interval_of_contiguous_batches():
@@ -106,14 +106,14 @@ def test_batch_means_widens_for_steps_that_drift_where_an_iid_interval_would_not
 
 
 def test_measure_leaves_warm_up_out_and_says_start_up_and_step_time():
-    steps = [Step(1, 110.0, 5.0), Step(2, 111.0, 50.0)] + [Step(n, 111.0 + (n - 2) * 0.5, 100.0 + n % 2)
+    steps = [TrainStep(1, 110.0, 5.0), TrainStep(2, 111.0, 50.0)] + [TrainStep(n, 111.0 + (n - 2) * 0.5, 100.0 + n % 2)
                                                            for n in range(3, 13)]
     m = measure(steps, warmup=2)
     assert m.first_at == 110.0 and m.steps == 12 and m.step_seconds == 0.5
     assert m.interval.n == 10 and 99 < m.interval.low < m.interval.mean < m.interval.high < 102
     assert m.startup(100.0) == 10.0 and m.startup(None) is None and m.startup(120.0) is None
     assert measure([], 2) is None
-    assert measure([Step(1, 1.0, 3.0), Step(2, 2.0, 3.0)], warmup=2).interval.mean == 3.0  # too few: all kept
+    assert measure([TrainStep(1, 1.0, 3.0), TrainStep(2, 2.0, 3.0)], warmup=2).interval.mean == 3.0  # too few: all kept
 
 
 def test_a_judged_run_carries_what_its_steps_said(tmp_path):
@@ -157,8 +157,8 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
     assert "GPU-hours: " in done.stdout and "GPU-hours: " in shown and "(95% interval " in shown
     with Ledger.open(out) as ledger:
         timings = ledger.measures()
-        ledger.measured("p_x1", 2, Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2)))
-        assert ledger.measures()[("p_x1", 2)] == Timing(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 0))
+        ledger.measured("p_x1", 2, RunTimes(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2)))
+        assert ledger.measures()[("p_x1", 2)] == RunTimes(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 0))
     assert set(timings) == {("p_x1", 1), ("p_x2", 1)}
     for timing in timings.values():
         assert timing.steps == 6 and timing.startup >= 0.3 and 0 < timing.step_seconds < timing.startup
@@ -191,8 +191,8 @@ def test_deepspeed_steps_after_the_profile_window_are_left_out(tmp_path):
 def test_a_rate_is_averaged_as_work_over_time():
     """Samples/s over steps: the run's throughput is its samples over its time, the harmonic mean of the steps'
     rates (DeepSpeed's metric is its batch over the mean step time), not their plain mean."""
-    steps = [Step(n, float(n), 100.0 if n % 2 else 50.0) for n in range(1, 41)]
+    steps = [TrainStep(n, float(n), 100.0 if n % 2 else 50.0) for n in range(1, 41)]
     interval = measure(steps, warmup=0, rate=True).interval
     assert interval.mean == pytest.approx(200 / 3) and interval.low < 200 / 3 < interval.high
     assert measure(steps, warmup=0).interval.mean == pytest.approx(75)
-    assert measure([Step(1, 1.0, 0.0), Step(2, 2.0, 5.0)], warmup=0, rate=True).interval is None
+    assert measure([TrainStep(1, 1.0, 0.0), TrainStep(2, 2.0, 5.0)], warmup=0, rate=True).interval is None

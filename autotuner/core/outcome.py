@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.interval import Measured
+from ..spec.interval import StepReading
 from ..spec.metrics import KNOWN, METRICS_PATH_ENV, MISSING, Metric, MetricsError, read_metrics
 from ..states import Reason, State
 
@@ -51,7 +51,7 @@ class Outcome:
     detail: str | None = None
     exit_code: int | None = None
     metrics: Mapping[str, float] | None = None
-    measured: Measured | None = None  # what its steps said (spec/interval.py), where it left any
+    measured: StepReading | None = None  # what its steps said (spec/interval.py), where it left any
 
     def __post_init__(self) -> None:
         """Plain words (from JSON, a test, a stand-in executor) become the enums they name."""

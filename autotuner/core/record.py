@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from ..spec import Experiment
-from ..spec.interval import Timing
+from ..spec.interval import RunTimes
 from ..states import Reason, State
 
 
@@ -37,7 +37,7 @@ class Record(Protocol):
         """A stop asked for a running attempt, recorded before it is carried out; the first one asked is kept."""
         ...
 
-    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+    def measured(self, name: str, attempt: int, timing: RunTimes) -> None:
         """What an attempt's steps said, recorded with its end (in the same step's transaction)."""
         ...
 
@@ -55,7 +55,7 @@ class MemoryRecord:
         self.started: dict[tuple[str, int], float] = {}
         self.finished: dict[tuple[str, int], tuple[State, float]] = {}
         self.stops: dict[tuple[str, int], tuple[State, Reason, float]] = {}  # the first stop asked, by attempt
-        self.timings: dict[tuple[str, int], Timing] = {}  # what each attempt's steps said
+        self.timings: dict[tuple[str, int], RunTimes] = {}  # what each attempt's steps said
 
     def batch(self, synced: bool = True) -> AbstractContextManager[None]:
         return _NOTHING  # one reusable context: a plan makes two steps per run simulated
@@ -85,7 +85,7 @@ class MemoryRecord:
     def stopping(self, name: str, attempt: int, state: State, reason: Reason, detail: str, at: float) -> None:
         self.stops.setdefault((name, attempt), (state, reason, at))
 
-    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+    def measured(self, name: str, attempt: int, timing: RunTimes) -> None:
         self.timings[(name, attempt)] = timing
 
     def take_requests(self) -> list[tuple[str, list[str]]]:

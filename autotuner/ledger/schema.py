@@ -45,7 +45,7 @@ MEASURES = ("CREATE TABLE measures (name TEXT NOT NULL, attempt INTEGER NOT NULL
 # every row read: a fifth of a 100,000-experiment report's query). Older ledgers read the same, only slower.
 # 5 -> 6: the stop asked for a running attempt (which one: cancelled, interrupted, timed out, its host lost),
 # recorded before its signal, so that an attempt whose runner died during the stop is judged as that stop.
-# 6 -> 7: what an attempt's steps said (spec/interval.py Timing): start-up and step time apart, the steps it made,
+# 6 -> 7: what an attempt's steps said (spec/interval.py RunTimes): start-up and step time apart, the steps it made,
 # the interval of the metric's mean; one row per attempt that left steps.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (), ("ALTER TABLE attempts ADD COLUMN step TEXT",), ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",),

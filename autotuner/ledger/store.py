@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
-from ..spec.interval import Interval, Timing
+from ..spec.interval import Interval, RunTimes
 from ..states import Reason, State
 from . import checks, kept
 from .attempt import STATES, Attempt
@@ -379,7 +379,7 @@ class Ledger:
             self._db.execute("INSERT OR IGNORE INTO stops VALUES (?, ?, ?, ?, ?, ?)",
                              (name, attempt, state, reason, detail, at))
 
-    def measured(self, name: str, attempt: int, timing: Timing) -> None:
+    def measured(self, name: str, attempt: int, timing: RunTimes) -> None:
         """What the attempt's steps said (schema 7's `measures`), in the transaction that records its end."""
         found = timing.interval
         numbers = (timing.startup, timing.step_seconds, *((found.mean, found.low, found.high) if found else [None] * 3))
@@ -388,15 +388,15 @@ class Ledger:
             self._db.execute("INSERT OR REPLACE INTO measures VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                              (name, attempt, kept[0], kept[1], timing.steps, *kept[2:]))
 
-    def measures(self) -> dict[tuple[str, int], Timing]:
+    def measures(self) -> dict[tuple[str, int], RunTimes]:
         """(name, attempt) -> what its steps said, of every attempt that left steps; none before schema 7."""
         if self.version() < 7:
             return {}
-        found: dict[tuple[str, int], Timing] = {}
+        found: dict[tuple[str, int], RunTimes] = {}
         for name, attempt, startup, step, steps, mean, low, high in self._db.execute("SELECT * FROM measures"):
             interval = None if mean is None or low is None else \
                 Interval(mean, low, math.inf if high is None else high, steps, 0)  # NULL high: no upper bound
-            found[(name, attempt)] = Timing(startup, step, steps, interval)
+            found[(name, attempt)] = RunTimes(startup, step, steps, interval)
         return found
 
     def slot_seconds(self, until: float | None = None) -> tuple[float, float]:

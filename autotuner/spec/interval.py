@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .metrics import format_value
-from .progress import Step, read_steps
+from .progress import TrainStep, read_steps
 
 MAX_BATCHES = 10
 RATES = ("throughput", "FLOPS_per_gpu")  # the metrics that are work per second (`measure`'s rate)
@@ -50,7 +50,7 @@ class Interval:
 
 
 @dataclass(frozen=True)
-class Measured:
+class StepReading:
     """What a run's steps after warm-up say: when its first step ended (seconds since the epoch, for its
     start-up), how many steps it made, the median step time, and the interval of the metric where the steps
     carried its values."""
@@ -80,7 +80,7 @@ def batch_means(values: Sequence[float]) -> Interval | None:
     return Interval(mean, max(0.0, mean - spread), mean + spread, n, b)  # a metric is never below 0
 
 
-def measure(steps: Sequence[Step], warmup: int = WARMUP, rate: bool = False) -> Measured | None:
+def measure(steps: Sequence[TrainStep], warmup: int = WARMUP, rate: bool = False) -> StepReading | None:
     """What `steps` say once the first `warmup` are left out (none are when that would leave fewer than two);
     None for a run without steps. `rate`: the values are per-second rates (samples/s, FLOP/s), whose mean over
     a run is the work over the time, i.e. the harmonic mean of the steps' rates: the interval is worked out on
@@ -93,7 +93,7 @@ def measure(steps: Sequence[Step], warmup: int = WARMUP, rate: bool = False) -> 
     interval = None
     if len(values) == len(kept):
         interval = _of_rates(values) if rate else batch_means(values)
-    return Measured(steps[0].at, len(steps), statistics.median(durations) if durations else None, interval)
+    return StepReading(steps[0].at, len(steps), statistics.median(durations) if durations else None, interval)
 
 
 def _of_rates(values: Sequence[float]) -> Interval | None:
@@ -108,7 +108,7 @@ def _of_rates(values: Sequence[float]) -> Interval | None:
 
 
 def measured_run(directory: Path, metric: str,
-                 window_end: Callable[[], int | None] = lambda: None) -> Measured | None:
+                 window_end: Callable[[], int | None] = lambda: None) -> StepReading | None:
     """What the steps a run left in its directory say (progress.py: its progress file, or DeepSpeed's lines up
     to the end of its profile window, `window_end()`)."""
     steps, warmup = read_steps(directory, metric, WARMUP, window_end)
@@ -116,7 +116,7 @@ def measured_run(directory: Path, metric: str,
 
 
 @dataclass(frozen=True)
-class Timing:
+class RunTimes:
     """A run's time apart, as the ledger's `measures` table keeps it: start-up (launch to the end of its first
     step), the median step time, the steps it made, and the interval of the metric's mean (None: unknown)."""
 
@@ -134,11 +134,11 @@ class Timing:
         return {k: v for k, v in found.items() if v is not None and math.isfinite(v)}
 
 
-def timing_of(measured: Measured | None, launched_at: float | None) -> Timing | None:
-    """A run's Timing from what its steps said and when it was launched; None when it left no steps."""
+def timing_of(measured: StepReading | None, launched_at: float | None) -> RunTimes | None:
+    """A run's RunTimes from what its steps said and when it was launched; None when it left no steps."""
     if measured is None:
         return None
-    return Timing(measured.startup(launched_at), measured.step_seconds, measured.steps, measured.interval)
+    return RunTimes(measured.startup(launched_at), measured.step_seconds, measured.steps, measured.interval)
 
 
 def interval_text(metrics: Mapping[str, float], metric: str) -> str:

@@ -44,7 +44,7 @@ _DEEPSPEED = re.compile(
 
 
 @dataclass(frozen=True)
-class Step:
+class TrainStep:
     """One optimizer step: its number, when it ended (seconds since the epoch), and its value of the metric."""
 
     step: int
@@ -53,7 +53,7 @@ class Step:
 
 
 def read_steps(directory: Path, metric: str, warmup: int,
-               window_end: Callable[[], int | None] = lambda: None) -> tuple[list[Step], int]:
+               window_end: Callable[[], int | None] = lambda: None) -> tuple[list[TrainStep], int]:
     """The run's steps in order, and how many of them are warm-up: its progress file's (the first `warmup`),
     else DeepSpeed's throughput lines in its logs (only for the metric `throughput`; none of them: DeepSpeed's
     timer leaves its first steps out itself; `window_end()`: the end of its profile window, asked only here,
@@ -70,10 +70,10 @@ def read_steps(directory: Path, metric: str, warmup: int,
     return [], 0
 
 
-def from_progress_file(path: Path, metric: str) -> list[Step]:
+def from_progress_file(path: Path, metric: str) -> list[TrainStep]:
     """The lines of a progress file that are whole step objects, in step order (a repeated step: its last line)."""
     text = read_tail(path, MAX_BYTES)
-    found: dict[int, Step] = {}
+    found: dict[int, TrainStep] = {}
     for line in text.splitlines():
         step = _step_line(line, metric)
         if step is not None:
@@ -81,7 +81,7 @@ def from_progress_file(path: Path, metric: str) -> list[Step]:
     return _ordered(found)
 
 
-def _step_line(line: str, metric: str) -> Step | None:
+def _step_line(line: str, metric: str) -> TrainStep | None:
     try:
         data = json.loads(line)
     except ValueError:
@@ -91,12 +91,12 @@ def _step_line(line: str, metric: str) -> Step | None:
     number, at, value = data.get("step"), _finite(data.get("time")), _finite(data.get(metric))
     if not isinstance(number, int) or isinstance(number, bool) or number < 0 or at is None or at <= 0:
         return None
-    return Step(number, at, value if value is not None and value >= 0 else None)
+    return TrainStep(number, at, value if value is not None and value >= 0 else None)
 
 
-def from_deepspeed_log(text: str) -> list[Step]:
+def from_deepspeed_log(text: str) -> list[TrainStep]:
     """DeepSpeed's per-step throughput lines in a log's text, in step order."""
-    found: dict[int, Step] = {}
+    found: dict[int, TrainStep] = {}
     for match in _DEEPSPEED.finditer(text):
         stamp, millis, number, value = match.groups()
         try:
@@ -104,7 +104,7 @@ def from_deepspeed_log(text: str) -> list[Step]:
         except (ValueError, OverflowError):
             continue
         speed = _finite_text(value)
-        found[int(number)] = Step(int(number), at, speed if speed is not None and speed >= 0 else None)
+        found[int(number)] = TrainStep(int(number), at, speed if speed is not None and speed >= 0 else None)
     return _ordered(found)
 
 
@@ -134,7 +134,7 @@ def read_tail(path: Path, size: int) -> str:
         os.close(fd)
 
 
-def _ordered(found: dict[int, Step]) -> list[Step]:
+def _ordered(found: dict[int, TrainStep]) -> list[TrainStep]:
     return [found[k] for k in sorted(found)][-MAX_STEPS:]
 
 
