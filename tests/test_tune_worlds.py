@@ -124,3 +124,38 @@ def test_plan_training_refuses_in_one_line(tuned, args, message):
     directory, _ = tuned
     out = autotune("plan", "--training", directory, *args)
     assert out.returncode == 2 and out.stdout == "" and message in out.stderr, out.stderr
+
+
+def _tune_file(tmp_path, **counts):
+    setup(tmp_path)
+    lines = ["{", '  script: "train.py"', '  ds_config: "ds.json"', *(f"  {k}: {v}" for k, v in counts.items()), "}"]
+    (tmp_path / "tune.hjson").write_text("\n".join(lines) + "\n")
+    return tmp_path / "tune.hjson"
+
+
+@pytest.mark.parametrize("gpus", ["[1, 2, 4]", '"1,2,4"', '"1-4"'])
+def test_a_tune_file_states_several_world_sizes_as_the_options_do(tmp_path, gpus):
+    from autotuner import read_tune
+
+    path = _tune_file(tmp_path, num_gpus=gpus, num_nodes="[1]")
+    assert read_tune(str(path), [], cwd=tmp_path).spec.worlds == ((1, 1), (2, 1), (4, 1))
+    # The options win over the file, as with one count.
+    assert read_tune(str(path), [], cwd=tmp_path, num_gpus=[2]).spec.worlds == ()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ('"1,x"', "num_gpus '1,x': a count (4), a list (1,2,4,8)"),
+    ("[1, 0]", "num_gpus must be a positive integer, not 0"),
+    ('[1, "2"]', "num_gpus must be a positive integer, not '2'"),
+    ("[1, [2]]", "num_gpus must be a positive integer, not [2]"),
+    ("[]", "num_gpus must list 1 to 64 counts, not 0"),
+    ("1.5", "num_gpus must be a positive integer, not 1.5"),
+])
+def test_bad_world_sizes_in_a_tune_file_are_refused_at_their_line(tmp_path, value, message):
+    path = _tune_file(tmp_path, num_gpus=value)
+    result = autotune("tune", "--slots", "2", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}", path,
+                      environ=setup(tmp_path), cwd=tmp_path, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "tune.hjson:4:" in result.stderr and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "launches.log").exists() and not (tmp_path / "res").exists()

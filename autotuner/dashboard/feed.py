@@ -38,6 +38,7 @@ from ..spec.metrics import metric_named
 from ..states import State
 from ..tune.memory_model import Facts
 from ..tune.space import SearchSpec
+from ..views import cost
 from ..views.analysis import choose_axes, swept_specs
 from ..views.records import layout_rows, metric_names, with_layout
 from ..views.snapshot import Snapshot
@@ -180,6 +181,7 @@ class SweepFeed:
         self._search: SearchSpec | None = None  # a tune's search (its layout, its model's facts), read once
         self._facts: Facts | None = None  # the model's parameter counts, as known at the last read
         self._tflop: dict[str, float] = {}  # name -> the TFLOP a sample costs each of its GPUs (views/tflops.py)
+        self._training: tuple[int, JSONObject | None] | None = None  # (transition, the training run priced)
 
     # --- reading the ledger ------------------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -297,6 +299,29 @@ class SweepFeed:
                         snap.__dict__[key] = probe.__dict__[key]
                 self._snapshot = snap
             return self._snapshot
+
+    def training(self) -> JSONObject | None:
+        """The training run priced for each config, as the report's training section shows it (views/cost.py, the
+        same rows, notes and verdict), for a tune that stated one; None for a sweep without. Worked out once per
+        transition. What cannot be priced yet (no config measured a throughput) is `{"error": why}`."""
+        snap = self.snapshot()
+        with self._lock:
+            if self._training is not None and self._training[0] == self.seq:
+                return self._training[1]
+            seq = self.seq
+        try:
+            goal = cost.goal_of(snap)
+            priced = cost.costing(snap, goal) if goal.wanted else None
+        except UserError as e:
+            made: JSONObject | None = {"error": str(e)}
+        else:
+            made = None if priced is None else {
+                **priced.to_json(), "title": cost.title(priced), "headers": list(cost.headers(priced)),
+                "cells": [list(row) for row in cost.cells(priced)], "verdict": list(priced.verdict),
+                "notes": cost.notes(priced)[len(priced.verdict):]}
+        with self._lock:
+            self._training = (seq, made)
+        return made
 
     def columns(self) -> tuple[str, ...]:
         return (*COLUMNS, *(f"param:{k}" for k in self.keys), *(f"metric:{m}" for m in self.metric_columns))

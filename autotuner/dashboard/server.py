@@ -85,7 +85,8 @@ class Dashboard:
         seq = feed.seq
         kept = self._standing.get(served.id)
         if kept is None or kept[0] != seq:
-            self._standing[served.id] = kept = (seq, standing(snap, served.id, served.root))
+            self._standing[served.id] = kept = (seq, {**standing(snap, served.id, served.root),
+                                                      "training": feed.training()})
         made = summary(snap, kept[1], seq, self._runner(feed.directory), self.planner)
         key = (seq, made["runner"], json.dumps(made["eta"]))
         last = self._summaries.get(served.id)

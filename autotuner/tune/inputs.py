@@ -33,6 +33,7 @@ from .goal import SECTION_KEYS as GOAL_KEYS
 from .goal import Goal, from_section
 from .knobs import Space, accumulation_values, first_values, knob_spaces, whole, with_accumulation
 from .layout import SHAPE_KEYS, read_script_knobs, read_shape, read_tp
+from .worlds import MOST_SIZES, counts
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
 KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
@@ -454,9 +455,26 @@ class TuneFile:
     command: TuneInput
     config: Source
     name: str | None = None
-    num_gpus: int | None = None
-    num_nodes: int | None = None
+    num_gpus: tuple[int, ...] = ()  # each count searched (worlds.py); none stated: ()
+    num_nodes: tuple[int, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+
+
+def world_counts(src: Source, key: str, value: JSON) -> tuple[int, ...]:
+    """A tune file's `num_gpus` / `num_nodes`: one count, a list of them, or the text `--num_gpus` takes (`1,2,4`,
+    `1-8`): the world sizes searched (worlds.py). Refused at the key's line when any is not a count."""
+    if isinstance(value, str):
+        try:
+            found = counts(value, key)
+        except UserError as e:
+            raise src.error(e.message, key) from None
+    elif isinstance(value, list):
+        if not value or len(value) > MOST_SIZES:
+            raise src.error(f"{key} must list 1 to {MOST_SIZES} counts, not {len(value)}", key)
+        found = tuple(positive_count(src, key, whole(v)) for v in value)
+    else:
+        found = (positive_count(src, key, whole(value)),)
+    return tuple(dict.fromkeys(positive_count(src, key, v) for v in found))  # each within the limit, once
 
 
 def read_tune_file(path: Path) -> TuneFile:
@@ -494,6 +512,6 @@ def read_tune_file(path: Path) -> TuneFile:
     else:  # a file of its own (ds_config_of refuses what is not one): errors point there
         ds_config_of(src, config)
         located = read_source(Path(abspath(config, path.parent)), src.budget, "ds_config file")
-    counts = {k: positive_count(src, k, whole(data[k])) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
-    return TuneFile(TuneInput(script, args, flag, located.path), located, name, counts.get("num_gpus"),
-                    counts.get("num_nodes"), env_of(src, data.get("env", {})))
+    told = {k: world_counts(src, k, data[k]) for k in ("num_gpus", "num_nodes") if data.get(k) is not None}
+    return TuneFile(TuneInput(script, args, flag, located.path), located, name, told.get("num_gpus", ()),
+                    told.get("num_nodes", ()), env_of(src, data.get("env", {})))

@@ -54,7 +54,8 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | Sequence[int]
                             "autotune's own options go before it: autotune tune --slots 2 tune.hjson")
         told = read_tune_file(Path(script) if Path(script).is_absolute() else where / script)
         command, located, prefix, env = told.command, told.config, told.name, told.env
-        num_gpus, num_nodes = num_gpus or told.num_gpus or 1, num_nodes or told.num_nodes or 1
+        gpus_asked, nodes_asked = gpus_asked or told.num_gpus, nodes_asked or told.num_nodes  # the options win
+        num_gpus, num_nodes = (gpus_asked or (1,))[0], (nodes_asked or (1,))[0]
     else:
         command, located, prefix, env = split_command(script, args, where), None, None, {}
         num_gpus, num_nodes = num_gpus or 1, num_nodes or 1

@@ -342,8 +342,24 @@ function drawTop(S) {
         title: n.host + ":" + x.id + (n.lost ? " lost" : x.run ? " runs " + x.run : " free") }))),
       n.lost ? el("span", { class: "s-failed" }, "lost") : null))),
     el("div", { class: "muted legend" }, "■ busy  □ free  ▨ lost"));
-  S.top.replaceChildren(el("div", { class: "grid" }, head, bests, nodes));
+  S.top.replaceChildren(el("div", { class: "grid" }, head, bests, nodes), s.training ? trainingCard(s.training) : "");
   drawEta(S);
+}
+
+// A tune that stated its training run: each config's time, GPU-hours and cost, the front, the deadline, the fastest
+// and the cheapest named, as the report's training section shows them (the server's rows, every value as text).
+function trainingCard(t) {
+  const card = el("div", { class: "card", id: "training" }, el("h2", {}, "Training run ", t.title ? el("span", { class: "muted" }, "(" + t.title + ")") : null));
+  if (t.error) { card.append(el("p", { class: "muted" }, t.error)); return card; }
+  const named = { [t.fastest]: "fastest" };
+  if (t.cheapest) named[t.cheapest] = named[t.cheapest] ? "fastest, cheapest" : "cheapest";
+  card.append(...t.verdict.map((line) => el("div", { class: "verdict" }, line)),
+    el("div", { class: "scroll" }, el("table", { class: "training" },
+      el("thead", {}, el("tr", {}, t.headers.map((h) => el("th", {}, h)), el("th", {}, ""))),
+      el("tbody", {}, t.cells.map((row, i) => el("tr", { "data-name": t.candidates[i].name, class: t.candidates[i].front ? "front" : "" },
+        row.map((v) => el("td", {}, v)), el("td", { class: "muted" }, named[t.candidates[i].name] || "")))))),
+    el("ul", { class: "muted" }, t.notes.map((line) => el("li", {}, line))));
+  return card;
 }
 
 function drawEta(S) {
