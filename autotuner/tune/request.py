@@ -14,8 +14,9 @@ from pathlib import Path
 from .. import limits
 from ..errors import UserError, shown
 from .goal import Goal
-from .inputs import is_tune_file, name_prefix, read_tune_file, read_tuning, split_command
+from .inputs import name_prefix, read_tuning, split_command
 from .space import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
+from .tunefile import is_tune_file, read_tune_file
 from .worlds import sizes
 
 
