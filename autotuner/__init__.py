@@ -44,9 +44,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.ray.ask import check as check_ray
     from .backends.ray.ask import optional_ray_value
     from .backends.registry import cluster_for, hosts_check
-    from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
-    from .backends.slurm.allocation import release as release_allocation
+    from .backends.slurm.allocation import Allocation, SlurmError, sigterm_interrupts
     from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.request import Withdrawn
+    from .backends.slurm.request import release as release_allocation
     from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .dashboard import serve as serve_dashboard
@@ -89,8 +90,8 @@ _LAZY = {
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "Allocation": (".backends.slurm.allocation", "Allocation"),
     "SlurmError": (".backends.slurm.allocation", "SlurmError"),
-    "Withdrawn": (".backends.slurm.allocation", "Withdrawn"),
-    "release_allocation": (".backends.slurm.allocation", "release"),
+    "Withdrawn": (".backends.slurm.request", "Withdrawn"),
+    "release_allocation": (".backends.slurm.request", "release"),
     "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
