@@ -47,8 +47,13 @@ def asked_and_killed(slurm_lab, tmp_path: Path, runners: Runners, experiments: i
     environ = lab_env(slurm_lab, STANDIN_SECONDS=seconds, AUTOTUNE_SLURM_KEEP=keep)
     proc = runners.start("run", spec, *ASK, "--launcher", standin(tmp_path), "-o", results, "-q", environ=environ,
                          directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists()
-               and len([a for a in attempts(results) if a.step]) == min(experiments, SLOTS), 120, "steps recorded")
+    try:
+        wait_until(lambda: proc.poll() is not None or ((results / "ledger.sqlite").exists()
+                   and len([a for a in attempts(results) if a.step]) == min(experiments, SLOTS)), 120, "steps recorded")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; Slurm lists:\n{slurm_lab.run('squeue', '-a', '-s', check=False).stdout}"
+                             f"{slurm_lab.run('squeue', '-a', check=False).stdout}") from None
+    assert proc.poll() is None, finish(proc)
     job = attempts(results)[0].step.split(".")[0]
     proc.kill()
     finish(proc)
