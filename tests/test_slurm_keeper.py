@@ -118,18 +118,21 @@ def test_cancel_with_no_runner_gives_back_the_allocation_autotune_asked_for(slur
 
 
 def test_a_partial_cancel_with_no_runner_leaves_the_allocation_to_a_resume(slurm_lab, tmp_path, runners):
-    """Experiments are left to run: the allocation stays for `resume`, which finishes them in it."""
-    results, job, environ = asked_and_killed(slurm_lab, tmp_path, runners, SLOTS, 3, keep=300)
-    first = attempts(results)[0].name
-    done = autotune("cancel", results, first, environ=environ)
+    """Experiments are left to run: the allocation stays for `resume`, which finishes them in it. Two of eight
+    never started (six slots): one is cancelled, the other is left, however soon the six running ones end."""
+    results, job, environ = asked_and_killed(slurm_lab, tmp_path, runners, SLOTS + 2, 3, keep=300)
+    queued = sorted(a.name for a in attempts(results) if a.state == State.QUEUED)
+    assert len(queued) == 2, [(a.name, a.state) for a in attempts(results)]
+    done = autotune("cancel", results, queued[0], environ=environ)
     assert done.returncode == 0, done.stderr
     assert "gave" not in done.stdout and listed(slurm_lab, job)
     resumed = autotune("resume", results, "-q", environ=environ, timeout=300)
     assert resumed.returncode == 1, resumed.stderr  # the sweep ended with a cancelled experiment
     assert f"gave Slurm job {job} back" in resumed.stderr
     final = latest(results)
-    assert final[first].state == State.CANCELLED
-    assert all(a.state == State.SUCCEEDED and a.step.startswith(f"{job}.") for n, a in final.items() if n != first)
+    assert final[queued[0]].state == State.CANCELLED
+    assert all(a.state == State.SUCCEEDED and a.step.startswith(f"{job}.") for n, a in final.items()
+               if n != queued[0])
 
 
 def test_the_keeper_gives_back_its_job_after_the_bound_even_when_heartbeats_hit_its_commands(tmp_path):
