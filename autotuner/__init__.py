@@ -44,10 +44,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.ray.ask import check as check_ray
     from .backends.ray.ask import optional_ray_value
     from .backends.registry import cluster_for, hosts_check
-    from .backends.slurm.allocation import Allocation, SlurmError, sigterm_interrupts
+    from .backends.slurm.allocation import Allocation, SlurmError
     from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.held import held as held_allocation
     from .backends.slurm.request import Withdrawn
-    from .backends.slurm.request import release as release_allocation
     from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .dashboard import serve as serve_dashboard
@@ -86,13 +86,12 @@ _LAZY = {
     # `--ray [ADDRESS]` on the command line: a bare --ray read from argv, the options it excludes refused.
     "optional_ray_value": (".backends.ray.ask", "optional_ray_value"),
     "check_ray": (".backends.ray.ask", "check"),
-    # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
+    # Running inside Slurm: the allocation held for a run (asked for, given back), its cluster (`--slurm`).
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "Allocation": (".backends.slurm.allocation", "Allocation"),
     "SlurmError": (".backends.slurm.allocation", "SlurmError"),
     "Withdrawn": (".backends.slurm.request", "Withdrawn"),
-    "release_allocation": (".backends.slurm.request", "release"),
-    "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
+    "held_allocation": (".backends.slurm.held", "held"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
     "default_directory": (".sweep.create", "default_directory"),
@@ -206,6 +205,7 @@ __all__ = [
     "cluster_for",
     "default_directory",
     "execute",
+    "held_allocation",
     "hosts_check",
     "load",
     "load_cluster",
@@ -217,7 +217,6 @@ __all__ = [
     "prepare",
     "prepare_tune",
     "read_tune",
-    "release_allocation",
     "render_compare",
     "render_hosts",
     "render_hosts_check",
@@ -229,7 +228,6 @@ __all__ = [
     "resume_plan",
     "run",
     "serve_dashboard",
-    "sigterm_interrupts",
     "snapshot",
     "spec_changes",
     "timeout_seconds",
