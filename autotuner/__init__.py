@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -270,21 +271,37 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     return hosts_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log, probe=probe)
 
 
-def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,
-        launcher: list[str] | None = None) -> Result:
-    """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it)."""
+def run(sweep: Sweep, cluster: Cluster | SlurmAsk, directory: str | Path | None = None,
+        options: Options | None = None, *, launcher: list[str] | None = None) -> Result:
+    """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it).
+    `cluster` may be a Slurm ask (`SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`, or `SlurmAsk(slurm=True)`
+    inside an allocation): the Slurm backend holds the allocation for the run, and gives back one it asked for
+    when this returns or raises."""
+    from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.held import held
+    from .sweep.create import prepare
     from .sweep.run import Options, execute
 
     options = options or Options()
-    return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
+    if not isinstance(cluster, SlurmAsk):
+        return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
+    with held(cluster, log=options.log) as allocation:
+        from .backends.registry import cluster_for
+
+        ran = replace(options, slurm=allocation)
+        return execute(prepare(sweep, cluster_for(allocation=allocation), directory, launcher=launcher,
+                               timeout=ran.timeout), ran)
 
 
 def resume(directory: str | Path, options: Options | None = None, *, retry_failed: bool = False,
-           only_new: bool = False) -> Result:
+           only_new: bool = False, slurm: SlurmAsk | None = None) -> Result:
     """Finish an interrupted sweep: nothing that succeeded runs again; with `retry_failed`, failed and timed-out
     experiments run again. Its spec files are read again: a UserError if they changed, unless `only_new` (their
-    new experiments are added). Without `options`, experiments keep the timeout the sweep was started with."""
-
+    new experiments are added). Without `options`, experiments keep the timeout the sweep was started with.
+    A sweep started in Slurm runs in this allocation, in its own while that still runs, or in a new one
+    (`slurm`: `SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`), held by the Slurm backend until this returns."""
+    from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.held import held
     from .sweep.resume import resume_plan
     from .sweep.run import Options, execute
 
@@ -292,4 +309,8 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     options = options or Options(timeout=plan.timeout)
     for note in plan.notes:
         options.log(note)
-    return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)
+    if options.slurm is not None:  # an allocation the caller holds
+        return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)
+    with held(slurm or SlurmAsk(), plan.slurm, log=options.log) as allocation:
+        return execute(Path(directory), replace(options, slurm=allocation), retry_failed=retry_failed,
+                       new_experiments=plan.new_experiments)

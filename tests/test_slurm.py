@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -321,6 +322,42 @@ def test_outside_an_allocation_autotune_asks_for_one_and_gives_it_back(slurm_lab
     job = re.search(r"gave Slurm job (\d+) back", done.stderr).group(1)
     assert all(a.step.startswith(f"{job}.") for a in attempts(results))
     wait_until(lambda: not slurm_lab.run("squeue", "-h", "-j", job, check=False).stdout.strip(), 30, "job gone")
+
+
+# A program of the user's: autotuner.run with a Slurm ask, once with an output path that is refused after the
+# allocation was granted, once to its end. It prints the job each call ran in, as the sweep's record names it.
+API_PROGRAM = """
+import sys
+from pathlib import Path
+
+import autotuner
+
+spec, results, launcher = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split()
+ask = autotuner.SlurmAsk(slurm=True, nodes=1, gpus_per_node=1)
+sweep = autotuner.load_sweep([spec])
+(results.parent / "a-file").write_text("")
+try:
+    autotuner.run(sweep, ask, results.parent / "a-file" / "r", launcher=launcher)
+except autotuner.UserError as e:
+    print("refused:", e)
+result = autotuner.run(sweep, ask, results, launcher=launcher)
+print("exit", result.exit_code, "job", result.snapshot.meta.slurm["job"])
+"""
+
+
+def test_the_python_api_asks_for_an_allocation_and_gives_it_back_however_run_ends(slurm_lab, tmp_path):
+    """The allocation is held by the Slurm backend for `autotuner.run`, not by the command line: a program that
+    calls it with a Slurm ask leaves nothing in Slurm, whether the run was refused or went to its end."""
+    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
+    results = tmp_path / "r"
+    done = subprocess.run([sys.executable, "-c", API_PROGRAM, str(spec), str(results), standin(tmp_path)],
+                          env=lab_env(slurm_lab) | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "refused:" in done.stdout and "exit 0 job " in done.stdout, done.stdout
+    assert {a.state for a in attempts(results)} == {State.SUCCEEDED}
+    wait_until(lambda: not slurm_lab.run("squeue", "-h", "-n", "autotune", "-o", "%i").stdout.strip(), 60,
+               "both allocations given back")
 
 
 def test_a_real_two_node_deepspeed_run_as_one_step(slurm_lab, allocation, tmp_path):
