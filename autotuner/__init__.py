@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,9 +45,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .backends.ray.ask import check as check_ray
     from .backends.ray.ask import optional_ray_value
     from .backends.registry import cluster_for, hosts_check
-    from .backends.slurm.allocation import Allocation, SlurmError, Withdrawn, sigterm_interrupts
-    from .backends.slurm.allocation import release as release_allocation
+    from .backends.slurm.allocation import Allocation, SlurmError
     from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.held import held as held_allocation
+    from .backends.slurm.request import Withdrawn
     from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .dashboard import serve as serve_dashboard
@@ -89,13 +91,12 @@ _LAZY = {
     # `--ray [ADDRESS]` on the command line: a bare --ray read from argv, the options it excludes refused.
     "optional_ray_value": (".backends.ray.ask", "optional_ray_value"),
     "check_ray": (".backends.ray.ask", "check"),
-    # Running inside Slurm: the allocation asked for, its cluster, given back (`autotune run/tune/resume --slurm`).
+    # Running inside Slurm: the allocation held for a run (asked for, given back), its cluster (`--slurm`).
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "Allocation": (".backends.slurm.allocation", "Allocation"),
     "SlurmError": (".backends.slurm.allocation", "SlurmError"),
-    "Withdrawn": (".backends.slurm.allocation", "Withdrawn"),
-    "release_allocation": (".backends.slurm.allocation", "release"),
-    "sigterm_interrupts": (".backends.slurm.allocation", "sigterm_interrupts"),
+    "Withdrawn": (".backends.slurm.request", "Withdrawn"),
+    "held_allocation": (".backends.slurm.held", "held"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
     "default_directory": (".sweep.create", "default_directory"),
@@ -217,6 +218,7 @@ __all__ = [
     "cluster_for",
     "default_directory",
     "execute",
+    "held_allocation",
     "hosts_check",
     "load",
     "load_cluster",
@@ -228,7 +230,6 @@ __all__ = [
     "prepare",
     "prepare_tune",
     "read_tune",
-    "release_allocation",
     "render_compare",
     "render_hosts",
     "render_hosts_check",
@@ -241,7 +242,6 @@ __all__ = [
     "resume_plan",
     "run",
     "serve_dashboard",
-    "sigterm_interrupts",
     "snapshot",
     "spec_changes",
     "timeout_seconds",
@@ -286,21 +286,37 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     return hosts_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log, probe=probe)
 
 
-def run(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None, options: Options | None = None, *,
-        launcher: list[str] | None = None) -> Result:
-    """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it)."""
+def run(sweep: Sweep, cluster: Cluster | SlurmAsk, directory: str | Path | None = None,
+        options: Options | None = None, *, launcher: list[str] | None = None) -> Result:
+    """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it).
+    `cluster` may be a Slurm ask (`SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`, or `SlurmAsk(slurm=True)`
+    inside an allocation): the Slurm backend holds the allocation for the run, and gives back one it asked for
+    when this returns or raises."""
+    from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.held import held
+    from .sweep.create import prepare
     from .sweep.run import Options, execute
 
     options = options or Options()
-    return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
+    if not isinstance(cluster, SlurmAsk):
+        return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
+    with held(cluster, log=options.log) as allocation:
+        from .backends.registry import cluster_for
+
+        ran = replace(options, slurm=allocation)
+        return execute(prepare(sweep, cluster_for(allocation=allocation), directory, launcher=launcher,
+                               timeout=ran.timeout), ran)
 
 
 def resume(directory: str | Path, options: Options | None = None, *, retry_failed: bool = False,
-           only_new: bool = False) -> Result:
+           only_new: bool = False, slurm: SlurmAsk | None = None) -> Result:
     """Finish an interrupted sweep: nothing that succeeded runs again; with `retry_failed`, failed and timed-out
     experiments run again. Its spec files are read again: a UserError if they changed, unless `only_new` (their
-    new experiments are added). Without `options`, experiments keep the timeout the sweep was started with."""
-
+    new experiments are added). Without `options`, experiments keep the timeout the sweep was started with.
+    A sweep started in Slurm runs in this allocation, in its own while that still runs, or in a new one
+    (`slurm`: `SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`), held by the Slurm backend until this returns."""
+    from .backends.slurm.ask import SlurmAsk
+    from .backends.slurm.held import held
     from .sweep.resume import resume_plan
     from .sweep.run import Options, execute
 
@@ -308,4 +324,8 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     options = options or Options(timeout=plan.timeout)
     for note in plan.notes:
         options.log(note)
-    return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)
+    if options.slurm is not None:  # an allocation the caller holds
+        return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)
+    with held(slurm or SlurmAsk(), plan.slurm, log=options.log) as allocation:
+        return execute(Path(directory), replace(options, slurm=allocation), retry_failed=retry_failed,
+                       new_experiments=plan.new_experiments)

@@ -183,7 +183,15 @@ class SlurmLab:
 
     def down(self, node: str, reason: str = "test", timeout: float = 10.0) -> None:
         """Lose a node at once: end its slurmd and mark it DOWN (waiting for SlurmdTimeout would take minutes).
-        A job holding it ends with NODE_FAIL unless it was allocated with --no-kill."""
+        A job holding it ends with NODE_FAIL unless it was allocated with --no-kill.
+
+        Never under an --exclusive --no-kill job: Slurm (22.05, still in its master) takes the node out of the
+        job (`excise_node_from_job` -> `make_node_idle`) without giving back its count of exclusive jobs, which
+        only `make_node_comp` decrements. From then on, every exclusive job that ends on that node leaves it
+        unusable to shared jobs (its bit in `share_node_bitmap` stays clear) until the node next answers an RPC
+        while idle (a ping: SlurmdTimeout / 3). A shared `salloc` that needs it waits PENDING (Resources), its
+        nodes IDLE+PLANNED, for up to three minutes; checked: four rounds of an exclusive batch job on the node
+        then `salloc -N3`, each waiting 116 to 210 s, against 0.0 s without --exclusive."""
         self.stop_node(node, timeout)
         self.run("scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}")
 
@@ -212,14 +220,31 @@ class SlurmLab:
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
     def allocate(self, nodes: int, gpus_per_node: int = 0, *extra: str, timeout: float = 30.0) -> str:
-        """`salloc --no-shell`: an allocation of `nodes` nodes (and GPUs on each); returns its job id."""
+        """`salloc --no-shell`: an allocation of `nodes` nodes (and GPUs on each); returns its job id. A request
+        not granted within `timeout` is withdrawn before the error (SIGINT, as Ctrl-C: salloc revokes it; its job
+        cancelled too), so that it cannot start later and hold the nodes the next tests ask for."""
         args = ["salloc", "--no-shell", f"--nodes={nodes}", *extra]
         if gpus_per_node:
             args.append(f"--gpus-per-node={gpus_per_node}")
-        done = self.run(*args, check=False, timeout=timeout)
-        found = re.search(r"Granted job allocation (\d+)", done.stderr)
-        if done.returncode != 0 or not found:
-            raise RuntimeError(f"salloc failed ({done.returncode}): {done.stderr.strip()}")
+        proc = subprocess.Popen(args, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                _, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            queued = re.search(r"job allocation (\d+)", err)
+            if queued:
+                self.run("scancel", queued.group(1), check=False)
+            raise RuntimeError(f"salloc not granted in {timeout:g} s (withdrawn): {err.strip()}; squeue:\n"
+                               f"{self.run('squeue', '-a', check=False).stdout}") from None
+        found = re.search(r"Granted job allocation (\d+)", err)
+        if proc.returncode != 0 or not found:
+            raise RuntimeError(f"salloc failed ({proc.returncode}): {err.strip()}")
         return found.group(1)
 
     def release(self, job: str, timeout: float = 30.0) -> None:

@@ -2,7 +2,7 @@
 `plan`, `--slurm`, and the outputs of every command. The rule is test_bad_input's: exit 2, one line naming the
 file, line and problem, nothing written or launched, memory and time bounded.
 
-Slurm's ordering is shown without a cluster: a fake `salloc` on PATH records being called (and refuses, as Slurm
+Slurm's ordering is shown without a cluster: a fake `sbatch` on PATH records being called (and refuses, as Slurm
 does a bad partition): a check that needs no cluster must come first, so it is never called for them.
 """
 from __future__ import annotations
@@ -174,13 +174,14 @@ def test_arg_mappings_follow_one_rule_in_sweep_files_and_tune(tmp_path, flag, ma
 
 
 def fake_slurm(tmp_path: Path) -> dict[str, str]:
-    """An environment whose `salloc` records that it was called, then refuses as Slurm refuses a bad partition."""
+    """An environment whose `sbatch` records that it was called, then refuses as Slurm refuses a bad partition."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    salloc = bin_dir / "salloc"
-    salloc.write_text(f'#!/bin/sh\necho called >> "{tmp_path / "salloc.log"}"\n'
-                      'echo "salloc: error: invalid partition specified: nope" >&2\nexit 1\n')
-    salloc.chmod(0o755)
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(f'#!/bin/sh\necho called >> "{tmp_path / "sbatch.log"}"\n'
+                      'echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2\n'
+                      'exit 1\n')
+    sbatch.chmod(0o755)
     environ = env(OOM_STANDIN_LOG=tmp_path / "launches.log", PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     for name in ("SLURM_JOB_ID", "SLURM_JOBID"):
         environ.pop(name, None)
@@ -208,7 +209,7 @@ def test_tune_checks_everything_local_before_slurm_is_asked(tmp_path, case, opti
     name = "missing.json" if case == "missing config" else "ds.json"
     result = tune(tmp_path, *SLURM, *options, name=name, environ=environ)
     refused(result, tmp_path / where if where.endswith((".json", ".json:")) else where, fragment, tmp_path=tmp_path)
-    assert not (tmp_path / "salloc.log").exists(), f"{case}: Slurm was asked before the local checks"
+    assert not (tmp_path / "sbatch.log").exists(), f"{case}: Slurm was asked before the local checks"
 
 
 def test_run_and_resume_check_everything_local_before_slurm_is_asked(tmp_path):
@@ -224,17 +225,17 @@ def test_run_and_resume_check_everything_local_before_slurm_is_asked(tmp_path):
         refused(result, "", fragment, tmp_path=tmp_path)
     result = autotune("resume", tmp_path / "nowhere", *SLURM, "--account", "x y", environ=environ, cwd=tmp_path)
     refused(result, "--account", "not a name")
-    assert not (tmp_path / "salloc.log").exists()
+    assert not (tmp_path / "sbatch.log").exists()
 
 
 def test_a_request_slurm_refuses_is_its_one_line(tmp_path):
     """The "asking Slurm for ..." note came before the refusal, so the refusal was not one line. Once every
-    local check passed, salloc is asked (once), and what it says is the line."""
+    local check passed, sbatch is asked (once), and what it says is the line."""
     environ = fake_slurm(tmp_path)
     config(tmp_path)
-    refused(tune(tmp_path, *SLURM, "--partition", "nope", environ=environ), "salloc: error: invalid partition",
-            tmp_path=tmp_path)
-    assert (tmp_path / "salloc.log").read_text() == "called\n"
+    refused(tune(tmp_path, *SLURM, "--partition", "nope", environ=environ),
+            "sbatch: error: Batch job submission failed: Invalid partition", tmp_path=tmp_path)
+    assert (tmp_path / "sbatch.log").read_text() == "called\n"
 
 
 # --- no output over an input ---------------------------------------------------------------------------------------

@@ -68,3 +68,15 @@ def test_drain_and_resume(slurm_lab):
     finally:
         slurm_lab.resume_node("n3")
     assert slurm_lab.node_state("n3") == "IDLE"
+
+
+def test_a_request_not_granted_in_time_is_withdrawn(slurm_lab):
+    """All three nodes held whole: a request for one waits; past its timeout it is withdrawn, not left queued to
+    start later and hold the nodes the next test asks for (one slow grant used to chain into failures)."""
+    held = slurm_lab.allocate(3, 2, "--exclusive")
+    try:
+        with pytest.raises(RuntimeError, match="not granted in 2 s"):
+            slurm_lab.allocate(1, 1, timeout=2)
+        assert slurm_lab.run("squeue", "-h", "-o", "%i").stdout.split() == [held]
+    finally:
+        slurm_lab.release(held)

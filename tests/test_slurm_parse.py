@@ -113,9 +113,11 @@ def test_the_first_bad_exit_after_a_rank_s_unended_line_or_before_a_carriage_ret
                                 "srun: error: n1: task 0: Terminated\n") is None
 
 
-def test_the_granted_job_of_salloc():
-    assert parse.granted_job(text("salloc-granted.stderr")) == "1"
-    assert parse.granted_job("salloc: error: Job submit/allocate failed: Invalid partition name specified") is None
+def test_the_job_sbatch_submitted():
+    assert parse.submitted_job("41\n") == "41"
+    assert parse.submitted_job("41;lab\n") == "41"  # --parsable on a federation names the cluster
+    assert parse.submitted_job("") is None
+    assert parse.submitted_job("sbatch: error: Batch job submission failed: Invalid partition name specified") is None
 
 
 def test_typed_gpus_and_tracked_memory_in_detail():

@@ -14,6 +14,8 @@ the placement and the views; it never asks which kind it holds. A backend owns w
   follows; ending one attempt's processes wherever they run, and reading the status one recorded, for
   `recovery.recover`);
 - `ready`: its hosts probed (down ones marked and watched), its readers started, before the first launch;
+- `give_back`: with no runner alive and nothing of the sweep left to run (`cancel`), what autotune asked the
+  cluster for on the sweep's behalf given back (a Slurm allocation);
 - `close`: every resource it opened, in order, once.
 
 A new backend is a package under backends/ with a class that has these members and `Kind`'s (its name, the
@@ -96,6 +98,11 @@ class Backend(Protocol):
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Before the first launch: hosts that do not answer marked down (and watched), readers started."""
+        ...
+
+    def give_back(self) -> str | None:
+        """No runner alive, nothing of the sweep left to run: what autotune asked the cluster for on the sweep's
+        behalf given back; a line saying what (or why it could not be), None when it holds nothing."""
         ...
 
     def close(self) -> None:

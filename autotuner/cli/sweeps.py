@@ -9,7 +9,7 @@ import typer
 import autotuner
 from autotuner import UserError
 
-from .allocation import given_back, slurm_allocation
+from .allocation import held
 from .app import Brief, fail, format_option, note
 from .bundles import (
     DIRECTORY,
@@ -90,8 +90,7 @@ def run(
         peaks = autotuner.measured_peaks(past) if past is not None else None
     except UserError as e:
         raise fail(e) from None
-    allocation = slurm_allocation(ask)
-    with given_back(allocation):
+    with held(ask) as allocation:
         try:
             options = sweep_options(times, ssh, watch, allocation, place.ray, times.timeout_seconds(), chosen)
             cluster = place.cluster(allocation, sweep, notes.append, options.ssh or autotuner.Ssh())
@@ -162,8 +161,7 @@ def tune(
         check_outputs(watch.events, chosen, [*request.inputs, place.hostfile, ssh.ssh_config])
     except UserError as e:
         raise fail(e) from None
-    allocation = slurm_allocation(ask)
-    with given_back(allocation):
+    with held(ask) as allocation:
         try:
             options = sweep_options(times, ssh, watch, allocation, place.ray, times.timeout_seconds())
             cluster = place.cluster(allocation, None, notes.append, options.ssh or autotuner.Ssh())
@@ -211,8 +209,7 @@ def resume(
         raise fail(e) from None
     for line in plan.notes:
         note(line)
-    allocation = slurm_allocation(ask, recorded=plan.slurm)
-    with given_back(allocation):
+    with held(ask, recorded=plan.slurm) as allocation:
         timeout = plan.timeout if times.timeout is None else times.timeout_seconds()
         options = sweep_options(times, ssh, watch, allocation, ray, timeout, chosen)
         execute(directory, options, watch, retry_failed=retry_failed, new_experiments=plan.new_experiments)

@@ -39,17 +39,20 @@ class Cancellation:
     via_runner: bool  # a live runner was asked (it cancels at its next step)
     runner_pid: int | None = None
     cancelled: tuple[str, ...] = ()  # cancelled here, with no runner alive
+    given_back: str | None = None  # what the cluster gave the sweep, given back here (nothing left to run), in words
 
     def __str__(self) -> str:
         if self.via_runner:
             return f"asked the runner (pid {self.runner_pid}) to cancel {', '.join(self.requested) or 'the sweep'}"
-        return f"cancelled {len(self.cancelled)} experiment(s) that had not finished"
+        done = f"cancelled {len(self.cancelled)} experiment(s) that had not finished"
+        return f"{done}; {self.given_back}" if self.given_back else done
 
     def to_json(self) -> JSONObject:
         """For `autotune cancel --format json`: `cancelled` is null when the runner was asked (it decides)."""
         return {"directory": str(self.directory), "requested": list(self.requested) or "all",
                 "via_runner": self.via_runner, "runner_pid": self.runner_pid,
-                "cancelled": None if self.via_runner else list(self.cancelled), "message": str(self)}
+                "cancelled": None if self.via_runner else list(self.cancelled), "given_back": self.given_back,
+                "message": str(self)}
 
 
 def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
@@ -76,8 +79,8 @@ def cancel(directory: str | Path, names: Sequence[str] = ()) -> Cancellation:
             try:
                 with holding(directory):
                     handed = True
-                    return Cancellation(directory, requested, False, None, tuple(_cancel_here(
-                        directory, ledger, names, known, backend)))
+                    done, given_back = _cancel_here(directory, ledger, names, known, backend)
+                    return Cancellation(directory, requested, False, None, tuple(done), given_back)
             except SweepBusy as e:  # a runner started since: it reads the request when it starts dispatching
                 if e.pid is not None:
                     os.kill(e.pid, signal.SIGUSR1)
@@ -103,12 +106,20 @@ def _reached(directory: Path, ledger: Ledger) -> Backend:
 
 
 def _cancel_here(directory: Path, ledger: Ledger, names: Sequence[str], known: set[str],
-                 backend: Backend | None) -> list[str]:
+                 backend: Backend | None) -> tuple[list[str], str | None]:
     """No runner: apply the request here, after the sweep's backend (`backend`, reached before the lock; None:
-    a runner alive then has died since) cleared up what a dead one left; returns those cancelled."""
+    a runner alive then has died since) cleared up what a dead one left; returns those cancelled, and what the
+    backend gave back once nothing of the sweep is left to run."""
     ledger.upgrade()  # the writer now, holding the lock: the stops it records need schema 6
     with contextlib.closing(backend or _reached(directory, ledger)) as ending:
         recover(ledger, time.time(), ending.end, code=ending.recorded_code)
+        done = _cancel_recorded(ledger, names, known)
+        left = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in ledger.latest())
+        return done, None if left else ending.give_back()
+
+
+def _cancel_recorded(ledger: Ledger, names: Sequence[str], known: set[str]) -> list[str]:
+    """The request applied in the ledger: the experiments chosen that had not finished recorded cancelled."""
     # Ours and any other cancel's that came meanwhile (those signalled us, and found us holding the lock).
     asked = [wanted for kind, wanted in ledger.take_requests() if kind == "cancel"]
     chosen = known if any(not wanted for wanted in asked) else set().union(set(names), *asked)

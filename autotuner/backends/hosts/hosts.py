@@ -276,6 +276,10 @@ class HostsBackend:
             self._remote_memory.read_now()
             self._remote_memory.start(post)
 
+    def give_back(self) -> str | None:
+        """Nothing: the hosts of a hostfile were not asked for."""
+        return None
+
     def close(self) -> None:
         """The readers, the executor (every run has posted its end: its threads are ending), the peaks, the
         watcher, the SSH executor, the pool: each closed even when one before it fails."""

@@ -192,6 +192,10 @@ class RayBackend:
                     slots.mark_down(host)
                     self._watcher.watch(host)
 
+    def give_back(self) -> str | None:
+        """Nothing here: `close` releases what the sweep holds in Ray (its leases), runner or not."""
+        return None
+
     def close(self) -> None:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
         runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the

@@ -1,5 +1,6 @@
 """The Slurm allocation a sweep runs in: the one this process is inside (`SLURM_JOB_ID`), or one asked for
-(`salloc --no-shell`) and given back at the end. Its nodes and GPUs become the sweep's cluster: no hostfile.
+(request.py) and given back at the end. Its nodes and GPUs become the sweep's cluster: no hostfile. Here: what
+an allocation holds, the one way Slurm commands are run, and what they say of jobs, steps and nodes.
 """
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ import os
 import shlex
 import signal
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from ...errors import UserError
 from ...gpu.types import size_of_type
@@ -78,10 +78,14 @@ class Allocation:
     total_gpus: Mapping[str, int] = field(default_factory=dict)  # every GPU of each node, held or not
     end_time: str | None = None
     owned: bool = False
+    keep: int | None = None  # owned: seconds its keeper gives it back after its holder's last heartbeat (keeper.py)
 
-    def to_json(self) -> dict[str, str | bool]:
-        """What the ledger keeps (meta `slurm`): enough to find the job again."""
-        return {"job": self.job, "owned": self.owned}
+    def to_json(self) -> dict[str, str | bool | int]:
+        """What the ledger keeps (meta `slurm`): enough to find the job again, and to keep one we asked for."""
+        recorded: dict[str, str | bool | int] = {"job": self.job, "owned": self.owned}
+        if self.keep is not None:
+            recorded["keep"] = self.keep
+        return recorded
 
     def warnings(self) -> list[str]:
         """What will slow the sweep down in this allocation, for the user: nodes where it holds fewer CPUs
@@ -120,8 +124,9 @@ def current_job() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or None
 
 
-def describe(job_id: str, *, owned: bool = False) -> Allocation:
-    """The allocation of job `job_id`, which must be running and hold GPUs."""
+def describe(job_id: str, *, owned: bool = False, keep: int | None = None) -> Allocation:
+    """The allocation of job `job_id`, which must be running and hold GPUs (`owned`, `keep`: one we asked for,
+    and its keeper's bound)."""
     text = slurm("scontrol", "show", "job", "-d", "-o", job_id).stdout
     line = next((line for line in text.splitlines() if line.strip()), "")
     job = parse.job(line)
@@ -139,96 +144,14 @@ def describe(job_id: str, *, owned: bool = False) -> Allocation:
     return Allocation(job.id or job_id, tuple(h for h in job.nodes if gpus[h]), gpus,
                       {h: s.cpus for h, s in job.shares.items()}, {h: s.memory_mb for h, s in job.shares.items()},
                       {h: n.address for h, n in nodes.items()}, types,
-                      {h: n.gpus.count for h, n in nodes.items() if n.gpus is not None}, job.end_time, owned)
-
-
-def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, time: str | None = None,
-            account: str | None = None, extra: Sequence[str] = (),
-            log: Callable[[str], None] = lambda line: None) -> Allocation:
-    """A new allocation of whole nodes (`salloc --no-shell --exclusive`: every CPU, so that steps do not wait for
-    one), kept when one of its nodes fails (`--no-kill`: only that node's experiments are lost), waited for;
-    ours to give back. Interrupted while it waits (Ctrl-C, or SIGTERM): the request is withdrawn, so that no
-    allocation starts later that nobody gives back."""
-    argv = ["salloc", "--no-shell", "--exclusive", "--no-kill", "--job-name", "autotune", "--nodes", str(nodes),
-            "--gpus-per-node", str(gpus_per_node)]
-    for option, value in (("--partition", partition), ("--time", time), ("--account", account)):
-        if value:
-            argv += [option, value]
-    argv += list(extra)
-    with tempfile.TemporaryFile("w+") as said:
-        try:
-            proc = subprocess.Popen(argv, stdout=said, stderr=said, text=True, stdin=subprocess.DEVNULL)
-        except FileNotFoundError:
-            raise SlurmError("salloc: no such command (is this a Slurm cluster?)") from None
-        try:
-            with sigterm_interrupts():
-                _wait_granted(proc, said, lambda job: log(
-                    f"asked Slurm for {nodes} node(s) x {gpus_per_node} GPU(s): job {job} is queued, waiting for "
-                    "resources (Ctrl-C withdraws it)"))
-        except BaseException:
-            _withdraw(proc, said)
-            raise
-        said.seek(0)
-        text = said.read()
-    job = parse.granted_job(text)
-    if proc.returncode != 0 or job is None:
-        raise SlurmError(failure(argv, text, proc.returncode))
-    try:
-        return describe(job, owned=True)
-    except BaseException:
-        release(job)
-        raise
-
-
-def _wait_granted(proc: subprocess.Popen[str], said: IO[str], queued: Callable[[str], None]) -> None:
-    """Until salloc ends; the job it queued told once (the user then knows what waits, and why). Nothing is said
-    before: a request Slurm refuses at once is its one line of refusal."""
-    told = False
-    while True:
-        try:
-            proc.wait(timeout=0.5)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-        if not told:
-            said.seek(0)
-            job = parse.pending_job(said.read())
-            if job is not None:
-                queued(job)
-                told = True
-
-
-def _withdraw(proc: subprocess.Popen[str], said: IO[str]) -> None:
-    """salloc interrupted as Ctrl-C would (it then revokes a pending request), its job cancelled whatever
-    state it reached: queued, or granted in the meantime."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    said.seek(0)
-    text = said.read()
-    job = parse.granted_job(text) or parse.pending_job(text)
-    if job is not None:
-        with contextlib.suppress(SlurmError):
-            release(job)
-        raise Withdrawn(job)
-
-
-class Withdrawn(KeyboardInterrupt):
-    """An allocation request interrupted: its job (`job`) was cancelled before it could run."""
-
-    def __init__(self, job: str):
-        super().__init__(job)
-        self.job = job
+                      {h: n.gpus.count for h, n in nodes.items() if n.gpus is not None}, job.end_time, owned,
+                      keep if owned else None)
 
 
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM taken as Ctrl-C while salloc waits, or while an allocation of ours is held: its default would end
-    us at once, salloc left waiting or the allocation never given back."""
+    """SIGTERM taken as Ctrl-C while a request waits in Slurm's queue, or while an allocation of ours is held:
+    its default would end us at once, the request left queued or the allocation held until its keeper's bound."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -241,11 +164,6 @@ def sigterm_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def release(job: str) -> None:
-    """Give an allocation back (everything still running in it ends)."""
-    slurm("scancel", job, check=False)
 
 
 def cancel_step(step: str, within: float = 60.0) -> None:

@@ -12,7 +12,9 @@ from ...errors import UserError
 from ..base import HostsCheck
 from ..cluster import Cluster
 from . import parse
-from .allocation import Allocation, cluster_of, current_job, describe, job_state, node_states, planned_cluster, request
+from .allocation import Allocation, cluster_of, current_job, describe, job_state, node_states, planned_cluster
+from .keeper import hold, let_go
+from .request import request
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,10 @@ class SlurmAsk:
     def allocation(self, recorded: Mapping[str, object] | None = None,
                    log: Callable[[str], None] = lambda line: None) -> Allocation | None:
         """The allocation to run in (None: not in Slurm): this job's, else the sweep's recorded one while it still
-        runs, else a new one (`nodes`, `gpus_per_node`), which the caller gives back (`release`). A Ctrl-C while
-        it is queued withdraws it (`Withdrawn`)."""
+        runs (whatever size is asked: a new one would wait in the queue behind it), else a new one (`nodes`,
+        `gpus_per_node`). One autotune asked for is kept by this process from now on, and given back by the
+        caller (`release`), or by its keeper once this process is gone. A Ctrl-C while it is queued withdraws
+        it (`Withdrawn`)."""
         if not self.slurm and recorded is None:
             return None
         current = current_job()
@@ -83,11 +87,18 @@ class SlurmAsk:
             if asked:
                 raise UserError(f"{asked[0]} asks for a new allocation; this runs inside Slurm job {current} "
                                 "already: leave it out")
+            if recorded is not None and str(recorded.get("job")) == current and recorded.get("owned"):
+                return _taken_over(current, recorded)  # the sweep's own, which autotune asked for
             return describe(current)
-        if recorded is not None and self.nodes is None:
+        if recorded is not None:
             job = job_state(str(recorded.get("job")))
             if job is not None and job.state == "RUNNING":
-                return describe(job.id, owned=bool(recorded.get("owned")))
+                if self.asked():
+                    log(f"Slurm job {job.id}, the allocation this sweep runs in, still runs: resuming in it "
+                        f"({', '.join(self.asked())} not used; `scancel {job.id}` first to ask for a new one)")
+                if recorded.get("owned"):
+                    return _taken_over(job.id, recorded)
+                return describe(job.id)
         if self.nodes is None or self.gpus_per_node is None:
             raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
                             "salloc or sbatch)")
@@ -107,6 +118,19 @@ class SlurmAsk:
         if current is None:
             raise UserError("plan --slurm outside an allocation: give --nodes and --gpus-per-node")
         return allocation_cluster(describe(current), include, exclude)
+
+
+def _taken_over(job: str, recorded: Mapping[str, object]) -> Allocation:
+    """The allocation autotune asked for a sweep, taken over by this process (`resume`): its keeper signalled
+    from here on, as often as its recorded bound asks."""
+    keep = recorded.get("keep")
+    bound = keep if isinstance(keep, int) and not isinstance(keep, bool) else None
+    hold(job, bound)
+    try:
+        return describe(job, owned=True, keep=bound)
+    except BaseException:
+        let_go(job)  # left to its keeper: what runs in it may still be adopted
+        raise
 
 
 def allocation_cluster(allocation: Allocation, include: str = "", exclude: str = "") -> Cluster:

@@ -26,9 +26,10 @@ from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
 from ..recovery import as_it_ran
 from ..watch import PollingWatcher
-from .allocation import Allocation, cancel_step, cluster_of
+from .allocation import Allocation, SlurmError, cancel_step, cluster_of, job_state
 from .ask import allocation_check, allocation_cluster, this_allocation
 from .executor import end_strays, slurm_executor, step_status
+from .request import release
 from .shared import unshared_nodes
 from .watch import allocation_watcher
 
@@ -158,6 +159,22 @@ class SlurmBackend:
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nothing to probe: the allocation watcher reports the nodes Slurm marks down."""
+
+    def give_back(self) -> str | None:
+        """The sweep's recorded allocation, when autotune asked for it and it still runs, given back (`cancel`
+        with no runner alive: nothing would run in it until its keeper gave it back)."""
+        recorded = self.ledger.meta().slurm or {}
+        if not recorded.get("owned"):
+            return None
+        job = str(recorded.get("job"))
+        try:
+            state = job_state(job)
+            if state is None or state.state != "RUNNING":
+                return None
+            release(job)
+        except SlurmError as e:
+            return f"Slurm job {job} was not given back ({e}): `scancel {job}` ends it"
+        return f"gave Slurm job {job} back"
 
     def close(self) -> None:
         """The reader, the executor (every step has ended), the peaks, the allocation watcher."""

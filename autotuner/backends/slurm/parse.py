@@ -11,8 +11,7 @@ from ...errors import shown
 # One `Key=Value` of a one-line record: the value runs up to the next ` Key=` (values hold `=`, `,`, `(`, and
 # sometimes spaces, e.g. a node's Reason, but never ` Word=`).
 _PAIR = re.compile(r"([A-Za-z][\w/:]*)=(.*?)(?= [A-Za-z][\w/:]*=|$)")
-_GRANTED = re.compile(r"\bGranted job allocation (\d+)")
-_PENDING = re.compile(r"\bPending job allocation (\d+)")
+_SUBMITTED = re.compile(r"(\d+)(;\S*)?")  # `sbatch --parsable`: "JOB" or "JOB;CLUSTER"
 _BRACKETS = re.compile(r"\[([^\]]*)\]")
 # Node states in which a node runs nothing new, or may have lost what it ran: its slots are lost to the sweep.
 LOST_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING",
@@ -263,15 +262,10 @@ def first_bad_exit(text: str) -> int | None:
     return codes[0] if len(codes) == 1 else None
 
 
-def granted_job(text: str) -> str | None:
-    """The job id in `salloc`'s "Granted job allocation J" line."""
-    match = _GRANTED.search(text)
-    return match.group(1) if match else None
-
-
-def pending_job(text: str) -> str | None:
-    """The job id in `salloc`'s "Pending job allocation J" line (its request queued)."""
-    match = _PENDING.search(text)
+def submitted_job(text: str) -> str | None:
+    """The job id `sbatch --parsable` printed (its first line: "JOB" or "JOB;CLUSTER")."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    match = _SUBMITTED.fullmatch(line)
     return match.group(1) if match else None
 
 

@@ -1,0 +1,54 @@
+"""The allocation a sweep runs in, held by the Slurm backend for as long as the caller's block runs: asked for
+(or taken over, or this job's), kept (its keeper signalled), and given back however the block ends, whichever
+caller started the sweep (the command line or a program calling `autotuner.run`)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+
+from .allocation import Allocation, SlurmError, sigterm_interrupts
+from .ask import SlurmAsk
+from .request import release
+
+
+def _ignore(line: str) -> None:
+    """The default for a line nobody asked to hear."""
+
+
+@contextlib.contextmanager
+def held(ask: SlurmAsk, recorded: Mapping[str, object] | None = None, *, log: Callable[[str], None] = _ignore,
+         not_given_back: Callable[[str], None] | None = None) -> Iterator[Allocation | None]:
+    """The allocation `ask` names (see `SlurmAsk.allocation`; None: not in Slurm) for the block. One autotune
+    asked for is given back when the block ends, however it ends (SIGTERM meanwhile taken as Ctrl-C: its
+    default would end the process with the allocation held until its keeper's bound); `log` is told. One that
+    cannot be given back (Slurm does not answer) is a SlurmError naming it and how to end it, raised when the
+    block itself ended well; told to `not_given_back` instead, when given (a block that raised keeps its
+    error: the line then goes to `not_given_back`, else to `log`)."""
+    allocation = ask.allocation(recorded, log=log)
+    if allocation is None or not allocation.owned:
+        yield allocation
+        return
+    try:
+        with sigterm_interrupts():
+            yield allocation
+    except BaseException:
+        problem = _give_back(allocation, log)
+        if problem is not None:
+            (not_given_back or log)(problem)
+        raise
+    problem = _give_back(allocation, log)
+    if problem is not None:
+        if not_given_back is None:
+            raise SlurmError(problem)
+        not_given_back(problem)
+
+
+def _give_back(allocation: Allocation, log: Callable[[str], None]) -> str | None:
+    """Cancel an allocation autotune asked for (`log` told); what went wrong when Slurm did not answer."""
+    try:
+        release(allocation.job)
+    except SlurmError as e:
+        return (f"Slurm job {allocation.job} was not given back ({e}): it still holds its nodes; "
+                f"`scancel {allocation.job}` ends it")
+    log(f"gave Slurm job {allocation.job} back")
+    return None
