@@ -16,7 +16,7 @@ from cli_rig import autotune, env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments"
-STAGE, LARGEST = 1, 8  # each layout from the largest allowed; smaller sizes only while measuring them pays
+STAGE, LARGEST = 1, 8  # sizes searched from the largest allowed; others only while measuring them could pay
 CHECKPOINTING = ("false", "true")  # the script knob searched: the Trainer's --gradient_checkpointing
 SMALLEST = 4  # of about 15 s on a quiet machine
 STEPS = 12  # past the profile's end (step 5): under autotune the engine ends each run there
@@ -75,11 +75,17 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     report = json.loads(autotune("report", results, "--format", "json").stdout)
     runs = {(r["parameters"]["--gradient_checkpointing"], r["parameters"]["train_micro_batch_size_per_gpu"]):
             r for r in report["experiments"]}
-    # Which smaller sizes are measured depends on the throughput the runs measured (a size is measured only while
-    # it could pay): checkpointing on and off at the largest allowed, every run within the bounds the config set.
-    assert {(gc, LARGEST) for gc in CHECKPOINTING} <= set(runs)
+    # The first round, on two slots, is fixed: checkpointing on (the lane that needs the least memory) at the
+    # largest allowed, checkpointing off (the most) at the smallest, whether it fits at all. What follows depends
+    # on the throughput measured (a size is measured only while it could pay): checkpointing off goes up to the
+    # largest unless its throughput grown in proportion to the size (the most a larger micro-batch gains) could
+    # not beat the best; a run starved of CPU under load can measure that low (test_layout.py's stand-in).
+    assert {("true", LARGEST), ("false", SMALLEST)} <= set(runs), sorted(runs)
     assert all(gc in CHECKPOINTING and SMALLEST <= m <= LARGEST for gc, m in runs), sorted(runs)
     assert {r["state"] for r in runs.values()} == {"succeeded"}, [(r["name"], r["reason"]) for r in runs.values()]
+    best_metric = max(r["metric"] for r in runs.values())
+    assert ("false", LARGEST) in runs or \
+        runs["false", SMALLEST]["metric"] * LARGEST / SMALLEST <= best_metric, sorted(runs)
     for (gc, mbs), run in runs.items():
         directory = results / run["name"]
         assert json.loads((directory / "ds_config.json").read_text())["zero_optimization"]["stage"] == STAGE

@@ -14,9 +14,10 @@ from autotuner.dashboard.feed import SweepFeed
 from autotuner.ledger.store import Ledger
 from autotuner.states import State
 from autotuner.tune.flops import flops_per_sample
-from autotuner.tune.layout import activation_share, checkpointed
+from autotuner.tune.layout import activation_share, checkpointed, layout_of
 from autotuner.tune.memory_model import Training, model_states
 from autotuner.tune.space import SearchSpec
+from autotuner.tune.tuners import search_for
 
 from cli_rig import autotune, env, wait_until
 from dashboard_rig import chromium_driver, start_dashboard
@@ -255,6 +256,39 @@ def test_the_loop_learns_checkpointing_from_its_own_runs_and_tp_through_its_shar
                  int(states[lane[2, False, 3]] + 10 * measured))
     assert search.model().activation == pytest.approx(1.5 * 4e9)
     assert search.stages[lane[1, False, 3]].predicted < predicted[1, False, 3]
+
+
+def rounds_of_a_checkpointing_search(throughput):
+    """The rounds a search of `--gradient_checkpointing` at one stage, sizes 4 to 8, on two slots, proposes when
+    each (checkpointing, size) measures `throughput(checkpointing, size)` (test_hf_trainer.py's tune)."""
+    spec = SearchSpec(prefix="t", template={"script": "/x/train.py", "num_gpus": 1, "num_nodes": 1},
+                      base={"gradient_accumulation_steps": 1}, stages=(1,), metric="throughput", min_mbs=4,
+                      max_mbs=8, measure=2, confirm=0, script_knobs={"--gradient_checkpointing": [False, True]})
+    search = search_for(spec)
+    rounds = []
+    while proposed := search.propose(2, 0.0):
+        places = [search.place_of(e) for e in proposed]
+        rounds.append([(spec.layouts[layout_of(lane)][1][0][1], mbs) for lane, mbs in places])
+        for e, (checkpointed_, mbs) in zip(proposed, rounds[-1], strict=True):
+            search.learn(e, State.SUCCEEDED, None, throughput(checkpointed_, mbs), None)
+    return rounds
+
+
+def test_checkpointing_off_is_measured_at_the_largest_size_unless_it_could_not_beat_the_best():
+    def quiet(checkpointed_, mbs):  # recomputing costs checkpointing a third; larger sizes gain a little
+        return (0.7 if checkpointed_ else 1.0) * 100 * mbs / (mbs + 2)
+
+    # the first round is fixed: checkpointing on (the least memory) at the largest, off (the most) at the smallest
+    assert rounds_of_a_checkpointing_search(quiet) == [[(True, 8), (False, 4)], [(False, 8)]]
+    # off at 4 starved of CPU (a loaded machine): twice its throughput cannot beat on at 8, so 8 is never run
+    starved = rounds_of_a_checkpointing_search(lambda c, m: quiet(c, m) * (0.3 if (c, m) == (False, 4) else 1))
+    assert starved[0] == [(True, 8), (False, 4)] and all((False, 8) not in r for r in starved)
+    # test_hf_trainer.py's tune under load: on at 8 the best, so it measures 6; that run, at a size known to fit,
+    # rules nothing out, and off, which could beat it at 8, goes there (it went to 5, below the pending 6, then
+    # judged 8 by 4 to 5's flat growth, and never ran it)
+    measured = {(True, 8): 35.5, (True, 6): 34.0, (False, 4): 33.0, (False, 5): 33.0, (False, 8): 45.0}
+    loaded = rounds_of_a_checkpointing_search(lambda c, m: measured.get((c, m), 30.0))
+    assert loaded[:2] == [[(True, 8), (False, 4)], [(True, 6), (False, 8)]], loaded
 
 
 # --- TFLOPs per GPU, and the layout on the dashboard --------------------------------------------------------------

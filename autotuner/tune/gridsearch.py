@@ -118,8 +118,10 @@ class MicroBatchSearch(Search):
             return [] if self._behind(stage, fit) else self._measure(known, fit)
         ordered = self.ordered()
         pending = min((m for s, other in self.stages.items() if ordered and self.spec.needs_at_least(stage, s)
-                       for m in other.out), default=None)
-        if pending is not None and probe >= pending:  # a higher stage's run there may rule it out: probe below it
+                       for m in other.out if m > (self.vouched(s) or 0)), default=None)
+        # a higher stage's run at a size not known to fit there may rule it out: probe below it (one at a size known
+        # to fit there, a smaller size measured, rules nothing out)
+        if pending is not None and probe >= pending:
             below = self._probe(stage, pending)
             return [below] if below is not None and below < pending else []
         return [probe]
