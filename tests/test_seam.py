@@ -6,7 +6,8 @@ docstrings left out.
 Today's modules still name kinds where the seam is unfinished (the command line's flags, the runner's Options,
 the ledger's meta, resume's allocation): KNOWN holds how many names each has, as a ceiling that may only come
 down (the face went up with issue 39: `run` and `resume` take a Slurm ask, the allocation held by the
-backend, whose names the face still lists). A module not listed names none; a new name of a kind outside backends/ fails here."""
+backend, whose names the face still lists). A module not listed names none; a new name of a kind outside
+backends/ fails here."""
 from __future__ import annotations
 
 import ast
