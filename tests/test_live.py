@@ -28,6 +28,7 @@ from autotuner.views.live import MAX_FAILURE_ROWS, LiveView, watching
 from autotuner.views.panel import render, seconds
 from autotuner.views.snapshot import snapshot
 
+from cli_rig import env as tree_env
 from recorded import T0, grid_sweep, record, two_nodes
 
 REPO = Path(__file__).resolve().parent.parent
@@ -400,7 +401,7 @@ def tiny_sweep(directory: Path, count: int = 4, timeout: int = 30) -> Path:
 
 def autotune(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "autotuner.cli", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=cwd, timeout=timeout)
+                          env={**tree_env(), **(env or {})}, cwd=cwd, timeout=timeout)
 
 
 def test_watching_adds_its_observers_for_the_block_only(midway, tmp_path):
@@ -487,7 +488,7 @@ def test_on_a_terminal_the_live_view_is_drawn(tmp_path):
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI with a terminal for stdout
         os.chdir(tmp_path)
-        os.environ.update({"STANDIN_SECONDS": "3", "COLUMNS": "100"})
+        os.environ.update({**tree_env(), "STANDIN_SECONDS": "3", "COLUMNS": "100"})
         os.execv(sys.executable, [sys.executable, "-m", "autotuner.cli", "run", str(spec), "--slots", "2",
                                   "--launcher", f"sh {STANDIN}", "--results", str(tmp_path / "out")])
     output = b""

@@ -32,6 +32,7 @@ from autotuner.views.records import PANDAS_HINT
 from autotuner.views.report import render_report
 from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, json_with_rows, markdown_table, render_table
 
+from cli_rig import env as tree_env
 from helpers import experiment
 from recorded import T0, grid_sweep, record, two_nodes
 
@@ -60,7 +61,7 @@ COLUMNS = [m if m != "rank" else "metrics.rank" for m in METRICS]  # beside the 
 
 
 def cli(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
+    environ = {k: v for k, v in tree_env().items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
     return subprocess.run([sys.executable, "-m", "autotuner.cli", *map(str, args)], capture_output=True, text=True,
                           env={**environ, **(env or {})}, cwd=cwd, timeout=120)
 
