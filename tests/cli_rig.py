@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import signal
 import subprocess
@@ -77,6 +78,31 @@ def env(**extra: object) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if k != TAG_ENV}
     base["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), base.get("PYTHONPATH")) if p)
     return base | {k: str(v) for k, v in extra.items()}
+
+
+def quiet_env(**extra: object) -> dict[str, str]:
+    """No Ray cluster named anywhere (RAY_ADDRESS unset), Ray kept on loopback."""
+    base = {k: v for k, v in env().items() if k != "RAY_ADDRESS"}
+    return base | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"} | {k: str(v) for k, v in extra.items()}
+
+
+def refused(done: subprocess.CompletedProcess, *says: str) -> str:
+    """A refusal as the house rule has it: exit 2, one `autotune: error:` line holding each of `says`, no
+    traceback, nothing on stdout; returns the line."""
+    assert done.returncode == 2, done
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("autotune: error: "), done.stderr
+    assert "Traceback" not in done.stderr and not done.stdout.strip(), done.stdout
+    for fragment in says:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` (runner.lock, the ledger's -wal/-shm included), by its relative path, hashed:
+    what a refusal must leave as it was."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).digest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 def cli(*args: object) -> list[str]:

@@ -5,28 +5,16 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from test_registry import recorded
 
-import autotuner
 from autotuner.backends.base import MemoryReading
 from autotuner.backends.registry import backend_for
-from autotuner.ledger.store import Ledger
-
-from recorded import grid_sweep, two_nodes
 
 RECORDS = {
     "hosts": {},
     "slurm": {"slurm": {"job": "41", "owned": True, "nodes": ["node-a", "node-b"]}},
     "ray": {"ray": {"address": "127.0.0.1:6379", "nodes": {}}},
 }
-
-
-def recorded(tmp_path, **meta: object) -> Ledger:
-    """A sweep on two SSH hosts (node-a, node-b), its record set as the kind's `attach` writes it."""
-    autotuner.prepare(grid_sweep(mbs=(4,)), two_nodes(), tmp_path / "r", launcher=["sh", "-c", "true"])
-    ledger = Ledger.open(tmp_path / "r")
-    for key, value in meta.items():
-        ledger.set_meta(key, value)
-    return ledger
 
 
 @pytest.mark.parametrize("kind", list(RECORDS))

@@ -4,37 +4,18 @@ subprocess timeouts here are far below what Ray's own retries took: minutes). Ba
 (they never resolve) and 127.0.0.x ports nobody listens on."""
 from __future__ import annotations
 
-import hashlib
 import socket
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from autotuner.backends.ray.address import CLIENT_PORT, parse
 from autotuner.errors import UserError
 
-from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, write_launcher, write_sweep
+from cli_rig import SLEEP_THEN_SUCCEED, autotune, quiet_env, refused, tree, write_launcher, write_sweep
 
 # Hang guard only: each of these answered in seconds; before they were read here, some took Ray minutes.
 WITHIN = 60
-
-
-def quiet_env(**extra: object) -> dict[str, str]:
-    """No cluster named anywhere: RAY_ADDRESS unset, Ray kept on loopback."""
-    base = {k: v for k, v in env().items() if k != "RAY_ADDRESS"}
-    return base | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"} | {k: str(v) for k, v in extra.items()}
-
-
-def refused(done: subprocess.CompletedProcess, *says: str) -> str:
-    assert done.returncode == 2, done
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("autotune: error: "), done.stderr
-    assert "Traceback" not in done.stderr and not done.stdout.strip(), done.stdout
-    for fragment in says:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture
@@ -108,12 +89,6 @@ def test_hosts_and_plan_refuse_a_bad_address_in_one_line(tmp_path, address):
     refused(autotune("hosts", f"--ray={address}", environ=quiet_env(), timeout=WITHIN), "--ray")
     spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
     refused(autotune("plan", spec, f"--ray={address}", environ=quiet_env(), timeout=WITHIN), "--ray")
-
-
-def tree(directory: Path) -> dict[str, bytes]:
-    """Every file under `directory`, by its relative path, and its bytes (hashed)."""
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).digest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "head..svc:6379", "local", "ray://head.invalid"])

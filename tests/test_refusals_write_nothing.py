@@ -4,8 +4,6 @@ as real ones do (a Ray address nobody answers at, a Slurm sweep resumed with no 
 not resolve, a hostfile removed), so each test is a second or two."""
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,29 +14,9 @@ from autotuner.backends.cluster import Cluster
 from autotuner.ledger.store import Ledger
 from autotuner.states import State
 
-from cli_rig import autotune, env, write_sweep
+from cli_rig import autotune, quiet_env, refused, tree, write_sweep
 
 WITHIN = 60  # hang guard only: each refusal here comes in seconds
-
-
-def tree(directory: Path) -> dict[str, bytes]:
-    """Every file under `directory` (runner.lock, the ledger's -wal/-shm included), by its relative path, hashed."""
-    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).digest()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
-
-
-def quiet_env() -> dict[str, str]:
-    """No Ray cluster named in the environment; Ray kept on loopback."""
-    return {k: v for k, v in env().items() if k != "RAY_ADDRESS"} | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def refused(done: subprocess.CompletedProcess[str], *says: str) -> None:
-    assert done.returncode == 2, done
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("autotune: error: "), done.stderr
-    assert "Traceback" not in done.stderr and not done.stdout.strip(), done.stdout
-    for fragment in says:
-        assert fragment in lines[0], lines[0]
 
 
 def prepared(tmp_path: Path, cluster: Cluster, left_running: bool = True) -> Path:

@@ -20,10 +20,11 @@ from autotuner.ledger.store import Ledger, SweepMeta
 from recorded import grid_sweep, two_nodes
 
 SLURM = {"job": "41", "owned": True, "nodes": ["n1", "n2"]}
-RAY = {"address": "10.0.0.1:6379", "nodes": {}}
+RAY = {"address": "127.0.0.1:6379", "nodes": {}}
 
 
 def recorded(tmp_path, **meta: object) -> Ledger:
+    """A sweep on two SSH hosts (node-a, node-b), its record set as the kind's `attach` writes it."""
     autotuner.prepare(grid_sweep(mbs=(4,)), two_nodes(), tmp_path / "r", launcher=["sh", "-c", "true"])
     ledger = Ledger.open(tmp_path / "r")
     for key, value in meta.items():
