@@ -1,10 +1,15 @@
-"""The options that state the training run a tune is for (`tune`, `report`): declared once, read into a Goal
-(autotuner.training_goal checks each)."""
+"""The options that state the training run a tune is for (`tune`, `report`, `plan --training`): declared once, as
+one bundle, read into a Goal (autotuner.training_goal checks each)."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any  # a bundle stands where typer's options would (bundles.py)
 
 import typer
 
 import autotuner
+
+from .bundles import Bundle
 
 TRAIN_TOKENS = typer.Option(None, "--train-tokens", metavar="N",
                             help="Tokens the training run is to see (with --seq-len, or the model's seq_length): "
@@ -20,7 +25,22 @@ DEADLINE_DAYS = typer.Option(None, "--deadline-days", metavar="DAYS",
                                   "the fastest.")
 
 
-def goal(tokens: str | None, samples: str | None, seq_len: str | None, cost: str | None,
-         deadline: str | None) -> autotuner.Goal:
-    """The options read and checked (each alone; how they agree is checked with what the tune states)."""
-    return autotuner.training_goal(tokens, samples, seq_len, cost, deadline)
+@dataclass(frozen=True)
+class GoalOptions:
+    """The training run's options as given; `goal()` reads and checks them, inside the command's own `try`."""
+
+    train_tokens: str | None = None
+    train_samples: str | None = None
+    seq_len: str | None = None
+    gpu_hour_cost: str | None = None
+    deadline_days: str | None = None
+
+    def goal(self) -> autotuner.Goal:
+        """Each option checked alone; how they agree is checked with what the tune states."""
+        return autotuner.training_goal(self.train_tokens, self.train_samples, self.seq_len, self.gpu_hour_cost,
+                                       self.deadline_days)
+
+
+GOAL: Any = Bundle((("train_tokens", str | None, TRAIN_TOKENS), ("train_samples", str | None, TRAIN_SAMPLES),
+                    ("seq_len", str | None, SEQ_LEN), ("gpu_hour_cost", str | None, GPU_HOUR_COST),
+                    ("deadline_days", str | None, DEADLINE_DAYS)), GoalOptions)

@@ -11,7 +11,7 @@ from autotuner import UserError
 from .app import Brief, collecting, drop_stdout, fail, format_option, note, screen
 from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, SCRIPT, Where, bundled, timeout_option, where
 from .checks import policy_names, seconds
-from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
+from .goal import GOAL, GoalOptions
 
 
 @bundled
@@ -45,18 +45,14 @@ def plan(
                                               "the spread of its runs."),
     config: str | None = typer.Option(None, "--config", metavar="NAME", help="With --training: the experiment "
                                                                               "to train with [default: the best]."),
-    train_tokens: str | None = TRAIN_TOKENS,
-    train_samples: str | None = TRAIN_SAMPLES,
-    seq_len: str | None = SEQ_LEN,
-    gpu_hour_cost: str | None = GPU_HOUR_COST,
-    deadline_days: str | None = DEADLINE_DAYS,
+    training_run: GoalOptions = GOAL,
 ) -> None:
     """Predict a sweep before it runs: makespan, GPU-hours, utilisation and each experiment's start, on the
     scheduler and policies `run` uses, with a simulated clock. Nothing is launched or written (but --plot). With
     --training DIR: the training run with a config that sweep measured, its time and cost."""
     notes: list[str] = []
     try:
-        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
+        wanted = training_run.goal()
         if training is not None:
             if specs:
                 raise UserError("--training plans a training run from a sweep already run: no sweep files")

@@ -10,8 +10,8 @@ import autotuner
 from autotuner import UserError
 
 from .app import Brief, Format, collecting, fail, format_option, screen
-from .bundles import DIRECTORY
-from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
+from .bundles import DIRECTORY, bundled
+from .goal import GOAL, GoalOptions
 
 _HELD: list[object] = []
 
@@ -36,6 +36,7 @@ def status(
         raise fail(e) from None
 
 
+@bundled
 def report(
     directory: Path = DIRECTORY,
     fmt: Format = format_option("table (fitted to the terminal), json, csv or md (Markdown): one row per "
@@ -48,16 +49,12 @@ def report(
                                                               "[default: zero_optimization.stage]."),
     html: str | None = typer.Option(None, "--html", metavar="[FILE]", help="Also write one self-contained "
                                        "HTML page: table, best config, command, plots [FILE: DIR/report.html]."),
-    train_tokens: str | None = TRAIN_TOKENS,
-    train_samples: str | None = TRAIN_SAMPLES,
-    seq_len: str | None = SEQ_LEN,
-    gpu_hour_cost: str | None = GPU_HOUR_COST,
-    deadline_days: str | None = DEADLINE_DAYS,
+    training_run: GoalOptions = GOAL,
 ) -> None:
     """Every experiment of a sweep ranked by the metric, the best marked, failures with their reason; with the
     training run stated (here or in the tune), each config's time to train, GPU-hours and cost, the front."""
     try:
-        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
+        wanted = training_run.goal()
         if (x or lines) and not (plot or html is not None):
             raise UserError("--x and --lines shape the plots: add --plot or --html")
         if html:  # before anything is printed: a refusal is the one line

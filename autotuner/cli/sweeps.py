@@ -34,7 +34,7 @@ from .bundles import (
 )
 from .checks import check_outputs, policy_names, results_path, split
 from .execute import execute
-from .goal import DEADLINE_DAYS, GPU_HOUR_COST, SEQ_LEN, TRAIN_SAMPLES, TRAIN_TOKENS, goal
+from .goal import GOAL, GoalOptions
 
 # `tune` hands everything after the script to the script.
 TUNE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -133,11 +133,7 @@ def tune(
                                                "only when it beats the best so far by this many percent "
                                                "(0 to 1000)."),
     launcher: str | None = LAUNCHER,
-    train_tokens: str | None = TRAIN_TOKENS,
-    train_samples: str | None = TRAIN_SAMPLES,
-    seq_len: str | None = SEQ_LEN,
-    gpu_hour_cost: str | None = GPU_HOUR_COST,
-    deadline_days: str | None = DEADLINE_DAYS,
+    training_run: GoalOptions = GOAL,
     ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
@@ -153,7 +149,7 @@ def tune(
         _check_before_asking(ask, place, times, ssh)
         launch = split(launcher, "--launcher") if launcher else None
         chosen = results_path(results)
-        wanted = goal(train_tokens, train_samples, seq_len, gpu_hour_cost, deadline_days)
+        wanted = training_run.goal()
         gpus = autotuner.world_counts(num_gpus, "--num_gpus") if num_gpus is not None else None
         nodes = autotuner.world_counts(num_nodes, "--num_nodes") if num_nodes is not None else None
         request = autotuner.read_tune(script, list(ctx.args), num_gpus=gpus, num_nodes=nodes, seed=seed,
