@@ -68,7 +68,6 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .tune.request import TuneRequest, read_tune
     from .tune.worlds import counts as world_counts
     from .views.compare import render_compare
-    from .views.cost import render_training_plan
     from .views.events import check_events_path
     from .views.hosts import render_hosts, render_hosts_check
     from .views.html import write_html
@@ -83,6 +82,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .views.status import render_result, render_status
     from .views.summary import OPTIMAL_COMMAND
     from .views.tables import Output
+    from .views.training import render_training_plan
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless the application configures logging
 
@@ -165,7 +165,7 @@ _LAZY = {
     # `tune --num_gpus 1,2,4`: the world sizes searched (worlds.py).
     "world_counts": (".tune.worlds", "counts"),
     # `autotune plan --training DIR`: the whole training run with a config a sweep measured (views/cost.py).
-    "render_training_plan": (".views.cost", "render_training_plan"),
+    "render_training_plan": (".views.training", "render_training_plan"),
     "TuneRequest": (".tune.request", "TuneRequest"),
     # `autotune dashboard`: the web stack (an optional extra) only when served.
     "serve_dashboard": (".dashboard", "serve"),

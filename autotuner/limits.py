@@ -16,6 +16,7 @@ SLOTS = 65_536  # slots of a whole cluster; also the most GPUs (num_gpus x num_n
 SECONDS = 1_000_000  # a timeout, deadline or grace period (11.6 days); the OS's waits overflow near 24.8 days
 ARGUMENT = 128 << 10  # Linux's MAX_ARG_STRLEN: the most bytes of one argument or environment string of a launch
 COUNT = 10 ** 9  # a whole number of a tune's config: sizes, steps, trials, train_batch_size, accumulation
+PRICE = 10 ** 6  # the most a GPU-hour may cost (--gpu-hour-cost, a hostfile's gpu_hour_cost=)
 GPU_MEMORY = 16 << 40  # what one experiment may ask of each GPU (`gpu_memory`); GPUs have a few hundred GiB
 
 

@@ -1,17 +1,19 @@
-"""`autotune tune --num_gpus 1,2,4,8` (the best config at each world size) against the grid over sizes, through the
-real runner, on the fake-GPU stand-in with a scaling curve (tests/oom_standin.sh, OOM_STANDIN_SCALING="0.9 0.7":
-the throughput is the data-parallel GPUs' sum, each doubling of a node's GPUs keeping 0.9 of it and each doubling
-of the nodes 0.7, raised to 1 + stage/2; ZeRO partitions the model over the GPUs, so a larger world fits larger
-micro-batches at the higher stages).
+"""`autotune tune --num_gpus 1,2,4 --num_nodes 1,2` (the best config at each world size) against the grid over
+sizes, through the real runner, on the fake-GPU stand-in with a scaling curve (tests/oom_standin.sh,
+OOM_STANDIN_SCALING="0.9 0.7": the throughput is the data-parallel GPUs' sum, each doubling of a node's GPUs
+keeping 0.9 of it and each doubling of the nodes 0.7, raised to 1 + stage/2; ZeRO partitions the model over the
+GPUs, so a larger world fits larger micro-batches at the higher stages).
 
   python benchmarks/tune_worlds.py --seconds 0.05 [--plot FRONT.png]
 
-The model: 2e9 parameters in fp16 with Adam, 2e9 bytes of activations a sample, GPUs of 80e9 bytes, one node of 8
-slots (the runner places a multi-node run only on a hostfile's several hosts: the across-node term is not
-exercised here). The grid: every stage x the powers of two up to 64 x the 4 sizes (112 experiments). For each
-size: the tune's best against the rule's best over every micro-batch size that fits (not only powers of two);
-for the training run (1e10 samples, 2.0 a GPU-hour, a 20-day deadline): the tune's fastest and cheapest within
-the deadline against the rule's, over every size. --real: the same tune with real DeepSpeed on 1 and 2 CPU ranks.
+The model: 2e9 parameters in fp16 with Adam, 2e9 bytes of activations a sample, GPUs of 80e9 bytes. Two nodes of
+4 slots, both this machine under two of its names (`localhost` and `127.0.0.1`: the runner starts the stand-in
+launcher once per run on this machine, and the stand-in counts the nodes in the --include it is given), so a run
+of 2 nodes pays the across-node term. The grid: every stage x the powers of two up to 64 x the 6 sizes (168
+experiments). For each size: the tune's best against the rule's best over every micro-batch size that fits (not
+only powers of two); for the training run (1e10 samples, 2.0 a GPU-hour, a 20-day deadline): the tune's fastest
+and cheapest within the deadline against the rule's, over every size. --real: the same tune with real DeepSpeed on
+1 and 2 CPU ranks.
 """
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ from autotuner.views.cost import costing, goal_of
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = ROOT / "tests" / "oom_standin.sh"
 PARAMS, PER_SAMPLE, GPU = 2e9, 2e9, 80e9
-STAGES, WORLDS, LARGEST = (0, 1, 2, 3), (1, 2, 4, 8), 64
-WITHIN = 0.9
+STAGES, LARGEST = (0, 1, 2, 3), 64
+GPUS, NODES = (1, 2, 4), (1, 2)
+WORLDS = tuple((g, n) for n in NODES for g in GPUS)  # (GPUs a node, nodes), as the tune orders its sizes
+WITHIN, ACROSS = 0.9, 0.7
 SAMPLES, PRICE, DEADLINE = 10 ** 10, 2.0, 20.0
 INFO = {"num_params": int(PARAMS), "activation_mem_per_gpu": int(PER_SAMPLE)}
 
@@ -44,17 +48,21 @@ def need(stage: int, mbs: int, world: int) -> float:
     return weights + grads + adam + PER_SAMPLE * mbs + 1.5e9
 
 
-def samples(stage: int, mbs: int, world: int) -> float:
-    """The samples per second the stand-in's rule gives the whole world."""
+def samples(stage: int, mbs: int, size: tuple[int, int]) -> float:
+    """The samples per second the stand-in's rule gives the whole world of `size` (GPUs a node, nodes)."""
+    gpus, nodes = size
     value = mbs * 100 / (1 + mbs / 64) * (1 - 0.05 * stage)
-    return value * world * (WITHIN ** math.log2(world)) ** (1 + 0.5 * stage)
+    paid = WITHIN ** math.log2(gpus) * ACROSS ** math.log2(nodes)
+    return value * gpus * nodes * paid ** (1 + 0.5 * stage)
 
 
-def truth() -> tuple[dict[int, float], tuple[float, float], tuple[float, float]]:
+def truth() -> tuple[dict[tuple[int, int], float], tuple[float, float], tuple[float, float]]:
     """The rule's best throughput at each size; (days, cost) of the fastest and of the cheapest in the deadline."""
-    points = [(z, m, w) for w in WORLDS for z in STAGES for m in range(1, LARGEST + 1) if need(z, m, w) <= GPU]
-    best = {w: max(samples(*p) for p in points if p[2] == w) for w in WORLDS}
-    runs = [(SAMPLES / samples(*p) / 86400, SAMPLES / samples(*p) / 3600 * p[2] * PRICE) for p in points]
+    points = [(z, m, s) for s in WORLDS for z in STAGES for m in range(1, LARGEST + 1)
+              if need(z, m, s[0] * s[1]) <= GPU]
+    best = {s: max(samples(*p) for p in points if p[2] == s) for s in WORLDS}
+    runs = [(SAMPLES / samples(*p) / 86400, SAMPLES / samples(*p) / 3600 * p[2][0] * p[2][1] * PRICE)
+            for p in points]
     return best, min(runs), min((r for r in runs if r[0] <= DEADLINE), key=lambda r: r[1])
 
 
@@ -67,20 +75,23 @@ def tune(work: Path, known: bool) -> autotuner.Snapshot:
     config = {"train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True}, "autotuning": autotuning,
               "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": list(STAGES)}}
     (work / "ds.json").write_text(json.dumps(config))
-    (work / "hostfile").write_text(f"localhost slots=8{' gpu=A100-80GB' if known else ''}\n")
+    typed = " gpu=A100-80GB" if known else ""
+    (work / "hostfile").write_text(f"localhost slots=4{typed}\n127.0.0.1 slots=4{typed}\n")
     os.environ.update(OOM_STANDIN_LOG=str(work / "launches.log"), OOM_STANDIN_MODEL=f"{PARAMS} {PER_SAMPLE} {GPU}",
-                      OOM_STANDIN_SCALING=f"{WITHIN} 0.7")
+                      OOM_STANDIN_SCALING=f"{WITHIN} {ACROSS}")
     cluster = autotuner.load_cluster(hostfile=work / "hostfile")
     directory = autotuner.prepare_tune(str(work / "train.py"), ["--deepspeed_config", "ds.json"], cluster,
-                                       work / "res", num_gpus=list(WORLDS), launcher=["sh", str(STANDIN)], cwd=work)
+                                       work / "res", num_gpus=list(GPUS), num_nodes=list(NODES),
+                                       launcher=["sh", str(STANDIN)], cwd=work)
     return autotuner.execute(directory, autotuner.Options(grace=1.0)).snapshot
 
 
 def table(plot: Path | None) -> None:
     best, fastest, cheapest = truth()
-    print(f"the real runner, 8 slots, {os.environ['OOM_STANDIN_SECONDS']} s a run; grid: "
+    print(f"the real runner, 2 nodes x 4 slots, {os.environ['OOM_STANDIN_SECONDS']} s a run; grid: "
           f"{len(STAGES) * 7 * len(WORLDS)} experiments\n")
-    print("| GPU memory | experiments (OOM) | best at 1 / 2 / 4 / 8 GPUs, against the rule's | fastest: days "
+    sizes = " / ".join(f"{g}x{n}" for g, n in WORLDS)
+    print(f"| GPU memory | experiments (OOM) | best at {sizes} (GPUs x nodes), against the rule's | fastest: days "
           "(rule's) | cheapest in 20 days: cost (rule's) | wall s |\n|---|---:|---|---|---|---:|")
     for known in (True, False):
         with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +100,8 @@ def table(plot: Path | None) -> None:
             oom = sum(1 for a in ran if a.reason == "oom")
             priced = costing(snap, goal_of(snap))
             assert priced is not None
-            found = {w: max((c.rate for c in priced.candidates if c.gpus == w), default=0.0) for w in WORLDS}
+            found = {s: max((c.rate for c in priced.candidates if _size(snap, c.name) == s), default=0.0)
+                     for s in WORLDS}
             ratios = " / ".join(f"{found[w] / best[w]:.3f}" for w in WORLDS)
             top = next(c for c in priced.candidates if c.name == priced.cheapest)
             wall = max(a.finished_at or 0 for a in snap.attempts) - min(a.started_at or 1e18 for a in ran)
@@ -99,6 +111,12 @@ def table(plot: Path | None) -> None:
             if plot is not None and known:
                 from autotuner.views.plots import front_figure  # matplotlib: only when a picture is asked for
                 front_figure(priced).savefig(plot)
+
+
+def _size(snap: autotuner.Snapshot, name: str) -> tuple[int, int]:
+    """(GPUs a node, nodes) an experiment ran on."""
+    slots = next(a.slots for a in snap.attempts if a.name == name)
+    return max(len(ids) for ids in slots.values()), len(slots)
 
 
 def real() -> None:

@@ -27,6 +27,8 @@
 # line in the log then carries tpN and gc. $OOM_STANDIN_SCALING="WITHIN ACROSS": the throughput is the whole world's
 # (the data-parallel GPUs' sum), each doubling of the GPUs of a node keeping WITHIN of it and each doubling of the
 # nodes ACROSS, raised to 1 + stage/2 (a higher ZeRO stage communicates more); the world's size leads its log line.
+# $OOM_STANDIN_STEPS="N NOISE": the run also writes N steps to $AUTOTUNE_PROGRESS_PATH, each measuring the throughput
+# times 1 + NOISE x sin(step).
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;;
     --gradient_checkpointing) gc="$2"; shift;; esac; shift; done
 exec python3 - "$cfg" "$inc" "${gc:-false}" <<'PY'
@@ -99,6 +101,13 @@ if scaling:  # the whole world's samples: each data-parallel GPU's, less what ea
 lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])
+steps = os.environ.get("OOM_STANDIN_STEPS", "").split()
+if steps and os.environ.get("AUTOTUNE_PROGRESS_PATH"):  # the progress file, one line a step, around the throughput
+    now = time.time()
+    with open(os.environ["AUTOTUNE_PROGRESS_PATH"], "a") as f:
+        for i in range(int(steps[0])):
+            f.write(json.dumps({"step": i, "time": now + 0.01 * i,
+                                "throughput": throughput * (1 + float(steps[1]) * math.sin(i))}) + "\n")
 with open(config["autotuning"]["metric_path"], "w") as f:
     json.dump({"throughput": throughput, "latency": 1 / throughput, "FLOPS_per_gpu": 1.0}, f)
 PY

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autotuner"
 KINDS = {"slurm", "ray", "ssh"}
 KNOWN = {
     "__init__.py": 28, "cli/allocation.py": 1, "cli/bundles.py": 49, "cli/checks.py": 1, "cli/entry.py": 1,
-    "cli/hosts.py": 15, "cli/plan.py": 3, "cli/sweeps.py": 51, "ledger/meta.py": 3, "sweep/create.py": 3,
+    "cli/hosts.py": 15, "cli/plan.py": 4, "cli/sweeps.py": 51, "ledger/meta.py": 3, "sweep/create.py": 3,
     "sweep/resume.py": 8, "sweep/run.py": 11, "views/hosts.py": 1,
 }
 

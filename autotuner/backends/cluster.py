@@ -20,7 +20,7 @@ from ..gpu.nvml import Gpu, LocalSlots, local_inventory
 from ..gpu.types import headroom, size_of_type, type_of_gpu
 from ..limits import memory
 from ..spec import Sweep
-from ..spec.hostfile import Host, is_local, load_hostfile, localhost_hosts, parse_filter, select_slots
+from ..spec.hostfile import Host, is_local, load_hostfile, localhost_hosts, parse_filter, prices_of, select_slots
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class Cluster:
     accelerator: str = "cuda"
     types: Mapping[str, str] = field(default_factory=dict)  # host -> GPU type; a host not here: unknown
     memory: Mapping[str, int] = field(default_factory=dict)  # host -> bytes per GPU, where known
+    prices: Mapping[str, float] = field(default_factory=dict)  # GPU type -> a GPU-hour's price, as the hostfile says
     slurm: Mapping[str, object] | None = None  # the Slurm allocation it is (`Allocation.to_json`), if one
     # host -> slot id -> the slots unlike their host's others (this machine's MIG instances): own type and memory
     devices: Devices = field(default_factory=dict)
@@ -43,7 +44,7 @@ class Cluster:
         types = {h: hosts[h].attrs["gpu"] for h in selection if "gpu" in hosts[h].attrs}
         memory = {h: size for h, t in types.items() if (size := size_of_type(t)) is not None}
         return cls({h: tuple(ids) for h, ids in selection.items()}, {h: hosts[h].slots for h in selection},
-                   accelerator, types, memory)
+                   accelerator, types, memory, prices=prices_of({h: hosts[h] for h in selection}))
 
     @property
     def host_types(self) -> dict[str, str | None]:

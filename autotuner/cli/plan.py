@@ -9,7 +9,7 @@ import autotuner
 from autotuner import UserError
 
 from .app import Brief, collecting, drop_stdout, fail, format_option, note, screen
-from .bundles import GPU_MIXED, GPU_TYPE, GPUS_PER_NODE, NODES, SCRIPT, Where, bundled, timeout_option, where
+from .bundles import GPU_MIXED, GPU_TYPE, SCRIPT, Where, bundled, timeout_option, where
 from .checks import policy_names, seconds
 from .goal import GOAL, GoalOptions
 
@@ -37,8 +37,12 @@ def plan(
     plot: Path | None = typer.Option(None, "--plot", help="Draw the expected slot timeline into this PNG file."),
     slurm: bool = typer.Option(False, "--slurm", help="Plan for this Slurm allocation, or for one of --nodes x "
                                                       "--gpus-per-node (nothing is asked of Slurm)."),
-    nodes: int | None = NODES,
-    gpus_per_node: int | None = GPUS_PER_NODE,
+    nodes: int | None = typer.Option(None, "--nodes", min=1, help="With --slurm: the allocation's nodes; with "
+                                                                   "--training: the training run's [default: as "
+                                                                   "measured]."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1,
+                                             help="With --slurm: the allocation's GPUs per node; with --training: "
+                                                  "the training run's [default: as measured]."),
     training: Path | None = typer.Option(None, "--training", metavar="DIR",
                                          help="Plan the training run instead: with a config the sweep in DIR "
                                               "measured (--config, default its best), its time and cost, with "
@@ -56,7 +60,11 @@ def plan(
         if training is not None:
             if specs:
                 raise UserError("--training plans a training run from a sweep already run: no sweep files")
-            typer.echo(autotuner.render_training_plan(training, wanted, config, fmt.value), nl=False)
+            if slurm:
+                raise UserError("--slurm plans a sweep in an allocation; --training plans the training run on "
+                                "--nodes x --gpus-per-node")
+            typer.echo(autotuner.render_training_plan(training, wanted, config, fmt.value, nodes, gpus_per_node),
+                       nl=False)
             return
         if config is not None or wanted != autotuner.Goal():
             raise UserError("--config and the training run's options go with --training DIR")

@@ -2,11 +2,13 @@
 
 We read and write exactly what DeepSpeed's launcher reads (`name slots=N`), so the hostfile a user already has
 works unchanged and the one we hand to `deepspeed --hostfile` is one it understands. Optional `key=value`
-attributes after the slots field are ours (`gpu=A100-80GB`, the hosts' GPU type; `accelerator=cpu`); DeepSpeed's
+attributes after the slots field are ours (`gpu=A100-80GB`, the hosts' GPU type; `gpu_hour_cost=2.5`, what a
+GPU-hour of that type costs; `accelerator=cpu`); DeepSpeed's
 parser ignores trailing text, and the hostfile we hand it (`format_hostfile`) has none.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +29,7 @@ HOST_NAME_MAX = 253  # the longest DNS name
 # ssh and pdsh as an argument and DeepSpeed's multi-node launcher as --master_addr inside the remote shell's
 # command line: `-v` would be an option there, `n1;cmd` a second command.
 _HOST_NAME = re.compile(r"[^\W][\w.-]*")
-KNOWN_ATTRS = ("gpu", "accelerator")  # the attributes this package reads
+KNOWN_ATTRS = ("gpu", "gpu_hour_cost", "accelerator")  # the attributes this package reads
 ACCELERATORS = ("cuda", "cpu")  # accelerator=cpu: DeepSpeed on CPU; cuda is what a host without one runs
 
 HOSTFILE = "hostfile"  # a sweep's own hostfile, beside its ledger: what DeepSpeed's launcher is given
@@ -58,6 +60,7 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
     """
     hosts: dict[str, Host] = {}
     lowered: dict[str, str] = {}
+    priced: dict[str, tuple[float, int]] = {}  # GPU type -> its price and the line that gave it
     total = 0
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -97,10 +100,12 @@ def parse_hostfile(text: str, path: str | Path = "<hostfile>") -> dict[str, Host
             if key == "slots" or key in attrs:
                 raise _fail(f"attribute {shown(key)} given twice for {name}", path, number)
             attrs[key] = value
-        problem = _attrs_problem(attrs)
+        problem = _attrs_problem(attrs) or _price_problem(attrs, priced)
         if problem:
             raise _fail(f"{name}: {problem}", path, number)
         hosts[name] = Host(name, int(slots_text), attrs)
+        if "gpu_hour_cost" in attrs:
+            priced.setdefault(attrs["gpu"], (float(attrs["gpu_hour_cost"]), number))
     if not hosts:
         raise _fail("hostfile lists no hosts", path)
     return hosts
@@ -120,6 +125,32 @@ def _attrs_problem(attrs: Mapping[str, str]) -> str | None:
     if accelerator is not None and accelerator not in ACCELERATORS:
         return f"accelerator={shown(accelerator, quoted=False)}: one of {', '.join(ACCELERATORS)}"
     return None
+
+
+def _price_problem(attrs: Mapping[str, str], priced: Mapping[str, tuple[float, int]]) -> str | None:
+    """Why a host's `gpu_hour_cost=` cannot be used; None when it can (or there is none). A price is per GPU type
+    (a training run is priced by the type it runs on), so it needs the host's `gpu=`, and hosts of one type agree."""
+    text = attrs.get("gpu_hour_cost")
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= limits.PRICE:  # NaN fails it too
+        return f"gpu_hour_cost={shown(text, quoted=False)}: a price from 0 to {limits.PRICE:,} a GPU-hour"
+    if "gpu" not in attrs:
+        return "gpu_hour_cost= prices a GPU type: give the host's gpu= too"
+    before = priced.get(attrs["gpu"])
+    if before is not None and before[0] != value:
+        return (f"gpu_hour_cost={shown(text, quoted=False)} for GPU type {shown(attrs['gpu'])}, priced "
+                f"{before[0]:g} on line {before[1]}: one price a type")
+    return None
+
+
+def prices_of(hosts: Mapping[str, Host]) -> dict[str, float]:
+    """GPU type -> the price of its GPU-hour, as the hosts' `gpu_hour_cost=` state it (checked when read)."""
+    return {h.attrs["gpu"]: float(h.attrs["gpu_hour_cost"]) for h in hosts.values() if "gpu_hour_cost" in h.attrs}
 
 
 def load_hostfile(path: str | Path) -> dict[str, Host]:

@@ -11,13 +11,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from .. import limits
 from ..errors import UserError, shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.reading import Source
 
 MOST = 10 ** 18  # the most tokens or samples a goal may state (a trillion is 10 ** 12)
 MOST_SEQ = 10 ** 8  # the longest sequence a goal may state
-MOST_PRICE = 10 ** 6  # the most a GPU-hour may cost
 MOST_DAYS = 36_500  # the longest deadline: a hundred years
 # The `autotuning` keys of a goal: ours, beside DeepSpeed's (tune/inputs.py KEYS).
 SECTION_KEYS = ("train_tokens", "train_samples", "seq_len", "gpu_hour_cost", "deadline_days")
@@ -122,8 +122,8 @@ def days(value: str | float | int, name: str) -> float:
 
 def price(value: str | float | int, name: str) -> float:
     number = _number(value, name)
-    if not 0 <= number <= MOST_PRICE:
-        raise UserError(f"{name} must be a price from 0 to {MOST_PRICE:,} a GPU-hour, not {shown(value)}")
+    if not 0 <= number <= limits.PRICE:
+        raise UserError(f"{name} must be a price from 0 to {limits.PRICE:,} a GPU-hour, not {shown(value)}")
     return number
 
 

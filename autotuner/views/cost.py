@@ -4,23 +4,25 @@ per second, the time to train, the GPU-hours and the cost; the configs not beate
 Pareto front); the fastest, and the cheapest that meets the deadline.
 
 Every figure is computed from what the sweep measured and says so (`Costing.basis`): the throughput each config
-recorded (samples per second, the mean of its runs where it was run again, with the least and most of them as
-its spread), on the GPUs it ran on. Nothing is extrapolated to a world size no run had.
+recorded (samples per second, the mean of its runs where it was run again), with the spread its runs and their
+steps give (the least and most of its runs' 95% intervals, spec/interval.py, where measured; else of the runs
+themselves), on the GPUs it ran on. Nothing is extrapolated to a world size no run had (`plan --training` on
+another size does, and says so: views/extrapolate.py).
 """
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
 from ..states import State
 from ..tune.goal import Goal
 from ..tune.reruns import rerun_of
-from .snapshot import Snapshot, load
+from .snapshot import Snapshot
 
+MEASURED_ONLY = "measured sizes only, nothing extrapolated"  # what the basis says of the sizes
 RATE = "throughput"  # the metric each config's rate is read from: samples trained per second (DeepSpeed's)
 HOUR = 3600.0
 
@@ -33,14 +35,20 @@ class Candidate:
     gpus: int
     gpu_type: str | None
     rate: float  # samples per second: the mean of its runs
-    slowest: float  # samples per second: the least of its runs (the spread's slow end)
-    fastest: float  # and the most
+    slowest: float  # samples per second: the spread's slow end (its runs' intervals, else the runs)
+    fastest: float  # and its fast end
     runs: int
     seconds: float  # to train the goal at `rate`
     gpu_hours: float
     cost: float | None  # gpu_hours x the price of its GPU type; None when not priced
     front: bool = False  # not beaten on both time and cost (GPU-hours where not priced)
     meets: bool | None = None  # within the deadline; None when there is none
+    nodes: int = 1  # the nodes its GPUs were spread over
+
+    @property
+    def size(self) -> str:
+        """Its GPUs as people say them: "8", or "8 (2 nodes)"."""
+        return f"{self.gpus}" + (f" ({self.nodes} nodes)" if self.nodes > 1 else "")
 
     @property
     def days(self) -> float:
@@ -83,17 +91,17 @@ class Costing:
     def verdict(self) -> list[str]:
         """The answer in lines: the fastest, the cheapest within the deadline (or that none meets it)."""
         f = self.fastest
-        lines = [f"fastest: {f.name}, {_days(f.days)} on {f.gpus} GPU(s){_money(self, f)}"]
+        lines = [f"fastest: {f.name}, {days_words(f.days)} on {f.gpus} GPU(s){_money(self, f)}"]
         cheapest = next((c for c in self.candidates if c.name == self.cheapest), None)
         deadline = self.goal.deadline_days
         within = f" within {deadline:g} days" if deadline is not None else ""
         if cheapest is not None:
             same = " (the fastest)" if cheapest is f else ""
-            lines.append(f"cheapest{within}: {cheapest.name}{same}, {_days(cheapest.days)} on {cheapest.gpus} "
+            lines.append(f"cheapest{within}: {cheapest.name}{same}, {days_words(cheapest.days)} on {cheapest.gpus} "
                          f"GPU(s){_money(self, cheapest)}")
         elif deadline is not None:
             lines.append(f"no candidate meets the deadline of {deadline:g} days: the fastest, {f.name}, takes "
-                         f"{_days(f.days)}")
+                         f"{days_words(f.days)}")
         return lines
 
     def to_json(self) -> JSONObject:
@@ -104,21 +112,22 @@ class Costing:
                 "candidates": [self.row(c) for c in self.candidates]}
 
     def row(self, c: Candidate) -> JSONObject:
-        return {"name": c.name, "gpus": c.gpus, "gpu_type": c.gpu_type, f"{self.unit}_per_s": self.per_second(c),
+        return {"name": c.name, "gpus": c.gpus, "nodes": c.nodes, "gpu_type": c.gpu_type,
+                f"{self.unit}_per_s": self.per_second(c),
                 "runs": c.runs, "samples_per_s_spread": [c.slowest, c.fastest], "hours": c.hours, "days": c.days,
                 "days_spread": [self.samples / c.fastest / HOUR / 24, self.samples / c.slowest / HOUR / 24],
                 "gpu_hours": c.gpu_hours, "cost": c.cost, "front": c.front, "meets_deadline": c.meets}
 
 
-def _days(days: float) -> str:
+def days_words(days: float) -> str:
     return f"{days:.3g} days" if days >= 1 else f"{days * 24:.3g} hours"
 
 
 def _money(costing: Costing, c: Candidate) -> str:
-    return f", {_amount(c.gpu_hours)} GPU-hours" + (f", cost {c.cost:,.2f}" if c.cost is not None else "")
+    return f", {amount_words(c.gpu_hours)} GPU-hours" + (f", cost {c.cost:,.2f}" if c.cost is not None else "")
 
 
-def _amount(value: float) -> str:
+def amount_words(value: float) -> str:
     """A figure for people: whole from 100 up, three significant digits below."""
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
@@ -137,7 +146,7 @@ def costing(snap: Snapshot, goal: Goal) -> Costing | None:
     if not found:
         raise UserError(f"no config of sweep {shown(snap.name)} succeeded with a {RATE} (samples per second) "
                         "measured: nothing to compute the training time from")
-    candidates = [_candidate(name, gpus, kind, rates, samples, goal) for name, gpus, kind, rates in found]
+    candidates = [_candidate(m, samples, goal) for m in found]
     candidates.sort(key=lambda c: (c.seconds, c.spend, c.name))
     candidates = _marked(candidates, goal)
     meeting = [c for c in candidates if c.meets is not False]
@@ -146,43 +155,69 @@ def costing(snap: Snapshot, goal: Goal) -> Costing | None:
                    _basis(goal, seq, candidates))
 
 
-def measured(snap: Snapshot) -> list[tuple[str, int, str | None, list[float]]]:
-    """(name, GPUs, GPU type, the throughput of each of its runs) of each config that succeeded with a
-    throughput, re-runs counted with their config, in the sweep's order."""
+@dataclass(frozen=True)
+class MeasuredConfig:
+    """What a sweep measured of one config that succeeded: where it ran and the throughput of each of its runs."""
+
+    name: str
+    gpus: int
+    nodes: int
+    gpu_type: str | None
+    rates: tuple[float, ...]  # samples per second, one per run that succeeded
+    low: float  # the least its runs allow: each run's 95% interval's low end where measured, else its rate
+    high: float  # the most: each run's interval's high end where bounded, else its rate
+
+    @property
+    def rate(self) -> float:
+        return sum(self.rates) / len(self.rates)
+
+
+def measured(snap: Snapshot) -> list[MeasuredConfig]:
+    """Each config that succeeded with a throughput, re-runs counted with their config, in the sweep's order."""
     found = []
     for a in snap.attempts:
         if rerun_of(a.name) is not None and rerun_of(a.name) in snap.runs:
             continue  # a re-run: counted with its config
-        runs = snap.runs.get(a.name, [a])
-        rates = [r.metrics[RATE] for r in runs if r.state == State.SUCCEEDED and isinstance(r.metrics.get(RATE),
-                                                                                          (int, float))
-                 and r.metrics[RATE] > 0]
-        if not rates or a.state != State.SUCCEEDED:
+        runs = [r for r in snap.runs.get(a.name, [a]) if r.state == State.SUCCEEDED and _rate(r.metrics) is not None]
+        if not runs or a.state != State.SUCCEEDED:
             continue
+        rates = tuple(_rate(r.metrics) or 0.0 for r in runs)
+        lows = [_bound(r.metrics, "low", rate) for r, rate in zip(runs, rates, strict=True)]
+        highs = [_bound(r.metrics, "high", rate) for r, rate in zip(runs, rates, strict=True)]
         kind = snap.type_of(a)
-        found.append((a.name, sum(len(ids) for ids in a.slots.values()) or 1,
-                      kind if kind not in (None, "unknown") else None, rates))
+        found.append(MeasuredConfig(a.name, sum(len(ids) for ids in a.slots.values()) or 1, max(1, len(a.slots)),
+                                    kind if kind not in (None, "unknown") else None, rates,
+                                    min(*lows, *rates), max(*highs, *rates)))
     return found
 
 
-def _priced(found: list[tuple[str, int, str | None, list[float]]], goal: Goal
-            ) -> list[tuple[str, int, str | None, list[float]]]:
+def _rate(metrics: Mapping[str, object]) -> float | None:
+    value = metrics.get(RATE)
+    return float(value) if isinstance(value, (int, float)) and value > 0 and math.isfinite(value) else None
+
+
+def _bound(metrics: Mapping[str, object], end: str, rate: float) -> float:
+    """One end of a run's interval (METRIC_low / METRIC_high) where it is a positive finite number; else its rate."""
+    value = metrics.get(f"{RATE}_{end}")
+    return float(value) if isinstance(value, (int, float)) and value > 0 and math.isfinite(value) else rate
+
+
+def _priced(found: list[MeasuredConfig], goal: Goal) -> list[MeasuredConfig]:
     """The configs, each GPU type with a price where the goal prices any (one missing: refused)."""
-    for name, _, kind, _ in found:
-        if goal.priced and goal.price_of(kind) is None:
-            raise UserError(f"--gpu-hour-cost names no price for GPU type {shown(kind or 'unknown')}, which {name} "
-                            "ran on (add TYPE=PRICE, or a bare price for every other type)")
+    for m in found:
+        if goal.priced and goal.price_of(m.gpu_type) is None:
+            raise UserError(f"--gpu-hour-cost names no price for GPU type {shown(m.gpu_type or 'unknown')}, which "
+                            f"{m.name} ran on (add TYPE=PRICE, or a bare price for every other type, or the "
+                            "hostfile's gpu_hour_cost= on its hosts)")
     return found
 
 
-def _candidate(name: str, gpus: int, kind: str | None, rates: Sequence[float], samples: float,
-               goal: Goal) -> Candidate:
-    rate = sum(rates) / len(rates)
-    seconds = samples / rate
-    gpu_hours = seconds / HOUR * gpus
-    price = goal.price_of(kind)
-    return Candidate(name, gpus, kind, rate, min(rates), max(rates), len(rates), seconds, gpu_hours,
-                     gpu_hours * price if price is not None else None)
+def _candidate(m: MeasuredConfig, samples: float, goal: Goal) -> Candidate:
+    seconds = samples / m.rate
+    gpu_hours = seconds / HOUR * m.gpus
+    price = goal.price_of(m.gpu_type)
+    return Candidate(m.name, m.gpus, m.gpu_type, m.rate, m.low, m.high, len(m.rates), seconds, gpu_hours,
+                     gpu_hours * price if price is not None else None, nodes=m.nodes)
 
 
 def _marked(candidates: list[Candidate], goal: Goal) -> list[Candidate]:
@@ -200,7 +235,7 @@ def _marked(candidates: list[Candidate], goal: Goal) -> list[Candidate]:
 def _basis(goal: Goal, seq: int | None, candidates: Sequence[Candidate]) -> str:
     """What the figures were computed from, in words."""
     runs = sum(c.runs for c in candidates)
-    sizes = sorted({c.gpus for c in candidates})
+    sizes = [size for _, size in sorted({(c.gpus, c.nodes): c.size for c in candidates}.items())]
     amount = (f"{goal.tokens:,} tokens at {seq:,} a sample "
               f"({'--seq-len' if goal.seq_len else 'the model' + chr(39) + 's seq_length'})"
               if goal.tokens is not None else f"{goal.samples:,} samples")
@@ -208,8 +243,8 @@ def _basis(goal: Goal, seq: int | None, candidates: Sequence[Candidate]) -> str:
              ", ".join([*(f"{p:g} a GPU-hour" for p in [goal.price] if p is not None),
                         *(f"{k} {p:g}" for k, p in goal.prices.items())]))
     return (f"{amount}; each config's measured {RATE} (samples/s; the mean of its runs: {runs} run(s) of "
-            f"{len(candidates)} config(s)) on the GPUs it ran on ({', '.join(map(str, sizes))}); measured sizes "
-            f"only, nothing extrapolated; {price}")
+            f"{len(candidates)} config(s)) on the GPUs it ran on ({', '.join(map(str, sizes))}); {MEASURED_ONLY}; "
+            f"{price}")
 
 
 def goal_of(snap: Snapshot, options: Goal | None = None) -> Goal:
@@ -230,7 +265,7 @@ CSV_COLUMNS = ("train_rate_per_s", "train_unit", "train_hours", "train_days", "t
 
 def cells(costing: Costing) -> list[tuple[str, ...]]:
     """The training table's rows, fastest first."""
-    return [(c.name, str(c.gpus), f"{costing.per_second(c):,.4g}", f"{c.hours:,.4g}", f"{c.days:,.4g}",
+    return [(c.name, c.size, f"{costing.per_second(c):,.4g}", f"{c.hours:,.4g}", f"{c.days:,.4g}",
              f"{c.gpu_hours:,.4g}", f"{c.cost:,.2f}" if c.cost is not None else "-", "yes" if c.front else "",
              "" if c.meets is None else ("met" if c.meets else "missed")) for c in costing.candidates]
 
@@ -255,39 +290,3 @@ def csv_values(costing: Costing) -> dict[str, list[object]]:
     return {c.name: [round(costing.per_second(c), 6), costing.unit, round(c.hours, 6), round(c.days, 6),
                      round(c.gpu_hours, 6), None if c.cost is None else round(c.cost, 2), c.front, c.meets]
             for c in costing.candidates}
-
-
-def render_training_plan(directory: Path, goal: Goal, name: str | None = None, fmt: str = "table") -> str:
-    """`autotune plan --training DIR`: the whole training run with one config the sweep measured (`name`,
-    default its best): time and cost at its mean throughput, and the spread its runs give (its slowest and fastest
-    run), on the GPUs it was measured on. A goal with nothing to train, or a config that did not succeed with a
-    throughput, is a UserError."""
-    snap = load(directory, every_experiment=False)
-    wanted = goal_of(snap, goal)
-    if not wanted.wanted:
-        raise UserError("plan --training needs what is to be trained: --train-tokens (with the sequence length) or "
-                        "--train-samples, or a tune that stated it")
-    priced = costing(snap, wanted)
-    assert priced is not None  # wanted
-    chosen = name or (snap.best.name if snap.best is not None else priced.fastest.name)
-    c = next((c for c in priced.candidates if c.name == chosen), None)
-    if c is None:
-        raise UserError(f"--config {shown(chosen)}: no config of sweep {shown(snap.name)} by that name succeeded "
-                        f"with a {RATE} measured")
-    slow_days, fast_days = priced.samples / c.slowest / 86400, priced.samples / c.fastest / 86400
-    if fmt == "json":
-        return json.dumps({"sweep": snap.name, "config": c.name, **priced.row(c), "basis": priced.basis,
-                           "goal": wanted.to_json()}) + "\n"
-    price = "" if c.cost is None else f", cost {c.cost:,.2f}" + (
-        f" ({c.cost * slow_days / c.days:,.2f} at its slowest run)" if c.runs > 1 else "")
-    lines = [f"training run: {title(priced)} with {c.name} on {c.gpus} GPU(s)" + (f" ({c.gpu_type})" if c.gpu_type
-                                                                                    else ""),
-             f"  time: {_days(c.days)} at {priced.per_second(c):,.4g} {priced.unit}/s"
-             + (f"; {_days(fast_days)} to {_days(slow_days)} between its fastest and slowest of {c.runs} runs"
-                if c.runs > 1 else " (one run measured: no spread)"),
-             f"  GPU-hours: {_amount(c.gpu_hours)}{price}"]
-    if wanted.deadline_days is not None:
-        lines.append(f"  deadline {wanted.deadline_days:g} days: " + ("met" if c.meets else "missed")
-                     + (", missed at its slowest run" if c.meets and slow_days > wanted.deadline_days else ""))
-    lines.append(f"  computed from: {priced.basis}")
-    return "\n".join(lines) + "\n"

@@ -349,16 +349,16 @@ def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[A
 
 
 def front_figure(costing: Costing) -> Figure:
-    """Each config's time to train against its cost (GPU-hours where not priced), one colour per GPU count;
+    """Each config's time to train against its cost (GPU-hours where not priced), one colour per size (GPUs, nodes);
     the front joined as a step line, the fastest and the cheapest within the deadline named, the deadline drawn."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
     spend = "cost" if costing.goal.priced else "GPU-hours"
-    for gpus in sorted({c.gpus for c in costing.candidates}):
-        group = [c for c in costing.candidates if c.gpus == gpus]
-        ax.scatter([c.days for c in group], [c.spend for c in group], s=18, alpha=0.7, label=f"{gpus} GPU(s)")
+    for gpus, nodes in sorted({(c.gpus, c.nodes) for c in costing.candidates}):
+        group = [c for c in costing.candidates if (c.gpus, c.nodes) == (gpus, nodes)]
+        ax.scatter([c.days for c in group], [c.spend for c in group], s=18, alpha=0.7, label=f"{group[0].size} GPU(s)")
     front = sorted((c for c in costing.candidates if c.front), key=lambda c: c.days)
     ax.step([c.days for c in front], [c.spend for c in front], where="post", color="black", linewidth=1,
             label="front (not beaten on both)")
