@@ -53,7 +53,7 @@ def test_a_measured_size_is_planned_as_measured_with_the_best_there(tuned):
     assert planned["extrapolated"] is None
     assert (planned["gpus"], planned["nodes"]) == (2, 2) and planned["config"].startswith("train_g1n2_")
     text = autotune("plan", "--training", tuned, "--nodes", "2", "--gpus-per-node", "1").stdout
-    assert "extrapolated, not measured" not in text and "on 2 (2 nodes) GPU(s)" in text
+    assert "extrapolated, not measured" not in text and "on 2 GPU(s) on 2 nodes" in text
     assert "measured sizes only, nothing extrapolated" in text
 
 
@@ -71,7 +71,7 @@ def test_another_size_is_extrapolated_from_the_factors_the_sweep_measured_and_sa
     assert far["cost"] == pytest.approx(far["gpu_hours"] * 2.0, rel=1e-6)
     text = autotune("plan", "--training", tuned, "--nodes", "8", "--gpus-per-node", "2", "--config",
                     measured["config"]).stdout
-    assert f"extrapolated, not measured: {measured['config']} was measured on 4 (2 nodes) GPU(s)" in text
+    assert f"extrapolated, not measured: {measured['config']} was measured on 4 GPU(s) on 2 nodes" in text
     assert "x0.7 per doubling of the nodes, as the sweep measured" in text
     assert "nothing extrapolated" not in text and far["basis"].endswith("carried to the size asked for; 2 a GPU-hour")
 

@@ -27,6 +27,11 @@ RATE = "throughput"  # the metric each config's rate is read from: samples train
 HOUR = 3600.0
 
 
+def gpus_words(gpus: int, nodes: int) -> str:
+    """GPUs as a sentence says them: "8 GPU(s)", or "8 GPU(s) on 2 nodes"."""
+    return f"{gpus} GPU(s)" + (f" on {nodes} nodes" if nodes > 1 else "")
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One config's training run, at its measured rate."""
@@ -47,8 +52,13 @@ class Candidate:
 
     @property
     def size(self) -> str:
-        """Its GPUs as people say them: "8", or "8 (2 nodes)"."""
+        """Its GPUs as a table's cell says them: "8", or "8 (2 nodes)"."""
         return f"{self.gpus}" + (f" ({self.nodes} nodes)" if self.nodes > 1 else "")
+
+    @property
+    def where(self) -> str:
+        return gpus_words(self.gpus, self.nodes)
+
 
     @property
     def days(self) -> float:
@@ -91,14 +101,14 @@ class Costing:
     def verdict(self) -> list[str]:
         """The answer in lines: the fastest, the cheapest within the deadline (or that none meets it)."""
         f = self.fastest
-        lines = [f"fastest: {f.name}, {days_words(f.days)} on {f.gpus} GPU(s){_money(self, f)}"]
+        lines = [f"fastest: {f.name}, {days_words(f.days)} on {f.where}{_money(self, f)}"]
         cheapest = next((c for c in self.candidates if c.name == self.cheapest), None)
         deadline = self.goal.deadline_days
         within = f" within {deadline:g} days" if deadline is not None else ""
         if cheapest is not None:
             same = " (the fastest)" if cheapest is f else ""
-            lines.append(f"cheapest{within}: {cheapest.name}{same}, {days_words(cheapest.days)} on {cheapest.gpus} "
-                         f"GPU(s){_money(self, cheapest)}")
+            lines.append(f"cheapest{within}: {cheapest.name}{same}, {days_words(cheapest.days)} on {cheapest.where}"
+                         f"{_money(self, cheapest)}")
         elif deadline is not None:
             lines.append(f"no candidate meets the deadline of {deadline:g} days: the fastest, {f.name}, takes "
                          f"{days_words(f.days)}")

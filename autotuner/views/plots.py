@@ -358,7 +358,7 @@ def front_figure(costing: Costing) -> Figure:
     spend = "cost" if costing.goal.priced else "GPU-hours"
     for gpus, nodes in sorted({(c.gpus, c.nodes) for c in costing.candidates}):
         group = [c for c in costing.candidates if (c.gpus, c.nodes) == (gpus, nodes)]
-        ax.scatter([c.days for c in group], [c.spend for c in group], s=18, alpha=0.7, label=f"{group[0].size} GPU(s)")
+        ax.scatter([c.days for c in group], [c.spend for c in group], s=18, alpha=0.7, label=group[0].where)
     front = sorted((c for c in costing.candidates if c.front), key=lambda c: c.days)
     ax.step([c.days for c in front], [c.spend for c in front], where="post", color="black", linewidth=1,
             label="front (not beaten on both)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..jsonvalues import JSONObject
-from .cost import RATE, measured
+from .cost import RATE, gpus_words, measured
 from .snapshot import Snapshot
 
 # Adding GPUs stops paying where the next size's efficiency falls below this share of the smallest size's:
@@ -35,6 +35,10 @@ class Size:
     @property
     def label(self) -> str:
         return f"{self.gpus}" + (f" ({self.nodes} nodes)" if self.nodes > 1 else "")
+
+    @property
+    def where(self) -> str:
+        return gpus_words(self.gpus, self.nodes)
 
 
 @dataclass(frozen=True)
@@ -63,16 +67,16 @@ class Scaling:
         stop = self.stops_paying
         if stop is None:
             last = self.sizes[-1]
-            return (f"every measured size pays: {last.label} GPUs are {self.efficiency(last):.0%} efficient (not "
+            return (f"every measured size pays: {last.where} are {self.efficiency(last):.0%} efficient (not "
                     f"measured beyond {last.gpus})")
         before = self.before(stop)
         assert before is not None  # stops_paying: a size with one before it
         why = "no faster than" if stop.rate <= before.rate else f"{self.efficiency(stop):.0%} efficient against"
-        return f"adding GPUs stops paying at {stop.label}: {stop.name} is {why} {before.label} GPU(s)"
+        return f"adding GPUs stops paying at {stop.where}: {stop.name} is {why} {before.where}"
 
     def basis(self) -> str:
         return (f"each size's best config by its measured {RATE} (the mean of its runs); efficiency: throughput "
-                f"per GPU against {self.sizes[0].label} GPU(s); measured sizes only")
+                f"per GPU against {self.sizes[0].where}; measured sizes only")
 
     def cells(self) -> list[tuple[str, ...]]:
         return [(s.label, s.name, f"{s.rate:,.4g}", f"{s.per_gpu:,.4g}", f"{self.efficiency(s):.0%}",

@@ -47,7 +47,7 @@ class Extrapolation:
 
     def words(self, c: Candidate, target: Target) -> str:
         parts = [_factor("a node's GPUs", self.within), _factor("the nodes", self.across)]
-        return (f"extrapolated, not measured: {c.name} was measured on {c.size} GPU(s); per-GPU throughput "
+        return (f"extrapolated, not measured: {c.name} was measured on {c.where}; per-GPU throughput "
                 f"x{self.factor:.3g} to {target.gpus} GPUs on {target.nodes} node(s) ({'; '.join(parts)})")
 
     def to_json(self) -> JSONObject:
@@ -148,7 +148,7 @@ def _lines(priced: Costing, c: Candidate, wanted: Goal, extrapolated: str | None
     spread = c.slowest < c.fastest
     price = "" if c.cost is None else f", cost {c.cost:,.2f}" + (
         f" ({c.cost * slow_days / c.days:,.2f} at the spread's slow end)" if spread else "")
-    lines = [f"training run: {title(priced)} with {c.name} on {c.size} GPU(s)" + (
+    lines = [f"training run: {title(priced)} with {c.name} on {c.where}" + (
         f" ({c.gpu_type})" if c.gpu_type else ""),
              f"  time: {days_words(c.days)} at {priced.per_second(c):,.4g} {priced.unit}/s"
              + (f"; {days_words(fast_days)} to {days_words(slow_days)} over the spread of its {c.runs} run(s) and "
