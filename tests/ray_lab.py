@@ -22,6 +22,10 @@ from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 GPUS_PER_NODE = 2
+# A lost node declared dead after three failed health checks a second apart (~3 s), not Ray's five three seconds
+# apart (~14 s measured): every node-loss test waits that out. A check fails on a refused connection (the raylet is
+# gone) or after Ray's own 10 s timeout, so a raylet slow under load is not mistaken for a lost one.
+HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
 
 
 @dataclass
@@ -86,7 +90,8 @@ def descendants(pid: int) -> list[int]:
 def start() -> RayLab:
     """Head and two workers up and seen by Ray (this loaded machine may take a minute)."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": GPUS_PER_NODE,
-                                                            "node_ip_address": "127.0.0.1"})
+                                                            "node_ip_address": "127.0.0.1",
+                                                            "_system_config": HEALTH_CHECKS})
     lab = RayLab(cluster, cluster.address)
     for _ in range(2):
         lab.workers.append(cluster.add_node(num_cpus=2, num_gpus=GPUS_PER_NODE, node_ip_address="127.0.0.1"))

@@ -30,8 +30,8 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     script = ROOT / "experiments" / "train.py"
     single = tmp_path / "single.hjson"
     single.write_text(BASE.format(name="one", script=script, gpus=1,
-                                  space='{"zero_optimization.stage": [1, 2], '
-                                        '"train_micro_batch_size_per_gpu": [2, 8]}'))
+                                  space='{"zero_optimization.stage": [1], '
+                                        '"train_micro_batch_size_per_gpu": [2, 8]}'))  # 3 runs: CI's minutes
     double = tmp_path / "double.hjson"
     double.write_text(BASE.format(name="two", script=script, gpus=2,
                                   space='{"zero_optimization.stage": [2], "train_micro_batch_size_per_gpu": [8]}'))
@@ -40,7 +40,7 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
                           "-o", str(results)], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
 
-    names = ["one_z1_mbs2", "one_z1_mbs8", "one_z2_mbs2", "one_z2_mbs8", "two_z2_mbs8"]
+    names = ["one_z1_mbs2", "one_z1_mbs8", "two_z2_mbs8"]
     on_disk = {}
     for name in names:
         directory = results / name
@@ -73,8 +73,8 @@ def test_a_small_real_sweep_picks_the_best_on_disk(tmp_path):
     assert [c.strip() for c in summary[0].split("|")[1:-1]] == ["tuning_space", "num_experiments",
                                                                   "best_metric_val", "best_exp_name"]
     glob = next(line for line in summary if line.startswith("| global"))
-    assert [c.strip() for c in glob.split("|")[1:-1]] == ["global", "5", format(on_disk[best], "g"), best]
-    assert summary[-1].startswith("Tuning completed in ") and summary[-1].endswith("Total number of experiments: 5.")
+    assert [c.strip() for c in glob.split("|")[1:-1]] == ["global", "3", format(on_disk[best], "g"), best]
+    assert summary[-1].startswith("Tuning completed in ") and summary[-1].endswith("Total number of experiments: 3.")
 
     # cmd_optimal.txt trains with the winner as a normal run: no autotuning section, no pinned slots
     command = (results / "cmd_optimal.txt").read_text().strip()
@@ -96,7 +96,7 @@ TRAINER_SWEEP = """{{
   ds_config: {{"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2}}
   space: {{
     "train_micro_batch_size_per_gpu": [2, 4]
-    "--learning_rate": [0.001, 0.01]
+    "--learning_rate": [0.01]
   }}
 }}
 """
@@ -114,9 +114,9 @@ def test_a_trainer_style_script_gets_its_config_by_its_own_flag_and_its_batch_si
                           str(results)], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "best: hf_mbs4_lr0.01 with throughput" in run.stdout, run.stdout
-    command = (results / "hf_mbs2_lr0.001" / "cmd.txt").read_text()
+    command = (results / "hf_mbs2_lr0.01" / "cmd.txt").read_text()
     assert "--deepspeed " in command and "--deepspeed_config" not in command
-    assert "--per_device_train_batch_size 2" in command and "--learning_rate 0.001" in command
+    assert "--per_device_train_batch_size 2" in command and "--learning_rate 0.01" in command
     assert "--deepspeed" in (results / "cmd_optimal.txt").read_text()
 
     spec.write_text(TRAINER_SWEEP.format(script=script, flag=""))
@@ -126,7 +126,7 @@ def test_a_trainer_style_script_gets_its_config_by_its_own_flag_and_its_batch_si
     assert before.returncode == 1
     states = json.loads(subprocess.run([sys.executable, "-m", "autotuner.cli", "status", str(tmp_path / "before"),
                                         "--json"], capture_output=True, text=True, timeout=120).stdout)
-    assert states["counts"] == {"failed": 4}, states
+    assert states["counts"] == {"failed": 2}, states
 
 
 def test_tune_on_the_real_example_with_deepspeeds_autotuning_section(tmp_path):

@@ -776,12 +776,13 @@ def test_asks_for_a_new_allocation_inside_one_are_one_line(slurm_lab, allocation
 
 def test_a_step_held_back_by_a_step_not_ours_is_told_and_runs_once_free(slurm_lab, allocation, tmp_path):
     """A step of the job that autotune did not start holds n1's GPUs: the step of the run placed there waits,
-    unlisted, and the user is told why past STEP_SHOWS_WITHIN (30 s); it runs once they are free, once. The
-    holder ends only once the user was told (however slowly the run started under load)."""
+    unlisted, and the user is told why past STEP_SHOWS_WITHIN (30 s; 5 s here, AUTOTUNE_SLURM_STEP_WAIT); it runs
+    once they are free, once. The holder ends only once the user was told (however slowly the run started under
+    load)."""
     holder = subprocess.Popen(["srun", "--jobid", allocation, "--exact", "-N1", "-n1", "-w", "n1",
                                "--gpus-per-node", "2", "-c2", "sleep", "600"],
                               env=slurm_lab.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    told = "Slurm has not started its step in 30 s"
+    told = "Slurm has not started its step in 5 s"
     stderr = tmp_path / "stderr"
     try:
         wait_until(lambda: [s for s in slurm_lab.steps(allocation) if s.name == "sleep"], 30, "the holder listed")
@@ -789,7 +790,8 @@ def test_a_step_held_back_by_a_step_not_ours_is_told_and_runs_once_free(slurm_la
         results = tmp_path / "r"
         with open(stderr, "w") as err:
             run = subprocess.Popen(cli("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q"),
-                                   env=lab_env(slurm_lab, allocation, STANDIN_SECONDS=0.2), stdout=subprocess.DEVNULL,
+                                   env=lab_env(slurm_lab, allocation, STANDIN_SECONDS=0.2,
+                                               AUTOTUNE_SLURM_STEP_WAIT=5), stdout=subprocess.DEVNULL,
                                    stderr=err, cwd=ROOT)
         try:
             wait_until(lambda: run.poll() is not None or told in stderr.read_text(), 180, "the user told")

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from autotuner.backends.ray import watch as ray_watch
+from autotuner.backends.slurm import executor as slurm_executor
 from autotuner.backends.slurm import watch as slurm_watch
 
 
@@ -23,3 +24,14 @@ def test_a_poll_interval_from_the_environment_is_a_wait_a_thread_can_take(monkey
     assert interval == (backend.POLL if seconds is None else seconds)
     warned = [r.getMessage() for r in caplog.records if backend.POLL_ENV in r.getMessage()]
     assert len(warned) == (1 if seconds is None else 0), warned
+
+
+@pytest.mark.parametrize(("value", "seconds"), [("inf", None), ("soon", None), ("-1", None), ("5", 5.0)])
+def test_the_seconds_a_slurm_step_may_go_unlisted_follow_the_same_rule(monkeypatch, caplog, value, seconds):
+    """AUTOTUNE_SLURM_STEP_WAIT (how long a new step may go unlisted before the user is told why) reads as the
+    poll intervals do."""
+    monkeypatch.setenv(slurm_executor.STEP_SHOWS_ENV, value)
+    with caplog.at_level(logging.WARNING, logger="autotuner"):
+        within = slurm_executor.step_shows_within()
+    assert within == (slurm_executor.STEP_SHOWS_WITHIN if seconds is None else seconds)
+    assert len([r for r in caplog.records if slurm_executor.STEP_SHOWS_ENV in r.getMessage()]) == (seconds is None)

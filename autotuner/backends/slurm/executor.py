@@ -35,12 +35,14 @@ from ...states import Reason, State
 from .. import exitstatus
 from ..launch import Command, Launcher, comm_buffer_prefix, deepspeed_command, with_autotuning
 from ..local.executor import Adopted, Child, LocalExecutor
+from ..watch import env_seconds
 from . import parse
 from .allocation import Allocation, SlurmError, cancel_step, node_states, slurm, steps
 
 log = logging.getLogger(__name__)
 _NODE_FAILURE = re.compile(r"^srun: error: Node failure on (\S+)$", re.M)  # srun's own word for a lost node
 STEP_SHOWS_WITHIN = 30.0  # seconds to wait for a new step to be listed before its start is recorded anyway
+STEP_SHOWS_ENV = "AUTOTUNE_SLURM_STEP_WAIT"  # seconds, in place of STEP_SHOWS_WITHIN
 STEP_ENDS_WITHIN = 60.0  # seconds to wait, after the kill, for Slurm to stop listing a step
 SRUN_TAIL = 65536  # bytes of the end of a step's stderr.log searched for srun's own last lines
 BUFFERS_WITHIN = 30.0  # seconds for the step that removes an ended run's /dev/shm buffers on its nodes
@@ -73,6 +75,12 @@ def step_status(status: int, directory: Path) -> int:
         return status
     first = parse.first_bad_exit(log_tail(directory / "stderr.log", SRUN_TAIL))
     return status if first is None else first
+
+
+def step_shows_within() -> float:
+    """Seconds a new step may go unlisted before its start is recorded anyway and the user told why
+    (`AUTOTUNE_SLURM_STEP_WAIT`, else STEP_SHOWS_WITHIN): the tests' lab holds a step back on purpose."""
+    return env_seconds(STEP_SHOWS_ENV, STEP_SHOWS_WITHIN)
 
 
 def srun_environment() -> dict[str, str]:
@@ -144,7 +152,8 @@ class SlurmSteps:
     def await_start(self, run: Run, proc: Child) -> str | None:
         """The step's id once Slurm lists it; None if srun ended first or it took too long (a step waiting for
         resources a moment ago's step still held). Looks back off from `poll` to half a second."""
-        end = time.monotonic() + STEP_SHOWS_WITHIN
+        within = step_shows_within()
+        end = time.monotonic() + within
         pause = self.poll
         while time.monotonic() < end:
             found = self._step_of(run.tag, fresh=False)
@@ -156,7 +165,7 @@ class SlurmSteps:
             pause = min(0.5, pause * 1.5)
         log.warning("%s: Slurm has not started its step in %g s: something else holds its nodes' GPUs or CPUs (a "
                     "step of Slurm job %s that is not ours?); it starts once they are free, its timeout counted "
-                    "from now", run.tag, STEP_SHOWS_WITHIN, self._job)
+                    "from now", run.tag, within, self._job)
         return None
 
     def _step_of(self, tag: str, *, fresh: bool = True) -> str | None:
