@@ -13,6 +13,7 @@ import re
 import pytest
 
 import autotuner
+from autotuner.dashboard.feed import SweepFeed
 from autotuner.ledger.store import Ledger
 from autotuner.spec import Sweep
 from autotuner.spec.metrics import metric_named
@@ -22,6 +23,8 @@ from autotuner.views.gpu_hours import gpu_hours
 from autotuner.views.report import render_report
 from autotuner.views.snapshot import load
 
+from cli_rig import wait_until
+from dashboard_rig import chromium_driver, start_dashboard
 from helpers import experiment
 from recorded import T0, two_nodes
 
@@ -114,3 +117,43 @@ def test_compare_says_each_sweeps_and_each_experiments(sweep, tmp_path):
     table = autotuner.render_compare(sweep, sweep, "table").splitlines()
     assert "in A: GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended" in table
     assert "in B: GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended" in table
+
+
+def test_the_dashboards_feed_carries_them_and_moves_a_row_whose_attempt_ended(sweep):
+    feed = SweepFeed(sweep)
+    feed.refresh()
+    first = feed.changes(-1)
+    at = first.columns.index("gpu_hours")
+    assert {row[0]: row[at] for row in first.rows} == {"g_retried": 0.065556, "g_best": 0.02,
+                                                       "g_best_confirm1": 0.005, "g_oom": 0.01, "g_waits": None}
+    assert feed.gpu_hours() == {**json.loads(render_report(sweep, "json"))["gpu_hours"],
+                                "line": "GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended"}
+    with Ledger.open(sweep) as ledger:  # the one that waited runs 36 s on two slots
+        ledger.start("g_waits", 1, slots={"node-a": [0, 1]}, tag="t.w", dir="g_waits", at=T0 + 200)
+        ledger.finish("g_waits", 1, State.FAILED, T0 + 236, reason=Reason.EXIT)
+    feed.refresh()
+    moved = feed.changes(first.seq)
+    assert not moved.full and [(row[0], row[at]) for row in moved.rows] == [("g_waits", 0.02)]
+    assert feed.gpu_hours()["spent"] == round((362 + 72) / H, 6)
+
+
+def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_path, runners):
+    shown = start_dashboard(runners, sweep)
+    sweep_id = shown.json("/api/sweeps")["sweeps"][0]["id"]
+    browser = chromium_driver(tmp_path / "profile", width=1600, height=1000)
+    try:
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{sweep_id}/experiments")
+        wait_until(lambda: browser.execute_script("return document.querySelectorAll('#experiments tbody tr').length"),
+                   timeout=120, message="the experiments drawn")
+        drawn = browser.execute_script("""
+            const t = document.getElementById('experiments');
+            const head = [...t.querySelectorAll('thead th')].map((h) => h.textContent);
+            const at = head.indexOf('GPU-hours');
+            return {line: document.getElementById('gpu-hours').textContent, at,
+                    cells: Object.fromEntries([...t.querySelectorAll('tbody tr')].map(
+                        (r) => [r.dataset.name, r.cells[at].textContent]))};""")
+        assert drawn["line"] == "GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended"
+        assert drawn["at"] > 0 and drawn["cells"] == {"g_retried": "0.06556", "g_best": "0.02000",
+                                                     "g_best_confirm1": "0.005000", "g_oom": "0.01000", "g_waits": ""}
+    finally:
+        browser.quit()

@@ -86,7 +86,7 @@ class Dashboard:
         kept = self._standing.get(served.id)
         if kept is None or kept[0] != seq:
             self._standing[served.id] = kept = (seq, {**standing(snap, served.id, served.root),
-                                                      "training": feed.training()})
+                                                      "training": feed.training(), "gpu_hours": feed.gpu_hours()})
         made = summary(snap, kept[1], seq, self._runner(feed.directory), self.planner)
         key = (seq, made["runner"], json.dumps(made["eta"]))
         last = self._summaries.get(served.id)

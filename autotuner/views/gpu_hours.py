@@ -6,9 +6,10 @@ end of `run`, `report` in every format, `compare` and the dashboard. A CPU slot 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from ..ledger.store import Ledger
 from .snapshot import Snapshot
@@ -52,7 +53,16 @@ def hours_text(hours: float | None) -> str:
     return "" if hours is None else f"{hours:,.4g}"
 
 
+@overload
+def _rounded(hours: float) -> float: ...
+
+
+@overload
+def _rounded(hours: None) -> None: ...
+
+
 def _rounded(hours: float | None) -> float | None:
+    """To the microhour, as every output gives GPU-hours."""
     return None if hours is None else round(hours, 6)
 
 
@@ -63,6 +73,12 @@ def best_runs(snap: Snapshot) -> list[str]:
         return []
     return next(([a.name for a in runs] for runs in snap.runs.values() if any(a.name == best.name for a in runs)),
                 [best.name])
+
+
+def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict[str, float]:
+    """name -> GPU-hours its ended attempts held, rounded to the microhour: of every experiment with one, or of
+    `names` (the dashboard's rows that moved)."""
+    return {name: _rounded(h.seconds / HOUR) for name, h in ledger.held(names=names).items()}
 
 
 def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None = STOPPED) -> GpuHours:
@@ -77,6 +93,6 @@ def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None 
         held = ledger.held(until, stopped)
     hours = {name: h.seconds / HOUR for name, h in held.items()}
     on_best = sum(hours.get(name, 0.0) for name in best_runs(snap)) if best is not None else None
-    return GpuHours({name: round(h, 6) for name, h in hours.items()}, sum(hours.values()), on_best,
+    return GpuHours({name: _rounded(h) for name, h in hours.items()}, sum(hours.values()), on_best,
                     sum(h.until for h in held.values()) / HOUR if until is not None else None,
                     sum(h.with_reason for h in held.values()) / HOUR)
