@@ -335,7 +335,7 @@ class SweepFeed:
             if self._spent is not None and self._spent[0] == self.seq:
                 return self._spent[1]
             seq = self.seq
-        hours = read(self.directory, lambda reader: gpu_hours(snap, reader.ledger))
+        hours = read(self.directory, lambda reader: gpu_hours(snap, reader.ledger, each=False))
         made: JSONObject = {**hours.to_json(), "line": hours.line()}
         with self._lock:
             self._spent = (seq, made)

@@ -28,15 +28,31 @@ class Held:
     with_reason: float
 
 
+def _sums(until: float | None, reason: str | None) -> tuple[str, list[object]]:
+    """The three sums of `Held` as SQL, and their parameters (`until` None: nothing is up to it; `reason` None:
+    = NULL matches no row)."""
+    held = f"MAX(finished_at - started_at, 0) * {_SLOTS}"
+    return (f"SUM({held}), SUM(MAX(MIN(finished_at, ?) - started_at, 0) * {_SLOTS}), "
+            f"SUM(CASE WHEN reason = ? THEN {held} ELSE 0 END)"), [until if until is not None else -math.inf, reason]
+
+
+def _held(row: Sequence[float | None]) -> Held:
+    """A row of the sums (NULL: no attempt to sum)."""
+    return Held(float(row[0] or 0.0), float(row[1] or 0.0), float(row[2] or 0.0))
+
+
+def total(db: sqlite3.Connection, until: float | None = None, reason: str | None = None) -> Held:
+    """What every ended attempt of the sweep held, summed in one pass (no row per experiment: the sweep's
+    figures alone cost a third of `held`'s)."""
+    sums, first = _sums(until, reason)
+    return _held(db.execute(f"SELECT {sums} FROM attempts WHERE {_ENDED}", first).fetchone())
+
+
 def held(db: sqlite3.Connection, until: float | None = None, reason: str | None = None,
          names: Sequence[str] | None = None) -> dict[str, Held]:
-    """name -> what its ended attempts held (see `Held`), of every experiment that has one, or of `names` only.
-    `until` None: nothing counts as up to it."""
-    query = (f"SELECT name, SUM(MAX(finished_at - started_at, 0) * {_SLOTS}), "
-             f"SUM(MAX(MIN(finished_at, ?) - started_at, 0) * {_SLOTS}), "
-             f"SUM(CASE WHEN reason = ? THEN MAX(finished_at - started_at, 0) * {_SLOTS} ELSE 0 END) "
-             f"FROM attempts WHERE {_ENDED}")
-    first = [until if until is not None else -math.inf, reason]  # reason None: = NULL matches no row
+    """name -> what its ended attempts held (see `Held`), of every experiment that has one, or of `names` only."""
+    sums, first = _sums(until, reason)
+    query = f"SELECT name, {sums} FROM attempts WHERE {_ENDED}"
     if names is None:
         rows = db.execute(query + " GROUP BY name", first).fetchall()
     else:
@@ -46,4 +62,4 @@ def held(db: sqlite3.Connection, until: float | None = None, reason: str | None 
             chunk = listed[i:i + _FEW]
             rows += db.execute(query + f" AND name IN ({','.join('?' * len(chunk))}) GROUP BY name",
                                [*first, *chunk]).fetchall()
-    return {str(r[0]): Held(float(r[1] or 0.0), float(r[2] or 0.0), float(r[3] or 0.0)) for r in rows}
+    return {r[0]: Held(r[1], r[2], r[3]) for r in rows}  # a group has rows: no NULL sum

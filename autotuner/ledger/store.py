@@ -402,13 +402,17 @@ class Ledger:
     def slot_seconds(self, until: float | None = None) -> tuple[float, float]:
         """Slot-seconds held by every attempt that ended (spent.py), in all and counted only up to `until` (0
         when None). A slot is a GPU on GPU hosts: over 3600, the sweep's GPU-hours."""
-        found = self.held(until).values()
-        return sum(h.seconds for h in found), sum(h.until for h in found)
+        found = spent.total(self._db, until)
+        return found.seconds, found.until
 
     def held(self, until: float | None = None, reason: str | None = None,
              names: Sequence[str] | None = None) -> dict[str, spent.Held]:
         """name -> the slot-seconds its ended attempts held (spent.py: in all, up to `until`, with `reason`)."""
         return spent.held(self._db, until, reason, names)
+
+    def held_in_all(self, until: float | None = None, reason: str | None = None) -> spent.Held:
+        """What every ended attempt held (spent.py), summed."""
+        return spent.total(self._db, until, reason)
 
     def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
         """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a

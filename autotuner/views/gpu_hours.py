@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
+from ..ledger.spent import Held
 from ..ledger.store import Ledger
 from .snapshot import Snapshot
 
@@ -81,18 +82,27 @@ def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict
     return {name: _rounded(h.seconds / HOUR) for name, h in ledger.held(names=names).items()}
 
 
-def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None = STOPPED) -> GpuHours:
+def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None = STOPPED,
+              each: bool = True) -> GpuHours:
     """The sweep's GPU-hours (see the module), read from `ledger` (the dashboard's read-only one) or the sweep's
-    own. `stopped`: the reason whose runs' GPU-hours count apart."""
-    best = snap.best
-    until = best.finished_at if best is not None else None
+    own. `stopped`: the reason whose runs' GPU-hours count apart. `each=False`: the sweep's figures alone
+    (`status`), `per_experiment` then holds only the best config's runs."""
     if ledger is None:
         with Ledger.open(Path(snap.directory)) as own:
-            held = own.held(until, stopped)
-    else:
-        held = ledger.held(until, stopped)
-    hours = {name: h.seconds / HOUR for name, h in held.items()}
-    on_best = sum(hours.get(name, 0.0) for name in best_runs(snap)) if best is not None else None
-    return GpuHours({name: _rounded(h) for name, h in hours.items()}, sum(hours.values()), on_best,
-                    sum(h.until for h in held.values()) / HOUR if until is not None else None,
-                    sum(h.with_reason for h in held.values()) / HOUR)
+            return _hours(snap, own, stopped, each)
+    return _hours(snap, ledger, stopped, each)
+
+
+def _hours(snap: Snapshot, ledger: Ledger, stopped: str | None, each: bool) -> GpuHours:
+    best = snap.best
+    until = best.finished_at if best is not None else None
+    runs = best_runs(snap)
+    held = ledger.held(until, stopped, None if each else runs)
+    if not each:
+        found = ledger.held_in_all(until, stopped)
+    else:  # the sweep's figures summed from its experiments'
+        listed = held.values()
+        found = Held(sum(h.seconds for h in listed), sum(h.until for h in listed), sum(h.with_reason for h in listed))
+    on_best = sum(held[name].seconds for name in runs if name in held) / HOUR if best is not None else None
+    return GpuHours({name: _rounded(h.seconds / HOUR) for name, h in held.items()}, found.seconds / HOUR, on_best,
+                    found.until / HOUR if until is not None else None, found.with_reason / HOUR)

@@ -43,7 +43,7 @@ def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | N
             "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
                          "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
             "best": {"name": best.name, "metric": snap.metric.name, "value": snap.value(best)} if best else None,
-            "gpu_hours": gpu_hours(snap).to_json(),
+            "gpu_hours": gpu_hours(snap, each=False).to_json(),
         }, indent=2) + "\n"
     unfinished = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in snap.attempts)
     lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
@@ -56,7 +56,7 @@ def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | N
     if best:
         lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}"
                      f"{interval_text(best.metrics, snap.metric.name)}")
-    lines.append(gpu_hours(snap).line())
+    lines.append(gpu_hours(snap, each=False).line())
     return "\n".join(lines) + "\n"
 
 
@@ -84,7 +84,7 @@ def render_result(result: Result, fmt: str = "table") -> str:
             "sweep": snap.name, "directory": str(snap.directory), "exit_code": result.exit_code,
             "interrupted": result.interrupted, "metric": snap.metric.name, "minimize": snap.metric.minimize,
             "total": len(snap.attempts), "counts": snap.counts(),
-            "gpu_hours": gpu_hours(snap).to_json(),
+            "gpu_hours": gpu_hours(snap, each=False).to_json(),
             "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
                      "config": str(result.optimal_config) if result.optimal_config else None,
                      "command": str(command) if result.optimal_config else None} if best else None}
@@ -105,7 +105,7 @@ def render_result(result: Result, fmt: str = "table") -> str:
                   *([f"  {confirmed}"] if confirmed else []),
                   f"  config:  {result.optimal_config}", f"  command: {command}"]
         lines += _training(snap)
-    lines.append(gpu_hours(snap).line())
+    lines.append(gpu_hours(snap, each=False).line())
     if result.interrupted:
         lines.append(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
     return "\n".join(lines) + "\n"
