@@ -140,6 +140,10 @@ def test_the_dashboards_feed_carries_them_and_moves_a_row_whose_attempt_ended(sw
 def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_path, runners):
     shown = start_dashboard(runners, sweep)
     sweep_id = shown.json("/api/sweeps")["sweeps"][0]["id"]
+    line = "GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended"
+    compared = shown.json(f"/api/compare?a={sweep_id}&b={sweep_id}")  # the compare tab's, each sweep's
+    assert compared["gpu_hours"] == {"a": line, "b": line}
+    assert {r["name"]: r["a_gpu_hours"] for r in compared["rows"]}["g_retried"] == 0.065556
     browser = chromium_driver(tmp_path / "profile", width=1600, height=1000)
     try:
         browser.get(f"{shown.base}/?token={shown.token}#/s/{sweep_id}/experiments")
@@ -152,7 +156,7 @@ def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_pat
             return {line: document.getElementById('gpu-hours').textContent, at,
                     cells: Object.fromEntries([...t.querySelectorAll('tbody tr')].map(
                         (r) => [r.dataset.name, r.cells[at].textContent]))};""")
-        assert drawn["line"] == "GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended"
+        assert drawn["line"] == line
         assert drawn["at"] > 0 and drawn["cells"] == {"g_retried": "0.06556", "g_best": "0.02000",
                                                      "g_best_confirm1": "0.005000", "g_oom": "0.01000", "g_waits": ""}
     finally:

@@ -40,7 +40,7 @@ from ..tune.memory_model import Facts
 from ..tune.space import SearchSpec
 from ..views import cost
 from ..views.analysis import choose_axes, swept_specs
-from ..views.gpu_hours import experiment_hours, gpu_hours
+from ..views.gpu_hours import GpuHours, experiment_hours, gpu_hours
 from ..views.records import layout_rows, metric_names, with_layout
 from ..views.snapshot import Snapshot
 from ..views.tflops import model_facts, per_sample, with_tflops
@@ -326,6 +326,11 @@ class SweepFeed:
         with self._lock:
             self._training = (seq, made)
         return made
+
+    def experiment_hours(self) -> GpuHours:
+        """The sweep's GPU-hours with each experiment's (views/gpu_hours.py), from the ledger read only."""
+        snap = self.snapshot()
+        return read(self.directory, lambda reader: gpu_hours(snap, reader.ledger))
 
     def gpu_hours(self) -> JSONObject:
         """The sweep's GPU-hours as the report gives them (views/gpu_hours.py), and their line; worked out once per

@@ -225,13 +225,14 @@ def comparison(request: Request, dashboard: Dashboard) -> Response:
     b = _sweep(request, dashboard, request.query_params.get("b", ""))
     for served in (a, b):
         served.feed.refresh()
-    c = compare(a.feed.snapshot(), b.feed.snapshot())
+    c = compare(a.feed.snapshot(), b.feed.snapshot(), (a.feed.experiment_hours(), b.feed.experiment_hours()))
     ratio = c.geomean_ratio()
     rows = [{k: (str(v) if k.endswith(("_state", "_reason")) and v is not None else v) for k, v in r.items()}
             | {"verdict": c.verdict(r["ratio"])} for r in c.rows]
     return JSONResponse({"metric": c.metric, "minimize": c.minimize, "rows": rows, "only_a": c.only_a,
                          "only_b": c.only_b, "geomean_ratio": ratio, "verdict": c.verdict(ratio),
-                         "a": a.feed.snapshot().name, "b": b.feed.snapshot().name})
+                         "a": a.feed.snapshot().name, "b": b.feed.snapshot().name,
+                         "gpu_hours": {"a": c.hours_a.line(), "b": c.hours_b.line()}})
 
 
 def cancel_runs(request: Request, dashboard: Dashboard) -> Response:

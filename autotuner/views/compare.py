@@ -69,14 +69,15 @@ def _value(attempt: Attempt | None, metric: str, own_metric: str) -> float | Non
     return float(value) if value is not None else None
 
 
-def compare(a: Snapshot, b: Snapshot) -> Comparison:
+def compare(a: Snapshot, b: Snapshot, hours: tuple[GpuHours, GpuHours] | None = None) -> Comparison:
     """Pairs by name. When either sweep ran on several GPU types (`typed`), an experiment is paired only with the
     same experiment on the same type (a metric compares only on one GPU model); the rest are listed apart, with
-    their type. Two sweeps of one type each pair by name, whatever their types: that compares two GPU models."""
+    their type. Two sweeps of one type each pair by name, whatever their types: that compares two GPU models.
+    `hours`: each sweep's GPU-hours, where read already (else read from their ledgers)."""
     metric = a.metric.name
     typed = a.by_type or b.by_type
     by_name_b = {x.name: x for x in b.attempts}
-    hours_a, hours_b = gpu_hours(a), gpu_hours(b)
+    hours_a, hours_b = hours if hours is not None else (gpu_hours(a), gpu_hours(b))  # the dashboard reads its own
     held_a, held_b = hours_a.per_experiment, hours_b.per_experiment
     rows = []
     only_a = []

@@ -501,7 +501,8 @@ async function buildCompare(S) {
     const other = sweeps.find((s) => s.id === pick.value);
     out.replaceChildren(...[
       el("p", {}, "B / A of " + d.metric + ": geometric mean " + (d.geomean_ratio ? d.geomean_ratio.toFixed(3) : "?") + " (" + (d.verdict || "nothing to compare") + ")",
-        el("br"), el("span", { class: "muted" }, "A: " + (S.summary ? S.summary.directory : d.a) + " · B: " + (other ? other.directory : d.b))),
+        el("br"), el("span", { class: "muted" }, "A: " + (S.summary ? S.summary.directory : d.a) + " · B: " + (other ? other.directory : d.b)),
+        el("br"), el("span", { class: "muted", id: "compare-gpu-hours" }, "A: " + d.gpu_hours.a + " · B: " + d.gpu_hours.b)),
       el("div", { class: "tablewrap" }, el("table", { id: "comparison" }, el("thead", {}, el("tr", {}, ["experiment", "A", "A " + d.metric, "B", "B " + d.metric, "B / A", ""].map((h) => el("th", {}, h)))),
         el("tbody", {}, d.rows.map((r) => el("tr", {}, el("td", { class: "name" }, r.name), el("td", {}, stateBadge(r.a_state)), el("td", { class: "num" }, number(r.a_metric)),
           el("td", {}, stateBadge(r.b_state)), el("td", { class: "num" }, number(r.b_metric)), el("td", { class: "num" }, r.ratio ? r.ratio.toFixed(3) : ""), el("td", {}, r.verdict)))))),
