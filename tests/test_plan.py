@@ -193,6 +193,18 @@ def test_a_script_that_writes_its_steps_is_planned_from_the_ledgers_start_up_and
         assert abs(planned.seconds[name] - took[name]) < abs(runs[name].duration - took[name])
 
 
+def test_a_run_is_cut_by_the_steps_it_made_where_it_reported_fewer():
+    """DeepSpeed prints no line for its first two steps: a run of the default profile (6 steps) that reported 3 is
+    cut by 6 of its steps; a script that reported more than the profile's by those it reported."""
+    from autotuner.planning.durations import Split, split
+    from autotuner.spec.interval import RunTimes
+
+    e = experiment("e")
+    assert split(e, 10.0, {}, RunTimes(8.0, 0.1, 3, None)) == Split(pytest.approx(9.4), 0.1)
+    assert split(e, 10.0, {}, RunTimes(1.0, 0.1, 50, None)) == Split(pytest.approx(5.0), 0.1)
+    assert split(e, 10.0, {"latency": 1e5}, None) == Split(pytest.approx(9.4), 0.1)  # DeepSpeed's latency alone
+
+
 def test_a_start_up_and_steps_draw_each_by_its_own_spread():
     """Monte Carlo of an estimate made of parts: the start-up drawn by its spread, the steps by theirs; with no
     spread of the start-up, no draw is shorter than it; their mean is the estimate."""

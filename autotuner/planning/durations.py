@@ -111,7 +111,8 @@ def split(e: Experiment, seconds: float, metrics: Mapping[str, float], timing: R
     """A run of `e` that took `seconds` cut by its step time: measured from its steps (`timing`, the ledger's), else
     DeepSpeed's `latency`; None without either, or where the steps would outlast the run (not a time per step)."""
     if timing is not None and timing.step_seconds and timing.step_seconds > 0 and timing.steps > 0:
-        startup = seconds - timing.steps * timing.step_seconds
+        # The steps it made: those it reported, or more (DeepSpeed prints none for its first two steps)
+        startup = seconds - max(timing.steps, steps(e)) * timing.step_seconds
         if startup >= 0:
             return Split(startup, timing.step_seconds)
     latency = metrics.get("latency")
