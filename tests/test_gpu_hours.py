@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import re
+import shutil
 
 import pytest
 
@@ -138,15 +139,20 @@ def test_the_dashboards_feed_carries_them_and_moves_a_row_whose_attempt_ended(sw
 
 
 def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_path, runners):
-    shown = start_dashboard(runners, sweep)
-    sweep_id = shown.json("/api/sweeps")["sweeps"][0]["id"]
+    """The summary's line and the table's column; the compare tab's line for each sweep (a copy of the sweep
+    beside it: the same figures)."""
+    served = tmp_path / "served"
+    shutil.copytree(sweep, served / "one")
+    shutil.copytree(sweep, served / "two")
+    shown = start_dashboard(runners, served)
+    ids = {s["directory"].split("/")[-1]: s["id"] for s in shown.json("/api/sweeps")["sweeps"]}
     line = "GPU-hours: 0.1006 spent, 0.02 on the best, 0.07 until it ended"
-    compared = shown.json(f"/api/compare?a={sweep_id}&b={sweep_id}")  # the compare tab's, each sweep's
+    compared = shown.json(f"/api/compare?a={ids['one']}&b={ids['two']}")
     assert compared["gpu_hours"] == {"a": line, "b": line}
     assert {r["name"]: r["a_gpu_hours"] for r in compared["rows"]}["g_retried"] == 0.065556
     browser = chromium_driver(tmp_path / "profile", width=1600, height=1000)
     try:
-        browser.get(f"{shown.base}/?token={shown.token}#/s/{sweep_id}/experiments")
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{ids['one']}/experiments")
         wait_until(lambda: browser.execute_script("return document.querySelectorAll('#experiments tbody tr').length"),
                    timeout=120, message="the experiments drawn")
         drawn = browser.execute_script("""
@@ -159,5 +165,15 @@ def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_pat
         assert drawn["line"] == line
         assert drawn["at"] > 0 and drawn["cells"] == {"g_retried": "0.06556", "g_best": "0.02000",
                                                      "g_best_confirm1": "0.005000", "g_oom": "0.01000", "g_waits": ""}
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{ids['one']}/compare")
+        wait_until(lambda: browser.execute_script(
+            "return document.querySelectorAll('#compare-with option').length > 1"), timeout=120,
+            message="the sweeps to compare with listed")
+        browser.execute_script("""const pick = document.getElementById('compare-with');
+            pick.value = arguments[0]; pick.dispatchEvent(new Event('change'));""", ids["two"])
+        wait_until(lambda: browser.execute_script("return document.getElementById('compare-gpu-hours')"),
+                   timeout=120, message="the comparison drawn")
+        assert browser.execute_script("return document.getElementById('compare-gpu-hours').textContent") == \
+            f"A: {line} · B: {line}"
     finally:
         browser.quit()
