@@ -24,7 +24,7 @@ STOPPED: str | None = None
 @dataclass(frozen=True)
 class GpuHours:
     """A sweep's GPU-hours: each experiment's, in all, on the best config, until the best ended, and on runs
-    recorded with the stopping reason. None where there is no best."""
+    recorded with the stopping reason (`on_best`, `to_best`: None while there is no best)."""
 
     per_experiment: Mapping[str, float]  # rounded to the microhour, as every output gives it
     spent: float
