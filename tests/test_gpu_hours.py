@@ -10,6 +10,7 @@ import io
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +178,17 @@ def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_pat
             f"A: {line} · B: {line}"
     finally:
         browser.quit()
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh", "slurm", "ray"])
+def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, tmp_path):
+    """tests/data/ledgers (schema 6, one sweep of each kind): two runs of 10 s on one slot each ended, the second
+    started a second after the best, one still running (or waiting) counts nothing yet."""
+    directory = tmp_path / kind
+    shutil.copytree(Path(__file__).resolve().parent / "data" / "ledgers" / kind, directory)
+    data = json.loads(render_report(directory, "json"))
+    assert data["gpu_hours"] == {"spent": round(20 / H, 6), "on_best": round(10 / H, 6), "to_best": round(19 / H, 6),
+                                 "stopped": 0.0}
+    assert {r["name"]: r["gpu_hours"] for r in data["experiments"]} == {
+        "fx_mbs1": round(10 / H, 6), "fx_mbs2": round(10 / H, 6), "fx_mbs4": None}
+    assert json.loads(autotuner.render_status(directory, "json"))["gpu_hours"] == data["gpu_hours"]
