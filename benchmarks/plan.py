@@ -3,6 +3,7 @@
   python benchmarks/plan.py scale     # 100,000 experiments, 1,024 simulated nodes x 8 GPUs, 1-64 GPUs each
   python benchmarks/plan.py accuracy  # a real stand-in sweep predicted from an earlier one, then run
   python benchmarks/plan.py eta       # the live view's ETA against simulated sweeps' truth, many of them
+  python benchmarks/plan.py steps     # a longer profile predicted from the start-up and steps a sweep measured
   python benchmarks/plan.py all
 
 scale: wall time of building the experiments and of the simulation; the median time of a decision (the queue
@@ -15,6 +16,13 @@ for the same experiments on 8 slots `--from A` is compared with sweep B, the sam
 slots (makespan from its first start to its last end). The live view's ETA during B (re-planned) is compared,
 at a quarter, half and three quarters of the experiments done, with the time B really had left; the ETA the
 view gave before (mean duration x work left / slots) is computed alongside.
+
+steps: sweep A (16 configs of the steps stand-in, tests/steps_standin.py: a start-up of 0.8-1.2 s, then steps of
+0.01 x micro-batch size s, 1-8, each written to the progress file; no `latency`, as a script's own metric) makes
+6 steps a run (DeepSpeed's default profile) on 4 slots; the plan of the same configs making 30 steps
+(end_profile_step 29) `--from A` is compared with sweep B, those really run on 4 slots. Before: the plan as the code
+before read A (no measures: each config's whole run, "measured"); after: start-up + 30 steps x step time, and the
+Monte Carlo P10-P90 of the measured spreads.
 
 eta: the same comparison on simulated sweeps (24 experiments on 8 slots; durations uniform 1-6 s, or
 log-normal with sigma 0.6), 100 of each per round: the truth is the simulated sweep's own end, and the ETA is
@@ -157,6 +165,47 @@ def accuracy(n: int, seed: int) -> dict[str, float]:
     return out
 
 
+STEPS_STANDIN = ROOT / "tests" / "steps_standin.py"
+
+
+def steps_sweep(name: str, n: int, seed: int, end_profile_step: int) -> autotuner.Sweep:
+    rng = random.Random(seed)
+    experiments = tuple(
+        autotuner.Experiment(name=f"s{i:02d}", num_gpus=1, num_nodes=1, script=str(STEPS_STANDIN), source="bench",
+                             ds_config={"train_micro_batch_size_per_gpu": rng.choice([1, 2, 4, 8]),
+                                        "autotuning": {"end_profile_step": end_profile_step}},
+                             env={"STEPS_PROGRESS": "1", "STEPS_STARTUP": f"{rng.uniform(0.8, 1.2):.2f}",
+                                  "STEPS_PER_SAMPLE": "0.01"})
+        for i in range(n))
+    return autotuner.Sweep(name=name, experiments=experiments, metric=autotuner.metric_named("throughput"),
+                           source="bench")
+
+
+def steps(n: int, seed: int) -> dict[str, float]:
+    from unittest import mock
+
+    from autotuner.ledger.store import Ledger
+
+    slots = {"localhost": list(range(4))}
+    longer = steps_sweep("long", n, seed, 29)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, sweep in (("a", steps_sweep("short", n, seed, 5)), ("b", longer)):
+            prepared = autotuner.prepare(sweep, autotuner.load_cluster(slots=4), Path(tmp) / name,
+                                         launcher=[sys.executable, str(STEPS_STANDIN)])
+            if name == "b":
+                with mock.patch.object(Ledger, "measures", lambda self: {}):  # what the code before read of A
+                    before = plan_sweep(longer.experiments, slots, past=Path(tmp) / "a")
+                after = plan_sweep(longer.experiments, slots, past=Path(tmp) / "a")
+            result = autotuner.execute(prepared, autotuner.Options(grace=1.0))
+            assert all(a.state == State.SUCCEEDED for a in result.snapshot.attempts)
+        measured = makespan(result)
+    was, now = before.policies[0].expected.makespan, after.policies[0]
+    return {"measured_s": measured, "before_s": was, "before_error_pct": 100 * (was - measured) / measured,
+            "after_s": now.expected.makespan, "after_error_pct": 100 * (now.expected.makespan - measured) / measured,
+            "after_p10_s": now.percentile(10), "after_p90_s": now.percentile(90),
+            "inside_p10_p90": float(now.percentile(10) <= measured <= now.percentile(90))}
+
+
 def eta(seed: int, trials: int = 100, n: int = 24, slots: int = 8) -> dict[str, float]:
     from autotuner.planning.plan import Ongoing, time_left
 
@@ -196,17 +245,18 @@ def eta(seed: int, trials: int = 100, n: int = 24, slots: int = 8) -> dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["scale", "accuracy", "eta", "all"])
+    parser.add_argument("what", choices=["scale", "accuracy", "eta", "steps", "all"])
     parser.add_argument("--experiments", type=int, default=None)
     parser.add_argument("--nodes", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=3)
     opts = parser.parse_args()
     os.environ.setdefault("STANDIN_THROUGHPUT", "1.0")
-    for what in (["scale", "accuracy", "eta"] if opts.what == "all" else [opts.what]):
+    for what in (["scale", "accuracy", "eta", "steps"] if opts.what == "all" else [opts.what]):
         results = []
         for i in range(opts.rounds):
             r = (scale(opts.experiments or 100_000, opts.nodes, seed=i) if what == "scale"
-                 else accuracy(opts.experiments or 24, seed=i) if what == "accuracy" else eta(seed=i))
+                 else accuracy(opts.experiments or 24, seed=i) if what == "accuracy"
+                 else steps(opts.experiments or 16, seed=i) if what == "steps" else eta(seed=i))
             results.append(r)
             print(f"{what} round {i + 1}: " + "  ".join(f"{k}={v:.2f}" for k, v in r.items()), flush=True)
         keys = [k for k in results[0] if all(k in r for r in results)]

@@ -1,6 +1,7 @@
 """`autotune plan`: the real scheduler and policies on a simulated clock, checked against makespans worked out by
 hand, against a real stand-in sweep's measured durations, and through the command line."""
 import json
+import random
 import statistics
 import sys
 from dataclasses import replace
@@ -10,6 +11,7 @@ import pytest
 
 import autotuner
 from autotuner.errors import UserError
+from autotuner.ledger.store import Ledger
 from autotuner.planning.plan import plan_sweep
 from autotuner.planning.simulate import simulate
 from autotuner.states import State
@@ -118,12 +120,16 @@ def test_durations_come_from_a_sweep_already_run_then_the_estimate_then_the_medi
     assert plan_sweep([experiment("fresh")], {"h": [0]}).durations.origin == {"fresh": "default"}
 
 
-def _steps_sweep(tmp_path: Path, name: str, sizes: list[int],
-                 end_profile_step: int | None) -> tuple[Path, list[autotuner.Experiment]]:
-    """A sweep of the steps stand-in, run: one experiment per micro-batch size."""
+def _steps_sweep(tmp_path: Path, name: str, sizes: list[int], end_profile_step: int | None,
+                 environ: dict[str, str] | None = None) -> tuple[Path, list[autotuner.Experiment]]:
+    """A sweep of the steps stand-in, run: one experiment per micro-batch size (a size again: `mbsN_again`, the
+    same config)."""
     profile = {} if end_profile_step is None else {"autotuning": {"end_profile_step": end_profile_step}}
-    exps = [experiment(f"mbs{m}", script=str(STEPS_STANDIN), ds_config={"train_micro_batch_size_per_gpu": m, **profile})
-            for m in sizes]
+    names = [f"mbs{m}" if f"mbs{m}" not in [f"mbs{x}" for x in sizes[:i]] else f"mbs{m}_again"
+             for i, m in enumerate(sizes)]
+    exps = [experiment(n, script=str(STEPS_STANDIN), env=environ or {},
+                       ds_config={"train_micro_batch_size_per_gpu": m, **profile})
+            for n, m in zip(names, sizes, strict=True)]
     sweep = autotuner.Sweep(name=name, experiments=tuple(exps), metric=autotuner.metric_named("throughput"),
                             source="test")
     return autotuner.prepare(sweep, autotuner.load_cluster(slots=2), tmp_path / name,
@@ -151,6 +157,70 @@ def test_a_longer_profile_is_planned_as_the_start_up_plus_the_steps_at_each_conf
     short = {a.name: a.finished_at - a.started_at for a in autotuner.snapshot(past).attempts}
     for name in cuts:
         assert abs(planned.seconds[name] - took[name]) < abs(short[name] - took[name])
+
+
+def test_a_script_that_writes_its_steps_is_planned_from_the_ledgers_start_up_and_step_time(tmp_path):
+    """No `latency` (a script's own metric), but its steps in the progress file: the ledger's measured step time
+    splits each run (start-up: the run less its steps), so a plan for 30 steps where the earlier sweep made 6 is
+    each config's start-up plus 30 of its steps, nearer the real run than the earlier run's whole duration (which
+    the plan used before: the same name, "measured"); the spreads are the measured ones."""
+    written = {"STEPS_PROGRESS": "1"}
+    past, _ = _steps_sweep(tmp_path, "short", [1, 4, 4], None, written)  # 6 steps each; mbs4 twice
+    assert autotuner.execute(past, autotuner.Options(grace=1.0)).exit_code == 0
+    with Ledger.open(past) as ledger:
+        timings = {name: t for (name, _), t in ledger.measures().items()}
+    runs = {a.name: a for a in autotuner.snapshot(past).attempts}
+    assert all("latency" not in a.metrics for a in runs.values()) and set(timings) == set(runs)
+    cuts = {n: (runs[n].duration - timings[n].steps * timings[n].step_seconds, timings[n].step_seconds)
+            for n in runs}
+    assert all(timings[n].steps == 6 and cuts[n][0] >= 0.3 for n in runs)
+    longer, exps = _steps_sweep(tmp_path, "long", [1, 4, 2], 29, written)  # 30 steps
+    planned = plan_sweep(exps, {"h": [0, 1]}, past=past).durations
+    assert planned.origin == {"mbs1": "scaled", "mbs4": "scaled", "mbs2": "start-up + steps"}
+    four = [cuts["mbs4"], cuts["mbs4_again"]]
+    assert planned.seconds["mbs1"] == pytest.approx(cuts["mbs1"][0] + 30 * cuts["mbs1"][1])
+    assert planned.seconds["mbs4"] == pytest.approx(statistics.median(c[0] for c in four)
+                                                   + 30 * statistics.median(c[1] for c in four))
+    startups = [c[0] for c in cuts.values()]
+    parts = planned.parts["mbs2"]
+    assert parts.steps == 30 and parts.startup == pytest.approx(statistics.median(startups))
+    assert parts.startup_spread == pytest.approx(statistics.stdev(startups) / statistics.fmean(startups))
+    ratio = [c[1] / statistics.median(x[1] for x in four) for c in four]
+    assert parts.step_spread == pytest.approx(statistics.fmean((r - 1) ** 2 for r in ratio) ** 0.5)
+    assert autotuner.execute(longer, autotuner.Options(grace=1.0)).exit_code == 0
+    took = {a.name: a.duration for a in autotuner.snapshot(longer).attempts}
+    for name in ("mbs1", "mbs4"):
+        assert abs(planned.seconds[name] - took[name]) < abs(runs[name].duration - took[name])
+
+
+def test_a_run_is_cut_by_the_steps_it_made_where_it_reported_fewer():
+    """DeepSpeed prints no line for its first two steps: a run of the default profile (6 steps) that reported 3 is
+    cut by 6 of its steps; a script that reported more than the profile's by those it reported."""
+    from autotuner.planning.durations import Split, split
+    from autotuner.spec.interval import RunTimes
+
+    e = experiment("e")
+    assert split(e, 10.0, {}, RunTimes(8.0, 0.1, 3, None)) == Split(pytest.approx(9.4), 0.1)
+    assert split(e, 10.0, {}, RunTimes(1.0, 0.1, 50, None)) == Split(pytest.approx(5.0), 0.1)
+    assert split(e, 10.0, {"latency": 1e5}, None) == Split(pytest.approx(9.4), 0.1)  # DeepSpeed's latency alone
+
+
+def test_a_start_up_and_steps_draw_each_by_its_own_spread():
+    """Monte Carlo of an estimate made of parts: the start-up drawn by its spread, the steps by theirs; with no
+    spread of the start-up, no draw is shorter than it; their mean is the estimate."""
+    from autotuner.planning.durations import Durations, Parts
+    from autotuner.planning.plan import _draw
+
+    exps = [experiment("e")]
+    fixed = Durations({"e": 40.0}, {"e": "scaled"}, {"e": Parts(10.0, 1.0, 30, 0.0, 0.5)})
+    rng = random.Random(1)
+    draws = [_draw(exps, fixed, 0.0, rng)["e"] for _ in range(4000)]
+    assert min(draws) > 10.0 and statistics.fmean(draws) == pytest.approx(40.0, rel=0.03)
+    assert statistics.stdev(draws) == pytest.approx(30 * 0.5, rel=0.1)
+    startup = Durations({"e": 40.0}, {"e": "scaled"}, {"e": Parts(10.0, 1.0, 30, 0.2, 0.0)})
+    draws = [_draw(exps, startup, 0.0, rng)["e"] for _ in range(4000)]
+    assert min(draws) > 30.0 and statistics.stdev(draws) == pytest.approx(10 * 0.2, rel=0.1)
+    assert plan_sweep(exps, {"h": [0]}).samples == 1  # nothing measured, no --spread: the estimate alone
 
 
 def test_bad_plan_arguments_are_one_clear_error():

@@ -74,7 +74,7 @@ def test_csv_has_a_column_for_every_parameter_and_metric(sweep):
     # DeepSpeed's `rank` would take the report's own rank column: it gets the metrics. prefix
     assert header == ["rank", "best", "name", "state", *PARAMETERS, "throughput", "latency", "FLOPS_per_gpu", "fwd",
                       "bwd", "step", "metrics.rank", "tokens_per_s", "metric", "reason", "detail", "attempt",
-                      "started", "finished", "duration_s", "peak_memory", "slots"]
+                      "started", "finished", "duration_s", "gpu_hours", "peak_memory", "slots"]
     assert len(rows) == 24 and len({r["name"] for r in rows}) == 24
     best = rows[0]
     assert best["name"] == "zm_z0_mbs32_gas1" and best["best"] == "True" and best["rank"] == "1"
@@ -178,10 +178,10 @@ def test_a_markdown_cell_or_header_with_a_line_break_or_a_bar_stays_in_its_row()
 def test_markdown_has_every_parameter_and_metric(sweep):
     lines = render_report(sweep, "md").splitlines()
     assert lines[0] == ("|  | name | state | " + " | ".join(PARAMETERS) + " | " + " | ".join(COLUMNS) +
-                        " | time | reason |")
+                        " | time | GPU-hours | reason |")
     assert lines[2] == ("| **best** | zm_z0_mbs32_gas1 | succeeded | 1 | 32 | 0 | 1,600 | 0.625 | 4.96T | 1.25 | "
-                        "2.5 | 0.75 | 0 | 819,200 | 10.0s |  |")
-    assert len(lines) == 2 + 24
+                        "2.5 | 0.75 | 0 | 819,200 | 10.0s | 0.002778 |  |")  # 10 s on one slot
+    assert len(lines) == 2 + 24 + 2 and lines[-1].startswith("- GPU-hours: ") and "0.002778 on the best" in lines[-1]
     oom = next(line for line in lines if "zm_z1_mbs8_gas1" in line)
     assert "| failed | 1 | 8 | 1 | - |" in oom and "oom: torch.OutOfMemoryError" in oom
 
@@ -191,7 +191,7 @@ def test_table_has_every_parameter_and_metric_with_short_headers_explained(sweep
     assert not ANSI.search(text)  # a file gets no colour
     header = next(line for line in text.splitlines() if "name" in line and "state" in line)
     cells = [c.strip() for c in header.strip("┃").split("┃")]
-    assert cells == ["#", "name", "state", "gas", "mbs", "z", *COLUMNS, "time", "slots", "why"]
+    assert cells == ["#", "name", "state", "gas", "mbs", "z", *COLUMNS, "time", "GPU-h", "slots", "why"]
     assert ("columns: gas = gradient_accumulation_steps, mbs = train_micro_batch_size_per_gpu, "
             "z = zero_optimization.stage") in text
     best = next(line for line in text.splitlines() if "zm_z0_mbs32_gas1" in line)
@@ -257,7 +257,7 @@ def test_metrics_beyond_the_known_are_listed_as_the_ranking_first_shows_them(tmp
     assert results.metrics == ("throughput", "latency", "tokens_per_s", "warmup_s")
     assert render_report(directory, "csv").splitlines()[0].endswith(",throughput,latency,tokens_per_s,warmup_s,"
                                                                     "metric,reason,detail,attempt,started,finished,"
-                                                                    "duration_s,peak_memory,slots")
+                                                                    "duration_s,gpu_hours,peak_memory,slots")
 
 
 def test_load_of_a_directory_without_a_sweep_is_a_user_error(tmp_path):
@@ -329,12 +329,13 @@ def test_status_json_is_an_alias_of_format_json(sweep):
 def test_compare_csv_and_md(sweep, tmp_path):
     other = record(tmp_path / "o", grid_sweep(mbs=(4, 8, 16, 32), gas=(1, 2)), two_nodes(), finished=24)
     rows = list(csv.DictReader(io.StringIO(cli("compare", sweep, other, "-f", "csv").stdout)))
-    assert len(rows) == 24 and set(rows[0]) == {"name", "a_state", "a_metric", "a_reason", "b_state", "b_metric",
-                                                "b_reason", "ratio", "verdict"}
+    assert len(rows) == 24 and set(rows[0]) == {"name", "a_state", "a_metric", "a_reason", "a_gpu_hours", "b_state",
+                                                "b_metric", "b_reason", "b_gpu_hours", "ratio", "verdict"}
     same = next(r for r in rows if r["name"] == "zm_z0_mbs32_gas1")
     assert float(same["ratio"]) == 1.0 and same["verdict"] == "same"
     md = cli("compare", sweep, other, "--format", "md").stdout.splitlines()
-    assert md[0] == "| name | A throughput | B throughput | B/A |  |" and len(md) == 2 + 24
+    assert md[0] == "| name | A throughput | B throughput | B/A |  |" and len(md) == 2 + 24 + 2
+    assert md[-2].startswith("- in A: GPU-hours: ") and md[-1].startswith("- in B: GPU-hours: ")
 
 
 def hosts_fixture() -> tuple[dict, list[HostReport]]:
@@ -630,7 +631,7 @@ def test_html_has_every_column_log_links_and_utilisation(sweep, tmp_path):
     html = page.read_text()
     head = html.split('<table id="experiments">', 1)[1].split("</thead>", 1)[0]
     labels = re.findall(r"<th[^>]*>([^<]*)</th>", head)
-    assert labels == ["#", "name", "state", "gas", "mbs", "z", *COLUMNS, "time", "slots", "why", "files"]
+    assert labels == ["#", "name", "state", "gas", "mbs", "z", *COLUMNS, "time", "GPU-h", "slots", "why", "files"]
     assert head.count('onclick="sortBy(this)"') == len(labels) - 1
     assert 'title="latency (\u00b5s); click to sort"' in head
     best = html.split('data-name="zm_z0_mbs32_gas1">', 1)[1].split("</tr>", 1)[0]

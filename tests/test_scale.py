@@ -68,7 +68,7 @@ def test_report_status_and_resume_of_a_large_sweep(tmp_path):
     lines = shown.stdout.splitlines()
     assert lines[0] == "sweep big: throughput (higher is better)"
     # the swept parameters (as the ledger holds the keys: sorted), then the metric
-    assert lines[1].split() == ["#", "name", "state", "seed", "mbs", "throughput", "time", "slots", "why"]
+    assert lines[1].split() == ["#", "name", "state", "seed", "mbs", "throughput", "time", "GPU-h", "slots", "why"]
     body = [line.split() for line in lines[3:3 + N]]
     ranked = [next(t for t in row if t.startswith("big_i")) for row in body]
     assert ranked == succeeded + [n for n in kinds if kinds[n] != State.SUCCEEDED]
@@ -138,4 +138,4 @@ def test_every_format_lists_a_large_sweep_in_ranked_order(tmp_path):
     for output in (PLAIN, Output(width=60), Output(width=60, color=True)):
         shown = names(render_report(directory, "table", output))
         blocks = shown.count(ranked[0])  # split to fit a terminal: each block lists them again, beside `#`
-        assert shown == ranked * blocks and blocks == (1 if output.width is None else 2), (output, blocks)
+        assert shown == ranked * blocks and blocks == (1 if output.width is None else 3), (output, blocks)

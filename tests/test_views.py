@@ -89,7 +89,7 @@ def test_json_csv_md_of_a_running_sweep(midway):
     assert len(rows) == 12 and rows[0]["best"] == "True" and rows[0]["name"] == "zm_z0_mbs32"
     md = render_report(midway, "md")
     # the swept parameters (micro-batch size, ZeRO stage), then every metric
-    assert "| **best** | zm_z0_mbs32 | succeeded | 32 | 0 | 1,600 | 0.625 | 10.0s |  |" in md
+    assert "| **best** | zm_z0_mbs32 | succeeded | 32 | 0 | 1,600 | 0.625 | 10.0s | 0.002778 |  |" in md
     assert "oom: torch.OutOfMemoryError" in md
 
 

@@ -25,7 +25,8 @@ def plan(
     duration: float = typer.Option(600.0, "--duration",
                                    help="Seconds an experiment takes when nothing better is known."),
     spread: float = typer.Option(0.0, "--spread", help="Coefficient of variation of durations: with it, "
-                                                       "Monte Carlo gives P10/P50/P90."),
+                                                       "Monte Carlo gives P10/P50/P90 (durations --from measured "
+                                                       "as start-up and steps draw by their measured spreads)."),
     samples: int = typer.Option(100, "--samples", min=1, max=10_000, help="Monte Carlo draws (with --spread)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the draws: the same seed, the same plan."),
     policy: str = typer.Option("backfill", "--policy", help="Queue policies to compare: backfill, fifo."),

@@ -40,13 +40,14 @@ from ..tune.memory_model import Facts
 from ..tune.space import SearchSpec
 from ..views import cost
 from ..views.analysis import choose_axes, swept_specs
+from ..views.gpu_hours import GpuHours, experiment_hours, gpu_hours
 from ..views.records import layout_rows, metric_names, with_layout
 from ..views.snapshot import Snapshot
 from ..views.tflops import model_facts, per_sample, with_tflops
 
 # The columns of a row before the swept parameters (then one per swept key, then one per metric).
 COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
-           "peak_memory", "position")
+           "peak_memory", "position", "gpu_hours")
 _MISSING = object()  # a swept key an experiment lacks
 # What a Snapshot works out (cached properties) without its experiments: the ranking and the GPU types.
 PROBED = ("order", "ranked", "runs", "_run_of", "host_types", "slot_types", "types", "best_by_type")
@@ -182,6 +183,8 @@ class SweepFeed:
         self._facts: Facts | None = None  # the model's parameter counts, as known at the last read
         self._tflop: dict[str, float] = {}  # name -> the TFLOP a sample costs each of its GPUs (views/tflops.py)
         self._training: tuple[int, JSONObject | None] | None = None  # (transition, the training run priced)
+        self._hours: dict[str, float] = {}  # name -> GPU-hours its ended attempts held (views/gpu_hours.py)
+        self._spent: tuple[int, JSONObject] | None = None  # (transition, the sweep's GPU-hours)
 
     # --- reading the ledger ------------------------------------------------------------------------------
     def refresh(self) -> bool:
@@ -214,6 +217,7 @@ class SweepFeed:
             latest = [found[-1] for name in moved if (found := ledger.attempts(name))]
         for a in latest:
             self.attempts[a.name] = a
+        self._hours.update(experiment_hours(ledger, None if self.seq < 0 or len(moved) > BULK else moved))
         if self.seq >= 0:
             self._moved.append((top, [a.name for a in latest]))
             if len(self._moved) > KEPT_READS:  # a page further behind than the reads kept is sent every row
@@ -323,6 +327,25 @@ class SweepFeed:
             self._training = (seq, made)
         return made
 
+    def experiment_hours(self) -> GpuHours:
+        """The sweep's GPU-hours with each experiment's (views/gpu_hours.py), from the ledger read only."""
+        snap = self.snapshot()
+        return read(self.directory, lambda reader: gpu_hours(snap, reader.ledger))
+
+    def gpu_hours(self) -> JSONObject:
+        """The sweep's GPU-hours as the report gives them (views/gpu_hours.py), and their line; worked out once per
+        transition, from the ledger read only."""
+        snap = self.snapshot()
+        with self._lock:
+            if self._spent is not None and self._spent[0] == self.seq:
+                return self._spent[1]
+            seq = self.seq
+        hours = read(self.directory, lambda reader: gpu_hours(snap, reader.ledger, each=False))
+        made: JSONObject = {**hours.to_json(), "line": hours.line()}
+        with self._lock:
+            self._spent = (seq, made)
+        return made
+
     def columns(self) -> tuple[str, ...]:
         return (*COLUMNS, *(f"param:{k}" for k in self.keys), *(f"metric:{m}" for m in self.metric_columns))
 
@@ -347,7 +370,7 @@ class SweepFeed:
         slots = "@".join(f"{h}:{','.join(map(str, ids))}" for h, ids in a.slots.items())
         return [a.name, str(a.state), None if a.reason is None else str(a.reason), a.detail, a.attempt,
                 a.metric, _time(a.started_at), _time(a.finished_at), slots,
-                snap.type_of(a) if typed else None, a.peak_memory, self._position.get(a.name),
+                snap.type_of(a) if typed else None, a.peak_memory, self._position.get(a.name), self._hours.get(a.name),
                 *self._params.get(a.name, [None] * len(self.keys)),
                 *(metrics.get(m) for m in self.metric_columns)]
 

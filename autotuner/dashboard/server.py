@@ -86,7 +86,7 @@ class Dashboard:
         kept = self._standing.get(served.id)
         if kept is None or kept[0] != seq:
             self._standing[served.id] = kept = (seq, {**standing(snap, served.id, served.root),
-                                                      "training": feed.training()})
+                                                      "training": feed.training(), "gpu_hours": feed.gpu_hours()})
         made = summary(snap, kept[1], seq, self._runner(feed.directory), self.planner)
         key = (seq, made["runner"], json.dumps(made["eta"]))
         last = self._summaries.get(served.id)
@@ -225,13 +225,14 @@ def comparison(request: Request, dashboard: Dashboard) -> Response:
     b = _sweep(request, dashboard, request.query_params.get("b", ""))
     for served in (a, b):
         served.feed.refresh()
-    c = compare(a.feed.snapshot(), b.feed.snapshot())
+    c = compare(a.feed.snapshot(), b.feed.snapshot(), (a.feed.experiment_hours(), b.feed.experiment_hours()))
     ratio = c.geomean_ratio()
     rows = [{k: (str(v) if k.endswith(("_state", "_reason")) and v is not None else v) for k, v in r.items()}
             | {"verdict": c.verdict(r["ratio"])} for r in c.rows]
     return JSONResponse({"metric": c.metric, "minimize": c.minimize, "rows": rows, "only_a": c.only_a,
                          "only_b": c.only_b, "geomean_ratio": ratio, "verdict": c.verdict(ratio),
-                         "a": a.feed.snapshot().name, "b": b.feed.snapshot().name})
+                         "a": a.feed.snapshot().name, "b": b.feed.snapshot().name,
+                         "gpu_hours": {"a": c.hours_a.line(), "b": c.hours_b.line()}})
 
 
 def cancel_runs(request: Request, dashboard: Dashboard) -> Response:

@@ -24,7 +24,7 @@ from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
 from ..spec.interval import Interval, RunTimes
 from ..states import Reason, State
-from . import checks, kept
+from . import checks, kept, spent
 from .attempt import STATES, Attempt
 from .meta import SweepMeta
 from .rows import attempt_columns, decode_attempts, json_object, json_value, odd_peak, stop_words, unreadable
@@ -400,18 +400,19 @@ class Ledger:
         return found
 
     def slot_seconds(self, until: float | None = None) -> tuple[float, float]:
-        """Slot-seconds held by every attempt that ended (retries and re-runs included), each one's slots times the
-        time from its start to its end: in all, and counted only up to `until` (0 when None). A slot is a GPU on
-        GPU hosts: over 3600, the sweep's GPU-hours. One query, no attempt decoded: an attempt's slots are its
-        commas plus one (`{"h": [0, 1], "g": [3]}`: host names hold no comma, no host has an empty list), where
-        json_each made 10,000 attempts cost 90 ms."""
-        slots = "(length(slots) - length(replace(slots, ',', '')) + 1)"
-        row = self._db.execute(
-            f"SELECT SUM(MAX(finished_at - started_at, 0) * {slots}), "
-            f"SUM(MAX(MIN(finished_at, :until) - started_at, 0) * {slots}) "
-            "FROM attempts WHERE started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL",
-            {"until": until if until is not None else -math.inf}).fetchone()
-        return float(row[0] or 0.0), float(row[1] or 0.0)
+        """Slot-seconds held by every attempt that ended (spent.py), in all and counted only up to `until` (0
+        when None). A slot is a GPU on GPU hosts: over 3600, the sweep's GPU-hours."""
+        found = spent.total(self._db, until)
+        return found.seconds, found.until
+
+    def held(self, until: float | None = None, reason: str | None = None,
+             names: Sequence[str] | None = None) -> dict[str, spent.Held]:
+        """name -> the slot-seconds its ended attempts held (spent.py: in all, up to `until`, with `reason`)."""
+        return spent.held(self._db, until, reason, names)
+
+    def held_in_all(self, until: float | None = None, reason: str | None = None) -> spent.Held:
+        """What every ended attempt held (spent.py), summed."""
+        return spent.total(self._db, until, reason)
 
     def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
         """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a

@@ -1,20 +1,28 @@
 """What each experiment of a sweep is expected to take, for `autotune plan`.
 
 A DeepSpeed run is a start-up (launcher, imports, building the engine and its optimizer) and then its steps: the
-runner turns DeepSpeed's autotuning on, so the engine ends the run after `end_profile_step` + 1 optimizer steps and
-reports the mean time of one (`latency`, in microseconds). So each run of an earlier sweep (`--from DIR`) splits
-into start-up = duration - steps x latency, and seconds per step. The estimates, best first:
+runner turns DeepSpeed's autotuning on, so the engine ends the run after `end_profile_step` + 1 optimizer steps. So
+each run of an earlier sweep (`--from DIR`) splits into seconds per step and start-up = duration - steps x that
+(everything of a run but its steps: the launch, building the engine, the exit). The step time is the one the
+ledger measured from the run's own steps (schema 7's `measures`: the median time between its steps, and how many
+it made; any script that writes the progress file, DeepSpeed's per-step lines), else DeepSpeed's `latency` metric
+(microseconds per step, over the engine's profile window). The estimates, best first:
 
 - measured: the config ran before (the same digest, else the same name): the median of its runs;
 - scaled: the config ran before with another number of steps (a longer or shorter profile): its own start-up
   plus the new steps at its own time per step;
 - estimate: the sweep file's `estimate`;
 - start-up + steps: the earlier sweep's median start-up plus this experiment's steps at its median step time;
-- median measured: the median run of the earlier sweep (runs that report no latency: a script's own metric);
+- median measured: the median run of the earlier sweep (runs with neither steps nor latency: a script's own metric);
 - default.
+
+The Monte Carlo spread of an estimate made of a start-up and steps (`Parts`) is the measured spread of each: the
+start-ups' coefficient of variation over the earlier sweep's runs, and the step time's over runs of one config
+(each run's step time against its config's median, where a config ran more than once).
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,6 +32,7 @@ from ..backends.launch import END_PROFILE_STEP, end_profile_step, with_autotunin
 from ..errors import UserError
 from ..ledger.store import Ledger, open_sweep
 from ..spec import Experiment
+from ..spec.interval import RunTimes
 from ..states import State
 
 DEFAULT_SECONDS = 600.0
@@ -31,11 +40,24 @@ PROFILE_KEYS = ("start_profile_step", "end_profile_step")
 
 
 @dataclass(frozen=True)
+class Parts:
+    """An estimate made of a start-up and steps, with the measured spread (coefficient of variation) of each."""
+
+    startup: float
+    per_step: float
+    steps: int
+    startup_spread: float
+    step_spread: float
+
+
+@dataclass(frozen=True)
 class Durations:
-    """Expected seconds per experiment, and where each figure came from (the module docstring's names)."""
+    """Expected seconds per experiment, where each figure came from (the module docstring's names), and the parts
+    of those made of a start-up and steps."""
 
     seconds: Mapping[str, float]
     origin: Mapping[str, str]
+    parts: Mapping[str, Parts] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counted: dict[str, int] = {}
@@ -85,9 +107,14 @@ def unstepped_digest(e: Experiment) -> str:
     return replace(e, ds_config=config).digest
 
 
-def split(e: Experiment, seconds: float, metrics: Mapping[str, float]) -> Split | None:
-    """A run of `e` that took `seconds` cut by its reported step time; None without one (not DeepSpeed's
-    metrics) or where the steps would outlast the run (the figure is not per step)."""
+def split(e: Experiment, seconds: float, metrics: Mapping[str, float], timing: RunTimes | None = None) -> Split | None:
+    """A run of `e` that took `seconds` cut by its step time: measured from its steps (`timing`, the ledger's), else
+    DeepSpeed's `latency`; None without either, or where the steps would outlast the run (not a time per step)."""
+    if timing is not None and timing.step_seconds and timing.step_seconds > 0 and timing.steps > 0:
+        # The steps it made: those it reported, or more (DeepSpeed prints none for its first two steps)
+        startup = seconds - max(timing.steps, steps(e)) * timing.step_seconds
+        if startup >= 0:
+            return Split(startup, timing.step_seconds)
     latency = metrics.get("latency")
     if latency is None or not latency > 0:
         return None
@@ -101,6 +128,7 @@ def past_runs(directory: Path) -> PastRuns:
     ledger: Ledger = open_sweep(Path(directory))
     try:
         experiments = {e.name: e for e in ledger.experiments()}
+        timings = ledger.measures()
         found = PastRuns()
         for a in ledger.attempts():
             if a.state in (State.CANCELLED, State.INTERRUPTED) or a.duration is None or a.duration < 0:
@@ -110,7 +138,8 @@ def past_runs(directory: Path) -> PastRuns:
             if e is None:
                 continue
             found.by_digest.setdefault(e.digest, []).append(a.duration)
-            if a.state is State.SUCCEEDED and (cut := split(e, a.duration, a.metrics)) is not None:
+            timing = timings.get((a.name, a.attempt))
+            if a.state is State.SUCCEEDED and (cut := split(e, a.duration, a.metrics, timing)) is not None:
                 found.by_unstepped.setdefault(unstepped_digest(e), []).append(cut)
     finally:
         ledger.close()
@@ -120,6 +149,17 @@ def past_runs(directory: Path) -> PastRuns:
 def _median_split(splits: Iterable[Split]) -> Split:
     listed = list(splits)
     return Split(statistics.median(s.startup for s in listed), statistics.median(s.per_step for s in listed))
+
+
+def spreads(known: PastRuns) -> tuple[float, float]:
+    """The measured spread (coefficient of variation) of a start-up, over every run, and of a step time, over the
+    runs of each config that ran more than once (each against its config's median): 0 where nothing measures it."""
+    startups = [s.startup for s in known.splits()]
+    mean = statistics.fmean(startups) if startups else 0.0
+    startup = statistics.stdev(startups) / mean if len(startups) > 1 and mean > 0 else 0.0
+    ratios = [s.per_step / middle for runs in known.by_unstepped.values() if len(runs) > 1
+              and (middle := statistics.median(r.per_step for r in runs)) > 0 for s in runs]
+    return startup, math.sqrt(statistics.fmean((r - 1) ** 2 for r in ratios)) if ratios else 0.0
 
 
 def durations(experiments: Sequence[Experiment], past: Path | None = None,
@@ -133,8 +173,10 @@ def durations(experiments: Sequence[Experiment], past: Path | None = None,
     every = known.every()
     median = statistics.median(every) if every else None
     overall = _median_split(known.splits()) if known.by_unstepped else None
+    startup_spread, step_spread = spreads(known)
     seconds: dict[str, float] = {}
     origin: dict[str, str] = {}
+    parts: dict[str, Parts] = {}
     for e in experiments:
         exact = known.by_digest.get(e.digest) if known.by_digest else None  # no digest to make with nothing measured
         runs = exact or known.by_name.get(e.name)
@@ -144,12 +186,14 @@ def durations(experiments: Sequence[Experiment], past: Path | None = None,
         elif same:
             own = _median_split(same)
             seconds[e.name], origin[e.name] = own.startup + steps(e) * own.per_step, "scaled"
+            parts[e.name] = Parts(own.startup, own.per_step, steps(e), startup_spread, step_spread)
         elif e.estimate is not None:
             seconds[e.name], origin[e.name] = e.estimate, "estimate"
         elif overall is not None:
             seconds[e.name], origin[e.name] = overall.startup + steps(e) * overall.per_step, "start-up + steps"
+            parts[e.name] = Parts(overall.startup, overall.per_step, steps(e), startup_spread, step_spread)
         elif median is not None:
             seconds[e.name], origin[e.name] = median, "median measured"
         else:
             seconds[e.name], origin[e.name] = default, "default"
-    return Durations(seconds, origin)
+    return Durations(seconds, origin, parts)

@@ -3,8 +3,10 @@ played on a simulated clock (simulate.py).
 
 What each experiment takes is estimated by durations.py (a sweep already run, `--from DIR`, cut into start-up
 and steps; the sweep file's `estimate`; a default). With a spread, Monte Carlo draws each duration around its
-estimate (log-normal, mean kept) and gives the makespan's P10/P50/P90; the same draws serve every policy
-compared, so differences between policies are theirs, not the dice's.
+estimate (log-normal, mean kept) and gives the makespan's P10/P50/P90; an estimate made of a start-up and steps
+draws each part apart, by its own measured spread (the steps by `spread` where none was measured), and these
+draw even without a `spread`. The same draws serve every policy compared, so differences between policies are
+theirs, not the dice's.
 """
 from __future__ import annotations
 
@@ -122,9 +124,10 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     seconds = expected.seconds
     played = len(queues) * len(placements) * len(experiments)
     asked = samples
-    samples = max(1, min(samples, RUN_BUDGET // played - 1)) if spread > 0 else 1
-    draws = [_draw(experiments, seconds, spread, random.Random(seed * 1_000_003 + k))
-             for k in range(samples)] if spread > 0 else []
+    drawn = spread > 0 or any(p.startup_spread > 0 or p.step_spread > 0 for p in expected.parts.values())
+    samples = max(1, min(samples, RUN_BUDGET // played - 1)) if drawn else 1
+    draws = [_draw(experiments, expected, spread, random.Random(seed * 1_000_003 + k))
+             for k in range(samples)] if drawn else []
     policies = []
     for queue in queues:
         for placement in placements:
@@ -139,12 +142,28 @@ def plan_sweep(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[i
     return Plan(experiments, slots, expected, timeout, spread, samples, policies, asked, len(learned))
 
 
-def _draw(experiments: Sequence[Experiment], seconds: Mapping[str, float], spread: float,
+def _draw(experiments: Sequence[Experiment], expected: Durations, spread: float,
           rng: random.Random) -> dict[str, float]:
-    """One draw: each duration times a log-normal factor of mean 1 and coefficient of variation `spread`."""
+    """One draw: each duration times a log-normal factor of mean 1 and coefficient of variation `spread`; one made
+    of a start-up and steps (`Durations.parts`), the start-up and the steps' time each by its measured spread."""
+    seconds, parts = expected.seconds, expected.parts
+    drawn = {}
+    for e in experiments:
+        found = parts.get(e.name)
+        if found is None:
+            drawn[e.name] = seconds[e.name] * _factor(rng, spread)
+        else:
+            drawn[e.name] = (found.startup * _factor(rng, found.startup_spread) + found.steps * found.per_step
+                             * _factor(rng, found.step_spread or spread))
+    return drawn
+
+
+def _factor(rng: random.Random, spread: float) -> float:
+    """Log-normal, of mean 1 and coefficient of variation `spread` (1 for none)."""
+    if spread <= 0:
+        return 1.0
     sigma = math.sqrt(math.log1p(spread * spread))
-    mu = -sigma * sigma / 2
-    return {e.name: seconds[e.name] * math.exp(rng.gauss(mu, sigma)) for e in experiments}
+    return math.exp(rng.gauss(-sigma * sigma / 2, sigma))
 
 
 class Survival:

@@ -17,12 +17,14 @@ from ..jsonvalues import JSONObject
 from ..ledger.store import Attempt
 from ..spec.metrics import format_value
 from ..states import State
+from .gpu_hours import GpuHours, gpu_hours
 from .records import DP_KEY, TP_KEY, layout_values
 from .snapshot import Snapshot, load
 from .tables import PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
 
 FORMATS = ("table", "json", "csv", "md")
-CSV_COLUMNS = ("name", "a_state", "a_metric", "a_reason", "b_state", "b_metric", "b_reason", "ratio", "verdict")
+CSV_COLUMNS = ("name", "a_state", "a_metric", "a_reason", "a_gpu_hours", "b_state", "b_metric", "b_reason",
+               "b_gpu_hours", "ratio", "verdict")
 SAME = 0.02  # ratios within 2% of 1 count as the same
 SHOWN = 10  # names of experiments only one sweep has, listed in the table's notes
 SHORT = {TP_KEY: "tp", DP_KEY: "dp"}  # a layout's columns (tunes over TP sizes)
@@ -35,6 +37,8 @@ class Comparison:
     rows: list[JSONObject]  # one per experiment in both, as `--format json` prints them
     only_a: list[str]
     only_b: list[str]
+    hours_a: GpuHours
+    hours_b: GpuHours
 
     @property
     def metric(self) -> str:
@@ -65,13 +69,16 @@ def _value(attempt: Attempt | None, metric: str, own_metric: str) -> float | Non
     return float(value) if value is not None else None
 
 
-def compare(a: Snapshot, b: Snapshot) -> Comparison:
+def compare(a: Snapshot, b: Snapshot, hours: tuple[GpuHours, GpuHours] | None = None) -> Comparison:
     """Pairs by name. When either sweep ran on several GPU types (`typed`), an experiment is paired only with the
     same experiment on the same type (a metric compares only on one GPU model); the rest are listed apart, with
-    their type. Two sweeps of one type each pair by name, whatever their types: that compares two GPU models."""
+    their type. Two sweeps of one type each pair by name, whatever their types: that compares two GPU models.
+    `hours`: each sweep's GPU-hours, where read already (else read from their ledgers)."""
     metric = a.metric.name
     typed = a.by_type or b.by_type
     by_name_b = {x.name: x for x in b.attempts}
+    hours_a, hours_b = hours if hours is not None else (gpu_hours(a), gpu_hours(b))  # the dashboard reads its own
+    held_a, held_b = hours_a.per_experiment, hours_b.per_experiment
     rows = []
     only_a = []
     paired = set()
@@ -85,13 +92,14 @@ def compare(a: Snapshot, b: Snapshot) -> Comparison:
         va, vb = _value(x, metric, a.metric.name), _value(y, metric, b.metric.name)
         row: JSONObject = {"name": x.name, "gpu_type": (kind or b.type_of(y)) if typed else None,
                            "a_state": x.state, "a_metric": va, "a_reason": x.reason,
-                           "b_state": y.state, "b_metric": vb, "b_reason": y.reason,
+                           "a_gpu_hours": held_a.get(x.name), "b_state": y.state, "b_metric": vb,
+                           "b_reason": y.reason, "b_gpu_hours": held_b.get(y.name),
                            "ratio": vb / va if va and vb is not None else None}
         if not typed:  # one literal, the type's key dropped (a merged dict a row was a tenth of a compare)
             del row["gpu_type"]
         rows.append(row)
     only_b = [_label(y.name, b.type_of(y)) if typed else y.name for y in b.attempts if y.name not in paired]
-    return Comparison(a, b, _with_layout(a, b, rows), only_a, only_b)
+    return Comparison(a, b, _with_layout(a, b, rows), only_a, only_b, hours_a, hours_b)
 
 
 def _with_layout(a: Snapshot, b: Snapshot, rows: list[JSONObject]) -> list[JSONObject]:
@@ -131,9 +139,9 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN, *
         best_a, best_b = c.a.best, c.b.best
         return json_with_rows({  # a row a line, as the report's
             "a": {"directory": str(dir_a), "sweep": c.a.name, "metric": c.a.metric.name,
-                  "best": best_a.name if best_a else None},
+                  "best": best_a.name if best_a else None, "gpu_hours": c.hours_a.to_json()},
             "b": {"directory": str(dir_b), "sweep": c.b.name, "metric": c.b.metric.name,
-                  "best": best_b.name if best_b else None},
+                  "best": best_b.name if best_b else None, "gpu_hours": c.hours_b.to_json()},
             "metric": c.metric, "minimize": c.minimize, "geomean_ratio": c.geomean_ratio(),
             "experiments": c.rows, "only_a": c.only_a, "only_b": c.only_b}, "experiments")
     if fmt == "csv":
@@ -148,7 +156,7 @@ def render_compare(dir_a: Path, dir_b: Path, fmt: str, output: Output = PLAIN, *
     if fmt == "md":
         typed = c.a.by_type or c.b.by_type
         return markdown_table(("name", *_layout_columns(c), *(["GPU type"] if typed else []), f"A {c.metric}",
-                               f"B {c.metric}", "B/A", ""), _cells(c))
+                               f"B {c.metric}", "B/A", ""), _cells(c)) + "".join(f"- {line}\n" for line in _spent(c))
     return _table(c, Path(dir_a), Path(dir_b), output)
 
 
@@ -192,6 +200,7 @@ def _table(c: Comparison, dir_a: Path, dir_b: Path, output: Output) -> str:
         best = snap.best
         notes.append(f"best in {label}: " + (f"{best.name} {snap.metric.name} {format_value(best.metric)}"
                                              if best else "none"))
+    notes += _spent(c)
     if typed:
         notes.append("paired per GPU type: an experiment only with itself on the same type")
     if c.a.metric.name != c.b.metric.name:
@@ -203,6 +212,11 @@ def _table(c: Comparison, dir_a: Path, dir_b: Path, output: Output) -> str:
     if not c.rows:  # no box with no row in it: the notes say why
         return title + "\n" + "".join(note + "\n" for note in notes)
     return render_table(columns, cells, title=title, notes=notes, output=output)
+
+
+def _spent(c: Comparison) -> list[str]:
+    """Each sweep's GPU-hours, a line each (gpu_hours.py)."""
+    return [f"in {label}: {hours.line()}" for label, hours in (("A", c.hours_a), ("B", c.hours_b))]
 
 
 def _some(names: list[str]) -> str:

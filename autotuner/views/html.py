@@ -28,6 +28,7 @@ from ..tune.goal import Goal
 from . import cost
 from .analysis import all_attempts, timeline_end, utilisation
 from .cost import Costing
+from .gpu_hours import hours_text
 from .panel import seconds
 from .plots import METRIC_PNG, TIMELINE_PNG, NoMatplotlib, render_plots
 from .records import ExperimentRecord, SweepResults, from_snapshot
@@ -136,6 +137,8 @@ def render_html(snap: Snapshot, results: SweepResults, plots: dict[str, bytes] |
                                          for s, n in sorted(counts.items())) + "</p>"]
     if usage is not None:
         out.append(_usage_line(usage))
+    if results.hours is not None:
+        out.append(f'<p class="usage" id="gpu-hours">{escape(results.hours.line())}</p>')
     if best is not None:
         out.append(f'<p class="bestline" id="best"><span class="marker">&#9733; best:</span> '
                    f"<b>{escape(best.name)}</b> with {escape(snap.metric.name)} "
@@ -201,13 +204,13 @@ def _number(value: object) -> str:
 def _experiments_table(results: SweepResults, links: Mapping[str, Mapping[str, str]]) -> str:
     """Every experiment: rank, name, state, swept parameters, metrics, time, slots, why, and its files."""
     short = headers(results.parameters,
-                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
+                    ("#", "name", "state", *results.metric_columns(), "time", "GPU-h", "peak mem", "slots", "why"))
     head = [_sortable("#", "rank"), _sortable("name"), *([_sortable("GPU type")] if results.typed else []),
             _sortable("state"),
             *(_sortable(short[k], k) for k in results.parameters),
             *(_sortable(c, f"{m} ({UNITS[m]})" if m in UNITS else m)
               for c, m in zip(results.metric_columns(), results.metrics, strict=True)),
-            _sortable("time", "seconds it ran"),
+            _sortable("time", "seconds it ran"), _sortable("GPU-h", "GPU-hours its attempts held, retries included"),
             *([_sortable("peak mem", "the most it held on one GPU")] if results.measured_memory else []),
             _sortable("slots"), _sortable("why"), "<th>files</th>"]
     out = ['<table id="experiments"><thead><tr>' + "".join(head) + "</tr></thead><tbody>"]
@@ -233,6 +236,7 @@ def _experiment_row(r: ExperimentRecord, results: SweepResults, files: Mapping[s
         cells.append(f'<td class="num" data-v="{_number(value)}" title="{escape(format_value(value))}">'
                      f"{escape(format_compact(value)) if value is not None else ''}</td>")
     cells.append(f'<td class="num" data-v="{_number(r.duration)}">{duration}</td>')
+    cells.append(f'<td class="num" data-v="{_number(r.gpu_hours)}">{hours_text(r.gpu_hours)}</td>')
     if results.measured_memory:
         peak = memory(r.peak_memory) if r.peak_memory is not None else ""
         cells.append(f'<td class="num" data-v="{_number(r.peak_memory)}">{peak}</td>')

@@ -49,9 +49,10 @@ def render_plan(plan: Plan, fmt: str = "table", output: Output = PLAIN) -> str:
         return json.dumps(plan_json(plan), indent=2) + "\n"
     origins = ", ".join(f"{n} {o}" for o, n in sorted(plan.durations.counts().items(), key=lambda kv: -kv[1]))
     head = (f"plan: {len(plan.experiments)} experiments on {plan.slot_count} slot(s) of {len(plan.slots)} host(s); "
-            f"durations: {origins}" + (f"; spread {plan.spread:g}, {plan.samples} draws" if plan.spread else "")
+            f"durations: {origins}" + (f"; spread {plan.spread:g}, {plan.samples} draws" if plan.spread else
+                                       f"; measured spreads, {plan.samples} draws" if plan.samples > 1 else "")
             + (f" (of the {plan.samples_asked} asked: a plan plays at most {RUN_BUDGET:,} runs)"
-               if plan.spread and plan.samples < plan.samples_asked else "")
+               if (plan.spread or plan.samples > 1) and plan.samples < plan.samples_asked else "")
             + (f"; GPU memory needs: {plan.learned_memory} learned" if plan.learned_memory else ""))
     bound = (f"lower bound {seconds(plan.lower_bound)}: max(work {plan.work / 3600:,.2f} slot-hours / "
              f"{plan.slot_count} slots, longest experiment {seconds(plan.longest)})")

@@ -34,6 +34,7 @@ from ..states import State
 from ..tune.goal import Goal
 from .analysis import all_attempts, choose_axes, slot_rows, swept_keys, timeline_end, utilisation, value_of
 from .cost import Costing, costing, goal_of, title
+from .gpu_hours import gpu_hours
 from .snapshot import Snapshot
 
 if TYPE_CHECKING:  # matplotlib is an optional extra: its types only for the checker
@@ -261,8 +262,10 @@ _LABELS = 300
 
 
 def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[Attempt], now: float | None = None,
-                    best: Attempt | None = None, xlabel: str = "seconds since the first start") -> Figure:
-    """The slot timeline of a sweep (`name`, its `slots`), a ledger's attempts or a plan's. The bars, one per
+                    best: Attempt | None = None, xlabel: str = "seconds since the first start",
+                    spent: str | None = None) -> Figure:
+    """The slot timeline of a sweep (`name`, its `slots`), a ledger's attempts or a plan's; `spent`, a line under
+    its title (a sweep's GPU-hours). The bars, one per
     attempt and slot, are drawn as a few collections (the best outlined, running hatched), not a patch each: a
     plan of 10,000 experiments on 1,024 nodes has 140,000 bars, and a patch each took minutes to draw."""
     from matplotlib.collections import PolyCollection
@@ -332,10 +335,10 @@ def timeline_figure(name: str, slots: dict[str, list[int]], attempts: Sequence[A
     if total is None:  # nothing has started: an empty chart of the slots, without a time scale
         ax.set_xlim(0, 1)
         ax.set_xticks([])
-    ax.set_title(f"{name}: slot timeline    utilisation {total:.0%} "
-                 f"({use['busy_slot_s']:,.0f} busy slot-s of {use['slots']} slots x {use['makespan_s']:,.0f} s "
-                 f"makespan)" if total is not None else f"{name}: slot timeline (nothing has started yet)",
-                 fontsize=11, loc="left")
+    heading = (f"{name}: slot timeline    utilisation {total:.0%} ({use['busy_slot_s']:,.0f} busy slot-s of "
+               f"{use['slots']} slots x {use['makespan_s']:,.0f} s makespan)" if total is not None
+               else f"{name}: slot timeline (nothing has started yet)")
+    ax.set_title(heading + (f"\n{spent}" if spent else ""), fontsize=11, loc="left")
     present = {a.state for a in attempts if a.started_at is not None}
     handles = [Patch(facecolor=_STATE_COLORS[s], label=s, hatch="//" if s == State.RUNNING else None)
                for s in _STATE_COLORS if s in present]
@@ -394,7 +397,8 @@ def render_plots(snap: Snapshot, x: str | None = None, lines: str | None = None,
     attempts = all_attempts(snap.directory)
     now = timeline_end(snap.directory, attempts) if now is None else now
     return {METRIC_PNG: _png(metric_figure(snap, x, lines)),
-            TIMELINE_PNG: _png(timeline_figure(snap.name, snap.slots, attempts, now, snap.best)),
+            TIMELINE_PNG: _png(timeline_figure(snap.name, snap.slots, attempts, now, snap.best,
+                                               spent=gpu_hours(snap).line())),
             **({FRONT_PNG: _png(front_figure(training))} if training is not None else {})}
 
 

@@ -23,12 +23,14 @@ from ..states import Reason, State
 from ..tune.layout import arg_value
 from ..tune.space import SearchSpec
 from .analysis import spec_of, swept_specs
+from .gpu_hours import GpuHours, gpu_hours
 from .snapshot import Snapshot, format_slots, load
 from .tflops import model_facts, per_sample, with_tflops
 
 # The flat columns every row has, around the parameters and metrics (see `SweepResults.columns`).
 LEADING = ("rank", "best", "name", "state")
-TRAILING = ("metric", "reason", "detail", "attempt", "started", "finished", "duration_s", "peak_memory", "slots")
+TRAILING = ("metric", "reason", "detail", "attempt", "started", "finished", "duration_s", "gpu_hours", "peak_memory",
+            "slots")
 PANDAS_HINT = "to_dataframe() needs pandas, which is not installed: pip install pandas"
 
 
@@ -52,6 +54,7 @@ class ExperimentRecord:
     sweep_directory: Path
     gpu_type: str | None = None  # the GPU type it ran on, in a sweep that ran on several (else None)
     peak_memory: int | None = None  # bytes: the most it held on one GPU, where measured (peaks.py)
+    gpu_hours: float | None = None  # what all its attempts that ended held (gpu_hours.py); None: none has ended
 
     @property
     def directory(self) -> Path:
@@ -78,6 +81,7 @@ class SweepResults(Sequence[ExperimentRecord]):
     typed: bool = False  # it ran on several GPU types: ranked per type, each type's best marked, a gpu_type each
     in_sweep_order: tuple[ExperimentRecord, ...] = ()  # the same records in the sweep's order (default: `records`)
     ranking: tuple[int, ...] = ()  # records[k] is in_sweep_order[ranking[k]]
+    hours: GpuHours | None = None  # the sweep's GPU-hours: in all, on the best config, until the best ended
 
     def __post_init__(self) -> None:
         if not self.in_sweep_order:  # made without them: the records as they are
@@ -164,6 +168,7 @@ class SweepResults(Sequence[ExperimentRecord]):
             row["started"] = r.started
             row["finished"] = r.finished
             row["duration_s"] = None if duration is None else round(duration, 3)
+            row["gpu_hours"] = r.gpu_hours
             row["peak_memory"] = r.peak_memory
             row["slots"] = format_slots(r.slots)
             out.append(row)
@@ -194,6 +199,8 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
     """The records of a snapshot (read with or without every experiment: their specs are read if missing), made
     in the sweep's order and ranked last (see `Snapshot.order`)."""
     keys, values, tflop = _tune_columns(snap, *_swept(snap))
+    hours = gpu_hours(snap)
+    per = hours.per_experiment
     attempts, order = snap.attempts, snap.order
     typed = snap.by_type  # ranked per GPU type, each type's best marked
     bests = {id(a) for a in snap.best_by_type.values()} if typed else set()
@@ -221,12 +228,12 @@ def from_snapshot(snap: Snapshot) -> SweepResults:
             "metric": a.metric, "parameters": row if len(row) == count else {k: row.get(k) for k in keys},
             "metrics": metrics, "started": a.started_at, "finished": a.finished_at,
             "slots": {h: tuple(ids) for h, ids in a.slots.items()}, "sweep_directory": directory,
-            "gpu_type": kind, "peak_memory": a.peak_memory})
+            "gpu_type": kind, "peak_memory": a.peak_memory, "gpu_hours": per.get(a.name)})
         records.append(record)
     ranked = tuple([records[i] for i in order])
     return SweepResults(snap.directory, snap.name, snap.metric, tuple(keys),
                         metric_names(snap.metric, [r.metrics for r in records], order), ranked, typed, tuple(records),
-                        tuple(order))
+                        tuple(order), hours)
 
 
 def _positions(attempts: Sequence[Attempt], order: Sequence[int], kinds: Sequence[str | None] | None) -> list[int]:

@@ -17,6 +17,7 @@ from ..spec.metrics import format_compact
 from ..states import State
 from ..tune.goal import Goal
 from . import cost
+from .gpu_hours import hours_text
 from .records import ExperimentRecord, SweepResults, from_snapshot
 from .scaling import Scaling, scaling
 from .snapshot import Snapshot, format_slots, load
@@ -36,7 +37,8 @@ def _json_row(r: ExperimentRecord, typed: bool) -> dict[str, object]:
     row: dict[str, object] = {
         "rank": r.rank, "best": r.best, "name": r.name, "gpu_type": r.gpu_type, "state": r.state, "metric": r.metric,
         "reason": r.reason, "detail": r.detail, "attempt": r.attempt,
-        "duration_s": round(duration, 3) if duration is not None else None, "peak_memory": r.peak_memory,
+        "duration_s": round(duration, 3) if duration is not None else None, "gpu_hours": r.gpu_hours,
+        "peak_memory": r.peak_memory,
         "slots": format_slots(r.slots), "parameters": r.parameters, "metrics": r.metrics, "started_at": r.started,
         "finished_at": r.finished}
     if not typed:
@@ -65,18 +67,28 @@ def render_report(directory: Path, fmt: str, output: Output = PLAIN, *, keep: li
                                "parameters": list(results.parameters), "metrics": list(results.metrics),
                                "experiments": [_json_row(r, results.typed) for r in results.in_sweep_order],
                                "optimal": {"config": found[0], "command": found[1]} if found else None}
-                              | _per_type(snap) | confirmed_json(snap)
+                              | {"gpu_hours": _hours_json(results)} | _per_type(snap) | confirmed_json(snap)
                               | ({"training": training.to_json()} if training else {})
                               | ({"scaling": sizes.to_json()} if sizes else {}), "experiments",
                               results.ranking)
     if fmt == "csv":
         return _csv(results, cost.csv_values(training) if training else None)
     if fmt == "md":
-        return _markdown(results) + (_scaling_markdown(sizes) if sizes else "") \
+        return _markdown(results) + _hours_markdown(results) + (_scaling_markdown(sizes) if sizes else "") \
             + (_training_markdown(training) if training else "")
     notes = [note for note in (confirmation(snap), memory_note(snap), batch_note(snap)) if note]
+    notes += [results.hours.line()] if results.hours else []
     return _report_table(results, output, notes) + (_scaling_table(sizes, output) if sizes else "") \
         + (_training_table(training, output) if training else "") + _optimal_text(snap)
+
+
+def _hours_json(results: SweepResults) -> dict[str, float | None] | None:
+    return results.hours.to_json() if results.hours else None
+
+
+def _hours_markdown(results: SweepResults) -> str:
+    """The sweep's GPU-hours, a line under the table."""
+    return f"\n- {results.hours.line()}\n" if results.hours else ""
 
 
 def _scaling_table(sizes: Scaling, output: Output) -> str:
@@ -187,13 +199,14 @@ def _peak(r: ExperimentRecord) -> str:
 def _markdown(results: SweepResults) -> str:
     typed, peaks, records = results.typed, results.measured_memory, results.in_sweep_order
     head = ["", "name", *(["GPU type"] if typed else []), "state", *results.parameters, *results.metric_columns(),
-            "time", *(["peak memory"] if peaks else []), "reason"]
+            "time", "GPU-hours", *(["peak memory"] if peaks else []), "reason"]
     columns: list[Sequence[str]] = [  # a column at a time, as the table's cells
         ["**best**" if r.best else str(r.rank or "") for r in records], [r.name for r in records],
         *([[r.gpu_type or "" for r in records]] if typed else []), [r.state for r in records],
         *(_value_texts(records, k) for k in results.parameters),
         *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
-        [_duration(r) for r in records], *([[_peak(r) for r in records]] if peaks else []),
+        [_duration(r) for r in records], [hours_text(r.gpu_hours) for r in records],
+        *([[_peak(r) for r in records]] if peaks else []),
         [f"{r.reason}: {r.detail}" if r.reason else "" for r in records]]
     return markdown_table(head, list(zip(*columns, strict=True)), results.ranking)
 
@@ -218,13 +231,13 @@ def headers(keys: Sequence[str], taken: Sequence[str] = ()) -> dict[str, str]:
 def _report_table(results: SweepResults, output: Output, more: Sequence[str] = ()) -> str:
     metric = results.metric
     short = headers(results.parameters,
-                    ("#", "name", "state", *results.metric_columns(), "time", "peak mem", "slots", "why"))
+                    ("#", "name", "state", *results.metric_columns(), "time", "GPU-h", "peak mem", "slots", "why"))
     columns = (Column("#", right=True), Column("name", whole=True),
                *([Column("GPU type", whole=True)] if results.typed else []), Column("state", whole=True),
                *(Column(short[k], right=True) for k in results.parameters),
                *(Column(m, right=True) for m in results.metric_columns()),
-               Column("time", right=True), *([Column("peak mem", right=True)] if results.measured_memory else []),
-               Column("slots"), Column("why"))
+               Column("time", right=True), Column("GPU-h", right=True),
+               *([Column("peak mem", right=True)] if results.measured_memory else []), Column("slots"), Column("why"))
     cells = _report_cells(results, output.color)
     legend = [f"{short[k]} = {k}" for k in results.parameters if short[k] != k]
     notes = ["columns: " + ", ".join(legend)] if legend else []
@@ -249,8 +262,8 @@ def _report_cells(results: SweepResults, color: bool) -> list[tuple[Cell, ...]]:
         *([[r.gpu_type or "" for r in records]] if results.typed else []), states,
         *(_value_texts(records, k) for k in results.parameters),
         *([format_compact(r.metrics.get(m)) for r in records] for m in results.metrics),
-        [_duration(r) for r in records], *([[_peak(r) for r in records]] if results.measured_memory else []),
-        [format_slots(r.slots) for r in records],
+        [_duration(r) for r in records], [hours_text(r.gpu_hours) for r in records],
+        *([[_peak(r) for r in records]] if results.measured_memory else []), [format_slots(r.slots) for r in records],
         [Styled(why, "red" if r.reason else "") for why, r in zip(whys, records, strict=True)] if color else whys]
     return list(zip(*columns, strict=True))
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..ledger.lock import holder_pid
-from ..ledger.store import Attempt, Ledger
 from ..spec.interval import interval_text
 from ..spec.metrics import format_value
 from ..states import Reason, State
 from .cost import title as cost_title
+from .gpu_hours import gpu_hours
 from .report import confirmed_json
 from .snapshot import Snapshot, format_slots, load
 from .summary import CHEAPEST_COMMAND, OPTIMAL_COMMAND, batch_note, confirmation, memory_note, recorded_costing
@@ -43,7 +43,7 @@ def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | N
             "running": [{"name": a.name, "attempt": a.attempt, "slots": dict(a.slots),
                          "elapsed_s": round(now - a.started_at, 3) if a.started_at else None} for a in running],
             "best": {"name": best.name, "metric": snap.metric.name, "value": snap.value(best)} if best else None,
-            "gpu_hours": gpu_hours(Path(directory), best),
+            "gpu_hours": gpu_hours(snap, each=False).to_json(),
         }, indent=2) + "\n"
     unfinished = any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED) for a in snap.attempts)
     lines = [f"sweep {snap.name}: " + ", ".join(f"{n} {s}" for s, n in sorted(snap.counts().items())) +
@@ -56,24 +56,8 @@ def render_status(directory: Path, fmt: str = "table", *, keep: list[object] | N
     if best:
         lines.append(f"best so far: {best.name} {snap.metric.name}={format_value(snap.value(best))}"
                      f"{interval_text(best.metrics, snap.metric.name)}")
-    lines.append(gpu_hours_line(gpu_hours(Path(directory), best)))
+    lines.append(gpu_hours(snap, each=False).line())
     return "\n".join(lines) + "\n"
-
-
-def gpu_hours(directory: Path, best: Attempt | None) -> dict[str, float | None]:
-    """GPU-hours the sweep's attempts that ended spent (each one's slots times its run time, retries and re-runs
-    included; a CPU slot counts as one), and those spent until its best run ended: what finding the best cost."""
-    until = best.finished_at if best is not None else None
-    with Ledger.open(directory) as ledger:
-        spent, to_best = ledger.slot_seconds(until)
-    return {"spent": round(spent / 3600, 6), "to_best": None if until is None else round(to_best / 3600, 6)}
-
-
-def gpu_hours_line(hours: dict[str, float | None]) -> str:
-    """The GPU-hours as one line of `status` and of run / resume's end."""
-    to_best = hours["to_best"]
-    return f"GPU-hours: {hours['spent'] or 0:.4g} spent" + (f", {to_best:.4g} until the best ended"
-                                                            if to_best is not None else "")
 
 
 # --- the end of autotune run / resume ------------------------------------------------------------------------
@@ -100,7 +84,7 @@ def render_result(result: Result, fmt: str = "table") -> str:
             "sweep": snap.name, "directory": str(snap.directory), "exit_code": result.exit_code,
             "interrupted": result.interrupted, "metric": snap.metric.name, "minimize": snap.metric.minimize,
             "total": len(snap.attempts), "counts": snap.counts(),
-            "gpu_hours": gpu_hours(snap.directory, best),
+            "gpu_hours": gpu_hours(snap, each=False).to_json(),
             "best": {"name": best.name, "value": snap.value(best), "metrics": dict(best.metrics),
                      "config": str(result.optimal_config) if result.optimal_config else None,
                      "command": str(command) if result.optimal_config else None} if best else None}
@@ -121,7 +105,7 @@ def render_result(result: Result, fmt: str = "table") -> str:
                   *([f"  {confirmed}"] if confirmed else []),
                   f"  config:  {result.optimal_config}", f"  command: {command}"]
         lines += _training(snap)
-    lines.append(gpu_hours_line(gpu_hours(snap.directory, best)))
+    lines.append(gpu_hours(snap, each=False).line())
     if result.interrupted:
         lines.append(f"interrupted: `autotune resume {snap.directory}` finishes the sweep")
     return "\n".join(lines) + "\n"

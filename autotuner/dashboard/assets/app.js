@@ -324,7 +324,8 @@ function drawTop(S) {
         ? el("button", { class: "danger", id: "cancel-sweep", onclick: () => cancelRuns(S.id, []) }, "Cancel sweep") : null),
     el("div", { class: "muted" }, s.directory + " · " + s.metric.name + " (" + s.metric.direction + ") · " +
       (s.runner ? "runner pid " + s.runner : "no runner works on it")),
-    el("div", { class: "spaced" }, counts), S.etaLine);
+    el("div", { class: "spaced" }, counts), S.etaLine,
+    s.gpu_hours ? el("div", { class: "muted", id: "gpu-hours" }, s.gpu_hours.line) : null);
   const bests = el("div", { class: "card", id: "best" }, el("h2", {}, "Best so far"),
     s.best.length ? s.best.map((b) => el("div", {},
       el("div", {}, b.gpu_type ? el("b", {}, b.gpu_type + ": ") : null,
@@ -393,7 +394,7 @@ function tableColumns(S) {
   const params = c.filter((x) => x.startsWith("param:"));
   const metrics = c.filter((x) => x.startsWith("metric:"));
   const typed = S.summary && S.summary.types.length > 1;
-  return ["rank", "name", "state", ...(typed ? ["gpu_type"] : []), ...params, ...metrics, "duration", "slots",
+  return ["rank", "name", "state", ...(typed ? ["gpu_type"] : []), ...params, ...metrics, "duration", "gpu_hours", "slots",
     ...(config.allow_cancel ? ["action"] : [])];
 }
 
@@ -425,7 +426,7 @@ function drawTable(S) {
   const rows = visible(S);
   const pages = Math.max(1, Math.ceil(rows.length / PAGE_ROWS));
   S.page = Math.min(S.page, pages - 1);
-  const label = (k) => k.replace(/^(param|metric):/, "");
+  const label = (k) => k === "gpu_hours" ? "GPU-hours" : k.replace(/^(param|metric):/, "");
   const head = el("tr", {}, keys.map((k) => el("th", { "data-col": k, class: S.sort.col === k ? (S.sort.dir > 0 ? "sorted-asc" : "sorted-desc") : "",
     title: label(k), onclick: () => { S.sort = { col: k, dir: S.sort.col === k ? -S.sort.dir : (k.startsWith("metric:") && !k.endsWith("latency") ? -1 : 1) }; drawTable(S); } },
     breakable(label(k)))));
@@ -500,7 +501,8 @@ async function buildCompare(S) {
     const other = sweeps.find((s) => s.id === pick.value);
     out.replaceChildren(...[
       el("p", {}, "B / A of " + d.metric + ": geometric mean " + (d.geomean_ratio ? d.geomean_ratio.toFixed(3) : "?") + " (" + (d.verdict || "nothing to compare") + ")",
-        el("br"), el("span", { class: "muted" }, "A: " + (S.summary ? S.summary.directory : d.a) + " · B: " + (other ? other.directory : d.b))),
+        el("br"), el("span", { class: "muted" }, "A: " + (S.summary ? S.summary.directory : d.a) + " · B: " + (other ? other.directory : d.b)),
+        el("br"), el("span", { class: "muted", id: "compare-gpu-hours" }, "A: " + d.gpu_hours.a + " · B: " + d.gpu_hours.b)),
       el("div", { class: "tablewrap" }, el("table", { id: "comparison" }, el("thead", {}, el("tr", {}, ["experiment", "A", "A " + d.metric, "B", "B " + d.metric, "B / A", ""].map((h) => el("th", {}, h)))),
         el("tbody", {}, d.rows.map((r) => el("tr", {}, el("td", { class: "name" }, r.name), el("td", {}, stateBadge(r.a_state)), el("td", { class: "num" }, number(r.a_metric)),
           el("td", {}, stateBadge(r.b_state)), el("td", { class: "num" }, number(r.b_metric)), el("td", { class: "num" }, r.ratio ? r.ratio.toFixed(3) : ""), el("td", {}, r.verdict)))))),

@@ -1,0 +1,65 @@
+"""Slot-seconds held by a sweep's attempts, as SQL over the `attempts` table: the one place that says what an
+attempt holds (its slots, from its start to its end), so that `status`, `report`, `compare` and the dashboard
+count GPU-hours alike (views/gpu_hours.py turns these into hours).
+
+An attempt counts once it has ended: every attempt, retries, re-runs and failed ones too; a running one not yet.
+An attempt's slots are its commas plus one (`{"h": [0, 1], "g": [3]}`: host names hold no comma, no host has an
+empty list), where json_each made 10,000 attempts cost 90 ms. Every function works on the ledger's connection.
+"""
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_SLOTS = "(length(slots) - length(replace(slots, ',', '')) + 1)"
+_ENDED = "started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL"
+_FEW = 500  # names a query reads by at most (SQLite bounds a statement's parameters)
+
+
+@dataclass(frozen=True)
+class Held:
+    """Slot-seconds one experiment's ended attempts held: in all, those up to a time (`until`: the best's end),
+    and those of attempts recorded with a given reason (a run stopped because it could not win)."""
+
+    seconds: float
+    until: float
+    with_reason: float
+
+
+def _sums(until: float | None, reason: str | None) -> tuple[str, list[object]]:
+    """The three sums of `Held` as SQL, and their parameters (`until` None: nothing is up to it; `reason` None:
+    = NULL matches no row)."""
+    held = f"MAX(finished_at - started_at, 0) * {_SLOTS}"
+    return (f"SUM({held}), SUM(MAX(MIN(finished_at, ?) - started_at, 0) * {_SLOTS}), "
+            f"SUM(CASE WHEN reason = ? THEN {held} ELSE 0 END)"), [until if until is not None else -math.inf, reason]
+
+
+def _held(row: Sequence[float | None]) -> Held:
+    """A row of the sums (NULL: no attempt to sum)."""
+    return Held(float(row[0] or 0.0), float(row[1] or 0.0), float(row[2] or 0.0))
+
+
+def total(db: sqlite3.Connection, until: float | None = None, reason: str | None = None) -> Held:
+    """What every ended attempt of the sweep held, summed in one pass (no row per experiment: on 10,000 attempts
+    a sixth of `held`'s time)."""
+    sums, first = _sums(until, reason)
+    return _held(db.execute(f"SELECT {sums} FROM attempts WHERE {_ENDED}", first).fetchone())
+
+
+def held(db: sqlite3.Connection, until: float | None = None, reason: str | None = None,
+         names: Sequence[str] | None = None) -> dict[str, Held]:
+    """name -> what its ended attempts held (see `Held`), of every experiment that has one, or of `names` only."""
+    sums, first = _sums(until, reason)
+    query = f"SELECT name, {sums} FROM attempts WHERE {_ENDED}"
+    if names is None:
+        rows = db.execute(query + " GROUP BY name", first).fetchall()
+    else:
+        listed = list(dict.fromkeys(names))
+        rows = []
+        for i in range(0, len(listed), _FEW):
+            chunk = listed[i:i + _FEW]
+            rows += db.execute(query + f" AND name IN ({','.join('?' * len(chunk))}) GROUP BY name",
+                               [*first, *chunk]).fetchall()
+    return {r[0]: Held(r[1], r[2], r[3]) for r in rows}  # a group has rows: no NULL sum

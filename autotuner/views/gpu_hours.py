@@ -1,0 +1,108 @@
+"""GPU-hours accounted: what each experiment's attempts held (their GPUs times their wall time, every attempt that
+ended: failed, retried and re-run ones too), the sweep's in all, what the best config took (its runs and its
+confirming re-runs), what was spent until the best ended, and what went to runs stopped for a reason given (a
+run stopped because it could not win). Worked out once here from the ledger (ledger/spent.py), for `status`, the
+end of `run`, `report` in every format, `compare` and the dashboard. A CPU slot counts as one.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import overload
+
+from ..ledger.spent import Held
+from ..ledger.store import Ledger
+from .snapshot import Snapshot
+
+HOUR = 3600.0
+# The reason a run stopped because it could not win is recorded with, once runs are stopped so: its GPU-hours
+# are then a figure of their own (`GpuHours.stopped`), shown where not zero. None: no run is recorded so yet.
+STOPPED: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuHours:
+    """A sweep's GPU-hours: each experiment's, in all, on the best config, until the best ended, and on runs
+    recorded with the stopping reason (`on_best`, `to_best`: None while there is no best)."""
+
+    per_experiment: Mapping[str, float]  # rounded to the microhour, as every output gives it
+    spent: float
+    on_best: float | None
+    to_best: float | None
+    stopped: float
+
+    def to_json(self) -> dict[str, float | None]:
+        """The sweep's figures (not each experiment's), rounded to the microhour."""
+        return {"spent": _rounded(self.spent), "on_best": _rounded(self.on_best),
+                "to_best": _rounded(self.to_best), "stopped": _rounded(self.stopped)}
+
+    def line(self) -> str:
+        """One line for people: spent, on the best config, until the best ended; the stopped runs' where any."""
+        parts = [f"GPU-hours: {hours_text(self.spent)} spent"]
+        if self.on_best is not None:
+            parts.append(f"{hours_text(self.on_best)} on the best")
+        if self.to_best is not None:
+            parts.append(f"{hours_text(self.to_best)} until it ended")
+        if self.stopped:
+            parts.append(f"{hours_text(self.stopped)} on runs stopped early")
+        return ", ".join(parts)
+
+
+def hours_text(hours: float | None) -> str:
+    """GPU-hours as every view writes them: 4 significant digits (a CPU run of seconds is 0.001 of an hour)."""
+    return "" if hours is None else f"{hours:,.4g}"
+
+
+@overload
+def _rounded(hours: float) -> float: ...
+
+
+@overload
+def _rounded(hours: None) -> None: ...
+
+
+def _rounded(hours: float | None) -> float | None:
+    """To the microhour, as every output gives GPU-hours."""
+    return None if hours is None else round(hours, 6)
+
+
+def best_runs(snap: Snapshot) -> list[str]:
+    """The names whose attempts ran the best config: the best experiment, and its confirming re-runs (a tune)."""
+    best = snap.best
+    if best is None:
+        return []
+    return next(([a.name for a in runs] for runs in snap.runs.values() if any(a.name == best.name for a in runs)),
+                [best.name])
+
+
+def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict[str, float]:
+    """name -> GPU-hours its ended attempts held, rounded to the microhour: of every experiment with one, or of
+    `names` (the dashboard's rows that moved)."""
+    return {name: _rounded(h.seconds / HOUR) for name, h in ledger.held(names=names).items()}
+
+
+def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None = STOPPED,
+              each: bool = True) -> GpuHours:
+    """The sweep's GPU-hours (see the module), read from `ledger` (the dashboard's read-only one) or the sweep's
+    own. `stopped`: the reason whose runs' GPU-hours count apart. `each=False`: the sweep's figures alone
+    (`status`), `per_experiment` then holds only the best config's runs."""
+    if ledger is None:
+        with Ledger.open(Path(snap.directory)) as own:
+            return _hours(snap, own, stopped, each)
+    return _hours(snap, ledger, stopped, each)
+
+
+def _hours(snap: Snapshot, ledger: Ledger, stopped: str | None, each: bool) -> GpuHours:
+    best = snap.best
+    until = best.finished_at if best is not None else None
+    runs = best_runs(snap)
+    held = ledger.held(until, stopped, None if each else runs)
+    if not each:
+        found = ledger.held_in_all(until, stopped)
+    else:  # the sweep's figures summed from its experiments'
+        listed = held.values()
+        found = Held(sum(h.seconds for h in listed), sum(h.until for h in listed), sum(h.with_reason for h in listed))
+    on_best = sum(held[name].seconds for name in runs if name in held) / HOUR if best is not None else None
+    return GpuHours({name: _rounded(h.seconds / HOUR) for name, h in held.items()}, found.seconds / HOUR, on_best,
+                    found.until / HOUR if until is not None else None, found.with_reason / HOUR)
