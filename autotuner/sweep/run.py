@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import limits
-from ..backends.base import Backend, MemoryReading
+from ..backends.base import Admit, Backend, MemoryReading
 from ..backends.hosts.hosts import Ssh
 from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
@@ -143,6 +143,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
             with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
                                                 ray=options.ray, grace=options.grace, log=options.log)) as backend:
                 backend.reach()  # a cluster that refuses the sweep does so before the lock rewrites runner.lock
+                admit = backend.admit(SlotPool(ledger.meta().slots), _to_run(ledger, retry_failed, new_experiments))
                 try:
                     held.enter_context(holding(directory))
                 except SweepBusy as e:
@@ -153,7 +154,7 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
                 requeue(ledger, retry_failed)
                 if new_experiments:
                     ledger.add_experiments(new_experiments, time.time())
-                interrupted = _dispatch(directory, ledger, options, backend, left)
+                interrupted = _dispatch(directory, ledger, options, backend, admit, left)
         snap = snapshot(directory)  # every spec: summary.txt groups the experiments by ZeRO stage
         # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
         interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
@@ -167,7 +168,15 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue(list(ledger.latest_in(*again)), time.time())
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend,
+def _to_run(ledger: Ledger, retry_failed: bool, new_experiments: Sequence[Experiment]) -> list[Queued]:
+    """The queue as it will be once the lock is held (what waits, what `requeue` queues again, the new ones),
+    read before the lock: what `Backend.admit` judges."""
+    again = {State.QUEUED, State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
+    latest = ledger.latest_in(*again)
+    return [Queued(e, latest[e.name]) for e in ledger.experiments(latest)] + [Queued(e, 1) for e in new_experiments]
+
+
+def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend, admit: Admit,
               adopt: Sequence[Attempt] = ()) -> bool:
     """The sweep dispatched on `backend` until it ends; whether it was interrupted. The backend closes what it
     opened (its caller closes it); nothing here is replaced once built."""
@@ -180,7 +189,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     chosen, memory = _placement(ledger, options, backend, devices)
-    placement, waiting = backend.admit(chosen, slot_pool, waiting)
+    placement, waiting = admit(chosen, waiting)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
