@@ -170,8 +170,8 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     bars = browser.execute_script("""
         const plot = document.getElementById('plot-timeline');
         const rows = [...plot.querySelectorAll('.tick.y')].map((t) => [+t.getAttribute('y'), t.textContent]);
-        return [...plot.querySelectorAll('.bar')].map((b) =>
-          [b.textContent, rows.find(([y]) => Math.abs(y - b.getAttribute('y1')) < 0.5)[1]])""")
+        return plot.querySelector('svg.chart').hoverMarks.map((m) =>
+          [m.text, rows.find(([y]) => Math.abs(y - m.y) < 0.5)[1]])""")
     assert sorted(map(tuple, bars)) == [(f"s_x{x} · succeeded", slot) for x in (1, 2, 4)
                                         for slot in ("localhost:0", "localhost:1")]
 

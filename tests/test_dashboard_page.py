@@ -50,7 +50,7 @@ def _open_plots(browser, shown) -> None:
 
 
 # What the plots made of the text they drew: links, styled or nested elements inside text (what <b>, <i>, <a> and
-# <span style> would become as markup), every style attribute, and the text itself, hover text (<title>s) included.
+# <span style> would become as markup), every style attribute, and the text itself, <title>s and the tooltip included.
 MARKUP = """
 const nodes = [...document.querySelectorAll(arguments[0])];
 const all = (q) => nodes.flatMap((n) => [...n.querySelectorAll(q)]);
@@ -59,10 +59,16 @@ return {links: all('a').length, styled: all('[style]').map((t) => t.getAttribute
         text: nodes.map((n) => n.textContent).join('\\n')};
 """
 
-# Each plot's hover texts (the <title> of each mark), and the text of its legend and ticks.
+# Each plot's hover texts, as the pointer finds them: the tooltip's text with the pointer on each mark in turn (the
+# first 80), and the <title> of each line of parallel coordinates; and the text of its legend and ticks.
 HOVER = """
-const plot = document.getElementById('plot-' + arguments[0]);
-return {hover: [...plot.querySelectorAll('title')].map((t) => t.textContent),
+const plot = document.getElementById('plot-' + arguments[0]), svg = plot.querySelector('svg.chart');
+const box = svg.getBoundingClientRect(), tip = svg.querySelector('.tip'), out = [];
+for (const m of (svg.hoverMarks || []).slice(0, 80)) {
+  svg.dispatchEvent(new MouseEvent('mousemove', {clientX: box.left + (m.x0 + m.x1) / 2, clientY: box.top + m.y}));
+  out.push(tip.getAttribute('visibility') === 'visible' ? tip.textContent : '');
+}
+return {hover: out.concat([...plot.querySelectorAll('title')].map((t) => t.textContent)),
         legend: [...plot.querySelectorAll('.legend text')].map((t) => t.textContent),
         ticks: [...plot.querySelectorAll('.tick')].map((t) => t.textContent)};
 """
@@ -82,6 +88,9 @@ def test_text_from_the_sweep_is_plain_text_in_every_plot(tmp_path, runners, brow
     plots = {plot: browser.execute_script(HOVER, plot) for plot in PLOTS}
     for plot, got in plots.items():
         assert got["hover"] and all(h.strip() for h in got["hover"]), plot
+    assert any(h.startswith("<i>A100</i> · stage ") for h in plots["metric"]["hover"])  # a line's name, as text
+    assert any("node<b>1</b>" in h for h in plots["timeline"]["hover"] + plots["timeline"]["ticks"])
+    assert browser.execute_script(MARKUP, ".plot")["nested"] == []  # the tooltip too: text only
     # Hostile values as they were, in legends (GPU types, a state), ticks (hosts) and hover text (values, hosts).
     legend = plots["metric"]["legend"]
     assert any(t.startswith("<i>A100</i> · ") for t in legend) and any(t.startswith("H100<br>x · ") for t in legend)
@@ -98,9 +107,9 @@ def test_a_big_sweeps_plots_draw_a_bounded_sample_of_the_whole_sweep(tmp_path, r
     _open_plots(browser, shown)
     got = browser.execute_script("""
         const plot = (k) => document.getElementById('plot-' + k);
-        const names = (k, q) => [...plot(k).querySelectorAll(q)].map((d) => d.textContent.split(/[ :]/)[0]);
-        return {metric: names('metric', '.dot title'), best: names('best', '.dot title'),
-                timeline: plot('timeline').querySelectorAll('.bar').length,
+        const marks = (k) => plot(k).querySelector('svg.chart').hoverMarks;
+        const names = (k) => marks(k).filter((m) => m.series === 'runs').map((m) => m.text.split(/[ :]/)[0]);
+        return {metric: names('metric'), best: names('best'), timeline: marks('timeline').length,
                 parallel: plot('parallel').querySelectorAll('.run').length,
                 ticks: [...plot('parallel').querySelectorAll('.axis')].map((a) =>
                   [...a.querySelectorAll('text')].map((t) => t.textContent)),

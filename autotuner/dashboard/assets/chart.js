@@ -1,8 +1,11 @@
 // autotune dashboard: a chart drawn as the page's own SVG, for the plots tab (plots.js). No chart library: plotly.js
 // alone took 1.7 s of the page's main thread to evaluate, and every plot here is a few hundred marks at most.
 //
-// - Text from the sweep becomes SVG text nodes (`svgNode`'s children, `hoverText`'s <title>), never markup: a
-//   value holding <b> or <a href> shows as those characters. Hover text is each mark's <title>.
+// - Text from the sweep becomes SVG text nodes (`svgNode`'s children, `hoverText`'s <title>, the tooltip's text),
+//   never markup: a value holding <b> or <a href> shows as those characters.
+// - Marks are few elements whatever their number (the dots of a series one path, the bars of a state one path): a
+//   thousand elements each with its <title> made a redraw cost more than the page's table. Their hover text is one
+//   tooltip, shown for the mark nearest the pointer (`hoverMarks`, also the chart element's, for tests).
 // - Nothing is styled inline (the page's CSP has no 'unsafe-inline' for styles): the page's colours come from
 //   app.css (`.chart` classes, light and dark), a series' own colour is an SVG attribute.
 // - Labels are laid out by an estimate of their width (CHAR_PX), never measured: measuring lays the page out.
@@ -129,30 +132,71 @@ function drawChart(box, { x, y, xTitle, yTitle, series }) {
     const cy = (T + H - B) / 2;
     root.append(svgNode("text", { class: "axis-title", x: 12, y: cy, "text-anchor": "middle", transform: `rotate(-90 12 ${cy})` }, yTitle));
   }
-  for (const s of series) root.append(marks(s, at));
+  const hover = [];
+  for (const s of series) root.append(marks(s, at, hover));
   root.append(legend.node);
+  tooltip(root, hover, W);
   box.replaceChildren(root);
 }
 
-function marks(s, at) {
-  const g = svgNode("g", { class: "series" + (s.kind ? " " + s.kind : "") });
-  for (const [x0, x1, y, text] of s.segments || []) {
-    g.append(hoverText(svgNode("line", { class: "bar", x1: at.x(x0), x2: at.x(x1), y1: at.y(y), y2: at.y(y),
-      stroke: s.color, "stroke-width": s.width }), text));
+const px = (v) => Math.round(v * 10) / 10;
+
+// One series' marks, and their hover text added to `hover`: {x0, x1, y, half (the mark's half height), text, series}.
+function marks(s, at, hover) {
+  const g = svgNode("g", { class: "series" + (s.kind ? " " + s.kind : "") }), series = s.kind || s.name;
+  if (s.segments && s.segments.length) {
+    const d = s.segments.map(([x0, x1, y, text]) => {
+      const a = px(at.x(x0)), b = px(at.x(x1)), c = px(at.y(y));
+      hover.push({ x0: a, x1: b, y: c, half: s.width / 2, text, series });
+      return `M${a} ${c}H${b}`;
+    });
+    g.append(svgNode("path", { class: "bars", d: d.join(""), stroke: s.color, "stroke-width": s.width }));
   }
   if (s.line && s.line.length) {
-    const points = [];
-    s.line.forEach(([x, y], i) => {
-      if (s.step && i) points.push(`${at.x(x)},${at.y(s.line[i - 1][1])}`);
-      points.push(`${at.x(x)},${at.y(y)}`);
+    const points = [], dots = [];
+    s.line.forEach(([x, y, text], i) => {
+      const a = px(at.x(x)), c = px(at.y(y));
+      if (s.step && i) points.push(`${a},${px(at.y(s.line[i - 1][1]))}`);
+      points.push(`${a},${c}`);
+      if (text) { dots.push(`M${a} ${c}h0`); hover.push({ x0: a, x1: a, y: c, half: 4, text, series }); }
     });
-    g.append(svgNode("polyline", { class: "line", points: points.join(" "), stroke: s.color }));
-    for (const [x, y, text] of s.line) {
-      if (text) g.append(hoverText(svgNode("circle", { class: "marker", cx: at.x(x), cy: at.y(y), r: 3.5, fill: s.color }), text));
-    }
+    g.append(svgNode("polyline", { class: "line", points: points.join(" "), stroke: s.color }),
+      svgNode("path", { class: "markers", d: dots.join(""), stroke: s.color }));
   }
-  for (const [x, y, text] of s.dots || []) g.append(hoverText(svgNode("circle", { class: "dot", cx: at.x(x), cy: at.y(y), r: 2.5 }), text));
+  if (s.dots && s.dots.length) {
+    const d = s.dots.map(([x, y, text]) => {
+      const a = px(at.x(x)), c = px(at.y(y));
+      hover.push({ x0: a, x1: a, y: c, half: 3, text, series });
+      return `M${a} ${c}h0`;
+    });
+    g.append(svgNode("path", { class: "dots", d: d.join("") }));
+  }
   return g;
+}
+
+// The hover text of the mark nearest the pointer (within a few pixels), in a box beside it; the marks last
+// drawn first (a line's markers over the dots behind them).
+function tooltip(root, hover, width) {
+  const text = svgNode("text", { x: 6, y: 15 }), box = svgNode("rect", { height: 21, rx: 3 });
+  const tip = svgNode("g", { class: "tip", visibility: "hidden" }, box, text);
+  root.append(tip);
+  root.hoverMarks = hover;
+  root.addEventListener("mouseleave", () => tip.setAttribute("visibility", "hidden"));
+  root.addEventListener("mousemove", (e) => {
+    const r = root.getBoundingClientRect(), x = e.clientX - r.left, y = e.clientY - r.top;
+    let best = null, bestD = 6;
+    for (let i = hover.length - 1; i >= 0; i--) {
+      const m = hover[i], dx = x < m.x0 ? m.x0 - x : x > m.x1 ? x - m.x1 : 0, dy = Math.max(0, Math.abs(y - m.y) - m.half);
+      const d = Math.hypot(dx, dy);
+      if (d < bestD) { best = m; bestD = d; }
+    }
+    if (!best) return tip.setAttribute("visibility", "hidden");
+    text.textContent = best.text;
+    const w = best.text.length * CHAR_PX + 12;
+    box.setAttribute("width", w);
+    tip.setAttribute("transform", `translate(${Math.max(0, Math.min(x + 12, width - w))},${Math.max(0, y - 28)})`);
+    tip.setAttribute("visibility", "visible");
+  });
 }
 
 // The legend: a swatch and a name each, in rows across the top; past LEGEND_ROWS, how many more there are.
