@@ -150,3 +150,18 @@ def test_a_resume_whose_multi_node_experiments_cannot_run_here_is_refused_before
     refused(autotune("resume", results, "--ssh-config", silent_ssh, *asked, environ=quiet_env(), timeout=WITHIN),
             "r/hostfile", "no experiment can run", "over ssh")
     assert tree(results) == before, asked
+
+
+def test_a_new_multi_node_sweep_that_cannot_run_here_leaves_nothing(tmp_path, silent_ssh):
+    """`run` refused by the same admission left the results directory it had made (its hostfile, its ledger of
+    queued experiments, the parents it created): a refused command writes nothing."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    spec = write_sweep(tmp_path, range(2), extra="num_nodes: 2")
+    (tmp_path / "results").mkdir()  # there before: it stays
+    before = tree(tmp_path)
+    refused(autotune("run", spec, "-H", hostfile, "--ssh-config", silent_ssh, "--launcher", "true", "-q",
+                     "--results", tmp_path / "results" / "deep" / "r", environ=quiet_env(), timeout=WITHIN),
+            "no experiment can run", "over ssh")
+    assert tree(tmp_path) == before
+    assert [p.name for p in (tmp_path / "results").iterdir()] == []
