@@ -142,12 +142,15 @@ function drawChart(box, { x, y, xTitle, yTitle, series }) {
 const px = (v) => Math.round(v * 10) / 10;
 
 // One series' marks, and their hover text added to `hover`: {x0, x1, y, half (the mark's half height), text, series}.
+// A mark's text may be given as a function: worked out only when shown (or read).
 function marks(s, at, hover) {
   const g = svgNode("g", { class: "series" + (s.kind ? " " + s.kind : "") }), series = s.kind || s.name;
+  const mark = (x0, x1, y, half, text) => hover.push({ x0, x1, y, half, series,
+    get text() { return typeof text === "function" ? text() : text; } });
   if (s.segments && s.segments.length) {
     const d = s.segments.map(([x0, x1, y, text]) => {
       const a = px(at.x(x0)), b = px(at.x(x1)), c = px(at.y(y));
-      hover.push({ x0: a, x1: b, y: c, half: s.width / 2, text, series });
+      mark(a, b, c, s.width / 2, text);
       return `M${a} ${c}H${b}`;
     });
     g.append(svgNode("path", { class: "bars", d: d.join(""), stroke: s.color, "stroke-width": s.width }));
@@ -158,7 +161,7 @@ function marks(s, at, hover) {
       const a = px(at.x(x)), c = px(at.y(y));
       if (s.step && i) points.push(`${a},${px(at.y(s.line[i - 1][1]))}`);
       points.push(`${a},${c}`);
-      if (text) { dots.push(`M${a} ${c}h0`); hover.push({ x0: a, x1: a, y: c, half: 4, text, series }); }
+      if (text) { dots.push(`M${a} ${c}h0`); mark(a, a, c, 4, text); }
     });
     g.append(svgNode("polyline", { class: "line", points: points.join(" "), stroke: s.color }),
       svgNode("path", { class: "markers", d: dots.join(""), stroke: s.color }));
@@ -166,7 +169,7 @@ function marks(s, at, hover) {
   if (s.dots && s.dots.length) {
     const d = s.dots.map(([x, y, text]) => {
       const a = px(at.x(x)), c = px(at.y(y));
-      hover.push({ x0: a, x1: a, y: c, half: 3, text, series });
+      mark(a, a, c, 3, text);
       return `M${a} ${c}h0`;
     });
     g.append(svgNode("path", { class: "dots", d: d.join("") }));

@@ -129,11 +129,12 @@ function drawMetric(S, d) {
   const lineName = lines ? cut(lines.split(".").pop(), 24) + " " : "";
   const groups = new Map();
   for (const r of ok) {
-    const gpu = r[c.gpu_type], value = li !== undefined ? r[li] : null;
-    const parts = [gpu === null || gpu === undefined ? null : cut(gpu, 24), value === null || value === undefined ? null
-      : lineName + cut(value, 24)].filter((v) => v !== null);
-    const key = keyOf(gpu) + "\u0000" + keyOf(value);
-    if (!groups.has(key)) groups.set(key, { parts, byX: new Map() });
+    const gpu = r[c.gpu_type], value = li !== undefined ? r[li] : null, key = keyOf(gpu) + "\u0000" + keyOf(value);
+    if (!groups.has(key)) {
+      const parts = [gpu === null || gpu === undefined ? null : cut(gpu, 24), value === null || value === undefined ? null
+        : lineName + cut(value, 24)].filter((v) => v !== null);
+      groups.set(key, { parts, byX: new Map() });
+    }
     const byX = groups.get(key).byX, at = keyOf(xOf(r)), seen = byX.get(at);
     if (!seen || (lower ? r[c.metric] < seen[c.metric] : r[c.metric] > seen[c.metric])) byX.set(at, r);
   }
@@ -147,12 +148,12 @@ function drawMetric(S, d) {
   const labels = labelsOf(xs, 24);
   const at = (r) => (categories ? index.get(keyOf(xOf(r))) : xOf(r));
   const shown = (r) => `${cut(r[0])}: ${number(r[c.metric])}`;
-  const series = [{ kind: "runs", dots: d.shown.map((r) => [at(r), r[c.metric], shown(r)]) }];
+  const series = [{ kind: "runs", dots: d.shown.map((r) => [at(r), r[c.metric], () => shown(r)]) }];
   [...groups.values()].sort((a, b) => byValue(a.parts.map(keyOf).join(), b.parts.map(keyOf).join()))
     .forEach(({ parts, byX }, i) => {
       const rs = [...byX.values()].sort((a, b) => byValue(xOf(a), xOf(b)));
       const name = parts.length ? parts.join(" · ") : cut(m);
-      series.push({ name, color: PALETTE[i % PALETTE.length], line: rs.map((r) => [at(r), r[c.metric], `${name} · ${shown(r)}`]) });
+      series.push({ name, color: PALETTE[i % PALETTE.length], line: rs.map((r) => [at(r), r[c.metric], () => `${name} · ${shown(r)}`]) });
     });
   const xAxis = categories ? { kind: "category", labels: xs.map((v) => labels.get(keyOf(v))) }
     : { kind: xs[0] > 0 && xs[xs.length - 1] / xs[0] >= 16 ? "log" : "number", lo: xs[0], hi: xs[xs.length - 1],
@@ -177,13 +178,13 @@ function drawBest(S, d) {
   let best = null;
   for (const r of done) {  // only the steps: the line's points are the improvements, however long the sweep
     const v = r[c.metric];
-    if (best === null || (lower ? v < best : v > best)) { best = v; steps.push([r[c.finished], v, `best ${number(v)}: ${cut(r[0])}`]); }
+    if (best === null || (lower ? v < best : v > best)) { best = v; steps.push([r[c.finished], v, () => `best ${number(v)}: ${cut(r[0])}`]); }
   }
   if (done.length) steps.push([done[done.length - 1][c.finished], best, null]);
   const dots = d.shown.filter((r) => r[c.finished]);
   const [lo, hi] = extent(done.map((r) => r[c.finished]));
   drawChart(S.plots.best, { x: { kind: "time", lo, hi }, y: metricAxis(ok, c), xTitle: "ended at", yTitle: cut(m), series: [
-    { kind: "runs", name: "runs", color: "#999", dots: dots.map((r) => [r[c.finished], r[c.metric], `${cut(r[0])}: ${number(r[c.metric])}`]) },
+    { kind: "runs", name: "runs", color: "#999", dots: dots.map((r) => [r[c.finished], r[c.metric], () => `${cut(r[0])}: ${number(r[c.metric])}`]) },
     { name: "best so far", color: PALETTE[0], line: steps, step: true }] });
   titled(S, "best", `best ${m} so far`, `Line: the best of every run as they ended. Dots: ${shownText(dots.length, done.length, "runs that succeeded")}.`);
 }
@@ -207,7 +208,7 @@ function drawTimeline(S, d) {
   for (const [r, ss] of held) {
     const state = r[c.state];
     if (!byState.has(state)) byState.set(state, []);
-    const bars = byState.get(state), label = cut(r[0]) + " · " + cut(state);
+    const bars = byState.get(state), label = () => cut(r[0]) + " · " + cut(state);
     const start = r[c.started], end = r[c.finished] || now;
     for (const s of ss) bars.push([start, Math.max(start + (end - start) / 2, end - gap), row.get(s), label]);
   }
