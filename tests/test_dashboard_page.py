@@ -216,3 +216,26 @@ def test_the_page_reads_at_1400_px(tmp_path, runners, browser):
     shown.proc.wait(30)
     wait_until(lambda: "Disconnected" in (browser.execute_script(
         "const b = document.getElementById('offline'); return b && b.textContent") or ""), timeout=30)
+
+
+def test_a_sweep_of_one_run_and_of_odd_values_draws_readable_axes(tmp_path, runners, browser):
+    """One run: its time axes span about a minute around it (not years: a range padded by a tenth of the epoch
+    seconds); values of every JSON kind (null, booleans, lists) are categories named as written; nothing throws."""
+    recorded_sweep(tmp_path / "sweeps" / "one", 1)
+    recorded_sweep(tmp_path / "sweeps" / "odd", 7, strings=[None, True, 1.5, "x", [1, 2]])
+    shown = start_dashboard(runners, tmp_path / "sweeps")
+    parallel = []
+    for sid in shown.sweep_ids():
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}/plots")
+        wait_until(lambda: browser.execute_script("return document.querySelectorAll('.plot svg.chart').length >= 4 "
+                                                  "&& [...document.querySelectorAll('.caption')].every((c) => "
+                                                  "c.textContent)"), timeout=60)
+        got = browser.execute_script("""
+            const ticks = (k, q) => [...document.querySelectorAll('#plot-' + k + ' ' + q)].map((t) => t.textContent);
+            return {best: ticks('best', '.tick.x'), timeline: ticks('timeline', '.tick.x'),
+                    parallel: ticks('parallel', '.tick')}""")
+        assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+        for clock in got["best"] + got["timeline"]:
+            assert len(clock) in (5, 8) and clock[2] == ":", got  # HH:MM or HH:MM:SS, no date: one day at most
+        parallel += got["parallel"]
+    assert {"(none)", "true", "1.5", "x", "[1,2]"} <= set(parallel), parallel

@@ -49,7 +49,10 @@ function scaleOf(axis, from, to) {
       ticks: axis.labels.map((t, i) => [i, t]).filter((_, i) => i % every === 0) };
   }
   let { lo, hi } = axis;
-  if (!(hi > lo)) { const pad = axis.whole || lo === 0 ? 1 : Math.abs(lo) / 10; lo -= pad; hi += pad; }
+  if (!(hi > lo)) {  // one value: a range around it (a minute of time, one either side of a whole number)
+    const pad = axis.kind === "time" ? 30 : axis.whole || lo === 0 ? 1 : Math.abs(lo) / 10;
+    lo -= pad; hi += pad;
+  }
   const log = axis.kind === "log" && lo > 0;
   const f = log ? Math.log10 : (v) => v, a = f(lo), b = f(hi);
   const at = (v) => from + ((f(v) - a) / (b - a || 1)) * (to - from);
