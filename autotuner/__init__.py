@@ -299,13 +299,14 @@ def run(sweep: Sweep, cluster: Cluster | SlurmAsk, directory: str | Path | None 
 
     options = options or Options()
     if not isinstance(cluster, SlurmAsk):
-        return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options)
+        return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options,
+                       prepared=True)
     with held(cluster, log=options.log) as allocation:
         from .backends.registry import cluster_for
 
         ran = replace(options, slurm=allocation)
         return execute(prepare(sweep, cluster_for(allocation=allocation), directory, launcher=launcher,
-                               timeout=ran.timeout), ran)
+                               timeout=ran.timeout), ran, prepared=True)
 
 
 def resume(directory: str | Path, options: Options | None = None, *, retry_failed: bool = False,

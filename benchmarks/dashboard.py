@@ -1,6 +1,6 @@
 """`autotune dashboard` on the 10,000-experiment sweep of benchmarks/scale.py, and beside a running sweep.
 
-  page     the first load of a sweep's page: the page, its script and plotly.js, then the sweep's first answer
+  page     the first load of a sweep's page: the page, its script and the plots' two, then the sweep's first answer
            (every row, the summary), cold (the dashboard's first read of the ledger) and warm; server time (the
            app's, from its Server-Timing header, before compression), wall time at the client, bytes as sent
            (gzip) and raw
@@ -11,8 +11,9 @@
            makespan / ideal both ways, and the dashboard's own CPU time
   browser  (--browser) the page in headless Chromium at 1400 px, its main thread's long tasks as the browser's own
            PerformanceObserver('longtask') reports them (every task over 50 ms): the sweep's first view (its
-           table; view_plotly 1 if plotly.js was loaded for it), plotly.js's own evaluation (the
-           task in which it defines window.Plotly), the plots tab's first drawing, redraws (the system's colour
+           table; view_plotly 1 if a chart library was loaded for it), plotly.js's own evaluation where the
+           checkout still served it (the task in which it defines window.Plotly; nan for a checkout whose plots are
+           the page's own SVG), the plots tab's first drawing, redraws (the system's colour
            scheme switched, which redraws every plot), and 10 s of a live sweep (one experiment started and ended
            every 0.5 s, written to the ledger as a runner does): the longest task and the share of the time in
            long tasks. Each long task is also found in Chromium's own trace (its `toplevel` RunTask events, the
@@ -112,8 +113,9 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
         (sid,) = [s["id"] for s in decoded(listed[3])["sweeps"]]
         print(f"the list of sweeps, cold (the dashboard's first read of the ledger): server {listed[0]:.0f} ms "
               f"(CPU {used * 1000:.0f} ms), wall {listed[1]:.0f} ms, {listed[2]} B")
-        assets = [served.get(p)[2] for p in ("/", "/static/app.js", "/static/app.css", "/static/plotly.min.js")]
-        print(f"page assets (gzip): {sum(assets) / 1e6:.2f} MB, of which plotly.min.js {assets[-1] / 1e6:.2f} MB")
+        assets = [served.get(p)[2] for p in ("/", "/static/app.js", "/static/app.css", "/static/chart.js",
+                                              "/static/plots.js")]
+        print(f"page assets (gzip): {sum(assets) / 1e3:.0f} kB, of which the plots' {sum(assets[-2:]) / 1e3:.0f} kB")
         cpu = served.cpu_seconds()
         cold = served.get(f"/api/sweeps/{sid}?since=-1")  # its first: the rows are encoded for the first time
         used = served.cpu_seconds() - cpu
@@ -192,8 +194,8 @@ def scheduling_round(n: int, seconds: float, slots: int, workdir: Path, dashboar
     return {"ratio": wall / (n * seconds / slots), "dashboard_cpu_s": used, "wall_s": wall}
 
 
-# Injected before the page's own scripts: the long tasks, and when plotly.js finished evaluating (it ends by
-# setting window.Plotly), so that its one task is told apart from the page's own.
+# Injected before the page's own scripts: the long tasks, and when plotly.js finished evaluating where an older
+# checkout serves it (it ends by setting window.Plotly), so that its one task is told apart from the page's own.
 OBSERVER = """
 window.__long = [];
 new PerformanceObserver((list) => { for (const e of list.getEntries()) window.__long.push([e.startTime, e.duration]); })
@@ -304,7 +306,7 @@ def browser_round(template: Path, code: Path, workdir: Path) -> dict[str, float]
         _wait(driver, "return document.querySelectorAll('#sweeps a').length > 0")
         sid = driver.execute_script("return document.querySelector('#sweeps a').getAttribute('href')")
         since = driver.execute_script("return performance.now()")
-        # The sweep's first view, its table (no plotly.js loaded for it), in the same document: one time origin.
+        # The sweep's first view, its table (no plots loaded for it), in the same document: one time origin.
         driver.execute_script("location.hash = arguments[0]", sid)
         _wait(driver, "return document.querySelectorAll('#experiments tbody tr').length > 0")
         time.sleep(3)
@@ -313,7 +315,7 @@ def browser_round(template: Path, code: Path, workdir: Path) -> dict[str, float]
         out["view_plotly"] = float(driver.execute_script("return window.Plotly ? 1 : 0"))
         since = driver.execute_script("return performance.now()")
         driver.execute_script("location.hash = arguments[0]", sid + "/plots")
-        _wait(driver, "return document.querySelectorAll('.plot .main-svg').length >= 4")
+        _wait(driver, "return document.querySelectorAll('.plot svg.chart, .plot .main-svg').length >= 4")
         time.sleep(3)  # what the drawing leaves to later tasks
         page, plotly_at = _tasks(driver, since)
         trace.read(driver)

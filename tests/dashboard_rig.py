@@ -150,7 +150,7 @@ def chromium_driver(profile: Path, width: int = 1280, height: int = 900) -> Any:
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
-# Text that plotly would draw as markup, a link, a line break, an entity, a template or TeX if it drew it as given.
+# Text a renderer of markup would draw as other than itself: markup, a link, a line break, an entity, a template, TeX.
 HOSTILE = ('<b>bold</b>', '<a href="https://evil.example/x">link</a>', '<i>it</i><br>x', '&lt;b&gt;ent', '%{x}%{text}',
            '$x^2$', '<span style="font-size:40px">big</span>', 'x' * 3000)
 

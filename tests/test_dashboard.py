@@ -68,13 +68,14 @@ def test_the_page_and_its_charts_come_from_the_server_itself(served):
     status, _, page = served.request("GET", "/", token=False)
     assert status == 200
     assert b'src="/static/app.js"' in page and b"://" not in page.replace(b"http://", b"")
-    # plotly.js and the plots are loaded by the page when its plots tab is first opened, from the server too.
+    # The plots (the page's own SVG, no chart library) are loaded when its plots tab is first opened, from the
+    # server too; nothing else is served.
     status, _, app = served.request("GET", "/static/app.js", token=False, headers={"Accept-Encoding": "identity"})
-    assert status == 200 and b'"/static/plotly.min.js", "/static/plots.js"' in app and b"://" not in app
-    assert served.request("GET", "/static/plots.js", token=False)[0] == 200
-    status, _, js = served.request("GET", "/static/plotly.min.js", token=False,
-                                         headers={"Accept-Encoding": "identity"})
-    assert status == 200 and len(js) > 1_000_000 and b"plotly" in js[:2000].lower()
+    assert status == 200 and b'"/static/chart.js", "/static/plots.js"' in app and b"://" not in app
+    for name in ("chart.js", "plots.js"):
+        status, _, js = served.request("GET", f"/static/{name}", token=False, headers={"Accept-Encoding": "identity"})
+        assert status == 200 and b"://" not in js.replace(b"http://www.w3.org/2000/svg", b"")
+    assert served.request("GET", "/static/plotly.min.js", token=False)[0] == 404
     for name in ("../server.py", "..%2Fserver.py", "index.html", "server.py"):
         assert served.request("GET", f"/static/{name}", token=False)[0] == 404
 
@@ -244,7 +245,7 @@ def test_binding_beyond_loopback_says_what_that_means(finished, runners):
 
 
 def test_the_command_line_does_not_import_the_web_stack():
-    code = ("import sys, autotuner.cli; bad = [m for m in ('starlette', 'uvicorn', 'plotly', 'autotuner.dashboard') "
+    code = ("import sys, autotuner.cli; bad = [m for m in ('starlette', 'uvicorn', 'autotuner.dashboard') "
             "if m in sys.modules]; print(bad)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -160,17 +160,18 @@ def test_without_the_token_nothing_is_shown_and_light_dark_narrow_look_right(tmp
     dark = browser.execute_script("return getComputedStyle(document.body).backgroundColor")
     assert light == "rgb(247, 248, 250)" and dark == "rgb(17, 20, 24)"
     browser.get(f"{shown.base}/#/s/{sid}/plots")
-    wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".plot .main-svg")) >= 4, timeout=30,
+    wait_until(lambda: len(browser.find_elements(By.CSS_SELECTOR, ".plot svg.chart")) >= 4, timeout=30,
                message="four plots drawn")
-    # Plotly's text takes the page's colours: light text on the dark page.
-    fill = browser.execute_script("return document.querySelector('#plot-metric .ytitle').style.fill")
-    assert fill in ("rgb(230, 233, 239)", "#e6e9ef"), fill
+    # The plots' text takes the page's colours: light text on the dark page.
+    fill = browser.execute_script("return getComputedStyle(document.querySelector('#plot-metric .axis-title')).fill")
+    assert fill == "rgb(154, 163, 178)", fill  # --muted, dark
     _keep(browser, tmp_path, "dashboard-dark-plots")
     # The slot timeline: each two-slot run a bar (a segment from its start to its end) on each of its slots.
-    bars = browser.execute_script(
-        "const gd = document.getElementById('plot-timeline'), names = gd.layout.yaxis.ticktext;"
-        "return gd.data.flatMap((t) => t.y.map((row, i) => [t.text[i], row === null ? null : names[row]]))"
-        ".filter(([name], i) => name !== null && i % 3 === 0)")
+    bars = browser.execute_script("""
+        const plot = document.getElementById('plot-timeline');
+        const rows = [...plot.querySelectorAll('.tick.y')].map((t) => [+t.getAttribute('y'), t.textContent]);
+        return plot.querySelector('svg.chart').hoverMarks.map((m) =>
+          [m.text, rows.find(([y]) => Math.abs(y - m.y) < 0.5)[1]])""")
     assert sorted(map(tuple, bars)) == [(f"s_x{x} · succeeded", slot) for x in (1, 2, 4)
                                         for slot in ("localhost:0", "localhost:1")]
 

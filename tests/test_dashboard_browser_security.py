@@ -50,13 +50,13 @@ def test_the_page_draws_under_its_csp_and_markup_slipped_in_runs_nothing(sweep, 
     wait_until(lambda: browser.execute_script("return document.querySelectorAll('#sweeps a').length"),
                message="signed in, the sweep listed")
     browser.execute_script("location.hash = arguments[0]", f"#/s/{sid}/plots")
-    wait_until(lambda: browser.execute_script("return document.querySelectorAll('.plot .main-svg').length") >= 4,
+    wait_until(lambda: browser.execute_script("return document.querySelectorAll('.plot svg.chart').length") >= 4,
                timeout=60, message="four plots drawn")
-    # The parallel coordinates (SVG lines, one trace each): drawn, not blocked.
+    # Every plot drawn, its lines and marks too, and nothing of it blocked (no style applied inline).
     wait_until(lambda: browser.execute_script(
-        "const p = document.getElementById('plot-parallel'); "
-        "return p && p.querySelectorAll('.scatterlayer .trace').length"),
-        timeout=60, message="the parallel coordinates drawn")
+        "return ['metric', 'best', 'timeline', 'parallel'].every((k) => "
+        "document.querySelectorAll('#plot-' + k + ' .series > *').length)"),
+        timeout=60, message="every plot's marks drawn")
     assert browser.execute_script("return window.violations") == []
     assert _csp_messages(browser) == []
 
@@ -65,7 +65,8 @@ def test_the_page_draws_under_its_csp_and_markup_slipped_in_runs_nothing(sweep, 
     policy = browser.execute_async_script(
         "const done = arguments[0]; fetch('/').then((r) => done(r.headers.get('content-security-policy')))")
     assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy
-    # No 'unsafe-eval' (the parallel coordinates are SVG, and nothing else evaluates strings): the plots above drew
+    assert "style-src 'self';" in policy and "unsafe-inline" not in policy  # no style attribute applies
+    # No 'unsafe-eval' (the plots are SVG, and nothing evaluates strings): the plots above drew
     # under it, and a string the page's timers would evaluate is refused and reported.
     assert "unsafe-eval" not in policy
     browser.execute_script("setTimeout('window.ran = 3', 0)")
@@ -74,12 +75,13 @@ def test_the_page_draws_under_its_csp_and_markup_slipped_in_runs_nothing(sweep, 
     assert browser.execute_script("return window.ran") is None
     browser.execute_script(
         "document.body.insertAdjacentHTML('beforeend', '<img id=\"bad\" src=\"data:,\" onerror=\"window.ran = 1\">"
-        "<img src=\"http://127.0.0.2:9/x.png\">'); const s = document.createElement('script');"
-        "s.textContent = 'window.ran = 2'; document.body.append(s);")
-    wait_until(lambda: len(browser.execute_script("return window.violations")) >= 3, message="three refusals")
+        "<img src=\"http://127.0.0.2:9/x.png\"><b id=\"big\" style=\"font-size: 40px\">x</b>');"
+        "const s = document.createElement('script'); s.textContent = 'window.ran = 2'; document.body.append(s);")
+    wait_until(lambda: len(browser.execute_script("return window.violations")) >= 4, message="four refusals")
     assert browser.execute_script("return window.ran") is None
     assert sorted({v[0] for v in browser.execute_script("return window.violations")}) == [
-        "img-src", "script-src-attr", "script-src-elem"]
+        "img-src", "script-src-attr", "script-src-elem", "style-src-attr"]
+    assert browser.execute_script("return getComputedStyle(document.getElementById('big')).fontSize") != "40px"
 
 
 class _Hostile(http.server.BaseHTTPRequestHandler):

@@ -56,7 +56,7 @@ def test_every_answer_carries_the_security_headers(served):
         ("HEAD", "/", {"token": False}, 200),
         ("GET", "/static/app.js", {"token": False}, 200),
         ("GET", "/static/app.css", {"token": False}, 200),
-        ("GET", "/static/plotly.min.js", {"token": False, "headers": {"Accept-Encoding": "gzip"}}, 200),
+        ("GET", "/static/plots.js", {"token": False, "headers": {"Accept-Encoding": "gzip"}}, 200),
         ("GET", "/static/nope.js", {"token": False}, 404),
         ("GET", "/api/sweeps", {}, 200),
         ("GET", f"/api/sweeps/{sid}", {}, 200),

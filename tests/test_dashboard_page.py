@@ -1,8 +1,9 @@
 """The dashboard's page in headless Chromium at 1400 px, on sweeps recorded straight into a ledger: text from the
-sweep is plain text in every plot (hover labels included), a big sweep's plots draw a bounded sample drawn evenly
-over the whole sweep, and the page reads as it should (titles clear of plotly's toolbar, no text on the timeline's
-bars, whole-number ticks, a long value cut, the reason in view, counts that say what they count, every metric of
-a run, what an empty log means, a server that stops answering). Screenshots are kept under AUTOTUNE_SCREENSHOTS
+sweep is plain text in every plot (legends, ticks, hover text), a big sweep's plots draw a bounded sample drawn
+evenly over the whole sweep and say so, discrete axes show every value swept, and the page reads as it should
+(titles above their plots, no text on the timeline's bars, whole-number ticks, a long value cut, the reason in
+view, counts that say what they count, every metric of a run, what an empty log means, a server that stops
+answering). Screenshots are kept under AUTOTUNE_SCREENSHOTS
 when set, for a person to look at.
 """
 from __future__ import annotations
@@ -43,19 +44,33 @@ def _open_plots(browser, shown) -> None:
     (sid,) = shown.sweep_ids()
     browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}/plots")
     wait_until(lambda: browser.execute_script(
-        "return document.querySelectorAll('.plot .main-svg').length >= 4 && "
+        "return document.querySelectorAll('.plot svg.chart').length >= 4 && "
         "[...document.querySelectorAll('.caption')].every((c) => c.textContent)"), timeout=120,
         message="four plots drawn")
 
 
-# What plotly made of the text it drew, in the plots and in hover labels: links, and styled pieces (what <b>, <i>
-# and <span style> become). Plotly's own text is styled on its <text> elements, never on a <tspan>.
+# What the plots made of the text they drew: links, styled or nested elements inside text (what <b>, <i>, <a> and
+# <span style> would become as markup), every style attribute, and the text itself, <title>s and the tooltip included.
 MARKUP = """
-const within = arguments[0];
-const nodes = [...document.querySelectorAll(within)];
-return {links: nodes.flatMap((n) => [...n.querySelectorAll('svg a')]).length,
-        styled: nodes.flatMap((n) => [...n.querySelectorAll('tspan[style]')]).map((t) => t.getAttribute('style')),
+const nodes = [...document.querySelectorAll(arguments[0])];
+const all = (q) => nodes.flatMap((n) => [...n.querySelectorAll(q)]);
+return {links: all('a').length, styled: all('[style]').map((t) => t.getAttribute('style')),
+        nested: all('text *, title *').map((t) => t.outerHTML),
         text: nodes.map((n) => n.textContent).join('\\n')};
+"""
+
+# Each plot's hover texts, as the pointer finds them: the tooltip's text with the pointer on each mark in turn (the
+# first 80), and the <title> of each line of parallel coordinates; and the text of its legend and ticks.
+HOVER = """
+const plot = document.getElementById('plot-' + arguments[0]), svg = plot.querySelector('svg.chart');
+const box = svg.getBoundingClientRect(), tip = svg.querySelector('.tip'), out = [];
+for (const m of (svg.hoverMarks || []).slice(0, 80)) {
+  svg.dispatchEvent(new MouseEvent('mousemove', {clientX: box.left + (m.x0 + m.x1) / 2, clientY: box.top + m.y}));
+  out.push(tip.getAttribute('visibility') === 'visible' ? tip.textContent : '');
+}
+return {hover: out.concat([...plot.querySelectorAll('title')].map((t) => t.textContent)),
+        legend: [...plot.querySelectorAll('.legend text')].map((t) => t.textContent),
+        ticks: [...plot.querySelectorAll('.tick')].map((t) => t.textContent)};
 """
 
 
@@ -66,25 +81,22 @@ def test_text_from_the_sweep_is_plain_text_in_every_plot(tmp_path, runners, brow
     shown = start_dashboard(runners, tmp_path / "sweeps")
     _open_plots(browser, shown)
     drawn = browser.execute_script(MARKUP, ".plot")
-    assert drawn["links"] == 0 and drawn["styled"] == [], drawn["styled"]
+    assert drawn["links"] == 0 and drawn["styled"] == [] and drawn["nested"] == [], drawn
     for text in ("<b>bold</b>", '<a href="https://evil', "<i>it</i><br>x", "&lt;b&gt;ent", "%{x}%{text}", "$x^2$",
                  "node<b>1</b>:0", "<i>A100</i>", "H100<br>x", "<b>k</b>"):
         assert text in drawn["text"], text
-    # Every hover label: each point of each trace of each plot, one at a time.
-    for plot in PLOTS:
-        hovered = browser.execute_script("""
-            const gd = document.getElementById('plot-' + arguments[0]), out = {links: 0, styled: [], text: ''};
-            gd.data.forEach((t, c) => (t.x || []).forEach((x, p) => {
-              if (x === null || p > 60) return;
-              Plotly.Fx.hover(gd, [{curveNumber: c, pointNumber: p}]);
-              const layer = document.querySelector('#plot-' + arguments[0] + ' .hoverlayer');
-              out.links += layer.querySelectorAll('a').length;
-              out.styled.push(...[...layer.querySelectorAll('tspan[style]')].map((s) => s.getAttribute('style')));
-              out.text += layer.textContent + '\\n';
-            }));
-            return out;""", plot)
-        assert hovered["links"] == 0 and hovered["styled"] == [], (plot, hovered["styled"])
-        assert hovered["text"].strip(), plot
+    plots = {plot: browser.execute_script(HOVER, plot) for plot in PLOTS}
+    for plot, got in plots.items():
+        assert got["hover"] and all(h.strip() for h in got["hover"]), plot
+    assert any(h.startswith("<i>A100</i> · stage ") for h in plots["metric"]["hover"])  # a line's name, as text
+    assert any("node<b>1</b>" in h for h in plots["timeline"]["hover"] + plots["timeline"]["ticks"])
+    assert browser.execute_script(MARKUP, ".plot")["nested"] == []  # the tooltip too: text only
+    # Hostile values as they were, in legends (GPU types, a state), ticks (hosts) and hover text (values, hosts).
+    legend = plots["metric"]["legend"]
+    assert any(t.startswith("<i>A100</i> · ") for t in legend) and any(t.startswith("H100<br>x · ") for t in legend)
+    assert "node<b>1</b>:0" in plots["timeline"]["ticks"], plots["timeline"]["ticks"]
+    assert any("<b>bold</b>" in t for t in plots["parallel"]["ticks"]), plots["parallel"]["ticks"]
+    assert any("<b>bold</b>" in t for t in plots["metric"]["ticks"] + plots["parallel"]["ticks"])
     _keep(browser, tmp_path, "dashboard-hostile-plots", ".plots")
 
 
@@ -94,13 +106,13 @@ def test_a_big_sweeps_plots_draw_a_bounded_sample_of_the_whole_sweep(tmp_path, r
     shown = start_dashboard(runners, tmp_path / "sweeps")
     _open_plots(browser, shown)
     got = browser.execute_script("""
-        const data = (k) => document.getElementById('plot-' + k).data;
-        const names = (t) => (t.text || []).filter((x) => x !== null).map((x) => x.split(/[ :]/)[0]);
-        const parallel = data('parallel').filter((t) => t.mode === 'lines');
-        return {metric: names(data('metric')[0]), best: names(data('best')[1]),
-                timeline: data('timeline').reduce((n, t) => n + t.x.filter((x) => x !== null).length / 2, 0),
-                parallel: parallel.reduce((n, t) => n + t.x.filter((x) => x === null).length, 0),
-                ticks: (document.getElementById('plot-parallel').layout.annotations || []).map((a) => [a.x, a.text]),
+        const plot = (k) => document.getElementById('plot-' + k);
+        const marks = (k) => plot(k).querySelector('svg.chart').hoverMarks;
+        const names = (k) => marks(k).filter((m) => m.series === 'runs').map((m) => m.text.split(/[ :]/)[0]);
+        return {metric: names('metric'), best: names('best'), timeline: marks('timeline').length,
+                parallel: plot('parallel').querySelectorAll('.run').length,
+                ticks: [...plot('parallel').querySelectorAll('.axis')].map((a) =>
+                  [...a.querySelectorAll('text')].map((t) => t.textContent)),
                 captions: [...document.querySelectorAll('.caption')].map((c) => c.textContent),
                 succeeded: [...view.rows.values()].filter((r) => r[1] === 'succeeded').length}""")
     assert got["succeeded"] > 4000
@@ -115,9 +127,7 @@ def test_a_big_sweeps_plots_draw_a_bounded_sample_of_the_whole_sweep(tmp_path, r
             tenths[int(name[1:]) * 10 // n] += 1
         assert all(len(dots) * 0.05 <= t <= len(dots) * 0.15 for t in tenths), tenths
     # The parallel axes cover every value swept: a.b 0..9, stage 0, 1, 2 (whole numbers, no fraction between them).
-    axis = {x: [] for x, _ in got["ticks"]}
-    for x, text in got["ticks"]:
-        axis[x].append(text)
+    axis = got["ticks"]
     assert axis[0] == ["b", *map(str, range(10))], axis[0]
     assert axis[2] == ["stage", "0", "1", "2"], axis[2]
     # Each plot says what it shows.
@@ -162,14 +172,16 @@ def test_the_page_reads_at_1400_px(tmp_path, runners, browser):
     browser.get(f"{shown.base}/#/s/{sid}/plots")
     wait_until(lambda: browser.execute_script(
         "return [...document.querySelectorAll('.caption')].every((c) => c.textContent) && "
-        "document.querySelectorAll('.plot .main-svg').length >= 4"), timeout=120)
+        "document.querySelectorAll('.plot svg.chart').length >= 4"), timeout=120)
     looks = browser.execute_script("""
         const box = (e) => e.getBoundingClientRect();
         const plots = ['metric', 'best', 'timeline', 'parallel'], title = (k) => document.getElementById('title-' + k);
         return {clear: plots.map((k) => box(title(k)).bottom <= box(document.getElementById('plot-' + k)).top),
                 titles: plots.map((k) => title(k).textContent),
-                bartext: document.querySelectorAll('#plot-timeline .textpoint, #plot-timeline .bartext').length}""")
-    assert all(looks["clear"]) and looks["bartext"] == 0, looks  # the toolbar sits on the plot, not on its title
+                bartext: document.querySelectorAll('#plot-timeline .series text').length,
+                xticks: [...document.querySelectorAll('#plot-metric .tick.x')].map((t) => t.textContent)}""")
+    assert all(looks["clear"]) and looks["bartext"] == 0, looks
+    assert looks["xticks"] == ["1", "2", "4", "8"], looks["xticks"]  # every micro-batch swept, as a category
     assert looks["titles"][0] == "best throughput by train_micro_batch_size_per_gpu", looks["titles"]
     _keep(browser, tmp_path, "dashboard-plots", ".plots")
 
@@ -204,3 +216,26 @@ def test_the_page_reads_at_1400_px(tmp_path, runners, browser):
     shown.proc.wait(30)
     wait_until(lambda: "Disconnected" in (browser.execute_script(
         "const b = document.getElementById('offline'); return b && b.textContent") or ""), timeout=30)
+
+
+def test_a_sweep_of_one_run_and_of_odd_values_draws_readable_axes(tmp_path, runners, browser):
+    """One run: its time axes span about a minute around it (not years: a range padded by a tenth of the epoch
+    seconds); values of every JSON kind (null, booleans, lists) are categories named as written; nothing throws."""
+    recorded_sweep(tmp_path / "sweeps" / "one", 1)
+    recorded_sweep(tmp_path / "sweeps" / "odd", 7, strings=[None, True, 1.5, "x", [1, 2]])
+    shown = start_dashboard(runners, tmp_path / "sweeps")
+    parallel = []
+    for sid in shown.sweep_ids():
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}/plots")
+        wait_until(lambda: browser.execute_script("return document.querySelectorAll('.plot svg.chart').length >= 4 "
+                                                  "&& [...document.querySelectorAll('.caption')].every((c) => "
+                                                  "c.textContent)"), timeout=60)
+        got = browser.execute_script("""
+            const ticks = (k, q) => [...document.querySelectorAll('#plot-' + k + ' ' + q)].map((t) => t.textContent);
+            return {best: ticks('best', '.tick.x'), timeline: ticks('timeline', '.tick.x'),
+                    parallel: ticks('parallel', '.tick')}""")
+        assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []
+        for clock in got["best"] + got["timeline"]:
+            assert len(clock) in (5, 8) and clock[2] == ":", got  # HH:MM or HH:MM:SS, no date: one day at most
+        parallel += got["parallel"]
+    assert {"(none)", "true", "1.5", "x", "[1,2]"} <= set(parallel), parallel

@@ -184,6 +184,7 @@ def test_an_unknown_host_key_is_refused_unless_accepted(ssh_nodes, tmp_path):
     assert refused.returncode == 2 and "no host of the sweep answers" in refused.stderr
     assert "node-2: unknown host key" in refused.stderr
     assert "node-2" not in known_hosts.read_text()
+    assert not (tmp_path / "r1").exists()  # refused before its lock: the directory `run` made is gone again
 
     accepted = autotune("run", sweep(tmp_path, n=1), "-H", hosts, "--ssh-config", config, "--accept-new-hosts",
                         "--launcher", f"sh {STANDIN}", "-o", tmp_path / "r2")

@@ -4,7 +4,9 @@ as real ones do (a Ray address nobody answers at, a Slurm sweep resumed with no 
 not resolve, a hostfile removed), so each test is a second or two."""
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,60 @@ def test_a_resume_whose_hostfile_is_gone_is_one_line_naming_it(tmp_path, gone):
     before = tree(results)
     refused(autotune("resume", results, environ=quiet_env(), timeout=WITHIN), f"r/hostfile: {gone}: it lists")
     assert tree(results) == before
+
+
+@pytest.fixture
+def silent_ssh(tmp_path) -> Iterator[Path]:
+    """An ssh config that sends this machine's names to a port where nothing listens (a bound socket that never
+    listens refuses every connection): no ssh answers here, whatever this machine's own sshd does."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host localhost 127.0.0.1\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
+                          "  ConnectTimeout 5\n")
+        yield config
+
+
+def multi_node_here(tmp_path: Path, states: dict[str, State] | None = None) -> Path:
+    """A sweep of two two-node experiments on this machine's two names (localhost, 127.0.0.1), the first one
+    ended in `states`' state where given, and a dead runner's runner.lock."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    spec = write_sweep(tmp_path, range(2), extra="num_nodes: 2")
+    results = autotuner.prepare(autotuner.load_sweep([spec]), autotuner.load_cluster(hostfile=hostfile),
+                                tmp_path / "r", launcher=["true"])
+    with Ledger.open(results) as ledger:
+        for name, state in (states or {}).items():
+            ledger.start(name, 1, slots={"localhost": [0], "127.0.0.1": [0]}, tag=f"gone.{name}.1",
+                         dir=str(results / name / "attempt-1"), at=time.time())
+            ledger.finish(name, 1, state, time.time(), exit_code=1)
+    (results / "runner.lock").write_text("999999999\n")
+    return results
+
+
+@pytest.mark.parametrize("asked", [(), ("--placement", "spread"), ("--retry-failed",)])
+def test_a_resume_whose_multi_node_experiments_cannot_run_here_is_refused_before_the_lock(tmp_path, silent_ssh,
+                                                                                        asked):
+    """No ssh answers this machine's names and every experiment left needs two nodes: `admit` refused it only
+    once the lock was held, runner.lock rewritten and the placement asked for recorded; now before the lock,
+    judging the queue as it will be (the failed one with --retry-failed, queued again)."""
+    results = multi_node_here(tmp_path, {"s_x0": State.FAILED})
+    before = tree(results)
+    refused(autotune("resume", results, "--ssh-config", silent_ssh, *asked, environ=quiet_env(), timeout=WITHIN),
+            "r/hostfile", "no experiment can run", "over ssh")
+    assert tree(results) == before, asked
+
+
+def test_a_new_multi_node_sweep_that_cannot_run_here_leaves_nothing(tmp_path, silent_ssh):
+    """`run` refused by the same admission left the results directory it had made (its hostfile, its ledger of
+    queued experiments, the parents it created): a refused command writes nothing."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    spec = write_sweep(tmp_path, range(2), extra="num_nodes: 2")
+    (tmp_path / "results").mkdir()  # there before: it stays
+    before = tree(tmp_path)
+    refused(autotune("run", spec, "-H", hostfile, "--ssh-config", silent_ssh, "--launcher", "true", "-q",
+                     "--results", tmp_path / "results" / "deep" / "r", environ=quiet_env(), timeout=WITHIN),
+            "no experiment can run", "over ssh")
+    assert tree(tmp_path) == before
+    assert [p.name for p in (tmp_path / "results").iterdir()] == []

@@ -9,7 +9,8 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 - `read_memory`: the free-memory readers the placement needs, opened and returned (a `MemoryReading`: the
   reading the memory placement asks, and the observers that must hear the notes); the backend closes them;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
-- `admit`: the placement and the queue as this cluster can serve them (hosts that cannot take some runs);
+- `admit`: before the lock too, after `reach`: what of the queue this cluster can serve (hosts that cannot take
+  some runs), refused there when nothing of it can run; the runner applies it to its placement and queue;
 - `clear_strays`, `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
   follows; ending one attempt's processes wherever they run, and reading the status one recorded, for
   `recovery.recover`);
@@ -36,6 +37,14 @@ from ..core.placement import FreeMemory
 from ..core.slots import Devices
 from ..ledger.store import Attempt, Ledger, SweepMeta
 from .cluster import Cluster
+
+Admit = Callable[[Placement, list[Queued]], tuple[Placement, list[Queued]]]
+"""What `admit` found, applied once the lock is held: the runner's placement and queue -> those the cluster serves."""
+
+
+def admit_all(placement: Placement, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
+    """The `Admit` of a cluster that can serve every run it has room for."""
+    return placement, waiting
 
 
 @dataclass(frozen=True)
@@ -79,8 +88,10 @@ class Backend(Protocol):
         """The executor of every attempt of this run; `post` is the dispatcher's."""
         ...
 
-    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
-        """The placement and the queue this cluster can serve now (a UserError when nothing can run)."""
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        """Before the lock, after `reach`: what this cluster can serve of `waiting` (the queue as it will be once
+        the lock is held), as the `Admit` the runner applies then; a UserError, with nothing written, when none of
+        it can run."""
         ...
 
     def clear_strays(self, followed: Sequence[Attempt]) -> None:

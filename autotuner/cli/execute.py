@@ -16,9 +16,9 @@ from .interrupts import ignore_interrupts, interrupt_once
 
 
 def execute(directory: Path, options: autotuner.Options, watch: Watch, retry_failed: bool = False,
-            new_experiments: tuple[autotuner.Experiment, ...] = ()) -> None:
+            new_experiments: tuple[autotuner.Experiment, ...] = (), prepared: bool = False) -> None:
     """Run it, watched: a live view on a terminal, one plain line per event otherwise (not with --format
-    json: stdout is the result's), nothing with --quiet."""
+    json: stdout is the result's), nothing with --quiet. `prepared`: a new sweep, its directory just made."""
     options.log = lambda line: typer.echo(f"autotune: {line}", err=True)
     interrupt_once()
     try:
@@ -27,7 +27,7 @@ def execute(directory: Path, options: autotuner.Options, watch: Watch, retry_fai
                                 default_timeout=options.timeout, retry_failed=retry_failed,
                                 added=new_experiments):
             result = autotuner.execute(directory, options, retry_failed=retry_failed,
-                                       new_experiments=new_experiments)
+                                       new_experiments=new_experiments, prepared=prepared)
     except UserError as e:
         raise fail(e) from None
     except autotuner.Stopped as e:  # what ran was ended first; the ledger lets `resume` finish

@@ -103,7 +103,7 @@ def run(
         if not watch.quiet:  # with --format json stdout holds only the result
             typer.echo(f"sweep {sweep.name}: {len(sweep.experiments)} experiments on {_slots(cluster)}; results in "
                        f"{directory}", err=watch.fmt == Brief.json)
-        execute(directory, options, watch)
+        execute(directory, options, watch, prepared=True)
 
 
 @bundled
@@ -174,7 +174,7 @@ def tune(
                 f"{template['num_nodes']} node(s) x {template['num_gpus']} slot(s)"]
             typer.echo(f"tuning {script}: experiments of {', '.join(shapes)} on {_slots(cluster)}; results in "
                        f"{directory}", err=watch.fmt == Brief.json)
-        execute(directory, options, watch)
+        execute(directory, options, watch, prepared=True)
 
 
 @bundled

@@ -22,7 +22,6 @@ def serve(directories: Sequence[Path], *, host: str = "127.0.0.1", port: int = 8
     """`autotune dashboard`: serve the sweeps under `directories` until interrupted (`server.serve`). The web
     stack is imported here, when asked for: it is an optional extra."""
     try:
-        import plotly  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ModuleNotFoundError as e:

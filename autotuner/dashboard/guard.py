@@ -22,12 +22,11 @@ from .listen import Listening, split_authority
 log = logging.getLogger("autotuner.dashboard")
 
 # Scripts run only from the server's own files: markup that slipped into the page (an escaping bug) runs nothing,
-# neither <script> nor on...= attributes, and no string is evaluated as code (no 'unsafe-eval': every plot is SVG,
-# none of plotly's WebGL traces, which compile shaders with Function, is drawn). plotly.js draws with inline
-# styles (style attributes, a <style> it adds), hence styles inline.
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-       "img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; base-uri 'none'; form-action 'none'; "
-       "frame-ancestors 'none'")
+# neither <script> nor on...= attributes, and no string is evaluated as code (no 'unsafe-eval'). Styles come only
+# from app.css: no style attribute or <style> element is applied (the plots are SVG coloured by attributes and
+# app.css's classes). Images: the page's own, and the empty `data:` icon of index.html.
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-frame-options", b"DENY"),

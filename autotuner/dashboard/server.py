@@ -1,5 +1,5 @@
-"""The dashboard's web app (Starlette) and its server (uvicorn): the page, its assets and plotly.js served from
-installed packages (no CDN), and a small JSON API the page polls for what changed.
+"""The dashboard's web app (Starlette) and its server (uvicorn): the page and its assets (its plots are its own
+SVG: no chart library, no CDN), and a small JSON API the page polls for what changed.
 
 Security: every API request carries the secret token (header `X-Autotune-Token`), so a page from another origin
 can read nothing. The URL printed carries no token but a one-time code in its fragment (`#code=...`, never sent
@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import plotly
 import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -47,9 +46,7 @@ from .summary import brief, standing, summary
 log = logging.getLogger("autotuner.dashboard")
 
 ASSETS = Path(__file__).parent / "assets"
-PLOTLY_JS = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
-STATIC = {"app.js": ASSETS / "app.js", "app.css": ASSETS / "app.css", "plots.js": ASSETS / "plots.js",
-          "plotly.min.js": PLOTLY_JS}
+STATIC = {name: ASSETS / name for name in ("app.js", "app.css", "chart.js", "plots.js")}
 TOKEN_HEADER = "x-autotune-token"
 CODE_HEADER = "x-autotune-code"
 MAX_BODY = 64 * 1024

@@ -78,7 +78,8 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
                       cluster.host_types, cluster.memory, cluster.devices)
     directory = Path(directory) if directory is not None else default_directory(sweep)
     made = _make_results_directory(directory, FILENAME)
-    ours = [directory / name for name in (HOSTFILE, FILENAME) if not (directory / name).exists()]
+    ours = [directory / name for name in (HOSTFILE, FILENAME, *(FILENAME + s for s in SQLITE_FILES))
+            if not (directory / name).exists()]
     try:
         _write_sweep(sweep, cluster, directory, launcher, timeout, search, learned)
     except BaseException as e:
@@ -89,7 +90,22 @@ def prepare(sweep: Sweep, cluster: Cluster, directory: str | Path | None = None,
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise UserError(f"cannot write the results directory: {reason}", directory) from None
         raise
+    _made[directory.resolve()] = (ours, made)
     return directory
+
+
+SQLITE_FILES = ("-wal", "-shm", "-journal")  # what SQLite keeps beside a database
+_made: dict[Path, tuple[list[Path], list[Path]]] = {}  # by each `prepare` of this process: (files, directories)
+
+
+def withdraw(directory: Path) -> None:
+    """A new sweep refused before it first ran (its cluster cannot run it, found before the lock): what this
+    process's `prepare` made for it removed again, so that a refused `run` leaves nothing behind. Only those
+    files and directories: a file or directory that was there before stays."""
+    files, made = _made.pop(Path(directory).resolve(), ([], []))
+    for path in files:
+        _unlink_quietly(path)
+    _remove_directories(made)
 
 
 def prepare_tune(script: str | TuneRequest, args: Sequence[str], cluster: Cluster,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import limits
-from ..backends.base import Backend, MemoryReading
+from ..backends.base import Admit, Backend, MemoryReading
 from ..backends.hosts.hosts import Ssh
 from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
@@ -39,6 +39,7 @@ from ..tune.space import SearchSpec
 from ..tune.tuners import search_for
 from ..views.snapshot import Snapshot, snapshot
 from ..views.summary import write_outcome_files
+from .create import withdraw
 from .dispatcher import Dispatcher, Inbox
 from .holding import holding
 from .verdict import FailOn, exit_code
@@ -112,13 +113,14 @@ class Options:
 
 
 def execute(directory: Path, options: Options | None = None, *, retry_failed: bool = False,
-            new_experiments: Sequence[Experiment] = ()) -> Result:
+            new_experiments: Sequence[Experiment] = (), prepared: bool = False) -> Result:
     """Run the sweep in `directory` to the end, whether it is new or resumed; Ctrl-C stops it cleanly.
 
     Holding the sweep's lock, it takes over what a dead runner left running (adopted: followed to its end,
     or judged by the exit status it recorded while no runner was alive), queues what must run again, then
     dispatches until nothing is left. A fault of the machine (a full disk) raises `Stopped` once nothing of
-    the sweep runs any more. `options`: none, the defaults (a new `Options` each call).
+    the sweep runs any more. `options`: none, the defaults (a new `Options` each call). `prepared`: the
+    directory is the one `prepare` just made (`run`, `tune`): refused before its lock, what it made is removed.
     """
     options = options or Options()
     try:
@@ -126,7 +128,7 @@ def execute(directory: Path, options: Options | None = None, *, retry_failed: bo
     except ValueError:
         raise UserError(f"fail_on {shown(options.fail_on)}: choose from {', '.join(FailOn)}") from None
     try:
-        return replace(_execute(Path(directory), options, retry_failed, new_experiments), fail_on=fail_on)
+        return replace(_execute(Path(directory), options, retry_failed, new_experiments, prepared), fail_on=fail_on)
     except Exception as e:
         fault = machine_fault(e)
         if fault is None:
@@ -134,31 +136,42 @@ def execute(directory: Path, options: Options | None = None, *, retry_failed: bo
         raise Stopped(fault) from e
 
 
-def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment]) -> Result:
+def _execute(directory: Path, options: Options, retry_failed: bool, new_experiments: Sequence[Experiment],
+             prepared: bool) -> Result:
     if options.placement is not None and options.placement not in PLACEMENTS:
         raise UserError(f"--placement {shown(options.placement)}: choose from {', '.join(PLACEMENTS)}")
-    with contextlib.ExitStack() as held:
-        with open_sweep(directory) as ledger:
-            ledger.check_whole()  # a damaged ledger is refused before anything is written, the lock's files included
-            with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
-                                                ray=options.ray, grace=options.grace, log=options.log)) as backend:
-                backend.reach()  # a cluster that refuses the sweep does so before the lock rewrites runner.lock
-                try:
-                    held.enter_context(holding(directory))
-                except SweepBusy as e:
-                    raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
-                ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
-                backend.attach()
-                left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
-                requeue(ledger, retry_failed)
-                if new_experiments:
-                    ledger.add_experiments(new_experiments, time.time())
-                interrupted = _dispatch(directory, ledger, options, backend, left)
-        snap = snapshot(directory)  # every spec: summary.txt groups the experiments by ZeRO stage
-        # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
-        interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
-                                          for a in snap.attempts)
-        return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
+    locked = False
+    try:
+        with contextlib.ExitStack() as held:
+            with open_sweep(directory) as ledger:
+                ledger.check_whole()  # a damaged ledger is refused before anything is written, the lock's files too
+                with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
+                                                    ray=options.ray, grace=options.grace, log=options.log)) as backend:
+                    # A cluster that refuses the sweep does so before the lock rewrites runner.lock.
+                    backend.reach()
+                    admit = backend.admit(SlotPool(ledger.meta().slots),
+                                          _to_run(ledger, retry_failed, new_experiments))
+                    try:
+                        held.enter_context(holding(directory))
+                    except SweepBusy as e:
+                        raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
+                    locked = True
+                    ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
+                    backend.attach()
+                    left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
+                    requeue(ledger, retry_failed)
+                    if new_experiments:
+                        ledger.add_experiments(new_experiments, time.time())
+                    interrupted = _dispatch(directory, ledger, options, backend, admit, left)
+            snap = snapshot(directory)  # every spec: summary.txt groups the experiments by ZeRO stage
+            # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
+            interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
+                                              for a in snap.attempts)
+            return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
+    except UserError:
+        if prepared and not locked:  # a new sweep its cluster refused: nothing of it is left
+            withdraw(directory)
+        raise
 
 
 def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
@@ -167,7 +180,15 @@ def requeue(ledger: Ledger, retry_failed: bool) -> dict[str, int]:
     return ledger.requeue(list(ledger.latest_in(*again)), time.time())
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend,
+def _to_run(ledger: Ledger, retry_failed: bool, new_experiments: Sequence[Experiment]) -> list[Queued]:
+    """The queue as it will be once the lock is held (what waits, what `requeue` queues again, the new ones),
+    read before the lock: what `Backend.admit` judges."""
+    again = {State.QUEUED, State.INTERRUPTED} | ({State.FAILED, State.TIMED_OUT} if retry_failed else set())
+    latest = ledger.latest_in(*again)
+    return [Queued(e, latest[e.name]) for e in ledger.experiments(latest)] + [Queued(e, 1) for e in new_experiments]
+
+
+def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend, admit: Admit,
               adopt: Sequence[Attempt] = ()) -> bool:
     """The sweep dispatched on `backend` until it ends; whether it was interrupted. The backend closes what it
     opened (its caller closes it); nothing here is replaced once built."""
@@ -180,7 +201,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
     chosen, memory = _placement(ledger, options, backend, devices)
-    placement, waiting = backend.admit(chosen, slot_pool, waiting)
+    placement, waiting = admit(chosen, waiting)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,

@@ -18,7 +18,7 @@ from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, is_local
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all
 from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
@@ -199,17 +199,19 @@ class HostsBackend:
         self._remote = remote
         return self._executor
 
-    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
-        """What of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are probed over SSH.
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        """Before the lock: what of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are
+        probed over SSH.
 
         DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
         answering here, every multi-node launch on it fails and is retried. Such names stay usable for
         single-node experiments (run directly) but are kept out of multi-node placements; a multi-node
-        experiment that then cannot fit stays queued for `resume`. Nothing at all can run: a UserError.
+        experiment that then cannot fit stays queued for `resume`. Nothing at all can run: a UserError, before
+        the lock (the sweep left as it was).
         """
         local = [h for h in slots.hosts if is_local(h)]
         if not local or not any(item.num_nodes > 1 for item in waiting):
-            return placement, waiting
+            return admit_all
         probing = self.pool or self._pool_as_recorded()
         try:
             silent = unanswering(probing, local)
@@ -217,23 +219,25 @@ class HostsBackend:
             if probing is not self.pool:
                 probing.close()
         if not silent:
-            return placement, waiting
+            return admit_all
         answering = [h for h in slots.hosts if h not in silent]
 
         def can_run(item: Queued) -> bool:
             return item.num_nodes == 1 or sum(
                 1 for h in answering if slots.capacity(h) >= item.num_gpus) >= item.num_nodes
 
-        runnable = [item for item in waiting if can_run(item)]
-        held = len(waiting) - len(runnable)
         why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
             "machine's names too)"
-        if not runnable:
+        if not any(can_run(item) for item in waiting):
             raise UserError(f"no experiment can run: {why}; see `autotune hosts`", self.directory / HOSTFILE)
-        if held:
-            self.log(f"{why}: {held} multi-node experiment(s) left queued; `autotune resume {self.directory}` "
-                     "runs them once it answers")
-        return SingleNodeOn(frozenset(silent), placement), runnable
+
+        def admitted(placement: Placement, queue: list[Queued]) -> tuple[Placement, list[Queued]]:
+            runnable = [item for item in queue if can_run(item)]
+            if len(runnable) < len(queue):
+                self.log(f"{why}: {len(queue) - len(runnable)} multi-node experiment(s) left queued; "
+                         f"`autotune resume {self.directory}` runs them once it answers")
+            return SingleNodeOn(frozenset(silent), placement), runnable
+        return admitted
 
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
         """Nothing to do: a process is found by its attempt's tag, and every attempt left is adopted or ended."""

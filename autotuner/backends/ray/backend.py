@@ -21,7 +21,7 @@ from typing import (  # Ray comes in as a ModuleType (imported once a cluster is
     ClassVar,
 )
 
-from ...core import Executor, Placement, Queued, SlotPool
+from ...core import Executor, Queued, SlotPool
 from ...core.events import Post
 from ...core.slots import Devices
 from ...errors import UserError
@@ -29,7 +29,7 @@ from ...files import write_atomic
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all
 from ..cluster import Cluster
 from ..launch import Launcher
 from ..recovery import as_it_ran
@@ -148,8 +148,8 @@ class RayBackend:
                                      capacity=dict(meta.capacity), on_lost=self._watcher.watch)
         return self._executor
 
-    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
-        return placement, waiting  # every node is reached through Ray, none over ssh
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        return admit_all  # every node is reached through Ray, none over ssh
 
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
         """The leases of attempts being adopted handed to the executor; every other lease, placement group and

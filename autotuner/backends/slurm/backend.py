@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
-from ...core import Executor, Placement, Queued, SlotPool
+from ...core import Executor, Queued, SlotPool
 from ...core.events import Post
 from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
@@ -17,7 +17,7 @@ from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all
 from ..cluster import Cluster
 from ..exitstatus import as_returncode
 from ..launch import Launcher
@@ -133,8 +133,8 @@ class SlurmBackend:
         self._executor, self._peaks = peaks_watched(steps, meta, devices)
         return self._executor
 
-    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
-        return placement, waiting  # Slurm starts every step on its nodes without ssh
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        return admit_all  # Slurm starts every step on its nodes without ssh
 
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
         """Steps of this sweep that no attempt being adopted owns: cancelled."""
