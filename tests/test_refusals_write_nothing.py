@@ -165,3 +165,6 @@ def test_a_new_multi_node_sweep_that_cannot_run_here_leaves_nothing(tmp_path, si
             "no experiment can run", "over ssh")
     assert tree(tmp_path) == before
     assert [p.name for p in (tmp_path / "results").iterdir()] == []
+    out = autotune("run", spec, "-H", hostfile, "--ssh-config", silent_ssh, "--launcher", "true", "-q",
+                   "--results", tmp_path / "results" / "r", environ=quiet_env(), timeout=WITHIN)
+    assert "results/r/" not in out.stderr, out.stderr  # the message names no file of the directory withdrawn

@@ -168,9 +168,11 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
             interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
                                               for a in snap.attempts)
             return Result(snap, interrupted, write_outcome_files(snap, Launcher()))
-    except UserError:
+    except UserError as e:
         if prepared and not locked:  # a new sweep its cluster refused: nothing of it is left
             withdraw(directory)
+            if e.path is not None and Path(e.path).resolve().is_relative_to(directory.resolve()):
+                raise UserError(e.message) from None  # the file it named (the sweep's hostfile) is gone with it
         raise
 
 
