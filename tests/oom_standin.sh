@@ -19,6 +19,9 @@
 # partition (to nvme: off the GPU, not in the host's RAM); past $OOM_STANDIN_HOST bytes (default: this machine's RAM) the run is killed as the kernel's OOM killer
 # would (exit 137). Offloading the optimizer makes a step 0.6 times as fast, the parameters 0.5 times more.
 # $OOM_STANDIN_CONTEXT: what the runtime keeps, instead of 1.5e9.
+# $OOM_STANDIN_STEPS="N SECONDS": before it writes the metrics, N steps of SECONDS each, one line a step in its
+# progress file ($AUTOTUNE_PROGRESS_PATH: step, time, throughput within 1% of the value it writes). $OOM_STANDIN_HANG:
+# a run out of memory prints the runtime's line and then waits, as a rank does whose peers wait on it.
 # Tensor parallelism (tensor_parallel.autotp_size N, AutoTP): each rank holds 5% of the parameters whole and its
 # 1/N of the rest, ZeRO partitions over the data-parallel GPUs (world / N), and 30% of the activations stay whole
 # (the rest split N ways); each step pays a communication cost, 10% of a step per doubling of N (within a node);
@@ -77,6 +80,9 @@ if model:
 else:
     oom = {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs + (5 if allgather >= 1e9 else 0) > 100
 if oom:
+    if os.environ.get("OOM_STANDIN_HANG"):
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr, flush=True)
+        time.sleep(3600)
     sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
 if profile:
     with open(config["autotuning"]["model_info_path"], "w") as f:
@@ -99,6 +105,12 @@ if scaling:  # the whole world's samples: each data-parallel GPU's, less what ea
 lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])
+steps = os.environ.get("OOM_STANDIN_STEPS", "").split()
+for n in range(int(steps[0]) if steps else 0):
+    time.sleep(float(steps[1]))
+    with open(os.environ["AUTOTUNE_PROGRESS_PATH"], "a") as f:
+        f.write(json.dumps({"step": n + 1, "time": time.time(), "throughput": throughput * (1 + 0.01 * (n % 3 - 1))})
+                + "\n")
 with open(config["autotuning"]["metric_path"], "w") as f:
     json.dump({"throughput": throughput, "latency": 1 / throughput, "FLOPS_per_gpu": 1.0}, f)
 PY

@@ -23,18 +23,20 @@ from .events import (
     Launched,
     MemoryRead,
     Post,
+    Progress,
     Queued,
     Run,
 )
 from .placement import PLACEMENTS, Pack, Spread
 from .queues import BackfillQueue, fifo
 from .record import MemoryRecord, Record
-from .scheduler import Actions, Executor, Note, Observer, Scheduler, Source, Stop
+from .roles import Executor, Observer, Source
+from .scheduler import Actions, Note, Scheduler, Stop
 from .slots import Placement, Reservation, SlotPool
 
 __all__ = [
     "PLACEMENTS", "Actions", "BackfillQueue", "Cancel", "CheckRequests", "Deadline", "Event", "Executor", "Finished",
     "HostBack", "HostLost", "Interrupt", "Key", "Launched", "MemoryRead", "MemoryRecord", "Note", "Observer", "Pack",
-    "Placement", "Post", "Queued", "Record", "Reservation", "Run", "Scheduler", "SlotPool", "Source", "Spread", "Stop",
-    "fifo",
+    "Placement", "Post", "Progress", "Queued", "Record", "Reservation", "Run", "Scheduler", "SlotPool", "Source",
+    "Spread", "Stop", "fifo",
 ]

@@ -23,6 +23,7 @@ from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for
 from ..backends.slurm import Allocation
+from ..backends.watch import env_seconds
 from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
 from ..core.placement import PLACEMENTS, placement_named
 from ..core.slots import Devices, devices_from_json
@@ -41,6 +42,7 @@ from ..views.snapshot import Snapshot, snapshot
 from ..views.summary import write_outcome_files
 from .dispatcher import Dispatcher, Inbox
 from .holding import holding
+from .steps import DEFAULT_POLL, POLL_ENV, StepReader
 from .verdict import FailOn, exit_code
 
 __all__ = ["Options", "Result", "Ssh", "Stopped", "execute", "machine_fault", "requeue"]
@@ -187,8 +189,9 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
                           source=_search(ledger, meta.search) if meta.search is not None else None)
     inbox = Inbox()
     executor = backend.executor(inbox.post)
-    dispatcher = Dispatcher(scheduler, executor, time.time, [*memory.observers, *options.observers], options.log,
-                            inbox)
+    reader = StepReader(inbox.post, scheduler.metric, env_seconds(POLL_ENV, DEFAULT_POLL))
+    dispatcher = Dispatcher(scheduler, executor, time.time, [*memory.observers, reader, *options.observers],
+                            options.log, inbox)
     backend.clear_strays(adopt)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
@@ -202,6 +205,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
             stray.append(a)
         else:
             executor.adopt(run, a.pid, dispatcher.post)
+            reader("adopted", run, None)
             for note in memory.observers:  # before the first reading: its GPUs show the run's own memory
                 note("adopted", run, None)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
@@ -213,7 +217,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
                     "queued again")
     backend.ready(slot_pool, dispatcher.post)
     scheduler.submit(waiting)
-    return _run_with_signals(dispatcher)
+    with reader.reading():
+        return _run_with_signals(dispatcher)
 
 
 def _placement(ledger: Ledger, options: Options, backend: Backend,

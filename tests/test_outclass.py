@@ -1,0 +1,175 @@
+"""Progress read while a run runs, and what it decides: the runner's step reader (sweep/steps.py) posts each
+running attempt's steps so far; the scheduler keeps them in the ledger and asks the search which runs cannot win
+(tune/outclass.py), stopping those through the recorded-stop path (state `stopped`, reason `outclassed`); a run
+seen to run out of memory is ended at once (failed, oom)."""
+import json
+import os
+import time
+
+import pytest
+
+from autotuner.core import Finished, Launched, Progress, Reservation, Run, Stop
+from autotuner.core.outcome import Outcome
+from autotuner.spec.interval import Interval, StepReading
+from autotuner.spec.metrics import metric_named
+from autotuner.spec.progress import PROGRESS_FILE
+from autotuner.states import Reason, State
+from autotuner.sweep.steps import StepReader
+from autotuner.tune.outclass import MIN_STEPS, outclassed
+
+from cli_rig import wait_until
+from helpers import core, experiment
+
+THROUGHPUT, LATENCY = metric_named("throughput"), metric_named("latency")
+
+
+def reading(low, high, n=MIN_STEPS, mean=None):
+    return StepReading(100.0, n + 2, 0.1, Interval(mean or (low + high) / 2, low, high, n, 2))
+
+
+@pytest.mark.parametrize(("metric", "mine", "stopped"), [
+    (THROUGHPUT, (80, 94), True),  # at most 94, the best at least 95
+    (THROUGHPUT, (80, 96), False),  # could still be 96
+    (LATENCY, (106, 120), True),  # at least 106, the best at most 105
+    (LATENCY, (104, 120), False),
+])
+def test_a_run_is_outclassed_only_when_its_optimistic_bound_is_worse_than_a_finished_configs_pessimistic_one(
+        metric, mine, stopped):
+    finished = {"best": (95.0, 105.0), "other": (50.0, 60.0) if not metric.minimize else (140.0, 150.0)}
+    why = outclassed(reading(*mine), finished, ["best", "other"], metric)
+    assert (why is not None) == stopped
+    if stopped:
+        assert why.startswith(f"outclassed after {MIN_STEPS} measured steps") and "best's" in why
+
+
+def test_too_few_steps_no_interval_or_no_finished_config_stop_nothing():
+    finished = {"best": (95.0, 105.0)}
+    assert outclassed(reading(10, 20, n=MIN_STEPS - 1), finished, ["best"], THROUGHPUT) is None
+    assert outclassed(StepReading(1.0, 9, 0.1, None), finished, ["best"], THROUGHPUT) is None
+    assert outclassed(reading(10, 20), finished, [], THROUGHPUT) is None  # a config that has not finished
+    assert outclassed(reading(10, 20), {}, ["best"], THROUGHPUT) is None  # finished without an interval
+
+
+class Judge:
+    """A stand-in search: says `why` for the runs named in `outclass`, and records what it is told."""
+
+    def __init__(self, outclass=()):
+        self.outclass, self.seen, self.asked = set(outclass), [], []
+
+    def propose(self, free_slots, now):
+        return []
+
+    def observe(self, run, outcome):
+        self.seen.append((run.experiment.name, outcome.state, outcome.reason))
+
+    def outclassed(self, run, got):
+        self.asked.append(run.experiment.name)
+        return "outclassed: slow" if run.experiment.name in self.outclass else None
+
+
+def test_the_scheduler_keeps_each_reading_and_stops_what_the_search_says_cannot_win_as_a_recorded_stop():
+    judge = Judge(outclass={"slow"})
+    s = core([experiment("fast"), experiment("slow")], slots={"h": [0, 1]}, source=judge)
+    runs = {r.experiment.name: r for r in s.step([], 0.0).start}
+    s.step([Launched(runs["fast"], 1, None, 1.0), Launched(runs["slow"], 2, None, 1.0)], 1.0)
+    got = reading(10, 20)
+    actions = s.step([Progress(runs["fast"], got)], 5.0)
+    assert actions.stop == [] and [n.what for n in actions.notes] == ["progress"]
+    assert actions.notes[0].outcome == Outcome(State.RUNNING, measured=got)
+    assert s.record.timings[("fast", 1)].steps == got.steps and s.record.timings[("fast", 1)].startup == 99.0
+    actions = s.step([Progress(runs["slow"], got)], 6.0)
+    assert actions.stop == [Stop(runs["slow"], State.STOPPED, "outclassed: slow", Reason.OUTCLASSED)]
+    assert s.record.stops == {("slow", 1): (State.STOPPED, Reason.OUTCLASSED, 6.0)}
+    assert s.step([Progress(runs["slow"], got)], 7.0).stop == []  # asked once: the first stop is the one
+    # The executor's end of it (a SIGTERM's exit status) reads as the stop: not a failure, not queued again.
+    s.step([Finished(runs["slow"], Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15, measured=got), 8.0)],
+           8.0)
+    assert s.record.finished[("slow", 1)] == (State.STOPPED, 8.0) and s.waiting() == []
+    assert judge.seen == [("slow", State.STOPPED, Reason.OUTCLASSED)]
+
+
+def test_a_run_seen_to_run_out_of_memory_is_ended_at_once_and_recorded_failed_oom():
+    s = core([experiment("big")], source=Judge())
+    run = s.step([], 0.0).start[0]
+    actions = s.step([Progress(run, None, "ran out of memory while it ran: CUDA out of memory")], 2.0)
+    assert actions.stop == [Stop(run, State.FAILED, "ran out of memory while it ran: CUDA out of memory",
+                                 Reason.OOM)]
+    s.step([Finished(run, Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "killed", -9), 3.0)], 3.0)
+    assert s.record.finished[("big", 1)] == (State.FAILED, 3.0) and s.done
+
+
+def test_a_reading_of_an_attempt_that_ended_is_dropped():
+    s = core([experiment("a")], source=Judge(outclass={"a"}))
+    run = s.step([], 0.0).start[0]
+    s.step([Finished(run, Outcome(State.SUCCEEDED, metrics={"throughput": 1.0}), 1.0)], 1.0)
+    assert s.step([Progress(run, reading(1, 2))], 2.0).stop == [] and ("a", 1) not in s.record.timings
+
+
+class Posted(list):
+    def __call__(self, event):
+        self.append(event)
+
+
+def write_steps(directory, count, value=100.0):
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / PROGRESS_FILE, "a") as f:
+        for n in range(1, count + 1):
+            f.write(json.dumps({"step": n, "time": time.time() + n * 0.1, "throughput": value}) + "\n")
+
+
+def started(reader, name, tmp_path):
+    run = Run(experiment(name), 1, Reservation.of({"h": [0]}), f"sid.{name}.1", tmp_path / name)
+    reader("started", run, None)
+    return run
+
+
+def test_the_step_reader_posts_new_steps_of_the_attempts_it_follows_and_only_this_attempts(tmp_path):
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 60.0)
+    old = tmp_path / "old"
+    write_steps(old, 8)  # an earlier attempt's file, older than this attempt's placing
+    os.utime(old / PROGRESS_FILE, (time.time() - 60, time.time() - 60))
+    stale = started(reader, "old", tmp_path)
+    run = started(reader, "new", tmp_path)
+    reader.check()
+    assert posted == []  # nothing written yet by "new"; "old"'s file is not its attempt's
+    write_steps(tmp_path / "new", 8)
+    reader.check()
+    assert [(e.run, e.reading.steps, e.oom) for e in posted] == [(run, 8, None)]
+    assert posted[0].reading.interval.mean == pytest.approx(100.0)
+    reader.check()
+    assert len(posted) == 1  # no new step: nothing posted
+    reader("finished", run, None)
+    reader("finished", stale, None)
+    write_steps(tmp_path / "new", 9)
+    reader.check()
+    assert len(posted) == 1  # let go once it finished
+
+
+def test_the_step_reader_ends_a_run_whose_new_log_lines_say_it_ran_out_of_memory(tmp_path):
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 60.0)
+    run = started(reader, "big", tmp_path)
+    (tmp_path / "big").mkdir()
+    log = tmp_path / "big" / "stderr.log"
+    log.write_text("loading\nhalf a line: CUDA out of")
+    reader.check()
+    assert posted == []  # a line not finished is not read yet
+    with open(log, "a") as f:
+        f.write(" memory. Tried to allocate 2.00 GiB\nrank 1 waits\n")
+    reader.check()
+    assert [(e.run, e.reading, e.oom) for e in posted] == [
+        (run, None, "ran out of memory while it ran: half a line: CUDA out of memory. Tried to allocate 2.00 GiB")]
+    reader.check()
+    assert len(posted) == 1  # posted once
+
+
+def test_the_step_reader_thread_is_joined_when_its_block_ends(tmp_path):
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 0.1)
+    with reader.reading():
+        run = started(reader, "a", tmp_path)
+        write_steps(tmp_path / "a", 6)
+        wait_until(lambda: posted, message="the reader's thread posts the steps")
+    assert [e.run for e in posted] == [run]
+    assert reader._workers.running() == []
