@@ -4,12 +4,15 @@ running attempt's steps so far; the scheduler keeps them in the ledger and asks 
 seen to run out of memory is ended at once (failed, oom)."""
 import json
 import os
+import re
 import time
+from collections import Counter
 
 import pytest
 
 from autotuner.core import Finished, Launched, Progress, Reservation, Run, Stop
-from autotuner.core.outcome import Outcome
+from autotuner.core.outcome import Outcome, StopAsked
+from autotuner.ledger.store import Ledger
 from autotuner.spec.interval import Interval, StepReading
 from autotuner.spec.metrics import metric_named
 from autotuner.spec.progress import PROGRESS_FILE
@@ -17,7 +20,7 @@ from autotuner.states import Reason, State
 from autotuner.sweep.steps import StepReader
 from autotuner.tune.outclass import MIN_STEPS, outclassed
 
-from cli_rig import wait_until
+from cli_rig import ROOT, autotune, env, kill_9_once, latest, sweep_id, tagged_pids, wait_until
 from helpers import core, experiment
 
 THROUGHPUT, LATENCY = metric_named("throughput"), metric_named("latency")
@@ -173,3 +176,98 @@ def test_the_step_reader_thread_is_joined_when_its_block_ends(tmp_path):
         wait_until(lambda: posted, message="the reader's thread posts the steps")
     assert [e.run for e in posted] == [run]
     assert reader._workers.running() == []
+
+
+def test_a_stop_the_dead_runner_recorded_is_asked_again_of_the_run_it_left():
+    """A runner killed between recording a stop and sending its signal: the one that adopts the run sends it."""
+    s = core([], source=Judge())
+    run = s.adopt(experiment("slow"), 1, {"h": [0]}, since=0.0, stop=StopAsked.of(State.STOPPED, "outclassed: slow"))
+    assert s.step([], 1.0).stop == [Stop(run, State.STOPPED, "outclassed: slow", Reason.OUTCLASSED)]
+    s.step([Finished(run, Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15), 2.0)], 2.0)
+    assert s.record.finished == {("slow", 1): (State.STOPPED, 2.0)} and s.waiting() == []
+    assert s.record.stops == {}  # the dead runner's record holds it already
+
+
+# --- through the command line: `autotune tune` on the stand-in launcher, its runs stepping ------------------------
+STANDIN = ROOT / "tests" / "oom_standin.sh"
+
+
+def setup_tune(tmp_path, **extra):
+    (tmp_path / "train.py").write_text("# stand-in: the launcher never runs it\n")
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+          "zero_optimization": {"stage": [1, 2, 3]},
+          "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}
+    (tmp_path / "ds.json").write_text(json.dumps(ds))
+    return env(OOM_STANDIN_LOG=tmp_path / "launches.log", OOM_STANDIN_STEPS="16 0.08", AUTOTUNE_PROGRESS_POLL="0.1",
+               **extra)
+
+
+TUNE = ("tune", "--slots", "3", "--launcher", f"sh {STANDIN}")
+SCRIPT = ("train.py", "--deepspeed_config", "ds.json", "--steps", "3")
+
+
+def check_stopped(directory):
+    """Every stopped run: outclassed, said why, its optimistic bound below a finished config's pessimistic one,
+    never run again; the best is no stopped run. Returns the stopped names."""
+    ended = latest(directory)
+    stopped = {n: a for n, a in ended.items() if a.state == State.STOPPED}
+    floor = max(a.metrics["throughput_low"] for a in ended.values() if a.state == State.SUCCEEDED)
+    for name, a in stopped.items():
+        assert a.reason == Reason.OUTCLASSED and a.detail.startswith("outclassed after "), a
+        assert a.attempt == 1 and a.metric is None and f"{name}_confirm1" not in ended
+        assert a.metrics["steps_measured"] >= MIN_STEPS and a.metrics["throughput_high"] < floor
+    with Ledger.open(directory) as ledger:
+        rows = ledger.attempts()
+    assert [(a.name, a.attempt) for a in rows if a.name in stopped] == [(n, 1) for n in stopped]  # never re-run
+    return set(stopped)
+
+
+def test_a_tune_stops_the_runs_that_cannot_win_and_names_the_same_best(tmp_path):
+    done = autotune(*TUNE, "-o", tmp_path / "res", *SCRIPT, environ=setup_tune(tmp_path), cwd=tmp_path,
+                    timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr  # a stopped run is no failure
+    assert "best: train_z3_mbs45 with throughput" in done.stdout  # as the tune that runs every step names it
+    stopped = check_stopped(tmp_path / "res")
+    assert stopped and re.search(r"\d+ stopped", done.stdout)
+    report = json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    rows = {r["name"]: r for r in report["experiments"]}
+    assert {n for n, r in rows.items() if r["state"] == "stopped"} == stopped
+    assert all(rows[n]["reason"] == "outclassed" and rows[n]["rank"] is None for n in stopped)
+    csv = autotune("report", tmp_path / "res", "--format", "csv").stdout
+    assert {line.split(",")[2] for line in csv.splitlines() if ",stopped," in line} == stopped
+
+
+def test_a_run_that_prints_that_it_ran_out_of_memory_is_ended_at_once(tmp_path):
+    """The stand-in's run out of memory prints the runtime's line and then hangs, as a rank whose peers wait
+    for it: the reader sees the line and ends it, recorded failed (oom); with nothing reading the logs it
+    would hang to its timeout."""
+    environ = setup_tune(tmp_path, OOM_STANDIN_HANG="1")
+    done = autotune(*TUNE, "-o", tmp_path / "res", "--timeout", "120", *SCRIPT, environ=environ,
+                    cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ooms = [a for a in latest(tmp_path / "res").values() if a.reason == Reason.OOM]
+    assert ooms and all(a.state == State.FAILED and a.detail.startswith("ran out of memory while it ran: ")
+                        and "CUDA out of memory" in a.detail for a in ooms)
+    assert "best: train_z3_mbs45 with throughput" in done.stdout
+
+
+def test_a_kill_9_during_a_stop_then_resume_records_it_as_the_stop_and_runs_nothing_twice(tmp_path, runners):
+    environ = setup_tune(tmp_path)
+    out = tmp_path / "res"
+    proc = runners.start(*TUNE, "-o", out, *SCRIPT, environ=environ, cwd=tmp_path, directory=out)
+
+    def stopping():
+        if not (out / "ledger.sqlite").exists():
+            return False
+        with Ledger.open(out) as ledger:
+            return any(state == State.STOPPED for state, _, _ in ledger.stops_asked().values())
+
+    kill_9_once(proc, stopping, timeout=240)
+    resumed = autotune("resume", out, environ=environ, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert check_stopped(out)
+    ran = Counter(tuple(line.split()[:2]) for line in (tmp_path / "launches.log").read_text().splitlines())
+    confirmed = {tuple(f"z{n.split('_z')[1].split('_')[0]} mbs{n.split('mbs')[1].split('_')[0]}".split())
+                 for n in latest(out) if n.endswith("_confirm1")}
+    assert {point for point, n in ran.items() if n > 1} == confirmed  # only the confirming re-runs twice
+    assert tagged_pids(sweep_id(out)) == []

@@ -149,8 +149,8 @@ class Scheduler:
         is placed, and its timeout counts from its recorded start; cancel, Ctrl-C and the deadline end it like
         any run. One that ended without recording its exit status is recorded interrupted and queued again,
         as a crash's casualty. `since`: when it started (launched, as recorded). `stop`: the stop the dead
-        runner had asked for it (recorded before its signal): its end is judged as that stop, and no later one
-        replaces it.
+        runner had asked for it (recorded before its signal, which it may not have lived to send): asked again at
+        the first step, its end judged as that stop, and no later one replaces it.
         """
         name = experiment.name
         run = Run(experiment, attempt, Reservation.of(slots), f"{self.sweep_id}.{name}.{attempt}",
@@ -160,9 +160,10 @@ class Scheduler:
         self.pool.take(run.reservation)
         self._running[run.key] = run
         self._adopted.add(run.key)
+        self._note("adopted", run)
         if stop is not None:
             self._asked[run.key] = stop
-        self._note("adopted", run)
+            self._actions.stop.append(Stop(run, stop.state, stop.detail, stop.reason))
         self._launched[run.key] = since
         self._arm(run, since)
         return run

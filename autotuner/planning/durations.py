@@ -103,7 +103,7 @@ def past_runs(directory: Path) -> PastRuns:
         experiments = {e.name: e for e in ledger.experiments()}
         found = PastRuns()
         for a in ledger.attempts():
-            if a.state in (State.CANCELLED, State.INTERRUPTED) or a.duration is None or a.duration < 0:
+            if a.state in (State.CANCELLED, State.INTERRUPTED, State.STOPPED) or a.duration is None or a.duration < 0:
                 continue
             found.by_name.setdefault(a.name, []).append(a.duration)
             e = experiments.get(a.name)

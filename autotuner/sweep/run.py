@@ -64,9 +64,10 @@ class Result:
     @property
     def exit_code(self) -> int:
         """0, 1 (as `fail_on` says) or 130 (interrupted): see `verdict`. For a search (`tune`), a run out of
-        memory or past its timeout is an answer (that size is too big), not a failure."""
+        memory or past its timeout is an answer (that size is too big), not a failure; a run stopped because it could
+        not win (`stopped`) is never one."""
         answers = self.snapshot.meta.search is not None
-        all_succeeded = all(a.state == State.SUCCEEDED or (answers and (a.reason == Reason.OOM
+        all_succeeded = all(a.state in (State.SUCCEEDED, State.STOPPED) or (answers and (a.reason == Reason.OOM
                                                                         or a.state == State.TIMED_OUT))
                             for a in self.snapshot.attempts)
         return exit_code(interrupted=self.interrupted, all_succeeded=all_succeeded,
