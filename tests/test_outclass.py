@@ -136,6 +136,9 @@ def test_the_step_reader_posts_new_steps_of_the_attempts_it_follows_and_only_thi
     run = started(reader, "new", tmp_path)
     reader.check()
     assert posted == []  # nothing written yet by "new"; "old"'s file is not its attempt's
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "stderr.log").touch()  # empty since its launch: its time stamp may be a tick before it
+    os.utime(tmp_path / "new" / "stderr.log", (time.time() - 60, time.time() - 60))
     write_steps(tmp_path / "new", 8)
     reader.check()
     assert [(e.run, e.reading.steps, e.oom) for e in posted] == [(run, 8, None)]

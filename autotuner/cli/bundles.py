@@ -49,7 +49,8 @@ GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL 
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
 EVENTS = typer.Option(None, "--events", help="Append one JSON line per event (started, finished: name, attempt, "
                                              "slots, state, reason, metric, timestamp; stopping: why the sweep "
-                                             "stops dispatching) to this file, for scripts.")
+                                             "stops dispatching; progress: a running attempt's steps so far) to "
+                                             "this file, for scripts.")
 FAIL_ON = typer.Option(autotuner.FailOn.ANY, "--fail-on",
                        help="When to exit 1: `any` experiment did not succeed, or only `no-result` (none "
                             "succeeded, so no best config: an OOM alone then exits 0).")

@@ -31,6 +31,9 @@ POLL_ENV = "AUTOTUNE_PROGRESS_POLL"  # seconds between two readings (tests set i
 DEFAULT_POLL = 2.0
 LOGS = ("stdout.log", "stderr.log")
 _CHUNK = 1024 * 1024  # the most of a log read at once: beyond it, a log that grew faster is read from its end
+# A file's time stamp comes from the kernel's coarse clock, a tick behind `time.time()`: a file made just after
+# an attempt was placed can carry a time a few milliseconds before it.
+_TICK = 0.1
 
 
 @dataclass
@@ -118,11 +121,13 @@ class StepReader:
 
     @staticmethod
     def _own(path: Path, since: float | None) -> bool:
-        """Not an earlier attempt's file: absent, or modified since this attempt was placed."""
+        """Not an earlier attempt's file: absent, empty (nothing to mislead), or modified since this attempt was
+        placed."""
         try:
-            return since is None or os.stat(path).st_mtime >= since
+            info = os.stat(path)
         except OSError:
             return True
+        return since is None or info.st_size == 0 or info.st_mtime >= since - _TICK
 
     def _new_text(self, path: Path, one: _Followed) -> str:
         """What this attempt's log gained since the last reading, in whole lines."""
@@ -130,7 +135,7 @@ class StepReader:
             info = os.stat(path)
         except OSError:
             return ""
-        if not stat.S_ISREG(info.st_mode) or (one.since is not None and info.st_mtime < one.since):
+        if not stat.S_ISREG(info.st_mode) or (one.since is not None and info.st_mtime < one.since - _TICK):
             return ""  # a FIFO would block the reader; an older file is an earlier attempt's
         log = one.logs.setdefault(path.name, _Log())
         if info.st_ino != log.inode or info.st_size < log.offset:
