@@ -20,7 +20,19 @@ from autotuner.states import Reason, State
 from autotuner.sweep.steps import StepReader
 from autotuner.tune.outclass import MIN_STEPS, outclassed
 
-from cli_rig import ROOT, autotune, env, kill_9_once, latest, sweep_id, tagged_pids, wait_until
+from cli_rig import (
+    PREAMBLE,
+    ROOT,
+    autotune,
+    env,
+    kill_9_once,
+    latest,
+    sweep_id,
+    tagged_pids,
+    wait_until,
+    write_launcher,
+    write_sweep,
+)
 from helpers import core, experiment
 
 THROUGHPUT, LATENCY = metric_named("throughput"), metric_named("latency")
@@ -274,3 +286,44 @@ def test_a_kill_9_during_a_stop_then_resume_records_it_as_the_stop_and_runs_noth
                  for n in latest(out) if n.endswith("_confirm1")}
     assert {point for point, n in ran.items() if n > 1} == confirmed  # only the confirming re-runs twice
     assert tagged_pids(sweep_id(out)) == []
+
+
+# A stand-in whose experiment p_x1 makes 100 samples/s and every other 10, one progress line a step.
+STEPPING = PREAMBLE + """\
+speed=10
+[ "$name" = p_x1 ] && speed=100
+i=1
+while [ $i -le 16 ]; do
+  sleep 0.08
+  printf '{"step": %d, "time": %s, "throughput": %d}\\n' $i "$(date +%s.%N)" $speed >> "$AUTOTUNE_PROGRESS_PATH"
+  i=$((i + 1))
+done
+printf '{"throughput": %d}\\n' $speed > "$AUTOTUNE_METRICS_PATH"
+"""
+
+
+def test_a_run_sweep_stops_what_cannot_win_only_when_asked_and_resume_keeps_what_succeeded(tmp_path):
+    """One slot, the sweep's order: p_x1 succeeds first; with --stop-outclassed the others are stopped once their
+    steps bound them below it (exit 0: no failure); `resume --stop-outclassed` of a sweep whose fast one had
+    succeeded (recorded) stops the one it runs. Without the option every experiment runs to its end."""
+    sweep = write_sweep(tmp_path, [1, 2, 3], name="p")
+    launcher = write_launcher(tmp_path, STEPPING)
+    environ = env(LAUNCH_LOG=tmp_path / "launches.log", AUTOTUNE_PROGRESS_POLL="0.1")
+    done = autotune("run", sweep, "--results", tmp_path / "asked", "--launcher", launcher, "--slots", "1",
+                    "--stop-outclassed", environ=environ)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ended = latest(tmp_path / "asked")
+    assert {n: (a.state, a.reason) for n, a in ended.items()} == {
+        "p_x1": (State.SUCCEEDED, None), "p_x2": (State.STOPPED, Reason.OUTCLASSED),
+        "p_x3": (State.STOPPED, Reason.OUTCLASSED)}
+    assert "p_x1's at least 100" in ended["p_x2"].detail
+    plain = autotune("run", sweep, "--results", tmp_path / "plain", "--launcher", launcher, "--slots", "1",
+                     environ=environ)
+    assert plain.returncode == 0 and {a.state for a in latest(tmp_path / "plain").values()} == {State.SUCCEEDED}
+    with Ledger.open(tmp_path / "plain") as ledger:  # p_x3 made queued again: as if it had not run yet
+        ledger._db.execute("UPDATE attempts SET state = 'interrupted' WHERE name = 'p_x3'")
+        ledger._db.commit()
+    resumed = autotune("resume", tmp_path / "plain", "--stop-outclassed", environ=environ)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    again = latest(tmp_path / "plain")["p_x3"]
+    assert (again.attempt, again.state, again.reason) == (2, State.STOPPED, Reason.OUTCLASSED)

@@ -36,6 +36,7 @@ from ..spec import Experiment
 from ..spec.metrics import PEAK_MEMORY, metric_named
 from ..states import Reason, State
 from ..threads import Workers
+from ..tune.outclass import GridJudge
 from ..tune.space import SearchSpec
 from ..tune.tuners import search_for
 from ..views.snapshot import Snapshot, snapshot
@@ -112,6 +113,7 @@ class Options:
     fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
     slurm: Allocation | None = None  # the Slurm allocation to run in (a sweep started in Slurm needs one)
     ray: str | None = None  # the Ray cluster to run on: its address, "" for RAY_ADDRESS or auto (backends/ray)
+    stop_outclassed: bool = False  # a grid: stop a run whose steps show it cannot beat one that succeeded
 
 
 def execute(directory: Path, options: Options | None = None, *, retry_failed: bool = False,
@@ -187,7 +189,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
-                          source=_search(ledger, meta.search) if meta.search is not None else None)
+                          source=_search(ledger, meta.search) if meta.search is not None else
+                          _judge(ledger) if options.stop_outclassed else None)
     inbox = Inbox()
     executor = backend.executor(inbox.post)
     reader = StepReader(inbox.post, scheduler.metric, env_seconds(POLL_ENV, DEFAULT_POLL))
@@ -247,6 +250,16 @@ def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Source:
                                                                                  if a.name in peaks else {})}
                                                  for a in attempts})
     return search
+
+
+def _judge(ledger: Ledger) -> Source:
+    """`--stop-outclassed` of a grid (tune/outclass.py), told what succeeded before, each on its hosts' GPU type."""
+    meta = ledger.meta()
+    judge = GridJudge(metric_named(meta.metric), meta.gpu_types or {})
+    for a in ledger.latest():
+        if a.state == State.SUCCEEDED:
+            judge.keep(a.name, list(a.slots), a.metrics)
+    return judge
 
 
 def _run_with_signals(dispatcher: Dispatcher) -> bool:

@@ -12,15 +12,20 @@ its point (it fits in memory, and is at best that good), so the walk goes on as 
 Both bounds are 95% intervals of batch means, which widen with the drift of the step times, so a run is stopped
 only when it is clearly behind; with few steps the interval is wide (Student's t with one degree of freedom for
 two batches) and nothing is stopped. Profile runs and confirming re-runs are never stopped: the first measures
-the model, the second settles the winner.
+the model, the second settles the winner. A plain `run` sweep stops its experiments by the same rule only when
+asked (`--stop-outclassed`: `GridJudge`).
 """
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from ..core import Queued, Run
+from ..core.outcome import Outcome
+from ..spec import Experiment
 from ..spec.interval import Interval, StepReading
 from ..spec.metrics import Metric, format_value
-from .reruns import Bounds
+from ..states import State
+from .reruns import Bounds, interval_of
 
 MIN_STEPS = 4  # measured steps (after warm-up) a running attempt makes before it can be stopped
 
@@ -65,3 +70,33 @@ def _why(interval: Interval, mine: float, best: str, floor: float, metric: Metri
     return (f"outclassed after {interval.n} measured steps: its {metric.name} is {side} {format_value(mine)} "
             f"(95% interval {format_value(interval.low)} to {format_value(interval.high)}), {best}'s "
             f"{theirs} {format_value(floor)}")
+
+
+class GridJudge:
+    """`run --stop-outclassed`: a grid's Source. It proposes nothing (a grid's experiments are queued at its start)
+    and stops a running experiment that cannot beat one that succeeded on the same GPU type (`types`: each host's;
+    measurements of two types do not compare), by the rule above. `keep` what succeeded before a resume."""
+
+    def __init__(self, metric: Metric, types: Mapping[str, str | None]):
+        self.metric, self.types = metric, dict(types)
+        self.finished: dict[str | None, dict[str, Bounds]] = {}  # by GPU type: what succeeded, its interval
+
+    def _type(self, hosts: Collection[str]) -> str | None:
+        return next((self.types.get(host) for host in hosts), None)
+
+    def keep(self, name: str, hosts: Collection[str], metrics: Mapping[str, float] | None) -> None:
+        """An experiment that succeeded on `hosts`, with its recorded metrics (its interval among them)."""
+        bounds = interval_of(metrics, self.metric.name)
+        if bounds is not None:
+            self.finished.setdefault(self._type(hosts), {})[name] = bounds
+
+    def propose(self, free_slots: int, now: float) -> list[Experiment]:
+        return []
+
+    def observe(self, run: Run | Queued, outcome: Outcome) -> None:
+        if outcome.state == State.SUCCEEDED and isinstance(run, Run):
+            self.keep(run.experiment.name, run.reservation.hosts, outcome.metrics)
+
+    def outclassed(self, run: Run, reading: StepReading) -> str | None:
+        same = self.finished.get(self._type(run.reservation.hosts), {})
+        return outclassed(reading, same, same, self.metric)
