@@ -22,6 +22,7 @@
 # $OOM_STANDIN_STEPS="N SECONDS": before it writes the metrics, N steps of SECONDS each, one line a step in its
 # progress file ($AUTOTUNE_PROGRESS_PATH: step, time, throughput within 1% of the value it writes). $OOM_STANDIN_HANG:
 # a run out of memory prints the runtime's line and then waits, as a rank does whose peers wait on it.
+# $OOM_STANDIN_TERM_SECONDS: a SIGTERM ends it only after that many seconds (a rank that saves a checkpoint first).
 # Tensor parallelism (tensor_parallel.autotp_size N, AutoTP): each rank holds 5% of the parameters whole and its
 # 1/N of the rest, ZeRO partitions over the data-parallel GPUs (world / N), and 30% of the activations stay whole
 # (the rest split N ways); each step pays a communication cost, 10% of a step per doubling of N (within a node);
@@ -33,7 +34,12 @@
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;;
     --gradient_checkpointing) gc="$2"; shift;; esac; shift; done
 exec python3 - "$cfg" "$inc" "${gc:-false}" <<'PY'
-import base64, json, math, os, sys, time
+import base64, json, math, os, signal, sys, time
+if os.environ.get("OOM_STANDIN_TERM_SECONDS"):
+    def ending(signum, frame):
+        time.sleep(float(os.environ["OOM_STANDIN_TERM_SECONDS"]))
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, ending)
 config = json.loads(base64.urlsafe_b64decode(sys.argv[1]))
 tp = (config.get("tensor_parallel") or {}).get("autotp_size") or 1
 checkpointed = sys.argv[3] == "true"
