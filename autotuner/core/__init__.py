@@ -4,9 +4,10 @@ Pure: no threads, no processes, no clock, no blocking; `Scheduler.step(events, n
 and tell, so the real dispatcher (dispatcher.py) and the simulator (simulate.py) drive the same code. `events`
 holds the values (Run, Queued and the events a driver hands in), `slots` the slot pool and what experiments need of
 it, `placement` and `queues` the policies, `record` what the scheduler writes to (the ledger, or memory for a
-simulation), `scheduler` the state machine, the `Executor` protocol drivers carry its actions out through, the
-`Observer` callback they tell and the `Source` hook a searcher feeds the queue through. Imports point one way: the
-core uses the outcome and the spec, and nothing of SSH, views or the CLI.
+simulation), `scheduler` the state machine, `roles` the `Executor` protocol drivers carry its actions out through,
+the `Observer` callback they tell and the `Source` hook a searcher feeds the queue through (and says which running
+attempts cannot win). Imports point one way: the core uses the outcome and the spec, and nothing of SSH, views or
+the CLI.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`autotune tune`'s search: the fastest (ZeRO stage, micro-batch size) without a hand-written grid.
 
-A `Source` for the scheduler (core/scheduler.py): whenever slots are free and nothing waits, it is asked for
-the next experiments, and it learns from every run that ends. Three tuners (DeepSpeed's `tuner_type`) share what
+A `Source` for the scheduler (core/roles.py): whenever slots are free and nothing waits, it is asked for the
+next experiments, it learns from every run that ends, and at each reading of a running run's steps it says
+whether that run can still win (outclass.py). Three tuners (DeepSpeed's `tuner_type`) share what
 is learnt (`Search`: knowledge.py, the memory model's loop in memory_loop.py) and differ only in which point
 they try next (`choose`):
 
