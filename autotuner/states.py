@@ -22,6 +22,7 @@ class State(_Word):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"
+    STOPPED = "stopped"  # ended early by the search: it could no longer win (never a failure, never re-run)
 
     @property
     def terminal(self) -> bool:
@@ -44,6 +45,7 @@ class Reason(_Word):
     PLACEMENT = "placement"  # it can no longer be placed on the hosts that are up
     CANCELLED = "cancelled"  # a user asked for it
     INTERRUPTED = "interrupted"  # the runner stopped (Ctrl-C, a fault, a crash) while it ran
+    OUTCLASSED = "outclassed"  # stopped: its best possible value, so far, is worse than a finished config's worst
 
     @property
     def transient(self) -> bool:

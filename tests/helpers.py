@@ -1,11 +1,13 @@
 """Small builders shared by the unit tests."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from autotuner.core import MemoryRecord, Queued, Scheduler, SlotPool
 from autotuner.ledger.store import SweepMeta
 from autotuner.spec import Experiment
+from autotuner.tune.outclass import MIN_STEPS
 
 
 def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str = "/bin/true",
@@ -28,3 +30,13 @@ def core(exps: list[Experiment], slots: dict | None = None, **options: object) -
     scheduler.record.add_experiments(exps, 0.0)
     scheduler.submit(Queued(e, 1) for e in exps)
     return scheduler
+
+
+def decided(detail: str) -> tuple[float, str, float]:
+    """What a stop's detail says decided it: (the run's optimistic bound, the finished config, its pessimistic one).
+    The interval recorded at the run's end counts the steps it made after that too."""
+    found = re.fullmatch(r"outclassed after (\d+) measured steps: its throughput is at most ([\d,.]+) \(95% interval "
+                         r"[\d,.]+ to [\d,.]+\), (\S+)'s at least ([\d,.]+)", detail)
+    assert found is not None, detail
+    assert int(found[1]) >= MIN_STEPS  # measured steps after warm-up (tune/outclass.py)
+    return float(found[2].replace(",", "")), found[3], float(found[4].replace(",", ""))

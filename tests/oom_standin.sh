@@ -19,6 +19,10 @@
 # partition (to nvme: off the GPU, not in the host's RAM); past $OOM_STANDIN_HOST bytes (default: this machine's RAM) the run is killed as the kernel's OOM killer
 # would (exit 137). Offloading the optimizer makes a step 0.6 times as fast, the parameters 0.5 times more.
 # $OOM_STANDIN_CONTEXT: what the runtime keeps, instead of 1.5e9.
+# $OOM_STANDIN_STEPS="N SECONDS": before it writes the metrics, N steps of SECONDS each, one line a step in its
+# progress file ($AUTOTUNE_PROGRESS_PATH: step, time, throughput within 1% of the value it writes). $OOM_STANDIN_HANG:
+# a run out of memory prints the runtime's line and then waits, as a rank does whose peers wait on it.
+# $OOM_STANDIN_TERM_SECONDS: a SIGTERM ends it only after that many seconds (a rank that saves a checkpoint first).
 # Tensor parallelism (tensor_parallel.autotp_size N, AutoTP): each rank holds 5% of the parameters whole and its
 # 1/N of the rest, ZeRO partitions over the data-parallel GPUs (world / N), and 30% of the activations stay whole
 # (the rest split N ways); each step pays a communication cost, 10% of a step per doubling of N (within a node);
@@ -27,12 +31,17 @@
 # line in the log then carries tpN and gc. $OOM_STANDIN_SCALING="WITHIN ACROSS": the throughput is the whole world's
 # (the data-parallel GPUs' sum), each doubling of the GPUs of a node keeping WITHIN of it and each doubling of the
 # nodes ACROSS, raised to 1 + stage/2 (a higher ZeRO stage communicates more); the world's size leads its log line.
-# $OOM_STANDIN_STEPS="N NOISE": the run also writes N steps to $AUTOTUNE_PROGRESS_PATH, each measuring the throughput
-# times 1 + NOISE x sin(step).
+# $OOM_STANDIN_NOISY_STEPS="N NOISE": the run also writes N steps at once to $AUTOTUNE_PROGRESS_PATH, each
+# measuring the throughput times 1 + NOISE x sin(step).
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;;
     --gradient_checkpointing) gc="$2"; shift;; esac; shift; done
 exec python3 - "$cfg" "$inc" "${gc:-false}" <<'PY'
-import base64, json, math, os, sys, time
+import base64, json, math, os, signal, sys, time
+if os.environ.get("OOM_STANDIN_TERM_SECONDS"):
+    def ending(signum, frame):
+        time.sleep(float(os.environ["OOM_STANDIN_TERM_SECONDS"]))
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, ending)
 config = json.loads(base64.urlsafe_b64decode(sys.argv[1]))
 tp = (config.get("tensor_parallel") or {}).get("autotp_size") or 1
 checkpointed = sys.argv[3] == "true"
@@ -79,6 +88,9 @@ if model:
 else:
     oom = {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs + (5 if allgather >= 1e9 else 0) > 100
 if oom:
+    if os.environ.get("OOM_STANDIN_HANG"):
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", file=sys.stderr, flush=True)
+        time.sleep(3600)
     sys.exit("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
 if profile:
     with open(config["autotuning"]["model_info_path"], "w") as f:
@@ -102,12 +114,18 @@ lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])
 steps = os.environ.get("OOM_STANDIN_STEPS", "").split()
-if steps and os.environ.get("AUTOTUNE_PROGRESS_PATH"):  # the progress file, one line a step, around the throughput
+for n in range(int(steps[0]) if steps else 0):
+    time.sleep(float(steps[1]))
+    with open(os.environ["AUTOTUNE_PROGRESS_PATH"], "a") as f:
+        f.write(json.dumps({"step": n + 1, "time": time.time(), "throughput": throughput * (1 + 0.01 * (n % 3 - 1))})
+                + "\n")
+noisy = os.environ.get("OOM_STANDIN_NOISY_STEPS", "").split()
+if noisy:  # the progress file at once, one line a step, around the throughput
     now = time.time()
     with open(os.environ["AUTOTUNE_PROGRESS_PATH"], "a") as f:
-        for i in range(int(steps[0])):
+        for i in range(int(noisy[0])):
             f.write(json.dumps({"step": i, "time": now + 0.01 * i,
-                                "throughput": throughput * (1 + float(steps[1]) * math.sin(i))}) + "\n")
+                                "throughput": throughput * (1 + float(noisy[1]) * math.sin(i))}) + "\n")
 with open(config["autotuning"]["metric_path"], "w") as f:
     json.dump({"throughput": throughput, "latency": 1 / throughput, "FLOPS_per_gpu": 1.0}, f)
 PY

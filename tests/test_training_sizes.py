@@ -2,7 +2,7 @@
 fake-GPU stand-in (two nodes: this machine under two of its names, each of 2 slots; OOM_STANDIN_SCALING: each
 doubling of a node's GPUs keeps 0.9 of the per-GPU throughput, each doubling of the nodes 0.7) reports each size
 with its nodes, and `plan --training` plans the run on a measured size as measured, on another as extrapolated
-from the factors the sweep measured (and says so), with the spread the runs' steps give (OOM_STANDIN_STEPS)."""
+from the factors the sweep measured (and says so), with the spread the runs' steps give (OOM_STANDIN_NOISY_STEPS)."""
 import json
 from pathlib import Path
 
@@ -23,7 +23,7 @@ def tuned(tmp_path_factory):
     (tmp_path / "ds.json").write_text(json.dumps(ds))
     (tmp_path / "hostfile").write_text("localhost slots=2\n127.0.0.1 slots=2\n")
     environ = env(OOM_STANDIN_LOG=tmp_path / "launches.log", OOM_STANDIN_SCALING="0.9 0.7",
-                  OOM_STANDIN_STEPS="30 0.05")
+                  OOM_STANDIN_NOISY_STEPS="30 0.05")
     result = autotune("tune", "-H", tmp_path / "hostfile", "-o", tmp_path / "res", "--launcher", f"sh {STANDIN}",
                       "--num_gpus", "1,2", "--num_nodes", "1,2", "--confirm", "0", "train.py",
                       "--deepspeed_config", "ds.json", environ=environ, cwd=tmp_path, timeout=300)

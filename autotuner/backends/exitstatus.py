@@ -86,10 +86,9 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     """Judge an attempt from its exit status and the files in its directory, as the runner that started it
     would have; with no exit status recorded (None) it is interrupted, to be run again. With what its steps
     said (`Outcome.measured`), where it left any (spec/progress.py): every backend judges here, so none reads
-    them itself."""
-    if exit_code is None:
-        return Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED)
-    outcome = _judged(exit_code, directory, metric)
+    them itself (one with no status too: a stop's end, its status dropped, reads as that stop, with its steps)."""
+    outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED) if exit_code is None else \
+        _judged(exit_code, directory, metric)
     measured = measured_run(directory, metric.name, lambda: _end_profile_step(directory))
     return outcome if measured is None else dataclasses.replace(outcome, measured=measured)
 

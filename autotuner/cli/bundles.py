@@ -49,7 +49,11 @@ GRACE = typer.Option(10.0, "--grace", help="Seconds between SIGTERM and SIGKILL 
 QUIET = typer.Option(False, "--quiet", "-q", help="Print only the outcome.")
 EVENTS = typer.Option(None, "--events", help="Append one JSON line per event (started, finished: name, attempt, "
                                              "slots, state, reason, metric, timestamp; stopping: why the sweep "
-                                             "stops dispatching) to this file, for scripts.")
+                                             "stops dispatching; progress: a running attempt's steps so far) to "
+                                             "this file, for scripts.")
+STOP_OUTCLASSED = typer.Option(False, "--stop-outclassed",
+                               help="Stop a running experiment once its steps show it cannot beat one that "
+                                    "succeeded (recorded stopped, outclassed; a tune always does).")
 FAIL_ON = typer.Option(autotuner.FailOn.ANY, "--fail-on",
                        help="When to exit 1: `any` experiment did not succeed, or only `no-result` (none "
                             "succeeded, so no best config: an OOM alone then exits 0).")
@@ -203,11 +207,12 @@ def where(slots_help: str) -> Any:
 
 
 def sweep_options(timing: Timing, ssh: SshOptions, watch: Watch, allocation: autotuner.Allocation | None,
-                  ray: str | None, timeout: float | None, placement: str | None = None) -> autotuner.Options:
+                  ray: str | None, timeout: float | None, placement: str | None = None,
+                  stop_outclassed: bool = False) -> autotuner.Options:
     """The Options of `run`, `tune` and `resume`, from their bundles."""
     return autotuner.Options(ssh=ssh.settings(), grace=timing.grace, retries=timing.retries,
                              deadline=timing.deadline, timeout=timeout, placement=placement,
-                             fail_on=watch.fail_on, slurm=allocation, ray=ray)
+                             fail_on=watch.fail_on, slurm=allocation, ray=ray, stop_outclassed=stop_outclassed)
 
 
 F = TypeVar("F", bound=Callable[..., None])

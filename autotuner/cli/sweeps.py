@@ -22,6 +22,7 @@ from .bundles import (
     SLURM_OPTIONS,
     SPECS,
     SSH,
+    STOP_OUTCLASSED,
     WATCH_AND_VERDICT,
     SshOptions,
     Timing,
@@ -72,6 +73,7 @@ def run(
                                                           "spec states no gpu_memory."),
     gpu_type: str | None = GPU_TYPE,
     gpu_mixed: bool = GPU_MIXED,
+    stop_outclassed: bool = STOP_OUTCLASSED,
     ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
@@ -92,7 +94,8 @@ def run(
         raise fail(e) from None
     with held(ask) as allocation:
         try:
-            options = sweep_options(times, ssh, watch, allocation, place.ray, times.timeout_seconds(), chosen)
+            options = sweep_options(times, ssh, watch, allocation, place.ray, times.timeout_seconds(), chosen,
+                                    stop_outclassed)
             cluster = place.cluster(allocation, sweep, notes.append, options.ssh or autotuner.Ssh())
             directory = autotuner.prepare(sweep, cluster, directory_asked, launcher=launch,
                                           timeout=options.timeout, memory_from=peaks)
@@ -185,6 +188,7 @@ def resume(
     times: Timing = timing("the resumed sweep", default="as the sweep was started"),
     placement: str | None = typer.Option(None, "--placement", help="pack, spread or memory [default: as the "
                                                                       "sweep last ran]."),
+    stop_outclassed: bool = STOP_OUTCLASSED,
     ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
     ask: autotuner.SlurmAsk = SLURM_OPTIONS,
@@ -207,7 +211,7 @@ def resume(
         note(line)
     with held(ask, recorded=plan.slurm) as allocation:
         timeout = plan.timeout if times.timeout is None else times.timeout_seconds()
-        options = sweep_options(times, ssh, watch, allocation, ray, timeout, chosen)
+        options = sweep_options(times, ssh, watch, allocation, ray, timeout, chosen, stop_outclassed)
         execute(directory, options, watch, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 
 

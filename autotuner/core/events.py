@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..spec import Experiment
+from ..spec.interval import StepReading
 from .outcome import Outcome
 from .slots import NO_NEED, GpuNeed, Reservation
 
@@ -81,6 +82,16 @@ class Finished:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """What a running attempt's steps say so far (the runner's step reader: sweep/steps.py), or, with `oom`, the
+    log line that shows it ran out of memory: then it is ended at once, recorded failed (oom)."""
+
+    run: Run
+    reading: StepReading | None
+    oom: str | None = None
+
+
+@dataclass(frozen=True)
 class Cancel:
     names: tuple[str, ...] = ()  # empty: the whole sweep
 
@@ -126,7 +137,8 @@ class Deadline:
     """The sweep's time is up: running experiments are ended as timed out, queued ones stay for resume."""
 
 
-Event = Launched | Finished | Cancel | Interrupt | CheckRequests | HostLost | HostBack | MemoryRead | Deadline
+Event = (Launched | Finished | Progress | Cancel | Interrupt | CheckRequests | HostLost | HostBack | MemoryRead
+         | Deadline)
 Post = Callable[[Event], None]
 """Hands an event to the dispatcher; thread-safe (`Scheduler.post`)."""
 

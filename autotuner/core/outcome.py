@@ -67,7 +67,7 @@ class Outcome:
 
 # The reason a stop records when it names none: its state's own word.
 REASON_OF = {State.CANCELLED: Reason.CANCELLED, State.INTERRUPTED: Reason.INTERRUPTED,
-             State.TIMED_OUT: Reason.TIMEOUT}
+             State.TIMED_OUT: Reason.TIMEOUT, State.STOPPED: Reason.OUTCLASSED}
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,14 @@ def log_tail(path: Path, size: int = _TAIL_BYTES) -> str:
 
 def _tail_lines(path: Path) -> list[str]:
     return log_tail(path).splitlines()
+
+
+def oom_line(text: str) -> str | None:
+    """The last line of `text` that says a process ran out of memory (the class `classify` gives first), or None:
+    what the runner's step reader looks for in a running attempt's new log lines."""
+    pattern = _PATTERNS[0][1]
+    found = [line.strip() for line in text.splitlines() if pattern.search(line)]
+    return found[-1][:300] if found else None
 
 
 def classify(exit_code: int | None, logs: list[Path]) -> tuple[Reason, str | None]:

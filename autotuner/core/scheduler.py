@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import NamedTuple, Protocol, TypeVarTuple
+from typing import NamedTuple, TypeVarTuple
 
 from ..limits import memory
 from ..spec import Experiment
@@ -40,7 +40,7 @@ from .events import (
     Key,
     Launched,
     MemoryRead,
-    Post,
+    Progress,
     Queued,
     Run,
 )
@@ -48,60 +48,10 @@ from .outcome import Outcome, StopAsked
 from .placement import Pack
 from .queues import BackfillQueue
 from .record import Record
+from .roles import Source
 from .slots import Placement, Reservation, SlotPool
 
 Ts = TypeVarTuple("Ts")  # the arguments _quietly passes on
-
-
-class Executor(Protocol):
-    """Starts and ends runs for a driver. `start` and `adopt` return at once: the executor follows the run (on a
-    thread it owns, or on a simulated clock) and posts `Launched`, then exactly one `Finished`."""
-
-    def start(self, run: Run, post: Post) -> None:
-        """Launch the run; a launch that fails is posted as its `Finished` (reason launch), never raised."""
-
-    def adopt(self, run: Run, pid: int | None, post: Post) -> None:
-        """Follow a run that a dead runner started (`pid`: its process group) to
-        its end, as `start` does; its Finished event is judged from the exit status it recorded."""
-
-    def stop(self, run: Run, state: State, detail: str, reason: Reason | None = None) -> None:
-        """End the run's processes (a grace period, then SIGKILL) without blocking the caller; its Finished
-        event then carries `state` (cancelled, timed_out, ...) and `reason` (default: the state's own word).
-        The first stop asked for a run wins."""
-
-    def kill_all(self) -> None:
-        """SIGKILL every run at once, from any thread (a second Ctrl-C); each is then recorded interrupted."""
-
-    def close(self) -> None:
-        """Join the executor's threads, once every run has posted its Finished (or the runner gives up)."""
-
-
-Observer = Callable[[str, "Run | Queued | str", "Outcome | None"], None]
-"""Told, by the driver, once the record holds the fact:
-- ("started", Run, None); ("adopted", Run, None) for a run a dead runner left running;
-- ("finished", Run or an unstarted Queued, Outcome): the attempt's terminal state, as the record holds it;
-- ("requeued", Queued, Outcome), right after the "finished" of an attempt that the scheduler queues again at
-  once (a transient failure with retries left, a run of a lost host, an adopted run that ended unrecorded):
-  the Queued is the new attempt (same experiment, next number), the Outcome the ended attempt's, whose
-  `reason` says why. This is the one place the retry decision is made: observers read it, never re-derive it;
-- ("host_down", host name, Outcome: why), ("host_up", host name, None);
-- ("stopping", sweep id, Outcome(state, reason, detail)), once, when the sweep stops dispatching (Ctrl-C, a
-  cancel of the whole sweep, its deadline): what runs is being ended as `state`; `detail` says why.
-An observer that raises is left out from then on (see `Dispatcher._tell`): watching a sweep never stops it.
-An observer may carry a `label` attribute that names it in that note."""
-
-
-class Source(Protocol):
-    """Proposes experiments while slots are free and nothing waits: the hook a searcher (`autotune tune`)
-    feeds the queue through. A grid needs none: its fixed list is submitted at the start."""
-
-    def propose(self, free_slots: int, now: float) -> Sequence[Experiment]:
-        """Experiments to queue now (new names); none: nothing more until a run ends."""
-
-    def observe(self, run: Run | Queued, outcome: Outcome) -> None:
-        """An attempt of the sweep ended for good, as recorded (a run, or one cancelled before it started); an
-        attempt the scheduler queues again (a transient failure with retries left, a lost host) is not told:
-        its next attempt's end is."""
 
 
 def _with_peak(outcome: Outcome, peak_memory: int | None) -> Outcome:
@@ -199,8 +149,8 @@ class Scheduler:
         is placed, and its timeout counts from its recorded start; cancel, Ctrl-C and the deadline end it like
         any run. One that ended without recording its exit status is recorded interrupted and queued again,
         as a crash's casualty. `since`: when it started (launched, as recorded). `stop`: the stop the dead
-        runner had asked for it (recorded before its signal): its end is judged as that stop, and no later one
-        replaces it.
+        runner had asked for it (recorded before its signal, which it may not have lived to send): asked again at
+        the first step, its end judged as that stop, and no later one replaces it.
         """
         name = experiment.name
         run = Run(experiment, attempt, Reservation.of(slots), f"{self.sweep_id}.{name}.{attempt}",
@@ -210,9 +160,10 @@ class Scheduler:
         self.pool.take(run.reservation)
         self._running[run.key] = run
         self._adopted.add(run.key)
+        self._note("adopted", run)
         if stop is not None:
             self._asked[run.key] = stop
-        self._note("adopted", run)
+            self._actions.stop.append(Stop(run, stop.state, stop.detail, stop.reason))
         self._launched[run.key] = since
         self._arm(run, since)
         return run
@@ -301,6 +252,8 @@ class Scheduler:
                     self._arm(run, at)
             case Finished(run=run, outcome=outcome, at=at, peak_memory=peak):
                 self._finished(run, outcome, at, peak)
+            case Progress():
+                self._progress(event, now)
             case Cancel(names=names):
                 self._cancel(set(names), now)
             case CheckRequests():
@@ -382,7 +335,7 @@ class Scheduler:
         timing = timing_of(outcome.measured, self._launched.pop(run.key, None))
         if timing is not None:
             self.record.measured(run.experiment.name, run.attempt, timing)
-            if outcome.state == State.SUCCEEDED:
+            if outcome.state in (State.SUCCEEDED, State.STOPPED):  # a stopped one: how far it got, how fast
                 outcome = replace(outcome, metrics={**(outcome.metrics or {}), **{  # its own first, as before
                     k: v for k, v in timing.columns(self.metric).items() if k not in (outcome.metrics or {})}})
         self.record.finish(run.experiment.name, run.attempt, outcome.state, at, reason=outcome.reason,
@@ -400,6 +353,26 @@ class Scheduler:
             item = Queued(run.experiment, self.record.requeue([name], at)[name])
             self._queue.push_front(item)
             self._note("requeued", item, outcome)
+
+    def _progress(self, event: Progress, now: float) -> None:
+        """A running attempt's steps so far: kept in the record (its `measures`, for `status` and the dashboard)
+        and told to observers; one seen to run out of memory is ended at once (recorded failed, oom), and one the
+        search says cannot win is stopped (`Source.outclassed`; recorded stopped, outclassed). An attempt already
+        being stopped, or ended, is left alone."""
+        run = event.run
+        if run.key not in self._running or run.key in self._asked:
+            return
+        if event.oom is not None:
+            self._stop(run, State.FAILED, event.oom, now, Reason.OOM)
+            return
+        timing = timing_of(event.reading, self._launched.get(run.key))
+        if timing is None or event.reading is None:
+            return
+        self.record.measured(run.experiment.name, run.attempt, timing)
+        self._note("progress", run, Outcome(State.RUNNING, measured=event.reading))
+        why = self.source.outclassed(run, event.reading) if self.source is not None else None
+        if why is not None:
+            self._stop(run, State.STOPPED, why, now, Reason.OUTCLASSED)
 
     def _runs_again(self, name: str, outcome: Outcome, adopted: bool) -> bool:
         """The retry decision, made here only. Interrupted, not by us (its host was lost, or it is an adopted

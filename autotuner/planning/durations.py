@@ -131,7 +131,7 @@ def past_runs(directory: Path) -> PastRuns:
         timings = ledger.measures()
         found = PastRuns()
         for a in ledger.attempts():
-            if a.state in (State.CANCELLED, State.INTERRUPTED) or a.duration is None or a.duration < 0:
+            if a.state in (State.CANCELLED, State.INTERRUPTED, State.STOPPED) or a.duration is None or a.duration < 0:
                 continue
             found.by_name.setdefault(a.name, []).append(a.duration)
             e = experiments.get(a.name)

@@ -23,6 +23,7 @@ from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for
 from ..backends.slurm import Allocation
+from ..backends.watch import env_seconds
 from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
 from ..core.placement import PLACEMENTS, placement_named
 from ..core.slots import Devices, devices_from_json
@@ -35,6 +36,7 @@ from ..spec import Experiment
 from ..spec.metrics import PEAK_MEMORY, metric_named
 from ..states import Reason, State
 from ..threads import Workers
+from ..tune.outclass import GridJudge
 from ..tune.space import SearchSpec
 from ..tune.tuners import search_for
 from ..views.snapshot import Snapshot, snapshot
@@ -42,6 +44,7 @@ from ..views.summary import write_outcome_files
 from .create import withdraw
 from .dispatcher import Dispatcher, Inbox
 from .holding import holding
+from .steps import DEFAULT_POLL, POLL_ENV, StepReader
 from .verdict import FailOn, exit_code
 
 __all__ = ["Options", "Result", "Ssh", "Stopped", "execute", "machine_fault", "requeue"]
@@ -63,9 +66,10 @@ class Result:
     @property
     def exit_code(self) -> int:
         """0, 1 (as `fail_on` says) or 130 (interrupted): see `verdict`. For a search (`tune`), a run out of
-        memory or past its timeout is an answer (that size is too big), not a failure."""
+        memory or past its timeout is an answer (that size is too big), not a failure; a run stopped because it could
+        not win (`stopped`) is never one."""
         answers = self.snapshot.meta.search is not None
-        all_succeeded = all(a.state == State.SUCCEEDED or (answers and (a.reason == Reason.OOM
+        all_succeeded = all(a.state in (State.SUCCEEDED, State.STOPPED) or (answers and (a.reason == Reason.OOM
                                                                         or a.state == State.TIMED_OUT))
                             for a in self.snapshot.attempts)
         return exit_code(interrupted=self.interrupted, all_succeeded=all_succeeded,
@@ -110,6 +114,7 @@ class Options:
     fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
     slurm: Allocation | None = None  # the Slurm allocation to run in (a sweep started in Slurm needs one)
     ray: str | None = None  # the Ray cluster to run on: its address, "" for RAY_ADDRESS or auto (backends/ray)
+    stop_outclassed: bool = False  # a grid: stop a run whose steps show it cannot beat one that succeeded
 
 
 def execute(directory: Path, options: Options | None = None, *, retry_failed: bool = False,
@@ -207,11 +212,13 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
-                          source=_search(ledger, meta.search) if meta.search is not None else None)
+                          source=_search(ledger, meta.search) if meta.search is not None else
+                          _judge(ledger) if options.stop_outclassed else None)
     inbox = Inbox()
     executor = backend.executor(inbox.post)
-    dispatcher = Dispatcher(scheduler, executor, time.time, [*memory.observers, *options.observers], options.log,
-                            inbox)
+    reader = StepReader(inbox.post, scheduler.metric, env_seconds(POLL_ENV, DEFAULT_POLL))
+    dispatcher = Dispatcher(scheduler, executor, time.time, [*memory.observers, reader, *options.observers],
+                            options.log, inbox)
     backend.clear_strays(adopt)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
@@ -225,6 +232,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
             stray.append(a)
         else:
             executor.adopt(run, a.pid, dispatcher.post)
+            reader("adopted", run, None)
             for note in memory.observers:  # before the first reading: its GPUs show the run's own memory
                 note("adopted", run, None)
     if stray:  # slots recorded twice or not the sweep's (a ledger edited by hand): ended, then run again
@@ -236,7 +244,8 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
                     "queued again")
     backend.ready(slot_pool, dispatcher.post)
     scheduler.submit(waiting)
-    return _run_with_signals(dispatcher)
+    with reader.reading():
+        return _run_with_signals(dispatcher)
 
 
 def _placement(ledger: Ledger, options: Options, backend: Backend,
@@ -264,6 +273,16 @@ def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Source:
                                                                                  if a.name in peaks else {})}
                                                  for a in attempts})
     return search
+
+
+def _judge(ledger: Ledger) -> Source:
+    """`--stop-outclassed` of a grid (tune/outclass.py), told what succeeded before, each on its hosts' GPU type."""
+    meta = ledger.meta()
+    judge = GridJudge(metric_named(meta.metric), meta.gpu_types or {})
+    for a in ledger.latest():
+        if a.state == State.SUCCEEDED:
+            judge.keep(a.name, list(a.slots), a.metrics)
+    return judge
 
 
 def _run_with_signals(dispatcher: Dispatcher) -> bool:

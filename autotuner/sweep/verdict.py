@@ -15,7 +15,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 class FailOn(_Word):
     """What makes a finished sweep exit 1."""
 
-    ANY = "any"  # any experiment that did not succeed (failed, timed out, cancelled, left queued)
+    ANY = "any"  # any experiment that did not succeed (failed, timed out, cancelled, left queued; not `stopped`)
     NO_RESULT = "no-result"  # only a sweep without a result: no experiment succeeded, no best config written
 
 

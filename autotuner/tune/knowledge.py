@@ -184,6 +184,8 @@ class Knowledge:
             if self._improves(value):
                 self.since_best = 0
                 return
+        elif state == State.STOPPED and value is not None:  # it fits, and is at best `value`: worse than the best
+            known.fits[mbs] = value
         elif state in (State.FAILED, State.TIMED_OUT) and (reason == Reason.OOM or state == State.TIMED_OUT):
             known.too_big.add(mbs)
             if reason == Reason.OOM:
@@ -216,6 +218,8 @@ class Knowledge:
             if self._improves(value):
                 self.since_best = 0
                 return
+        elif state == State.STOPPED and value is not None:  # at best `value` (outclass.py): never a config
+            self.knob_fits[point] = value
         elif state in (State.FAILED, State.TIMED_OUT, State.SUCCEEDED):  # no metric
             if state == State.TIMED_OUT or reason == Reason.OOM:
                 stage, mbs, knobs = point

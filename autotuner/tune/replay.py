@@ -10,6 +10,7 @@ from ..spec import Experiment
 from ..spec.metrics import reported_peak
 from ..states import State
 from .memory_loop import MemoryLoop
+from .outclass import recorded_optimistic
 from .reruns import rerun_of
 
 Latest = Mapping[str, tuple[State, str | None, float | None]]  # each experiment's last state, reason and metric
@@ -42,6 +43,8 @@ def replay(search: MemoryLoop, experiments: Sequence[Experiment], latest: Latest
                 search.trials.append(placed)
                 search.remember_accumulation(e)
         state, reason, value = latest.get(e.name, (State.QUEUED, None, None))
+        if state == State.STOPPED:  # what it learnt then: its optimistic bound (outclass.py)
+            value = recorded_optimistic((metrics or {}).get(e.name), search.metric)
         if state.terminal and state not in (State.INTERRUPTED, State.CANCELLED):
             search.learn(e, state, reason, value, reported_peak((metrics or {}).get(e.name)))
         elif state == State.CANCELLED:

@@ -1,7 +1,8 @@
 """`autotune tune`'s search: the fastest (ZeRO stage, micro-batch size) without a hand-written grid.
 
-A `Source` for the scheduler (core/scheduler.py): whenever slots are free and nothing waits, it is asked for
-the next experiments, and it learns from every run that ends. Three tuners (DeepSpeed's `tuner_type`) share what
+A `Source` for the scheduler (core/roles.py): whenever slots are free and nothing waits, it is asked for the
+next experiments, it learns from every run that ends, and at each reading of a running run's steps it says
+whether that run can still win (outclass.py). Three tuners (DeepSpeed's `tuner_type`) share what
 is learnt (`Search`: knowledge.py, the memory model's loop in memory_loop.py) and differ only in which point
 they try next (`choose`):
 
@@ -28,8 +29,11 @@ from collections.abc import Mapping, Sequence
 from ..core import Queued, Run
 from ..core.outcome import Outcome
 from ..spec import Experiment
+from ..spec.interval import StepReading
 from ..spec.metrics import reported_peak
+from ..states import State
 from .memory_loop import MemoryLoop
+from .outclass import outclassed, recorded_optimistic
 from .replay import Latest, replay
 from .reruns import confirm_count, interval_of, rerun_of, to_rerun
 
@@ -65,8 +69,17 @@ class Search(MemoryLoop):
         if profiled is not None:
             self.learn_profile(profiled, outcome.state, outcome.reason, outcome.metrics, outcome.detail)
             return
-        self.learn(run.experiment, outcome.state, outcome.reason,
-                   outcome.metrics.get(self.metric.name) if outcome.metrics else None, reported_peak(outcome.metrics))
+        value = recorded_optimistic(outcome.metrics, self.metric) if outcome.state == State.STOPPED else \
+            outcome.metrics.get(self.metric.name) if outcome.metrics else None
+        self.learn(run.experiment, outcome.state, outcome.reason, value, reported_peak(outcome.metrics))
+
+    def outclassed(self, run: Run, reading: StepReading) -> str | None:
+        """Why a running first run cannot be the best by its steps so far (outclass.py); never a profile run or a
+        confirming re-run."""
+        name = run.experiment.name
+        if self.spec.profile_of(name) is not None or rerun_of(name) is not None:
+            return None
+        return outclassed(reading, self.intervals, self.configs, self.metric)
 
     def choose(self, room: int) -> list[Experiment]:
         """At most `room` new experiments (`take`), none of a point known not to fit, within the budget."""

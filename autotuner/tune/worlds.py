@@ -14,6 +14,7 @@ from ..core import Queued, Run
 from ..core.outcome import Outcome
 from ..errors import UserError, shown
 from ..spec import Experiment
+from ..spec.interval import StepReading
 from .replay import Latest
 from .search import Search
 from .space import SearchSpec
@@ -71,6 +72,11 @@ class WorldSearch:
         owner = self._owner(run.experiment.name)
         if owner is not None:
             owner.observe(run, outcome)
+
+    def outclassed(self, run: Run, reading: StepReading) -> str | None:
+        """As its size's search says (each size's best is its own)."""
+        owner = self._owner(run.experiment.name)
+        return owner.outclassed(run, reading) if owner is not None else None
 
     def replay(self, experiments: Sequence[Experiment], latest: Latest,
                metrics: Mapping[str, Mapping[str, float]] | None = None) -> None:

@@ -1,9 +1,10 @@
 """A sweep's events as they happen, for scripts (`--events FILE`: one JSON object a line) and for a log that is
 not a terminal (one plain line an event on stdout). Both are scheduler observers: called on the dispatcher
 thread with ("started" | "adopted", Run, None), ("finished", Run or an unstarted Queued, Outcome),
-("requeued", Queued, Outcome), ("host_down", host name, Outcome saying why), ("host_up", host name, None) and
-("stopping", sweep id, Outcome)
-(see `core.scheduler.Observer`); they write what they are told and never wait.
+("requeued", Queued, Outcome), ("progress", Run, Outcome(running, measured=its steps so far)), ("host_down",
+host name, Outcome saying why), ("host_up", host name, None) and ("stopping", sweep id, Outcome)
+(see `core.roles.Observer`); they write what they are told and never wait. Progress goes to the JSON stream
+only: a plain line every few seconds per run would bury the lines that say what ended.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import IO, TYPE_CHECKING, cast
 from ..core.outcome import Outcome
 from ..errors import UserError
 from ..jsonvalues import JSONObject
+from ..spec.interval import timing_of
 from ..spec.outputs import check_output
 from ..states import State
 from .snapshot import format_slots
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 STARTED, ADOPTED, FINISHED, REQUEUED = "started", "adopted", "finished", "requeued"
 HOST_DOWN, HOST_UP = "host_down", "host_up"
 STOPPING = "stopping"  # the sweep stops dispatching (Ctrl-C, a cancel of all of it, its deadline); told once
+PROGRESS = "progress"  # a running attempt's steps so far (sweep/steps.py), in the Outcome's `measured`
 
 
 # --- the JSON event stream -----------------------------------------------------------------------------------
@@ -44,6 +47,12 @@ def event_record(what: str, subject: Run | Queued, outcome: Outcome | None, metr
               "slots": reservation.as_dict() if reservation is not None else {}}
     if what in (STARTED, ADOPTED):
         return record | {"state": State.RUNNING, "reason": None, "detail": None, "metric": None, "metrics": {}}
+    if what == PROGRESS:  # a running attempt's steps so far: its mean, interval and steps as the report's columns
+        timing = timing_of(outcome.measured if outcome is not None else None, None)
+        interval = timing.interval if timing is not None else None
+        return record | {"state": State.RUNNING, "reason": None, "detail": None,
+                         "metric": interval.mean if interval is not None else None,
+                         "metrics": timing.columns(metric) if timing is not None else {}}
     if what == REQUEUED:  # queued again at once, as a new attempt; the outcome says why
         return record | {"state": State.QUEUED, "reason": outcome.reason if outcome is not None else None,
                          "detail": outcome.detail if outcome is not None else None, "metric": None, "metrics": {}}
@@ -206,4 +215,6 @@ class PlainPrinter:
         self.metric = metric
 
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
+        if what == PROGRESS:
+            return
         print(f"{time.strftime('%H:%M:%S')} {event_line(what, subject, outcome, self.metric)}", flush=True)

@@ -13,12 +13,13 @@ from typing import overload
 
 from ..ledger.spent import Held
 from ..ledger.store import Ledger
+from ..states import Reason
 from .snapshot import Snapshot
 
 HOUR = 3600.0
-# The reason a run stopped because it could not win is recorded with, once runs are stopped so: its GPU-hours
-# are then a figure of their own (`GpuHours.stopped`), shown where not zero. None: no run is recorded so yet.
-STOPPED: str | None = None
+# The reason a run stopped because it could not win is recorded with: its GPU-hours are a figure of their own
+# (`GpuHours.stopped`), shown where not zero.
+STOPPED: str | None = Reason.OUTCLASSED
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ th { background: #eef0f4; position: sticky; top: 0; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.best td { background: #fff3c4; font-weight: 600; }
 tr.failed td, tr.timed_out td { color: #9d2c22; }
-tr.cancelled td, tr.interrupted td, tr.queued td { color: #7a808a; }
+tr.cancelled td, tr.interrupted td, tr.queued td, tr.stopped td { color: #7a808a; }
 tr.running td { color: #2458a6; }
 .why { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; word-break: break-word; }
 .marker { color: #b8860b; font-weight: 700; }

@@ -27,7 +27,19 @@ from ..spec import Experiment
 from ..spec.metrics import metric_named
 from ..states import State
 from .eta import Eta
-from .events import ADOPTED, FINISHED, HOST_DOWN, HOST_UP, REQUEUED, STARTED, STOPPING, EventLog, PlainPrinter, one_line
+from .events import (
+    ADOPTED,
+    FINISHED,
+    HOST_DOWN,
+    HOST_UP,
+    PROGRESS,
+    REQUEUED,
+    STARTED,
+    STOPPING,
+    EventLog,
+    PlainPrinter,
+    one_line,
+)
 from .livestate import Failure, LiveState, Running, SearchState
 from .panel import render
 from .snapshot import Snapshot, snapshot
@@ -37,7 +49,7 @@ if TYPE_CHECKING:
 
     from ..core.events import Queued, Run
 
-# States whose duration says how long an experiment takes (cancelled and interrupted runs were cut short).
+# States whose duration says how long an experiment takes (cancelled, interrupted and stopped runs were cut short).
 _TIMED_STATES = (State.SUCCEEDED, State.FAILED, State.TIMED_OUT)
 _KEYS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 MAX_FAILURE_ROWS = 5  # the most recent failures shown; the counts hold them all, the report every reason
@@ -138,6 +150,11 @@ class LiveView:
                 self._started(cast("Run", subject), now)
             elif what == FINISHED and outcome is not None:
                 self._finished(subject, outcome, now)
+            elif what == PROGRESS and outcome is not None and outcome.measured is not None:
+                key = (subject.experiment.name, subject.attempt)
+                if key in self._running:
+                    self._running[key] = replace(self._running[key], steps=outcome.measured.steps,
+                                                 so_far=outcome.measured.interval)
             elif what == REQUEUED:  # the scheduler queued it again at once (a lost host, a transient failure)
                 self._states[subject.experiment.name] = State.QUEUED
                 self._requeued(subject.experiment.name)

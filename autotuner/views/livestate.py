@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..spec.interval import Interval
 from ..spec.metrics import Metric
 from ..states import State
 from .snapshot import count_states
@@ -21,6 +22,8 @@ class Running:
     started_at: float
     timeout: float | None
     key: str = "#"  # its one character in the slots and the running list, kept while it runs
+    steps: int = 0  # steps its progress showed so far (sweep/steps.py)
+    so_far: Interval | None = None  # the metric's mean so far and its 95% interval
 
     @property
     def size(self) -> int:

@@ -4,12 +4,13 @@ when a frame is drawn.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ..spec.metrics import format_value
 from ..states import State
 from .events import one_line
-from .livestate import LiveState
+from .livestate import LiveState, Running
 from .snapshot import format_slots
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def _counts(state: LiveState) -> Text:
         if n or label != "timed out":
             head.append(f"{n} {label}", style=style if n else "dim")
             head.append("   ")
-    for stopped in (State.CANCELLED, State.INTERRUPTED):
+    for stopped in (State.STOPPED, State.CANCELLED, State.INTERRUPTED):
         if counts.get(stopped):
             head.append(f"{counts[stopped]} {stopped}   ", style="yellow")
     if state.search is None:
@@ -150,18 +151,31 @@ def _running(state: LiveState, now: float) -> RenderableType:
     from rich.text import Text
 
     table = Table(box=None, header_style="bold", pad_edge=False)
+    shown = state.running[:MAX_RUNNING_ROWS]
+    stepping = any(r.steps for r in shown)  # the steps columns only once a run's progress was read
     for column, right in (("", False), ("running", False), ("try", True), ("on", False), ("elapsed", True),
-                          ("timeout", True)):
+                          ("timeout", True), *((("steps", True), (f"{state.metric.name} so far", True))
+                                               if stepping else ())):
         table.add_column(column, justify="right" if right else "left")
-    for r in state.running[:MAX_RUNNING_ROWS]:
+    for r in shown:
         elapsed = now - r.started_at
         late = r.timeout is not None and elapsed > 0.8 * r.timeout
         table.add_row(Text(r.key, style="bold black on cyan"), Text(r.name), str(r.attempt),
                       format_slots(r.slots), Text(seconds(elapsed), style="yellow" if late else ""),
-                      seconds(r.timeout) if r.timeout is not None else "none")
+                      seconds(r.timeout) if r.timeout is not None else "none",
+                      *((str(r.steps or ""), _so_far(r)) if stepping else ()))
     if len(state.running) > MAX_RUNNING_ROWS:
-        table.add_row("", f"... {len(state.running) - MAX_RUNNING_ROWS} more", "", "", "", "")
+        table.add_row("", f"... {len(state.running) - MAX_RUNNING_ROWS} more", *[""] * (6 if stepping else 4))
     return table
+
+
+def _so_far(r: Running) -> str:
+    """A running attempt's metric so far: its mean and 95% interval (`2,180 (2,150-2,210)`), where known."""
+    found = r.so_far
+    if found is None:
+        return ""
+    high = format_value(found.high) if math.isfinite(found.high) else "?"
+    return f"{format_value(found.mean)} ({format_value(found.low)}-{high})"
 
 
 def _failures(state: LiveState) -> RenderableType:

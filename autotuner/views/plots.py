@@ -50,7 +50,7 @@ INSTALL_HINT = ("plots need matplotlib, which is not installed: pip install 'ds-
                 "(or pip install matplotlib)")
 
 _STATE_COLORS: dict[str, str] = {State.SUCCEEDED: "#4c9a5f", State.FAILED: "#c8453c", State.TIMED_OUT: "#e08a2c",
-                                State.CANCELLED: "#9a9a9a", State.INTERRUPTED: "#b3a16b",
+                                State.CANCELLED: "#9a9a9a", State.STOPPED: "#6b8fb3", State.INTERRUPTED: "#b3a16b",
                                 State.RUNNING: "#3b7dd8", State.QUEUED: "#dddddd"}
 
 

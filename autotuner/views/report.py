@@ -25,7 +25,7 @@ from .summary import batch_note, command_file, config_file, confirmation, memory
 from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, json_with_rows, markdown_table, render_table
 
 _STATE_STYLES = {State.SUCCEEDED: "green", State.FAILED: "red", State.TIMED_OUT: "yellow", State.RUNNING: "cyan",
-                 State.QUEUED: "dim", State.CANCELLED: "dim", State.INTERRUPTED: "magenta"}
+                 State.QUEUED: "dim", State.CANCELLED: "dim", State.STOPPED: "blue", State.INTERRUPTED: "magenta"}
 # Headers of swept keys in the table: the experiment names' abbreviations, but words for the two counts.
 _HEADERS = {**ABBREVIATIONS, "num_gpus": "gpus", "num_nodes": "nodes"}
 

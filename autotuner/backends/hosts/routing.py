@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.events import Post, Run
-from ...core.scheduler import Executor
+from ...core.roles import Executor
 from ...spec.hostfile import is_local
 from ...states import Reason, State
 

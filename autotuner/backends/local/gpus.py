@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ...core.scheduler import Executor
+from ...core.roles import Executor
 from ...core.slots import Devices
 from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import SweepMeta

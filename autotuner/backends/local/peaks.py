@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any  # pynvml has no type information: the module (or a fake) is Any
 
 from ...core.events import Event, Finished, Key, Post, Run
-from ...core.scheduler import Executor
+from ...core.roles import Executor
 from ...gpu.nvml import NvmlSession
 from ...states import Reason, State
 from ...threads import Workers

@@ -230,8 +230,9 @@ function showSweeps(main) {
 }
 
 const SWEEP_COLUMNS = [["sweep", ""], ["directory", ""], ["state", ""],
-  ["ended", "experiments that ended (succeeded, failed, timed out, cancelled or interrupted) of all"],
-  ["succeeded", ""], ["failed", "failed or timed out"], ["stopped", "cancelled or interrupted"], ["running", ""],
+  ["ended", "experiments that ended (succeeded, failed, timed out, stopped, cancelled or interrupted) of all"],
+  ["succeeded", ""], ["failed", "failed or timed out"],
+  ["cut short", "stopped (could not win), cancelled or interrupted"], ["running", ""],
   ["queued", ""], ["best", "the best run so far and its value of the sweep's metric"], ["ETA", ""]];
 
 function sweepLine(s) {
@@ -245,7 +246,7 @@ function sweepLine(s) {
     el("td", {}, s.runner ? stateBadge("running") : el("span", { class: "muted" }, (c.queued || c.running) ? "stopped (no runner)" : "finished")),
     el("td", { class: "num" }, number(ended) + " of " + number(s.total)),
     el("td", { class: "num" }, number(count("succeeded"))), el("td", { class: "num" }, number(count("failed", "timed_out"))),
-    el("td", { class: "num" }, number(count("cancelled", "interrupted"))),
+    el("td", { class: "num" }, number(count("stopped", "cancelled", "interrupted"))),
     el("td", { class: "num" }, number(count("running"))), el("td", { class: "num" }, number(count("queued"))),
     el("td", { class: "name" }, best ? [breakable(best.name), el("span", { class: "muted" }, " · " + s.metric.name + " " + number(best.value))] : ""),
     el("td", {}, eta));
@@ -316,7 +317,7 @@ function rank(S) {
 function drawTop(S) {
   const s = S.summary;
   crumbs(el("a", { href: "#/" }, "sweeps"), s.name);
-  const counts = el("div", { class: "counts" }, ["succeeded", "failed", "timed_out", "running", "queued", "cancelled", "interrupted"]
+  const counts = el("div", { class: "counts" }, ["succeeded", "failed", "timed_out", "stopped", "running", "queued", "cancelled", "interrupted"]
     .filter((k) => s.counts[k] || ["succeeded", "running", "queued"].includes(k))
     .map((k) => el("span", {}, el("b", { class: "s-" + k }, number(s.counts[k] || 0)), " " + k.replace("_", " "))),
     el("span", { class: "muted" }, "of " + number(s.total) + (s.search ? " proposed (" + s.search + " search)" : "")));
@@ -384,7 +385,7 @@ function buildTable(S) {
   S.filterBox = el("input", { type: "search", id: "filter", placeholder: "filter: name, value, reason…",
     oninput: (ev) => { S.filter = ev.target.value.toLowerCase(); S.page = 0; drawTable(S); } });
   S.stateBox = el("select", { id: "state-filter", onchange: (ev) => { S.state = ev.target.value; S.page = 0; drawTable(S); } },
-    ["", "succeeded", "failed", "timed_out", "running", "queued", "cancelled", "interrupted"].map((v) => el("option", { value: v }, v || "every state")));
+    ["", "succeeded", "failed", "timed_out", "stopped", "running", "queued", "cancelled", "interrupted"].map((v) => el("option", { value: v }, v || "every state")));
   S.count = el("span", { class: "muted" });
   S.table = el("table", { id: "experiments" });
   S.pager = el("div", { class: "row pager" });

@@ -19,7 +19,7 @@ const PLOT_MS = 2000;        // a redraw waits at least this long after the last
 const PLOT_SHARE = 0.1;      // ...and until the plots have taken at most this share of the page's time
 const TICKS = 12;            // tick labels of an axis of categories at most
 const STATE_COLORS = { succeeded: "#1f8a4c", failed: "#c8372d", timed_out: "#e0672b", running: "#0e7c9b",
-  cancelled: "#b7791f", interrupted: "#8c6bb1" };
+  cancelled: "#b7791f", interrupted: "#8c6bb1", stopped: "#6b8fb3" };
 
 // Distinct values as distinct labels: two long values cut to the same text are told apart by a number.
 function labelsOf(values, limit) {

@@ -1,0 +1,102 @@
+"""Stopping what cannot win: a running attempt whose best possible value is worse than the worst a finished
+config can be.
+
+Each reading of a running attempt's steps (spec/interval.py) bounds its mean with a 95% interval. Its optimistic
+bound is the end of that interval on the better side (METRIC_high for a throughput, METRIC_low for a latency); a
+finished config's pessimistic bound is the other end of its own first run's interval. Once the running attempt
+has made MIN_STEPS measured steps and its optimistic bound is worse than the best pessimistic bound of the
+configs that finished, it cannot be the best: it is stopped, recorded `stopped` (reason `outclassed`), never the
+best and never run again, and its slots go to the next run. Its optimistic bound is what the search learns of
+its point (it fits in memory, and is at best that good), so the walk goes on as if it had ended.
+
+Both bounds are 95% intervals of batch means, which widen with the drift of the step times, so a run is stopped
+only when it is clearly behind; with few steps the interval is wide (Student's t with one degree of freedom for
+two batches) and nothing is stopped. Profile runs and confirming re-runs are never stopped: the first measures
+the model, the second settles the winner. A plain `run` sweep stops its experiments by the same rule only when
+asked (`--stop-outclassed`: `GridJudge`).
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from ..core import Queued, Run
+from ..core.outcome import Outcome
+from ..spec import Experiment
+from ..spec.interval import Interval, StepReading
+from ..spec.metrics import Metric, format_value
+from ..states import State
+from .reruns import Bounds, interval_of
+
+MIN_STEPS = 4  # measured steps (after warm-up) a running attempt makes before it can be stopped
+
+
+def optimistic(interval: Bounds, metric: Metric) -> float:
+    """The best a mean within `interval` (low, high) can be."""
+    return interval[0] if metric.minimize else interval[1]
+
+
+def pessimistic(interval: Bounds, metric: Metric) -> float:
+    """The worst a mean within `interval` (low, high) can be."""
+    return interval[1] if metric.minimize else interval[0]
+
+
+def recorded_optimistic(metrics: Mapping[str, float] | None, metric: Metric) -> float | None:
+    """A stopped attempt's optimistic bound, from its recorded metrics: METRIC_high (METRIC_low where lower is
+    better); None where it was not kept (an interval with no upper bound)."""
+    return (metrics or {}).get(f"{metric.name}_{'low' if metric.minimize else 'high'}")
+
+
+def outclassed(reading: StepReading, finished: Mapping[str, Bounds], configs: Collection[str],
+               metric: Metric) -> str | None:
+    """Why a running attempt whose steps say `reading` cannot beat the configs that finished (`configs`, their
+    first runs' intervals in `finished`), as its stop records it; None while it still could, or has made fewer
+    than MIN_STEPS measured steps."""
+    interval = reading.interval
+    if interval is None or interval.n < MIN_STEPS:
+        return None
+    bounds = [(name, pessimistic(finished[name], metric)) for name in configs if name in finished]
+    if not bounds:
+        return None
+    best, floor = min(bounds, key=lambda pair: metric.sort_key(pair[1]))
+    mine = optimistic((interval.low, interval.high), metric)
+    if not metric.better(floor, mine):
+        return None
+    return _why(interval, mine, best, floor, metric)
+
+
+def _why(interval: Interval, mine: float, best: str, floor: float, metric: Metric) -> str:
+    side = "at least" if metric.minimize else "at most"
+    theirs = "at most" if metric.minimize else "at least"
+    return (f"outclassed after {interval.n} measured steps: its {metric.name} is {side} {format_value(mine)} "
+            f"(95% interval {format_value(interval.low)} to {format_value(interval.high)}), {best}'s "
+            f"{theirs} {format_value(floor)}")
+
+
+class GridJudge:
+    """`run --stop-outclassed`: a grid's Source. It proposes nothing (a grid's experiments are queued at its start)
+    and stops a running experiment that cannot beat one that succeeded on the same GPU type (`types`: each host's;
+    measurements of two types do not compare), by the rule above. `keep` what succeeded before a resume."""
+
+    def __init__(self, metric: Metric, types: Mapping[str, str | None]):
+        self.metric, self.types = metric, dict(types)
+        self.finished: dict[str | None, dict[str, Bounds]] = {}  # by GPU type: what succeeded, its interval
+
+    def _type(self, hosts: Collection[str]) -> str | None:
+        return next((self.types.get(host) for host in hosts), None)
+
+    def keep(self, name: str, hosts: Collection[str], metrics: Mapping[str, float] | None) -> None:
+        """An experiment that succeeded on `hosts`, with its recorded metrics (its interval among them)."""
+        bounds = interval_of(metrics, self.metric.name)
+        if bounds is not None:
+            self.finished.setdefault(self._type(hosts), {})[name] = bounds
+
+    def propose(self, free_slots: int, now: float) -> list[Experiment]:
+        return []
+
+    def observe(self, run: Run | Queued, outcome: Outcome) -> None:
+        if outcome.state == State.SUCCEEDED and isinstance(run, Run):
+            self.keep(run.experiment.name, run.reservation.hosts, outcome.metrics)
+
+    def outclassed(self, run: Run, reading: StepReading) -> str | None:
+        same = self.finished.get(self._type(run.reservation.hosts), {})
+        return outclassed(reading, same, same, self.metric)

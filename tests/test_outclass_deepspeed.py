@@ -1,0 +1,47 @@
+"""Real DeepSpeed on CPU streams its steps and is stopped early: `autotune tune` of the example on one CPU slot,
+ZeRO stage 0, one micro-batch size, and the script's `--hidden` as a script knob (32, then 1024: a layer a
+thousand times the work, so that the second is far behind whatever else the machine runs). The first finishes;
+the second prints DeepSpeed's own per-step throughput lines, which the runner reads while it runs, and is
+stopped once its optimistic bound falls below the first one's pessimistic bound. (Most of its time is two
+DeepSpeed start-ups on CPU.)"""
+import json
+import subprocess
+import sys
+
+from autotuner.ledger.store import Ledger
+from autotuner.spec.progress import from_deepspeed_log
+from autotuner.states import Reason, State
+
+from cli_rig import ROOT, env
+from helpers import decided
+
+END = 40  # the profile window's last step: a run that reaches it writes its metrics and ends
+
+
+def test_a_real_deepspeed_run_streams_its_steps_and_is_stopped_once_it_cannot_win(tmp_path):
+    config = json.loads((ROOT / "experiments" / "ds_tune.json").read_text())
+    config["zero_optimization"]["stage"] = [0]
+    config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": 16, "max_train_micro_batch_size_per_gpu": 16,
+                             "start_profile_step": 3, "end_profile_step": END,
+                             "script_knobs": {"--hidden": [32, 1024]}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    results = tmp_path / "results"
+    run = subprocess.run([sys.executable, "-m", "autotuner.cli", "tune", "--slots", "1", "-o", str(results),
+                          "train.py", "--deepspeed_config", str(tmp_path / "ds.json"), "--steps", str(END + 5)],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT / "experiments",
+                         env=env(AUTOTUNE_PROGRESS_POLL="0.2"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    with Ledger.open(results) as ledger:
+        ended = {a.name: a for a in ledger.latest()}
+        stops = [tuple(row) for row in ledger._db.execute("SELECT name, state, reason FROM stops")]
+    assert len(ended) == 2, ended
+    (best, first), (name, stopped) = sorted(ended.items(), key=lambda pair: pair[1].state != State.SUCCEEDED)
+    assert f"best: {best} with throughput" in run.stdout and "1 stopped" in run.stdout, run.stdout
+    assert "1024" in name and "1024" not in best, (best, name)
+    assert stops == [(name, "stopped", "outclassed")], stops
+    assert (stopped.state, stopped.reason) == (State.STOPPED, Reason.OUTCLASSED), stopped
+    mine, better, theirs = decided(stopped.detail)
+    assert better == best and mine < theirs and first.state == State.SUCCEEDED
+    # Stopped before the end of its profile window: DeepSpeed never wrote its metrics.
+    steps = from_deepspeed_log((results / name / "stdout.log").read_text())
+    assert len(steps) >= 4 and steps[-1].step < END and not (results / name / "metrics.json").exists()
