@@ -10,10 +10,10 @@ from test_registry import recorded
 from autotuner.backends.base import MemoryReading
 from autotuner.backends.registry import backend_for
 
-RECORDS = {
+RECORDS = {  # the backend's record as each kind's `attach` writes it (kind, data)
     "hosts": {},
-    "slurm": {"slurm": {"job": "41", "owned": True, "nodes": ["node-a", "node-b"]}},
-    "ray": {"ray": {"address": "127.0.0.1:6379", "nodes": {}}},
+    "slurm": {"kind": "slurm", "data": {"job": "41", "owned": True, "nodes": ["node-a", "node-b"]}},
+    "ray": {"kind": "ray", "data": {"address": "127.0.0.1:6379", "nodes": {}}},
 }
 
 

@@ -104,7 +104,7 @@ def test_each_experiment_is_a_step_on_exactly_its_nodes_and_gpus(slurm_lab, allo
     assert done.returncode == 0, done.stderr
     runs = {a.name: a for a in attempts(results)}
     assert len(runs) == 8 and all(a.state == State.SUCCEEDED and a.attempt == 1 for a in runs.values())
-    steps = [a.step for a in runs.values()]
+    steps = [a.handle for a in runs.values()]  # the Slurm backend's handle of an attempt: its step's id
     assert all(s and s.startswith(f"{allocation}.") for s in steps) and len(set(steps)) == 8  # one step each
     held: dict[str, list[tuple[float, float, set[str]]]] = defaultdict(list)
     for name, attempt in runs.items():
@@ -112,7 +112,7 @@ def test_each_experiment_is_a_step_on_exactly_its_nodes_and_gpus(slurm_lab, allo
         hosts = list(attempt.slots)
         assert sorted(line["host"] for line in lines) == sorted(hosts)  # on exactly the reserved nodes
         for line in lines:
-            assert line["step"] == attempt.step
+            assert line["step"] == attempt.handle
             gpus = line["gpus"].split(",")
             assert len(gpus) == attempt_gpus(name)  # exactly its GPU count on each node, as Slurm gave them
             rank = int(line["node"])
@@ -341,7 +341,7 @@ try:
 except autotuner.UserError as e:
     print("refused:", e)
 result = autotuner.run(sweep, ask, results, launcher=launcher)
-print("exit", result.exit_code, "job", result.snapshot.meta.slurm["job"])
+print("exit", result.exit_code, "job", result.snapshot.meta.backend.data["job"])
 """
 
 

@@ -34,6 +34,8 @@ from ..core import Executor, Observer, Placement, Queued, SlotPool
 from ..core.events import Post
 from ..core.placement import FreeMemory
 from ..core.slots import Devices
+from ..jsonvalues import JSON
+from ..ledger.meta import BackendRecord
 from ..ledger.store import Attempt, Ledger, SweepMeta
 from .cluster import Cluster
 
@@ -108,6 +110,18 @@ class Backend(Protocol):
     def close(self) -> None:
         """Close what it opened, once, after the executor's runs have all ended."""
         ...
+
+
+def recorded(meta: SweepMeta | None, kind: str) -> Mapping[str, JSON] | None:
+    """What the backend of `kind` recorded of its cluster (`meta.backend`'s data), when the sweep's record is its
+    own; None when there is none or another kind's."""
+    record = meta.backend if meta is not None else None
+    return record.data if record is not None and record.kind == kind else None
+
+
+def write_record(ledger: Ledger, kind: str, data: Mapping[str, JSON]) -> None:
+    """The sweep's record of its cluster written as the backend of `kind` will read it back (`recorded`)."""
+    ledger.set_meta("backend", BackendRecord(kind, data).to_json())
 
 
 HostsJSON = Mapping[str, object] | Sequence[Mapping[str, object]]  # what `autotune hosts --format json` prints

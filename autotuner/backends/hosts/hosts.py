@@ -18,7 +18,7 @@ from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, is_local
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..base import BackendOption, Given, HostsCheck, MemoryReading, recorded, write_record
 from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
@@ -31,6 +31,8 @@ from ..ssh.free_memory import RemoteMemory, nvidia_smi
 from ..ssh.probe import check_hostfile, hostfile_check, mig_hosts
 from ..watch import PollingWatcher
 from .routing import Router
+
+KIND = "hosts"  # the kind's name, as its record in the ledger says it
 
 
 @dataclass
@@ -70,20 +72,25 @@ def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Calla
     return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
+def recorded_ssh(meta: SweepMeta) -> Ssh:
+    """How the sweep's last runner reached its hosts, as it recorded (the defaults before one did)."""
+    return Ssh(**dict(recorded(meta, KIND) or {}))
+
+
 def ssh_pool(ledger: Ledger, ssh: Ssh | None) -> SSHPool | None:
     """A pool of SSH connections when the sweep has hosts other than this machine, else None (`ssh`: None, as the
     sweep last ran). Nothing is written: `HostsBackend.attach` records the settings."""
     meta = ledger.meta()
     if all(is_local(h) for h in meta.slots):
         return None
-    ssh = ssh or Ssh(**dict(meta.ssh or {}))
+    ssh = ssh or recorded_ssh(meta)
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
 class HostsBackend:
     """This machine and SSH hosts (see the module docstring and base.Backend)."""
 
-    kind: ClassVar[str] = "hosts"
+    kind: ClassVar[str] = KIND
     options: ClassVar[tuple[BackendOption, ...]] = (
         BackendOption("hostfile", "path | None", "DeepSpeed's hostfile (none: this machine)", "any"),
         BackendOption("include", "str", "DeepSpeed's --include", "any"),
@@ -157,9 +164,9 @@ class HostsBackend:
         if self.pool is None:
             return
         meta = self.ledger.meta()
-        settings = (self.ssh or Ssh(**dict(meta.ssh or {}))).to_json()
-        if meta.ssh != settings:
-            self.ledger.set_meta("ssh", settings)
+        settings = (self.ssh or recorded_ssh(meta)).to_json()
+        if recorded(meta, KIND) != settings:
+            write_record(self.ledger, KIND, settings)
 
     def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
@@ -191,7 +198,7 @@ class HostsBackend:
         remote = None
         if self.pool is not None:
             self._watcher = host_watcher(self.pool, post)
-            ssh = Ssh(**dict(meta.ssh or {}))
+            ssh = recorded_ssh(meta)
             remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
                                  ssh.remote_root, on_lost=self._watcher.watch, devices=devices)
             executor = Router(executor, remote)
@@ -250,7 +257,7 @@ class HostsBackend:
 
     def _pool_as_recorded(self) -> SSHPool:
         """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
-        ssh = self.ssh or Ssh(**dict(self.ledger.meta().ssh or {}))
+        ssh = self.ssh or recorded_ssh(self.ledger.meta())
         return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
     def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:

@@ -3,7 +3,7 @@ as a client; each attempt a lease (a placement group and an actor per node, leas
 own connection (executor.py). See backends/base.py for the contract.
 
 The cluster is read from Ray when the runner attaches (nodes, GPUs, their type), checked to share the results
-directory with this machine, and recorded in the ledger (`meta.ray`: its address and each host's node id), so
+directory with this machine, and recorded in the ledger (the backend's record: its address and each host's node id), so
 that `resume` and `cancel` reach it again. A node Ray reports dead is a lost host (NodeWatcher). What a dead
 runner left in Ray is found by the sweep's name and each actor's answer to which attempt it runs: the leases of
 attempts being adopted are followed, the rest released.
@@ -29,7 +29,7 @@ from ...files import write_atomic
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..base import BackendOption, Given, HostsCheck, MemoryReading, recorded, write_record
 from ..cluster import Cluster
 from ..launch import Launcher
 from ..recovery import as_it_ran
@@ -55,7 +55,7 @@ class RayBackend:
 
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
-        return given.get("ray") is not None or (record is not None and record.ray is not None)
+        return given.get("ray") is not None or recorded(record, cls.kind) is not None
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
@@ -73,9 +73,9 @@ class RayBackend:
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.grace, self.log = directory, ledger, grace, log
-        recorded = (ledger.meta().ray or {}).get("address")
-        self.address = address or recorded or address_of(None)
-        self.source = source_of(address) if address or not recorded else "the Ray address the sweep recorded"
+        known = (recorded(ledger.meta(), self.kind) or {}).get("address")
+        self.address = address or (str(known) if known else None) or address_of(None)
+        self.source = source_of(address) if address or not known else "the Ray address the sweep recorded"
         self._ray: ModuleType | None = None
         self._leases: Leases | None = None
         self._executor: RayExecutor | None = None
@@ -126,12 +126,13 @@ class RayBackend:
         meta = self.ledger.meta()
         record = record_of(self.address, nodes)
         MESSAGES.to(self.directory / RAY_LOG)  # the lock held: what Ray says from now on is the sweep's to keep
-        if meta.ray == record and dict(meta.slots) == dict(cluster.slots):
+        if recorded(meta, self.kind) == record and dict(meta.slots) == dict(cluster.slots):
             return
         for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
                            ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
-                           ("gpu_memory", dict(cluster.memory)), ("ray", record)):
+                           ("gpu_memory", dict(cluster.memory))):
             self.ledger.set_meta(key, value)
+        write_record(self.ledger, self.kind, record)
         write_atomic(self.directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
 
     def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
@@ -140,8 +141,7 @@ class RayBackend:
 
     def executor(self, post: Post) -> Executor:
         meta = self.ledger.meta()
-        record = dict(meta.ray or {})
-        nodes = dict(record.get("nodes") or {})
+        nodes = dict((recorded(meta, self.kind) or {}).get("nodes") or {})
         self._watcher = NodeWatcher(self.ray, nodes, post)
         self._executor = RayExecutor(self.ray(), self.leases(), metric_named(meta.metric), time.time,
                                      Launcher(meta.launcher), dict(meta.env), self.grace, nodes=nodes,

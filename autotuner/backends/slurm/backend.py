@@ -17,7 +17,7 @@ from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
-from ..base import BackendOption, Given, HostsCheck, MemoryReading
+from ..base import BackendOption, Given, HostsCheck, MemoryReading, recorded, write_record
 from ..cluster import Cluster
 from ..exitstatus import as_returncode
 from ..launch import Launcher
@@ -26,7 +26,7 @@ from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
 from ..recovery import as_it_ran
 from ..watch import PollingWatcher
-from .allocation import Allocation, SlurmError, cancel_step, cluster_of, job_state
+from .allocation import KIND, Allocation, SlurmError, cancel_step, cluster_of, job_state
 from .ask import allocation_check, allocation_cluster, this_allocation
 from .executor import end_strays, slurm_executor, step_status
 from .request import release
@@ -52,19 +52,20 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation) -> N
     the nodes the sweep may use; what ran on the old ones ended with it."""
     meta = ledger.meta()
     cluster = cluster_of(allocation)
-    if meta.slurm == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
+    if recorded(meta, SlurmBackend.kind) == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
         return
     for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
                        ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
-                       ("gpu_memory", dict(cluster.memory)), ("slurm", allocation.to_json())):
+                       ("gpu_memory", dict(cluster.memory))):
         ledger.set_meta(key, value)
+    write_record(ledger, SlurmBackend.kind, allocation.to_json())
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
 
 
 class SlurmBackend:
     """Attempts as job steps of `allocation` (None: only recovery, `end`, is possible; see base.Backend)."""
 
-    kind: ClassVar[str] = "slurm"
+    kind: ClassVar[str] = KIND
     options: ClassVar[tuple[BackendOption, ...]] = (
         BackendOption("allocation", "Allocation | None", "the Slurm allocation a sweep runs in", "flag, record"),
         BackendOption("slurm", "bool", "the allocation this runs in (SLURM_JOB_ID), for `autotune hosts`",
@@ -74,7 +75,7 @@ class SlurmBackend:
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
         return (given.get("allocation") is not None or bool(given.get("slurm"))
-                or (record is not None and record.slurm is not None))
+                or recorded(record, cls.kind) is not None)
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
@@ -145,15 +146,15 @@ class SlurmBackend:
                      "attempt follows any more: cancelled")
 
     def end(self, attempt: Attempt) -> None:
-        if attempt.step:  # Slurm ends the step on every node
-            cancel_step(attempt.step)
+        if attempt.handle:  # the attempt's job step: Slurm ends it on every node
+            cancel_step(attempt.handle)
         if attempt.tag:  # srun itself ran here
             end_tagged(attempt.tag, self.grace)
 
     def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
         """A step's srun ran here: its status as a local returncode, then as the node whose failure ended the
         step, if one did (`step_status`)."""
-        if attempt.step is None:
+        if attempt.handle is None:
             return as_it_ran(attempt, status, directory)
         return step_status(as_returncode(status), directory)
 
@@ -163,10 +164,10 @@ class SlurmBackend:
     def give_back(self) -> str | None:
         """The sweep's recorded allocation, when autotune asked for it and it still runs, given back (`cancel`
         with no runner alive: nothing would run in it until its keeper gave it back)."""
-        recorded = self.ledger.meta().slurm or {}
-        if not recorded.get("owned"):
+        ours = recorded(self.ledger.meta(), self.kind) or {}
+        if not ours.get("owned"):
             return None
-        job = str(recorded.get("job"))
+        job = str(ours.get("job"))
         try:
             state = job_state(job)
             if state is None or state.state != "RUNNING":
