@@ -5,12 +5,13 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 
 - `reach`: before the sweep's lock, the cluster reached and whatever can refuse the sweep checked, nothing written
   (a refused command leaves the sweep byte for byte as it was);
-- `attach`: the cluster checked against the sweep's record (the one member that writes it, holding the lock);
+- `attach`: the cluster checked against the sweep's record (the one member that writes it, holding the lock),
+  returning the attached sweep (`Attached`), which alone has the members that run it:
 - `read_memory`: the free-memory readers the placement needs, opened and returned (a `MemoryReading`: the
   reading the memory placement asks, and the observers that must hear the notes); the backend closes them;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
 - `admit`: the placement and the queue as this cluster can serve them (hosts that cannot take some runs);
-- `clear_strays`, `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
+- `clear_strays` (attached), `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
   follows; ending one attempt's processes wherever they run, and reading the status one recorded, for
   `recovery.recover`);
 - `ready`: its hosts probed (down ones marked and watched), its readers started, before the first launch;
@@ -49,6 +50,31 @@ class MemoryReading:
     observers: tuple[Observer, ...] = ()
 
 
+class Attached(Protocol):
+    """A backend attached to its sweep (`Backend.attach`): the members that need the cluster checked against the
+    sweep's record and the lock held. Only `attach` makes one, so the runner cannot call them before it."""
+
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
+        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
+        ...
+
+    def executor(self, post: Post) -> Executor:
+        """The executor of every attempt of this run; `post` is the dispatcher's."""
+        ...
+
+    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
+        """The placement and the queue this cluster can serve now (a UserError when nothing can run)."""
+        ...
+
+    def clear_strays(self, followed: Sequence[Attempt]) -> None:
+        """End what a dead runner left running that no attempt in `followed` owns any more."""
+        ...
+
+    def ready(self, slots: SlotPool, post: Post) -> None:
+        """Before the first launch: hosts that do not answer marked down (and watched), readers started."""
+        ...
+
+
 class Backend(Protocol):
     """One kind of cluster, opened for one run of a sweep (see the module docstring).
 
@@ -68,25 +94,10 @@ class Backend(Protocol):
         only as far as `end` needs it (a cancel with no runner alive), not checked to run the sweep."""
         ...
 
-    def attach(self) -> None:
+    def attach(self) -> Attached:
         """Holding the sweep's lock, before anything runs: the cluster checked against the sweep's record, and
-        what changed recorded (a UserError when the sweep cannot run here)."""
-        ...
-
-    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
-        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
-        ...
-
-    def executor(self, post: Post) -> Executor:
-        """The executor of every attempt of this run; `post` is the dispatcher's."""
-        ...
-
-    def admit(self, placement: Placement, slots: SlotPool, waiting: list[Queued]) -> tuple[Placement, list[Queued]]:
-        """The placement and the queue this cluster can serve now (a UserError when nothing can run)."""
-        ...
-
-    def clear_strays(self, followed: Sequence[Attempt]) -> None:
-        """End what a dead runner left running that no attempt in `followed` owns any more."""
+        what changed recorded (a UserError when the sweep cannot run here). Returns the attached sweep, which
+        alone has the members that run it; what they open is closed by this backend's `close`."""
         ...
 
     def end(self, attempt: Attempt) -> None:
@@ -96,10 +107,6 @@ class Backend(Protocol):
     def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
         """The exit status an attempt recorded beside its logs while no runner was alive, read as the runner
         that followed it would have (`recovery.recover`: the attempt then judged by it and its files)."""
-        ...
-
-    def ready(self, slots: SlotPool, post: Post) -> None:
-        """Before the first launch: hosts that do not answer marked down (and watched), readers started."""
         ...
 
     def give_back(self) -> str | None:

@@ -127,13 +127,8 @@ class HostsBackend:
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.ssh, self.grace, self.log = directory, ledger, ssh, grace, log
         self.pool: SSHPool | None = None  # opened by `reach`, `attach` or `end` when the sweep has other hosts
-        self._local_memory: FreeMemoryReader | None = None
-        self._remote_memory: RemoteMemory | None = None
-        self._executor: Executor | None = None
-        self._peaks: PeakMemory | None = None
-        self._watcher: PollingWatcher | None = None
-        self._remote: SshExecutor | None = None
         self._silent: dict[str, str] | None = None  # the hosts that did not answer `reach` (host -> why)
+        self._attached: HostsAttached | None = None
 
     def reach(self, *, to_run: bool = True) -> None:
         """Before the lock, with hosts other than this machine: the sweep's hostfile there (their launcher reads
@@ -156,17 +151,65 @@ class HostsBackend:
             raise UserError("no host of the sweep answers (" + "; ".join(list(self._silent.values())[:3]) +
                             "; see `autotune hosts`)", hostfile)
 
-    def attach(self) -> None:
+    def attach(self) -> HostsAttached:
         """Holding the lock: the SSH pool opened when the sweep has other hosts (unless `reach` opened it), and the
         settings this run reaches them with recorded, so that `resume` and `cancel` reach them the same way."""
         if self.pool is None:
             self.pool = ssh_pool(self.ledger, self.ssh)
-        if self.pool is None:
+        if self.pool is not None:
+            meta = self.ledger.meta()
+            settings = (self.ssh or recorded_ssh(meta)).to_json()
+            if recorded(meta, KIND) != settings:
+                write_record(self.ledger, KIND, settings)
+        self._attached = HostsAttached(self, self.pool, self._silent)
+        return self._attached
+
+    def end(self, attempt: Attempt) -> None:
+        if not attempt.tag:
             return
-        meta = self.ledger.meta()
-        settings = (self.ssh or recorded_ssh(meta)).to_json()
-        if recorded(meta, KIND) != settings:
-            write_record(self.ledger, KIND, settings)
+        end_tagged(attempt.tag, self.grace)
+        remote = [host for host in attempt.slots if not is_local(host)]
+        if remote:
+            if self.pool is None:  # recovery with no runner: reached as the sweep recorded
+                self.pool = self.pool_as_recorded()
+            end_tagged_remote(self.pool, remote, attempt.tag)
+
+    def pool_as_recorded(self) -> SSHPool:
+        """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
+        ssh = self.ssh or recorded_ssh(self.ledger.meta())
+        return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        return as_it_ran(attempt, status, directory)
+
+    def give_back(self) -> str | None:
+        """Nothing: the hosts of a hostfile were not asked for."""
+        return None
+
+    def close(self) -> None:
+        """What the attached sweep opened, then the pool: each closed even when one before it fails."""
+        with contextlib.ExitStack() as stack:
+            if self.pool is not None:
+                stack.callback(self.pool.close)
+            if self._attached is not None:
+                stack.callback(self._attached.close)
+
+
+class HostsAttached:
+    """A sweep on this machine and SSH hosts, attached (`HostsBackend.attach`): the members that run it
+    (base.Attached), on the pool its backend opened (None: this machine alone). What they open, it owns; its
+    backend's `close` closes it before the pool."""
+
+    def __init__(self, backend: HostsBackend, pool: SSHPool | None, silent: dict[str, str] | None):
+        self.backend, self.pool, self._silent = backend, pool, silent
+        self.directory, self.ledger = backend.directory, backend.ledger
+        self.grace, self.log = backend.grace, backend.log
+        self._local_memory: FreeMemoryReader | None = None
+        self._remote_memory: RemoteMemory | None = None
+        self._executor: Executor | None = None
+        self._peaks: PeakMemory | None = None
+        self._watcher: PollingWatcher | None = None
+        self._remote: SshExecutor | None = None
 
     def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
@@ -217,7 +260,7 @@ class HostsBackend:
         local = [h for h in slots.hosts if is_local(h)]
         if not local or not any(item.num_nodes > 1 for item in waiting):
             return placement, waiting
-        probing = self.pool or self._pool_as_recorded()
+        probing = self.pool or self.backend.pool_as_recorded()
         try:
             silent = unanswering(probing, local)
         finally:
@@ -245,24 +288,6 @@ class HostsBackend:
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
         """Nothing to do: a process is found by its attempt's tag, and every attempt left is adopted or ended."""
 
-    def end(self, attempt: Attempt) -> None:
-        if not attempt.tag:
-            return
-        end_tagged(attempt.tag, self.grace)
-        remote = [host for host in attempt.slots if not is_local(host)]
-        if remote:
-            if self.pool is None:  # recovery with no runner: reached as the sweep recorded
-                self.pool = self._pool_as_recorded()
-            end_tagged_remote(self.pool, remote, attempt.tag)
-
-    def _pool_as_recorded(self) -> SSHPool:
-        """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
-        ssh = self.ssh or recorded_ssh(self.ledger.meta())
-        return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
-
-    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
-        return as_it_ran(attempt, status, directory)
-
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Hosts that do not answer are left out until they do (watched); none answering is a UserError. Then
         the first reading of every host's GPUs, and the readings kept fresh."""
@@ -283,15 +308,10 @@ class HostsBackend:
             self._remote_memory.read_now()
             self._remote_memory.start(post)
 
-    def give_back(self) -> str | None:
-        """Nothing: the hosts of a hostfile were not asked for."""
-        return None
-
     def close(self) -> None:
         """The readers, the executor (every run has posted its end: its threads are ending), the peaks, the
-        watcher, the SSH executor, the pool: each closed even when one before it fails."""
-        closing = [self._local_memory, self._remote_memory, self._executor, self._peaks, self._watcher, self._remote,
-                   self.pool]
+        watcher, the SSH executor: each closed even when one before it fails."""
+        closing = [self._local_memory, self._remote_memory, self._executor, self._peaks, self._watcher, self._remote]
         with contextlib.ExitStack() as stack:
             for resource in reversed([r for r in closing if r is not None]):
                 stack.callback(resource.close)
