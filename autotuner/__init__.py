@@ -327,6 +327,6 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
         options.log(note)
     if options.slurm is not None:  # an allocation the caller holds
         return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)
-    with held(slurm or SlurmAsk(), plan.slurm, log=options.log) as allocation:
+    with held(slurm or SlurmAsk(), plan.recorded, log=options.log) as allocation:
         return execute(Path(directory), replace(options, slurm=allocation), retry_failed=retry_failed,
                        new_experiments=plan.new_experiments)

@@ -102,8 +102,9 @@ def test_the_meta_table_reads_as_typed_settings_and_keeps_its_json_and_unknown_k
     rows = {"name": "s", "metric": "loss:min", "sweep_id": "ab12", "source": "sweep.hjson", "created": 1700000000.5,
             "slots": {"node-a": [0, 1], "localhost": [2]}, "capacity": {"node-a": 2, "localhost": 4},
             "accelerator": "cpu", "env": {"DS_ACCELERATOR": "cpu"}, "launcher": ["sh", "launcher.sh"],
-            "reload": {"specs": ["sweep.hjson"]}, "ssh": {"config": None, "accept_new_hosts": False,
-                                                           "remote_root": "/scratch"},
+            "reload": {"specs": ["sweep.hjson"]},
+            "backend": {"kind": "hosts",
+                        "data": {"config": None, "accept_new_hosts": False, "remote_root": "/scratch"}},
             "from_the_future": [1, {"x": True}]}
     directory = tmp_path / "old"
     directory.mkdir()
@@ -118,7 +119,8 @@ def test_the_meta_table_reads_as_typed_settings_and_keeps_its_json_and_unknown_k
     assert (meta.name, meta.metric, meta.sweep_id, meta.created, meta.accelerator) == (
         "s", "loss:min", "ab12", 1700000000.5, "cpu")
     assert meta.slots == {"node-a": (0, 1), "localhost": (2,)} and meta.launcher == ("sh", "launcher.sh")
-    assert meta.env == {"DS_ACCELERATOR": "cpu"} and meta.ssh is not None and meta.ssh["remote_root"] == "/scratch"
+    assert meta.env == {"DS_ACCELERATOR": "cpu"} and meta.backend is not None and meta.backend.kind == "hosts"
+    assert meta.backend.data["remote_root"] == "/scratch"
     assert meta.extra == {"from_the_future": [1, {"x": True}]}
     assert meta.to_json() == rows
 
@@ -168,20 +170,20 @@ def test_an_attempt_read_holds_every_field_in_order_and_an_older_versions_missin
     is read equals what Attempt itself would hold, whichever query; a ledger from before a column (a Slurm step,
     a peak) reads it as None."""
     ledger.start("a", 1, slots={"h": [0]}, tag="t.a.1", dir=str(tmp_path / "a"), at=2.0)
-    ledger.launched("a", 1, pid=1234, port=29500, at=2.1, step="7.0")
+    ledger.launched("a", 1, pid=1234, port=29500, at=2.1, handle="7.0")
     ledger.finish("a", 1, State.FAILED, at=5.0, reason=Reason.OOM, exit_code=1, detail="out of memory",
                   peak_memory=3 << 30)
     expected = Attempt(name="a", attempt=1, state=State.FAILED, queued_at=1.0, reason=Reason.OOM,
                        detail="out of memory", started_at=2.0, finished_at=5.0, slots={"h": [0]}, tag="t.a.1",
                        pid=1234, launched_at=2.1, port=29500, dir=str(tmp_path / "a"), exit_code=1, metric=None,
-                       metrics={}, step="7.0", peak_memory=3 << 30)
+                       metrics={}, handle="7.0", peak_memory=3 << 30)
     for read in (ledger.latest()[0], ledger.attempts("a")[0], ledger.attempts()[0], ledger.in_state(State.FAILED)[0]):
         assert read == expected and list(vars(read)) == [f.name for f in fields(Attempt)]
-    ledger._db.executescript("ALTER TABLE attempts DROP COLUMN peak_memory; ALTER TABLE attempts DROP COLUMN step; "
+    ledger._db.executescript("ALTER TABLE attempts DROP COLUMN peak_memory; ALTER TABLE attempts DROP COLUMN handle; "
                              "DROP TABLE swept; DROP TABLE leaves; DROP TABLE stops; DROP TABLE measures; "
                              "PRAGMA user_version = 1;")
     with Ledger.open(tmp_path) as old:
-        assert old.attempts("a")[0] == replace(expected, step=None, peak_memory=None)
+        assert old.attempts("a")[0] == replace(expected, handle=None, peak_memory=None)
 
 
 @pytest.mark.parametrize("odd, said", [

@@ -140,8 +140,8 @@ BAD_LEDGERS = {
     "directory": (replace_with_directory, "not a sweep ledger (a directory)"),
     "damaged_pages": (overwrite_pages, "corrupt sweep ledger"),
     "truncated": (truncate, "corrupt sweep ledger"),
-    "newer_version": (sql("PRAGMA user_version = 8"),
-                      "written by a newer autotuner (ledger schema 8; this one reads up to 7): upgrade autotuner"),
+    "newer_version": (sql("PRAGMA user_version = 9"),
+                      "written by a newer autotuner (ledger schema 9; this one reads up to 8): upgrade autotuner"),
     "column_renamed": (sql("ALTER TABLE attempts RENAME COLUMN metric TO metric_value"),
                        "corrupt sweep ledger: table attempts: no column metric; unknown column metric_value"),
     "column_added": (sql("ALTER TABLE attempts ADD COLUMN gpu TEXT"),
@@ -149,7 +149,7 @@ BAD_LEDGERS = {
     "column_dropped": (sql("ALTER TABLE attempts DROP COLUMN metrics"),
                        "corrupt sweep ledger: table attempts: no column metrics"),
     "column_renamed_before_versions": (sql("DROP TABLE measures", "DROP TABLE stops",
-                                           "ALTER TABLE attempts DROP COLUMN step",
+                                           "ALTER TABLE attempts DROP COLUMN handle",
                                            "ALTER TABLE attempts DROP COLUMN peak_memory",
                                            "ALTER TABLE attempts RENAME COLUMN state TO status",
                                            "PRAGMA user_version = 0"),
@@ -259,23 +259,24 @@ def test_damage_met_mid_read_is_found_only_by_the_query_that_reaches_it(pristine
 def test_a_newer_ledger_is_refused_by_name_even_with_columns_this_version_does_not_know(pristine, tmp_path):
     results = bad_copy(pristine, tmp_path, sql("ALTER TABLE attempts ADD COLUMN gpu TEXT",
                                                "ALTER TABLE meta RENAME COLUMN value TO json",
-                                               "PRAGMA user_version = 8"))
+                                               "PRAGMA user_version = 9"))
     line = one_line_error(autotune("status", results))
     assert line == (f"autotune: error: {results / FILENAME}: written by a newer autotuner "
-                    "(ledger schema 8; this one reads up to 7): upgrade autotuner")
+                    "(ledger schema 9; this one reads up to 8): upgrade autotuner")
 
 
 def test_a_new_ledger_carries_the_schema_version(pristine):
     db = sqlite3.connect(pristine / FILENAME)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 7
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 8
     finally:
         db.close()
 
 
 # --- a ledger from before schema versions (version 0) ---------------------------------------------------------
 # Version 1's tables, no version: what main wrote before versions.
-VERSION_6 = ("DROP TABLE measures",)
+VERSION_7 = ("ALTER TABLE attempts RENAME COLUMN handle TO step",)
+VERSION_6 = (*VERSION_7, "DROP TABLE measures")
 VERSION_4 = (*VERSION_6, "DROP TABLE stops")
 VERSION_3 = (*VERSION_4, "DROP INDEX experiments_position", "DROP TABLE swept", "DROP TABLE leaves")
 VERSION_0 = (*VERSION_3, "ALTER TABLE attempts DROP COLUMN peak_memory", "ALTER TABLE attempts DROP COLUMN step",
@@ -314,7 +315,7 @@ def test_migration_is_one_transaction_by_the_runner_only(tmp_path):
         ledger._db.set_trace_callback(statements.append)
         ledger.upgrade()
         assert ledger.version() == SCHEMA_VERSION
-        assert "step" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
+        assert "handle" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
         statements.clear()
         ledger.upgrade()  # already current: nothing written
     assert not any(s.startswith(("BEGIN", "PRAGMA user_version =")) for s in statements), statements
@@ -336,7 +337,7 @@ def test_a_version_2_ledger_is_read_as_it_is_and_resume_adds_the_peak_memory_col
     done = autotune("resume", results, "-q", environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0, done.stderr
     with Ledger.open(results) as ledger:
-        assert ledger.version() == SCHEMA_VERSION == 7
+        assert ledger.version() == SCHEMA_VERSION == 8
         assert "peak_memory" in [c[1] for c in ledger._db.execute("PRAGMA table_info(attempts)")]
         kept = {(a.name, a.attempt): a.to_json() for a in ledger.attempts()}
     assert all(kept[(a["name"], a["attempt"])] == a for a in before if a["state"] == State.SUCCEEDED)
@@ -379,7 +380,7 @@ def test_a_version_4_ledger_is_read_as_it_is_and_the_runner_indexes_its_position
     with Ledger.open(results) as ledger:
         ledger._db.set_trace_callback(statements.append)
         ledger.upgrade()
-        assert ledger.version() == SCHEMA_VERSION == 7
+        assert ledger.version() == SCHEMA_VERSION == 8
         plan = " ".join(str(tuple(r)) for r in ledger._db.execute("EXPLAIN QUERY PLAN SELECT name FROM experiments "
                                                               "ORDER BY position"))
         assert "experiments_position" in plan and "TEMP B-TREE" not in plan
@@ -400,7 +401,7 @@ def test_a_version_5_ledger_is_read_as_it_is_and_the_runner_adds_the_stops_table
     assert (results / FILENAME).read_bytes() == ledger_bytes
     with Ledger.open(results) as ledger:
         ledger.upgrade()
-        assert ledger.version() == SCHEMA_VERSION == 7
+        assert ledger.version() == SCHEMA_VERSION == 8
         assert [c[1] for c in ledger._db.execute("PRAGMA table_info(stops)")] == [
             "name", "attempt", "state", "reason", "detail", "at"]
     assert autotune("report", results, "--format", "json").stdout == before
@@ -419,7 +420,7 @@ def test_a_version_6_ledger_is_read_as_it_is_and_the_runner_adds_the_measures_ta
     assert (results / FILENAME).read_bytes() == ledger_bytes
     with Ledger.open(results) as ledger:
         ledger.upgrade()
-        assert ledger.version() == SCHEMA_VERSION == 7
+        assert ledger.version() == SCHEMA_VERSION == 8
         assert [c[1] for c in ledger._db.execute("PRAGMA table_info(measures)")] == [
             "name", "attempt", "startup", "step_time", "steps", "mean", "low", "high"]
     assert autotune("report", results, "--format", "json").stdout == before
@@ -434,7 +435,7 @@ def test_a_migration_a_hand_edit_is_in_the_way_of_is_one_line_and_leaves_the_led
         results / FILENAME)
     assert autotune("report", results).returncode == 0
     before = (results / FILENAME).read_bytes()
-    one_line_error(autotune("resume", results, "-q"), "cannot be brought to version 7",
+    one_line_error(autotune("resume", results, "-q"), "cannot be brought to version 8",
                    "there is already a table named experiments_position")
     assert (results / FILENAME).read_bytes() == before
 

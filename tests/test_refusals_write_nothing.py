@@ -50,7 +50,7 @@ def test_a_cancel_refused_by_an_unreachable_ray_cluster_writes_neither_its_reque
     answer refused it only after the request was in the ledger and runner.lock rewritten."""
     results = prepared(tmp_path, cpu_slots())
     with Ledger.open(results) as ledger:
-        ledger.set_meta("ray", {"address": "127.0.0.1:1", "nodes": {}})
+        ledger.set_meta("backend", {"kind": "ray", "data": {"address": "127.0.0.1:1", "nodes": {}}})
     before = tree(results)
     for command in (["cancel", results, "s_x1"], ["resume", results]):
         refused(autotune(*command, environ=quiet_env(), timeout=WITHIN), "no Ray cluster answers at 127.0.0.1:1")
@@ -68,7 +68,7 @@ def test_a_cancel_with_nothing_left_running_needs_no_cluster(tmp_path):
     cluster is gone is cancelled in its ledger."""
     results = prepared(tmp_path, cpu_slots(), left_running=False)
     with Ledger.open(results) as ledger:
-        ledger.set_meta("ray", {"address": "127.0.0.1:1", "nodes": {}})
+        ledger.set_meta("backend", {"kind": "ray", "data": {"address": "127.0.0.1:1", "nodes": {}}})
     done = autotune("cancel", results, environ=quiet_env(), timeout=WITHIN)
     assert done.returncode == 0, done.stderr
     with Ledger.open(results) as ledger:
@@ -80,7 +80,7 @@ def test_a_slurm_sweep_resumed_without_an_allocation_is_refused_before_the_lock(
     migrated) before the refusal."""
     results = prepared(tmp_path, cpu_slots())
     with Ledger.open(results) as ledger:
-        ledger.set_meta("slurm", {"job": "4242", "owned": False})
+        ledger.set_meta("backend", {"kind": "slurm", "data": {"job": "4242", "owned": False}})
     before = tree(results)
     with pytest.raises(autotuner.UserError, match="this sweep runs inside Slurm: resume it with --slurm"):
         autotuner.execute(results, autotuner.Options())

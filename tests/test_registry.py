@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import autotuner
@@ -13,8 +14,9 @@ from autotuner.backends.base import BackendOption, Given, HostsCheck
 from autotuner.backends.cluster import Cluster
 from autotuner.backends.hosts.hosts import HostsBackend
 from autotuner.backends.ray.backend import RayBackend
-from autotuner.backends.registry import backend_for, recorded_allocation
+from autotuner.backends.registry import backend_for
 from autotuner.backends.slurm.backend import SlurmBackend
+from autotuner.backends.slurm.held import own_data
 from autotuner.ledger.store import Ledger, SweepMeta
 
 from recorded import grid_sweep, two_nodes
@@ -23,24 +25,24 @@ SLURM = {"job": "41", "owned": True, "nodes": ["n1", "n2"]}
 RAY = {"address": "127.0.0.1:6379", "nodes": {}}
 
 
-def recorded(tmp_path, **meta: object) -> Ledger:
-    """A sweep on two SSH hosts (node-a, node-b), its record set as the kind's `attach` writes it."""
+def recorded(tmp_path, kind: str | None = None, data: Mapping[str, object] | None = None) -> Ledger:
+    """A sweep on two SSH hosts (node-a, node-b), its backend's record set as that kind's `attach` writes it."""
     autotuner.prepare(grid_sweep(mbs=(4,)), two_nodes(), tmp_path / "r", launcher=["sh", "-c", "true"])
     ledger = Ledger.open(tmp_path / "r")
-    for key, value in meta.items():
-        ledger.set_meta(key, value)
+    if kind is not None:
+        ledger.set_meta("backend", {"kind": kind, "data": dict(data or {})})
     return ledger
 
 
 def test_each_record_names_its_backend_for_the_runner_cancel_and_resume(tmp_path):
-    cases = [({}, HostsBackend, None), ({"slurm": SLURM}, SlurmBackend, SLURM),
-             ({"slurm": SLURM, "ray": RAY}, RayBackend, None)]  # moved from Slurm to Ray: Ray's from then on
-    for n, (meta, kind, allocation) in enumerate(cases):
-        with contextlib.closing(recorded(tmp_path / str(n), **meta)) as ledger:
-            with contextlib.closing(backend_for(tmp_path / str(n) / "r", ledger)) as backend:
-                assert type(backend) is kind
-            assert recorded_allocation(ledger.meta()) == allocation
-        assert autotuner.resume_plan(tmp_path / str(n) / "r").slurm == allocation  # the allocation resume re-enters
+    cases = [((), HostsBackend, None), (("slurm", SLURM), SlurmBackend, SLURM), (("ray", RAY), RayBackend, None)]
+    for n, (record, kind, allocation) in enumerate(cases):
+        with contextlib.closing(recorded(tmp_path / str(n), *record)) as ledger, \
+                contextlib.closing(backend_for(tmp_path / str(n) / "r", ledger)) as backend:
+            assert type(backend) is kind
+        plan = autotuner.resume_plan(tmp_path / str(n) / "r")
+        assert plan.recorded == ({"kind": record[0], "data": record[1]} if record else None)
+        assert own_data(plan.recorded) == allocation  # the allocation resume re-enters
 
 
 class Pretend:
@@ -82,10 +84,8 @@ def test_a_kind_added_to_the_list_is_asked_with_no_other_edit(monkeypatch, tmp_p
 
 def test_the_registry_branches_on_no_kind():
     # The registry asks the list in order; a kind named in an `if` of its own would be the if-chain again.
-    # (recorded_allocation, resume's look at a Slurm record before any cluster is asked, goes with the Slurm
-    # allocation's ownership into the Slurm backend: issue 39's work.)
     tree = ast.parse(Path(registry.__file__).read_text())
-    functions = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name != "recorded_allocation"]
+    functions = [f for f in tree.body if isinstance(f, ast.FunctionDef)]
     branches = [ast.unparse(n.test) for f in functions for n in ast.walk(f) if isinstance(n, ast.If | ast.IfExp)]
     assert branches == [], branches
 

@@ -3,11 +3,11 @@
 of its words: `SlurmAsk`, `optional_ray_value`, `meta.ray`). Read from the package's syntax trees, strings and
 docstrings left out.
 
-Today's modules still name kinds where the seam is unfinished (the command line's flags, the runner's Options,
-the ledger's meta, resume's allocation): KNOWN holds how many names each has, as a ceiling that may only come
-down (the face went up with issue 39: `run` and `resume` take a Slurm ask, the allocation held by the
-backend, whose names the face still lists). A module not listed names none; a new name of a kind outside
-backends/ fails here."""
+Today's modules still name kinds where the seam is unfinished (the command line's flags, the runner's Options):
+KNOWN holds how many names each has, as a ceiling that may only come down (the face went up with issue 39: `run`
+and `resume` take a Slurm ask, the allocation held by the backend, whose names the face still lists; the
+ledger's meta, `create` and `resume` went to none with issue 33's opaque record). A module not listed names
+none; a new name of a kind outside backends/ fails here."""
 from __future__ import annotations
 
 import ast
@@ -18,9 +18,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "autotuner"
 KINDS = {"slurm", "ray", "ssh"}
 KNOWN = {
-    "__init__.py": 28, "cli/allocation.py": 1, "cli/bundles.py": 49, "cli/checks.py": 1, "cli/entry.py": 1,
-    "cli/hosts.py": 15, "cli/plan.py": 4, "cli/sweeps.py": 51, "ledger/meta.py": 3, "sweep/create.py": 3,
-    "sweep/resume.py": 8, "sweep/run.py": 11, "views/hosts.py": 1,
+    "__init__.py": 27, "cli/allocation.py": 1, "cli/bundles.py": 49, "cli/checks.py": 1, "cli/entry.py": 1,
+    "cli/hosts.py": 15, "cli/plan.py": 4, "cli/sweeps.py": 50, "sweep/run.py": 11, "views/hosts.py": 1,
 }
 
 

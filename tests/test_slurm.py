@@ -104,7 +104,7 @@ def test_each_experiment_is_a_step_on_exactly_its_nodes_and_gpus(slurm_lab, allo
     assert done.returncode == 0, done.stderr
     runs = {a.name: a for a in attempts(results)}
     assert len(runs) == 8 and all(a.state == State.SUCCEEDED and a.attempt == 1 for a in runs.values())
-    steps = [a.step for a in runs.values()]
+    steps = [a.handle for a in runs.values()]  # the Slurm backend's handle of an attempt: its step's id
     assert all(s and s.startswith(f"{allocation}.") for s in steps) and len(set(steps)) == 8  # one step each
     held: dict[str, list[tuple[float, float, set[str]]]] = defaultdict(list)
     for name, attempt in runs.items():
@@ -112,7 +112,7 @@ def test_each_experiment_is_a_step_on_exactly_its_nodes_and_gpus(slurm_lab, allo
         hosts = list(attempt.slots)
         assert sorted(line["host"] for line in lines) == sorted(hosts)  # on exactly the reserved nodes
         for line in lines:
-            assert line["step"] == attempt.step
+            assert line["step"] == attempt.handle
             gpus = line["gpus"].split(",")
             assert len(gpus) == attempt_gpus(name)  # exactly its GPU count on each node, as Slurm gave them
             rank = int(line["node"])
@@ -270,7 +270,7 @@ def test_after_kill_9_of_the_runner_resume_adopts_the_steps_still_running(slurm_
     environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=5)
     proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
                          environ=environ, directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 4,
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 4,
                60, "four steps recorded")
     proc.send_signal(signal.SIGKILL)
     finish(proc)
@@ -307,7 +307,7 @@ def test_the_allocation_end_interrupts_and_resume_in_a_new_one_finishes(slurm_la
         done = autotune("resume", results, "-q", environ=lab_env(slurm_lab, second, STANDIN_SECONDS=0.5))
         assert done.returncode == 0, done.stderr
         final = latest(results)
-        assert all(a.state == State.SUCCEEDED and a.attempt == 2 and a.step.startswith(f"{second}.")
+        assert all(a.state == State.SUCCEEDED and a.attempt == 2 and a.handle.startswith(f"{second}.")
                    for a in final.values())
     finally:
         slurm_lab.release(second)
@@ -320,7 +320,7 @@ def test_outside_an_allocation_autotune_asks_for_one_and_gives_it_back(slurm_lab
                     "-o", results, "-q", environ=lab_env(slurm_lab))
     assert done.returncode == 0, done.stderr
     job = re.search(r"gave Slurm job (\d+) back", done.stderr).group(1)
-    assert all(a.step.startswith(f"{job}.") for a in attempts(results))
+    assert all(a.handle.startswith(f"{job}.") for a in attempts(results))
     wait_until(lambda: not slurm_lab.run("squeue", "-h", "-j", job, check=False).stdout.strip(), 30, "job gone")
 
 
@@ -341,7 +341,7 @@ try:
 except autotuner.UserError as e:
     print("refused:", e)
 result = autotuner.run(sweep, ask, results, launcher=launcher)
-print("exit", result.exit_code, "job", result.snapshot.meta.slurm["job"])
+print("exit", result.exit_code, "job", result.snapshot.meta.backend.data["job"])
 """
 
 
@@ -498,7 +498,7 @@ def test_cancel_with_no_runner_ends_the_steps_a_dead_one_left(slurm_lab, allocat
     environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=120)
     proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
                          environ=environ, directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 2,
                60, "two steps recorded")
     proc.send_signal(signal.SIGKILL)
     finish(proc)
@@ -520,7 +520,7 @@ def test_tune_inside_slurm_searches_on_steps(slurm_lab, allocation, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "best: train_z3_mbs45 with throughput" in done.stdout  # the fake GPU's largest fit of stage 3
     runs = attempts(tmp_path / "res")
-    assert all(a.step and a.step.startswith(f"{allocation}.") for a in runs)
+    assert all(a.handle and a.handle.startswith(f"{allocation}.") for a in runs)
     assert no_step_left(slurm_lab, allocation, sweep_id(tmp_path / "res"))
 
 
@@ -546,7 +546,7 @@ def test_a_node_failing_under_a_step_loses_its_run_which_runs_again_elsewhere(sl
     proc = runners.start("run", spec, "--slurm", "--launcher", f"sh {launcher}", "-o", results, "-q",
                          environ=environ, directory=results)
     try:
-        wait_until(lambda: (results / "ledger.sqlite").exists() and any(a.step for a in attempts(results)), 60,
+        wait_until(lambda: (results / "ledger.sqlite").exists() and any(a.handle for a in attempts(results)), 60,
                    "the step recorded")
         (node,) = attempts(results)[0].slots
         slurm_lab.down(node, "psu")
@@ -567,9 +567,9 @@ def test_ctrl_c_gives_back_the_allocation_autotune_asked_for(slurm_lab, tmp_path
     proc = runners.start("run", spec, "--slurm", "--nodes", "1", "--gpus-per-node", "2", "--launcher",
                          standin(tmp_path), "-o", results, "-q", environ=lab_env(slurm_lab, STANDIN_SECONDS=120),
                          directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 2,
                60, "two steps recorded")
-    job = attempts(results)[0].step.split(".")[0]
+    job = attempts(results)[0].handle.split(".")[0]
     proc.send_signal(signal.SIGINT)
     code, _, err = finish(proc)
     assert code == 130, err
@@ -637,7 +637,7 @@ def test_a_slurm_that_does_not_answer_as_runs_end_fails_none_of_them(slurm_lab, 
     environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
     proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
                          environ=environ, directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 3,
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 3,
                60, "three steps recorded")
     flag.touch()
     try:
@@ -692,7 +692,7 @@ def test_a_controller_that_cannot_be_reached_for_a_moment_does_not_end_the_sweep
     environ["PATH"] = f"{bin_dir}:{environ['PATH']}"
     proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
                          environ=environ, directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.step]) == 2,
+    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 2,
                60, "two steps recorded")
     flag.touch()
     time.sleep(1.5)  # several looks of the watcher (every 0.2 s)

@@ -49,12 +49,13 @@ def asked_and_killed(slurm_lab, tmp_path: Path, runners: Runners, experiments: i
                          directory=results)
     try:
         wait_until(lambda: proc.poll() is not None or ((results / "ledger.sqlite").exists()
-                   and len([a for a in attempts(results) if a.step]) == min(experiments, SLOTS)), 120, "steps recorded")
+                   and len([a for a in attempts(results) if a.handle]) == min(experiments, SLOTS)), 120,
+                   "steps recorded")
     except AssertionError as e:
         raise AssertionError(f"{e}; Slurm lists:\n{slurm_lab.run('squeue', '-a', '-s', check=False).stdout}"
                              f"{slurm_lab.run('squeue', '-a', check=False).stdout}") from None
     assert proc.poll() is None, finish(proc)
-    job = attempts(results)[0].step.split(".")[0]
+    job = attempts(results)[0].handle.split(".")[0]
     proc.kill()
     finish(proc)
     assert listed(slurm_lab, job)  # the runner is gone; its allocation and steps are not, yet
@@ -83,8 +84,8 @@ def test_kill_9_then_resume_with_allocation_options_resumes_in_the_sweeps_own_al
     assert done.returncode == 0, done.stderr
     assert f"Slurm job {job}, the allocation this sweep runs in, still runs: resuming in it" in done.stderr
     assert f"gave Slurm job {job} back" in done.stderr
-    assert succeeded_once(results, 9), [(a.name, a.attempt, a.state, a.step) for a in attempts(results)]
-    assert all(a.step.startswith(f"{job}.") for a in attempts(results))
+    assert succeeded_once(results, 9), [(a.name, a.attempt, a.state, a.handle) for a in attempts(results)]
+    assert all(a.handle.startswith(f"{job}.") for a in attempts(results))
     wait_until(lambda: not listed(slurm_lab, job), 60, "the allocation given back")
 
 
@@ -96,7 +97,7 @@ def test_kill_9_then_resume_without_options_keeps_the_allocation_past_the_bound(
     assert done.returncode == 0, done.stderr
     assert f"gave Slurm job {job} back" in done.stderr
     assert succeeded_once(results, 4 * SLOTS), [(a.name, a.attempt, a.state, a.detail) for a in attempts(results)]
-    assert all(a.step.startswith(f"{job}.") for a in attempts(results))
+    assert all(a.handle.startswith(f"{job}.") for a in attempts(results))
 
 
 def test_kill_9_of_a_resumed_runner_gives_the_allocation_back_too(slurm_lab, tmp_path, runners):
@@ -131,7 +132,7 @@ def test_a_partial_cancel_with_no_runner_leaves_the_allocation_to_a_resume(slurm
     assert f"gave Slurm job {job} back" in resumed.stderr
     final = latest(results)
     assert final[queued[0]].state == State.CANCELLED
-    assert all(a.state == State.SUCCEEDED and a.step.startswith(f"{job}.") for n, a in final.items()
+    assert all(a.state == State.SUCCEEDED and a.handle.startswith(f"{job}.") for n, a in final.items()
                if n != queued[0])
 
 

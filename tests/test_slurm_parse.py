@@ -146,7 +146,7 @@ def test_a_step_that_ended_while_no_runner_was_alive_is_judged_by_its_first_fail
             (run / "metrics.json").write_text('{"throughput": 3.0}')
             (run / "exit_status").write_text("143\n")
             ledger.start(name, 1, slots={"n1": [0], "n2": [0]}, tag=f"t.{name}.1", dir=str(run), at=2.0)
-            ledger.launched(name, 1, pid=2 ** 22 + 1, port=None, at=2.0, step="7.1")
+            ledger.launched(name, 1, pid=2 ** 22 + 1, port=None, at=2.0, handle="7.1")
         recover(ledger, 3.0, end=lambda attempt: None, code=SlurmBackend(tmp_path, ledger, None).recorded_code)
         got = {a.name: (a.state, a.exit_code, a.detail) for a in ledger.latest()}
     assert got["a"][:2] == (State.SUCCEEDED, 250) and "aborted at exit" in got["a"][2]

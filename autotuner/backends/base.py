@@ -5,13 +5,14 @@ the placement and the views; it never asks which kind it holds. A backend owns w
 
 - `reach`: before the sweep's lock, the cluster reached and whatever can refuse the sweep checked, nothing written
   (a refused command leaves the sweep byte for byte as it was);
-- `attach`: the cluster checked against the sweep's record (the one member that writes it, holding the lock);
+- `admit`: before the lock too, after `reach`: what of the queue this cluster can serve (hosts that cannot take
+  some runs), refused there when nothing of it can run; the runner applies it to its placement and queue;
+- `attach`: the cluster checked against the sweep's record (the one member that writes it, holding the lock),
+  returning the attached sweep (`Attached`), which alone has the members that run it:
 - `read_memory`: the free-memory readers the placement needs, opened and returned (a `MemoryReading`: the
   reading the memory placement asks, and the observers that must hear the notes); the backend closes them;
 - `executor(post)`: the one Executor that starts, adopts and stops attempts (built once, never swapped);
-- `admit`: before the lock too, after `reach`: what of the queue this cluster can serve (hosts that cannot take
-  some runs), refused there when nothing of it can run; the runner applies it to its placement and queue;
-- `clear_strays`, `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
+- `clear_strays` (attached), `end` and `recorded_code`: recovery after a crash (what a dead runner left that nobody
   follows; ending one attempt's processes wherever they run, and reading the status one recorded, for
   `recovery.recover`);
 - `ready`: its hosts probed (down ones marked and watched), its readers started, before the first launch;
@@ -35,6 +36,8 @@ from ..core import Executor, Observer, Placement, Queued, SlotPool
 from ..core.events import Post
 from ..core.placement import FreeMemory
 from ..core.slots import Devices
+from ..jsonvalues import JSON
+from ..ledger.meta import BackendRecord
 from ..ledger.store import Attempt, Ledger, SweepMeta
 from .cluster import Cluster
 
@@ -56,6 +59,27 @@ class MemoryReading:
     observers: tuple[Observer, ...] = ()
 
 
+class Attached(Protocol):
+    """A backend attached to its sweep (`Backend.attach`): the members that need the cluster checked against the
+    sweep's record and the lock held. Only `attach` makes one, so the runner cannot call them before it."""
+
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
+        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
+        ...
+
+    def executor(self, post: Post) -> Executor:
+        """The executor of every attempt of this run; `post` is the dispatcher's."""
+        ...
+
+    def clear_strays(self, followed: Sequence[Attempt]) -> None:
+        """End what a dead runner left running that no attempt in `followed` owns any more."""
+        ...
+
+    def ready(self, slots: SlotPool, post: Post) -> None:
+        """Before the first launch: hosts that do not answer marked down (and watched), readers started."""
+        ...
+
+
 class Backend(Protocol):
     """One kind of cluster, opened for one run of a sweep (see the module docstring).
 
@@ -75,27 +99,16 @@ class Backend(Protocol):
         only as far as `end` needs it (a cancel with no runner alive), not checked to run the sweep."""
         ...
 
-    def attach(self) -> None:
+    def attach(self) -> Attached:
         """Holding the sweep's lock, before anything runs: the cluster checked against the sweep's record, and
-        what changed recorded (a UserError when the sweep cannot run here)."""
-        ...
-
-    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
-        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
-        ...
-
-    def executor(self, post: Post) -> Executor:
-        """The executor of every attempt of this run; `post` is the dispatcher's."""
+        what changed recorded (a UserError when the sweep cannot run here). Returns the attached sweep, which
+        alone has the members that run it; what they open is closed by this backend's `close`."""
         ...
 
     def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
         """Before the lock, after `reach`: what this cluster can serve of `waiting` (the queue as it will be once
         the lock is held), as the `Admit` the runner applies then; a UserError, with nothing written, when none of
         it can run."""
-        ...
-
-    def clear_strays(self, followed: Sequence[Attempt]) -> None:
-        """End what a dead runner left running that no attempt in `followed` owns any more."""
         ...
 
     def end(self, attempt: Attempt) -> None:
@@ -107,10 +120,6 @@ class Backend(Protocol):
         that followed it would have (`recovery.recover`: the attempt then judged by it and its files)."""
         ...
 
-    def ready(self, slots: SlotPool, post: Post) -> None:
-        """Before the first launch: hosts that do not answer marked down (and watched), readers started."""
-        ...
-
     def give_back(self) -> str | None:
         """No runner alive, nothing of the sweep left to run: what autotune asked the cluster for on the sweep's
         behalf given back; a line saying what (or why it could not be), None when it holds nothing."""
@@ -119,6 +128,18 @@ class Backend(Protocol):
     def close(self) -> None:
         """Close what it opened, once, after the executor's runs have all ended."""
         ...
+
+
+def recorded(meta: SweepMeta | None, kind: str) -> Mapping[str, JSON] | None:
+    """What the backend of `kind` recorded of its cluster (`meta.backend`'s data), when the sweep's record is its
+    own; None when there is none or another kind's."""
+    record = meta.backend if meta is not None else None
+    return record.data if record is not None and record.kind == kind else None
+
+
+def write_record(ledger: Ledger, kind: str, data: Mapping[str, JSON]) -> None:
+    """The sweep's record of its cluster written as the backend of `kind` will read it back (`recorded`)."""
+    ledger.set_meta("backend", BackendRecord(kind, data).to_json())
 
 
 HostsJSON = Mapping[str, object] | Sequence[Mapping[str, object]]  # what `autotune hosts --format json` prints

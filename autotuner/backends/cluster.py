@@ -18,6 +18,7 @@ from ..errors import UserError, shown
 from ..gpu import nvml as inventory
 from ..gpu.nvml import Gpu, LocalSlots, local_inventory
 from ..gpu.types import headroom, size_of_type, type_of_gpu
+from ..ledger.meta import BackendRecord
 from ..limits import memory
 from ..spec import Sweep
 from ..spec.hostfile import Host, is_local, load_hostfile, localhost_hosts, parse_filter, prices_of, select_slots
@@ -34,7 +35,7 @@ class Cluster:
     types: Mapping[str, str] = field(default_factory=dict)  # host -> GPU type; a host not here: unknown
     memory: Mapping[str, int] = field(default_factory=dict)  # host -> bytes per GPU, where known
     prices: Mapping[str, float] = field(default_factory=dict)  # GPU type -> a GPU-hour's price, as the hostfile says
-    slurm: Mapping[str, object] | None = None  # the Slurm allocation it is (`Allocation.to_json`), if one
+    backend: BackendRecord | None = None  # what its backend records of it from the start (a Slurm allocation's)
     # host -> slot id -> the slots unlike their host's others (this machine's MIG instances): own type and memory
     devices: Devices = field(default_factory=dict)
 

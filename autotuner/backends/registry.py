@@ -34,15 +34,6 @@ def backend_for(directory: Path, ledger: Ledger, *, ssh: Ssh | None = None, allo
     return kind_of(given, ledger.meta()).opened(directory, ledger, given, grace=grace, log=log)
 
 
-def recorded_allocation(meta: SweepMeta) -> dict[str, object] | None:
-    """For `resume`, before any cluster is asked: the Slurm allocation the sweep's backend runs in (job id,
-    whether ours), to run in again while it still runs; None when its record names another backend (as
-    `backend_for` picks it: a Ray record first)."""
-    if kind_of({}, meta) is not SlurmBackend or meta.slurm is None:
-        return None
-    return dict(meta.slurm)
-
-
 def cluster_for(hostfile: str | Path | None = None, *, include: str = "", exclude: str = "", slots: int | None = None,
                 ray: str | None = None, allocation: Allocation | None = None, sweep: Sweep | None = None,
                 log: Callable[[str], None] | None = None, probe: Ssh | None = None) -> Cluster:

@@ -209,7 +209,7 @@ def resume(
         raise fail(e) from None
     for line in plan.notes:
         note(line)
-    with held(ask, recorded=plan.slurm) as allocation:
+    with held(ask, recorded=plan.recorded) as allocation:
         timeout = plan.timeout if times.timeout is None else times.timeout_seconds()
         options = sweep_options(times, ssh, watch, allocation, ray, timeout, chosen, stop_outclassed)
         execute(directory, options, watch, retry_failed=retry_failed, new_experiments=plan.new_experiments)

@@ -67,7 +67,7 @@ class Launched:
     pid: int
     port: int | None
     at: float
-    step: str | None = None  # the Slurm job step (`J.S`) it runs as, in a sweep inside Slurm
+    handle: str | None = None  # what its backend alone reads to find it again (recorded; a Slurm step's id)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class Record(Protocol):
               at: float) -> None: ...
 
     def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float,
-                 step: str | None = None) -> None: ...
+                 handle: str | None = None) -> None: ...
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,
@@ -74,7 +74,7 @@ class MemoryRecord:
         self.started[(name, attempt)] = at
 
     def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float,
-                 step: str | None = None) -> None:
+                 handle: str | None = None) -> None:
         pass
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,

@@ -245,8 +245,8 @@ class Scheduler:
     # --- the step -----------------------------------------------------------------------------------------
     def _handle(self, event: Event, now: float) -> None:
         match event:
-            case Launched(run=run, pid=pid, port=port, at=at, step=step):
-                self.record.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at, step=step)
+            case Launched(run=run, pid=pid, port=port, at=at, handle=handle):
+                self.record.launched(run.experiment.name, run.attempt, pid=pid, port=port, at=at, handle=handle)
                 if run.key in self._running:
                     self._launched[run.key] = at
                     self._arm(run, at)

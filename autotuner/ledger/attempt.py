@@ -28,7 +28,7 @@ class Attempt:
     exit_code: int | None = None
     metric: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
-    step: str | None = None  # the Slurm job step (`J.S`) that ran it, in a sweep run inside Slurm
+    handle: str | None = None  # what its backend alone reads to find it again (a Slurm job step's id), if any
     peak_memory: int | None = None  # bytes: the most it held on one GPU, where measured (peaks.py)
 
     @property

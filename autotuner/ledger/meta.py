@@ -7,6 +7,28 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from ..jsonvalues import JSON, JSONObject
+from .schema import LEGACY_RECORDS
+
+
+@dataclass(frozen=True)
+class BackendRecord:
+    """What the sweep's backend recorded of its cluster: its kind (the registry picks the backend by it) and
+    data that backend alone reads back (how hosts are reached, the allocation or the cluster it ran in). Opaque
+    to everything outside backends/, so that a new kind of cluster changes neither the ledger nor its readers."""
+
+    kind: str
+    data: Mapping[str, JSON] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, value: object) -> BackendRecord | None:
+        """The record as the meta table holds it ({kind, data}); None when it is not one."""
+        if not isinstance(value, dict) or not isinstance(value.get("kind"), str) \
+                or not isinstance(value.get("data", {}), dict):
+            return None
+        return cls(str(value["kind"]), dict(value.get("data") or {}))
+
+    def to_json(self) -> JSONObject:
+        return {"kind": self.kind, "data": dict(self.data)}
 
 
 @dataclass(frozen=True)
@@ -28,7 +50,7 @@ class SweepMeta:
     accelerator: str = "cuda"
     env: Mapping[str, str] = field(default_factory=dict)  # what every experiment's environment gets
     reload: Mapping[str, JSON] = field(default_factory=dict)  # how `resume` reads the sweep's spec again
-    ssh: Mapping[str, JSON] | None = None  # how other hosts are reached (runner.Ssh), once a runner used SSH
+    backend: BackendRecord | None = None  # what the sweep's backend recorded of its cluster, once one did
     search: Mapping[str, JSON] | None = None  # `autotune tune`: the search that proposes the experiments
     # host -> GPU type, and host -> bytes per GPU, of the hosts where known; None (a ledger from before types, or
     # a cluster that states none): no types, every host as any other.
@@ -39,17 +61,14 @@ class SweepMeta:
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
     # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
     learned_memory: Mapping[str, int] | None = None
-    slurm: Mapping[str, JSON] | None = None  # the Slurm allocation it runs in (job id, whether ours), if one
-    ray: Mapping[str, JSON] | None = None  # the Ray cluster it runs on (address, host -> node id), if one
     extra: Mapping[str, JSON] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
     _TYPES: ClassVar[dict[str, type | tuple[type, ...]]] = {
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
-        "ssh": (dict, type(None)), "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "devices": dict, "placement": str, "slurm": (dict, type(None)), "learned_memory": dict,
-        "ray": (dict, type(None))}
+        "backend": dict, "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
+        "devices": dict, "placement": str, "learned_memory": dict}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -67,6 +86,8 @@ class SweepMeta:
             if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                        for v in dict(data.get(key) or {}).values()):
                 return f"meta {key!r} holds a size that is not a positive integer"
+        if "backend" in data and BackendRecord.from_json(data["backend"]) is None:
+            return "meta 'backend' is not {kind, data}"
         devices = dict(data.get("devices") or {}).values()
         if not all(isinstance(own, dict) and all(str(i).isdigit() and isinstance(d, dict)
                                                  and isinstance(d.get("gpu_type"), str) for i, d in own.items())
@@ -76,8 +97,10 @@ class SweepMeta:
 
     @classmethod
     def from_json(cls, data: Mapping[str, JSON]) -> SweepMeta:
-        """The settings from the table's decoded values (checked first with `problem`)."""
-        known = {f.name for f in fields(cls)} - {"extra"}
+        """The settings from the table's decoded values (checked first with `problem`). A ledger from before
+        schema 8, read as it is, has its backend's record under that kind's own key (`LEGACY_RECORDS`)."""
+        known = {f.name for f in fields(cls)} - {"extra", "backend"}
+        legacy = {key for key, _ in LEGACY_RECORDS} if "backend" not in data else set()
         values = {k: v for k, v in data.items() if k in known}
         values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
         values["launcher"] = tuple(values["launcher"])
@@ -85,18 +108,28 @@ class SweepMeta:
             if key in values:
                 values[key] = {str(k): v if key in ("capacity", "gpu_memory", "learned_memory") else str(v)
                                for k, v in values[key].items()}
-        return cls(**values, extra={k: v for k, v in data.items() if k not in known})
+        return cls(**values, backend=_backend(data),
+                   extra={k: v for k, v in data.items() if k not in known | legacy | {"backend"}})
 
     def to_json(self) -> JSONObject:
         """The table's values: the same keys and JSON a ledger has always held (`slots` as lists)."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "ssh", "search", "gpu_types", "gpu_memory", "devices", "slurm",
-                    "learned_memory", "ray"):
+        for key in ("capacity", "env", "reload", "search", "gpu_types", "gpu_memory", "devices", "learned_memory"):
             data[key] = None if data[key] is None else dict(data[key])
-        # Unset: left out, as ledgers always had it (ssh is written by the first runner that reaches a host).
+        data["backend"] = None if self.backend is None else self.backend.to_json()
+        # Unset: left out, as ledgers always had it (the backend's record is written by the first runner).
         return {k: v for k, v in data.items() if v is not None} | dict(self.extra)
+
+
+def _backend(data: Mapping[str, JSON]) -> BackendRecord | None:
+    """The backend's record; before schema 8, the last of the legacy keys the table has (the order in which the
+    registry asked the kinds: a Ray record over a Slurm one over the SSH settings)."""
+    if "backend" in data:
+        return BackendRecord.from_json(data["backend"])
+    return next((BackendRecord(kind, dict(value)) for key, kind in reversed(LEGACY_RECORDS)
+                 if isinstance(value := data.get(key), dict)), None)
 
 
 def _json_kind(kind: type | tuple[type, ...]) -> str:

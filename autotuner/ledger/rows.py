@@ -21,7 +21,7 @@ from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..states import Reason, State
 from .attempt import FIELDS, REASONS, STATES, Attempt
-from .schema import expected_columns, short
+from .schema import RENAMED, expected_columns, short
 
 _FLOAT_MAX = sys.float_info.max
 Corrupt = Callable[[str], UserError]  # a detail -> the one-line error naming the ledger
@@ -75,7 +75,7 @@ def decode_attempts(rows: Iterable[Sequence[Any]], corrupt: Corrupt) -> list[Att
     slot_texts: dict[str, dict[str, object]] = {}
     new, put = object.__new__, object.__setattr__
     for (name, attempt, state, queued_at, reason, detail, started_at, finished_at, slots, tag, pid, launched_at,
-         port, directory, exit_code, metric, metrics, step, peak_memory) in rows:
+         port, directory, exit_code, metric, metrics, handle, peak_memory) in rows:
         if slots:
             known = slot_texts.get(slots)
             if known is None:
@@ -100,7 +100,7 @@ def decode_attempts(rows: Iterable[Sequence[Any]], corrupt: Corrupt) -> list[Att
             "name": name, "attempt": attempt, "state": word, "queued_at": queued_at, "reason": reason,
             "detail": detail, "started_at": started_at, "finished_at": finished_at, "slots": slots, "tag": tag,
             "pid": pid, "launched_at": launched_at, "port": port, "dir": directory, "exit_code": exit_code,
-            "metric": metric, "metrics": metrics, "step": step, "peak_memory": peak_memory})
+            "metric": metric, "metrics": metrics, "handle": handle, "peak_memory": peak_memory})
         out.append(record)
     return out
 
@@ -129,7 +129,10 @@ def unreadable(reason: object, metric: float | None, metrics: Mapping[str, float
 
 @functools.cache
 def attempt_columns(version: int) -> str:
-    """Attempt's fields as columns of `a`, in order: NULL for those a ledger of `version` lacks (a Slurm step
-    before version 2, a peak before 3)."""
+    """Attempt's fields as columns of `a`, in order: a column by its older name in a ledger of `version` from
+    before its rename (the handle was a Slurm step before 8), NULL for those it lacks (a step before version 2,
+    a peak before 3)."""
     have = {column[1] for column in expected_columns(max(1, version))["attempts"]}
-    return ", ".join(f"a.{name}" if name in have else f"NULL AS {name}" for name in FIELDS)
+    named = {new: old for since, old, new in RENAMED if version < since and old in have}
+    return ", ".join(f"a.{named[name]} AS {name}" if name in named else f"a.{name}" if name in have
+                     else f"NULL AS {name}" for name in FIELDS)

@@ -12,7 +12,7 @@ from ..errors import UserError
 
 # PRAGMA user_version of the ledgers this code writes. 0: a ledger from before versions (it has version 1's
 # tables), read as it is and migrated by the next runner.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 TABLES_SQL = """  -- version 1's tables: a new ledger gets them, then every migration (`schema`)
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -37,6 +37,23 @@ TABLES = ("meta", "experiments", "attempts", "transitions", "requests", "swept",
 MEASURES = ("CREATE TABLE measures (name TEXT NOT NULL, attempt INTEGER NOT NULL, startup REAL, step_time REAL, "
             "steps INTEGER NOT NULL, mean REAL, low REAL, high REAL, PRIMARY KEY (name, attempt))",)
 
+# Before 8, each kind of cluster kept its record under its own meta key: (key, kind), in the order the registry
+# asked them (a later one is the sweep's backend over an earlier one: a Ray record over a Slurm one over the SSH
+# settings a hosts runner wrote). History only: the migration and the reader of an older ledger use it.
+LEGACY_RECORDS = (("ssh", "hosts"), ("slurm", "slurm"), ("ray", "ray"))
+
+# 7 -> 8: the backend's record one opaque meta row ({kind, data}: `meta.BackendRecord`), the legacy ones folded
+# into it (the last wins, as the registry picked it); the attempt's Slurm step become the handle its backend alone
+# reads (a Slurm step id is the same text). SQL alone: an SQLite without JSON functions migrates it too.
+OPAQUE = (*(f"INSERT OR REPLACE INTO meta (key, value) SELECT 'backend', "
+            f"'{{\"kind\": \"{kind}\", \"data\": ' || value || '}}' FROM meta WHERE key = '{key}' AND value LIKE '{{%'"
+            for key, kind in LEGACY_RECORDS),
+          "DELETE FROM meta WHERE key IN ({})".format(", ".join(f"'{key}'" for key, _ in LEGACY_RECORDS)),
+          "ALTER TABLE attempts RENAME COLUMN step TO handle")
+
+# An attempt's column by its older name, in the versions before its rename: (version renamed in, old, new).
+RENAMED = ((8, "step", "handle"),)
+
 # The statements that bring a ledger of version N to N + 1 (index N), run by the runner in the transaction
 # that stamps the new version. 0 -> 1: version 0 already has version 1's tables; the stamp is the migration.
 # 1 -> 2: a Slurm job step's id per attempt. 2 -> 3: the peak GPU memory an attempt held (peaks.py). 3 -> 4:
@@ -46,7 +63,7 @@ MEASURES = ("CREATE TABLE measures (name TEXT NOT NULL, attempt INTEGER NOT NULL
 # 5 -> 6: the stop asked for a running attempt (which one: cancelled, interrupted, timed out, its host lost),
 # recorded before its signal, so that an attempt whose runner died during the stop is judged as that stop.
 # 6 -> 7: what an attempt's steps said (spec/interval.py RunTimes): start-up and step time apart, the steps it made,
-# the interval of the metric's mean; one row per attempt that left steps.
+# the interval of the metric's mean; one row per attempt that left steps. 7 -> 8: OPAQUE.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (), ("ALTER TABLE attempts ADD COLUMN step TEXT",), ("ALTER TABLE attempts ADD COLUMN peak_memory INTEGER",),
     ("CREATE TABLE swept (position INTEGER PRIMARY KEY, name TEXT NOT NULL, params TEXT NOT NULL)",
@@ -54,7 +71,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("CREATE INDEX IF NOT EXISTS experiments_position ON experiments(position)",),
     ("CREATE TABLE stops (name TEXT NOT NULL, attempt INTEGER NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL, "
      "detail TEXT NOT NULL, at REAL NOT NULL, PRIMARY KEY (name, attempt))",),
-    MEASURES,)
+    MEASURES, OPAQUE)
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 # SQLite's primary result codes for a file that is not (or no longer) a database: SQLITE_CORRUPT,

@@ -250,7 +250,7 @@ class Ledger:
                 for r in self._db.execute("SELECT key, value FROM meta").fetchall()}
 
     def set_meta(self, key: str, value: object) -> None:
-        """One setting changed (e.g. `ssh`, by the runner that first reaches another host)."""
+        """One setting changed (e.g. `backend`, by the runner that records its cluster)."""
         with self._transaction():
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
@@ -332,12 +332,12 @@ class Ledger:
                        slots_json, None)
 
     def launched(self, name: str, attempt: int, *, pid: int, port: int | None, at: float,
-                 step: str | None = None) -> None:
-        """The process exists: its pid (its process group), master port and Slurm step, for clean-up and the
-        record."""
+                 handle: str | None = None) -> None:
+        """The process exists: its pid (its process group), master port and its backend's handle, for clean-up
+        and the record."""
         with self._transaction():
-            self._db.execute("UPDATE attempts SET pid = ?, port = ?, launched_at = ?, step = ? "
-                             "WHERE name = ? AND attempt = ?", (pid, port, at, step, name, attempt))
+            self._db.execute("UPDATE attempts SET pid = ?, port = ?, launched_at = ?, handle = ? "
+                             "WHERE name = ? AND attempt = ?", (pid, port, at, handle, name, attempt))
 
     def finish(self, name: str, attempt: int, state: State, at: float, *, reason: Reason | None = None,
                detail: str | None = None, exit_code: int | None = None, metric: float | None = None,

@@ -346,7 +346,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         search=search.to_json() if search is not None else None,
         gpu_types=dict(cluster.types) or None, gpu_memory=dict(cluster.memory) or None,
         devices=devices_to_json(cluster.devices) or None,
-        slurm=dict(cluster.slurm) if cluster.slurm is not None else None,
+        backend=cluster.backend,
         learned_memory=dict(learned) if learned else None,
     ), filename=staging)
     try:

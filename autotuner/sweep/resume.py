@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import limits
-from ..backends.registry import recorded_allocation
 from ..errors import UserError
+from ..jsonvalues import JSONObject
 from ..ledger.store import FILENAME, open_sweep
 from ..spec import Experiment, Sweep, SweepInputs
 from ..spec.load import load_sweep
@@ -42,7 +42,9 @@ class ResumePlan:
     new_experiments: tuple[Experiment, ...] = ()
     timeout: float | None = limits.DEFAULT_TIMEOUT  # the run's limit for experiments whose spec gives none
     notes: tuple[str, ...] = ()  # for the user: why the spec was not read again, or what of it is left aside
-    slurm: dict[str, object] | None = None  # the Slurm allocation it last ran in (job id, whether ours), if one
+    # The sweep's record of its backend, as the ledger holds it: what a backend re-enters before anything is
+    # reached (the Slurm allocation it last ran in, while that still runs). Opaque: only its backend reads it.
+    recorded: JSONObject | None = None
     inputs: tuple[str, ...] = ()  # the files the spec was read from again (Sweep.paths): no output may be one
 
 
@@ -63,17 +65,17 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
         meta = ledger.meta()
     reload = dict(meta.reload)
     timeout = timeout_seconds(reload.get("timeout"))
-    slurm = recorded_allocation(meta)  # the backend's, as the registry picks it from the record
+    recorded = meta.backend.to_json() if meta.backend is not None else None
     try:
         inputs = SweepInputs.from_json(reload)
     except ValueError as e:
         raise UserError(f"corrupt sweep ledger: {e}", Path(directory) / FILENAME) from None
     if inputs is None:
-        return ResumePlan(timeout=timeout, slurm=slurm)
+        return ResumePlan(timeout=timeout, recorded=recorded)
     gone = [p for p in inputs.specs if not os.path.exists(p)]
     if gone:  # the ledger holds every experiment's spec: finish those
         return ResumePlan(timeout=timeout, notes=(f"{gone[0]} is gone: resuming the experiments recorded in the "
-                                                  "ledger",), slurm=slurm)
+                                                  "ledger",), recorded=recorded)
     # The run's timeout is not part of the experiments: `resume --timeout` may change it.
     sweep = load_sweep(list(inputs.specs), script=inputs.script, args=inputs.args, metric=inputs.metric,
                        gpu_type=inputs.gpu_type, gpu_mixed=inputs.gpu_mixed)
@@ -85,7 +87,7 @@ def resume_plan(directory: str | Path, *, only_new: bool = False) -> ResumePlan:
     kept = SpecChanges(changed=changes.changed, removed=changes.removed)
     notes = (f"the spec's other changes are left as recorded ({kept}): those experiments keep the config they "
              "ran with; `autotune run` starts a sweep of the spec as it is now",) if kept else ()
-    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, notes=notes, slurm=slurm,
+    return ResumePlan(tuple(e for e in sweep.experiments if e.name in new), timeout, notes=notes, recorded=recorded,
                       inputs=sweep.paths())
 
 

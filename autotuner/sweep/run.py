@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import limits
-from ..backends.base import Admit, Backend, MemoryReading
+from ..backends.base import Admit, Attached, Backend, MemoryReading
 from ..backends.hosts.hosts import Ssh
 from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
@@ -162,12 +162,12 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
                         raise UserError(f"{e}; wait for it, or `autotune cancel {directory}`", directory) from None
                     locked = True
                     ledger.upgrade()  # only the runner, holding the lock, migrates an older ledger
-                    backend.attach()
+                    attached = backend.attach()  # what runs the sweep: only attach makes one
                     left = ledger.in_state(State.RUNNING)  # by a dead runner: adopted
                     requeue(ledger, retry_failed)
                     if new_experiments:
                         ledger.add_experiments(new_experiments, time.time())
-                    interrupted = _dispatch(directory, ledger, options, backend, admit, left)
+                    interrupted = _dispatch(directory, ledger, options, backend, attached, admit, left)
             snap = snapshot(directory)  # every spec: summary.txt groups the experiments by ZeRO stage
             # A Ctrl-C that came after the last experiment ended interrupted nothing: the sweep is complete.
             interrupted = interrupted and any(a.state in (State.QUEUED, State.RUNNING, State.INTERRUPTED)
@@ -195,10 +195,11 @@ def _to_run(ledger: Ledger, retry_failed: bool, new_experiments: Sequence[Experi
     return [Queued(e, latest[e.name]) for e in ledger.experiments(latest)] + [Queued(e, 1) for e in new_experiments]
 
 
-def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend, admit: Admit,
-              adopt: Sequence[Attempt] = ()) -> bool:
-    """The sweep dispatched on `backend` until it ends; whether it was interrupted. The backend closes what it
-    opened (its caller closes it); nothing here is replaced once built."""
+def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backend, attached: Attached,
+              admit: Admit, adopt: Sequence[Attempt] = ()) -> bool:
+    """The sweep dispatched on `attached` until it ends (`backend` ends what it finds on slots not its own);
+    whether it was interrupted. The backend closes what they opened (its caller closes it); nothing here is
+    replaced once built."""
     meta = ledger.meta()
     devices = devices_from_json(meta.devices)
     slot_pool = SlotPool(meta.slots)
@@ -207,7 +208,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     queued = ledger.latest_in(State.QUEUED)
     needs = needs_of_sweep(meta.learned_memory, ledger.peaks(), largest_usable(meta.gpu_memory, devices))
     waiting = [Queued(e, queued[e.name]) for e in with_needs(ledger.experiments(queued), needs)]
-    chosen, memory = _placement(ledger, options, backend, devices)
+    chosen, memory = _placement(ledger, options, attached, devices)
     placement, waiting = admit(chosen, waiting)
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
@@ -215,11 +216,11 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
                           source=_search(ledger, meta.search) if meta.search is not None else
                           _judge(ledger) if options.stop_outclassed else None)
     inbox = Inbox()
-    executor = backend.executor(inbox.post)
+    executor = attached.executor(inbox.post)
     reader = StepReader(inbox.post, scheduler.metric, env_seconds(POLL_ENV, DEFAULT_POLL))
     dispatcher = Dispatcher(scheduler, executor, time.time, [*memory.observers, reader, *options.observers],
                             options.log, inbox)
-    backend.clear_strays(adopt)
+    attached.clear_strays(adopt)
     # What a dead runner left running holds its slots before anything queued is placed. Adopted before the
     # hosts are probed: a run on a host found down then ends as lost, and runs again elsewhere.
     experiments = {e.name: e for e in with_needs(ledger.experiments({a.name for a in adopt}), needs)} if adopt else {}
@@ -242,13 +243,13 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
         waiting += [Queued(experiments[name], number) for name, number in again.items()]
         options.log(f"{len(stray)} attempt(s) left running on slots that were not theirs to hold: ended and "
                     "queued again")
-    backend.ready(slot_pool, dispatcher.post)
+    attached.ready(slot_pool, dispatcher.post)
     scheduler.submit(waiting)
     with reader.reading():
         return _run_with_signals(dispatcher)
 
 
-def _placement(ledger: Ledger, options: Options, backend: Backend,
+def _placement(ledger: Ledger, options: Options, attached: Attached,
                devices: Devices) -> tuple[Placement, MemoryReading]:
     """The placement a sweep runs with: the one asked for (recorded, so that `resume` keeps it), else the one
     recorded, else pack; kept to one GPU type at a time where the sweep recorded types. `memory` places by the
@@ -257,7 +258,7 @@ def _placement(ledger: Ledger, options: Options, backend: Backend,
     name = options.placement or meta.placement or "pack"
     if options.placement is not None and options.placement != meta.placement:
         ledger.set_meta("placement", options.placement)
-    memory = backend.read_memory(name, devices)
+    memory = attached.read_memory(name, devices)
     types = {h: (meta.gpu_types or {}).get(h) for h in meta.slots}
     return placement_named(name, types, meta.gpu_memory, memory.measure, devices, meta.slots), memory
 

@@ -18,7 +18,7 @@ from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, is_local
 from ...spec.metrics import metric_named
-from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all
+from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
@@ -31,6 +31,8 @@ from ..ssh.free_memory import RemoteMemory, nvidia_smi
 from ..ssh.probe import check_hostfile, hostfile_check, mig_hosts
 from ..watch import PollingWatcher
 from .routing import Router
+
+KIND = "hosts"  # the kind's name, as its record in the ledger says it
 
 
 @dataclass
@@ -70,20 +72,25 @@ def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Calla
     return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
+def recorded_ssh(meta: SweepMeta) -> Ssh:
+    """How the sweep's last runner reached its hosts, as it recorded (the defaults before one did)."""
+    return Ssh(**dict(recorded(meta, KIND) or {}))
+
+
 def ssh_pool(ledger: Ledger, ssh: Ssh | None) -> SSHPool | None:
     """A pool of SSH connections when the sweep has hosts other than this machine, else None (`ssh`: None, as the
     sweep last ran). Nothing is written: `HostsBackend.attach` records the settings."""
     meta = ledger.meta()
     if all(is_local(h) for h in meta.slots):
         return None
-    ssh = ssh or Ssh(**dict(meta.ssh or {}))
+    ssh = ssh or recorded_ssh(meta)
     return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
 
 
 class HostsBackend:
     """This machine and SSH hosts (see the module docstring and base.Backend)."""
 
-    kind: ClassVar[str] = "hosts"
+    kind: ClassVar[str] = KIND
     options: ClassVar[tuple[BackendOption, ...]] = (
         BackendOption("hostfile", "path | None", "DeepSpeed's hostfile (none: this machine)", "any"),
         BackendOption("include", "str", "DeepSpeed's --include", "any"),
@@ -120,13 +127,8 @@ class HostsBackend:
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.ssh, self.grace, self.log = directory, ledger, ssh, grace, log
         self.pool: SSHPool | None = None  # opened by `reach`, `attach` or `end` when the sweep has other hosts
-        self._local_memory: FreeMemoryReader | None = None
-        self._remote_memory: RemoteMemory | None = None
-        self._executor: Executor | None = None
-        self._peaks: PeakMemory | None = None
-        self._watcher: PollingWatcher | None = None
-        self._remote: SshExecutor | None = None
         self._silent: dict[str, str] | None = None  # the hosts that did not answer `reach` (host -> why)
+        self._attached: HostsAttached | None = None
 
     def reach(self, *, to_run: bool = True) -> None:
         """Before the lock, with hosts other than this machine: the sweep's hostfile there (their launcher reads
@@ -149,17 +151,105 @@ class HostsBackend:
             raise UserError("no host of the sweep answers (" + "; ".join(list(self._silent.values())[:3]) +
                             "; see `autotune hosts`)", hostfile)
 
-    def attach(self) -> None:
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        """Before the lock: what of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are
+        probed over SSH.
+
+        DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
+        answering here, every multi-node launch on it fails and is retried. Such names stay usable for
+        single-node experiments (run directly) but are kept out of multi-node placements; a multi-node
+        experiment that then cannot fit stays queued for `resume`. Nothing at all can run: a UserError, before
+        the lock (the sweep left as it was).
+        """
+        local = [h for h in slots.hosts if is_local(h)]
+        if not local or not any(item.num_nodes > 1 for item in waiting):
+            return admit_all
+        probing = self.pool or self.pool_as_recorded()
+        try:
+            silent = unanswering(probing, local)
+        finally:
+            if probing is not self.pool:
+                probing.close()
+        if not silent:
+            return admit_all
+        answering = [h for h in slots.hosts if h not in silent]
+
+        def can_run(item: Queued) -> bool:
+            return item.num_nodes == 1 or sum(
+                1 for h in answering if slots.capacity(h) >= item.num_gpus) >= item.num_nodes
+
+        why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
+            "machine's names too)"
+        if not any(can_run(item) for item in waiting):
+            raise UserError(f"no experiment can run: {why}; see `autotune hosts`", self.directory / HOSTFILE)
+
+        def admitted(placement: Placement, queue: list[Queued]) -> tuple[Placement, list[Queued]]:
+            runnable = [item for item in queue if can_run(item)]
+            if len(runnable) < len(queue):
+                self.log(f"{why}: {len(queue) - len(runnable)} multi-node experiment(s) left queued; "
+                         f"`autotune resume {self.directory}` runs them once it answers")
+            return SingleNodeOn(frozenset(silent), placement), runnable
+        return admitted
+
+    def attach(self) -> HostsAttached:
         """Holding the lock: the SSH pool opened when the sweep has other hosts (unless `reach` opened it), and the
         settings this run reaches them with recorded, so that `resume` and `cancel` reach them the same way."""
         if self.pool is None:
             self.pool = ssh_pool(self.ledger, self.ssh)
-        if self.pool is None:
+        if self.pool is not None:
+            meta = self.ledger.meta()
+            settings = (self.ssh or recorded_ssh(meta)).to_json()
+            if recorded(meta, KIND) != settings:
+                write_record(self.ledger, KIND, settings)
+        self._attached = HostsAttached(self, self.pool, self._silent)
+        return self._attached
+
+    def end(self, attempt: Attempt) -> None:
+        if not attempt.tag:
             return
-        meta = self.ledger.meta()
-        settings = (self.ssh or Ssh(**dict(meta.ssh or {}))).to_json()
-        if meta.ssh != settings:
-            self.ledger.set_meta("ssh", settings)
+        end_tagged(attempt.tag, self.grace)
+        remote = [host for host in attempt.slots if not is_local(host)]
+        if remote:
+            if self.pool is None:  # recovery with no runner: reached as the sweep recorded
+                self.pool = self.pool_as_recorded()
+            end_tagged_remote(self.pool, remote, attempt.tag)
+
+    def pool_as_recorded(self) -> SSHPool:
+        """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
+        ssh = self.ssh or recorded_ssh(self.ledger.meta())
+        return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        return as_it_ran(attempt, status, directory)
+
+    def give_back(self) -> str | None:
+        """Nothing: the hosts of a hostfile were not asked for."""
+        return None
+
+    def close(self) -> None:
+        """What the attached sweep opened, then the pool: each closed even when one before it fails."""
+        with contextlib.ExitStack() as stack:
+            if self.pool is not None:
+                stack.callback(self.pool.close)
+            if self._attached is not None:
+                stack.callback(self._attached.close)
+
+
+class HostsAttached:
+    """A sweep on this machine and SSH hosts, attached (`HostsBackend.attach`): the members that run it
+    (base.Attached), on the pool its backend opened (None: this machine alone). What they open, it owns; its
+    backend's `close` closes it before the pool."""
+
+    def __init__(self, backend: HostsBackend, pool: SSHPool | None, silent: dict[str, str] | None):
+        self.backend, self.pool, self._silent = backend, pool, silent
+        self.directory, self.ledger = backend.directory, backend.ledger
+        self.grace, self.log = backend.grace, backend.log
+        self._local_memory: FreeMemoryReader | None = None
+        self._remote_memory: RemoteMemory | None = None
+        self._executor: Executor | None = None
+        self._peaks: PeakMemory | None = None
+        self._watcher: PollingWatcher | None = None
+        self._remote: SshExecutor | None = None
 
     def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: this machine's GPUs read through NVML when placing, the other hosts'
@@ -191,7 +281,7 @@ class HostsBackend:
         remote = None
         if self.pool is not None:
             self._watcher = host_watcher(self.pool, post)
-            ssh = Ssh(**dict(meta.ssh or {}))
+            ssh = recorded_ssh(meta)
             remote = SshExecutor(self.pool, hostfile.read_text(), metric, time.time, launcher, env, self.grace,
                                  ssh.remote_root, on_lost=self._watcher.watch, devices=devices)
             executor = Router(executor, remote)
@@ -199,66 +289,8 @@ class HostsBackend:
         self._remote = remote
         return self._executor
 
-    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
-        """Before the lock: what of `waiting` can run, once this machine's own names (localhost, 127.0.0.1) are
-        probed over SSH.
-
-        DeepSpeed's multi-node launcher reaches every node over ssh (pdsh), this machine too: with no sshd
-        answering here, every multi-node launch on it fails and is retried. Such names stay usable for
-        single-node experiments (run directly) but are kept out of multi-node placements; a multi-node
-        experiment that then cannot fit stays queued for `resume`. Nothing at all can run: a UserError, before
-        the lock (the sweep left as it was).
-        """
-        local = [h for h in slots.hosts if is_local(h)]
-        if not local or not any(item.num_nodes > 1 for item in waiting):
-            return admit_all
-        probing = self.pool or self._pool_as_recorded()
-        try:
-            silent = unanswering(probing, local)
-        finally:
-            if probing is not self.pool:
-                probing.close()
-        if not silent:
-            return admit_all
-        answering = [h for h in slots.hosts if h not in silent]
-
-        def can_run(item: Queued) -> bool:
-            return item.num_nodes == 1 or sum(
-                1 for h in answering if slots.capacity(h) >= item.num_gpus) >= item.num_nodes
-
-        why = "; ".join(list(silent.values())[:3]) + " (a multi-node launch reaches every node over ssh, this " \
-            "machine's names too)"
-        if not any(can_run(item) for item in waiting):
-            raise UserError(f"no experiment can run: {why}; see `autotune hosts`", self.directory / HOSTFILE)
-
-        def admitted(placement: Placement, queue: list[Queued]) -> tuple[Placement, list[Queued]]:
-            runnable = [item for item in queue if can_run(item)]
-            if len(runnable) < len(queue):
-                self.log(f"{why}: {len(queue) - len(runnable)} multi-node experiment(s) left queued; "
-                         f"`autotune resume {self.directory}` runs them once it answers")
-            return SingleNodeOn(frozenset(silent), placement), runnable
-        return admitted
-
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
         """Nothing to do: a process is found by its attempt's tag, and every attempt left is adopted or ended."""
-
-    def end(self, attempt: Attempt) -> None:
-        if not attempt.tag:
-            return
-        end_tagged(attempt.tag, self.grace)
-        remote = [host for host in attempt.slots if not is_local(host)]
-        if remote:
-            if self.pool is None:  # recovery with no runner: reached as the sweep recorded
-                self.pool = self._pool_as_recorded()
-            end_tagged_remote(self.pool, remote, attempt.tag)
-
-    def _pool_as_recorded(self) -> SSHPool:
-        """A pool reaching the hosts as given, else as the sweep recorded; nothing written (`attach` records)."""
-        ssh = self.ssh or Ssh(**dict(self.ledger.meta().ssh or {}))
-        return SSHPool(ssh.config, accept_new_hosts=ssh.accept_new_hosts)
-
-    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
-        return as_it_ran(attempt, status, directory)
 
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Hosts that do not answer are left out until they do (watched); none answering is a UserError. Then
@@ -280,15 +312,10 @@ class HostsBackend:
             self._remote_memory.read_now()
             self._remote_memory.start(post)
 
-    def give_back(self) -> str | None:
-        """Nothing: the hosts of a hostfile were not asked for."""
-        return None
-
     def close(self) -> None:
         """The readers, the executor (every run has posted its end: its threads are ending), the peaks, the
-        watcher, the SSH executor, the pool: each closed even when one before it fails."""
-        closing = [self._local_memory, self._remote_memory, self._executor, self._peaks, self._watcher, self._remote,
-                   self.pool]
+        watcher, the SSH executor: each closed even when one before it fails."""
+        closing = [self._local_memory, self._remote_memory, self._executor, self._peaks, self._watcher, self._remote]
         with contextlib.ExitStack() as stack:
             for resource in reversed([r for r in closing if r is not None]):
                 stack.callback(resource.close)

@@ -3,7 +3,7 @@ as a client; each attempt a lease (a placement group and an actor per node, leas
 own connection (executor.py). See backends/base.py for the contract.
 
 The cluster is read from Ray when the runner attaches (nodes, GPUs, their type), checked to share the results
-directory with this machine, and recorded in the ledger (`meta.ray`: its address and each host's node id), so
+directory with this machine, and recorded in the ledger (the backend's record: its address and each host's node id), so
 that `resume` and `cancel` reach it again. A node Ray reports dead is a lost host (NodeWatcher). What a dead
 runner left in Ray is found by the sweep's name and each actor's answer to which attempt it runs: the leases of
 attempts being adopted are followed, the rest released.
@@ -29,7 +29,7 @@ from ...files import write_atomic
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
-from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all
+from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster
 from ..launch import Launcher
 from ..recovery import as_it_ran
@@ -55,7 +55,7 @@ class RayBackend:
 
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
-        return given.get("ray") is not None or (record is not None and record.ray is not None)
+        return given.get("ray") is not None or recorded(record, cls.kind) is not None
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
@@ -73,13 +73,12 @@ class RayBackend:
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.grace, self.log = directory, ledger, grace, log
-        recorded = (ledger.meta().ray or {}).get("address")
-        self.address = address or recorded or address_of(None)
-        self.source = source_of(address) if address or not recorded else "the Ray address the sweep recorded"
+        known = (recorded(ledger.meta(), self.kind) or {}).get("address")
+        self.address = address or (str(known) if known else None) or address_of(None)
+        self.source = source_of(address) if address or not known else "the Ray address the sweep recorded"
         self._ray: ModuleType | None = None
         self._leases: Leases | None = None
-        self._executor: RayExecutor | None = None
-        self._watcher: NodeWatcher | None = None
+        self._attached: RayAttached | None = None
         self._found: dict[str, Lease] | None = None  # what a dead runner left, by attempt (for `end` alone)
         self._nodes: list[RayNode] | None = None  # the live nodes as `reach` read them
         self._lost: dict[str, str] = {}  # host -> why: nodes that died (or were dying) as `reach` asked them
@@ -116,7 +115,10 @@ class RayBackend:
                 f"{host}: {why}" for host, why in lost.items()) + ")", self.directory)
         self._nodes, self._lost = nodes, lost
 
-    def attach(self) -> None:
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        return admit_all  # every node is reached through Ray, none over ssh
+
+    def attach(self) -> RayAttached:
         """Holding the lock: the cluster `reach` read recorded (the nodes found lost too, marked down at
         `ready`: an attempt a dead runner left on one is adopted, and found lost)."""
         if self._nodes is None:
@@ -126,45 +128,15 @@ class RayBackend:
         meta = self.ledger.meta()
         record = record_of(self.address, nodes)
         MESSAGES.to(self.directory / RAY_LOG)  # the lock held: what Ray says from now on is the sweep's to keep
-        if meta.ray == record and dict(meta.slots) == dict(cluster.slots):
-            return
-        for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
-                           ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
-                           ("gpu_memory", dict(cluster.memory)), ("ray", record)):
-            self.ledger.set_meta(key, value)
-        write_atomic(self.directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
-
-    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
-        """Nothing is read: Ray hands each attempt whole GPUs; a GPU's type states its memory where known."""
-        return MemoryReading()
-
-    def executor(self, post: Post) -> Executor:
-        meta = self.ledger.meta()
-        record = dict(meta.ray or {})
-        nodes = dict(record.get("nodes") or {})
-        self._watcher = NodeWatcher(self.ray, nodes, post)
-        self._executor = RayExecutor(self.ray(), self.leases(), metric_named(meta.metric), time.time,
-                                     Launcher(meta.launcher), dict(meta.env), self.grace, nodes=nodes,
-                                     capacity=dict(meta.capacity), on_lost=self._watcher.watch)
-        return self._executor
-
-    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
-        return admit_all  # every node is reached through Ray, none over ssh
-
-    def clear_strays(self, followed: Sequence[Attempt]) -> None:
-        """The leases of attempts being adopted handed to the executor; every other lease, placement group and
-        actor of this sweep in Ray (a dead runner's) released."""
-        by_tag, mute, orphans = in_ray(self.ray(), self.ledger.meta().sweep_id)
-        keep = {a.tag for a in followed if a.tag}
-        ended = [lease for tag, lease in by_tag.items() if tag not in keep] + mute
-        for lease in ended:
-            self.leases().release(lease, self.grace)
-        self._remove_groups(orphans)
-        if self._executor is not None:
-            self._executor.adoptable.update({tag: lease for tag, lease in by_tag.items() if tag in keep})
-        if ended or orphans:
-            self.log(f"{len(ended) + len(orphans)} lease(s) a dead runner left in the Ray cluster that no runner "
-                     "follows any more: their actors and placement groups ended")
+        if recorded(meta, self.kind) != record or dict(meta.slots) != dict(cluster.slots):
+            for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
+                               ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
+                               ("gpu_memory", dict(cluster.memory))):
+                self.ledger.set_meta(key, value)
+            write_record(self.ledger, self.kind, record)
+            write_atomic(self.directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
+        self._attached = RayAttached(self, self._lost)
+        return self._attached
 
     def end(self, attempt: Attempt) -> None:
         """The actors and placement group that run the attempt ended (its nodes' launchers first, within the
@@ -173,24 +145,13 @@ class RayBackend:
             self._found, mute, orphans = in_ray(self.ray(), self.ledger.meta().sweep_id)
             for silent in mute:
                 self.leases().release(silent, self.grace)
-            self._remove_groups(orphans)
+            self.remove_groups(orphans)
         found = self._found.pop(attempt.tag, None) if attempt.tag else None
         if found is not None:
             self.leases().release(found, self.grace)
 
     def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
         return as_it_ran(attempt, status, directory)
-
-    def ready(self, slots: SlotPool, post: Post) -> None:
-        """Nodes the sweep recorded that Ray no longer lists alive, or that died as `reach` asked them, are left
-        out (and watched: back when Ray lists them alive)."""
-        if self._watcher is not None:
-            dead = dict.fromkeys(self._watcher.dead_now(), "Ray reports the node dead") | self._lost
-            for host, why in dead.items():
-                if host in slots.hosts:
-                    self.log(f"node {host} left out: {why}")
-                    slots.mark_down(host)
-                    self._watcher.watch(host)
 
     def give_back(self) -> str | None:
         """Nothing here: `close` releases what the sweep holds in Ray (its leases), runner or not."""
@@ -200,26 +161,83 @@ class RayBackend:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
         runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the
         connection to Ray."""
-        closing: list[RayExecutor | NodeWatcher | None] = [self._executor, self._watcher]
         with contextlib.ExitStack() as stack:
             stack.callback(MESSAGES.to, None)
             if self._ray is not None:
                 stack.callback(self._ray.shutdown)
             if self._found:
                 stack.callback(self._release_found)
-            for resource in reversed([r for r in closing if r is not None]):
-                stack.callback(resource.close)
+            if self._attached is not None:
+                stack.callback(self._attached.close)
 
     def _release_found(self) -> None:
         found, self._found = self._found or {}, {}
         for lease in found.values():
             self.leases().release(lease, self.grace)
 
-    def _remove_groups(self, groups: Sequence[Any]) -> None:
+    def remove_groups(self, groups: Sequence[Any]) -> None:
         """Placement groups of the sweep whose actors are gone, removed."""
         for group in groups:
             with contextlib.suppress(Exception):
                 self.ray().util.remove_placement_group(group)
+
+
+class RayAttached:
+    """A sweep attached to its Ray cluster (`RayBackend.attach`): the members that run it (base.Attached), on its
+    backend's connection and leases. What they open (the executor, the node watcher), it owns; its backend's
+    `close` closes it first."""
+
+    def __init__(self, backend: RayBackend, lost: dict[str, str]):
+        self.backend, self.lost = backend, lost  # lost: host -> why, the nodes that died as `reach` asked them
+        self.ledger, self.grace, self.log = backend.ledger, backend.grace, backend.log
+        self._executor: RayExecutor | None = None
+        self._watcher: NodeWatcher | None = None
+
+    def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
+        """Nothing is read: Ray hands each attempt whole GPUs; a GPU's type states its memory where known."""
+        return MemoryReading()
+
+    def executor(self, post: Post) -> Executor:
+        meta = self.ledger.meta()
+        nodes = dict((recorded(meta, self.backend.kind) or {}).get("nodes") or {})
+        self._watcher = NodeWatcher(self.backend.ray, nodes, post)
+        self._executor = RayExecutor(self.backend.ray(), self.backend.leases(), metric_named(meta.metric), time.time,
+                                     Launcher(meta.launcher), dict(meta.env), self.grace, nodes=nodes,
+                                     capacity=dict(meta.capacity), on_lost=self._watcher.watch)
+        return self._executor
+
+    def clear_strays(self, followed: Sequence[Attempt]) -> None:
+        """The leases of attempts being adopted handed to the executor; every other lease, placement group and
+        actor of this sweep in Ray (a dead runner's) released."""
+        by_tag, mute, orphans = in_ray(self.backend.ray(), self.ledger.meta().sweep_id)
+        keep = {a.tag for a in followed if a.tag}
+        ended = [lease for tag, lease in by_tag.items() if tag not in keep] + mute
+        for lease in ended:
+            self.backend.leases().release(lease, self.grace)
+        self.backend.remove_groups(orphans)
+        if self._executor is not None:
+            self._executor.adoptable.update({tag: lease for tag, lease in by_tag.items() if tag in keep})
+        if ended or orphans:
+            self.log(f"{len(ended) + len(orphans)} lease(s) a dead runner left in the Ray cluster that no runner "
+                     "follows any more: their actors and placement groups ended")
+
+    def ready(self, slots: SlotPool, post: Post) -> None:
+        """Nodes the sweep recorded that Ray no longer lists alive, or that died as `reach` asked them, are left
+        out (and watched: back when Ray lists them alive)."""
+        if self._watcher is not None:
+            dead = dict.fromkeys(self._watcher.dead_now(), "Ray reports the node dead") | self.lost
+            for host, why in dead.items():
+                if host in slots.hosts:
+                    self.log(f"node {host} left out: {why}")
+                    slots.mark_down(host)
+                    self._watcher.watch(host)
+
+    def close(self) -> None:
+        """The executor (every attempt has ended; its idle leases released), then the node watcher."""
+        closing: list[RayExecutor | NodeWatcher | None] = [self._executor, self._watcher]
+        with contextlib.ExitStack() as stack:
+            for resource in reversed([r for r in closing if r is not None]):
+                stack.callback(resource.close)
 
 
 def sharing(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> tuple[list[str], dict[str, str]]:

@@ -51,7 +51,7 @@ class RayExecutor:
     launcher: Launcher = field(default_factory=Launcher)
     env: Mapping[str, str] = field(default_factory=dict)
     grace: float = 10.0
-    nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # host -> {id, ip} (meta.ray's nodes)
+    nodes: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # host -> {id, ip} (the record's nodes)
     capacity: Mapping[str, int] = field(default_factory=dict)  # host -> its GPUs, for DeepSpeed's hostfile
     on_lost: Callable[[str], None] = lambda host: None  # a host found lost here (the watcher follows it)
     adoptable: dict[str, Lease] = field(default_factory=dict)  # tag -> the lease a dead runner left running it

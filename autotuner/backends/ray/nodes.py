@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ...gpu.types import TYPE_NAME, size_of_type
-from ...jsonvalues import JSON
+from ...jsonvalues import JSON, JSONObject
 from ..cluster import Cluster
 
 ACCELERATOR = "accelerator_type:"
@@ -57,6 +57,7 @@ def cluster_of(nodes: Sequence[RayNode]) -> Cluster:
     return Cluster(slots, {h: len(ids) for h, ids in slots.items()}, "cuda", types, memory)
 
 
-def record_of(address: str, nodes: Sequence[RayNode]) -> dict[str, object]:
-    """What the ledger keeps of the cluster (`meta.ray`): how to reach it, and each host's node id and address."""
+def record_of(address: str, nodes: Sequence[RayNode]) -> JSONObject:
+    """What the ledger keeps of the cluster (the backend's record): how to reach it, and each host's node id and
+    address."""
     return {"address": address, "nodes": {n.host: {"id": n.id, "ip": n.ip} for n in nodes if n.gpus > 0}}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import UserError
 from ...gpu.types import size_of_type
+from ...ledger.meta import BackendRecord
 from ..cluster import Cluster
 from ..watch import env_seconds
 from . import parse
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from ..cluster import Cluster
 
+KIND = "slurm"  # the kind's name, as its record in the ledger says it (`SlurmBackend.kind`)
 COMMAND_TIMEOUT = 60.0  # seconds for one scontrol/squeue/scancel call: slurmctld answers in milliseconds
 TIMEOUT_ENV = "AUTOTUNE_SLURM_TIMEOUT"  # seconds, in place of COMMAND_TIMEOUT
 
@@ -81,7 +83,8 @@ class Allocation:
     keep: int | None = None  # owned: seconds its keeper gives it back after its holder's last heartbeat (keeper.py)
 
     def to_json(self) -> dict[str, str | bool | int]:
-        """What the ledger keeps (meta `slurm`): enough to find the job again, and to keep one we asked for."""
+        """What the ledger keeps (the backend's record): enough to find the job again, and to keep one we asked
+        for."""
         recorded: dict[str, str | bool | int] = {"job": self.job, "owned": self.owned}
         if self.keep is not None:
             recorded["keep"] = self.keep
@@ -207,7 +210,7 @@ def cluster_of(allocation: Allocation) -> Cluster:
     slots = {h: tuple(range(allocation.gpus[h])) for h in allocation.nodes}
     memory = {h: size for h, t in allocation.types.items() if (size := size_of_type(t)) is not None}
     return Cluster(slots, {h: len(ids) for h, ids in slots.items()}, "cuda", dict(allocation.types), memory,
-                   slurm=allocation.to_json())
+                   backend=BackendRecord(KIND, allocation.to_json()))
 
 
 def planned_cluster(nodes: int, gpus_per_node: int) -> Cluster:

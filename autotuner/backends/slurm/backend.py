@@ -17,7 +17,7 @@ from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
-from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all
+from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster
 from ..exitstatus import as_returncode
 from ..launch import Launcher
@@ -26,7 +26,7 @@ from ..local.gpus import free_memory_here, peaks_watched
 from ..local.peaks import PeakMemory
 from ..recovery import as_it_ran
 from ..watch import PollingWatcher
-from .allocation import Allocation, SlurmError, cancel_step, cluster_of, job_state
+from .allocation import KIND, Allocation, SlurmError, cancel_step, cluster_of, job_state
 from .ask import allocation_check, allocation_cluster, this_allocation
 from .executor import end_strays, slurm_executor, step_status
 from .request import release
@@ -34,7 +34,7 @@ from .shared import unshared_nodes
 from .watch import allocation_watcher
 
 
-def check_allocation(directory: Path, allocation: Allocation | None) -> None:
+def check_allocation(directory: Path, allocation: Allocation | None) -> Allocation:
     """A sweep started in Slurm runs in an allocation whose nodes see its results directory: this one (a
     UserError, with nothing written, otherwise)."""
     if allocation is None:
@@ -45,6 +45,7 @@ def check_allocation(directory: Path, allocation: Allocation | None) -> None:
         raise UserError(f"node(s) {', '.join(unseen)} of Slurm job {allocation.job} do not see this results "
                         "directory (the first node of each experiment writes its metrics there): put it on a "
                         "filesystem the nodes share, such as home or project space", directory)
+    return allocation
 
 
 def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation) -> None:
@@ -52,19 +53,20 @@ def use_allocation(directory: Path, ledger: Ledger, allocation: Allocation) -> N
     the nodes the sweep may use; what ran on the old ones ended with it."""
     meta = ledger.meta()
     cluster = cluster_of(allocation)
-    if meta.slurm == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
+    if recorded(meta, SlurmBackend.kind) == allocation.to_json() and dict(meta.slots) == dict(cluster.slots):
         return
     for key, value in (("slots", {h: list(ids) for h, ids in cluster.slots.items()}),
                        ("capacity", dict(cluster.capacity)), ("gpu_types", dict(cluster.types)),
-                       ("gpu_memory", dict(cluster.memory)), ("slurm", allocation.to_json())):
+                       ("gpu_memory", dict(cluster.memory))):
         ledger.set_meta(key, value)
+    write_record(ledger, SlurmBackend.kind, allocation.to_json())
     write_atomic(directory / HOSTFILE, format_hostfile(dict(cluster.capacity)))
 
 
 class SlurmBackend:
     """Attempts as job steps of `allocation` (None: only recovery, `end`, is possible; see base.Backend)."""
 
-    kind: ClassVar[str] = "slurm"
+    kind: ClassVar[str] = KIND
     options: ClassVar[tuple[BackendOption, ...]] = (
         BackendOption("allocation", "Allocation | None", "the Slurm allocation a sweep runs in", "flag, record"),
         BackendOption("slurm", "bool", "the allocation this runs in (SLURM_JOB_ID), for `autotune hosts`",
@@ -74,7 +76,7 @@ class SlurmBackend:
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
         return (given.get("allocation") is not None or bool(given.get("slurm"))
-                or (record is not None and record.slurm is not None))
+                or recorded(record, cls.kind) is not None)
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
@@ -92,24 +94,72 @@ class SlurmBackend:
     def __init__(self, directory: Path, ledger: Ledger, allocation: Allocation | None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.allocation, self.grace, self.log = directory, ledger, allocation, grace, log
-        self._local_memory: FreeMemoryReader | None = None
-        self._executor: Executor | None = None
-        self._peaks: PeakMemory | None = None
-        self._watcher: PollingWatcher | None = None
-        self._reached = False
+        self._checked: Allocation | None = None  # the allocation `reach` checked
+        self._attached: SlurmAttached | None = None
 
     def reach(self, *, to_run: bool = True) -> None:
         """Before the lock: the allocation checked (one there, its nodes seeing the results directory); nothing
         to reach for `end` (a Slurm that cannot be asked is logged there)."""
-        if to_run and not self._reached:
-            check_allocation(self.directory, self.allocation)
-            self._reached = True
+        if to_run and self._checked is None:
+            self._checked = check_allocation(self.directory, self.allocation)
 
-    def attach(self) -> None:
-        """The allocation `reach` checked recorded."""
-        self.reach()
-        assert self.allocation is not None, "reach checked it"
-        use_allocation(self.directory, self.ledger, self.allocation)
+    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
+        return admit_all  # Slurm starts every step on its nodes without ssh
+
+    def attach(self) -> SlurmAttached:
+        """The allocation `reach` checked recorded; the sweep run as its job steps from here on."""
+        allocation = self._checked or check_allocation(self.directory, self.allocation)
+        self._checked = allocation
+        use_allocation(self.directory, self.ledger, allocation)
+        self._attached = SlurmAttached(self, allocation)
+        return self._attached
+
+    def end(self, attempt: Attempt) -> None:
+        if attempt.handle:  # the attempt's job step: Slurm ends it on every node
+            cancel_step(attempt.handle)
+        if attempt.tag:  # srun itself ran here
+            end_tagged(attempt.tag, self.grace)
+
+    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
+        """A step's srun ran here: its status as a local returncode, then as the node whose failure ended the
+        step, if one did (`step_status`)."""
+        if attempt.handle is None:
+            return as_it_ran(attempt, status, directory)
+        return step_status(as_returncode(status), directory)
+
+    def give_back(self) -> str | None:
+        """The sweep's recorded allocation, when autotune asked for it and it still runs, given back (`cancel`
+        with no runner alive: nothing would run in it until its keeper gave it back)."""
+        ours = recorded(self.ledger.meta(), self.kind) or {}
+        if not ours.get("owned"):
+            return None
+        job = str(ours.get("job"))
+        try:
+            state = job_state(job)
+            if state is None or state.state != "RUNNING":
+                return None
+            release(job)
+        except SlurmError as e:
+            return f"Slurm job {job} was not given back ({e}): `scancel {job}` ends it"
+        return f"gave Slurm job {job} back"
+
+    def close(self) -> None:
+        """What the attached sweep opened (nothing before `attach`); once is enough, twice harmless."""
+        if self._attached is not None:
+            self._attached.close()
+
+
+class SlurmAttached:
+    """A Slurm sweep attached to the allocation `SlurmBackend.attach` checked and recorded: the members that run
+    it (base.Attached). What they open, it owns; its backend's `close` closes it."""
+
+    def __init__(self, backend: SlurmBackend, allocation: Allocation):
+        self.backend, self.allocation = backend, allocation
+        self.ledger, self.grace, self.log = backend.ledger, backend.grace, backend.log
+        self._local_memory: FreeMemoryReader | None = None
+        self._executor: Executor | None = None
+        self._peaks: PeakMemory | None = None
+        self._watcher: PollingWatcher | None = None
 
     def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
         """With the memory placement: the GPUs of this machine when it is one of the allocation's nodes."""
@@ -123,58 +173,24 @@ class SlurmBackend:
         return MemoryReading(measure)
 
     def executor(self, post: Post) -> Executor:
-        assert self.allocation is not None, "attach first"
         meta = self.ledger.meta()
         self._watcher = allocation_watcher(self.allocation, post, margin=self.grace + 30)
         devices = devices_from_json(meta.devices)
-        steps = slurm_executor(str((self.directory / HOSTFILE).resolve()), metric_named(meta.metric), time.time,
-                               Launcher(meta.launcher), dict(meta.env), self.grace, allocation=self.allocation,
-                               on_lost=self._watcher.watch)
+        steps = slurm_executor(str((self.backend.directory / HOSTFILE).resolve()), metric_named(meta.metric),
+                               time.time, Launcher(meta.launcher), dict(meta.env), self.grace,
+                               allocation=self.allocation, on_lost=self._watcher.watch)
         self._executor, self._peaks = peaks_watched(steps, meta, devices)
         return self._executor
 
-    def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
-        return admit_all  # Slurm starts every step on its nodes without ssh
-
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
         """Steps of this sweep that no attempt being adopted owns: cancelled."""
-        assert self.allocation is not None, "attach first"
         ended = end_strays(self.allocation, self.ledger.meta().sweep_id, {a.tag for a in followed if a.tag})
         if ended:
             self.log(f"{len(ended)} job step(s) a dead runner left in Slurm job {self.allocation.job} that no "
                      "attempt follows any more: cancelled")
 
-    def end(self, attempt: Attempt) -> None:
-        if attempt.step:  # Slurm ends the step on every node
-            cancel_step(attempt.step)
-        if attempt.tag:  # srun itself ran here
-            end_tagged(attempt.tag, self.grace)
-
-    def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
-        """A step's srun ran here: its status as a local returncode, then as the node whose failure ended the
-        step, if one did (`step_status`)."""
-        if attempt.step is None:
-            return as_it_ran(attempt, status, directory)
-        return step_status(as_returncode(status), directory)
-
     def ready(self, slots: SlotPool, post: Post) -> None:
         """Nothing to probe: the allocation watcher reports the nodes Slurm marks down."""
-
-    def give_back(self) -> str | None:
-        """The sweep's recorded allocation, when autotune asked for it and it still runs, given back (`cancel`
-        with no runner alive: nothing would run in it until its keeper gave it back)."""
-        recorded = self.ledger.meta().slurm or {}
-        if not recorded.get("owned"):
-            return None
-        job = str(recorded.get("job"))
-        try:
-            state = job_state(job)
-            if state is None or state.state != "RUNNING":
-                return None
-            release(job)
-        except SlurmError as e:
-            return f"Slurm job {job} was not given back ({e}): `scancel {job}` ends it"
-        return f"gave Slurm job {job} back"
 
     def close(self) -> None:
         """The reader, the executor (every step has ended), the peaks, the allocation watcher."""

@@ -6,9 +6,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 
-from .allocation import Allocation, SlurmError, sigterm_interrupts
+from ...ledger.meta import BackendRecord
+from .allocation import KIND, Allocation, SlurmError, sigterm_interrupts
 from .ask import SlurmAsk
 from .request import release
+
+
+def own_data(recorded: Mapping[str, object] | None) -> Mapping[str, object] | None:
+    """What a sweep's record of its backend says of the Slurm allocation it ran in; None when it is another
+    kind's (or none)."""
+    record = BackendRecord.from_json(dict(recorded)) if recorded is not None else None
+    return record.data if record is not None and record.kind == KIND else None
 
 
 def _ignore(line: str) -> None:
@@ -18,13 +26,14 @@ def _ignore(line: str) -> None:
 @contextlib.contextmanager
 def held(ask: SlurmAsk, recorded: Mapping[str, object] | None = None, *, log: Callable[[str], None] = _ignore,
          not_given_back: Callable[[str], None] | None = None) -> Iterator[Allocation | None]:
-    """The allocation `ask` names (see `SlurmAsk.allocation`; None: not in Slurm) for the block. One autotune
+    """The allocation `ask` names (see `SlurmAsk.allocation`; None: not in Slurm) for the block, `recorded` the
+    sweep's record of its backend (`ResumePlan.recorded`: a Slurm one names the allocation it ran in). One autotune
     asked for is given back when the block ends, however it ends (SIGTERM meanwhile taken as Ctrl-C: its
     default would end the process with the allocation held until its keeper's bound); `log` is told. One that
     cannot be given back (Slurm does not answer) is a SlurmError naming it and how to end it, raised when the
     block itself ended well; told to `not_given_back` instead, when given (a block that raised keeps its
     error: the line then goes to `not_given_back`, else to `log`)."""
-    allocation = ask.allocation(recorded, log=log)
+    allocation = ask.allocation(own_data(recorded), log=log)
     if allocation is None or not allocation.owned:
         yield allocation
         return

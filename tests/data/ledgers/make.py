@@ -1,7 +1,8 @@
-"""Makes the ledgers under this folder, one results directory per kind of cluster, as a version of autotuner
-writes them: run once with that version first on the path (they were made by main at fd5cc13, schema 6, before
-the backend's record and the attempt's handle became opaque) and never again, so that the tests read sweeps
-written by an older version, as users' directories are:
+"""Makes the ledgers of one schema version under this folder (`vN/`, N the version of the autotuner on the
+path), one results directory per kind of cluster, as that version writes them: run once with that version first
+on the path and never again, so that the tests read sweeps written by older versions, as users' directories are
+(v6: main at fd5cc13; v7: main at 7031d34, the last before the backend's record and the attempt's handle became
+opaque):
 
     PYTHONPATH=/path/to/that/checkout python tests/data/ledgers/make.py
 
@@ -16,11 +17,12 @@ import sqlite3
 from pathlib import Path
 
 import autotuner
+from autotuner.ledger.schema import SCHEMA_VERSION
 from autotuner.ledger.store import Ledger
 from autotuner.states import State
 
 WHERE = Path("/tmp/autotune-ledger-fixtures")  # where they are made: the paths inside them name it
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent / f"v{SCHEMA_VERSION}"
 T0 = 1_700_000_000.0
 SPEC = """{
   name: fx
@@ -73,6 +75,7 @@ def main() -> None:
     WHERE.mkdir(parents=True)
     (WHERE / "sweep.hjson").write_text(SPEC)
     (WHERE / "train.py").write_text("")
+    HERE.mkdir(exist_ok=True)
     for kind in RECORDS:
         made = make(kind)
         shutil.rmtree(HERE / kind, ignore_errors=True)
