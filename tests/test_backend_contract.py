@@ -39,7 +39,7 @@ ATTACHED = {
     "slurm": lambda backend: SlurmAttached(backend, Allocation("41", ("node-a", "node-b"), {"node-a": 1, "node-b": 1})),
     "ray": lambda backend: RayAttached(backend, {}),
 }
-RUN_MEMBERS = ("read_memory", "executor", "admit", "clear_strays", "ready")  # base.Attached's
+RUN_MEMBERS = ("read_memory", "executor", "clear_strays", "ready")  # base.Attached's (`admit`: the backend's)
 
 
 @pytest.mark.parametrize("kind", list(RECORDS))
@@ -48,6 +48,7 @@ def test_only_the_attached_sweep_has_the_members_that_run_it(kind, tmp_path):
     with contextlib.closing(recorded(tmp_path, **RECORDS[kind])) as ledger, \
             contextlib.closing(backend_for(tmp_path / "r", ledger)) as backend:
         assert [m for m in RUN_MEMBERS if hasattr(backend, m)] == []
+        assert callable(backend.admit)  # judged before the lock: a refusal leaves the sweep as it was
         attached: Attached = ATTACHED[kind](backend)
         assert [m for m in RUN_MEMBERS if not callable(getattr(attached, m, None))] == []
 
