@@ -180,12 +180,13 @@ def test_the_dashboard_page_shows_the_sweeps_and_each_experiments(sweep, tmp_pat
         browser.quit()
 
 
+@pytest.mark.parametrize("version", ["v6", "v7"])
 @pytest.mark.parametrize("kind", ["local", "ssh", "slurm", "ray"])
-def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, tmp_path):
-    """tests/data/ledgers (schema 6, one sweep of each kind): two runs of 10 s on one slot each ended, the second
-    started a second after the best, one still running (or waiting) counts nothing yet."""
+def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, version, tmp_path):
+    """tests/data/ledgers (schemas 6 and 7, one sweep of each kind): two runs of 10 s on one slot each ended, the
+    second started a second after the best, one still running (or waiting) counts nothing yet."""
     directory = tmp_path / kind
-    shutil.copytree(Path(__file__).resolve().parent / "data" / "ledgers" / kind, directory)
+    shutil.copytree(Path(__file__).resolve().parent / "data" / "ledgers" / version / kind, directory)
     data = json.loads(render_report(directory, "json"))
     assert data["gpu_hours"] == {"spent": round(20 / H, 6), "on_best": round(10 / H, 6), "to_best": round(19 / H, 6),
                                  "stopped": 0.0}
