@@ -31,12 +31,14 @@
 # line in the log then carries tpN and gc. $OOM_STANDIN_SCALING="WITHIN ACROSS": the throughput is the whole world's
 # (the data-parallel GPUs' sum), each doubling of the GPUs of a node keeping WITHIN of it and each doubling of the
 # nodes ACROSS, raised to 1 + stage/2 (a higher ZeRO stage communicates more); the world's size leads its log line.
+# $OOM_STANDIN_STEP_NOISE="SD SEED" (with OOM_STANDIN_STEPS): each step measures the throughput times 1 + a normal
+# draw of standard deviation SD (seeded by SEED, the config and its run's count), and the run writes their mean.
 # $OOM_STANDIN_NOISY_STEPS="N NOISE": the run also writes N steps at once to $AUTOTUNE_PROGRESS_PATH, each
 # measuring the throughput times 1 + NOISE x sin(step).
 while [ $# -gt 0 ]; do case "$1" in --deepspeed_config) cfg="$2"; shift;; --include) inc="$2"; shift;;
     --gradient_checkpointing) gc="$2"; shift;; esac; shift; done
 exec python3 - "$cfg" "$inc" "${gc:-false}" <<'PY'
-import base64, json, math, os, signal, sys, time
+import base64, json, math, os, random, signal, sys, time
 if os.environ.get("OOM_STANDIN_TERM_SECONDS"):
     def ending(signum, frame):
         time.sleep(float(os.environ["OOM_STANDIN_TERM_SECONDS"]))
@@ -114,11 +116,18 @@ lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])
 steps = os.environ.get("OOM_STANDIN_STEPS", "").split()
+noise = os.environ.get("OOM_STANDIN_STEP_NOISE", "").split()
+if noise:  # each run's own draws: the seed, its config's line and how many times that line ran
+    with open(os.environ["OOM_STANDIN_LOG"]) as log:
+        draws = random.Random(f"{noise[1]} {line} {log.read().splitlines().count(line)}")
+measured = []
 for n in range(int(steps[0]) if steps else 0):
     time.sleep(float(steps[1]))
+    measured.append(throughput * (1 + (draws.gauss(0, float(noise[0])) if noise else 0.01 * (n % 3 - 1))))
     with open(os.environ["AUTOTUNE_PROGRESS_PATH"], "a") as f:
-        f.write(json.dumps({"step": n + 1, "time": time.time(), "throughput": throughput * (1 + 0.01 * (n % 3 - 1))})
-                + "\n")
+        f.write(json.dumps({"step": n + 1, "time": time.time(), "throughput": measured[-1]}) + "\n")
+if noise and measured:
+    throughput = sum(measured) / len(measured)  # what the run measured, not the law's value
 noisy = os.environ.get("OOM_STANDIN_NOISY_STEPS", "").split()
 if noisy:  # the progress file at once, one line a step, around the throughput
     now = time.time()
