@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
@@ -85,3 +86,15 @@ def ray_lab():
 
     with lab.running() as held:
         yield held
+
+
+@pytest.fixture
+def silent_ssh(tmp_path):
+    """An ssh config that sends localhost and 127.0.0.1 to a port where nothing listens (a bound socket that
+    never listens refuses every connection), so no test depends on this machine's own sshd."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        config = tmp_path / "ssh_config"
+        config.write_text(f"Host localhost 127.0.0.1\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
+                          "  ConnectTimeout 5\n")
+        yield config

@@ -7,7 +7,6 @@ and a full disk a tiny tmpfs filled to the last page.
 """
 from __future__ import annotations
 
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -271,18 +270,6 @@ def test_a_good_run_still_succeeds(tmp_path):
 
 
 # --- multi-node experiments on this machine's own names: probed over ssh before anything is launched ------
-@pytest.fixture
-def silent_ssh(tmp_path):
-    """An ssh config that sends localhost and 127.0.0.1 to a port where nothing listens (a bound socket that
-    never listens refuses every connection), so no test depends on this machine's own sshd."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        config = tmp_path / "ssh_config"
-        config.write_text(f"Host localhost 127.0.0.1\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
-                          "  ConnectTimeout 5\n")
-        yield config
-
-
 def multi_node_sweep(tmp_path: Path, nodes: list[int], steps: tuple[int, ...] = (1,)) -> Path:
     """Experiments m_n<nodes>_gas<steps>: every combination of the node counts and accumulation steps."""
     (tmp_path / "train.py").touch()

@@ -4,9 +4,7 @@ as real ones do (a Ray address nobody answers at, a Slurm sweep resumed with no 
 not resolve, a hostfile removed), so each test is a second or two."""
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,18 +106,6 @@ def test_a_resume_whose_hostfile_is_gone_is_one_line_naming_it(tmp_path, gone):
     before = tree(results)
     refused(autotune("resume", results, environ=quiet_env(), timeout=WITHIN), f"r/hostfile: {gone}: it lists")
     assert tree(results) == before
-
-
-@pytest.fixture
-def silent_ssh(tmp_path) -> Iterator[Path]:
-    """An ssh config that sends this machine's names to a port where nothing listens (a bound socket that never
-    listens refuses every connection): no ssh answers here, whatever this machine's own sshd does."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        config = tmp_path / "ssh_config"
-        config.write_text(f"Host localhost 127.0.0.1\n  HostName 127.0.0.1\n  Port {sock.getsockname()[1]}\n"
-                          "  ConnectTimeout 5\n")
-        yield config
 
 
 def multi_node_here(tmp_path: Path, states: dict[str, State] | None = None) -> Path:
