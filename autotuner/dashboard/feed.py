@@ -44,10 +44,12 @@ from ..views.gpu_hours import GpuHours, experiment_hours, gpu_hours
 from ..views.records import layout_rows, metric_names, with_layout
 from ..views.snapshot import Snapshot
 from ..views.tflops import model_facts, per_sample, with_tflops
+from .readings import Reading, Readings
 
-# The columns of a row before the swept parameters (then one per swept key, then one per metric).
+# The columns of a row before the swept parameters (then one per swept key, then one per metric). `steps`, `low`
+# and `high`: the steps measured and the metric's 95% interval (a running attempt's so far, `so_far` its mean).
 COLUMNS = ("name", "state", "reason", "detail", "attempt", "metric", "started", "finished", "slots", "gpu_type",
-           "peak_memory", "position", "gpu_hours")
+           "peak_memory", "position", "gpu_hours", "steps", "so_far", "low", "high")
 _MISSING = object()  # a swept key an experiment lacks
 # What a Snapshot works out (cached properties) without its experiments: the ranking and the GPU types.
 PROBED = ("order", "ranked", "runs", "_run_of", "host_types", "slot_types", "types", "best_by_type")
@@ -149,13 +151,15 @@ def runner_pid(directory: Path) -> int | None:
 
 @dataclass(frozen=True)
 class Changes:
-    """What a page that last saw transition `since` is sent: the rows that moved (all of them when `full`: its
-    first ask, or the columns changed since), and the sweep's transition number now."""
+    """What a page that last saw transition `since` (and readings `mark`) is sent: the rows that moved or whose
+    reading changed (all of them when `full`: its first ask, or the columns changed since), the sweep's transition
+    number now, and the readings' mark now."""
 
     seq: int
     full: bool
     columns: tuple[str, ...]
     rows: list[list[JSON]]
+    mark: str
 
 
 class SweepFeed:
@@ -185,19 +189,28 @@ class SweepFeed:
         self._training: tuple[int, JSONObject | None] | None = None  # (transition, the training run priced)
         self._hours: dict[str, float] = {}  # name -> GPU-hours its ended attempts held (views/gpu_hours.py)
         self._spent: tuple[int, JSONObject] | None = None  # (transition, the sweep's GPU-hours)
+        self.readings = Readings()  # the running attempts' steps so far (readings.py)
 
     # --- reading the ledger ------------------------------------------------------------------------------
     def refresh(self) -> bool:
-        """Read what the ledger recorded since the last read; True when anything moved."""
+        """Read what the ledger recorded since the last read, and the running attempts' readings; True when
+        anything moved."""
         with self._lock:
             seq = self.seq
             with read_only(self.directory) as reader:
                 moved = self._read(reader)
+                read = self._read_progress(reader)
                 if not reader.raced():
-                    return moved
+                    return moved or read
             self.seq = seq  # a writer opened it meanwhile: read again, the way a live ledger is read
             with read_only(self.directory, quiet=False) as reader:
-                return self._read(reader) or moved
+                again = self._read(reader)
+                return self._read_progress(reader) or again or moved or read
+
+    def _read_progress(self, reader: Reader) -> bool:
+        """The running attempts' steps so far (one query over the running ones alone: readings.py), of a ledger
+        that keeps them (its version asked each time: a `resume` may upgrade it while it is served)."""
+        return self.readings.read(reader.db, reader.ledger.version())
 
     def _read(self, reader: Reader) -> bool:
         ledger = reader.ledger
@@ -349,8 +362,9 @@ class SweepFeed:
     def columns(self) -> tuple[str, ...]:
         return (*COLUMNS, *(f"param:{k}" for k in self.keys), *(f"metric:{m}" for m in self.metric_columns))
 
-    def changes(self, since: int) -> Changes:
-        """The rows a page that last saw transition `since` lacks (all when `since` < 0 or the columns moved)."""
+    def changes(self, since: int, mark: str | None = None) -> Changes:
+        """The rows a page that last saw transition `since` and readings `mark` lacks (all when `since` < 0 or the
+        columns moved; of the readings, the running rows whose reading changed: `Readings.since`)."""
         snap = self.snapshot()
         with self._lock:
             full = since < 0 or since < max(self.layout_seq, self._floor) or since > self.seq
@@ -358,10 +372,11 @@ class SweepFeed:
                 names = list(self.attempts)
             else:  # the reads after `since`, found by bisection: an idle poll costs nothing per experiment
                 first = bisect.bisect_right(self._moved, since, key=lambda m: m[0])
-                names = list(dict.fromkeys(n for _, moved in self._moved[first:] for n in moved))
+                names = list(dict.fromkeys([*(n for _, moved in self._moved[first:] for n in moved),
+                                            *self.readings.since(mark)]))
             typed = snap.by_type
             rows = [self._row(self.attempts[n], snap, typed) for n in names if n in self.attempts]
-            return Changes(self.seq, full, self.columns(), rows)
+            return Changes(self.seq, full, self.columns(), rows, self.readings.mark)
 
     def _row(self, a: Attempt, snap: Snapshot, typed: bool) -> list[JSON]:
         metrics = dict(self._metrics(a))
@@ -371,8 +386,21 @@ class SweepFeed:
         return [a.name, str(a.state), None if a.reason is None else str(a.reason), a.detail, a.attempt,
                 a.metric, _time(a.started_at), _time(a.finished_at), slots,
                 snap.type_of(a) if typed else None, a.peak_memory, self._position.get(a.name), self._hours.get(a.name),
+                *self._measured(a, metrics, snap.metric.name),
                 *self._params.get(a.name, [None] * len(self.keys)),
                 *(metrics.get(m) for m in self.metric_columns)]
+
+    def _measured(self, a: Attempt, metrics: Mapping[str, float], metric: str) -> list[JSON]:
+        """steps, so_far, low, high: a running attempt's reading, as the runner last recorded it; an ended one's
+        steps and interval, as recorded with its metrics (METRIC_low, METRIC_high: spec/interval.py)."""
+        if a.state == State.RUNNING:
+            found: Reading | None = self.readings.now.get(a.name)
+            if found is None or found.attempt != a.attempt:
+                return [None] * 4
+            return [found.steps, found.mean, found.low, found.high]
+        steps = metrics.get("steps_measured")
+        return [None if steps is None else int(steps), None, metrics.get(f"{metric}_low"),
+                metrics.get(f"{metric}_high")]
 
 
 def _time(value: float | None) -> float | None:

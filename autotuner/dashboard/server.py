@@ -169,12 +169,14 @@ def sweeps(request: Request, dashboard: Dashboard) -> Response:
 
 
 def sweep(request: Request, dashboard: Dashboard) -> Response:
-    """What changed since transition `since` (everything when -1), and the summary when its version moved."""
+    """What changed since transition `since` (everything when -1) and readings `p` (the running rows whose steps so
+    far moved: readings.py), and the summary when its version moved."""
     served = _sweep(request, dashboard)
     since = _int(request, "since", -1)
     version, made = dashboard.summary_of(served)
-    changes = served.feed.changes(since)
-    body: JSONObject = {"seq": changes.seq, "full": changes.full, "rows": changes.rows, "sv": version}
+    changes = served.feed.changes(since, request.query_params.get("p"))
+    body: JSONObject = {"seq": changes.seq, "full": changes.full, "rows": changes.rows, "sv": version,
+                        "p": changes.mark}
     if changes.full:
         body["columns"] = changes.columns
         body["axes"] = served.feed.axes

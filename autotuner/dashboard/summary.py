@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..jsonvalues import JSON, JSONObject
 from ..ledger.store import Attempt
+from ..spec.interval import interval_text
 from ..states import Reason, State
 from ..views.snapshot import Snapshot
 from ..views.summary import optimal
@@ -49,14 +50,16 @@ def nodes(snap: Snapshot, lost: set[str]) -> list[JSONObject]:
 
 
 def best(snap: Snapshot) -> list[JSONObject]:
-    """The best so far (of each GPU type, where the sweep ran on several), with the config and command that
-    `ds_config_optimal.json` and `cmd_optimal.txt` hold (or will hold when the sweep ends)."""
+    """The best so far (of each GPU type, where the sweep ran on several), with how sure its value is (its 95%
+    interval as `status` says it, " (95% interval ...)"; "" where its steps left none), and the config and
+    command that `ds_config_optimal.json` and `cmd_optimal.txt` hold (or will hold when the sweep ends)."""
     chosen: list[tuple[str | None, Attempt]] = (
         list(snap.best_by_type.items()) if snap.by_type else ([(None, snap.best)] if snap.best else []))
     out = []
     for gpu_type, a in chosen:
         found = optimal(snap, gpu_type=gpu_type) if a.name in snap.experiments else None
         out.append({"name": a.name, "value": snap.value(a), "gpu_type": gpu_type,
+                    "interval": interval_text(a.metrics, snap.metric.name),
                     "config": found[0] if found else None, "command": found[1] if found else None})
     return out
 

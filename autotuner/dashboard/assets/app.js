@@ -1,5 +1,6 @@
-// autotune dashboard: the page. It asks the server only for what changed since the last transition it saw
-// (GET /api/sweeps/ID?since=N), keeps every row in memory, and draws the table, the plots and the logs from them.
+// autotune dashboard: the page. It asks the server only for what changed since the last transition it saw (and the
+// running rows whose steps so far changed: GET /api/sweeps/ID?since=N&p=M), keeps every row in memory, and draws the
+// table, the plots and the logs from them.
 "use strict";
 
 const POLL_MS = 500;          // what the runner records shows within a second
@@ -254,7 +255,7 @@ function sweepLine(s) {
 
 // --- one sweep -------------------------------------------------------------------------------------------------
 function showSweep(main, id, tab) {
-  const S = view = { kind: "sweep", id, tab, seq: -1, sv: null, columns: [], rows: new Map(), summary: null,
+  const S = view = { kind: "sweep", id, tab, seq: -1, sv: null, p: "", columns: [], rows: new Map(), summary: null,
     axes: [null, null], sort: { col: "rank", dir: 1 }, filter: "", state: "", page: 0, dirty: true, plotted: 0 };
   S.top = el("div");
   S.tabs = el("div", { class: "tabs" }, ["experiments", "plots", "compare"].map((t) =>
@@ -267,7 +268,8 @@ function showSweep(main, id, tab) {
   const tick = async () => {
     if (view !== S) return;
     try {
-      const url = "/api/sweeps/" + id + "?since=" + S.seq + (S.sv ? "&sv=" + encodeURIComponent(S.sv) : "");
+      const url = "/api/sweeps/" + id + "?since=" + S.seq + (S.sv ? "&sv=" + encodeURIComponent(S.sv) : "") +
+        (S.p ? "&p=" + encodeURIComponent(S.p) : "");
       const data = await (await ask(url)).json();
       reached();
       apply(S, data);
@@ -293,6 +295,7 @@ function apply(S, data) {
   for (const row of data.rows) S.rows.set(row[0], row);
   if (data.rows.length || data.full) S.dirty = true;
   S.seq = data.seq;
+  S.p = data.p;  // the running rows' readings seen: only those that change after it are sent
   if (data.summary) { S.summary = data.summary; S.sv = data.sv; drawTop(S); }
   else if (S.summary) drawEta(S);
   if (S.table) tickDurations(S.table);
@@ -333,7 +336,8 @@ function drawTop(S) {
   const bests = el("div", { class: "card", id: "best" }, el("h2", {}, "Best so far"),
     s.best.length ? s.best.map((b) => el("div", {},
       el("div", {}, b.gpu_type ? el("b", {}, b.gpu_type + ": ") : null,
-        el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(b.name) }, breakable(b.name)), " · " + s.metric.name + " " + number(b.value)),
+        el("a", { href: "#/s/" + S.id + "/run/" + encodeURIComponent(b.name) }, breakable(b.name)), " · " + s.metric.name + " " + number(b.value),
+        b.interval ? el("span", { class: "muted interval" }, b.interval) : null),
       b.config ? el("div", { class: "row spread" }, el("span", { class: "muted" }, "ds_config_optimal.json"),
         el("button", { class: "small", onclick: () => copy(JSON.stringify(b.config, null, 2)) }, "copy")) : null,
       b.config ? el("pre", { class: "config" }, JSON.stringify(b.config, null, 2)) : null,
@@ -393,13 +397,33 @@ function buildTable(S) {
     el("div", { class: "tablewrap" }, S.table), S.pager);
 }
 
+// The sweep's metric's column shows each run's 95% interval under its value (a running one's mean so far), and the
+// steps column (once a run's steps were read) how many steps measured it: the report's columns that hold them apart
+// are not repeated.
+function primary(S) { return S.summary ? "metric:" + S.summary.metric.name : null; }
+
 function tableColumns(S) {
-  const c = S.columns;
+  const c = S.columns, own = primary(S);
+  const shown = new Set([own + "_low", own + "_high", "metric:steps_measured"]);
   const params = c.filter((x) => x.startsWith("param:"));
-  const metrics = c.filter((x) => x.startsWith("metric:"));
+  const metrics = c.filter((x) => x.startsWith("metric:") && !shown.has(x));
   const typed = S.summary && S.summary.types.length > 1;
-  return ["rank", "name", "state", ...(typed ? ["gpu_type"] : []), ...params, ...metrics, "duration", "gpu_hours", "slots",
-    ...(config.allow_cancel ? ["action"] : [])];
+  const stepping = [...S.rows.values()].some((r) => r[S.col.steps] !== null);  // once a run's steps were read
+  return ["rank", "name", "state", ...(typed ? ["gpu_type"] : []), ...params, ...metrics, ...(stepping ? ["steps"] : []),
+    "duration", "gpu_hours", "slots", ...(config.allow_cancel ? ["action"] : [])];
+}
+
+// A value of the sweep's metric with how sure it is: "2,180" over "95% 2,150 – 2,210"; a running run's mean so far.
+function measuredCell(S, r) {
+  const c = S.col, running = r[c.state] === "running", value = running ? r[c.so_far] : r[c[primary(S)]];
+  const low = r[c.low], high = r[c.high];
+  const interval = low === null || low === undefined ? null
+    : "95% " + number(low) + " – " + (high === null || high === undefined ? "no upper bound" : number(high));
+  const title = [running && value !== null && value !== undefined ? "mean so far" : null, interval && interval.replace("95%", "95% interval"),
+    r[c.steps] ? "over " + number(r[c.steps]) + " steps" : null].filter(Boolean).join(", ");
+  return el("td", { class: "num measured" + (running ? " so-far" : ""), title: title || null },
+    value === null || value === undefined ? "" : number(value), running && value !== null && value !== undefined ? el("span", { class: "muted" }, " so far") : null,
+    interval ? el("div", { class: "interval" }, interval) : null);
 }
 
 function cell(S, r, key) {
@@ -444,6 +468,7 @@ function drawTable(S) {
         return el("td", {}, stateBadge(v), why ? el("div", { class: "why", title: why.slice(0, 2000) }, why.length > 600 ? why.slice(0, 599) + "…" : why) : null);
       }
       if (k === "slots") return el("td", { class: "slots" }, breakable(v || "", AFTER_HOSTS));
+      if (k === primary(S)) return measuredCell(S, r);
       if (k === "duration") return el("td", { class: "num", "data-started": r[S.col.started] && !r[S.col.finished] ? r[S.col.started] : null },
         v === null ? "" : seconds(v));
       if (k === "action") return el("td", {}, ["running", "queued"].includes(r[S.col.state])
