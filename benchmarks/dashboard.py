@@ -5,7 +5,8 @@
            app's, from its Server-Timing header, before compression), wall time at the client, bytes as sent
            (gzip) and raw
   update   what the page asks every 0.5 s: "what changed since transition N", after one experiment started and
-           another ended (as a runner records them), and with nothing new
+           another ended (as a runner records them), and with nothing new; and "whose steps so far changed since
+           mark M", after a running experiment's reading was replaced (as the runner does, without a transition)
   beside   the scheduling benchmark (N x S s on K slots, benchmarks/scheduling.py's round) with a dashboard
            open (a client polling as the page does, in a process of its own) against without, interleaved:
            makespan / ideal both ways, and the dashboard's own CPU time
@@ -52,6 +53,7 @@ import autotuner  # noqa: E402
 from autotuner import State  # noqa: E402
 from autotuner.dashboard.client import sign_in  # noqa: E402
 from autotuner.ledger.store import Ledger  # noqa: E402  # plays the runner's part: one start, one end per update
+from autotuner.spec.interval import Interval, RunTimes  # noqa: E402
 
 STANDIN = ROOT / "benchmarks" / "standin.sh"
 
@@ -145,7 +147,22 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
             seq, sv = body["seq"], body.get("sv", sv)
             idle.append(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}"))
         print(f"update, one experiment ran: CPU {statistics.median(spent) * 1000:.0f} ms (median)")
-        for label, got in (("update, one experiment ran", changed), ("update, nothing new", idle)):
+        mark, read, still = body.get("p", ""), [], []
+        running = [r[0] for r in first["rows"] if r[1] == State.RUNNING]
+        for i in range(rounds):  # a running experiment's steps so far, replaced as the runner does (no transition)
+            name = running[i % len(running)]
+            ledger = Ledger.open(directory)
+            ledger.measured(name, 1, RunTimes(1.0, 0.1, 10 + i, Interval(100.0 + i, 90.0, 110.0 + i, 8 + i, 2)))
+            ledger.close()
+            got = served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}&p={mark}")
+            body = decoded(got[3])
+            assert [r[0] for r in body["rows"]] == [name], body["rows"]
+            read.append(got)
+            mark = body["p"]
+            still.append(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}&p={mark}"))
+        for label, got in (("update, one experiment ran", changed), ("update, nothing new", idle),
+                           ("update, a running experiment's steps so far moved", read),
+                           ("update, nothing new, readings followed", still)):
             print(f"{label} (median of {len(got)}): server {statistics.median(g[0] for g in got):.1f} ms, "
                   f"wall {statistics.median(g[1] for g in got):.1f} ms, {statistics.median(g[2] for g in got):.0f} B")
     finally:
