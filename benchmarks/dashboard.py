@@ -173,14 +173,14 @@ def poll(port: int, token: str) -> None:
     """As the page does, in a process of its own (a browser's): the sweep's changes every 0.5 s until ended."""
     served = Served.__new__(Served)
     served.port, served.token = port, token
-    seq, sv, sid = -1, "", None
+    seq, sv, mark, sid = -1, "", "", None
     while True:
         if sid is None:
             found = decoded(served.get("/api/sweeps")[3])["sweeps"]
             sid = found[0]["id"] if found else None
         else:
-            body = decoded(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}")[3])
-            seq, sv = body["seq"], body.get("sv", sv)
+            body = decoded(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}&p={mark}")[3])
+            seq, sv, mark = body["seq"], body.get("sv", sv), body.get("p", "")
         time.sleep(0.5)
 
 

@@ -55,6 +55,27 @@ def test_a_running_rows_reading_is_sent_when_it_changes_and_only_then(tmp_path):
     ledger.close()
 
 
+def test_a_page_further_behind_than_the_readings_kept_gets_every_running_row(tmp_path, monkeypatch):
+    monkeypatch.setattr("autotuner.dashboard.readings.KEPT", 4)
+    ledger = Ledger.create(tmp_path, SWEEP_META)
+    ledger.add_experiments([experiment(f"e{i}") for i in range(3)], at=1.0)
+    for name in ("e0", "e1"):
+        ledger.start(name, 1, slots={"localhost": [int(name[1])]}, tag=name, dir=str(tmp_path / name), at=2.0)
+    ledger.measured("e1", 1, RunTimes(1.0, 0.1, 3, Interval(50.0, 40.0, 60.0, 1, 2)))
+    feed = SweepFeed(tmp_path)
+    feed.refresh()
+    first = feed.changes(-1)
+    marks = []
+    for steps in range(3, 9):  # e0's reading replaced six times, e1's never again
+        ledger.measured("e0", 1, RunTimes(1.0, 0.1, steps, Interval(100.0, 90.0, 110.0, steps - 2, 2)))
+        feed.refresh()
+        marks.append(feed.changes(first.seq, first.mark).mark)
+    assert [r[0] for r in feed.changes(first.seq, marks[-2]).rows] == ["e0"]  # kept: only what changed
+    # Further behind than the changes kept: every running row, e1's too, though it did not change since.
+    assert sorted(r[0] for r in feed.changes(first.seq, first.mark).rows) == ["e0", "e1"]
+    ledger.close()
+
+
 # A stand-in (named as such) that takes a step every 0.1 s, each written to the progress file with its throughput
 # (100 to 110 samples/s), until the test opens the gate; then writes its metrics.
 STEPPING = PREAMBLE + """\
