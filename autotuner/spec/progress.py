@@ -13,8 +13,9 @@ The progress file (the contract for any script)
     its metrics file alone.
 
 DeepSpeed's own throughput lines
-    A DeepSpeed run needs no change: the runner sets `steps_per_print` to 1 in the config it runs unless the
-    config sets it, so DeepSpeed's engine prints on rank 0, every optimizer step, a line such as
+    A DeepSpeed run needs no change: the runner sets `steps_per_print` to 1 in the config each measured run gets
+    (whatever the config says; the best run's command keeps the user's), so DeepSpeed's engine prints on rank 0,
+    every optimizer step, a line such as
     `[2026-11-28 21:24:44,478] [INFO] [timer.py:264:stop] epoch=0/micro_step=4/global_step=4,
     RunningAvgSamplesPerSec=..., CurrSamplesPerSec=1834.2, ...` (`deepspeed/utils/timer.py`). Its time stamp
     (this machine's local time, to the millisecond) is when the step ended, and `CurrSamplesPerSec` its
