@@ -13,12 +13,12 @@ import pytest
 from test_inventory import FakeDevice, FakeNvml
 
 import autotuner
-from autotuner.backends.ssh.probe import HostReport
+from autotuner.backends.ssh.probe import HostReport, hostfile_check
 from autotuner.gpu.nvml import Gpu
 from autotuner.ledger.store import Ledger
 from autotuner.planning.learned import need_of_peak
 from autotuner.spec.hostfile import parse_hostfile
-from autotuner.views.hosts import render_hosts
+from autotuner.views.hosts import render_hosts_check
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, expected_throughput, write_launcher
 
@@ -365,6 +365,10 @@ def test_plan_keeps_experiments_on_one_type_and_the_memory_placement_on_gpus_tha
     spec2, _, _ = setup(tmp_path / "two", hosts=PLAN_HOSTS, count=4, extra="  estimate: 10\n  num_gpus: 2\n")
     out = json.loads(autotune("plan", spec2, "-H", hosts, "--format", "json").stdout)
     assert [sorted(e["slots"]) for e in out["plans"][0]["experiments"]] == [["r0"], ["a0"], ["r0"], ["a0"]]
+
+
+def render_hosts(title, listed, reports, fmt):
+    return render_hosts_check(hostfile_check(title, listed, reports), fmt)
 
 
 # --- autotune hosts ---------------------------------------------------------------------------------------------
