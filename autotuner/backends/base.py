@@ -44,7 +44,7 @@ from ..ledger.meta import BackendRecord
 from ..ledger.store import Attempt, Ledger, SweepMeta
 from ..spec import Sweep
 from .cluster import Cluster
-from .flags import Declared
+from .flags import Declared, Given
 
 Admit = Callable[[Placement, list[Queued]], tuple[Placement, list[Queued]]]
 """What `admit` found, applied once the lock is held: the runner's placement and queue -> those the cluster serves."""
@@ -163,12 +163,6 @@ class HostsCheck:
     state: str  # the column that says whether the host can run
     json: HostsJSON
     ok: bool
-
-
-# The options a caller gave, by name, each backend reading its own (`flags.routed` into its typed record): the
-# command line's flags as the backends declare them, `cluster_for`'s and `hosts_check`'s keywords, the runner's
-# Options. A name not given, or given as None (False for a switch), is absent.
-Given = Mapping[str, object]
 
 
 class Withdrawn(KeyboardInterrupt):

@@ -13,6 +13,11 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# The options a caller gave, by name, each backend reading its own (`routed` into its typed record): the command
+# line's flags as the backends declare them, `cluster_for`'s and `hosts_check`'s keywords, the runner's Options.
+# A name not given, or given as None (False for a switch), is absent.
+Given = Mapping[str, object]
+
 COMMANDS = frozenset({"run", "tune", "resume", "plan", "hosts"})  # the commands that reach a cluster
 
 
@@ -58,12 +63,12 @@ class Declared:
         return tuple(f for f in self.flags if command in f.commands)
 
 
-def given_of(values: Mapping[str, object]) -> dict[str, object]:
+def given_of(values: Given) -> dict[str, object]:
     """The options given, as every backend reads them: those left at None (or False, a switch off) are not."""
     return {name: value for name, value in values.items() if value is not None and value is not False}
 
 
-def routed(make: Callable[..., T], given: Mapping[str, object]) -> T:
+def routed(make: Callable[..., T], given: Given) -> T:
     """A backend's own options (`make`: its typed record of them) from the options given to every backend: the
     values it takes, by name; the rest are other backends'. The command line parsed each as its flag declares."""
     taken = inspect.signature(make).parameters

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar  # typer.Option returns Any by its API; a bundle stands where one would
@@ -21,10 +21,9 @@ import autotuner
 
 from .. import limits
 from ..backends import kinds
+from ..backends.flags import Given
 from .app import Brief, format_option
 from .checks import seconds, timeout_value
-
-Given = Mapping[str, object]  # the backends' options given, by name (`backend_options`)
 
 # --- the options, each declared once (the backends' own: `backend_options`) -------------------------------
 DIRECTORY = typer.Argument(..., help="A sweep's results directory.")

@@ -79,7 +79,7 @@ class SlurmAsk:
         runs (whatever size is asked: a new one would wait in the queue behind it), else a new one (`nodes`,
         `gpus_per_node`). One autotune asked for is kept by this process from now on, and given back by the
         caller (`release`), or by its keeper once this process is gone. A Ctrl-C while it is queued withdraws
-        it (`Withdrawn`)."""
+        it (`request.JobWithdrawn`)."""
         if not self.slurm and recorded is None:
             return None
         current = current_job()
