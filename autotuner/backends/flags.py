@@ -8,7 +8,7 @@ import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -53,10 +53,6 @@ class Declared:
     flags: tuple[Flag, ...]
     picked: str
     backend: str
-    names: frozenset[str] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "names", frozenset(f.name for f in self.flags))
 
     def of(self, command: str) -> tuple[Flag, ...]:
         """The flags `command` takes."""
