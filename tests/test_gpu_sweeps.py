@@ -13,14 +13,14 @@ import pytest
 from test_inventory import FakeDevice, FakeNvml
 
 import autotuner
-from autotuner.backends.ssh.probe import HostReport, hostfile_check
+from autotuner.backends.ssh.probe import HostReport
 from autotuner.gpu.nvml import Gpu
 from autotuner.ledger.store import Ledger
 from autotuner.planning.learned import need_of_peak
 from autotuner.spec.hostfile import parse_hostfile
-from autotuner.views.hosts import render_hosts_check
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, expected_throughput, write_launcher
+from helpers import render_hosts
 
 GiB = 1 << 30
 TWO_TYPES = "localhost slots=2 accelerator=cpu gpu=A100-80GB\n127.0.0.1 slots=2 accelerator=cpu gpu=H100-80GB\n"
@@ -365,10 +365,6 @@ def test_plan_keeps_experiments_on_one_type_and_the_memory_placement_on_gpus_tha
     spec2, _, _ = setup(tmp_path / "two", hosts=PLAN_HOSTS, count=4, extra="  estimate: 10\n  num_gpus: 2\n")
     out = json.loads(autotune("plan", spec2, "-H", hosts, "--format", "json").stdout)
     assert [sorted(e["slots"]) for e in out["plans"][0]["experiments"]] == [["r0"], ["a0"], ["r0"], ["a0"]]
-
-
-def render_hosts(title, listed, reports, fmt):
-    return render_hosts_check(hostfile_check(title, listed, reports), fmt)
 
 
 # --- autotune hosts ---------------------------------------------------------------------------------------------
