@@ -178,7 +178,7 @@ class Kind(Protocol):
     """A backend's class as the registry sees it: which options name it, and what it builds from them. Each is
     asked in registry order (`kinds.KINDS`); the first that is `named` is the one, the last (the hosts backend)
     is named by anything. Its methods read only their own options of `given` (its `declared` flags, typed by
-    `flags.routed`) and do no I/O but what they build."""
+    `flags.routed`) and do no I/O but what they build or check."""
 
     kind: ClassVar[str]  # the kind's name, as its record and messages say it
     declared: ClassVar[Declared]  # its flags and how it is picked (its package's options.py)
