@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,16 +40,15 @@ from .states import Reason, State
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it from here
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from .backends.base import HostsCheck
+    from .backends.base import HostsCheck, Withdrawn
     from .backends.cluster import Cluster, check_gpu_needs
-    from .backends.ray.ask import check as check_ray
-    from .backends.ray.ask import optional_ray_value
+    from .backends.hosts.hosts import Ssh
+    from .backends.registry import check as check_options
     from .backends.registry import cluster_for, hosts_check
+    from .backends.registry import held as hold
+    from .backends.registry import planned as planned_cluster
     from .backends.slurm.allocation import Allocation, SlurmError
     from .backends.slurm.ask import SlurmAsk
-    from .backends.slurm.held import held as held_allocation
-    from .backends.slurm.request import Withdrawn
-    from .backends.ssh.probe import check_hostfile as check_hosts
     from .core import PLACEMENTS
     from .dashboard import serve as serve_dashboard
     from .planning.learned import peaks_by_digest as measured_peaks
@@ -61,7 +60,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .sweep.cancel import Cancellation, cancel
     from .sweep.create import default_directory, prepare, prepare_tune
     from .sweep.resume import ResumePlan, SpecChanges, resume_plan, spec_changes, timeout_seconds
-    from .sweep.run import Options, Result, Ssh, Stopped, execute
+    from .sweep.run import Options, Result, Stopped, execute
     from .sweep.verdict import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, FailOn
     from .tune.goal import Goal
     from .tune.goal import from_options as training_goal
@@ -69,7 +68,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .tune.worlds import counts as world_counts
     from .views.compare import render_compare
     from .views.events import check_events_path
-    from .views.hosts import render_hosts, render_hosts_check
+    from .views.hosts import render_hosts_check
     from .views.html import write_html
     from .views.live import watching
     from .views.plan import render_plan, write_plan_plot
@@ -88,15 +87,16 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())  # silent unless t
 
 # Name -> (module, attribute): imported on first use.
 _LAZY = {
-    # `--ray [ADDRESS]` on the command line: a bare --ray read from argv, the options it excludes refused.
-    "optional_ray_value": (".backends.ray.ask", "optional_ray_value"),
-    "check_ray": (".backends.ray.ask", "check"),
-    # Running inside Slurm: the allocation held for a run (asked for, given back), its cluster (`--slurm`).
+    # Running inside Slurm (`run(sweep, SlurmAsk(...))`): the allocation asked for, and what Slurm's failures raise.
     "SlurmAsk": (".backends.slurm.ask", "SlurmAsk"),
     "Allocation": (".backends.slurm.allocation", "Allocation"),
     "SlurmError": (".backends.slurm.allocation", "SlurmError"),
-    "Withdrawn": (".backends.slurm.request", "Withdrawn"),
-    "held_allocation": (".backends.slurm.held", "held"),
+    # The backends' options, by name, routed to the backend that declares them (the command line's flags):
+    # checked before a cluster is asked anything, what the command runs in held for it, what a plan plans for.
+    "check_options": (".backends.registry", "check"),
+    "hold": (".backends.registry", "held"),
+    "planned_cluster": (".backends.registry", "planned"),
+    "Withdrawn": (".backends.base", "Withdrawn"),
     "prepare": (".sweep.create", "prepare"),
     "prepare_tune": (".sweep.create", "prepare_tune"),
     "default_directory": (".sweep.create", "default_directory"),
@@ -110,7 +110,6 @@ _LAZY = {
     "KNOWN": (".spec.metrics", "KNOWN"),
     "Cluster": (".backends.cluster", "Cluster"),
     "check_gpu_needs": (".backends.cluster", "check_gpu_needs"),
-    "check_hosts": (".backends.ssh.probe", "check_hostfile"),
     # `autotune hosts` of any cluster: the backend the options name, its hosts as a HostsCheck.
     "hosts_check": (".backends.registry", "hosts_check"),
     "cluster_for": (".backends.registry", "cluster_for"),
@@ -118,7 +117,7 @@ _LAZY = {
     "execute": (".sweep.run", "execute"),
     "Options": (".sweep.run", "Options"),
     "Result": (".sweep.run", "Result"),
-    "Ssh": (".sweep.run", "Ssh"),
+    "Ssh": (".backends.hosts.hosts", "Ssh"),
     "Stopped": (".sweep.run", "Stopped"),
     "EXIT_OK": (".sweep.verdict", "EXIT_OK"),
     "EXIT_FAILED": (".sweep.verdict", "EXIT_FAILED"),
@@ -144,7 +143,6 @@ _LAZY = {
     # What the `autotune` command prints and writes: the views, each on first use (rich, matplotlib only then).
     "render_status": (".views.status", "render_status"),
     "render_report": (".views.report", "render_report"),
-    "render_hosts": (".views.hosts", "render_hosts"),
     "render_hosts_check": (".views.hosts", "render_hosts_check"),
     "render_result": (".views.status", "render_result"),
     "Output": (".views.tables", "Output"),
@@ -211,27 +209,25 @@ __all__ = [
     "cancel",
     "check_events_path",
     "check_gpu_needs",
-    "check_hosts",
+    "check_options",
     "check_output",
-    "check_ray",
     "check_results_directory",
     "cluster_for",
     "default_directory",
     "execute",
-    "held_allocation",
+    "hold",
     "hosts_check",
     "load",
     "load_cluster",
     "load_sweep",
     "measured_peaks",
     "metric_named",
-    "optional_ray_value",
     "plan_sweep",
+    "planned_cluster",
     "prepare",
     "prepare_tune",
     "read_tune",
     "render_compare",
-    "render_hosts",
     "render_hosts_check",
     "render_plan",
     "render_report",
@@ -286,27 +282,27 @@ def load_cluster(hostfile: str | Path | None = None, *, include: str = "", exclu
     return hosts_cluster(hostfile, include=include, exclude=exclude, slots=slots, sweep=sweep, log=log, probe=probe)
 
 
-def run(sweep: Sweep, cluster: Cluster | SlurmAsk, directory: str | Path | None = None,
+def run(sweep: Sweep, cluster: Cluster | SlurmAsk | Mapping[str, object], directory: str | Path | None = None,
         options: Options | None = None, *, launcher: list[str] | None = None) -> Result:
     """`prepare` then `execute`: a new sweep run to its end (Ctrl-C stops it cleanly; `resume` finishes it).
-    `cluster` may be a Slurm ask (`SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`, or `SlurmAsk(slurm=True)`
-    inside an allocation): the Slurm backend holds the allocation for the run, and gives back one it asked for
-    when this returns or raises."""
-    from .backends.slurm.ask import SlurmAsk
-    from .backends.slurm.held import held
+    `cluster` may instead be the options that name one, as the backends take them (`cluster_for`'s keywords):
+    a Slurm ask (`SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`, or `SlurmAsk(slurm=True)` inside an
+    allocation), or a mapping (`{"ray": ""}`). The backend holds what it asks for for the run (an allocation),
+    and gives it back when this returns or raises."""
+    from .backends.cluster import Cluster
+    from .backends.registry import cluster_for, held
     from .sweep.create import prepare
     from .sweep.run import Options, execute
 
     options = options or Options()
-    if not isinstance(cluster, SlurmAsk):
+    if isinstance(cluster, Cluster):
         return execute(prepare(sweep, cluster, directory, launcher=launcher, timeout=options.timeout), options,
                        prepared=True)
-    with held(cluster, log=options.log) as allocation:
-        from .backends.registry import cluster_for
-
-        ran = replace(options, slurm=allocation)
-        return execute(prepare(sweep, cluster_for(allocation=allocation), directory, launcher=launcher,
-                               timeout=ran.timeout), ran, prepared=True)
+    given: Mapping[str, object] = cluster if isinstance(cluster, Mapping) else asdict(cluster)
+    with held({**options.backend, **given}, log=options.log) as running:
+        ran = replace(options, backend=running)
+        return execute(prepare(sweep, cluster_for(running), directory, launcher=launcher, timeout=ran.timeout),
+                       ran, prepared=True)
 
 
 def resume(directory: str | Path, options: Options | None = None, *, retry_failed: bool = False,
@@ -314,10 +310,10 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     """Finish an interrupted sweep: nothing that succeeded runs again; with `retry_failed`, failed and timed-out
     experiments run again. Its spec files are read again: a UserError if they changed, unless `only_new` (their
     new experiments are added). Without `options`, experiments keep the timeout the sweep was started with.
-    A sweep started in Slurm runs in this allocation, in its own while that still runs, or in a new one
-    (`slurm`: `SlurmAsk(slurm=True, nodes=N, gpus_per_node=G)`), held by the Slurm backend until this returns."""
-    from .backends.slurm.ask import SlurmAsk
-    from .backends.slurm.held import held
+    The backend the sweep ran on holds what it needs until this returns: a sweep started in Slurm runs in this
+    allocation, in its own while that still runs, or in a new one (`slurm`: `SlurmAsk(slurm=True, nodes=N,
+    gpus_per_node=G)`; an allocation in `options.backend` is the caller's to hold)."""
+    from .backends.registry import held
     from .sweep.resume import resume_plan
     from .sweep.run import Options, execute
 
@@ -325,8 +321,7 @@ def resume(directory: str | Path, options: Options | None = None, *, retry_faile
     options = options or Options(timeout=plan.timeout)
     for note in plan.notes:
         options.log(note)
-    if options.slurm is not None:  # an allocation the caller holds
-        return execute(Path(directory), options, retry_failed=retry_failed, new_experiments=plan.new_experiments)
-    with held(slurm or SlurmAsk(), plan.recorded, log=options.log) as allocation:
-        return execute(Path(directory), replace(options, slurm=allocation), retry_failed=retry_failed,
+    given = {**options.backend, **(asdict(slurm) if slurm is not None else {})}
+    with held(given, plan.recorded, log=options.log) as running:
+        return execute(Path(directory), replace(options, backend=running), retry_failed=retry_failed,
                        new_experiments=plan.new_experiments)

@@ -4,10 +4,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from autotuner.backends.ssh.probe import hostfile_check
 from autotuner.core import MemoryRecord, Queued, Scheduler, SlotPool
 from autotuner.ledger.store import SweepMeta
 from autotuner.spec import Experiment
 from autotuner.tune.outclass import MIN_STEPS
+from autotuner.views.hosts import render_hosts_check
+from autotuner.views.tables import PLAIN, Output
 
 
 def experiment(name: str, *, num_gpus: int = 1, num_nodes: int = 1, script: str = "/bin/true",
@@ -40,3 +43,8 @@ def decided(detail: str) -> tuple[float, str, float]:
     assert found is not None, detail
     assert int(found[1]) >= MIN_STEPS  # measured steps after warm-up (tune/outclass.py)
     return float(found[2].replace(",", "")), found[3], float(found[4].replace(",", ""))
+
+
+def render_hosts(title, listed, reports, fmt: str = "table", output: Output = PLAIN) -> str:
+    """`autotune hosts` of a hostfile's hosts probed over SSH: the SSH backend's HostsCheck, rendered."""
+    return render_hosts_check(hostfile_check(title, listed, reports), fmt, output)

@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 import typer
 
-import autotuner
+from autotuner.backends import kinds
+from autotuner.backends.flags import bare_values
 from autotuner.cli import app, optional_html_value
 from autotuner.cli.entry import _USAGE_ERROR, usage_error_line
 
@@ -109,8 +110,7 @@ def parse(argv: list[str]) -> str | None:
     args = list(argv)
     if "--html" in args:
         args = optional_html_value(args)
-    if "--ray" in args:
-        args = autotuner.optional_ray_value(args)
+    args = bare_values(args, kinds.every_flag())
     group = typer.main.get_command(app)
     try:
         with group.make_context("autotune", args, resilient_parsing=False) as ctx:

@@ -18,9 +18,9 @@ from autotuner.gpu.nvml import Gpu
 from autotuner.ledger.store import Ledger
 from autotuner.planning.learned import need_of_peak
 from autotuner.spec.hostfile import parse_hostfile
-from autotuner.views.hosts import render_hosts
 
 from cli_rig import SLEEP_THEN_SUCCEED, autotune, env, expected_throughput, write_launcher
+from helpers import render_hosts
 
 GiB = 1 << 30
 TWO_TYPES = "localhost slots=2 accelerator=cpu gpu=A100-80GB\n127.0.0.1 slots=2 accelerator=cpu gpu=H100-80GB\n"

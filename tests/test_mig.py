@@ -297,7 +297,8 @@ def test_hosts_shows_a_gpu_in_mig_mode_as_its_mig_instances(tmp_path):
     """The probe's own shell script, run here with a stand-in nvidia-smi first on PATH."""
     from autotuner.backends.ssh.probe import parse_probe, probe_script
     from autotuner.spec.hostfile import parse_hostfile
-    from autotuner.views.hosts import render_hosts
+
+    from helpers import render_hosts
 
     smi = tmp_path / "bin" / "nvidia-smi"
     smi.parent.mkdir()

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from autotuner.backends.ray.ask import optional_ray_value
+from autotuner.backends.flags import bare_values
 from autotuner.backends.ray.node import include_of
 from autotuner.backends.ray.nodes import cluster_of, host_of, read_nodes
+from autotuner.backends.ray.options import DECLARED as RAY
 from autotuner.states import State
 
 from cli_rig import attempts, autotune, finish, sweep_id, tagged_pids, wait_until, write_sweep
@@ -63,6 +64,10 @@ def nothing_left(ray_lab, results: Path) -> bool:
 
 
 # --- without a cluster ------------------------------------------------------------------------------------------
+
+def optional_ray_value(argv: list[str]) -> list[str]:
+    return bare_values(argv, RAY.flags)
+
 
 def test_a_bare_ray_option_takes_the_default_address_and_an_address_when_one_follows(tmp_path):
     spec = tmp_path / "s.hjson"

@@ -8,17 +8,23 @@ import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 
+import pytest
+
 import autotuner
-from autotuner.backends import registry
-from autotuner.backends.base import BackendOption, Given, HostsCheck
-from autotuner.backends.cluster import Cluster
+from autotuner.backends import kinds, registry
+from autotuner.backends.flags import COMMANDS, routed
 from autotuner.backends.hosts.hosts import HostsBackend
+from autotuner.backends.hosts.options import HostsGiven
 from autotuner.backends.ray.backend import RayBackend
+from autotuner.backends.ray.options import RayGiven
 from autotuner.backends.registry import backend_for
 from autotuner.backends.slurm.backend import SlurmBackend
 from autotuner.backends.slurm.held import own_data
-from autotuner.ledger.store import Ledger, SweepMeta
+from autotuner.backends.slurm.options import SlurmGiven
+from autotuner.errors import UserError
+from autotuner.ledger.store import Ledger
 
+from pretend_kind import PRETEND, Pretend
 from recorded import grid_sweep, two_nodes
 
 SLURM = {"job": "41", "owned": True, "nodes": ["n1", "n2"]}
@@ -45,41 +51,20 @@ def test_each_record_names_its_backend_for_the_runner_cancel_and_resume(tmp_path
         assert own_data(plan.recorded) == allocation  # the allocation resume re-enters
 
 
-class Pretend:
-    """A kind of cluster added to the registry by its one line: it names itself by its own option."""
-
-    kind = "pretend"
-    options = (BackendOption("pretend", "str | None", "a pretend cluster", "flag, record"),)
-
-    def __init__(self, given: Given) -> None:
-        self.given = dict(given)
-
-    @classmethod
-    def named(cls, given: Given, record: SweepMeta | None) -> bool:
-        return "pretend" in given
-
-    @classmethod
-    def opened(cls, directory, ledger, given, *, grace, log):
-        return cls(given)
-
-    @classmethod
-    def cluster(cls, given: Given) -> Cluster:
-        return Cluster({"pretend-node": (0, 1)}, {"pretend-node": 2})
-
-    @classmethod
-    def hosts(cls, given: Given) -> HostsCheck:
-        return HostsCheck("pretend", ("host",), (("pretend-node",),), (True,), "host", [], True)
-
-
-def test_a_kind_added_to_the_list_is_asked_with_no_other_edit(monkeypatch, tmp_path):
+def test_a_kind_added_to_the_list_is_asked_with_no_other_edit(monkeypatch):
     # Each entry point asks the list: a new kind's options reach it whichever caller passes them (the options
     # every kind is given, the runner's and the API's keywords, route by name; none is a union of signatures).
-    monkeypatch.setattr(registry, "BACKENDS", (Pretend, *registry.BACKENDS))
+    monkeypatch.setattr(kinds, "KINDS", (PRETEND, *kinds.KINDS))
     assert registry.kind_of({"pretend": "x"}) is Pretend
     assert registry.kind_of({}) is HostsBackend  # not given: not named
     given = {"pretend": "x", "hostfile": "h"}
-    assert registry.kind_of(given).cluster(given).slots == {"pretend-node": (0, 1)}
-    assert registry.kind_of(given).hosts(given).title == "pretend"
+    assert registry.cluster_for(given).slots == {"pretend-node": (0, 1)}
+    assert registry.cluster_for(pretend="x").slots == {"pretend-node": (0, 1)}
+    assert registry.hosts_check(pretend="x").title == "pretend cluster x"
+    with pytest.raises(UserError, match="no such pretend cluster"):
+        registry.check("run", {"pretend": "bad"})
+    with registry.held(given) as running:
+        assert running == given
 
 
 def test_the_registry_branches_on_no_kind():
@@ -91,10 +76,23 @@ def test_the_registry_branches_on_no_kind():
 
 
 def test_every_kind_declares_its_options_and_how_it_is_picked():
-    assert [k.kind for k in registry.BACKENDS] == ["ray", "slurm", "hosts"]
-    names = [o.name for k in registry.BACKENDS for o in k.options]
-    assert len(names) == len(set(names)), names  # an option is one kind's: routed, never shared
-    for kind in registry.BACKENDS:
-        for option in kind.options:
-            assert option.help and option.type
-            assert set(option.picks.split(", ")) <= {"flag", "record", "environment", "any"}, option
+    assert [d.kind for d in kinds.KINDS] == ["ray", "slurm", "hosts"]
+    assert [k.kind for k in registry.backends()] == ["ray", "slurm", "hosts"]
+    assert [k.declared for k in registry.backends()] == list(kinds.KINDS)  # the class's own declaration
+    owners: dict[str, str] = {}
+    for declared in kinds.KINDS:
+        assert declared.picked
+        for flag in declared.flags:
+            assert flag.help and flag.commands and flag.decls, flag
+            assert owners.setdefault(flag.name, declared.kind) == declared.kind, flag  # routed, never shared
+        for command in COMMANDS:
+            names = [f.name for f in declared.of(command)]
+            assert len(names) == len(set(names)), (declared.kind, command)  # one flag a name per command
+
+
+def test_each_kind_reads_its_own_options_typed():
+    # What the router hands a backend, as its own typed record: the values it declares, the others' left out.
+    given = {"slurm": True, "nodes": 2, "ray": "", "hostfile": Path("h"), "ssh_config": Path("c")}
+    assert routed(SlurmGiven, given) == SlurmGiven(slurm=True, nodes=2)
+    assert routed(RayGiven, given) == RayGiven(ray="")
+    assert routed(HostsGiven, given) == HostsGiven(hostfile=Path("h"), ssh_config=Path("c"))

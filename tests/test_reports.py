@@ -27,13 +27,12 @@ from autotuner.backends.ssh.probe import HostReport
 from autotuner.ledger.store import Ledger
 from autotuner.spec import Sweep
 from autotuner.states import State
-from autotuner.views.hosts import render_hosts
 from autotuner.views.records import PANDAS_HINT
 from autotuner.views.report import render_report
 from autotuner.views.tables import PLAIN, RICH_ROWS, Column, Output, json_with_rows, markdown_table, render_table
 
 from cli_rig import env as tree_env
-from helpers import experiment
+from helpers import experiment, render_hosts
 from recorded import T0, grid_sweep, record, two_nodes
 
 ROOT = Path(__file__).resolve().parent.parent

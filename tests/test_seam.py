@@ -3,11 +3,11 @@
 of its words: `SlurmAsk`, `optional_ray_value`, `meta.ray`). Read from the package's syntax trees, strings and
 docstrings left out.
 
-Today's modules still name kinds where the seam is unfinished (the command line's flags, the runner's Options):
-KNOWN holds how many names each has, as a ceiling that may only come down (the face went up with issue 39: `run`
-and `resume` take a Slurm ask, the allocation held by the backend, whose names the face still lists; the
-ledger's meta, `create` and `resume` went to none with issue 33's opaque record). A module not listed names
-none; a new name of a kind outside backends/ fails here."""
+KNOWN holds how many names a module outside backends/ still has, as a ceiling that may only come down: the
+public face alone, for what users' programs name (`Ssh`, how hosts are reached; `SlurmAsk`, the allocation
+`run` and `resume` ask for; `SlurmError`). The command line builds its flags from what the backends declare
+and the runner's Options carries their values by name (issue 33), so neither names a kind. A module not listed
+names none; a new name of a kind outside backends/ fails here."""
 from __future__ import annotations
 
 import ast
@@ -17,10 +17,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autotuner"
 KINDS = {"slurm", "ray", "ssh"}
-KNOWN = {
-    "__init__.py": 27, "cli/allocation.py": 1, "cli/bundles.py": 49, "cli/checks.py": 1, "cli/entry.py": 1,
-    "cli/hosts.py": 15, "cli/plan.py": 4, "cli/sweeps.py": 50, "sweep/run.py": 11, "views/hosts.py": 1,
-}
+KNOWN = {"__init__.py": 11}
 
 
 def words(name: str) -> set[str]:
@@ -79,10 +76,10 @@ def test_the_check_sees_a_kind_however_it_is_named():
 def test_what_the_backends_share_imports_no_kind():
     # The contract and the helpers every backend uses (recovery, watch, cluster, exit status, ...) know no kind:
     # recovery read an attempt's Slurm step itself (importing slurm.executor) where it now asks the backend
-    # (`recorded_code`). The registry alone lists the kinds; `local` is this machine, which every kind runs on.
+    # (`recorded_code`). kinds.py alone lists the kinds; `local` is this machine, which every kind runs on.
     shared = {}
     for path in sorted((PACKAGE / "backends").glob("*.py")):
-        if path.name == "registry.py":
+        if path.name == "kinds.py":  # the list of the kinds, each as it declares itself
             continue
         imported = [node.module or "" for node in ast.walk(ast.parse(path.read_text()))
                     if isinstance(node, ast.ImportFrom) and node.level == 1]

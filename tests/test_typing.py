@@ -29,8 +29,6 @@ ALLOWED = {
     "cli/entry.py": "click's usage error, of whichever click typer carries",
     "cli/reference.py": "click's commands and parameters, of whichever click typer carries",
     "views/records.py": "pandas has no type information",
-    "backends/base.py": "Given: options routed by name to the backend that declares them, each of its own type (to be "
-                        "a typed record per backend, issue 33's rest)",
     "ledger/rows.py": "sqlite3 gives a row's values as Any",
 }
 

@@ -20,17 +20,20 @@ the placement and the views; it never asks which kind it holds. A backend owns w
   cluster for on the sweep's behalf given back (a Slurm allocation);
 - `close`: every resource it opened, in order, once.
 
-A new backend is a package under backends/ with a class that has these members and `Kind`'s (its name, the
-options it takes and how it is picked, what it builds from them), and one line in registry.py's `BACKENDS`.
+A new backend is a package under backends/ with a class that has these members and `Kind`'s (its name, what it
+builds from the options given), an `options.py` of the standard library alone declaring its flags and how it is
+picked (`flags.Declared`: the command line builds its flags from it and routes their values to it), and one line
+in kinds.py's `KINDS`.
 `autotune hosts` asks the registry too (`registry.hosts_check`): each backend describes its hosts as a
 `HostsCheck`, which the views render whatever the kind of cluster.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from ..core import Executor, Observer, Placement, Queued, SlotPool
 from ..core.events import Post
@@ -39,7 +42,9 @@ from ..core.slots import Devices
 from ..jsonvalues import JSON
 from ..ledger.meta import BackendRecord
 from ..ledger.store import Attempt, Ledger, SweepMeta
+from ..spec import Sweep
 from .cluster import Cluster
+from .flags import Declared, Given
 
 Admit = Callable[[Placement, list[Queued]], tuple[Placement, list[Queued]]]
 """What `admit` found, applied once the lock is held: the runner's placement and queue -> those the cluster serves."""
@@ -160,33 +165,41 @@ class HostsCheck:
     ok: bool
 
 
-# The options a caller gave, by name, each backend reading its own: `cluster_for`'s and `hosts_check`'s keywords,
-# the runner's Options. A name not given, or given as None (False for a switch), is absent.
-Given = Mapping[str, Any]
+class Withdrawn(KeyboardInterrupt):
+    """What a backend asked the cluster for on the command's behalf, withdrawn by a Ctrl-C while it waited
+    (`what`: it, in words)."""
 
-
-@dataclass(frozen=True)
-class BackendOption:
-    """One option a backend takes, as it declares it: the keyword it is given by (the API's, the Options'), what
-    it holds, and how it picks the backend (a flag given, a record in the sweep's ledger, the environment)."""
-
-    name: str
-    type: str  # what it holds, as a reader of the docs writes it
-    help: str
-    picks: str  # how its backend is picked: "flag", "record", "environment" (several: joined by ", ")
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
 
 
 class Kind(Protocol):
     """A backend's class as the registry sees it: which options name it, and what it builds from them. Each is
-    asked in registry order (`BACKENDS`); the first that is `named` is the one, the last (the hosts backend) is
-    named by anything. Its methods read only their own options of `given` and do no I/O but what they build."""
+    asked in registry order (`kinds.KINDS`); the first that is `named` is the one, the last (the hosts backend)
+    is named by anything. Its methods read only their own options of `given` (its `declared` flags, typed by
+    `flags.routed`) and do no I/O but what they build or check."""
 
     kind: ClassVar[str]  # the kind's name, as its record and messages say it
-    options: ClassVar[tuple[BackendOption, ...]]
+    declared: ClassVar[Declared]  # its flags and how it is picked (its package's options.py)
 
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
         """Whether the options given (or, with `record`, the sweep's record) name this kind of cluster."""
+        ...
+
+    @classmethod
+    def check(cls, given: Given, command: str) -> None:
+        """Its options given to `command`, checked before anything is asked of a cluster (a UserError), whether
+        or not they name it: options that need another of its own, or that exclude the other kinds'."""
+        ...
+
+    @classmethod
+    def held(cls, given: Given, recorded: Mapping[str, JSON] | None, log: Callable[[str], None],
+             not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
+        """What the command runs in, held for its block (asked for, kept, given back however it ends):
+        `given` with it added (`recorded`: the sweep's record of its backend, a resumed sweep's). See
+        `registry.held`."""
         ...
 
     @classmethod
@@ -196,8 +209,15 @@ class Kind(Protocol):
         ...
 
     @classmethod
-    def cluster(cls, given: Given) -> Cluster:
-        """The nodes a new sweep runs on (`cluster_for`): what this kind of cluster holds now."""
+    def cluster(cls, given: Given, *, sweep: Sweep | None = None, log: Callable[[str], None] | None = None) -> Cluster:
+        """The nodes a new sweep runs on (`cluster_for`): what this kind of cluster holds now (`sweep`: the
+        sweep, whose files may name its nodes; `log` told what was chosen)."""
+        ...
+
+    @classmethod
+    def planned(cls, given: Given, sweep: Sweep, log: Callable[[str], None]) -> Cluster:
+        """What `autotune plan` plans for: the nodes a new sweep would run on, with nothing asked for (a plan
+        spends nothing)."""
         ...
 
     @classmethod

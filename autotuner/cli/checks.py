@@ -2,7 +2,6 @@
 (one line, exit 2) or, for a value typer parses, a usage error."""
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -70,16 +69,6 @@ def check_outputs(events: Path | None, results: Path | None, inputs: Sequence[st
         autotuner.check_events_path(events)
     if results is not None:
         autotuner.check_results_directory(results, inputs, [p for p in specs if p.is_dir()])
-
-
-def check_ssh_config(path: Path | None) -> None:
-    """An ssh config file named on the command line must be there before anything is created or launched."""
-    if path is None:
-        return
-    if not path.is_file():
-        raise UserError("--ssh-config: no such file" if not path.exists() else "--ssh-config: not a file", path)
-    if not os.access(path, os.R_OK):
-        raise UserError("--ssh-config: cannot read this file", path)
 
 
 def policy_names(text: str, option: str, known: Collection[str], one: bool = False) -> list[str]:

@@ -9,6 +9,8 @@ import typer
 
 import autotuner
 
+from ..backends import kinds
+from ..backends.flags import bare_values
 from ..errors import one_line, shown
 from . import stdout
 from .app import app
@@ -63,8 +65,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(2)
         if "--html" in args:
             args = optional_html_value(args)
-        if "--ray" in args:
-            args = autotuner.optional_ray_value(args)
+        args = bare_values(args, kinds.every_flag())  # a flag's optional value (`--ray [ADDRESS]`)
         stdout.install()
         code = app(args=args, prog_name="autotune", standalone_mode=False)
         if code == autotuner.EXIT_INTERRUPTED and EARLY_PRESS.is_set():  # typer's silent exit 130 for it

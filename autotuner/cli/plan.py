@@ -8,8 +8,9 @@ import typer
 import autotuner
 from autotuner import UserError
 
+from ..backends.kinds import inputs
 from .app import Brief, collecting, drop_stdout, fail, format_option, note, screen
-from .bundles import GPU_MIXED, GPU_TYPE, SCRIPT, Where, bundled, timeout_option, where
+from .bundles import GPU_MIXED, GPU_TYPE, SCRIPT, Given, backend_options, bundled, timeout_option
 from .checks import policy_names, seconds
 from .goal import GOAL, GoalOptions
 
@@ -18,7 +19,7 @@ from .goal import GOAL, GoalOptions
 def plan(
     specs: list[Path] | None = typer.Argument(None, help="Sweep files (hjson), DeepSpeed experiment files, or "
                                                          "directories of them (none with --training)."),
-    place: Where = where("Plan for this many slots of this machine."),
+    backend: Given = backend_options("plan"),
     script: str | None = SCRIPT,
     past: Path | None = typer.Option(None, "--from", help="A sweep already run: its measured durations, and the "
                                                           "peak GPU memory of each config as its need."),
@@ -36,8 +37,6 @@ def plan(
     timeout: str | None = timeout_option(),
     fmt: Brief = format_option("table or JSON (every experiment's expected start and end)."),
     plot: Path | None = typer.Option(None, "--plot", help="Draw the expected slot timeline into this PNG file."),
-    slurm: bool = typer.Option(False, "--slurm", help="Plan for this Slurm allocation, or for one of --nodes x "
-                                                      "--gpus-per-node (nothing is asked of Slurm)."),
     nodes: int | None = typer.Option(None, "--nodes", min=1, help="With --slurm: the allocation's nodes; with "
                                                                    "--training: the training run's [default: as "
                                                                    "measured]."),
@@ -61,7 +60,7 @@ def plan(
         if training is not None:
             if specs:
                 raise UserError("--training plans a training run from a sweep already run: no sweep files")
-            if slurm:
+            if backend.get("slurm"):  # the one backend flag that sizes nodes as --training does
                 raise UserError("--slurm plans a sweep in an allocation; --training plans the training run on "
                                 "--nodes x --gpus-per-node")
             typer.echo(autotuner.render_training_plan(training, wanted, config, fmt.value, nodes, gpus_per_node),
@@ -78,10 +77,12 @@ def plan(
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, gpu_type=gpu_type,
                                      gpu_mixed=gpu_mixed)
         if plot is not None:
-            autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, place.hostfile,
+            autotuner.check_output(plot, "--plot", [*sweep.paths(), *specs, *inputs("plan", backend),
                                                     past / "ledger.sqlite" if past is not None else None],
                                    replaced=True)
-        cluster = place.planned(autotuner.SlurmAsk(slurm, nodes, gpus_per_node), sweep, notes.append)
+        sized = {**backend, "nodes": nodes, "gpus_per_node": gpus_per_node}  # the allocation planned for
+        autotuner.check_options("plan", sized)
+        cluster = autotuner.planned_cluster(sized, sweep, notes.append)
         autotuner.check_gpu_needs(sweep, cluster)
         predicted = autotuner.plan_sweep(
             sweep.experiments, cluster.slots, past=past, default_seconds=duration, queues=queues,

@@ -9,46 +9,40 @@ import typer
 import autotuner
 from autotuner import UserError
 
-from .allocation import held
+from ..backends.kinds import inputs
 from .app import Brief, fail, format_option, note
 from .bundles import (
     DIRECTORY,
     GPU_MIXED,
     GPU_TYPE,
     LAUNCHER,
-    RAY,
     RESULTS,
     SCRIPT,
-    SLURM_OPTIONS,
     SPECS,
-    SSH,
     STOP_OUTCLASSED,
     WATCH_AND_VERDICT,
-    SshOptions,
+    Given,
     Timing,
     Watch,
-    Where,
+    backend_options,
     bundled,
     sweep_options,
     timing,
-    where,
 )
 from .checks import check_outputs, policy_names, results_path, split
 from .execute import execute
 from .goal import GOAL, GoalOptions
+from .holding import held
 
 # `tune` hands everything after the script to the script.
 TUNE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
-def _check_before_asking(ask: autotuner.SlurmAsk, place: Where, times: Timing, ssh: SshOptions) -> None:
+def _check_before_asking(command: str, given: Given, times: Timing) -> None:
     """What `run` and `tune` check of where and how to run before a cluster is asked for anything (an
-    allocation, a probe)."""
-    place.check_slurm(ask)
-    ask.check_runnable()
-    place.check_ray(ask)
+    allocation, a probe): each backend its own options, then the timing."""
+    autotuner.check_options(command, given)
     times.check()
-    ssh.check()
 
 
 def _slots(cluster: autotuner.Cluster) -> str:
@@ -59,7 +53,7 @@ def _slots(cluster: autotuner.Cluster) -> str:
 @bundled
 def run(
     specs: list[Path] = SPECS,
-    place: Where = where("Run on this many CPU slots of this machine (no GPU needed)."),
+    backend: Given = backend_options("run"),
     results: str | None = RESULTS,
     script: str | None = SCRIPT,
     args: str = typer.Option("", "--args", help="The script's arguments, as one shell-quoted string."),
@@ -74,29 +68,26 @@ def run(
     gpu_type: str | None = GPU_TYPE,
     gpu_mixed: bool = GPU_MIXED,
     stop_outclassed: bool = STOP_OUTCLASSED,
-    ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
-    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
 ) -> None:
     """Run a sweep and report the best configuration."""
     notes: list[str] = []
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
-        _check_before_asking(ask, place, times, ssh)
+        _check_before_asking("run", backend, times)
         launch = split(launcher, "--launcher") if launcher else None
         chosen = policy_names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0]
         directory_asked = results_path(results)
         # Paths absolute: `resume` reads them again from any directory.
         sweep = autotuner.load_sweep([p.resolve() for p in specs], script=script, args=split(args, "--args"),
                                      metric=metric, gpu_type=gpu_type, gpu_mixed=gpu_mixed)
-        check_outputs(watch.events, directory_asked, [*sweep.paths(), place.hostfile, ssh.ssh_config], specs)
+        check_outputs(watch.events, directory_asked, [*sweep.paths(), *inputs("run", backend)], specs)
         peaks = autotuner.measured_peaks(past) if past is not None else None
     except UserError as e:
         raise fail(e) from None
-    with held(ask) as allocation:
+    with held(backend) as running:
         try:
-            options = sweep_options(times, ssh, watch, allocation, place.ray, times.timeout_seconds(), chosen,
-                                    stop_outclassed)
-            cluster = place.cluster(allocation, sweep, notes.append, options.ssh or autotuner.Ssh())
+            options = sweep_options(times, watch, running, times.timeout_seconds(), chosen, stop_outclassed)
+            cluster = autotuner.cluster_for(running, sweep=sweep, log=notes.append, probe=True)
             directory = autotuner.prepare(sweep, cluster, directory_asked, launcher=launch,
                                           timeout=options.timeout, memory_from=peaks)
         except UserError as e:
@@ -115,7 +106,7 @@ def tune(
     script: str = typer.Argument(..., help="The training script; everything after it goes to the script, which "
                                            "names its DeepSpeed config (--deepspeed_config ds.json, or --deepspeed "
                                            "ds.json for a Trainer script). Or a tune file (.hjson) stating it all."),
-    place: Where = where("Tune on this many CPU slots of this machine (no GPU needed)."),
+    backend: Given = backend_options("tune"),
     num_gpus: str | None = typer.Option(None, "--num_gpus", "--num-gpus", metavar="N[,N...]|LOW-HIGH",
                                         help="Slots per node of each experiment (default: a tune file's, or 1); "
                                              "several (1,2,4,8, or 1-8: the powers of two) search each world "
@@ -137,9 +128,7 @@ def tune(
                                                "(0 to 1000)."),
     launcher: str | None = LAUNCHER,
     training_run: GoalOptions = GOAL,
-    ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
-    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
 ) -> None:
     """Find the fastest DeepSpeed config for a script without writing the grid: your usual DeepSpeed command,
     with `autotune tune` where `deepspeed` stood. The config's `autotuning` section is read as DeepSpeed
@@ -149,7 +138,7 @@ def tune(
     configs are run again before the winner is named."""
     notes: list[str] = []
     try:  # everything that can be checked before a cluster is asked for anything (an allocation, a probe)
-        _check_before_asking(ask, place, times, ssh)
+        _check_before_asking("tune", backend, times)
         launch = split(launcher, "--launcher") if launcher else None
         chosen = results_path(results)
         wanted = training_run.goal()
@@ -157,13 +146,13 @@ def tune(
         nodes = autotuner.world_counts(num_nodes, "--num_nodes") if num_nodes is not None else None
         request = autotuner.read_tune(script, list(ctx.args), num_gpus=gpus, num_nodes=nodes, seed=seed,
                                       confirm=confirm, min_gain=min_improvement / 100, goal=wanted)
-        check_outputs(watch.events, chosen, [*request.inputs, place.hostfile, ssh.ssh_config])
+        check_outputs(watch.events, chosen, [*request.inputs, *inputs("tune", backend)])
     except UserError as e:
         raise fail(e) from None
-    with held(ask) as allocation:
+    with held(backend) as running:
         try:
-            options = sweep_options(times, ssh, watch, allocation, place.ray, times.timeout_seconds())
-            cluster = place.cluster(allocation, None, notes.append, options.ssh or autotuner.Ssh())
+            options = sweep_options(times, watch, running, times.timeout_seconds())
+            cluster = autotuner.cluster_for(running, log=notes.append, probe=True)
             directory = autotuner.prepare_tune(request, (), cluster, chosen, launcher=launch,
                                                timeout=options.timeout)
         except UserError as e:
@@ -189,29 +178,25 @@ def resume(
     placement: str | None = typer.Option(None, "--placement", help="pack, spread or memory [default: as the "
                                                                       "sweep last ran]."),
     stop_outclassed: bool = STOP_OUTCLASSED,
-    ssh: SshOptions = SSH,
     watch: Watch = WATCH_AND_VERDICT,
-    ask: autotuner.SlurmAsk = SLURM_OPTIONS,
-    ray: str | None = RAY,
+    backend: Given = backend_options("resume"),
 ) -> None:
     """Finish an interrupted sweep: nothing that succeeded runs again. A sweep started in Slurm runs in this
     allocation, in the one it ran in while that still runs, or in a new one (--nodes, --gpus-per-node)."""
     try:  # everything that can be checked before a cluster is asked for anything
-        ask.check()
-        autotuner.check_ray(ray, slurm=ask.slurm)
+        autotuner.check_options("resume", backend)
         times.check()
-        ssh.check()
         chosen = policy_names(placement, "--placement", autotuner.PLACEMENTS, one=True)[0] if placement is not None \
             else None
         plan = autotuner.resume_plan(directory, only_new=only_new)
-        check_outputs(watch.events, None, [*plan.inputs, ssh.ssh_config])
+        check_outputs(watch.events, None, [*plan.inputs, *inputs("resume", backend)])
     except UserError as e:
         raise fail(e) from None
     for line in plan.notes:
         note(line)
-    with held(ask, recorded=plan.recorded) as allocation:
+    with held(backend, recorded=plan.recorded) as running:
         timeout = plan.timeout if times.timeout is None else times.timeout_seconds()
-        options = sweep_options(times, ssh, watch, allocation, ray, timeout, chosen, stop_outclassed)
+        options = sweep_options(times, watch, running, timeout, chosen, stop_outclassed)
         execute(directory, options, watch, retry_failed=retry_failed, new_experiments=plan.new_experiments)
 
 

@@ -18,11 +18,9 @@ from pathlib import Path
 
 from .. import limits
 from ..backends.base import Admit, Attached, Backend, MemoryReading
-from ..backends.hosts.hosts import Ssh
 from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for
-from ..backends.slurm import Allocation
 from ..backends.watch import env_seconds
 from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
 from ..core.placement import PLACEMENTS, placement_named
@@ -47,7 +45,7 @@ from .holding import holding
 from .steps import DEFAULT_POLL, POLL_ENV, StepReader
 from .verdict import FailOn, exit_code
 
-__all__ = ["Options", "Result", "Ssh", "Stopped", "execute", "machine_fault", "requeue"]
+__all__ = ["Options", "Result", "Stopped", "execute", "machine_fault", "requeue"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +101,6 @@ def machine_fault(error: BaseException) -> str | None:
 class Options:
     """How to execute; none of it changes what an experiment is."""
 
-    ssh: Ssh | None = None  # None: as the sweep was started
     log: Callable[[str], None] = lambda line: None  # notes for the user (hosts down, ...)
     grace: float = 10.0
     retries: int = 1
@@ -112,8 +109,10 @@ class Options:
     observers: list[Observer] = field(default_factory=list)
     placement: str | None = None  # a name of PLACEMENTS (pack, spread, memory); None: as the sweep last ran, or pack
     fail_on: FailOn | str = FailOn.ANY  # what makes `Result.exit_code` 1: "any" non-success, or "no-result"
-    slurm: Allocation | None = None  # the Slurm allocation to run in (a sweep started in Slurm needs one)
-    ray: str | None = None  # the Ray cluster to run on: its address, "" for RAY_ADDRESS or auto (backends/ray)
+    # The backends' options, by name, each backend reading its own (as `cluster_for` takes them): how SSH hosts
+    # are reached ("ssh": an Ssh; none: as the sweep was started), the allocation to run in ("allocation": a
+    # sweep started in Slurm needs one), the cluster to run on ("ray": its address, "" for the default one).
+    backend: Mapping[str, object] = field(default_factory=dict)
     stop_outclassed: bool = False  # a grid: stop a run whose steps show it cannot beat one that succeeded
 
 
@@ -150,8 +149,8 @@ def _execute(directory: Path, options: Options, retry_failed: bool, new_experime
         with contextlib.ExitStack() as held:
             with open_sweep(directory) as ledger:
                 ledger.check_whole()  # a damaged ledger is refused before anything is written, the lock's files too
-                with contextlib.closing(backend_for(directory, ledger, ssh=options.ssh, allocation=options.slurm,
-                                                    ray=options.ray, grace=options.grace, log=options.log)) as backend:
+                with contextlib.closing(backend_for(directory, ledger, options.backend, grace=options.grace,
+                                                    log=options.log)) as backend:
                     # A cluster that refuses the sweep does so before the lock rewrites runner.lock.
                     backend.reach()
                     admit = backend.admit(SlotPool(ledger.meta().slots),

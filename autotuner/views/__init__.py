@@ -33,7 +33,7 @@ _LAZY = {
     "write_plots": "plots",
     "ExperimentRecord": "records", "SweepResults": "records", "load_results": "records",
     "Snapshot": "snapshot", "load": "snapshot",
-    "render_hosts": "hosts", "render_hosts_check": "hosts",
+    "render_hosts_check": "hosts",
     "render_report": "report", "render_result": "status", "render_status": "status",
     "Output": "tables",
 }
@@ -51,7 +51,6 @@ __all__ = [
     "load",
     "load_results",
     "render_compare",
-    "render_hosts",
     "render_hosts_check",
     "render_report",
     "render_result",

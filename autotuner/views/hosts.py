@@ -5,12 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping, Sequence
 
 from ..backends.base import HostsCheck
-from ..backends.ssh.probe import HostReport, hostfile_check
 from ..errors import UserError
-from ..spec.hostfile import Host
 from .tables import FORMATS, PLAIN, Cell, Column, Output, Styled, markdown_table, render_table
 
 
@@ -31,9 +28,3 @@ def render_hosts_check(check: HostsCheck, fmt: str = "table", output: Output = P
                                       for c, usable in zip(check.rows, check.usable, strict=True)]
     return render_table([Column(name, whole=i == 0) for i, name in enumerate(check.columns)], styled,
                         title=check.title, output=output)
-
-
-def render_hosts(title: str, listed: Mapping[str, Host], reports: Sequence[HostReport], fmt: str = "table",
-                 output: Output = PLAIN) -> str:
-    """`autotune hosts` of a hostfile's hosts probed over SSH (ssh/probe.py: hostfile_check)."""
-    return render_hosts_check(hostfile_check(title, listed, reports), fmt, output)

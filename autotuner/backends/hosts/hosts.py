@@ -3,8 +3,10 @@ this machine alone runs here, any other over SSH from its first host). See base.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -14,12 +16,14 @@ from ...core.events import Post
 from ...core.slots import Demand, Devices, Only, Slots, devices_from_json
 from ...errors import UserError
 from ...gpu.nvml import FreeMemoryReader
+from ...jsonvalues import JSON
 from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, is_local
 from ...spec.metrics import metric_named
-from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
+from ..base import Admit, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster, local_or_hostfile_cluster, spec_hostfile, with_hosts_mig
+from ..flags import Declared, routed
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
 from ..local.executor import LocalExecutor
@@ -30,6 +34,7 @@ from ..ssh import SshExecutor, SSHPool, end_tagged_remote, host_watcher, unanswe
 from ..ssh.free_memory import RemoteMemory, nvidia_smi
 from ..ssh.probe import check_hostfile, hostfile_check, mig_hosts
 from ..watch import PollingWatcher
+from .options import DECLARED, HostsGiven
 from .routing import Router
 
 KIND = "hosts"  # the kind's name, as its record in the ledger says it
@@ -72,6 +77,27 @@ def probed_cluster(cluster: Cluster, hostfile: Path, ssh: Ssh | None, log: Calla
     return with_hosts_mig(cluster, mig_hosts(remote, ssh.config, ssh.accept_new_hosts), hostfile, log)
 
 
+def ssh_given(options: HostsGiven, resolved: bool = True) -> Ssh | None:
+    """How SSH hosts are reached, as given: whole (`ssh`), else from the flags (the config file's path absolute
+    with `resolved`: a resumed sweep reads it again from anywhere); None: none given, as the sweep recorded."""
+    if options.ssh is not None:
+        return options.ssh
+    if options.ssh_config is None and not options.accept_new_hosts and options.remote_dir is None:
+        return None
+    config = options.ssh_config.resolve() if resolved and options.ssh_config is not None else options.ssh_config
+    return Ssh(str(config) if config is not None else None, options.accept_new_hosts, options.remote_dir)
+
+
+def check_ssh_config(path: Path | None) -> None:
+    """An ssh config file named on the command line must be there before anything is created or launched."""
+    if path is None:
+        return
+    if not path.is_file():
+        raise UserError("--ssh-config: no such file" if not path.exists() else "--ssh-config: not a file", path)
+    if not os.access(path, os.R_OK):
+        raise UserError("--ssh-config: cannot read this file", path)
+
+
 def recorded_ssh(meta: SweepMeta) -> Ssh:
     """How the sweep's last runner reached its hosts, as it recorded (the defaults before one did)."""
     return Ssh(**dict(recorded(meta, KIND) or {}))
@@ -91,14 +117,7 @@ class HostsBackend:
     """This machine and SSH hosts (see the module docstring and base.Backend)."""
 
     kind: ClassVar[str] = KIND
-    options: ClassVar[tuple[BackendOption, ...]] = (
-        BackendOption("hostfile", "path | None", "DeepSpeed's hostfile (none: this machine)", "any"),
-        BackendOption("include", "str", "DeepSpeed's --include", "any"),
-        BackendOption("exclude", "str", "DeepSpeed's --exclude", "any"),
-        BackendOption("slots", "int | None", "CPU slots of this machine", "any"),
-        BackendOption("ssh", "Ssh | None", "how SSH hosts are reached (None: as the sweep recorded)", "any"),
-        BackendOption("probe", "Ssh | None", "how the hostfile's hosts are probed for MIG instances", "any"),
-    )
+    declared: ClassVar[Declared] = DECLARED
 
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
@@ -106,20 +125,37 @@ class HostsBackend:
         return True
 
     @classmethod
-    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
-               log: Callable[[str], None]) -> HostsBackend:
-        return cls(directory, ledger, ssh=given.get("ssh"), grace=grace, log=log)
+    def check(cls, given: Given, command: str) -> None:
+        check_ssh_config(routed(HostsGiven, given).ssh_config)
 
     @classmethod
-    def cluster(cls, given: Given) -> Cluster:
-        return hosts_cluster(given.get("hostfile"), include=given.get("include", ""),
-                             exclude=given.get("exclude", ""), slots=given.get("slots"), sweep=given.get("sweep"),
-                             log=given.get("log"), probe=given.get("probe"))
+    def held(cls, given: Given, recorded: Mapping[str, JSON] | None, log: Callable[[str], None],
+             not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
+        return contextlib.nullcontext(given)  # nothing asked for: the hosts are there
+
+    @classmethod
+    def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
+               log: Callable[[str], None]) -> HostsBackend:
+        return cls(directory, ledger, ssh=ssh_given(routed(HostsGiven, given)), grace=grace, log=log)
+
+    @classmethod
+    def cluster(cls, given: Given, *, sweep: Sweep | None = None, log: Callable[[str], None] | None = None) -> Cluster:
+        options = routed(HostsGiven, given)
+        probe = (ssh_given(options) or Ssh()) if options.probe is True else options.probe or None
+        return hosts_cluster(options.hostfile, include=options.include, exclude=options.exclude,
+                             slots=options.slots, sweep=sweep, log=log, probe=probe)
+
+    @classmethod
+    def planned(cls, given: Given, sweep: Sweep, log: Callable[[str], None]) -> Cluster:
+        options = routed(HostsGiven, given)
+        return hosts_cluster(options.hostfile, include=options.include, exclude=options.exclude,
+                             slots=options.slots, sweep=sweep, log=log)
 
     @classmethod
     def hosts(cls, given: Given) -> HostsCheck:
-        hostfile = given.get("hostfile") or "hostfile"
-        ssh = given.get("ssh") or Ssh()
+        options = routed(HostsGiven, given)
+        hostfile = options.hostfile or "hostfile"
+        ssh = ssh_given(options, resolved=False) or Ssh()
         listed, reports = check_hostfile(hostfile, ssh.config, ssh.accept_new_hosts)
         return hostfile_check(f"hosts of {hostfile}", listed, reports)
 

@@ -1,10 +1,8 @@
-"""What the command line asks of Ray: `--ray [ADDRESS]` read from argv, checked against the options it excludes,
-and the cluster it names read for `run`, `tune`, `plan` and `hosts` (Ray imported only then)."""
+"""What the command line asks of Ray: `--ray [ADDRESS]` checked against the options it excludes, and the cluster
+it names read for `run`, `tune`, `plan` and `hosts` (Ray imported only then)."""
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 
 from ...errors import UserError
 from ..base import HostsCheck
@@ -13,36 +11,19 @@ from .address import parse
 from .connect import address_of, connect, source_of
 from .nodes import RayNode, cluster_of, read_nodes
 
-# What follows a bare `--ray` as its address, rather than as the next argument (a spec file, an option).
-# What `--ray VALUE` takes as its address: a word Ray knows, any scheme:// (ray://; http:// is Ray's to refuse,
-# with its own advice), host:port, [v6]:port.
-_ADDRESS = re.compile(r"auto|local|[A-Za-z][A-Za-z0-9+.-]*://\S+|\[[0-9A-Fa-f:.]+\]:\d+|[A-Za-z0-9._-]+:\d+")
 
-
-def optional_ray_value(argv: list[str]) -> list[str]:
-    """`--ray` takes an optional ADDRESS: a bare `--ray` not followed by an address becomes `--ray=` (the
-    default: RAY_ADDRESS, else auto)."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--":
-            break
-        if arg == "--ray" and not (i + 1 < len(out) and _ADDRESS.fullmatch(out[i + 1])
-                                   and not Path(out[i + 1]).exists()):
-            out[i] = "--ray="
-    return out
-
-
-def check(ray: str | None, *, hostfile: Path | None = None, slots: int | None = None, slurm: bool = False,
-          include: str = "", exclude: str = "") -> None:
-    """--ray takes its nodes from the cluster: the options that name other nodes are refused with it; its address
-    (or RAY_ADDRESS's) is read before anything else is (address.parse: nothing of the network asked yet)."""
+def check(ray: str | None, given: Mapping[str, object] | None = None) -> None:
+    """--ray takes its nodes from the cluster: the options that name other nodes (of `given`, the other
+    backends' options) are refused with it; its address (or RAY_ADDRESS's) is read before anything else is
+    (address.parse: nothing of the network asked yet)."""
     if ray is None:
         return
     parse(address_of(ray or None), source_of(ray or None))
-    for given, name in ((hostfile is not None, "--hostfile"), (slots is not None, "--slots"), (slurm, "--slurm"),
-                        (bool(include), "--include"), (bool(exclude), "--exclude")):
-        if given:
-            raise UserError(f"--ray takes its nodes from the Ray cluster: leave out {name}")
+    given = given or {}
+    for name in ("hostfile", "slots", "slurm", "include", "exclude"):
+        value = given.get(name)
+        if value is not None and value is not False and value != "":
+            raise UserError(f"--ray takes its nodes from the Ray cluster: leave out --{name}")
 
 
 def ray_nodes(ray: str) -> tuple[str, list[RayNode]]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
 from typing import (  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
@@ -26,18 +27,22 @@ from ...core.events import Post
 from ...core.slots import Devices
 from ...errors import UserError
 from ...files import write_atomic
+from ...jsonvalues import JSON
 from ...ledger.store import Attempt, Ledger, SweepMeta
+from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
-from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
+from ..base import Admit, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster
+from ..flags import Declared, routed
 from ..launch import Launcher
 from ..recovery import as_it_ran
-from .ask import nodes_check, ray_cluster, ray_nodes
+from .ask import check, nodes_check, ray_cluster, ray_nodes
 from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
 from .executor import RayExecutor
 from .leases import Lease, Leases, in_ray
 from .nodes import RayNode, cluster_of, read_nodes, record_of
+from .options import DECLARED, RayGiven
 from .watch import NodeWatcher
 
 SEEN_WITHIN = 60.0  # seconds for every node to say whether it sees the results directory
@@ -48,27 +53,38 @@ class RayBackend:
     """Attempts on the Ray cluster at `address` (None: as the sweep recorded, else RAY_ADDRESS, else auto)."""
 
     kind: ClassVar[str] = "ray"
-    options: ClassVar[tuple[BackendOption, ...]] = (
-        BackendOption("ray", "str | None", "the Ray cluster's address (\"\": RAY_ADDRESS, else auto)",
-                      "flag, record"),
-    )
+    declared: ClassVar[Declared] = DECLARED
 
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
-        return given.get("ray") is not None or recorded(record, cls.kind) is not None
+        return routed(RayGiven, given).ray is not None or recorded(record, cls.kind) is not None
+
+    @classmethod
+    def check(cls, given: Given, command: str) -> None:
+        if command != "hosts":  # `hosts --ray` shows the cluster's nodes whatever else is given
+            check(routed(RayGiven, given).ray, given)
+
+    @classmethod
+    def held(cls, given: Given, recorded: Mapping[str, JSON] | None, log: Callable[[str], None],
+             not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
+        return contextlib.nullcontext(given)  # nothing asked for: a client of a cluster that is there
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
                log: Callable[[str], None]) -> RayBackend:
-        return cls(directory, ledger, given.get("ray") or None, grace=grace, log=log)
+        return cls(directory, ledger, routed(RayGiven, given).ray or None, grace=grace, log=log)
 
     @classmethod
-    def cluster(cls, given: Given) -> Cluster:
-        return ray_cluster(given["ray"])
+    def cluster(cls, given: Given, *, sweep: Sweep | None = None, log: Callable[[str], None] | None = None) -> Cluster:
+        return ray_cluster(routed(RayGiven, given).ray or "")
+
+    @classmethod
+    def planned(cls, given: Given, sweep: Sweep, log: Callable[[str], None]) -> Cluster:
+        return cls.cluster(given, sweep=sweep, log=log)  # the cluster as it is: nothing is asked of it
 
     @classmethod
     def hosts(cls, given: Given) -> HostsCheck:
-        return nodes_check(*ray_nodes(given["ray"]))
+        return nodes_check(*ray_nodes(routed(RayGiven, given).ray or ""))
 
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from ... import limits
 from ...errors import UserError
@@ -14,6 +13,7 @@ from ..cluster import Cluster
 from . import parse
 from .allocation import Allocation, cluster_of, current_job, describe, job_state, node_states, planned_cluster
 from .keeper import hold, let_go
+from .options import SlurmGiven
 from .request import request
 
 
@@ -34,17 +34,18 @@ class SlurmAsk:
                                          ("--partition", self.partition), ("--time", self.time),
                                          ("--account", self.account)) if value is not None]
 
-    def check(self, hostfile: Path | None = None, slots: int | None = None, include: str = "",
-              exclude: str = "") -> None:
+    def check(self, given: Mapping[str, object] | None = None) -> None:
         """What can be told wrong with the ask before Slurm is asked anything: options that need --slurm, options
-        that --slurm replaces, a size past the limits (a plan would build it), a time limit Slurm cannot read."""
+        that --slurm replaces (of `given`, the other backends' options: a hostfile, slots, --include, --exclude),
+        a size past the limits (a plan would build it), a time limit Slurm cannot read."""
+        given = given or {}
         asked = self.asked()
         if asked and not self.slurm:
             raise UserError(f"{asked[0]} is for a Slurm allocation: add --slurm")
-        if self.slurm and (hostfile is not None or slots is not None):
-            raise UserError(f"--slurm takes its nodes from the allocation: leave out "
-                            f"{'--hostfile' if hostfile is not None else '--slots'}")
-        if self.slurm and (include or exclude):
+        replaced = [f"--{name}" for name in ("hostfile", "slots") if given.get(name) is not None]
+        if self.slurm and replaced:
+            raise UserError(f"--slurm takes its nodes from the allocation: leave out {replaced[0]}")
+        if self.slurm and (given.get("include") or given.get("exclude")):
             raise UserError("--include and --exclude pick hosts of a hostfile; with --slurm the allocation gives "
                             "the nodes")
         if self.gpus_per_node is not None and self.gpus_per_node > limits.SLOTS_PER_HOST:
@@ -53,9 +54,9 @@ class SlurmAsk:
         if self.nodes is not None and self.nodes * (self.gpus_per_node or 1) > limits.SLOTS:
             raise UserError(f"--nodes {self.nodes:,} x --gpus-per-node {self.gpus_per_node or 1:,} is more than "
                             f"{limits.SLOTS:,} slots, the most a cluster may have")
-        given = [(o, v) for o, v in (("--time", self.time), ("--partition", self.partition),
+        values = [(o, v) for o, v in (("--time", self.time), ("--partition", self.partition),
                                      ("--account", self.account)) if v is not None]
-        problem = next((p for o, v in given if (p := parse.value_problem(o, v)) is not None), None)
+        problem = next((p for o, v in values if (p := parse.value_problem(o, v)) is not None), None)
         if problem is not None:
             raise UserError(problem)
 
@@ -78,7 +79,7 @@ class SlurmAsk:
         runs (whatever size is asked: a new one would wait in the queue behind it), else a new one (`nodes`,
         `gpus_per_node`). One autotune asked for is kept by this process from now on, and given back by the
         caller (`release`), or by its keeper once this process is gone. A Ctrl-C while it is queued withdraws
-        it (`Withdrawn`)."""
+        it (`request.JobWithdrawn`)."""
         if not self.slurm and recorded is None:
             return None
         current = current_job()
@@ -118,6 +119,12 @@ class SlurmAsk:
         if current is None:
             raise UserError("plan --slurm outside an allocation: give --nodes and --gpus-per-node")
         return allocation_cluster(describe(current), include, exclude)
+
+
+def ask_of(options: SlurmGiven) -> SlurmAsk:
+    """The allocation the Slurm backend's options ask for (or name, inside one)."""
+    return SlurmAsk(options.slurm, options.nodes, options.gpus_per_node, options.partition, options.time,
+                    options.account)
 
 
 def _taken_over(job: str, recorded: Mapping[str, object]) -> Allocation:

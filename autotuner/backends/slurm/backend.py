@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,12 +15,15 @@ from ...core.slots import Devices, devices_from_json
 from ...errors import UserError
 from ...files import write_atomic
 from ...gpu.nvml import FreeMemoryReader
+from ...jsonvalues import JSON
 from ...ledger.store import Attempt, Ledger, SweepMeta
+from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ...spec.metrics import metric_named
-from ..base import Admit, BackendOption, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
+from ..base import Admit, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster
 from ..exitstatus import as_returncode
+from ..flags import Declared, routed
 from ..launch import Launcher
 from ..local.cleanup import end_tagged
 from ..local.gpus import free_memory_here, peaks_watched
@@ -27,8 +31,10 @@ from ..local.peaks import PeakMemory
 from ..recovery import as_it_ran
 from ..watch import PollingWatcher
 from .allocation import KIND, Allocation, SlurmError, cancel_step, cluster_of, job_state
-from .ask import allocation_check, allocation_cluster, this_allocation
+from .ask import allocation_check, allocation_cluster, ask_of, this_allocation
 from .executor import end_strays, slurm_executor, step_status
+from .held import held_given
+from .options import DECLARED, SlurmGiven
 from .request import release
 from .shared import unshared_nodes
 from .watch import allocation_watcher
@@ -67,25 +73,46 @@ class SlurmBackend:
     """Attempts as job steps of `allocation` (None: only recovery, `end`, is possible; see base.Backend)."""
 
     kind: ClassVar[str] = KIND
-    options: ClassVar[tuple[BackendOption, ...]] = (
-        BackendOption("allocation", "Allocation | None", "the Slurm allocation a sweep runs in", "flag, record"),
-        BackendOption("slurm", "bool", "the allocation this runs in (SLURM_JOB_ID), for `autotune hosts`",
-                      "flag, environment"),
-    )
+    declared: ClassVar[Declared] = DECLARED
 
     @classmethod
     def named(cls, given: Given, record: SweepMeta | None) -> bool:
-        return (given.get("allocation") is not None or bool(given.get("slurm"))
-                or recorded(record, cls.kind) is not None)
+        options = routed(SlurmGiven, given)
+        return options.allocation is not None or options.slurm or recorded(record, cls.kind) is not None
+
+    @classmethod
+    def check(cls, given: Given, command: str) -> None:
+        if command == "hosts":  # --slurm there is all it takes
+            return
+        ask = ask_of(routed(SlurmGiven, given))
+        ask.check(given)
+        if command in ("run", "tune"):  # they need an allocation now
+            ask.check_runnable()
+
+    @classmethod
+    def held(cls, given: Given, recorded: Mapping[str, JSON] | None, log: Callable[[str], None],
+             not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
+        return held_given(given, recorded, log, not_given_back)
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
                log: Callable[[str], None]) -> SlurmBackend:
-        return cls(directory, ledger, given.get("allocation"), grace=grace, log=log)
+        return cls(directory, ledger, routed(SlurmGiven, given).allocation, grace=grace, log=log)
 
     @classmethod
-    def cluster(cls, given: Given) -> Cluster:
-        return allocation_cluster(given["allocation"], given.get("include", ""), given.get("exclude", ""))
+    def cluster(cls, given: Given, *, sweep: Sweep | None = None, log: Callable[[str], None] | None = None) -> Cluster:
+        allocation = routed(SlurmGiven, given).allocation
+        if allocation is None:
+            raise UserError("--slurm: no allocation held for this sweep")
+        return allocation_cluster(allocation, str(given.get("include") or ""), str(given.get("exclude") or ""))
+
+    @classmethod
+    def planned(cls, given: Given, sweep: Sweep, log: Callable[[str], None]) -> Cluster:
+        planned = ask_of(routed(SlurmGiven, given)).planned(str(given.get("include") or ""),
+                                                          str(given.get("exclude") or ""))
+        if planned is None:  # named by an allocation given, not by --slurm
+            return cls.cluster(given, sweep=sweep, log=log)
+        return planned
 
     @classmethod
     def hosts(cls, given: Given) -> HostsCheck:

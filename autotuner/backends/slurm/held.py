@@ -7,8 +7,11 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 
 from ...ledger.meta import BackendRecord
+from ..base import Given
+from ..flags import routed
 from .allocation import KIND, Allocation, SlurmError, sigterm_interrupts
-from .ask import SlurmAsk
+from .ask import SlurmAsk, ask_of
+from .options import SlurmGiven
 from .request import release
 
 
@@ -61,3 +64,22 @@ def _give_back(allocation: Allocation, log: Callable[[str], None]) -> str | None
                 f"`scancel {allocation.job}` ends it")
     log(f"gave Slurm job {allocation.job} back")
     return None
+
+
+@contextlib.contextmanager
+def held_given(given: Given, recorded: Mapping[str, object] | None, log: Callable[[str], None],
+               not_given_back: Callable[[str], None] | None) -> Iterator[Given]:
+    """`held` for the registry: the allocation the options given ask for (or the sweep's record names) held for
+    the block, its warnings told to `log`, and added to the options (`allocation`); one given whole is the
+    caller's to hold."""
+    options = routed(SlurmGiven, given)
+    if options.allocation is not None:
+        yield given
+        return
+    with held(ask_of(options), recorded, log=log, not_given_back=not_given_back) as allocation:
+        if allocation is None:
+            yield given
+            return
+        for line in allocation.warnings():
+            log(line)
+        yield {**given, "allocation": allocation}

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from ..base import Withdrawn
 from . import keeper, parse
 from .allocation import Allocation, SlurmError, describe, failure, job_state, sigterm_interrupts, slurm
 
@@ -18,11 +19,11 @@ WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "RESIZING"})
 MOST_BETWEEN_LOOKS = 5.0  # seconds between two looks at a queued job, at most (the first looks come faster)
 
 
-class Withdrawn(KeyboardInterrupt):
+class JobWithdrawn(Withdrawn):
     """An allocation request interrupted: its job (`job`) was cancelled before it could run."""
 
     def __init__(self, job: str):
-        super().__init__(job)
+        super().__init__(f"Slurm job {job}")
         self.job = job
 
 
@@ -60,8 +61,8 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
         keeper.let_go(job)
         with contextlib.suppress(SlurmError):
             slurm("scancel", job, check=False)
-        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Withdrawn):
-            raise Withdrawn(job) from None
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, JobWithdrawn):
+            raise JobWithdrawn(job) from None
         raise
 
 
