@@ -75,19 +75,6 @@ class Crashed:
         return [(a.attempt, a.state) for a in attempts(self.dir)]
 
 
-def test_a_run_still_running_is_adopted_and_finishes_under_its_own_attempt(tmp_path, runners):
-    crashed = Crashed(tmp_path, runners)
-    proc = crashed.resume()
-    assert latest(crashed.dir)["a_x0"].state == State.RUNNING
-    crashed.gate.touch()
-    code, out, err = finish(proc)
-    assert code == 0, (out, err)
-    assert crashed.attempts() == [(1, State.SUCCEEDED)]
-    assert latest(crashed.dir)["a_x0"].metric == expected_throughput("a_x0")
-    assert launches(crashed.log) == [("a_x0", 1)]  # launched once, by the runner that died
-    assert tagged_pids(crashed.sweep) == []
-
-
 def test_a_run_that_succeeded_while_no_runner_was_alive_is_kept_not_run_again(tmp_path, runners):
     crashed = Crashed(tmp_path, runners)
     crashed.finish_while_away()

@@ -1,0 +1,293 @@
+"""One contract suite, the same test bodies run against every real backend (as Optuna runs one storage suite
+against every storage): this machine (`--slots`), SSH hosts (tests/sshnodes.py), a Slurm allocation
+(tests/slurm_lab.py) and a Ray cluster (tests/ray_lab.py). A new backend is added to `CLUSTERS` and passes it.
+
+Every cluster offers three places for a two-slot run (this machine: six slots), and every sweep is three such
+runs, one per place, each a stand-in that waits at a gate file the test opens when it chooses; so each case is
+deterministic: what the runner adopts, stops, loses or leaves to `cancel` is still running when it does. The
+stand-in holds a stop (SIGTERM) until the test releases it, so a runner can be killed while its stop is under
+way. Nothing is left of a sweep: no tagged process on this machine (every node is this machine), and nothing
+the cluster itself holds for it (Slurm steps, Ray placement groups and actors)."""
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from test_ray_faults import losing_a_worker
+
+from autotuner.backends.ray.nodes import host_of
+from autotuner.states import Reason, State
+
+import cli_rig as rig
+from cli_rig import PREAMBLE, WRITE_METRICS, Runners, env
+
+NAMES = ["s_x0", "s_x1", "s_x2"]
+
+# Logs its launch, says its stop is armed ($READY.NAME), waits for $GATE, then succeeds. A SIGTERM is noted
+# ($STOPPED.NAME) and held until $RELEASE exists, then it ends as a stopped script does (143).
+GATED = PREAMBLE + """\
+trap 'touch "$STOPPED.$name"; while [ ! -e "$RELEASE" ]; do sleep 0.02; done; exit 143' TERM
+touch "$READY.$name"
+while [ ! -e "$GATE" ]; do sleep 0.02; done
+""" + WRITE_METRICS
+
+
+@dataclass
+class Where:
+    """One real cluster as the suite reaches it: the options that pick it, the environment `autotune` needs
+    there, the hosts the test may lose (`lose(host)` -> the words the runner must say of it), and what the
+    cluster itself may still hold of a sweep (`holds(sweep)`); `given`: Python that sets `given`, what
+    `backend_for` takes of this cluster beyond the sweep's record (as the command line gives it)."""
+
+    kind: str
+    args: tuple[object, ...]
+    environ: dict[str, str]
+    losable: list[str] = field(default_factory=list)
+    lose: Callable[[str], list[str]] = lambda host: [host]
+    holds: Callable[[str], list[object]] = lambda sweep: []
+    given: str = "given = {}"
+
+
+@contextlib.contextmanager
+def local(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    yield Where("local", ("--slots", 6), env())
+
+
+@contextlib.contextmanager
+def ssh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    nodes = request.getfixturevalue("ssh_nodes")  # all up again at the start of each test
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{name} slots=2 accelerator=cpu\n" for name in nodes.names))
+
+    def lose(host: str) -> list[str]:
+        nodes[host].stop()  # its sshd and everything under it
+        return [host]
+
+    yield Where("ssh", ("-H", hostfile, "--ssh-config", nodes.config_path), env(), list(nodes.names), lose)
+
+
+@contextlib.contextmanager
+def slurm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    lab = request.getfixturevalue("slurm_lab")
+    job = lab.allocate(3, 2, "--exclusive")
+    drained: list[str] = []
+
+    def lose(host: str) -> list[str]:
+        drained.append(host)
+        lab.drain(host, "failing-fan")
+        return [host, "failing-fan"]  # the node, and Slurm's reason
+
+    environ = {k: v for k, v in env().items() if not k.startswith(("SLURM_", "SALLOC_", "SRUN_"))}
+    environ |= {"SLURM_CONF": lab.env["SLURM_CONF"], "SLURM_JOB_ID": job, "AUTOTUNE_SLURM_POLL": "0.2"}
+    try:
+        yield Where("slurm", ("--slurm",), environ, ["n1", "n2", "n3"], lose,
+                    lambda sweep: [s for s in lab.steps(job) if s.name.startswith(f"{sweep}.")],
+                    "from autotuner.backends.slurm.ask import this_allocation\n"
+                    "given = {'allocation': this_allocation()[0]}  # --slurm: the allocation SLURM_JOB_ID names")
+    finally:
+        for node in drained:
+            lab.resume_node(node)
+        lab.release(job)
+
+
+@contextlib.contextmanager
+def ray(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    lab = request.getfixturevalue("ray_lab")
+    with losing_a_worker(lab) as workers:  # a worker killed is replaced at the end, the cluster whole again
+        def lose(host: str) -> list[str]:
+            workers.kill(host)
+            return [host]
+
+        yield Where("ray", ("--ray",), env(**lab.env, AUTOTUNE_RAY_POLL=0.3), [host_of(w.node_id) for w in lab.workers],
+                    lose, lambda sweep: [*lab.placement_groups(), *lab.actors(f"{sweep}.")])
+
+
+CLUSTERS = {"local": local, "ssh": ssh, "slurm": slurm, "ray": ray}
+
+
+@pytest.fixture(params=list(CLUSTERS))
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
+    with CLUSTERS[request.param](request, tmp_path) as reached:
+        yield reached
+
+
+class Sweep:
+    """The suite's sweep on one cluster: three runs at the gate, the files the stand-ins are told on their
+    command line (a Ray node's environment is its own, not the runner's)."""
+
+    def __init__(self, where: Where, tmp_path: Path, runners: Runners, *, release: bool = True):
+        self.where, self.runners = where, runners
+        self.dir, self.log, self.gate = tmp_path / "out", tmp_path / "launches.log", tmp_path / "gate"
+        self.flags, self.release = tmp_path / "flags", tmp_path / "release"
+        self.flags.mkdir()
+        if release:
+            self.release.touch()
+        self.spec = rig.write_sweep(tmp_path, range(3), extra="num_gpus: 2")
+        files = {"LAUNCH_LOG": self.log, "GATE": self.gate, "RELEASE": self.release,
+                 "READY": self.flags / "ready", "STOPPED": self.flags / "stopped"}
+        self.launcher = "env " + " ".join(f"{k}={v}" for k, v in files.items()) + " " + rig.write_launcher(tmp_path,
+                                                                                                   GATED)
+
+    def start(self, *more: object) -> subprocess.Popen:
+        return self.runners.start("run", self.spec, *self.where.args, "--launcher", self.launcher, "-o", self.dir,
+                                  *more, environ=self.where.environ, directory=self.dir)
+
+    def going(self, proc: subprocess.Popen) -> dict[str, str]:
+        """Once every run is going (its stop armed): experiment -> its host."""
+        def ready() -> dict[str, str]:
+            if proc.poll() is not None:
+                raise AssertionError(f"the runner ended: {rig.finish(proc)}")
+            runs = rig.latest(self.dir)
+            if sorted(rig.launched(self.dir)) != NAMES or not all((self.flags / f"ready.{n}").exists() for n in NAMES):
+                return {}
+            return {n: next(iter(runs[n].slots)) for n in NAMES}
+
+        return rig.wait_until(ready, 180, "every run going")  # type: ignore[return-value]
+
+    def kill_9(self, proc: subprocess.Popen) -> str:
+        """The runner killed (-9); its runs outlive it. Returns the sweep's id."""
+        proc.kill()
+        proc.wait()
+        sweep = rig.sweep_id(self.dir)
+        assert sweep and rig.tagged_pids(sweep)
+        return sweep
+
+    def run(self, *args: object) -> subprocess.CompletedProcess:
+        return rig.autotune(*args, environ=self.where.environ, timeout=600)
+
+    def tries(self) -> dict[str, list[tuple[int, str, str | None]]]:
+        runs: dict[str, list[tuple[int, str, str | None]]] = {}
+        for a in rig.attempts(self.dir):
+            runs.setdefault(a.name, []).append((a.attempt, a.state, a.reason))
+        return runs
+
+    def left(self) -> list[object]:
+        sweep = str(rig.sweep_id(self.dir))
+        return [*rig.tagged_pids(sweep), *self.where.holds(sweep)]
+
+    def nothing_left(self) -> None:
+        """Nothing of the sweep anywhere, once the cluster carried out the removals asked (Ray on its own time)."""
+        with contextlib.suppress(AssertionError):
+            rig.wait_until(lambda: not self.left(), 120)
+        assert self.left() == []
+
+
+CLOSE_TWICE = """\
+import sys, threading
+from pathlib import Path
+from autotuner.backends.registry import backend_for
+from autotuner.core import SlotPool
+from autotuner.ledger.lock import SweepLock
+from autotuner.ledger.store import Ledger
+
+directory = Path(sys.argv[1])
+exec(sys.argv[2])
+with Ledger.open(directory) as ledger, SweepLock(directory):
+    backend = backend_for(directory, ledger, **given)  # the kind its record names
+    backend.reach()
+    attached = backend.attach()
+    post = lambda event: None
+    attached.executor(post)
+    attached.ready(SlotPool(ledger.meta().slots), post)
+    backend.close()
+    backend.close()
+print(sorted(t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon))
+"""
+
+
+def test_a_sweep_runs_each_experiment_once_and_its_backend_closes_twice(where, tmp_path, runners):
+    sweep = Sweep(where, tmp_path, runners)
+    sweep.gate.touch()
+    code, out, err = rig.finish(sweep.start(), 300)
+    assert code == 0, (out, err)
+    assert sweep.tries() == {n: [(1, State.SUCCEEDED, None)] for n in NAMES}
+    assert {a.name: a.metric for a in rig.attempts(sweep.dir)} == {n: rig.expected_throughput(n) for n in NAMES}
+    assert sorted(rig.launches(sweep.log)) == [(n, 1) for n in NAMES]
+    sweep.nothing_left()
+    # The backend of the finished sweep, opened, attached, readied and closed twice: no error, nothing left.
+    done = subprocess.run([sys.executable, "-c", CLOSE_TWICE, str(sweep.dir), where.given], env=where.environ,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
+    sweep.nothing_left()
+
+
+def test_resume_after_kill_9_adopts_the_runs_still_going_and_runs_none_twice(where, tmp_path, runners):
+    sweep = Sweep(where, tmp_path, runners)
+    proc = sweep.start("-q")
+    sweep.going(proc)
+    sweep.kill_9(proc)
+    resumed = runners.start("resume", sweep.dir, environ=where.environ, directory=sweep.dir)
+    adopted = []
+    while len(adopted) < len(NAMES):  # e.g. 12:00:00 adopt NAME (attempt 1) on ...
+        words = resumed.stdout.readline().split()
+        assert words, rig.finish(resumed)
+        if words[1:2] == ["adopt"]:
+            adopted.append(words[2])
+    sweep.gate.touch()  # only now: every run ends under the runner that adopted it
+    code, out, err = rig.finish(resumed, 300)
+    assert code == 0, (out, err)
+    assert sorted(adopted) == NAMES
+    assert sweep.tries() == {n: [(1, State.SUCCEEDED, None)] for n in NAMES}
+    assert sorted(rig.launches(sweep.log)) == [(n, 1) for n in NAMES]  # launched once, by the runner that died
+    sweep.nothing_left()
+
+
+def test_a_stop_then_kill_9_during_it_reads_as_the_stop(where, tmp_path, runners):
+    """Ctrl-C, and the runner killed while its runs hold the SIGTERM: `resume` reads them interrupted (never
+    failed) and runs them again."""
+    sweep = Sweep(where, tmp_path, runners, release=False)
+    proc = sweep.start("-q", "--grace", 300)
+    sweep.going(proc)
+    proc.send_signal(signal.SIGINT)
+    rig.wait_until(lambda: all((sweep.flags / f"stopped.{n}").exists() for n in NAMES), 120, "every run told to stop")
+    sweep_is = sweep.kill_9(proc)
+    sweep.release.touch()
+    rig.wait_until(lambda: not rig.tagged_pids(sweep_is), 120, "the stopped runs ended")
+    sweep.gate.touch()
+    done = sweep.run("resume", sweep.dir, "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sweep.tries() == {n: [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
+                             for n in NAMES}
+    sweep.nothing_left()
+
+
+LOSABLE = [kind for kind in CLUSTERS if kind != "local"]  # this machine alone has no other host to lose
+
+
+@pytest.mark.parametrize("where", LOSABLE, indirect=True)
+def test_a_lost_host_its_run_runs_again_elsewhere(where, tmp_path, runners):
+    sweep = Sweep(where, tmp_path, runners)
+    proc = sweep.start()
+    hosts = sweep.going(proc)
+    victim, host = next((n, h) for n, h in hosts.items() if h in where.losable)
+    told = where.lose(host)
+    rig.wait_until(lambda: rig.latest(sweep.dir)[victim].state != State.RUNNING, 180, f"{victim} lost with {host}")
+    sweep.gate.touch()
+    code, out, err = rig.finish(proc, 300)
+    assert code == 0, (out, err)
+    assert all(word in out for word in told), out  # the user is told which host, and why where the cluster says
+    runs = sweep.tries()
+    assert runs.pop(victim)[:1] == [(1, State.INTERRUPTED, Reason.LOST)]
+    again = rig.latest(sweep.dir)[victim]
+    assert (again.attempt, again.state) == (2, State.SUCCEEDED) and host not in again.slots
+    assert runs == {n: [(1, State.SUCCEEDED, None)] for n in NAMES if n != victim}
+    sweep.nothing_left()
+
+
+def test_cancel_with_no_runner_ends_everything_on_every_node(where, tmp_path, runners):
+    sweep = Sweep(where, tmp_path, runners)
+    proc = sweep.start("-q")
+    hosts = sweep.going(proc)
+    assert len(set(hosts.values())) == (1 if where.kind == "local" else 3)  # a run on every node
+    sweep.kill_9(proc)
+    done = sweep.run("cancel", sweep.dir)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {n: a.state for n, a in rig.latest(sweep.dir).items()} == dict.fromkeys(NAMES, State.CANCELLED)
+    assert rig.launches(sweep.log) and sorted(rig.launches(sweep.log)) == [(n, 1) for n in NAMES]
+    sweep.nothing_left()
