@@ -3,11 +3,12 @@ against every storage): this machine (`--slots`), SSH hosts (tests/sshnodes.py),
 (tests/slurm_lab.py) and a Ray cluster (tests/ray_lab.py). A new backend is added to `CLUSTERS` and passes it.
 
 Every cluster offers three places for a two-slot run (this machine: six slots), and every sweep is three such
-runs, one per place, each a stand-in that waits at a gate file the test opens when it chooses; so each case is
-deterministic: what the runner adopts, stops, loses or leaves to `cancel` is still running when it does. The
-stand-in holds a stop (SIGTERM) until the test releases it, so a runner can be killed while its stop is under
-way. Nothing is left of a sweep: no tagged process on this machine (every node is this machine), and nothing
-the cluster itself holds for it (Slurm steps, Ray placement groups and actors)."""
+runs, one per place, each a stand-in that waits at a gate the test opens when it chooses (for one run or all, to
+succeed or fail); so each case is deterministic: what the runner adopts, stops, loses or leaves to `cancel` is
+still running when it does, and what ends while no runner is alive has ended. The stand-in holds a stop
+(SIGTERM) until the test releases it, so a runner can be killed while its stop is under way. Nothing is left of
+a sweep: no tagged process on this machine (every node is this machine), and nothing the cluster itself holds
+for it (Slurm steps, Ray placement groups and actors)."""
 from __future__ import annotations
 
 import contextlib
@@ -29,12 +30,14 @@ from cli_rig import PREAMBLE, WRITE_METRICS, Runners, env
 
 NAMES = ["s_x0", "s_x1", "s_x2"]
 
-# Logs its launch, says its stop is armed ($READY.NAME), waits for $GATE, then succeeds. A SIGTERM is noted
-# ($STOPPED.NAME) and held until $RELEASE exists, then it ends as a stopped script does (143).
+# Logs its launch, says its stop is armed ($READY.NAME), waits until $GATE/all or $GATE/NAME exists, then
+# succeeds ($GATE/NAME.fail: fails, exit 3). A SIGTERM is noted ($STOPPED.NAME) and held until $RELEASE exists,
+# then it ends as a stopped script does (143).
 GATED = PREAMBLE + """\
 trap 'touch "$STOPPED.$name"; while [ ! -e "$RELEASE" ]; do sleep 0.02; done; exit 143' TERM
 touch "$READY.$name"
-while [ ! -e "$GATE" ]; do sleep 0.02; done
+while [ ! -e "$GATE/all" ] && [ ! -e "$GATE/$name" ] && [ ! -e "$GATE/$name.fail" ]; do sleep 0.02; done
+if [ -e "$GATE/$name.fail" ]; then exit 3; fi
 """ + WRITE_METRICS
 
 
@@ -126,6 +129,7 @@ class Sweep:
         self.dir, self.log, self.gate = tmp_path / "out", tmp_path / "launches.log", tmp_path / "gate"
         self.flags, self.release = tmp_path / "flags", tmp_path / "release"
         self.flags.mkdir()
+        self.gate.mkdir()
         if release:
             self.release.touch()
         self.spec = rig.write_sweep(tmp_path, range(3), extra="num_gpus: 2")
@@ -157,6 +161,16 @@ class Sweep:
         sweep = rig.sweep_id(self.dir)
         assert sweep and rig.tagged_pids(sweep)
         return sweep
+
+    def open(self, name: str = "all", *, fail: bool = False) -> None:
+        """Let `name`'s run end (every run's by default): succeed, or fail with exit 3."""
+        (self.gate / (f"{name}.fail" if fail else name)).touch()
+
+    def ended_while_away(self, *names: str) -> None:
+        """Once each of `names` ended with no runner alive: its status recorded beside its logs, nothing of it left."""
+        sweep = rig.sweep_id(self.dir)
+        rig.wait_until(lambda: all((self.dir / n / "exit_status").exists() and not rig.tagged_pids(f"{sweep}.{n}")
+                                   for n in names), 120, f"{names} ended")
 
     def run(self, *args: object) -> subprocess.CompletedProcess:
         return rig.autotune(*args, environ=self.where.environ, timeout=600)
@@ -203,7 +217,7 @@ print(sorted(t.name for t in threading.enumerate() if t is not threading.main_th
 
 def test_a_sweep_runs_each_experiment_once_and_its_backend_closes_twice(where, tmp_path, runners):
     sweep = Sweep(where, tmp_path, runners)
-    sweep.gate.touch()
+    sweep.open()
     code, out, err = rig.finish(sweep.start(), 300)
     assert code == 0, (out, err)
     assert sweep.tries() == {n: [(1, State.SUCCEEDED, None)] for n in NAMES}
@@ -218,42 +232,47 @@ def test_a_sweep_runs_each_experiment_once_and_its_backend_closes_twice(where, t
 
 
 def test_resume_after_kill_9_adopts_the_runs_still_going_and_runs_none_twice(where, tmp_path, runners):
+    """One run ends while no runner is alive (kept as it ended), two still go (adopted, followed to their end)."""
     sweep = Sweep(where, tmp_path, runners)
     proc = sweep.start("-q")
     sweep.going(proc)
     sweep.kill_9(proc)
+    sweep.open("s_x0")
+    sweep.ended_while_away("s_x0")
     resumed = runners.start("resume", sweep.dir, environ=where.environ, directory=sweep.dir)
-    adopted = []
-    while len(adopted) < len(NAMES):  # e.g. 12:00:00 adopt NAME (attempt 1) on ...
+    adopted: set[str] = set()  # s_x0 too, where its end is read by the executor that adopts it
+    while not {"s_x1", "s_x2"} <= adopted:  # e.g. 12:00:00 adopt NAME (attempt 1) on ...
         words = resumed.stdout.readline().split()
         assert words, rig.finish(resumed)
         if words[1:2] == ["adopt"]:
-            adopted.append(words[2])
-    sweep.gate.touch()  # only now: every run ends under the runner that adopted it
+            adopted.add(words[2])
+    sweep.open()  # only now: the other runs end under the runner that adopted them
     code, out, err = rig.finish(resumed, 300)
     assert code == 0, (out, err)
-    assert sorted(adopted) == NAMES
     assert sweep.tries() == {n: [(1, State.SUCCEEDED, None)] for n in NAMES}
+    assert rig.latest(sweep.dir)["s_x0"].metric == rig.expected_throughput("s_x0")
     assert sorted(rig.launches(sweep.log)) == [(n, 1) for n in NAMES]  # launched once, by the runner that died
     sweep.nothing_left()
 
 
 def test_a_stop_then_kill_9_during_it_reads_as_the_stop(where, tmp_path, runners):
-    """Ctrl-C, and the runner killed while its runs hold the SIGTERM: `resume` reads them interrupted (never
-    failed) and runs them again."""
+    """A cancel of one run, then Ctrl-C, and the runner killed while its runs hold the SIGTERM: `resume` reads
+    each as the stop it was under (cancelled; interrupted, and run again), never as a failure."""
     sweep = Sweep(where, tmp_path, runners, release=False)
     proc = sweep.start("-q", "--grace", 300)
     sweep.going(proc)
+    assert sweep.run("cancel", sweep.dir, "s_x0").returncode == 0
+    rig.wait_until(lambda: (sweep.flags / "stopped.s_x0").exists(), 120, "s_x0 told to stop")
     proc.send_signal(signal.SIGINT)
     rig.wait_until(lambda: all((sweep.flags / f"stopped.{n}").exists() for n in NAMES), 120, "every run told to stop")
-    sweep_is = sweep.kill_9(proc)
+    sweep.kill_9(proc)
     sweep.release.touch()
-    rig.wait_until(lambda: not rig.tagged_pids(sweep_is), 120, "the stopped runs ended")
-    sweep.gate.touch()
+    sweep.ended_while_away(*NAMES)
+    sweep.open()
     done = sweep.run("resume", sweep.dir, "-q")
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert sweep.tries() == {n: [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
-                             for n in NAMES}
+    assert done.returncode == 1, done.stdout + done.stderr  # a cancelled experiment is no success (--fail-on any)
+    assert sweep.tries() == {"s_x0": [(1, State.CANCELLED, Reason.CANCELLED)]} | {
+        n: [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)] for n in NAMES[1:]}
     sweep.nothing_left()
 
 
@@ -268,7 +287,7 @@ def test_a_lost_host_its_run_runs_again_elsewhere(where, tmp_path, runners):
     victim, host = next((n, h) for n, h in hosts.items() if h in where.losable)
     told = where.lose(host)
     rig.wait_until(lambda: rig.latest(sweep.dir)[victim].state != State.RUNNING, 180, f"{victim} lost with {host}")
-    sweep.gate.touch()
+    sweep.open()
     code, out, err = rig.finish(proc, 300)
     assert code == 0, (out, err)
     assert all(word in out for word in told), out  # the user is told which host, and why where the cluster says
@@ -281,13 +300,22 @@ def test_a_lost_host_its_run_runs_again_elsewhere(where, tmp_path, runners):
 
 
 def test_cancel_with_no_runner_ends_everything_on_every_node(where, tmp_path, runners):
+    """One run succeeds and one fails (exit 3) while no runner is alive, one still goes: `cancel` records the two
+    as they ended, by the status each recorded, and ends the third wherever it runs."""
     sweep = Sweep(where, tmp_path, runners)
     proc = sweep.start("-q")
     hosts = sweep.going(proc)
     assert len(set(hosts.values())) == (1 if where.kind == "local" else 3)  # a run on every node
     sweep.kill_9(proc)
+    sweep.open("s_x0")
+    sweep.open("s_x1", fail=True)
+    sweep.ended_while_away("s_x0", "s_x1")
     done = sweep.run("cancel", sweep.dir)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert {n: a.state for n, a in rig.latest(sweep.dir).items()} == dict.fromkeys(NAMES, State.CANCELLED)
-    assert rig.launches(sweep.log) and sorted(rig.launches(sweep.log)) == [(n, 1) for n in NAMES]
+    final = rig.latest(sweep.dir)
+    assert {n: a.state for n, a in final.items()} == {"s_x0": State.SUCCEEDED, "s_x1": State.FAILED,
+                                                       "s_x2": State.CANCELLED}
+    assert (final["s_x0"].attempt, final["s_x0"].metric) == (1, rig.expected_throughput("s_x0"))
+    assert (final["s_x1"].attempt, final["s_x1"].exit_code) == (1, 3)
+    assert sorted(rig.launches(sweep.log)) == [(n, 1) for n in NAMES]
     sweep.nothing_left()

@@ -198,51 +198,6 @@ def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
     assert posted == [HostBack("node-2")]
 
 
-def gated_standin(tmp_path) -> Path:
-    """A stand-in launcher that waits until the file `gate` exists in `tmp_path`, then succeeds at once (the
-    nodes are this machine: they see the file as soon as the test creates it)."""
-    script = tmp_path / "gated-standin.sh"
-    script.write_text(f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done; STANDIN_SECONDS=0 exec sh {STANDIN}\n")
-    return script
-
-
-def start_then_kill_9(ssh_nodes, tmp_path, results):
-    """A sweep of two experiments waiting at the gate, one on each node, whose runner is then killed (SIGKILL)."""
-    import signal
-
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=2), "-H",
-                             hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
-                             "--launcher", f"sh {gated_standin(tmp_path)}", "-o", results, "-q"])
-    deadline = time.monotonic() + 60
-    attempts, sweep_id = [], None
-    while time.monotonic() < deadline:
-        if (results / "ledger.sqlite").exists():
-            attempts, _, sweep_id = latest(results)
-            if sum(1 for a in attempts if a.state == "running" and a.pid) == 2 and len(leftovers(sweep_id)) >= 2:
-                break
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise AssertionError(f"the two experiments never ran together: {[(a.name, a.state) for a in attempts]}")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert leftovers(sweep_id), "the killed runner's experiments keep running on the nodes"
-    return sweep_id
-
-
-def test_resume_keeps_what_succeeded_on_the_nodes_while_no_runner_was_alive(ssh_nodes, tmp_path):
-    results = tmp_path / "r"
-    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
-    (tmp_path / "gate").touch()
-    deadline = time.monotonic() + 60
-    while leftovers(sweep_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    out = autotune("resume", results, "-q")
-    assert out.returncode == 0, out.stdout + out.stderr
-    _final, attempts, _ = latest(results)
-    assert [(a.attempt, a.state, a.exit_code) for a in attempts] == [(1, "succeeded", 0), (1, "succeeded", 0)]
-
-
 def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):
     import shutil
 

@@ -95,17 +95,6 @@ def test_sigterm_then_kill_9_with_the_attempt_adopted_while_it_still_holds(tmp_p
     assert stopping.attempts() == [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
 
 
-def test_a_cancel_then_kill_9_during_the_stop_reads_cancelled(tmp_path, runners):
-    stopping = Stopping(tmp_path, runners)
-    assert autotune("cancel", stopping.dir, "a_x0", environ=stopping.env).returncode == 0
-    stopping.kill_runner_during_the_stop()
-    stopping.end_while_away()
-    code, out, err = stopping.resume()
-    assert code == 1, (out, err)  # a cancelled experiment is not a success (--fail-on any)
-    assert stopping.attempts() == [(1, State.CANCELLED, Reason.CANCELLED)]
-    assert launches(stopping.log) == [("a_x0", 1)]
-
-
 def test_a_timeout_then_kill_9_during_the_stop_reads_timed_out(tmp_path, runners):
     stopping = Stopping(tmp_path, runners, "--timeout", 1)
     stopping.kill_runner_during_the_stop()
