@@ -299,6 +299,31 @@ def test_a_lost_host_its_run_runs_again_elsewhere(where, tmp_path, runners):
     sweep.nothing_left()
 
 
+@pytest.mark.parametrize("where", LOSABLE, indirect=True)
+def test_a_host_lost_while_no_runner_is_alive_its_run_runs_again_elsewhere_on_resume(where, tmp_path, runners):
+    """The runner killed (-9), then a host lost: `resume` adopts the runs still going, takes the lost host's
+    run as lost (never failed) and runs it again on another host."""
+    sweep = Sweep(where, tmp_path, runners)
+    proc = sweep.start("-q")
+    hosts = sweep.going(proc)
+    victim, host = next((n, h) for n, h in hosts.items() if h in where.losable)
+    sweep.kill_9(proc)
+    told = where.lose(host)
+    resumed = runners.start("resume", sweep.dir, environ=where.environ, directory=sweep.dir)
+    rig.wait_until(lambda: rig.latest(sweep.dir)[victim].attempt == 2 or resumed.poll() is not None, 180,
+                   f"{victim} lost with {host}")
+    sweep.open()
+    code, out, err = rig.finish(resumed, 300)
+    assert code == 0, (out, err)
+    assert all(word in out for word in told), out
+    runs = sweep.tries()
+    assert runs.pop(victim)[:1] == [(1, State.INTERRUPTED, Reason.LOST)], out
+    again = rig.latest(sweep.dir)[victim]
+    assert (again.attempt, again.state) == (2, State.SUCCEEDED) and host not in again.slots
+    assert runs == {n: [(1, State.SUCCEEDED, None)] for n in NAMES if n != victim}
+    sweep.nothing_left()
+
+
 def test_cancel_with_no_runner_ends_everything_on_every_node(where, tmp_path, runners):
     """One run succeeds and one fails (exit 3) while no runner is alive, one still goes: `cancel` records the two
     as they ended, by the status each recorded, and ends the third wherever it runs."""
