@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from test_ray_faults import losing_a_worker
+from test_ray_faults import losing_a_worker, own_lines_only
 
 from autotuner.backends.ray.nodes import host_of
 from autotuner.states import Reason, State
@@ -46,7 +46,8 @@ class Where:
     """One real cluster as the suite reaches it: the options that pick it, the environment `autotune` needs
     there, the hosts the test may lose (`lose(host)` -> the words the runner must say of it), and what the
     cluster itself may still hold of a sweep (`holds(sweep)`); `given`: Python that sets `given`, what
-    `backend_for` takes of this cluster beyond the sweep's record (as the command line gives it)."""
+    `backend_for` takes of this cluster beyond the sweep's record (as the command line gives it); `own_lines`:
+    fails when what `autotune` printed holds lines that are the cluster's, not its own."""
 
     kind: str
     args: tuple[object, ...]
@@ -55,6 +56,7 @@ class Where:
     lose: Callable[[str], list[str]] = lambda host: [host]
     holds: Callable[[str], list[object]] = lambda sweep: []
     given: str = "given = {}"
+    own_lines: Callable[[str], None] = lambda text: None
 
 
 @contextlib.contextmanager
@@ -108,7 +110,8 @@ def ray(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
             return [host]
 
         yield Where("ray", ("--ray",), env(**lab.env, AUTOTUNE_RAY_POLL=0.3), [host_of(w.node_id) for w in lab.workers],
-                    lose, lambda sweep: [*lab.placement_groups(), *lab.actors(f"{sweep}.")])
+                    lose, lambda sweep: [*lab.placement_groups(), *lab.actors(f"{sweep}.")],
+                    own_lines=own_lines_only)
 
 
 CLUSTERS = {"local": local, "ssh": ssh, "slurm": slurm, "ray": ray}
@@ -291,6 +294,7 @@ def test_a_lost_host_its_run_runs_again_elsewhere(where, tmp_path, runners):
     code, out, err = rig.finish(proc, 300)
     assert code == 0, (out, err)
     assert all(word in out for word in told), out  # the user is told which host, and why where the cluster says
+    where.own_lines(out + err)
     runs = sweep.tries()
     assert runs.pop(victim)[:1] == [(1, State.INTERRUPTED, Reason.LOST)]
     again = rig.latest(sweep.dir)[victim]
@@ -316,11 +320,29 @@ def test_a_host_lost_while_no_runner_is_alive_its_run_runs_again_elsewhere_on_re
     code, out, err = rig.finish(resumed, 300)
     assert code == 0, (out, err)
     assert all(word in out for word in told), out
+    where.own_lines(out + err)
     runs = sweep.tries()
     assert runs.pop(victim)[:1] == [(1, State.INTERRUPTED, Reason.LOST)], out
     again = rig.latest(sweep.dir)[victim]
     assert (again.attempt, again.state) == (2, State.SUCCEEDED) and host not in again.slots
     assert runs == {n: [(1, State.SUCCEEDED, None)] for n in NAMES if n != victim}
+    sweep.nothing_left()
+
+
+@pytest.mark.parametrize("where", LOSABLE, indirect=True)
+def test_cancel_with_no_runner_and_a_host_lost_ends_everything(where, tmp_path, runners):
+    """The runner killed (-9), then a host lost: `cancel` ends what still runs on the others and records every
+    run cancelled, the lost host's too, with nothing left anywhere."""
+    sweep = Sweep(where, tmp_path, runners)
+    proc = sweep.start("-q")
+    hosts = sweep.going(proc)
+    host = next(h for h in hosts.values() if h in where.losable)
+    sweep.kill_9(proc)
+    where.lose(host)
+    done = sweep.run("cancel", sweep.dir)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    where.own_lines(done.stdout + done.stderr)
+    assert {n: a.state for n, a in rig.latest(sweep.dir).items()} == dict.fromkeys(NAMES, State.CANCELLED)
     sweep.nothing_left()
 
 
