@@ -2,7 +2,9 @@
 
 Every experiment here waits at a gate file the test opens when it chooses, so each case is deterministic: the
 stand-in still runs when the new runner takes over (adopted: followed to its end, never launched again), or
-ended while no runner was alive (judged by the exit status its wrapper recorded next to its logs).
+ended while no runner was alive (judged by the exit status its wrapper recorded next to its logs). The plain cases
+(a run adopted, one that succeeded meanwhile kept, by resume and by cancel) are tests/test_backend_suite.py's, on
+every backend.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from cli_rig import (
     attempts,
     autotune,
     env,
-    expected_throughput,
     finish,
     latest,
     launched,
@@ -73,30 +74,6 @@ class Crashed:
 
     def attempts(self) -> list[tuple[int, str]]:
         return [(a.attempt, a.state) for a in attempts(self.dir)]
-
-
-def test_a_run_still_running_is_adopted_and_finishes_under_its_own_attempt(tmp_path, runners):
-    crashed = Crashed(tmp_path, runners)
-    proc = crashed.resume()
-    assert latest(crashed.dir)["a_x0"].state == State.RUNNING
-    crashed.gate.touch()
-    code, out, err = finish(proc)
-    assert code == 0, (out, err)
-    assert crashed.attempts() == [(1, State.SUCCEEDED)]
-    assert latest(crashed.dir)["a_x0"].metric == expected_throughput("a_x0")
-    assert launches(crashed.log) == [("a_x0", 1)]  # launched once, by the runner that died
-    assert tagged_pids(crashed.sweep) == []
-
-
-def test_a_run_that_succeeded_while_no_runner_was_alive_is_kept_not_run_again(tmp_path, runners):
-    crashed = Crashed(tmp_path, runners)
-    crashed.finish_while_away()
-    done = autotune("resume", crashed.dir, "-q", environ=crashed.env)
-    assert done.returncode == 0, done.stderr
-    assert crashed.attempts() == [(1, State.SUCCEEDED)]
-    assert latest(crashed.dir)["a_x0"].metric == expected_throughput("a_x0")
-    assert launches(crashed.log) == [("a_x0", 1)]
-    assert "best: a_x0" in done.stdout
 
 
 @pytest.mark.parametrize("end_with, exit_code, reason", [("exit 3", 3, "exit"),
@@ -151,14 +128,6 @@ def test_ctrl_c_interrupts_an_adopted_run_and_the_next_resume_runs_it(tmp_path, 
     assert done.returncode == 0, done.stderr
     assert crashed.attempts() == [(1, State.INTERRUPTED), (2, State.SUCCEEDED)]
     assert launches(crashed.log) == [("a_x0", 1), ("a_x0", 2)]
-
-
-def test_cancel_with_no_runner_keeps_what_succeeded_while_none_was_alive(tmp_path, runners):
-    crashed = Crashed(tmp_path, runners)
-    crashed.finish_while_away()
-    done = autotune("cancel", crashed.dir, environ=crashed.env)
-    assert done.returncode == 0, done.stderr
-    assert crashed.attempts() == [(1, State.SUCCEEDED)]
 
 
 def test_the_wrapper_keeps_the_grace_period_and_records_how_the_launcher_ended(tmp_path):

@@ -1,6 +1,7 @@
-"""Sweeps across real sshd nodes on loopback (tests/sshnodes.py): remote launches, multi-node DeepSpeed, a lost
-node, a hung remote run, host keys. Every node is this machine under another address, so "nothing left on any
-node" is checked once, on the process table here."""
+"""Sweeps across real sshd nodes on loopback (tests/sshnodes.py): remote launches, multi-node DeepSpeed, a hung
+remote run, host keys (a lost node, kill -9 then resume or cancel: tests/test_backend_suite.py, as on every
+backend). Every node is this machine under another address, so "nothing left on any node" is checked once, on the
+process table here."""
 import json
 import os
 import re
@@ -134,30 +135,6 @@ def test_a_real_multi_node_deepspeed_run(ssh_nodes, tmp_path):
     assert leftovers(sweep_id) == []
 
 
-def test_a_node_lost_mid_sweep_its_work_moves_and_the_sweep_completes(ssh_nodes, tmp_path):
-    results = tmp_path / "r"
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=4), "-H",
-                             hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
-                             "--launcher", f"sh {timed_standin(tmp_path, 3)}", "-o", results],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # wait until node-2 runs something
-        if (results / "ledger.sqlite").exists():
-            running = [a for a in latest(results)[0] if a.state == "running" and "node-2" in a.slots and a.pid]
-            if running:
-                break
-        time.sleep(0.2)
-    ssh_nodes["node-2"].stop()
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out + err
-    final, attempts, sweep_id = latest(results)
-    assert {a.state for a in final} == {"succeeded"}
-    lost = [a for a in attempts if a.state == "interrupted"]
-    assert lost and all(a.reason == "lost" and "node-2" in a.slots for a in lost)
-    assert all(a.slots == {"node-1": [0]} for a in final if a.name in {x.name for x in lost})
-    assert leftovers(sweep_id) == []
-
-
 def test_a_hung_remote_experiment_is_ended_by_timeout_with_nothing_left(ssh_nodes, tmp_path):
     hang = tmp_path / "hang.sh"
     hang.write_text("#!/bin/sh\nsleep 1000 &\nsleep 1000\n")  # a child too: the whole tree must go
@@ -219,89 +196,6 @@ def test_the_watcher_announces_a_host_that_comes_back(ssh_nodes):
         assert came_back.wait(30)
         watcher.close()
     assert posted == [HostBack("node-2")]
-
-
-def timed_standin(tmp_path, seconds: float) -> Path:
-    """A stand-in launcher whose duration is read from a file when it starts: remote runs do not inherit the
-    runner's environment, so this is how a test changes it between a run and its resume."""
-    (tmp_path / "seconds").write_text(str(seconds))
-    script = tmp_path / "timed-standin.sh"
-    script.write_text(f"STANDIN_SECONDS=$(cat {tmp_path / 'seconds'}) exec sh {STANDIN}\n")
-    return script
-
-
-def gated_standin(tmp_path) -> Path:
-    """A stand-in launcher that waits until the file `gate` exists in `tmp_path`, then succeeds at once (the
-    nodes are this machine: they see the file as soon as the test creates it)."""
-    script = tmp_path / "gated-standin.sh"
-    script.write_text(f"while [ ! -e {tmp_path / 'gate'} ]; do sleep 0.05; done; STANDIN_SECONDS=0 exec sh {STANDIN}\n")
-    return script
-
-
-def start_then_kill_9(ssh_nodes, tmp_path, results):
-    """A sweep of two experiments waiting at the gate, one on each node, whose runner is then killed (SIGKILL)."""
-    import signal
-
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "run", sweep(tmp_path, n=2), "-H",
-                             hostfile(tmp_path, ("node-1", 1), ("node-2", 1)), "--ssh-config", ssh_nodes.config_path,
-                             "--launcher", f"sh {gated_standin(tmp_path)}", "-o", results, "-q"])
-    deadline = time.monotonic() + 60
-    attempts, sweep_id = [], None
-    while time.monotonic() < deadline:
-        if (results / "ledger.sqlite").exists():
-            attempts, _, sweep_id = latest(results)
-            if sum(1 for a in attempts if a.state == "running" and a.pid) == 2 and len(leftovers(sweep_id)) >= 2:
-                break
-        time.sleep(0.2)
-    else:
-        proc.kill()
-        raise AssertionError(f"the two experiments never ran together: {[(a.name, a.state) for a in attempts]}")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert leftovers(sweep_id), "the killed runner's experiments keep running on the nodes"
-    return sweep_id
-
-
-def test_resume_after_kill_9_adopts_what_still_runs_on_the_nodes(ssh_nodes, tmp_path):
-    results = tmp_path / "r"
-    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
-    proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "resume", results], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        lines = [proc.stdout.readline().split() for _ in range(2)]  # e.g. 12:00:00 adopt NAME (attempt 1) on ...
-        assert sorted((words[1], words[2]) for words in lines) == sorted(
-            ("adopt", a.name) for a in latest(results)[0]), lines
-        (tmp_path / "gate").touch()
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, out + err
-    _final, attempts, _ = latest(results)
-    assert [(a.attempt, a.state) for a in attempts] == [(1, "succeeded"), (1, "succeeded")]  # none run again
-    assert leftovers(sweep_id) == []
-
-
-def test_resume_keeps_what_succeeded_on_the_nodes_while_no_runner_was_alive(ssh_nodes, tmp_path):
-    results = tmp_path / "r"
-    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
-    (tmp_path / "gate").touch()
-    deadline = time.monotonic() + 60
-    while leftovers(sweep_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    out = autotune("resume", results, "-q")
-    assert out.returncode == 0, out.stdout + out.stderr
-    _final, attempts, _ = latest(results)
-    assert [(a.attempt, a.state, a.exit_code) for a in attempts] == [(1, "succeeded", 0), (1, "succeeded", 0)]
-
-
-def test_cancel_with_no_runner_ends_what_a_dead_one_left_on_the_nodes(ssh_nodes, tmp_path):
-    results = tmp_path / "r"
-    sweep_id = start_then_kill_9(ssh_nodes, tmp_path, results)
-    out = autotune("cancel", results)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert leftovers(sweep_id) == []
-    final, _, _ = latest(results)
-    assert {a.state for a in final} == {"cancelled"}
 
 
 def test_clean_up_fans_out_over_pdsh_to_every_node(ssh_nodes):

@@ -1,8 +1,8 @@
 """Sweeps on a real Ray cluster (tests/ray_lab.py: a head and two worker raylets on loopback, two fake GPUs each,
-which Ray hands out as real ones): each attempt a placement group with a bundle per node on exactly the nodes
-the scheduler reserved, each node's launcher started from an actor there with the GPUs Ray gave it; stops,
-kill -9 of the runner then resume, a node lost, bad asks. "Nothing left" is checked in Ray (placement groups,
-named actors) and on this machine's process table."""
+which Ray hands out as real ones): each attempt a placement group with a bundle per node on exactly the nodes the
+scheduler reserved, each node's launcher started from an actor there with the GPUs Ray gave it; stops, bad asks
+(kill -9 then resume or cancel, a node lost, a stop: tests/test_backend_suite.py, as on every backend). "Nothing
+left" is checked in Ray (placement groups, named actors) and on this machine's process table."""
 from __future__ import annotations
 
 import json
@@ -180,24 +180,6 @@ def test_a_timeout_and_a_cancel_end_the_run_on_every_node_and_release_its_placem
     assert nothing_left(ray_lab, results)
 
 
-def test_after_kill_9_of_the_runner_resume_adopts_the_runs_still_going(ray_lab, tmp_path, runners):
-    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
-    results = tmp_path / "r"
-    environ = lab_env(ray_lab)
-    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 8), "-o", results, "-q",
-                         environ=environ, directory=results)
-    wait_until(lambda: all(len(node_lines(results, f"s_x{i}")) == 2 for i in range(2)), 120, "both runs going")
-    proc.send_signal(signal.SIGKILL)
-    finish(proc)
-    assert len(ray_lab.placement_groups()) == 2  # the runs outlive the runner, their GPUs still reserved
-    done = autotune("resume", results, "-q", environ=environ, timeout=300)  # the Ray sweep is found in the ledger
-    assert done.returncode == 0, done.stderr
-    runs = attempts(results)
-    assert len(runs) == 2 and all(a.attempt == 1 and a.state == State.SUCCEEDED for a in runs)  # none ran twice
-    assert all(len(node_lines(results, a.name)) == 2 for a in runs)
-    assert nothing_left(ray_lab, results)
-
-
 def leftovers(ray_lab, sweep: str) -> None:
     """What a dead runner may leave in Ray that no attempt runs on: an idle lease (a placement group and its actor,
     as the runner gives back a lease for the next attempt of its shape) and a placement group whose actors are
@@ -251,21 +233,6 @@ def test_tune_on_ray_searches_with_runs_out_of_memory_as_answers(ray_lab, tmp_pa
     assert "best: train_z3_mbs45 with throughput" in done.stdout  # the fake GPU's largest fit of stage 3
     assert any(a.reason == "oom" for a in attempts(tmp_path / "res"))  # OOM read from the first node's output
     assert nothing_left(ray_lab, tmp_path / "res")
-
-
-def test_cancel_with_no_runner_ends_what_a_dead_one_left_in_ray(ray_lab, tmp_path, runners):
-    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1\n  num_nodes: 2")
-    results = tmp_path / "r"
-    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 300), "-o", results, "-q",
-                         environ=lab_env(ray_lab), directory=results)
-    wait_until(lambda: len(node_lines(results, "s_x0")) == 2, 120, "both nodes running")
-    proc.send_signal(signal.SIGKILL)
-    finish(proc)
-    assert len(ray_lab.placement_groups()) == 1
-    done = autotune("cancel", results, environ=lab_env(ray_lab), timeout=180)
-    assert done.returncode == 0, done.stderr
-    assert [(a.attempt, a.state) for a in attempts(results)] == [(1, State.INTERRUPTED), (2, State.CANCELLED)]
-    assert nothing_left(ray_lab, results)
 
 
 def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
@@ -332,27 +299,4 @@ def test_a_real_two_node_deepspeed_run_through_the_per_node_launchers(ray_lab, t
     assert json.loads((results / attempt.name / "metrics.json").read_text())["throughput"] > 0
     assert nothing_left(ray_lab, results)
 
-
-def test_a_node_ray_loses_interrupts_its_runs_which_run_again_elsewhere(ray_lab, tmp_path, runners):
-    """Last: it takes a worker node away (and adds another for any test after it)."""
-    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 2")
-    results = tmp_path / "r"
-    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 6), "-o", results,
-                         environ=lab_env(ray_lab), directory=results)
-    wait_until(lambda: all(node_lines(results, f"s_x{i}") for i in range(2)), 120, "both runs going")
-    worker = {host_of(w.node_id): i for i, w in enumerate(ray_lab.workers)}
-    running = {a.name: next(iter(a.slots)) for a in attempts(results)}
-    victim_name, victim_host = next((n, h) for n, h in running.items() if h in worker)
-    try:
-        ray_lab.kill_worker(worker[victim_host])
-        code, out, err = finish(proc, timeout=240)
-    finally:
-        ray_lab.replace_worker(worker[victim_host])
-    assert code == 0, err
-    assert victim_host in out  # the user is told which node
-    runs = [a for a in attempts(results) if a.name == victim_name]
-    first, again = runs
-    assert (first.state, first.reason) == (State.INTERRUPTED, "lost")
-    assert again.state == State.SUCCEEDED and victim_host not in again.slots
-    assert nothing_left(ray_lab, results)
 

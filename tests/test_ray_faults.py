@@ -4,7 +4,8 @@ the results directory), adopts what a dead runner left, clears what nobody follo
 runner (`cancel`), and closes. A node killed is still listed alive by Ray for some seconds (its health checks
 must fail first): each step here runs in that window, and must take the node as a lost host, never end in a
 traceback, and leave nothing of the sweep in Ray. Ray's own log lines (raylet errors, the "Raylet is
-terminated" banner) never reach the runner's terminal: they go to the sweep's ray.log.
+terminated" banner) never reach the runner's terminal: they go to the sweep's ray.log. The lost node with no
+runner (`cancel`, `resume`) is tests/test_backend_suite.py's too, as on every backend.
 
 Each test kills a worker node of the session's cluster and puts a new one in its place before it ends."""
 from __future__ import annotations
@@ -146,27 +147,6 @@ def test_a_node_and_the_runner_lost_together_resume_adopts_recovers_and_reruns(r
             [(n, 1) for n in names if n != victim_name] + [(victim_name, 2)])  # adopted, and the lost one again
         lost = next(a for a in runs if a.name == victim_name and a.attempt == 1)
         assert lost.state == State.INTERRUPTED, lost
-        nothing_left(ray_lab, results)
-
-
-def test_cancel_with_no_runner_and_a_node_lost_ends_everything(ray_lab, tmp_path, runners):
-    """Together, at recovery with no runner (`end`): the runner killed -9 and a worker killed at once;
-    `autotune cancel` ends what the dead runner left on every node, the lost one included."""
-    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 2")
-    results = tmp_path / "r"
-    names = ["s_x0", "s_x1", "s_x2"]
-    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 300), "-o", results, "-q",
-                         environ=lab_env(ray_lab), directory=results)
-    with losing_a_worker(ray_lab) as workers:
-        hosts = going_everywhere(proc, ray_lab, results, names)
-        workers.kill(next(h for h in hosts.values() if h in workers.workers))
-        proc.send_signal(signal.SIGKILL)
-        finish(proc)
-        done = autotune("cancel", results, environ=lab_env(ray_lab), timeout=400)
-        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
-        own_lines_only(done.stdout, done.stderr)
-        assert {a.name: a.state for a in attempts(results) if a.attempt == 2} == dict.fromkeys(names,
-                                                                                             State.CANCELLED)
         nothing_left(ray_lab, results)
 
 

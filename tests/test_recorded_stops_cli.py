@@ -1,7 +1,8 @@
 """A stop the runner began, then the runner killed (-9) before the attempt ended: `resume` judges the attempt as
 that stop (issue 38). Deterministic, not timing luck: the stand-in traps SIGTERM, says so in a file and then
 holds, so the runner is caught between its signal and the attempt's end (its grace is long); the test kills it
-there, then lets the stand-in end as a stopped run does (exit 143), and resumes."""
+there, then lets the stand-in end as a stopped run does (exit 143), and resumes. The same Ctrl-C on every backend
+is tests/test_backend_suite.py's."""
 from __future__ import annotations
 
 import signal
@@ -43,21 +44,19 @@ esac
 
 
 class Stopping:
-    """A one-experiment sweep whose runner was killed (-9) while the stop it had begun was under way. `where`:
-    the options that pick the cluster (this machine's one slot by default), `environ` what reaching it needs."""
+    """A one-experiment sweep on this machine's one slot whose runner was killed (-9) while the stop it had
+    begun was under way."""
 
-    def __init__(self, tmp_path: Path, runners: Runners, *more: object, where: tuple[object, ...] = ("--slots", 1),
-                 environ: dict[str, str] | None = None):
+    def __init__(self, tmp_path: Path, runners: Runners, *more: object):
         self.dir, self.log = tmp_path / "out", tmp_path / "launches.log"
         self.stopped, self.release = tmp_path / "stopped", tmp_path / "release"
         files = {"LAUNCH_LOG": self.log, "READY": tmp_path / "ready", "STOPPED": self.stopped, "RELEASE": self.release}
-        self.env = environ or env()
+        self.env = env()
         self.runners = runners
         spec = write_sweep(tmp_path, [0], name="a")
-        # The files named on the launcher's command line: a Ray node's environment is its own, not the runner's.
         launcher = "env " + " ".join(f"{k}={v}" for k, v in files.items()) + " " + write_launcher(tmp_path,
                                                                                                    HOLDS_ITS_STOP)
-        self.proc = runners.start("run", spec, *where, "--launcher", launcher, "-o", self.dir, "-q",
+        self.proc = runners.start("run", spec, "--slots", 1, "--launcher", launcher, "-o", self.dir, "-q",
                                   "--grace", 300, *more, environ=self.env, directory=self.dir)
         self.sweep = wait_until(lambda: sweep_id(self.dir))
         wait_until(lambda: launched(self.dir) == ["a_x0"] and (tmp_path / "ready").exists(), message="a_x0 running")
@@ -81,17 +80,6 @@ class Stopping:
         return [(a.attempt, a.state, a.reason) for a in attempts(self.dir)]
 
 
-def test_ctrl_c_then_kill_9_during_the_stop_reads_interrupted_and_resume_runs_it_again(tmp_path, runners):
-    stopping = Stopping(tmp_path, runners)
-    stopping.proc.send_signal(signal.SIGINT)
-    stopping.kill_runner_during_the_stop()
-    stopping.end_while_away()
-    code, out, err = stopping.resume()
-    assert code == 0, (out, err)
-    assert stopping.attempts() == [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
-    assert launches(stopping.log) == [("a_x0", 1), ("a_x0", 2)]
-
-
 def test_sigterm_then_kill_9_with_the_attempt_adopted_while_it_still_holds(tmp_path, runners):
     """The same stop, its attempt still running when the next runner takes over: adopted, and its end (after the
     adoption) read as the dead runner's stop, so it runs again under the next number."""
@@ -105,17 +93,6 @@ def test_sigterm_then_kill_9_with_the_attempt_adopted_while_it_still_holds(tmp_p
     code, out, err = finish(proc)
     assert code == 0, (out, err)
     assert stopping.attempts() == [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
-
-
-def test_a_cancel_then_kill_9_during_the_stop_reads_cancelled(tmp_path, runners):
-    stopping = Stopping(tmp_path, runners)
-    assert autotune("cancel", stopping.dir, "a_x0", environ=stopping.env).returncode == 0
-    stopping.kill_runner_during_the_stop()
-    stopping.end_while_away()
-    code, out, err = stopping.resume()
-    assert code == 1, (out, err)  # a cancelled experiment is not a success (--fail-on any)
-    assert stopping.attempts() == [(1, State.CANCELLED, Reason.CANCELLED)]
-    assert launches(stopping.log) == [("a_x0", 1)]
 
 
 def test_a_timeout_then_kill_9_during_the_stop_reads_timed_out(tmp_path, runners):
@@ -145,30 +122,3 @@ def test_cancel_with_no_runner_alive_reads_the_dead_runners_stop_too(tmp_path, r
     expected = {"interrupt": [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.CANCELLED, Reason.CANCELLED)],
                 "cancel": [(1, State.CANCELLED, Reason.CANCELLED)]}[stop]
     assert stopping.attempts() == expected
-
-
-def test_on_slurm_a_stop_then_kill_9_during_it_reads_as_the_stop(slurm_lab, tmp_path, runners):
-    """The same on a step of a real Slurm allocation: the stop is the core's, not the backend's."""
-    job = slurm_lab.allocate(1, 2, "--exclusive")
-    try:
-        environ = dict(slurm_lab.env) | {"AUTOTUNE_SLURM_POLL": "0.2", "SLURM_JOB_ID": job}
-        stopping = Stopping(tmp_path, runners, where=("--slurm",), environ=environ)
-        stopping.proc.send_signal(signal.SIGINT)
-        stopping.kill_runner_during_the_stop()
-        stopping.end_while_away()
-        code, out, err = stopping.resume()
-        assert code == 0, (out, err)
-        assert stopping.attempts() == [(1, State.INTERRUPTED, Reason.INTERRUPTED), (2, State.SUCCEEDED, None)]
-    finally:
-        slurm_lab.release(job)
-
-
-def test_on_ray_a_stop_then_kill_9_during_it_reads_as_the_stop(ray_lab, tmp_path, runners):
-    environ = env(**ray_lab.env, AUTOTUNE_RAY_POLL=0.3)
-    stopping = Stopping(tmp_path, runners, where=("--ray",), environ=environ)
-    assert autotune("cancel", stopping.dir, "a_x0", environ=environ).returncode == 0
-    stopping.kill_runner_during_the_stop()
-    stopping.end_while_away()
-    code, out, err = stopping.resume()
-    assert code == 1, (out, err)
-    assert stopping.attempts() == [(1, State.CANCELLED, Reason.CANCELLED)]

@@ -1,8 +1,8 @@
-"""Sweeps inside a real Slurm cluster (tests/slurm_lab.py: munged, slurmctld and three slurmd on loopback, each
-node with two fake GPUs that Slurm's GRES code hands out): each attempt is a job step on exactly the nodes and
-GPU counts the scheduler reserved; stops, a drained node, a kill -9 of the runner, the allocation's end and an
-allocation asked for by autotune itself. The nodes are this machine: "nothing left" is checked on its process
-table and in Slurm's step list."""
+"""Sweeps inside a real Slurm cluster (tests/slurm_lab.py: munged, slurmctld and three slurmd on loopback, each node
+with two fake GPUs that Slurm's GRES code hands out): each attempt is a job step on exactly the nodes and GPU counts
+the scheduler reserved; stops, the allocation's end and an allocation asked for by autotune itself (a lost node,
+kill -9 then resume or cancel, a stop: tests/test_backend_suite.py, as on every backend). The nodes are this
+machine: "nothing left" is checked on its process table and in Slurm's step list."""
 from __future__ import annotations
 
 import json
@@ -241,48 +241,6 @@ def test_a_timeout_and_a_cancel_end_the_step_and_leave_nothing(slurm_lab, alloca
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
 
 
-def test_a_drained_node_is_lost_and_its_experiments_run_again_elsewhere(slurm_lab, allocation, tmp_path, runners):
-    spec = write_sweep(tmp_path, range(6), extra="num_gpus: 1")
-    results = tmp_path / "r"
-    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results,
-                         environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=4), directory=results)
-    try:
-        wait_until(lambda: len(slurm_lab.steps(allocation)) == 6, 60, "six steps running")
-        on_n3 = [a.name for a in attempts(results) if "n3" in a.slots]  # the ledger exists: the steps run
-        assert len(on_n3) == 2
-        slurm_lab.drain("n3", "failing-fan")
-        code, out, err = finish(proc)
-    finally:
-        slurm_lab.resume_node("n3")
-    assert code == 0, err
-    assert "n3" in out and "failing-fan" in out  # the user is told which node, and Slurm's reason
-    runs = attempts(results)
-    for name in on_n3:
-        first, again = [a for a in runs if a.name == name]
-        assert (first.state, first.reason) == (State.INTERRUPTED, "lost")
-        assert again.state == State.SUCCEEDED and "n3" not in again.slots
-    assert no_step_left(slurm_lab, allocation, sweep_id(results))
-
-
-def test_after_kill_9_of_the_runner_resume_adopts_the_steps_still_running(slurm_lab, allocation, tmp_path, runners):
-    spec = write_sweep(tmp_path, range(4), extra="num_gpus: 1")
-    results = tmp_path / "r"
-    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=5)
-    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
-                         environ=environ, directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 4,
-               60, "four steps recorded")
-    proc.send_signal(signal.SIGKILL)
-    finish(proc)
-    assert len(slurm_lab.steps(allocation)) == 4  # the steps outlive the runner
-    done = autotune("resume", results, "-q", environ=environ)
-    assert done.returncode == 0, done.stderr
-    runs = attempts(results)
-    assert len(runs) == 4 and all(a.attempt == 1 and a.state == State.SUCCEEDED for a in runs)  # none ran twice
-    assert all(len(node_lines(results, a.name)) == 1 for a in runs)
-    assert no_step_left(slurm_lab, allocation, sweep_id(results))
-
-
 def test_the_allocation_end_interrupts_and_resume_in_a_new_one_finishes(slurm_lab, tmp_path, runners):
     spec = write_sweep(tmp_path, range(3), extra="num_gpus: 1")
     results = tmp_path / "r"
@@ -490,22 +448,6 @@ def test_plan_for_this_allocation_or_one_of_a_size_asks_nothing_of_slurm(slurm_l
     assert sized.returncode == 0, sized.stderr
     assert json.loads(sized.stdout)["plans"][0]["makespan_s"]["at_estimates"] == 60.0  # on 12 GPUs
     assert slurm_lab.run("squeue", "-h", "-o", "%i").stdout.split() == jobs  # no allocation asked for
-
-
-def test_cancel_with_no_runner_ends_the_steps_a_dead_one_left(slurm_lab, allocation, tmp_path, runners):
-    spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
-    results = tmp_path / "r"
-    environ = lab_env(slurm_lab, allocation, STANDIN_SECONDS=120)
-    proc = runners.start("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q",
-                         environ=environ, directory=results)
-    wait_until(lambda: (results / "ledger.sqlite").exists() and len([a for a in attempts(results) if a.handle]) == 2,
-               60, "two steps recorded")
-    proc.send_signal(signal.SIGKILL)
-    finish(proc)
-    done = autotune("cancel", results, environ=environ)
-    assert done.returncode == 0, done.stderr
-    assert {a.state for a in attempts(results)} <= {State.CANCELLED, State.INTERRUPTED}
-    assert no_step_left(slurm_lab, allocation, sweep_id(results))
 
 
 def test_tune_inside_slurm_searches_on_steps(slurm_lab, allocation, tmp_path):

@@ -10,7 +10,8 @@ attempt (its actor dies) makes the attempt interrupted and its host lost, to run
 
 After a crash of the runner, the next one finds each running attempt's lease by what its actors say they run
 (`adoptable`, filled by the backend) and follows it the same way; an attempt whose lease is gone is judged by
-the exit status its nodes wrote (node.py), else interrupted.
+the exit status its nodes wrote (node.py); with none, it is lost with a node Ray reports dead (its actors died
+with it while no runner was alive), else interrupted.
 """
 from __future__ import annotations
 
@@ -176,7 +177,7 @@ class RayExecutor:
         clean = False
         try:
             if lease is None:
-                outcome = exitstatus.judge_files(exitstatus.read(run.dir / exitstatus.FILENAME), run.dir, self.metric)
+                outcome = self._unfollowed(run, post)
             else:
                 outcome, clean = self._follow(run, lease, post)
         except Exception as e:
@@ -226,23 +227,40 @@ class RayExecutor:
                     stop_nodes(self.ray, lease.actors, self.grace, run.tag)
         return exitstatus.judge_files(code, run.dir, self.metric), not self._stops.asked(run.key)
 
+    def _unfollowed(self, run: Run, post: Post) -> Outcome:
+        """An adopted attempt with no lease left in Ray: judged by the exit status its nodes wrote; with none, its
+        actors ended unheard, so it is lost with a node of it that Ray reports dead (as under a runner), if one is."""
+        status = exitstatus.read(run.dir / exitstatus.FILENAME)
+        gone = self._dead_host(run) if status is None else None
+        if gone is not None:
+            return self._host_lost(gone, post)
+        return exitstatus.judge_files(status, run.dir, self.metric)
+
     def _lost(self, run: Run, lease: Lease, error: Exception, post: Post) -> Outcome:
-        """A node's actor died under the attempt: its node is taken as lost when Ray says so (waited for a while:
-        Ray marks a node dead once its health checks have failed), the other nodes' launchers ended."""
+        """A node's actor died under the attempt: its node is taken as lost when Ray says so, the other nodes'
+        launchers ended."""
         stop_nodes(self.ray, lease.actors, self.grace, run.tag)
         why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        gone = self._dead_host(run)
+        if gone is None:
+            return Outcome(State.FAILED, Reason.LAUNCH, f"an actor of the attempt died: {why}")
+        return self._host_lost(gone, post)
+
+    def _dead_host(self, run: Run) -> str | None:
+        """A host of the attempt that Ray reports dead, waited for a while (Ray marks a node dead once its health
+        checks have failed, and lists it alive until then); None when none is."""
         ids = {self.nodes.get(h, {}).get("id", h): h for h in run.reservation.hosts}
         end = time.monotonic() + LOST_WITHIN
         while True:
             gone = [h for i, h in ids.items() if i not in {n["NodeID"] for n in self.ray.nodes() if n["Alive"]}]
             if gone or time.monotonic() > end or self._closing.is_set() or self._stops.killing:
-                break
+                return gone[0] if gone else None
             time.sleep(0.5)
-        if not gone:
-            return Outcome(State.FAILED, Reason.LAUNCH, f"an actor of the attempt died: {why}")
-        post(HostLost(gone[0], "Ray reports the node dead"))
-        self.on_lost(gone[0])
-        return Outcome(State.INTERRUPTED, Reason.LOST, f"node {gone[0]} lost: Ray reports it dead")
+
+    def _host_lost(self, host: str, post: Post) -> Outcome:
+        post(HostLost(host, "Ray reports the node dead"))
+        self.on_lost(host)
+        return Outcome(State.INTERRUPTED, Reason.LOST, f"node {host} lost: Ray reports it dead")
 
     def _finish(self, run: Run, lease: Lease | None, clean: bool, outcome: Outcome, post: Post) -> None:
         """The lease given back (clean) or released, then the outcome posted, as the stop asked says."""
