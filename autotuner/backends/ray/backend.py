@@ -89,19 +89,36 @@ class RayBackend:
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.grace, self.log = directory, ledger, grace, log
-        known = (recorded(ledger.meta(), self.kind) or {}).get("address")
-        self.address = address or (str(known) if known else None) or address_of(None)
-        self.source = source_of(address) if address or not known else "the Ray address the sweep recorded"
+        self.given = address  # read with the sweep's record by `target`, when the cluster is first reached
+        self._target: tuple[str, str] | None = None
         self._ray: ModuleType | None = None
         self._leases: Leases | None = None
         self._attached: RayAttached | None = None
+        self._closed = False
         self._found: dict[str, Lease] | None = None  # what a dead runner left, by attempt (for `end` alone)
         self._nodes: list[RayNode] | None = None  # the live nodes as `reach` read them
         self._lost: dict[str, str] = {}  # host -> why: nodes that died (or were dying) as `reach` asked them
 
+    @property
+    def address(self) -> str:
+        """The cluster's address: the one given, else the one the sweep recorded, else RAY_ADDRESS, else auto."""
+        return self.target()[0]
+
+    def target(self) -> tuple[str, str]:
+        """The address to reach and where it comes from (as a refusal names it), read once from the options given
+        and the sweep's record: the constructor reads nothing."""
+        if self._target is None:
+            known = (recorded(self.ledger.meta(), self.kind) or {}).get("address")
+            address = self.given or (str(known) if known else None) or address_of(None)
+            source = source_of(self.given) if self.given or not known else "the Ray address the sweep recorded"
+            self._target = address, source
+        return self._target
+
     def ray(self) -> ModuleType:
+        """Ray, this process connected to the sweep's cluster (on first use; `close` shuts the connection)."""
         if self._ray is None:
-            self._ray = connect(self.address, self.directory, self.source)
+            address, source = self.target()
+            self._ray = connect(address, self.directory, source)
         return self._ray
 
     def leases(self) -> Leases:
@@ -176,7 +193,10 @@ class RayBackend:
     def close(self) -> None:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
         runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the
-        connection to Ray."""
+        connection to Ray. Once: a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.ExitStack() as stack:
             stack.callback(MESSAGES.to, None)
             if self._ray is not None:
