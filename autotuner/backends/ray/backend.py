@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
@@ -38,7 +38,7 @@ from ..flags import Declared, routed
 from ..launch import Launcher
 from ..recovery import as_it_ran
 from .ask import check, nodes_check, ray_cluster, ray_nodes
-from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
+from .connect import MESSAGES, RAY_LOG, address_of, connect, is_connected, owned, source_of
 from .executor import RayExecutor
 from .leases import Lease, Leases, in_ray
 from .nodes import RayNode, cluster_of, read_nodes, record_of
@@ -67,7 +67,7 @@ class RayBackend:
     @classmethod
     def held(cls, given: Given, recorded: Mapping[str, JSON] | None, log: Callable[[str], None],
              not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
-        return contextlib.nullcontext(given)  # nothing asked for: a client of a cluster that is there
+        return _connection_held(given) if routed(RayGiven, given).ray is not None else contextlib.nullcontext(given)
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
@@ -92,6 +92,7 @@ class RayBackend:
         self.given = address  # read with the sweep's record by `target`, when the cluster is first reached
         self._target: tuple[str, str] | None = None
         self._ray: ModuleType | None = None
+        self._owns = False  # whether `ray` made the connection (else it is its maker's to shut: `held`, a program)
         self._leases: Leases | None = None
         self._attached: RayAttached | None = None
         self._closed = False
@@ -115,9 +116,11 @@ class RayBackend:
         return self._target
 
     def ray(self) -> ModuleType:
-        """Ray, this process connected to the sweep's cluster (on first use; `close` shuts the connection)."""
+        """Ray, this process connected to the sweep's cluster on first use (`close` shuts a connection made
+        here; one the process held already is its maker's)."""
         if self._ray is None:
             address, source = self.target()
+            self._owns = not is_connected()
             self._ray = connect(address, self.directory, source)
         return self._ray
 
@@ -193,13 +196,13 @@ class RayBackend:
     def close(self) -> None:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
         runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the
-        connection to Ray. Once: a second call does nothing."""
+        connection to Ray when `ray` made it. Once: a second call does nothing."""
         if self._closed:
             return
         self._closed = True
         with contextlib.ExitStack() as stack:
             stack.callback(MESSAGES.to, None)
-            if self._ray is not None:
+            if self._ray is not None and self._owns:
                 stack.callback(self._ray.shutdown)
             if self._found:
                 stack.callback(self._release_found)
@@ -216,6 +219,14 @@ class RayBackend:
         for group in groups:
             with contextlib.suppress(Exception):
                 self.ray().util.remove_placement_group(group)
+
+
+@contextlib.contextmanager
+def _connection_held(given: Given) -> Iterator[Given]:
+    """`held` with `--ray`: the connection the command makes to read the cluster (`cluster`) and runs on, owned
+    by the block and shut at its end (see `connect.owned`)."""
+    with owned():
+        yield given
 
 
 class RayAttached:
