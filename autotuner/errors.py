@@ -75,7 +75,7 @@ def shown(value: object, limit: int = SHOWN, *, quoted: bool = True) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def kind_of(mode: int) -> str:
+def file_kind(mode: int) -> str:
     """What a file that is not a regular one is, for a message: "a directory", "a pipe", "a device"..."""
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a pipe"), (stat.S_ISCHR, "a device"),
                        (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
@@ -101,7 +101,7 @@ def read_user_file(path: str | Path, what: str, limit: int = limits.FILE_BYTES) 
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise UserError(f"{what} is {kind_of(mode)}, not a regular file", path)
+            raise UserError(f"{what} is {file_kind(mode)}, not a regular file", path)
         os.set_blocking(fd, True)
         chunks, total = [], 0
         while total <= limit:

@@ -22,7 +22,7 @@ from autotuner.backends.ray.nodes import cluster_of, host_of, read_nodes
 from autotuner.backends.ray.options import DECLARED as RAY
 from autotuner.states import State
 
-from cli_rig import attempts, autotune, finish, sweep_id, tagged_pids, wait_until, write_sweep
+from cli_rig import attempts, autotune, env, finish, sweep_id, tagged_pids, wait_until, write_sweep
 
 # Each node's launcher (in place of DeepSpeed's) logs what Ray and the runner gave it (its parent: the actor), and
 # its first node writes the metrics; then it sleeps $STANDIN_SECONDS (or what the file $STANDIN_SECONDS_FILE
@@ -141,6 +141,34 @@ def test_each_experiment_runs_on_exactly_its_reserved_nodes_and_gpus(ray_lab, tm
                 if start < other_end and other_start < end:
                     assert not gpus & other_gpus, host
     assert nothing_left(ray_lab, results)
+
+
+# A program of the user's: autotuner.run on the Ray cluster RAY_ADDRESS names, connected to it first by itself
+# (`own`) or not; it prints whether it is still connected afterwards.
+API_PROGRAM = """
+import sys
+
+import ray
+
+import autotuner
+
+spec, results, launcher, own = sys.argv[1:]
+if own == "own":
+    ray.init(namespace="autotune", log_to_driver=False)
+result = autotuner.run(autotuner.load_sweep([spec]), {"ray": ""}, results, launcher=launcher.split())
+print("exit", result.exit_code, "connected", ray.is_initialized())
+"""
+
+
+@pytest.mark.parametrize("own, left", [("own", True), ("none", False)])
+def test_the_python_api_shuts_only_the_ray_connection_it_made(ray_lab, tmp_path, own, left):
+    """The connection `autotuner.run` makes (to read the cluster, then run on it) is shut when it returns; one the
+    program made itself is the program's, and stays open."""
+    spec = write_sweep(tmp_path, range(1), extra="num_gpus: 1")
+    done = subprocess.run([sys.executable, "-c", API_PROGRAM, str(spec), str(tmp_path / "r"), standin(tmp_path),
+                           own], env=env(**lab_env(ray_lab)), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"exit 0 connected {left}" in done.stdout, done.stdout + done.stderr
 
 
 def test_the_next_attempt_of_a_shape_runs_from_the_actors_of_the_one_before(ray_lab, tmp_path):

@@ -96,3 +96,16 @@ def test_each_kind_reads_its_own_options_typed():
     assert routed(SlurmGiven, given) == SlurmGiven(slurm=True, nodes=2)
     assert routed(RayGiven, given) == RayGiven(ray="")
     assert routed(HostsGiven, given) == HostsGiven(hostfile=Path("h"), ssh_config=Path("c"))
+
+
+@pytest.mark.parametrize("given", [{}, {"ray": "127.0.0.1:1"}, {"allocation": None}], ids=["recorded", "ray", "none"])
+def test_a_backend_opened_reads_nothing_until_a_member_is_called(tmp_path, given):
+    # Constructors do no I/O: every kind's backend is built over a ledger already closed (any read of it raises)
+    # and a results directory that is not there, and closed, twice, with nothing reached.
+    ledger = recorded(tmp_path, "ray", RAY)
+    ledger.close()
+    for kind in registry.backends():
+        backend = kind.opened(tmp_path / "absent", ledger, given, grace=1.0, log=lambda line: None)
+        backend.close()
+        backend.close()
+    assert not (tmp_path / "absent").exists()

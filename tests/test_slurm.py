@@ -166,13 +166,13 @@ def test_a_steps_buffers_are_removed_under_its_first_nodes_address_by_a_step_on_
     those named by this machine's address (what a local clean-up would remove) stay."""
     from types import SimpleNamespace
 
-    from autotuner.backends.slurm.allocation import describe
+    from autotuner.backends.slurm.allocation import allocation_of
     from autotuner.backends.slurm.executor import slurm_executor
     from autotuner.spec.metrics import metric_named
 
     for key, value in slurm_lab.env.items():
         monkeypatch.setenv(key, value)
-    found = describe(allocation)
+    found = allocation_of(allocation)
     moved = type(found)(**{**found.__dict__, "addresses": {**found.addresses, "n1": "127.0.0.9"}})
     executor = slurm_executor("", metric_named("throughput"), time.monotonic, allocation=moved)
     theirs = [Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.9_23456_{rank}") for rank in (0, 1)]
@@ -194,7 +194,7 @@ def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm
     holds, and Slurm refuses it ("Invalid generic resource"); the removal step asks for none."""
     from types import SimpleNamespace
 
-    from autotuner.backends.slurm.allocation import describe
+    from autotuner.backends.slurm.allocation import allocation_of
     from autotuner.backends.slurm.executor import slurm_executor
     from autotuner.spec.metrics import metric_named
 
@@ -204,7 +204,7 @@ def test_buffers_are_removed_in_an_allocation_that_counts_its_gpus_per_job(slurm
     buffer = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_23457_0")
     buffer.touch()
     try:
-        found = describe(job)
+        found = allocation_of(job)
         assert sum(found.gpus.values()) == 2
         executor = slurm_executor("", metric_named("throughput"), time.monotonic, allocation=found)
         run = SimpleNamespace(tag="buffers-test.2", reservation=SimpleNamespace(hosts=(found.nodes[0],)))

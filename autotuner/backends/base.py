@@ -69,55 +69,78 @@ class Attached(Protocol):
     sweep's record and the lock held. Only `attach` makes one, so the runner cannot call them before it."""
 
     def read_memory(self, placement: str, devices: Devices) -> MemoryReading:
-        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened)."""
+        """The readers of the placement named: free memory is read only for `memory` (else nothing is opened).
+        The backend owns them (`close`); `measure` and the observers are called on the dispatcher's thread."""
         ...
 
     def executor(self, post: Post) -> Executor:
-        """The executor of every attempt of this run; `post` is the dispatcher's."""
+        """The executor of every attempt of this run, built once; `post` is the dispatcher's. The backend owns
+        it and closes it; the dispatcher's thread starts, adopts and stops runs through it."""
         ...
 
     def clear_strays(self, followed: Sequence[Attempt]) -> None:
-        """End what a dead runner left running that no attempt in `followed` owns any more."""
+        """End what a dead runner left running that no attempt in `followed` owns any more (blocks until it
+        ended); after `executor`, before any run is adopted: the executor is handed what it will adopt."""
         ...
 
     def ready(self, slots: SlotPool, post: Post) -> None:
-        """Before the first launch: hosts that do not answer marked down (and watched), readers started."""
+        """Before the first launch, after the adopted runs were handed to the executor: hosts that do not answer
+        marked down in `slots` (and watched), readers started. The threads it starts post to `post` only."""
         ...
 
 
 class Backend(Protocol):
-    """One kind of cluster, opened for one run of a sweep (see the module docstring).
+    """One kind of cluster, opened for one run of a sweep (see the module docstring). Invariants every backend
+    keeps, so that the runner and `cancel` can rely on them whatever the kind:
 
-    Invariants every backend keeps:
-    - its constructor does no I/O: nothing reached, opened or written until a member is called;
-    - `reach` writes nothing; `attach` alone writes the sweep's record, and only while the runner holds the lock;
-      `end` (recovery, `cancel` with no runner) needs neither, and opens only what ending an attempt needs;
-    - the members are called from the runner's thread, one at a time; the threads it starts (the executor's, the
-      watcher's, the readers') only post events (`post`) and tell its watcher which hosts to look at; a member
-      may block on the cluster (SSH, Slurm, Ray), never on the dispatcher;
-    - what it opens it owns (readers, executor, watcher, connections) and `close` closes it, whatever was
-      reached (after a refused `reach`, or with nothing opened, it does nothing)."""
+    Input/output: its constructor (and `Kind.opened`) does none: nothing read, reached, opened or written, the
+    ledger included, until a member is called. `reach` and `admit` read the ledger and the cluster and write
+    nothing; `attach` alone writes the sweep's record, and only while the caller holds the sweep's lock; `end`
+    (recovery) opens only what ending an attempt needs.
+
+    Threads: every member, its `Attached`'s too, is called from one thread, the caller's (`execute`'s or
+    `cancel`'s), one at a time. What they hand out is used from others: the executor's `start`, `adopt` and
+    `stop` and `MemoryReading.measure` and its observers on the dispatcher's thread (`kill_all` from any
+    thread). The threads a backend starts (per attempt, the host watcher, the readers) only post events
+    (`post`); they never write the ledger or call the runner.
+
+    Blocking: a member may block on the cluster (SSH, Slurm, Ray commands, each bounded by the backend), never
+    on the dispatcher (not started yet, or joined before `close`). What the dispatcher's thread calls returns
+    at once: a stop is carried out on a thread of the executor's; `measure` asks this machine's NVML (a local
+    call) or looks up what a reader read of other hosts, never asks a host over the network.
+
+    Ownership: the ledger is the caller's, open for the backend's whole life. Everything the backend opens
+    (connections, pools, the executor, readers, watchers) or hands out through its `Attached`, it owns: the
+    caller closes none of it, only the backend, with `close`. What `reach` read is kept for `attach`.
+
+    After `close`: nothing but `close` again, which does nothing. `close` closes whatever was reached, also
+    after a refused `reach` or with nothing opened."""
 
     def reach(self, *, to_run: bool = True) -> None:
         """Before the sweep's lock is taken: the cluster reached and checked as far as can be without writing
         anything (a UserError when the sweep cannot run there, the sweep left as it was). `to_run=False`: reached
-        only as far as `end` needs it (a cancel with no runner alive), not checked to run the sweep."""
+        only as far as `end` needs it (a cancel with no runner alive), not checked to run the sweep. Blocks on
+        the cluster (a probe, a connection); what it opens is kept for the later members, and closed by `close`
+        whether or not it refused."""
         ...
 
     def attach(self) -> Attached:
         """Holding the sweep's lock, before anything runs: the cluster checked against the sweep's record, and
         what changed recorded (a UserError when the sweep cannot run here). Returns the attached sweep, which
-        alone has the members that run it; what they open is closed by this backend's `close`."""
+        alone has the members that run it; what they open is closed by this backend's `close`. Called once, after
+        `reach` and `admit` (it reaches the cluster itself when `reach` was not called)."""
         ...
 
     def admit(self, slots: SlotPool, waiting: Sequence[Queued]) -> Admit:
         """Before the lock, after `reach`: what this cluster can serve of `waiting` (the queue as it will be once
         the lock is held), as the `Admit` the runner applies then; a UserError, with nothing written, when none of
-        it can run."""
+        it can run. May block on a probe; what it opens for that it closes before returning."""
         ...
 
     def end(self, attempt: Attempt) -> None:
-        """End every process of one attempt a dead runner left, on every host it used."""
+        """End every process of one attempt a dead runner left, on every host it used (blocks until they ended,
+        within the grace period). Needs no lock and no `attach`: `cancel` with no runner calls it after
+        `reach(to_run=False)`, the runner for runs found on slots not theirs; what it opens `close` closes."""
         ...
 
     def recorded_code(self, attempt: Attempt, status: int, directory: Path) -> int:
@@ -127,11 +150,13 @@ class Backend(Protocol):
 
     def give_back(self) -> str | None:
         """No runner alive, nothing of the sweep left to run: what autotune asked the cluster for on the sweep's
-        behalf given back; a line saying what (or why it could not be), None when it holds nothing."""
+        behalf given back; a line saying what (or why it could not be), None when it holds nothing. Blocks on
+        the cluster's answer; before `close`, and only from `cancel`."""
         ...
 
     def close(self) -> None:
-        """Close what it opened, once, after the executor's runs have all ended."""
+        """Close what it and its `Attached` opened, each even when one before it fails, after the executor's runs
+        have all ended (the dispatcher joined). Once: a second call does nothing, and nothing else may follow."""
         ...
 
 
@@ -178,7 +203,8 @@ class Kind(Protocol):
     """A backend's class as the registry sees it: which options name it, and what it builds from them. Each is
     asked in registry order (`kinds.KINDS`); the first that is `named` is the one, the last (the hosts backend)
     is named by anything. Its methods read only their own options of `given` (its `declared` flags, typed by
-    `flags.routed`) and do no I/O but what they build or check."""
+    `flags.routed`) and do no I/O but what they build or check. They are called from the caller's thread (the
+    command line's, or a program's through the face), before any sweep's lock."""
 
     kind: ClassVar[str]  # the kind's name, as its record and messages say it
     declared: ClassVar[Declared]  # its flags and how it is picked (its package's options.py)
@@ -199,19 +225,21 @@ class Kind(Protocol):
              not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
         """What the command runs in, held for its block (asked for, kept, given back however it ends):
         `given` with it added (`recorded`: the sweep's record of its backend, a resumed sweep's). See
-        `registry.held`."""
+        `registry.held`. May block while the cluster grants it (a Ctrl-C meanwhile: `Withdrawn`); what it asked
+        for it owns, and gives back when the block ends, whichever way."""
         ...
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
                log: Callable[[str], None]) -> Backend:
-        """The backend of the sweep at `directory` (nothing reached or checked yet: `reach`, `attach`)."""
+        """The backend of the sweep at `directory`: nothing read, reached or checked yet (`reach`, `attach`).
+        The caller closes it (`close`), and keeps `ledger` open until then."""
         ...
 
     @classmethod
     def cluster(cls, given: Given, *, sweep: Sweep | None = None, log: Callable[[str], None] | None = None) -> Cluster:
         """The nodes a new sweep runs on (`cluster_for`): what this kind of cluster holds now (`sweep`: the
-        sweep, whose files may name its nodes; `log` told what was chosen)."""
+        sweep, whose files may name its nodes; `log` told what was chosen). Blocks on the cluster's answer."""
         ...
 
     @classmethod

@@ -1,6 +1,8 @@
 """Which backend runs a sweep, and which one `autotune hosts` asks: the kinds of cluster `kinds.KINDS` lists,
 asked in order, each naming itself from the options given or the sweep's record (see base.Kind). Every entry
-point takes the options by name and routes them: no signature is the union of the backends' options."""
+point takes the options by name and routes them: no signature is the union of the backends' options.
+`check` reaches no cluster; `planned`, `cluster_for` and `hosts_check` read one that is there (Ray's nodes,
+an allocation's) and ask it for nothing; `held` alone asks for something (a Slurm allocation) and gives it back."""
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +38,9 @@ def kind_of(given: Given, record: SweepMeta | None = None) -> type[Kind]:
 def backend_for(directory: Path, ledger: Ledger, given: Given | None = None, *, grace: float = 10.0,
                 log: Callable[[str], None] = lambda line: None) -> Backend:
     """The backend the sweep's record names (an allocation given makes it a Slurm sweep from now on, a Ray
-    address, "" for the default one, a Ray sweep). Nothing is checked yet (`attach`): recovery alone (`end`)
-    needs no allocation."""
+    address, "" for the default one, a Ray sweep). It reads the sweep's record (the ledger's meta) to pick the
+    kind, and nothing else: the backend's constructor reads, reaches and writes nothing (`reach`, `attach`);
+    recovery alone (`end`) needs no allocation. The caller closes it."""
     options = given_of(given or {})
     return kind_of(options, ledger.meta()).opened(directory, ledger, options, grace=grace, log=log)
 

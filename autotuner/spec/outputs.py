@@ -11,7 +11,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..errors import UserError, kind_of
+from ..errors import UserError, file_kind
 from .hostfile import HOSTFILE
 from .model import RESERVED_NAMES
 
@@ -37,7 +37,7 @@ def check_output(path: str | Path, option: str, inputs: Iterable[str | Path | No
         except OSError:  # nothing there yet (or nothing to look at): the write says what is wrong
             mode = None
         if mode is not None and not stat.S_ISREG(mode):
-            raise UserError(f"is {kind_of(mode)}; {option} writes a file of its own in its place: name a file", path)
+            raise UserError(f"is {file_kind(mode)}; {option} writes a file of its own in its place: name a file", path)
     for given in inputs:
         if given is not None and same_file(path, given):
             raise UserError(f"{option} would write over {given}, an input of this command: name another file",

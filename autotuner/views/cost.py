@@ -152,7 +152,7 @@ def costing(snap: Snapshot, goal: Goal) -> Costing | None:
     model_seq = shape.get("seq_length") if isinstance(shape, dict) else None
     seq = goal.sequence(model_seq if isinstance(model_seq, int) else None)
     samples = goal.tokens / seq if goal.tokens is not None and seq else float(goal.samples or 0)
-    found = _priced(measured(snap), goal)
+    found = _priced(measured_configs(snap), goal)
     if not found:
         raise UserError(f"no config of sweep {shown(snap.name)} succeeded with a {RATE} (samples per second) "
                         "measured: nothing to compute the training time from")
@@ -182,7 +182,7 @@ class MeasuredConfig:
         return sum(self.rates) / len(self.rates)
 
 
-def measured(snap: Snapshot) -> list[MeasuredConfig]:
+def measured_configs(snap: Snapshot) -> list[MeasuredConfig]:
     """Each config that succeeded with a throughput, re-runs counted with their config, in the sweep's order."""
     found = []
     for a in snap.attempts:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..jsonvalues import JSONObject
-from .cost import RATE, gpus_words, measured
+from .cost import RATE, gpus_words, measured_configs
 from .snapshot import Snapshot
 
 # Adding GPUs stops paying where the next size's efficiency falls below this share of the smallest size's:
@@ -97,7 +97,7 @@ def scaling(snap: Snapshot) -> Scaling | None:
     """The scaling of a sweep whose configs that succeeded ran at two sizes or more; None otherwise."""
     best: dict[tuple[int, int], Size] = {}
     configs: dict[tuple[int, int], int] = {}
-    for m in measured(snap):
+    for m in measured_configs(snap):
         size = (m.gpus, m.nodes)
         configs[size] = configs.get(size, 0) + 1
         if size not in best or m.rate > best[size].rate:

@@ -263,12 +263,14 @@ class HostsBackend:
         return None
 
     def close(self) -> None:
-        """What the attached sweep opened, then the pool: each closed even when one before it fails."""
+        """What the attached sweep opened, then the pool: each closed even when one before it fails, once (a
+        second call does nothing)."""
+        (pool, self.pool), (attached, self._attached) = (self.pool, None), (self._attached, None)
         with contextlib.ExitStack() as stack:
-            if self.pool is not None:
-                stack.callback(self.pool.close)
-            if self._attached is not None:
-                stack.callback(self._attached.close)
+            if pool is not None:
+                stack.callback(pool.close)
+            if attached is not None:
+                stack.callback(attached.close)
 
 
 class HostsAttached:

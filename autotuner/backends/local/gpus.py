@@ -1,5 +1,5 @@
 """This machine's GPUs as every backend that runs attempts here reads them: free memory for the memory
-placement, and each attempt's peak memory while it runs (`peaks.Measured`)."""
+placement, and each attempt's peak memory while it runs (`peaks.PeakWatching`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -9,7 +9,7 @@ from ...core.slots import Devices
 from ...gpu.nvml import FreeMemoryReader
 from ...ledger.store import SweepMeta
 from ...spec.hostfile import is_local
-from .peaks import Measured, PeakMemory
+from .peaks import PeakMemory, PeakWatching
 
 
 def local_mig(devices: Devices) -> dict[int, str]:
@@ -31,4 +31,4 @@ def peaks_watched(executor: Executor, meta: SweepMeta, devices: Devices) -> tupl
     if not _gpus_here(meta, meta.slots):
         return executor, None
     peaks = PeakMemory(mig=local_mig(devices))
-    return Measured(executor, peaks, is_local), peaks
+    return PeakWatching(executor, peaks, is_local), peaks

@@ -130,7 +130,7 @@ class PeakMemory:
         return held
 
 
-class Measured:
+class PeakWatching:
     """An executor whose runs on this machine's GPUs are watched by a `PeakMemory`: each run's `Finished`
     carries its peak (`peak_memory`), which the scheduler records with the attempt's end."""
 

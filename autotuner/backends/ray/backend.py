@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
@@ -38,7 +38,7 @@ from ..flags import Declared, routed
 from ..launch import Launcher
 from ..recovery import as_it_ran
 from .ask import check, nodes_check, ray_cluster, ray_nodes
-from .connect import MESSAGES, RAY_LOG, address_of, connect, source_of
+from .connect import MESSAGES, RAY_LOG, address_of, connect, is_connected, owned, source_of
 from .executor import RayExecutor
 from .leases import Lease, Leases, in_ray
 from .nodes import RayNode, cluster_of, read_nodes, record_of
@@ -67,7 +67,7 @@ class RayBackend:
     @classmethod
     def held(cls, given: Given, recorded: Mapping[str, JSON] | None, log: Callable[[str], None],
              not_given_back: Callable[[str], None] | None) -> AbstractContextManager[Given]:
-        return contextlib.nullcontext(given)  # nothing asked for: a client of a cluster that is there
+        return _connection_held(given) if routed(RayGiven, given).ray is not None else contextlib.nullcontext(given)
 
     @classmethod
     def opened(cls, directory: Path, ledger: Ledger, given: Given, *, grace: float,
@@ -89,19 +89,39 @@ class RayBackend:
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
         self.directory, self.ledger, self.grace, self.log = directory, ledger, grace, log
-        known = (recorded(ledger.meta(), self.kind) or {}).get("address")
-        self.address = address or (str(known) if known else None) or address_of(None)
-        self.source = source_of(address) if address or not known else "the Ray address the sweep recorded"
+        self.given = address  # read with the sweep's record by `target`, when the cluster is first reached
+        self._target: tuple[str, str] | None = None
         self._ray: ModuleType | None = None
+        self._owns = False  # whether `ray` made the connection (else it is its maker's to shut: `held`, a program)
         self._leases: Leases | None = None
         self._attached: RayAttached | None = None
+        self._closed = False
         self._found: dict[str, Lease] | None = None  # what a dead runner left, by attempt (for `end` alone)
         self._nodes: list[RayNode] | None = None  # the live nodes as `reach` read them
         self._lost: dict[str, str] = {}  # host -> why: nodes that died (or were dying) as `reach` asked them
 
+    @property
+    def address(self) -> str:
+        """The cluster's address: the one given, else the one the sweep recorded, else RAY_ADDRESS, else auto."""
+        return self.target()[0]
+
+    def target(self) -> tuple[str, str]:
+        """The address to reach and where it comes from (as a refusal names it), read once from the options given
+        and the sweep's record: the constructor reads nothing."""
+        if self._target is None:
+            known = (recorded(self.ledger.meta(), self.kind) or {}).get("address")
+            address = self.given or (str(known) if known else None) or address_of(None)
+            source = source_of(self.given) if self.given or not known else "the Ray address the sweep recorded"
+            self._target = address, source
+        return self._target
+
     def ray(self) -> ModuleType:
+        """Ray, this process connected to the sweep's cluster on first use (`close` shuts a connection made
+        here; one the process held already is its maker's)."""
         if self._ray is None:
-            self._ray = connect(self.address, self.directory, self.source)
+            address, source = self.target()
+            self._owns = not is_connected()
+            self._ray = connect(address, self.directory, source)
         return self._ray
 
     def leases(self) -> Leases:
@@ -176,10 +196,13 @@ class RayBackend:
     def close(self) -> None:
         """The executor (every attempt has ended; its idle leases released), the node watcher, what a dead
         runner left that `end` did not (a cancel with no runner: nothing of the sweep runs any more), then the
-        connection to Ray."""
+        connection to Ray when `ray` made it. Once: a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         with contextlib.ExitStack() as stack:
             stack.callback(MESSAGES.to, None)
-            if self._ray is not None:
+            if self._ray is not None and self._owns:
                 stack.callback(self._ray.shutdown)
             if self._found:
                 stack.callback(self._release_found)
@@ -196,6 +219,14 @@ class RayBackend:
         for group in groups:
             with contextlib.suppress(Exception):
                 self.ray().util.remove_placement_group(group)
+
+
+@contextlib.contextmanager
+def _connection_held(given: Given) -> Iterator[Given]:
+    """`held` with `--ray`: the connection the command makes to read the cluster (`cluster`) and runs on, owned
+    by the block and shut at its end (see `connect.owned`)."""
+    with owned():
+        yield given
 
 
 class RayAttached:

@@ -10,9 +10,10 @@ import contextlib
 import io
 import logging
 import os
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import IO
@@ -33,6 +34,25 @@ def address_of(given: str | None) -> str:
 def source_of(given: str | None) -> str:
     """Where the address `address_of(given)` comes from, as a refusal names it."""
     return "--ray" if given or not os.environ.get(ADDRESS_ENV) else ADDRESS_ENV
+
+
+def is_connected() -> bool:
+    """Whether this process is connected to a Ray cluster now (Ray not imported yet: it is not)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(ray.is_initialized())
+
+
+@contextlib.contextmanager
+def owned() -> Iterator[None]:
+    """The connection to Ray made inside the block (`connect` by the cluster's reading, reused by the backend),
+    shut at its end, however it ends; one this process held before (a program's own `ray.init`) is its owner's
+    and is left open."""
+    before = is_connected()
+    try:
+        yield
+    finally:
+        if not before and is_connected():
+            sys.modules["ray"].shutdown()
 
 
 def import_ray() -> ModuleType:

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ...errors import UserError
 from ...gpu.types import size_of_type
@@ -24,9 +23,6 @@ from ..watch import env_seconds
 from . import parse
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    from ..cluster import Cluster
 
 KIND = "slurm"  # the kind's name, as its record in the ledger says it (`SlurmBackend.kind`)
 COMMAND_TIMEOUT = 60.0  # seconds for one scontrol/squeue/scancel call: slurmctld answers in milliseconds
@@ -127,7 +123,7 @@ def current_job() -> str | None:
     return os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID") or None
 
 
-def describe(job_id: str, *, owned: bool = False, keep: int | None = None) -> Allocation:
+def allocation_of(job_id: str, *, owned: bool = False, keep: int | None = None) -> Allocation:
     """The allocation of job `job_id`, which must be running and hold GPUs (`owned`, `keep`: one we asked for,
     and its keeper's bound)."""
     text = slurm("scontrol", "show", "job", "-d", "-o", job_id).stdout

@@ -11,7 +11,7 @@ from ...errors import UserError
 from ..base import HostsCheck
 from ..cluster import Cluster
 from . import parse
-from .allocation import Allocation, cluster_of, current_job, describe, job_state, node_states, planned_cluster
+from .allocation import Allocation, allocation_of, cluster_of, current_job, job_state, node_states, planned_cluster
 from .keeper import hold, let_go
 from .options import SlurmGiven
 from .request import request
@@ -90,7 +90,7 @@ class SlurmAsk:
                                 "already: leave it out")
             if recorded is not None and str(recorded.get("job")) == current and recorded.get("owned"):
                 return _taken_over(current, recorded)  # the sweep's own, which autotune asked for
-            return describe(current)
+            return allocation_of(current)
         if recorded is not None:
             job = job_state(str(recorded.get("job")))
             if job is not None and job.state == "RUNNING":
@@ -99,7 +99,7 @@ class SlurmAsk:
                         f"({', '.join(self.asked())} not used; `scancel {job.id}` first to ask for a new one)")
                 if recorded.get("owned"):
                     return _taken_over(job.id, recorded)
-                return describe(job.id)
+                return allocation_of(job.id)
         if self.nodes is None or self.gpus_per_node is None:
             raise UserError("--slurm outside an allocation: give --nodes and --gpus-per-node (or run inside "
                             "salloc or sbatch)")
@@ -118,7 +118,7 @@ class SlurmAsk:
         current = current_job()
         if current is None:
             raise UserError("plan --slurm outside an allocation: give --nodes and --gpus-per-node")
-        return allocation_cluster(describe(current), include, exclude)
+        return allocation_cluster(allocation_of(current), include, exclude)
 
 
 def ask_of(options: SlurmGiven) -> SlurmAsk:
@@ -134,7 +134,7 @@ def _taken_over(job: str, recorded: Mapping[str, object]) -> Allocation:
     bound = keep if isinstance(keep, int) and not isinstance(keep, bool) else None
     hold(job, bound)
     try:
-        return describe(job, owned=True, keep=bound)
+        return allocation_of(job, owned=True, keep=bound)
     except BaseException:
         let_go(job)  # left to its keeper: what runs in it may still be adopted
         raise
@@ -153,7 +153,7 @@ def this_allocation() -> tuple[Allocation, dict[str, parse.Node]]:
     job = current_job()
     if job is None:
         raise UserError("hosts --slurm: not inside a Slurm allocation (no SLURM_JOB_ID); run it in salloc or sbatch")
-    allocation = describe(job)
+    allocation = allocation_of(job)
     return allocation, node_states(allocation.nodes)
 
 

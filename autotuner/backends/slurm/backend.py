@@ -171,9 +171,10 @@ class SlurmBackend:
         return f"gave Slurm job {job} back"
 
     def close(self) -> None:
-        """What the attached sweep opened (nothing before `attach`); once is enough, twice harmless."""
-        if self._attached is not None:
-            self._attached.close()
+        """What the attached sweep opened (nothing before `attach`), once: a second call does nothing."""
+        attached, self._attached = self._attached, None
+        if attached is not None:
+            attached.close()
 
 
 class SlurmAttached:

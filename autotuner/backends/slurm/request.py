@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ..base import Withdrawn
 from . import keeper, parse
-from .allocation import Allocation, SlurmError, describe, failure, job_state, sigterm_interrupts, slurm
+from .allocation import Allocation, SlurmError, allocation_of, failure, job_state, sigterm_interrupts, slurm
 
 # Job states in which a job asked for may still run: anything else ended it before it could be used.
 WAITING = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "RESIZING"})
@@ -54,7 +54,7 @@ def request(nodes: int, gpus_per_node: int, *, partition: str | None = None, tim
                 f"asked Slurm for {nodes} node(s) x {gpus_per_node} GPU(s): job {job} is queued, waiting for "
                 "resources (Ctrl-C withdraws it)"))
             keeper.hold(job, keep)
-            return describe(job, owned=True, keep=keep)
+            return allocation_of(job, owned=True, keep=keep)
     except BaseException as e:
         if job is None:
             raise

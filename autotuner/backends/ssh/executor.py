@@ -212,8 +212,8 @@ class SshExecutor:
                 remove_comm_buffers(self.pool, run.reservation.hosts, launcher.master_addr, master_port)
 
     def _adopted(self, run: Run, pid: int | None) -> Outcome:
-        proc = AdoptedRemote(self.pool, run.reservation.hosts[0], pid, run.tag,
-                             f"{self.workdir(run)}/{exitstatus.FILENAME}")
+        proc = AdoptedRemote.found(self.pool, run.reservation.hosts[0], pid, run.tag,
+                                   f"{self.workdir(run)}/{exitstatus.FILENAME}")
         if proc.pid is not None:
             self._track(run, proc)
         try:
@@ -267,13 +267,17 @@ class AdoptedRemote:
     free), then reads the exit status the wrapper recorded: None if none was, or if the host stopped
     answering (then `lost`). `pid` is None when the leader was gone already."""
 
-    def __init__(self, pool: SSHPool, host: str, pid: int | None, tag: str, status_path: str):
-        self.pool, self.host, self.status_path = pool, host, status_path
-        self.lost = False
+    @classmethod
+    def found(cls, pool: SSHPool, host: str, pid: int | None, tag: str, status_path: str) -> AdoptedRemote:
+        """The leader `pid` asked on `host` whether it still runs the attempt `tag`, and waited on if it does."""
         alive = pid is not None and pool.run(host, tags.carries_command(pid, tag), timeout=30).ok
-        self.pid = pid if alive else None
-        self._waiter = (pool.start(host, ["tail", f"--pid={pid}", "-f", "/dev/null"], timeout=60)
-                        if alive else None)
+        waiter = pool.start(host, ["tail", f"--pid={pid}", "-f", "/dev/null"], timeout=60) if alive else None
+        return cls(pool, host, pid if alive else None, status_path, waiter)
+
+    def __init__(self, pool: SSHPool, host: str, pid: int | None, status_path: str, waiter: RemoteProcess | None):
+        self.pool, self.host, self.pid, self.status_path = pool, host, pid, status_path
+        self.lost = False
+        self._waiter = waiter
         self._lock = threading.Lock()
         self._status: int | None = None
         self._read = False
