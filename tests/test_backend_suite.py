@@ -206,7 +206,7 @@ from autotuner.ledger.store import Ledger
 directory = Path(sys.argv[1])
 exec(sys.argv[2])
 with Ledger.open(directory) as ledger, SweepLock(directory):
-    backend = backend_for(directory, ledger, **given)  # the kind its record names
+    backend = backend_for(directory, ledger, given)  # the kind its record names
     backend.reach()
     attached = backend.attach()
     post = lambda event: None
