@@ -1,0 +1,41 @@
+"""Measure until sure: a run ends as soon as its steps pin its metric down, rather than after a fixed count.
+
+A run whose config's `autotuning` section holds `tolerance` (a fraction: 0.03 is 3%) is measured until its 95%
+interval (interval.py) has a half-width of at most that fraction of its mean, once it has made MIN_STEPS measured
+steps; its engine profiles up to `end_profile_step`, the most it may measure, where DeepSpeed's engine ends it
+as ever. The runner ends it as soon as it is sure (core/scheduler.py), recorded succeeded, its metric the
+steps' mean: the stop is recorded before its signal like every other stop, so a runner killed in between leaves
+it for the next to read as the success it was. The key is ours: DeepSpeed's engine reads the section's keys it
+knows and ignores the rest.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..jsonvalues import JSON
+from .interval import StepReading
+
+MIN_STEPS = 4  # measured steps (after warm-up) a run makes before its interval decides anything
+TOLERANCE = "tolerance"  # the autotuning key: the half-width asked, relative to the mean
+MOST = "max_measured_steps"  # the autotuning key: the most steps past start_profile_step a run measures
+DEFAULT_TOLERANCE = 0.03  # `autotune tune`'s, unless the config or --tolerance says otherwise
+DEFAULT_MOST = 30  # `autotune tune`'s
+
+
+def tolerance_of(ds_config: Mapping[str, JSON]) -> float | None:
+    """The tolerance an experiment's config asks its runs to be measured to; None: a fixed profile window."""
+    section = ds_config.get("autotuning")
+    value = section.get(TOLERANCE) if isinstance(section, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        return None
+    return float(value)
+
+
+def sure(reading: StepReading, tolerance: float) -> str | None:
+    """Why a running attempt whose steps say `reading` is measured well enough, as its record says it; None while
+    its interval is wider than `tolerance` of its mean, or it has made fewer than MIN_STEPS measured steps."""
+    interval = reading.interval
+    if interval is None or interval.n < MIN_STEPS or interval.half_width > tolerance:
+        return None
+    return (f"measured until sure: after {interval.n} measured steps its 95% interval is within "
+            f"{interval.half_width:.2%} of its mean (tolerance {tolerance:.2%})")
