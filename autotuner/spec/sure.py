@@ -1,8 +1,8 @@
 """Measure until sure: a run ends as soon as its steps pin its metric down, rather than after a fixed count.
 
 A run whose config's `autotuning` section holds `tolerance` (a fraction: 0.03 is 3%) is measured until its 95%
-interval (interval.py) has a half-width of at most that fraction of its mean, once it has made MIN_STEPS measured
-steps; its engine profiles up to `end_profile_step`, the most it may measure, where DeepSpeed's engine ends it
+interval (interval.py) has a half-width of at most that fraction of its mean, once it has made SURE_STEPS
+measured steps; its engine profiles up to `end_profile_step`, the most it may measure, where DeepSpeed's engine ends it
 as ever. The runner ends it as soon as it is sure (core/scheduler.py), recorded succeeded, its metric the
 steps' mean: the stop is recorded before its signal like every other stop, so a runner killed in between leaves
 it for the next to read as the success it was. The key is ours: DeepSpeed's engine reads the section's keys it
@@ -20,6 +20,11 @@ TOLERANCE = "tolerance"  # the autotuning key: the half-width asked, relative to
 MOST = "max_measured_steps"  # the autotuning key: the most steps past start_profile_step a run measures
 DEFAULT_TOLERANCE = 0.03  # `autotune tune`'s, unless the config or --tolerance says otherwise
 DEFAULT_MOST = 30  # `autotune tune`'s
+# Batches of the interval (interval.py) before it can say a run is sure: with two, its width rests on one degree of
+# freedom (the difference of two batch means), narrow by chance often enough that stopping on the first narrow one
+# ends noisy runs early at a lucky mean; three (nine measured steps) give the spread two and Student's t 4.3.
+SURE_BATCHES = 3
+SURE_STEPS = max(MIN_STEPS, SURE_BATCHES ** 2)  # the fewest measured steps whose interval has SURE_BATCHES batches
 
 
 def tolerance_of(ds_config: Mapping[str, JSON]) -> float | None:
@@ -33,9 +38,11 @@ def tolerance_of(ds_config: Mapping[str, JSON]) -> float | None:
 
 def sure(reading: StepReading, tolerance: float) -> str | None:
     """Why a running attempt whose steps say `reading` is measured well enough, as its record says it; None while
-    its interval is wider than `tolerance` of its mean, or it has made fewer than MIN_STEPS measured steps."""
+    its interval is wider than `tolerance` of its mean, or rests on fewer than SURE_STEPS measured steps
+    (SURE_BATCHES batches)."""
     interval = reading.interval
-    if interval is None or interval.n < MIN_STEPS or interval.half_width > tolerance:
+    if interval is None or interval.n < SURE_STEPS or interval.batches < SURE_BATCHES or \
+            interval.half_width > tolerance:
         return None
     return (f"measured until sure: after {interval.n} measured steps its 95% interval is within "
             f"{interval.half_width:.2%} of its mean (tolerance {tolerance:.2%})")

@@ -18,7 +18,7 @@ from .. import limits
 from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
 from ..spec.reading import Source
-from ..spec.sure import DEFAULT_MOST, DEFAULT_TOLERANCE, MIN_STEPS, MOST, TOLERANCE
+from ..spec.sure import DEFAULT_MOST, DEFAULT_TOLERANCE, MOST, SURE_STEPS, TOLERANCE
 
 OFF = "off"  # --tolerance off: the fixed window
 
@@ -38,8 +38,8 @@ CONFIGS = Asked()  # no option given: the config's keys, else the defaults
 
 def asked(tolerance: str | None, most: int | None) -> Asked:
     """`--tolerance` (a fraction, or "off") and `--max-measured-steps`, checked."""
-    if most is not None and most < MIN_STEPS:
-        raise UserError(f"--max-measured-steps {most} is below the {MIN_STEPS} measured steps a run makes before "
+    if most is not None and most < SURE_STEPS:
+        raise UserError(f"--max-measured-steps {most} is below the {SURE_STEPS} measured steps a run makes before "
                         "its interval can end it")
     if tolerance is None or tolerance.strip().lower() == OFF:
         return Asked(None, tolerance is not None, most)
@@ -65,9 +65,9 @@ def engine_section(src: Source, section: JSONObject, start: int | None, end: int
     first = start if start is not None else 3  # DeepSpeed's default start_profile_step
     if options.most is not None or most is not None or end is None:
         end = first + (options.most or most or DEFAULT_MOST)
-    elif end - first < MIN_STEPS:
+    elif end - first < SURE_STEPS:
         raise src.error(f"end_profile_step {end} leaves {end - first} measured step(s) past start_profile_step "
-                        f"{first}, fewer than the {MIN_STEPS} a run makes before its interval can end it: raise it, "
+                        f"{first}, fewer than the {SURE_STEPS} a run makes before its interval can end it: raise it, "
                         f"or set {MOST}", "end_profile_step")
     return {"start_profile_step": first, "end_profile_step": end,
             TOLERANCE: options.tolerance or tolerance or DEFAULT_TOLERANCE}
@@ -87,8 +87,8 @@ def _most(src: Source, section: JSONObject, end: int | None) -> int | None:
     if MOST not in section:
         return None
     value = section[MOST]
-    if isinstance(value, bool) or not isinstance(value, int) or value < MIN_STEPS or value > limits.COUNT:
-        raise src.error(f"{MOST} must be a whole number of at least {MIN_STEPS} (the measured steps a run makes "
+    if isinstance(value, bool) or not isinstance(value, int) or value < SURE_STEPS or value > limits.COUNT:
+        raise src.error(f"{MOST} must be a whole number of at least {SURE_STEPS} (the measured steps a run makes "
                         f"before its interval can end it), not {shown(value)}", MOST)
     if end is not None:
         raise src.error(f"{MOST} and end_profile_step both bound the profile window: give one", MOST)
