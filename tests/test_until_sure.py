@@ -2,19 +2,34 @@
 its 95% interval is that narrow, recorded succeeded with its steps' mean, through the recorded-stop path; the
 keys and options that ask it are checked; a tune measures until sure unless told otherwise."""
 import json
+import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+import autotuner
 from autotuner.core import Finished, Launched, MemoryRecord, Progress, Queued, Scheduler, SlotPool, Stop
 from autotuner.core.outcome import Outcome, StopAsked, with_measured_metric
 from autotuner.ledger.store import Ledger
+from autotuner.planning.durations import SureSteps
 from autotuner.spec.interval import Interval, StepReading
-from autotuner.spec.sure import MIN_STEPS, SURE_BATCHES, SURE_STEPS, sure, tolerance_of
+from autotuner.spec.sure import MIN_STEPS, SURE_BATCHES, SURE_STEPS, steps_needed, sure, tolerance_of
 from autotuner.states import Reason, State
 
-from cli_rig import ROOT, autotune, env, kill_9_once, latest, refused, sweep_id, tagged_pids
+from cli_rig import (
+    PREAMBLE,
+    ROOT,
+    autotune,
+    env,
+    kill_9_once,
+    latest,
+    refused,
+    sweep_id,
+    tagged_pids,
+    write_launcher,
+)
 from helpers import experiment
 
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -254,3 +269,86 @@ def test_a_kill_9_during_an_until_sure_end_then_resume_reads_it_as_the_success_i
     ran = Counter((tmp_path / "launches.log").read_text().splitlines())
     assert [line for line, n in ran.items() if n > 1] == []  # nothing ran twice
     assert tagged_pids(sweep_id(out)) == []
+
+
+# --- `run` sweeps: an experiment whose config asks a tolerance ---------------------------------------------------
+
+STEPPING = PREAMBLE + """\
+i=1
+p="$AUTOTUNE_PROGRESS_PATH"
+while [ $i -le 60 ]; do
+  sleep 0.05
+  printf '{"step": %d, "time": %s, "throughput": %d}\\n' $i "$(date +%s.%N)" $((100 + i % 2)) >> "$p"
+  i=$((i + 1))
+done
+printf '{"throughput": 100.5}\\n' > "$AUTOTUNE_METRICS_PATH"
+"""
+
+
+def run_sweep(tmp_path, autotuning):
+    (tmp_path / "train.py").touch()
+    path = tmp_path / "sweep.hjson"
+    path.write_text("{\n  name: p\n  script: train.py\n"
+                    f"  ds_config: {{train_micro_batch_size_per_gpu: 1, autotuning: {autotuning}}}\n"
+                    "  space: {x: [1, 2]}\n}\n")
+    return path
+
+
+def test_a_run_sweeps_experiment_whose_config_asks_a_tolerance_is_measured_until_sure(tmp_path):
+    launcher = write_launcher(tmp_path, STEPPING)
+    done = autotune("run", run_sweep(tmp_path, "{tolerance: 0.05}"), "--results", tmp_path / "res", "--launcher",
+                    launcher, "--slots", "2", environ=env(LAUNCH_LOG=tmp_path / "launches.log",
+                                                          AUTOTUNE_PROGRESS_POLL="0.1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for a in latest(tmp_path / "res").values():
+        assert a.state == State.SUCCEEDED and a.detail.startswith("measured until sure"), a
+        assert SURE_STEPS <= a.metrics["steps_measured"] < 60 and a.metric == pytest.approx(100.5, rel=0.01)
+
+
+@pytest.mark.parametrize(("autotuning", "fragment"), [
+    ("{tolerance: 2}", "autotuning.tolerance must be a fraction between 0 and 1 (0.03: within 3% of the mean), not 2"),
+    ("{tolerance: \"tight\"}", "not 'tight'"),
+    ("{tolerance: 0.05, end_profile_step: 8}", "end_profile_step 8 leaves 5 measured step(s)"),
+])
+def test_a_run_sweeps_bad_tolerance_is_refused_at_its_line(tmp_path, autotuning, fragment):
+    path = run_sweep(tmp_path, autotuning)
+    refused(autotune("run", path, "--results", tmp_path / "res", "--slots", "1"), f"{path}:4:",
+            "experiment p_x1", fragment)
+    assert not (tmp_path / "res").exists()
+
+
+# --- `autotune plan`: the steps a run measured until sure makes, from the measured step spread -------------------
+
+STEPS_STANDIN = ROOT / "tests" / "steps_standin.py"
+
+
+def steps_sweep(tmp_path, name, sizes, autotuning):
+    exps = [experiment(f"mbs{m}", script=str(STEPS_STANDIN), env={"STEPS_PROGRESS": "1", "STEPS_NOISE": "0.04",
+                                                                  "STEPS_STARTUP": "0.1", "STEPS_PER_SAMPLE": "0.005"},
+                       ds_config={"train_micro_batch_size_per_gpu": m, "autotuning": autotuning}) for m in sizes]
+    sweep = autotuner.Sweep(name=name, experiments=tuple(exps), metric=autotuner.metric_named("throughput"),
+                            source="test")
+    return autotuner.prepare(sweep, autotuner.load_cluster(slots=2), tmp_path / name,
+                             launcher=[sys.executable, str(STEPS_STANDIN)]), exps
+
+
+def test_plan_predicts_the_steps_of_runs_measured_until_sure_from_the_measured_step_spread(tmp_path):
+    past, _ = steps_sweep(tmp_path, "fixed", [1, 2], {"end_profile_step": 29})  # 30 noisy steps each
+    assert autotuner.execute(past, autotuner.Options(grace=1.0)).exit_code == 0
+    with Ledger.open(past) as ledger:
+        spreads = sorted(t.interval.step_spread for t in ledger.measures().values())
+    sure_of = {"tolerance": 0.03, "end_profile_step": 43}  # at most 40 measured steps
+    _, exps = steps_sweep(tmp_path, "sure", [1, 2, 4], sure_of)
+    plan = autotuner.plan_sweep(exps, {"h": [0, 1]}, past=past)
+    expected = [min(steps_needed(s, 0.03, 40) + 2, 44) for s in spreads]
+    sure = plan.durations.until_sure
+    assert (sure.fewest, sure.most, sure.spread) == (expected[0], expected[-1], statistics.median(spreads))
+    assert sure.fewest <= sure.median <= sure.most
+    assert plan.durations.parts["mbs4"].steps == min(steps_needed(statistics.median(spreads), 0.03, 40) + 2, 44)
+    assert plan.durations.parts["mbs4"].steps < 44  # fewer than the window: the spread measured needs fewer
+    text = autotuner.render_plan(plan)
+    assert f"measured until sure: {expected[0]} to {expected[-1]} steps a run" in text
+    alone = autotuner.plan_sweep(exps, {"h": [0, 1]}).durations.until_sure
+    assert alone == SureSteps(44, 44, 44, None)  # nothing measured: the window's end
+    assert "measured until sure: up to 44 steps a run" in autotuner.render_plan(
+        autotuner.plan_sweep(exps, {"h": [0, 1]}))
