@@ -86,9 +86,11 @@ def test_the_scheduler_ends_a_run_once_it_is_sure_and_records_it_succeeded_with_
     [stop] = s.step([Progress(runs["sure"], done)], 3.0).stop
     assert (stop.run, stop.state, stop.reason) == (runs["sure"], State.SUCCEEDED, Reason.SURE)
     assert s.record.stops == {("sure", 1): (State.SUCCEEDED, Reason.SURE, 3.0)}  # recorded before its signal
-    # Its end (the SIGTERM's exit status, no metrics file) reads as the success it was, its metric the mean.
-    s.step([Finished(runs["sure"], Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15, measured=done), 4.0)],
-           4.0)
+    # Its end (the SIGTERM's exit status, no metrics file) reads as the success it was, its metric the mean as it
+    # was judged sure (the steps it made while the stop reached it read at its end too: not what was judged).
+    later = reading(52.0, 0.06, n=12)
+    s.step([Finished(runs["sure"], Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15, measured=later),
+                     4.0)], 4.0)
     assert s.record.finished[("sure", 1)] == (State.SUCCEEDED, 4.0) and s.waiting() == []
     metrics = s.record.metrics[("sure", 1)]
     assert metrics["throughput"] == 50.0 and metrics["throughput_low"] == pytest.approx(49.0)
@@ -201,17 +203,17 @@ def setup_tune(tmp_path, **extra):
     (tmp_path / "ds.json").write_text((tmp_path / "ds.json").read_text().replace('"stage": [\n   1,\n   2\n  ]',
                                                                                  '"stage": [1, 2, 3]'))
     return env(OOM_STANDIN_LOG=tmp_path / "launches.log", OOM_STANDIN_STEPS="16 0.05",
-               OOM_STANDIN_STEP_NOISE="0.02 7", AUTOTUNE_PROGRESS_POLL="0.1", **extra)
+               OOM_STANDIN_STEP_NOISE="0.01 7", AUTOTUNE_PROGRESS_POLL="0.1", **extra)
 
 
 TUNE = ("tune", "--slots", "3", "--launcher", f"sh {STANDIN}")
 SCRIPT = ("train.py", "--deepspeed_config", "ds.json")
 
 
-def check_sure(directory, most):
-    """Every run that succeeded either ended once sure, recorded with its steps' mean and an interval within the
-    tolerance (the steps it made while its stop reached it counted too), or measured to its window's end;
-    every first run ran once. Returns the names ended once sure."""
+def check_sure(directory, most, slack=1.0):
+    """Every run that succeeded either ended once sure, recorded with its steps' mean and interval as they were
+    judged sure (within the tolerance; `slack` times it where a runner that took the run over recorded all the steps
+    it made), or measured to its window's end; every first run ran once. Returns the names ended once sure."""
     ended = latest(directory)
     early = set()
     for name, a in ended.items():
@@ -221,7 +223,7 @@ def check_sure(directory, most):
         assert low <= value <= high, a
         if a.detail and a.detail.startswith("measured until sure"):
             early.add(name)
-            assert a.reason is None and (high - low) / 2 / value <= 0.02 * 1.5, a
+            assert a.reason is None and (high - low) / 2 / value <= 0.02 * slack + 1e-9, a
             assert SURE_STEPS <= a.metrics["steps_measured"] < most, a
         else:
             assert a.metrics["steps_measured"] >= most, a  # its engine ended it: never sure before
@@ -265,7 +267,7 @@ def test_a_kill_9_during_an_until_sure_end_then_resume_reads_it_as_the_success_i
         assert (ended[name].attempt, ended[name].state) == (attempt, State.SUCCEEDED), ended[name]
         assert ended[name].metric  # as its stop recorded it, or its own end where that came first (no failure)
         assert ended[name].detail is None or ended[name].detail.startswith("measured until sure")
-    assert check_sure(out, 3 + 30 + 1) >= {name for name, _ in seen}
+    assert check_sure(out, 3 + 30 + 1, slack=2.0) >= {name for name, _ in seen}
     ran = Counter((tmp_path / "launches.log").read_text().splitlines())
     assert [line for line, n in ran.items() if n > 1] == []  # nothing ran twice
     assert tagged_pids(sweep_id(out)) == []

@@ -25,7 +25,7 @@ from typing import NamedTuple, TypeVarTuple
 
 from ..limits import memory
 from ..spec import Experiment
-from ..spec.interval import timing_of
+from ..spec.interval import StepReading, timing_of
 from ..spec.metrics import PEAK_MEMORY, reported_peak
 from ..spec.sure import sure, tolerance_of
 from ..states import Reason, State
@@ -124,6 +124,7 @@ class Scheduler:
         self._placing: list[Run] = []  # placed by the step under way: not yet handed to the driver
         self._adopted: set[Key] = set()  # runs a dead runner started, followed by this one
         self._asked: dict[Key, StopAsked] = {}  # the first stop asked for each running attempt (recorded)
+        self._sure: dict[Key, StepReading] = {}  # what the steps said when a run was found sure: what it records
         self._timers: list[tuple[float, int, Key | None]] = []  # (when, tie-break, run or None: the deadline)
         self._limits: dict[Key, float] = {}  # each timed run's timeout, for its message
         self._launched: dict[Key, float] = {}  # when each running attempt was launched: its start-up's origin
@@ -327,8 +328,12 @@ class Scheduler:
         """`peak_memory`: measured while it ran (peaks.py); else what the script reported, if it did. A stop asked
         for it (by this runner or, recorded, by the one that died) says how its end reads."""
         asked = self._asked.pop(run.key, None)
+        decided = self._sure.pop(run.key, None)
         if asked is not None:
-            outcome = with_measured_metric(asked.settle(outcome), self.metric)
+            settled = asked.settle(outcome)
+            if decided is not None and settled.metrics is None:  # its figures as they were judged sure
+                settled = replace(settled, measured=decided)
+            outcome = with_measured_metric(settled, self.metric)
         self._running.pop(run.key)
         self._changed = True
         self._limits.pop(run.key, None)
@@ -379,6 +384,7 @@ class Scheduler:
         tolerance = tolerance_of(run.experiment.ds_config)
         enough = sure(event.reading, tolerance) if tolerance is not None else None
         if enough is not None:
+            self._sure[run.key] = event.reading
             self._stop(run, State.SUCCEEDED, enough, now, Reason.SURE)
 
     def _runs_again(self, name: str, outcome: Outcome, adopted: bool) -> bool:
