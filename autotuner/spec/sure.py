@@ -2,8 +2,8 @@
 
 A run whose config's `autotuning` section holds `tolerance` (a fraction: 0.03 is 3%) is measured until its 95%
 interval (interval.py) has a half-width of at most that fraction of its mean, once it has made SURE_STEPS
-measured steps; its engine profiles up to `end_profile_step`, the most it may measure, where DeepSpeed's engine ends it
-as ever. The runner ends it as soon as it is sure (core/scheduler.py), recorded succeeded, its metric the
+measured steps; its engine profiles up to `end_profile_step`, the most it may measure, where DeepSpeed's engine
+ends it as ever. The runner ends it as soon as it is sure (core/scheduler.py), recorded succeeded, its metric the
 steps' mean: the stop is recorded before its signal like every other stop, so a runner killed in between leaves
 it for the next to read as the success it was. The key is ours: DeepSpeed's engine reads the section's keys it
 knows and ignores the rest.

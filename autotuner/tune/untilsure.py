@@ -18,7 +18,7 @@ from .. import limits
 from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
 from ..spec.reading import Source
-from ..spec.sure import DEFAULT_MOST, DEFAULT_TOLERANCE, MOST, SURE_STEPS, TOLERANCE
+from ..spec.sure import DEFAULT_MOST, DEFAULT_TOLERANCE, MOST, START, SURE_STEPS, TOLERANCE
 
 OFF = "off"  # --tolerance off: the fixed window
 
@@ -62,7 +62,7 @@ def engine_section(src: Source, section: JSONObject, start: int | None, end: int
     if options.off or (options.tolerance is None and options.most is None and tolerance is None and
                        (TOLERANCE in section or (end is not None and most is None))):
         return {k: v for k, v in (("start_profile_step", start), ("end_profile_step", end)) if v is not None}
-    first = start if start is not None else 3  # DeepSpeed's default start_profile_step
+    first = start if start is not None else START
     if options.most is not None or most is not None or end is None:
         end = first + (options.most or most or DEFAULT_MOST)
     elif end - first < SURE_STEPS:
