@@ -65,6 +65,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from .tune.goal import Goal
     from .tune.goal import from_options as training_goal
     from .tune.request import TuneRequest, read_tune
+    from .tune.untilsure import asked as until_sure
     from .tune.worlds import counts as world_counts
     from .views.compare import render_compare
     from .views.events import check_events_path
@@ -160,6 +161,8 @@ _LAZY = {
     # The training run a tune is for (`tune` / `report --train-tokens ...`): read and checked, priced by report.
     "Goal": (".tune.goal", "Goal"),
     "training_goal": (".tune.goal", "from_options"),
+    # `tune --tolerance 0.02 --max-measured-steps 40`: how long each run measures (untilsure.py).
+    "until_sure": (".tune.untilsure", "asked"),
     # `tune --num_gpus 1,2,4`: the world sizes searched (worlds.py).
     "world_counts": (".tune.worlds", "counts"),
     # `autotune plan --training DIR`: the whole training run with a config a sweep measured (views/cost.py).
@@ -242,6 +245,7 @@ __all__ = [
     "spec_changes",
     "timeout_seconds",
     "training_goal",
+    "until_sure",
     "watching",
     "world_counts",
     "write_html",

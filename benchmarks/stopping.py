@@ -1,20 +1,25 @@
-"""Stopping what cannot win (issue 36): the same `autotune tune`, through the real runner on the stand-in launcher
-with a fake GPU (tests/oom_standin.sh), with the live step reading on and off, over seeded trials.
+"""Stopping what cannot win and measuring until sure (issue 36): the same `autotune tune`, through the real runner
+on the stand-in launcher with a fake GPU (tests/oom_standin.sh), three ways, over seeded trials.
 
-  python benchmarks/stopping.py --trials 20 --startup 0.6 --steps 40 --step-seconds 0.03 --noise 0.03
+  python benchmarks/stopping.py --trials 20 --startup 0.6 --steps 40 --step-seconds 0.03 --noise 0.03 \
+      --tolerance 0.03
 
 The space is the stand-in's plain rule: ZeRO stages 1-3, micro-batch sizes up to 64; the best is z3 mbs45, the
 close second z2 mbs40 (1.4% behind), the small sizes clearly worse. Each run sleeps --startup seconds (start-up,
 many times a step), then makes --steps steps of --step-seconds, each measuring the law's throughput times
 1 + a normal draw of standard deviation --noise (OOM_STANDIN_STEP_NOISE, seeded by the trial), and writes their
-mean. A trial is one tune with stopping on (the step reader polls every 0.1 s) and the same tune with it off
-(AUTOTUNE_PROGRESS_POLL huge: the reader never reads while runs run, so nothing is stopped), both with the same
-seed, so each config's steps draw the same numbers in both.
+mean. A trial is three tunes with the same seed, so each config's steps draw the same numbers in each:
+- fixed: today's fixed-step tune (`--tolerance off`, AUTOTUNE_PROGRESS_POLL huge: the reader never reads while
+  runs run, so nothing is stopped or ended early; 1e6, the most it takes: a larger value is refused for
+  the default of 2 s, which read and stopped runs in the "off" tunes of the first figures below);
+- stopping: the same with the step reader on (every 0.1 s): what cannot win is stopped;
+- sure: stopping, and each run measured until sure (`--tolerance`, `--max-measured-steps` so that its window
+  ends where the fixed run's steps do).
 
-Reported: the share of trials whose stopping tune names the same best as its stopping-off twin; each tune's
-GPU-hours (the ledger's, gpu_hours.spent) and the median of their ratios; and every stopped config whose true
-throughput (the law, without noise) beats the named best's by more than the noise of a run's mean
-(--noise / sqrt(--steps), twice that to be sure of it).
+Reported, for stopping and sure against fixed: the share of trials naming the same best; each tune's GPU-hours (the
+ledger's, gpu_hours.spent) and the median of their ratios; where the GPU-hours go (start-up, steps, by the
+ledger's measured start-up; confirming re-runs); and every stopped config whose true throughput (the law, without
+noise) beats the named best's by more than the noise of a run's mean (--noise / sqrt(--steps), twice that).
 """
 from __future__ import annotations
 
@@ -61,18 +66,27 @@ class Tuned:
     stopped: list[str]
     wall: float
     experiments: int
+    startup_hours: float  # of the runs that measured a start-up: launch to first step, GPUs x seconds
+    rerun_hours: float  # the confirming re-runs'
+    early: int  # runs ended once sure
 
 
-def tune(work: Path, seed: int, stopping: bool, args: argparse.Namespace) -> Tuned:
-    """One tune of the trial `seed`, with the live step reading (and so stopping) on or off."""
-    out = work / f"{'on' if stopping else 'off'}-{seed}"
+MODES = ("fixed", "stopping", "sure")
+
+
+def tune(work: Path, seed: int, mode: str, args: argparse.Namespace) -> Tuned:
+    """One tune of the trial `seed`, one of MODES."""
+    out = work / f"{mode}-{seed}"
     environ = dict(os.environ, PYTHONPATH=str(ROOT), OOM_STANDIN_LOG=str(work / f"launches-{out.name}.log"),
                    OOM_STANDIN_SECONDS=str(args.startup), OOM_STANDIN_STEPS=f"{args.steps} {args.step_seconds}",
                    OOM_STANDIN_STEP_NOISE=f"{args.noise} {seed}",
-                   AUTOTUNE_PROGRESS_POLL="0.1" if stopping else "1e9")
+                   AUTOTUNE_PROGRESS_POLL="1e6" if mode == "fixed" else "0.1")
+    # The stand-in measured until sure steps to end_profile_step + 1 = 3 + max + 1: as many as a fixed run.
+    measuring = ["--tolerance", str(args.tolerance), "--max-measured-steps", str(args.steps - 4)] \
+        if mode == "sure" else ["--tolerance", "off"]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "autotuner", "tune", "--slots", str(args.slots), "--launcher",
-                           f"sh {STANDIN}", "-o", str(out), "train.py", "--deepspeed_config", "ds.json"],
+                           f"sh {STANDIN}", *measuring, "-o", str(out), "train.py", "--deepspeed_config", "ds.json"],
                           cwd=work, env=environ, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started
     if done.returncode != 0:
@@ -81,7 +95,11 @@ def tune(work: Path, seed: int, stopping: bool, args: argparse.Namespace) -> Tun
     assert best, done.stdout
     records = autotuner.load(out).records
     stopped = [r.name for r in records if r.state == autotuner.State.STOPPED]
-    return Tuned(best.group(1), gpu_hours(autotuner.snapshot(out)).spent, stopped, wall, len(records))
+    startup = sum(r.metrics.get("startup_s", 0.0) for r in records) / 3600  # one GPU a run
+    reruns = sum(r.gpu_hours or 0.0 for r in records if "_confirm" in r.name)
+    early = sum(1 for r in records if (r.reason or "") == "" and "until sure" in (r.detail or ""))
+    return Tuned(best.group(1), gpu_hours(autotuner.snapshot(out)).spent, stopped, wall, len(records), startup,
+                 reruns, early)
 
 
 def main() -> None:
@@ -92,10 +110,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-seconds", type=float, default=0.03)
     parser.add_argument("--noise", type=float, default=0.03, help="per-step standard deviation, relative")
+    parser.add_argument("--tolerance", type=float, default=0.03, help="the sure tune's --tolerance")
     parser.add_argument("--json", type=Path, help="write each trial's figures here")
     args = parser.parse_args()
     margin = 2 * args.noise / math.sqrt(args.steps)  # twice the noise of a run's mean
-    rows: list[tuple[Tuned, Tuned, list[str]]] = []
+    rows: list[dict[str, Tuned]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "train.py").write_text("# stand-in: the launcher never runs it\n")
@@ -104,27 +123,31 @@ def main() -> None:
             "zero_optimization": {"stage": [1, 2, 3]},
             "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}))
         for seed in range(args.trials):
-            off, on = tune(work, seed, False, args), tune(work, seed, True, args)
-            wrong = [n for n in on.stopped if true_value(n) > true_value(on.best) * (1 + margin)]
-            rows.append((off, on, wrong))
-            print(f"seed {seed}: off {off.best} {off.hours * 3600:.1f} GPU-s ({off.wall:.0f} s wall), "
-                  f"on {on.best} {on.hours * 3600:.1f} GPU-s ({on.wall:.0f} s wall), "
-                  f"{len(on.stopped)} of {on.experiments} stopped"
-                  + (f", stopped truly better: {wrong}" if wrong else ""), flush=True)
-    same = sum(on.best == off.best for off, on, _ in rows)
-    ratios = [on.hours / off.hours for off, on, _ in rows]
-    print(f"\n{len(rows)} trials; same best as stopping off: {same}/{len(rows)} ({same / len(rows):.0%})")
-    print(f"GPU-hours stopping on / off: median ratio {statistics.median(ratios):.3f} "
-          f"(range {min(ratios):.3f} to {max(ratios):.3f})")
-    print("the named best's true value / the law's best (z3 mbs45), median: off "
-          f"{statistics.median(true_value(off.best) / law(3, 45) for off, _, _ in rows):.4f}, "
-          f"on {statistics.median(true_value(on.best) / law(3, 45) for _, on, _ in rows):.4f}")
-    print(f"stopped configs truly better than the named best by more than {margin:.2%}: "
-          f"{sum(len(wrong) for _, _, wrong in rows)}")
+            row = {mode: tune(work, seed, mode, args) for mode in MODES}
+            rows.append(row)
+            print(f"seed {seed}: " + "; ".join(
+                f"{mode} {t.best} {t.hours * 3600:.1f} GPU-s ({t.wall:.0f} s wall, {len(t.stopped)} stopped, "
+                f"{t.early} sure, of {t.experiments})" for mode, t in row.items()), flush=True)
+    print(f"\n{len(rows)} trials, tolerance {args.tolerance}")
+    for mode in MODES[1:]:
+        same = sum(r[mode].best == r["fixed"].best for r in rows)
+        ratios = [r[mode].hours / r["fixed"].hours for r in rows]
+        wrong = sum(1 for r in rows for n in r[mode].stopped if true_value(n) > true_value(r[mode].best) * (1 + margin))
+        print(f"{mode}: same best as fixed {same}/{len(rows)} ({same / len(rows):.0%}); GPU-hours {mode} / fixed: "
+              f"median ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); "
+              f"stopped truly better by more than {margin:.2%}: {wrong}")
+    for mode in MODES:
+        tuned = [r[mode] for r in rows]
+        print(f"{mode}: GPU-s median {statistics.median(t.hours * 3600 for t in tuned):.1f}, of it start-up "
+              f"{statistics.median(t.startup_hours * 3600 for t in tuned):.1f}, confirming re-runs "
+              f"{statistics.median(t.rerun_hours * 3600 for t in tuned):.1f}; experiments "
+              f"{statistics.median(t.experiments for t in tuned)}, stopped "
+              f"{statistics.median(len(t.stopped) for t in tuned)}, "
+              f"ended once sure {statistics.median(t.early for t in tuned)}; named best's true value / the law's "
+              f"best {statistics.median(true_value(t.best) / law(3, 45) for t in tuned):.4f}")
     if args.json:
-        args.json.write_text(json.dumps([{"seed": seed, "off": vars(off), "on": vars(on), "stopped_better": wrong}
-                                         for seed, (off, on, wrong) in enumerate(rows)], indent=1))
-
+        args.json.write_text(json.dumps([{"seed": seed, **{mode: vars(t) for mode, t in row.items()}}
+                                         for seed, row in enumerate(rows)], indent=1))
 
 if __name__ == "__main__":
     main()

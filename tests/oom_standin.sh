@@ -31,6 +31,8 @@
 # line in the log then carries tpN and gc. $OOM_STANDIN_SCALING="WITHIN ACROSS": the throughput is the whole world's
 # (the data-parallel GPUs' sum), each doubling of the GPUs of a node keeping WITHIN of it and each doubling of the
 # nodes ACROSS, raised to 1 + stage/2 (a higher ZeRO stage communicates more); the world's size leads its log line.
+# A run measured until sure (its config's autotuning.tolerance) makes end_profile_step + 1 such steps instead of N, as
+# DeepSpeed's engine would, unless the runner ends it first.
 # $OOM_STANDIN_STEP_NOISE="SD SEED" (with OOM_STANDIN_STEPS): each step measures the throughput times 1 + a normal
 # draw of standard deviation SD (seeded by SEED, the config and its run's count), and the run writes their mean.
 # $OOM_STANDIN_NOISY_STEPS="N NOISE": the run also writes N steps at once to $AUTOTUNE_PROGRESS_PATH, each
@@ -116,6 +118,8 @@ lucky = os.environ.get("OOM_STANDIN_LUCKY", "").split()
 if lucky and (int(lucky[0]), int(lucky[1])) == (stage, mbs) and first:
     throughput *= float(lucky[2])
 steps = os.environ.get("OOM_STANDIN_STEPS", "").split()
+if steps and config["autotuning"].get("tolerance"):  # measured until sure: steps to its window's end, as the engine
+    steps[0] = str(config["autotuning"]["end_profile_step"] + 1)  # does; the runner ends it sooner once sure
 noise = os.environ.get("OOM_STANDIN_STEP_NOISE", "").split()
 if noise:  # each run's own draws: the seed, its config's line and how many times that line ran
     with open(os.environ["OOM_STANDIN_LOG"]) as log:

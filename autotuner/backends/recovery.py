@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.outcome import Outcome, StopAsked
+from ..core.outcome import Outcome, StopAsked, with_measured_metric
 from ..ledger.store import Attempt, Ledger
 from ..spec.hostfile import is_local
 from ..spec.metrics import metric_named
@@ -58,6 +58,9 @@ def recover(ledger: Ledger, at: float, end: Callable[[Attempt], None],
             outcome = exitstatus.judge_files(code(attempt, status, directory), directory, metric)
             if before is not None:
                 outcome = before.settle(outcome)
+        elif stop.state == State.SUCCEEDED and directory is not None:  # ended once sure: its steps say its metric
+            outcome = stop.settle(exitstatus.judge_files(None, directory, metric))
+        outcome = with_measured_metric(outcome, metric.name)
         ledger.finish(attempt.name, attempt.attempt, outcome.state, at, reason=outcome.reason, detail=outcome.detail,
                       exit_code=outcome.exit_code, metric=(outcome.metrics or {}).get(metric.name),
                       metrics=outcome.metrics)

@@ -126,6 +126,14 @@ def tune(
                                           help="Early stopping (tuner_early_stopping N) counts a run as progress "
                                                "only when it beats the best so far by this many percent "
                                                "(0 to 1000)."),
+    tolerance: str | None = typer.Option(None, "--tolerance", metavar="FRACTION|off",
+                                         help="Measure each run until its 95% interval is within this fraction of "
+                                              "its mean (0.03: 3%), then end it as succeeded; off: the fixed profile "
+                                              "window [default: the config's autotuning.tolerance, else 0.03 "
+                                              "unless it sets end_profile_step]."),
+    max_measured_steps: int | None = typer.Option(None, "--max-measured-steps", metavar="N",
+                                                  help="The most steps a run measures until sure; it ends there "
+                                                       "[default: the config's, else 30]."),
     launcher: str | None = LAUNCHER,
     training_run: GoalOptions = GOAL,
     watch: Watch = WATCH_AND_VERDICT,
@@ -145,7 +153,8 @@ def tune(
         gpus = autotuner.world_counts(num_gpus, "--num_gpus") if num_gpus is not None else None
         nodes = autotuner.world_counts(num_nodes, "--num_nodes") if num_nodes is not None else None
         request = autotuner.read_tune(script, list(ctx.args), num_gpus=gpus, num_nodes=nodes, seed=seed,
-                                      confirm=confirm, min_gain=min_improvement / 100, goal=wanted)
+                                      confirm=confirm, min_gain=min_improvement / 100, goal=wanted,
+                                      until_sure=autotuner.until_sure(tolerance, max_measured_steps))
         check_outputs(watch.events, chosen, [*request.inputs, *inputs("tune", backend)])
     except UserError as e:
         raise fail(e) from None

@@ -7,6 +7,7 @@ command not found, host unreachable) and `lost` (the host went away) are transie
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ class Outcome:
 
 # The reason a stop records when it names none: its state's own word.
 REASON_OF = {State.CANCELLED: Reason.CANCELLED, State.INTERRUPTED: Reason.INTERRUPTED,
-             State.TIMED_OUT: Reason.TIMEOUT, State.STOPPED: Reason.OUTCLASSED}
+             State.TIMED_OUT: Reason.TIMEOUT, State.STOPPED: Reason.OUTCLASSED, State.SUCCEEDED: Reason.SURE}
 
 
 @dataclass(frozen=True)
@@ -87,10 +88,29 @@ class StopAsked:
 
     def settle(self, outcome: Outcome) -> Outcome:
         """The outcome to record: the stop's, unless the attempt succeeded before the stop reached it, or its
-        host was lost (then it runs again elsewhere)."""
+        host was lost (then it runs again elsewhere). A stop once measured until sure (spec/sure.py) reads as a
+        success whose metric its steps give (`with_measured_metric`)."""
         if outcome.state == State.SUCCEEDED or outcome.reason == Reason.LOST:
             return outcome
+        if self.state == State.SUCCEEDED:
+            return Outcome(State.SUCCEEDED, None, self.detail, outcome.exit_code, measured=outcome.measured)
         return Outcome(self.state, self.reason, self.detail, outcome.exit_code, measured=outcome.measured)
+
+
+def with_measured_metric(outcome: Outcome, metric: str) -> Outcome:
+    """A success that left no metrics file (ended once measured until sure): its metric the mean of its measured
+    steps, with the interval as METRIC_low and METRIC_high; a failure (metrics) where its steps could not be read
+    back. Any other outcome as it is."""
+    if outcome.state != State.SUCCEEDED or metric in (outcome.metrics or {}):
+        return outcome
+    interval = outcome.measured.interval if outcome.measured is not None else None
+    if interval is None:
+        return Outcome(State.FAILED, Reason.METRICS, f"{outcome.detail}; but its steps could not be read back for "
+                       f"its {metric}", outcome.exit_code, measured=outcome.measured)
+    metrics = {**(outcome.metrics or {}), metric: interval.mean, f"{metric}_low": interval.low}
+    if math.isfinite(interval.high):
+        metrics[f"{metric}_high"] = interval.high
+    return Outcome(State.SUCCEEDED, None, outcome.detail, outcome.exit_code, metrics, outcome.measured)
 
 
 def log_tail(path: Path, size: int = _TAIL_BYTES) -> str:

@@ -25,8 +25,9 @@ from typing import NamedTuple, TypeVarTuple
 
 from ..limits import memory
 from ..spec import Experiment
-from ..spec.interval import timing_of
+from ..spec.interval import StepReading, timing_of
 from ..spec.metrics import PEAK_MEMORY, reported_peak
+from ..spec.sure import sure, tolerance_of
 from ..states import Reason, State
 from .events import (
     Cancel,
@@ -44,7 +45,7 @@ from .events import (
     Queued,
     Run,
 )
-from .outcome import Outcome, StopAsked
+from .outcome import Outcome, StopAsked, with_measured_metric
 from .placement import Pack
 from .queues import BackfillQueue
 from .record import Record
@@ -123,6 +124,7 @@ class Scheduler:
         self._placing: list[Run] = []  # placed by the step under way: not yet handed to the driver
         self._adopted: set[Key] = set()  # runs a dead runner started, followed by this one
         self._asked: dict[Key, StopAsked] = {}  # the first stop asked for each running attempt (recorded)
+        self._sure: dict[Key, StepReading] = {}  # what the steps said when a run was found sure: what it records
         self._timers: list[tuple[float, int, Key | None]] = []  # (when, tie-break, run or None: the deadline)
         self._limits: dict[Key, float] = {}  # each timed run's timeout, for its message
         self._launched: dict[Key, float] = {}  # when each running attempt was launched: its start-up's origin
@@ -326,8 +328,12 @@ class Scheduler:
         """`peak_memory`: measured while it ran (peaks.py); else what the script reported, if it did. A stop asked
         for it (by this runner or, recorded, by the one that died) says how its end reads."""
         asked = self._asked.pop(run.key, None)
+        decided = self._sure.pop(run.key, None)
         if asked is not None:
-            outcome = asked.settle(outcome)
+            settled = asked.settle(outcome)
+            if decided is not None and settled.metrics is None:  # its figures as they were judged sure
+                settled = replace(settled, measured=decided)
+            outcome = with_measured_metric(settled, self.metric)
         self._running.pop(run.key)
         self._changed = True
         self._limits.pop(run.key, None)
@@ -357,7 +363,8 @@ class Scheduler:
     def _progress(self, event: Progress, now: float) -> None:
         """A running attempt's steps so far: kept in the record (its `measures`, for `status` and the dashboard)
         and told to observers; one seen to run out of memory is ended at once (recorded failed, oom), and one the
-        search says cannot win is stopped (`Source.outclassed`; recorded stopped, outclassed). An attempt already
+        search says cannot win is stopped (`Source.outclassed`; recorded stopped, outclassed), and one whose config
+        asks it to be measured until sure is ended once it is (spec/sure.py; recorded succeeded). An attempt already
         being stopped, or ended, is left alone."""
         run = event.run
         if run.key not in self._running or run.key in self._asked:
@@ -373,6 +380,12 @@ class Scheduler:
         why = self.source.outclassed(run, event.reading) if self.source is not None else None
         if why is not None:
             self._stop(run, State.STOPPED, why, now, Reason.OUTCLASSED)
+            return
+        tolerance = tolerance_of(run.experiment.ds_config)
+        enough = sure(event.reading, tolerance) if tolerance is not None else None
+        if enough is not None:
+            self._sure[run.key] = event.reading
+            self._stop(run, State.SUCCEEDED, enough, now, Reason.SURE)
 
     def _runs_again(self, name: str, outcome: Outcome, adopted: bool) -> bool:
         """The retry decision, made here only. Interrupted, not by us (its host was lost, or it is an adopted

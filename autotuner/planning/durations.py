@@ -16,6 +16,12 @@ it made; any script that writes the progress file, DeepSpeed's per-step lines), 
 - median measured: the median run of the earlier sweep (runs with neither steps nor latency: a script's own metric);
 - default.
 
+A run measured until sure (its config's `autotuning.tolerance`, spec/sure.py) makes the steps its interval needs,
+not its whole window: predicted from the earlier sweep's measured per-step spread (each run's interval says how
+much one step spreads: `Interval.step_spread`), the steps that spread needs for the tolerance, capped at its
+window's end; `Durations.until_sure` says the range, from the least to the most spread measured. With nothing
+measured, the window's end.
+
 The Monte Carlo spread of an estimate made of a start-up and steps (`Parts`) is the measured spread of each: the
 start-ups' coefficient of variation over the earlier sweep's runs, and the step time's over runs of one config
 (each run's step time against its config's median, where a config ran more than once).
@@ -32,11 +38,12 @@ from ..backends.launch import END_PROFILE_STEP, end_profile_step, with_autotunin
 from ..errors import UserError
 from ..ledger.store import Ledger, open_sweep
 from ..spec import Experiment
-from ..spec.interval import RunTimes
+from ..spec.interval import WARMUP, RunTimes
+from ..spec.sure import TOLERANCE, steps_needed, tolerance_of
 from ..states import State
 
 DEFAULT_SECONDS = 600.0
-PROFILE_KEYS = ("start_profile_step", "end_profile_step")
+PROFILE_KEYS = ("start_profile_step", "end_profile_step", TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -51,13 +58,26 @@ class Parts:
 
 
 @dataclass(frozen=True)
+class SureSteps:
+    """The steps the runs measured until sure are expected to make: the fewest (at the least spread measured),
+    the median one's (at the median spread), the most (at the most spread, or the window's end); `spread`: the
+    median per-step spread measured (None: nothing measured it)."""
+
+    fewest: int
+    median: int
+    most: int
+    spread: float | None
+
+
+@dataclass(frozen=True)
 class Durations:
-    """Expected seconds per experiment, where each figure came from (the module docstring's names), and the parts
-    of those made of a start-up and steps."""
+    """Expected seconds per experiment, where each figure came from (the module docstring's names), the parts
+    of those made of a start-up and steps, and the steps of those measured until sure."""
 
     seconds: Mapping[str, float]
     origin: Mapping[str, str]
     parts: Mapping[str, Parts] = field(default_factory=dict)
+    until_sure: SureSteps | None = None
 
     def counts(self) -> dict[str, int]:
         counted: dict[str, int] = {}
@@ -82,6 +102,7 @@ class PastRuns:
     by_digest: dict[str, list[float]] = field(default_factory=dict)
     by_name: dict[str, list[float]] = field(default_factory=dict)
     by_unstepped: dict[str, list[Split]] = field(default_factory=dict)
+    spreads: list[float] = field(default_factory=list)  # each succeeded run's per-step spread (relative)
 
     def every(self) -> list[float]:
         return [d for runs in self.by_name.values() for d in runs]
@@ -90,10 +111,16 @@ class PastRuns:
         return [s for runs in self.by_unstepped.values() for s in runs]
 
 
-def steps(e: Experiment) -> int:
-    """Optimizer steps a DeepSpeed run of `e` takes before its engine ends it (see the module docstring)."""
-    end = end_profile_step(with_autotuning(e.ds_config, "", ""))
-    return (end if end is not None else END_PROFILE_STEP) + 1
+def steps(e: Experiment, spread: float | None = None) -> int:
+    """Optimizer steps a DeepSpeed run of `e` takes before its engine ends it, or, measured until sure with steps
+    that spread by `spread`, before the runner does (see the module docstring)."""
+    config = with_autotuning(e.ds_config, "", "")
+    end = end_profile_step(config)
+    total = (end if end is not None else END_PROFILE_STEP) + 1
+    tolerance, start = tolerance_of(config), config["autotuning"].get("start_profile_step")
+    if tolerance is None or spread is None or not isinstance(start, int) or total - 1 - start < 1:
+        return total
+    return min(total, steps_needed(spread, tolerance, total - 1 - start) + WARMUP)
 
 
 def unstepped_digest(e: Experiment) -> str:
@@ -111,8 +138,10 @@ def split(e: Experiment, seconds: float, metrics: Mapping[str, float], timing: R
     """A run of `e` that took `seconds` cut by its step time: measured from its steps (`timing`, the ledger's), else
     DeepSpeed's `latency`; None without either, or where the steps would outlast the run (not a time per step)."""
     if timing is not None and timing.step_seconds and timing.step_seconds > 0 and timing.steps > 0:
-        # The steps it made: those it reported, or more (DeepSpeed prints none for its first two steps)
-        startup = seconds - max(timing.steps, steps(e)) * timing.step_seconds
+        # The steps it made: those it reported, or more (DeepSpeed prints none for its first two steps); one
+        # measured until sure made those it reported (the runner ended it)
+        made = timing.steps if tolerance_of(e.ds_config) is not None else max(timing.steps, steps(e))
+        startup = seconds - made * timing.step_seconds
         if startup >= 0:
             return Split(startup, timing.step_seconds)
     latency = metrics.get("latency")
@@ -139,6 +168,9 @@ def past_runs(directory: Path) -> PastRuns:
                 continue
             found.by_digest.setdefault(e.digest, []).append(a.duration)
             timing = timings.get((a.name, a.attempt))
+            if a.state is State.SUCCEEDED and timing is not None and timing.interval is not None \
+                    and math.isfinite(spread := timing.interval.step_spread) and spread > 0:
+                found.spreads.append(spread)
             if a.state is State.SUCCEEDED and (cut := split(e, a.duration, a.metrics, timing)) is not None:
                 found.by_unstepped.setdefault(unstepped_digest(e), []).append(cut)
     finally:
@@ -174,6 +206,7 @@ def durations(experiments: Sequence[Experiment], past: Path | None = None,
     median = statistics.median(every) if every else None
     overall = _median_split(known.splits()) if known.by_unstepped else None
     startup_spread, step_spread = spreads(known)
+    per_step = statistics.median(known.spreads) if known.spreads else None
     seconds: dict[str, float] = {}
     origin: dict[str, str] = {}
     parts: dict[str, Parts] = {}
@@ -185,15 +218,30 @@ def durations(experiments: Sequence[Experiment], past: Path | None = None,
             seconds[e.name], origin[e.name] = statistics.median(runs), "measured"
         elif same:
             own = _median_split(same)
-            seconds[e.name], origin[e.name] = own.startup + steps(e) * own.per_step, "scaled"
-            parts[e.name] = Parts(own.startup, own.per_step, steps(e), startup_spread, step_spread)
+            seconds[e.name], origin[e.name] = own.startup + steps(e, per_step) * own.per_step, "scaled"
+            parts[e.name] = Parts(own.startup, own.per_step, steps(e, per_step), startup_spread, step_spread)
         elif e.estimate is not None:
             seconds[e.name], origin[e.name] = e.estimate, "estimate"
         elif overall is not None:
-            seconds[e.name], origin[e.name] = overall.startup + steps(e) * overall.per_step, "start-up + steps"
-            parts[e.name] = Parts(overall.startup, overall.per_step, steps(e), startup_spread, step_spread)
+            seconds[e.name], origin[e.name] = overall.startup + steps(e, per_step) * overall.per_step, \
+                "start-up + steps"
+            parts[e.name] = Parts(overall.startup, overall.per_step, steps(e, per_step), startup_spread, step_spread)
         elif median is not None:
             seconds[e.name], origin[e.name] = median, "median measured"
         else:
             seconds[e.name], origin[e.name] = default, "default"
-    return Durations(seconds, origin, parts)
+    return Durations(seconds, origin, parts, sure_steps(experiments, known.spreads))
+
+
+def sure_steps(experiments: Sequence[Experiment], spreads: Sequence[float]) -> SureSteps | None:
+    """The steps the experiments measured until sure are expected to make, over the spreads measured (module
+    docstring); None where none is measured until sure."""
+    sure = [e for e in experiments if tolerance_of(e.ds_config) is not None]
+    if not sure:
+        return None
+    if not spreads:
+        ends = [steps(e) for e in sure]
+        return SureSteps(min(ends), int(statistics.median(ends)), max(ends), None)
+    middle = statistics.median(spreads)
+    return SureSteps(min(steps(e, min(spreads)) for e in sure), int(statistics.median(steps(e, middle) for e in sure)),
+                     max(steps(e, max(spreads)) for e in sure), middle)

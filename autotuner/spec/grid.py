@@ -59,6 +59,7 @@ from .reading import (
     stem_name,
     string_list,
 )
+from .sure import problem
 
 SWEEP_KEYS = ("name", "script", "args", "config_flag", "arg_mappings", "metric", "num_gpus", "num_nodes", "timeout",
               "estimate", "env", "gpu_type", "gpu_mixed", "gpu_memory", "ds_config", "space")
@@ -192,6 +193,8 @@ def load_sweep_file(src: Source, data: JSONObject, defaults: Defaults) -> Loaded
                                 num_gpus=fields["num_gpus"], num_nodes=fields["num_nodes"], gpu_type=gpu_type,
                                 gpu_mixed=gpu_mixed, gpu_memory=gpu_memory)
         check_batch(src, experiment)
+        if (wrong := problem(experiment.ds_config)) is not None:
+            raise src.error(f"experiment {name}: {wrong}", "ds_config" if "ds_config" in data else None)
         loaded.experiments.append((experiment, line))
     return loaded
 

@@ -44,6 +44,12 @@ class Interval:
     batches: int
 
     @property
+    def step_spread(self) -> float:
+        """The spread of one step, relative to the mean, that the interval implies (its half-width is Student's t
+        times that over the square root of its steps): what `autotune plan` predicts a run's steps from."""
+        return self.half_width * math.sqrt(self.n) / t95(self.batches)
+
+    @property
     def half_width(self) -> float:
         """Half the interval, relative to its mean (0.02: the mean is known within 2%); inf for a zero mean."""
         return (self.high - self.low) / 2 / abs(self.mean) if self.mean else math.inf
@@ -65,6 +71,11 @@ class StepReading:
         if launched_at is None or self.first_at < launched_at:
             return None
         return self.first_at - launched_at
+
+
+def t95(batches: int) -> float:
+    """Student's t, two-sided 95%, of an interval of `batches` batch means (batches - 1 degrees of freedom)."""
+    return _T95[min(max(batches, 2), MAX_BATCHES) - 2]
 
 
 def batch_means(values: Sequence[float]) -> Interval | None:

@@ -22,25 +22,27 @@ from ..spec.reading import (
     read_named,
     read_source,
 )
+from ..spec.sure import MOST, TOLERANCE
 from .batches import largest_keeping
 from .goal import SECTION_KEYS as GOAL_KEYS
 from .goal import Goal, from_section
 from .knobs import Space, accumulation_values, first_values, knob_spaces, whole, with_accumulation
 from .layout import SHAPE_KEYS, read_script_knobs, read_shape, read_tp
+from .untilsure import CONFIGS, Asked, engine_section
 
 # The `autotuning` keys DeepSpeed documents; the search reads those in USED, the rest are its bookkeeping.
 KEYS = ("enabled", "fast", "results_dir", "exps_dir", "overwrite", "metric", "start_profile_step",
         "end_profile_step", "metric_path", "max_train_batch_size", "min_train_batch_size",
         "min_train_micro_batch_size_per_gpu", "max_train_micro_batch_size_per_gpu", "num_tuning_micro_batch_sizes",
         "mp_size", "tuner_type", "tuner_early_stopping", "tuner_num_trials", "arg_mappings", "model_info",
-        "model_info_path", "script_knobs", *GOAL_KEYS)  # script_knobs: ours (layout.py), the script's arguments to
-# search; the goal's keys: ours too (goal.py), the training run the tune is for
+        "model_info_path", "script_knobs", TOLERANCE, MOST, *GOAL_KEYS)  # script_knobs: ours (layout.py), the
+# script's arguments to search; tolerance, max_measured_steps: ours (untilsure.py); the goal's keys: ours too
+# (goal.py), the training run the tune is for
 TUNERS = ("gridsearch", "random", "model_based")
 SWITCHES = ("enabled", "fast", "overwrite")  # the section's true/false keys
 PATHS = ("results_dir", "exps_dir", "metric_path")  # the section's path keys
 OPTUNA_MISSING = "tuner_type model_based searches with Optuna, not installed: pip install 'ds-autotune[tune]'"
 PROFILE_STEPS = (3, 5)  # DeepSpeed's start_profile_step and end_profile_step when a config sets none
-ENGINE_KEYS = ("start_profile_step", "end_profile_step")  # what each experiment's engine keeps of the section
 STAGES = (0, 1, 2, 3)
 BATCH_KEYS = ("train_batch_size", "gradient_accumulation_steps", "train_micro_batch_size_per_gpu")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")  # DeepSpeed's OffloadDeviceEnum
@@ -130,10 +132,11 @@ class Tuning:
 
 
 def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = CONFIG_FLAG,
-                num_gpus: int | None = None) -> Tuning:
+                num_gpus: int | None = None, options: Asked = CONFIGS) -> Tuning:
     """The config at `path` (or `src`, one read already: a tune file's ds_config) and its autotuning section
     (DeepSpeed's keys); `world`: GPUs per experiment; `flag`: the option the script takes the config by, which
-    no `arg_mappings` entry may hand a value to (the rules of a sweep file's)."""
+    no `arg_mappings` entry may hand a value to (the rules of a sweep file's); `options`: `autotune tune`'s over
+    the section's keys of measuring until sure (untilsure.py)."""
     src = src or read_source(path, Budget(), "DeepSpeed config")
     config = src.data
     if not isinstance(config, dict):
@@ -193,7 +196,7 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
         base["gradient_accumulation_steps"] = accumulations[0]
     if zero:
         base["zero_optimization"] = first_values(zero)
-    engine = {k: counts[k] for k in ENGINE_KEYS if counts[k] is not None}
+    engine = engine_section(src, section, counts["start_profile_step"], counts["end_profile_step"], options)
     if engine:
         base["autotuning"] = engine
     mappings = arg_mappings(src, section.get("arg_mappings", {}), flag)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ..spec import Experiment
+from ..spec.sure import TOLERANCE
 from ..states import Reason, State
 from .knowledge import Knowledge
 from .layout import checkpointing, layout_of, replicated_params, stage_of
@@ -169,7 +170,8 @@ class MemoryLoop(Knowledge):
         self.profile = "out"
         data = self.experiment(self.profile_stage, self.spec.min_mbs).to_json()
         config = data["ds_config"]
-        config["autotuning"] = {**config.get("autotuning", {}), "model_info": {"profile": True}}
+        kept = {k: v for k, v in config.get("autotuning", {}).items() if k != TOLERANCE}  # nothing to be sure of:
+        config["autotuning"] = {**kept, "model_info": {"profile": True}}  # its engine ends it at its first pass
         name = self.spec.profile_name(self.profile_stage)
         self.proposed.add(name)
         return [Experiment.from_json({**data, "name": name})]

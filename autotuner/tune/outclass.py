@@ -24,10 +24,9 @@ from ..core.outcome import Outcome
 from ..spec import Experiment
 from ..spec.interval import Interval, StepReading
 from ..spec.metrics import Metric, format_value
+from ..spec.sure import MIN_STEPS
 from ..states import State
 from .reruns import Bounds, interval_of
-
-MIN_STEPS = 4  # measured steps (after warm-up) a running attempt makes before it can be stopped
 
 
 def optimistic(interval: Bounds, metric: Metric) -> float:

@@ -17,6 +17,7 @@ from .goal import Goal
 from .inputs import name_prefix, read_tuning, split_command
 from .space import DEFAULT_PATIENCE, DEFAULT_TRIALS, MAX_MICRO_BATCH, SearchSpec
 from .tunefile import is_tune_file, read_tune_file
+from .untilsure import CONFIGS, Asked
 from .worlds import sizes
 
 
@@ -35,7 +36,7 @@ class TuneRequest:
 def read_tune(script: str, args: Sequence[str], *, num_gpus: int | Sequence[int] | None = None,
               num_nodes: int | Sequence[int] | None = None,
               cwd: Path | None = None, seed: int = 0, confirm: int | None = None,
-              min_gain: float = 0.0, goal: Goal | None = None) -> TuneRequest:
+              min_gain: float = 0.0, goal: Goal | None = None, until_sure: Asked = CONFIGS) -> TuneRequest:
     """The user's DeepSpeed command (`script` and its `args`, which name the config), or a tune file (`script` an
     .hjson file stating them: tune/inputs.py), read and checked; nothing is asked of a cluster. Each experiment
     runs on `num_nodes` x `num_gpus` slots (given here, else the tune file's, else 1). `seed`: of the random and
@@ -43,7 +44,8 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | Sequence[int]
     when more than 2 succeeded; 0: none); `min_gain`: the fraction by which a run must beat the best so far to
     count as progress for early stopping (finite, 0 to 10); `goal`: the training run it is for, as options state
     it (over the config's autotuning section, key by key). Several `num_gpus` or `num_nodes` search each world
-    size they make (worlds.py), every size checked here as one would be."""
+    size they make (worlds.py), every size checked here as one would be. `until_sure`: the options' tolerance and
+    most measured steps, over the config's (untilsure.py)."""
     if not 0.0 <= min_gain <= 10.0:  # NaN fails both
         raise UserError(f"--min-improvement must be a percentage from 0 to 1000, not {shown(min_gain * 100)}")
     where = cwd or Path.cwd()
@@ -64,9 +66,9 @@ def read_tune(script: str, args: Sequence[str], *, num_gpus: int | Sequence[int]
     for gpus, nodes in worlds:  # each size as a tune of its own would be checked (mp_size, the batch, TP)
         _check_shape(gpus, nodes)
         if len(worlds) > 1:
-            read_tuning(command.config_path, gpus * nodes, located, command.flag, gpus)
+            read_tuning(command.config_path, gpus * nodes, located, command.flag, gpus, until_sure)
     num_gpus, num_nodes = worlds[0]
-    tuning = read_tuning(command.config_path, num_gpus * num_nodes, located, command.flag, num_gpus)
+    tuning = read_tuning(command.config_path, num_gpus * num_nodes, located, command.flag, num_gpus, until_sure)
     wanted = _goal(goal, tuning.goal, tuning.shape)
     template = {"script": command.script, "args": list(command.args), "num_gpus": num_gpus, "num_nodes": num_nodes,
                 "source": str(command.config_path), "config_flag": command.flag, "arg_mappings": tuning.arg_mappings}

@@ -3,6 +3,7 @@ against the lower bound, then when each experiment is expected to start and end;
 the slot timeline of the plan, drawn as the report draws a sweep's."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from ..errors import UserError
 from ..files import write_atomic
 from ..jsonvalues import JSONObject
 from ..ledger.store import Attempt
+from ..planning.durations import SureSteps
 from ..planning.plan import RUN_BUDGET, Plan, PolicyPlan
 from ..planning.simulate import Played
 from ..states import State
@@ -39,7 +41,18 @@ def plan_json(plan: Plan) -> JSONObject:
             "durations": plan.durations.counts(), "spread": plan.spread, "samples": plan.samples,
             "samples_asked": plan.samples_asked, "learned_memory": plan.learned_memory,
             "timeout_s": plan.timeout, "work_slot_s": plan.work, "longest_s": plan.longest,
-            "lower_bound_s": plan.lower_bound, "plans": [_policy_json(plan, p) for p in plan.policies]}
+            "lower_bound_s": plan.lower_bound, "plans": [_policy_json(plan, p) for p in plan.policies],
+            "until_sure": dataclasses.asdict(plan.durations.until_sure) if plan.durations.until_sure else None}
+
+
+def _until_sure(sure: SureSteps | None) -> str:
+    """The head's word on the runs measured until sure: the steps each is expected to make, as a range."""
+    if sure is None:
+        return ""
+    if sure.spread is None:
+        return f"; measured until sure: up to {sure.most} steps a run (no earlier run measured the step spread)"
+    return (f"; measured until sure: {sure.fewest} to {sure.most} steps a run, {sure.median} at the earlier runs' "
+            f"median step spread ({sure.spread:.1%})")
 
 
 def render_plan(plan: Plan, fmt: str = "table", output: Output = PLAIN) -> str:
@@ -53,7 +66,8 @@ def render_plan(plan: Plan, fmt: str = "table", output: Output = PLAIN) -> str:
                                        f"; measured spreads, {plan.samples} draws" if plan.samples > 1 else "")
             + (f" (of the {plan.samples_asked} asked: a plan plays at most {RUN_BUDGET:,} runs)"
                if (plan.spread or plan.samples > 1) and plan.samples < plan.samples_asked else "")
-            + (f"; GPU memory needs: {plan.learned_memory} learned" if plan.learned_memory else ""))
+            + (f"; GPU memory needs: {plan.learned_memory} learned" if plan.learned_memory else "")
+            + _until_sure(plan.durations.until_sure))
     bound = (f"lower bound {seconds(plan.lower_bound)}: max(work {plan.work / 3600:,.2f} slot-hours / "
              f"{plan.slot_count} slots, longest experiment {seconds(plan.longest)})")
     columns = [Column("policy"), Column("placement"), Column("makespan P10", True), Column("P50", True),
