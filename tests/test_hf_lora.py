@@ -4,12 +4,13 @@ The GPUs are fake, named as such: the hostfile's CPU slots state a type of 1.25 
 the memory model bounds the search while real DeepSpeed runs on CPU. The model's facts come from the profile run
 (DeepSpeed's engine counts the parameters that require gradients apart), and at that size every stage fits only
 because the frozen weights have no gradients or optimizer states: counted as all trainable, every stage tuned
-would be skipped (with one GPU an experiment, every stage holds the same). Then the winner's cmd_optimal.txt
-trains as a normal run."""
+would be skipped (with one GPU an experiment, every stage holds the same). Two DeepSpeed starts, one after the
+other (the profile run, then the stage tuned): the winner's cmd_optimal.txt training as a normal run is
+test_hf_trainer.py's (the same Trainer under DeepSpeed; each start costs 15-25 s of CI's minutes)."""
 import json
 import re
 
-from test_hf_trainer import EXAMPLE, offline, optimal_command_trains
+from test_hf_trainer import EXAMPLE, offline
 
 from autotuner.gpu.types import size_of_type
 from autotuner.tune.memory_model import Facts, Training, bound
@@ -18,7 +19,7 @@ from cli_rig import autotune
 
 GPU = "FAKE-CPU-1.25GB"  # a fake GPU: 1.25e9 bytes, 176 MB of it usable past the headroom (1 GiB)
 STAGE, MBS = 2, 4  # one experiment: each DeepSpeed start costs 10-20 s here (imports, the engine)
-STEPS = 6  # past the profile's end (step 5)
+STEPS = 6  # past the profile's end (step 5): the engine ends each run there
 # 17.7e6 parameters (the embeddings and the head of a 32,000-token vocabulary), 8,192 of them trainable (rank-4
 # adapters on q_proj and v_proj of 2 layers); 16 tokens a sample keep the activations a few MB a sample.
 MODEL = ("--vocab_size", "32000", "--hidden_size", "256", "--num_layers", "2", "--seq_len", "16")
@@ -64,10 +65,12 @@ def test_a_lora_model_is_tuned_counting_only_its_trainable_parameters_and_its_op
     counted_apart = bound(Facts(total, per_sample, trainable=trainable), training, STAGE, gpu_memory, dp=1)
     assert counted_apart.largest is None or counted_apart.largest >= MBS
 
-    # The winner's command trains all its steps as a normal run, the adapters and the frozen weights as before.
+    # The tuned run trained the adapters over the frozen weights; the winner's command is that config, as a normal run.
+    assert f"parameters: {total} ({trainable} trainable)" in \
+        (results / f"hf_lora_z{STAGE}_mbs{MBS}" / "stdout.log").read_text()
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
     assert "autotuning" not in optimal
     assert optimal["zero_optimization"]["stage"] == STAGE and optimal["train_micro_batch_size_per_gpu"] == MBS
-    stdout = optimal_command_trains(results, environ, tmp_path, MBS, STEPS)
-    assert f"parameters: {total} ({trainable} trainable)" in stdout
+    command = (results / "cmd_optimal.txt").read_text()
+    assert "hf_lora.py" in command and f"--deepspeed {results / 'ds_config_optimal.json'}" in command
     assert not (tmp_path / "hf-home").exists()  # nothing fetched from the Hugging Face Hub

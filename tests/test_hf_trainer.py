@@ -3,7 +3,13 @@ tuned end to end through the CLI, as its users run it: `autotune tune` where `de
 `--deepspeed`, "auto" values the Trainer fills, and the batch sizes handed over as the Trainer's own options
 (`arg_mappings`), with the Trainer's `--gradient_checkpointing` searched as a script knob (tune/layout.py). Real
 DeepSpeed on CPU, nothing downloaded (offline, an empty Hugging Face cache). Then the winner's cmd_optimal.txt is run
-as the README says, as a normal training run."""
+as the README says, as a normal training run.
+
+What only the real Trainer under real DeepSpeed proves, and this keeps: the mapped options and the knob's values are
+ones the Trainer's parser takes and trains with, its "auto" values filled, the engine's metrics written and the run
+ended after the profile steps, and the winner's command training. One micro-batch size, both knob values on two
+slots at once (two DeepSpeed starts, then the winner's): which sizes a lane measures is the search's, proven on the
+stand-in (test_layout.py: checkpointing off measured at the largest size unless it could not beat the best)."""
 import json
 import os
 import re
@@ -16,9 +22,8 @@ from cli_rig import autotune, env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments"
-STAGE, LARGEST = 1, 8  # sizes searched from the largest allowed; others only while measuring them could pay
+STAGE, MBS = 1, 4  # one size: each DeepSpeed start of the Trainer costs 15-25 s of CI's minutes
 CHECKPOINTING = ("false", "true")  # the script knob searched: the Trainer's --gradient_checkpointing
-SMALLEST = 4  # of about 15 s on a quiet machine
 STEPS = 12  # past the profile's end (step 5): under autotune the engine ends each run there
 
 
@@ -59,8 +64,7 @@ def optimal_command_trains(results: Path, environ: dict[str, str], cwd: Path, mb
 def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp_path):
     config = json.loads((EXAMPLE / "ds_hf.json").read_text())  # narrowed: CI's minutes are few
     config["zero_optimization"]["stage"] = STAGE
-    config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": SMALLEST,
-                             "max_train_micro_batch_size_per_gpu": LARGEST, "num_tuning_micro_batch_sizes": 2,
+    config["autotuning"] |= {"min_train_micro_batch_size_per_gpu": MBS, "max_train_micro_batch_size_per_gpu": MBS,
                              "script_knobs": {"--gradient_checkpointing": [False, True]}}
     (tmp_path / "ds_hf.json").write_text(json.dumps(config, indent=2))
     environ = offline(tmp_path)
@@ -73,28 +77,20 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     assert tuned.returncode == 0, tuned.stdout + tuned.stderr
 
     report = json.loads(autotune("report", results, "--format", "json").stdout)
-    runs = {(r["parameters"]["--gradient_checkpointing"], r["parameters"]["train_micro_batch_size_per_gpu"]):
-            r for r in report["experiments"]}
-    # The first round, on two slots, is fixed: checkpointing on (the lane that needs the least memory) at the
-    # largest allowed, checkpointing off (the most) at the smallest, whether it fits at all. What follows depends
-    # on the throughput measured (a size is measured only while it could pay): checkpointing off goes up to the
-    # largest unless its throughput grown in proportion to the size (the most a larger micro-batch gains) could
-    # not beat the best; a run starved of CPU under load can measure that low (test_layout.py's stand-in).
-    assert {("true", LARGEST), ("false", SMALLEST)} <= set(runs), sorted(runs)
-    assert all(gc in CHECKPOINTING and SMALLEST <= m <= LARGEST for gc, m in runs), sorted(runs)
+    runs = {r["parameters"]["--gradient_checkpointing"]: r for r in report["experiments"]}
+    # One round on two slots: each checkpointing value at the one size (the lanes' sizes: test_layout.py).
+    assert sorted(runs) == sorted(CHECKPOINTING), sorted(runs)
     assert {r["state"] for r in runs.values()} == {"succeeded"}, [(r["name"], r["reason"]) for r in runs.values()]
-    best_metric = max(r["metric"] for r in runs.values())
-    assert ("false", LARGEST) in runs or \
-        runs["false", SMALLEST]["metric"] * LARGEST / SMALLEST <= best_metric, sorted(runs)
-    for (gc, mbs), run in runs.items():
+    for gc, run in runs.items():
         directory = results / run["name"]
-        assert json.loads((directory / "ds_config.json").read_text())["zero_optimization"]["stage"] == STAGE
+        ran = json.loads((directory / "ds_config.json").read_text())
+        assert ran["zero_optimization"]["stage"] == STAGE and ran["train_micro_batch_size_per_gpu"] == MBS
         command = (directory / "cmd.txt").read_text()
         assert f"--gradient_checkpointing {gc}" in command and f"_gc{int(gc == 'true')}_" in run["name"]
-        assert f"--per_device_train_batch_size {mbs} " in command and "--deepspeed_config" not in command
+        assert f"--per_device_train_batch_size {MBS} " in command and "--deepspeed_config" not in command
         assert " --deepspeed " in command and "--gradient_accumulation_steps 1 " in command  # "auto": the user's
         logs = (directory / "stdout.log").read_text() + (directory / "stderr.log").read_text()
-        assert per_device_batch(logs) == [mbs], f"{run['name']}: the Trainer did not train at its mapped batch"
+        assert per_device_batch(logs) == [MBS], f"{run['name']}: the Trainer did not train at its mapped batch"
         metrics = json.loads((directory / "metrics.json").read_text())  # written by DeepSpeed's engine
         assert metrics["throughput"] > 0 and metrics["latency"] > 0
         assert "trained " not in logs  # the engine ended the run after its profile steps, before the Trainer did
@@ -105,13 +101,13 @@ def test_a_trainer_script_is_tuned_end_to_end_and_its_optimal_command_trains(tmp
     assert f"| z{STAGE} " in summary and "| global " in summary and best["name"] in summary
     assert summary.rstrip().splitlines()[-1].startswith("Tuning completed in ")
     optimal = json.loads((results / "ds_config_optimal.json").read_text())
-    gc, mbs = best["parameters"]["--gradient_checkpointing"], best["parameters"]["train_micro_batch_size_per_gpu"]
+    gc = best["parameters"]["--gradient_checkpointing"]
     assert "autotuning" not in optimal and optimal["zero_optimization"]["stage"] == STAGE
-    assert optimal["train_micro_batch_size_per_gpu"] == mbs
+    assert optimal["train_micro_batch_size_per_gpu"] == MBS
     assert optimal["optimizer"]["params"]["lr"] == "auto" and optimal["train_batch_size"] == "auto"  # the Trainer's
 
     # The README: cmd_optimal.txt trains with the winner as a normal run (all its steps: no autotuning section).
     command = (results / "cmd_optimal.txt").read_text().strip()
-    assert f"--per_device_train_batch_size {mbs} " in command and f"--gradient_checkpointing {gc}" in command
-    optimal_command_trains(results, environ, tmp_path, mbs, STEPS)
+    assert f"--per_device_train_batch_size {MBS} " in command and f"--gradient_checkpointing {gc}" in command
+    optimal_command_trains(results, environ, tmp_path, MBS, STEPS)
     assert not (tmp_path / "hf-home").exists()  # nothing was fetched into the Hugging Face cache, nor needed

@@ -36,10 +36,12 @@ from cli_rig import (
 )
 
 # The general stand-in: sleeps $STANDIN_SECONDS then succeeds. IGNORE_TERM=1: ignores SIGTERM (and so do its
-# children). SPAWN=1: leaves a child in its process group and one that escaped it (setsid). FAIL_ONCE=1: the
-# first launch of each experiment fails with a transient "Address already in use".
+# children). TERM_GATE=PATH: a SIGTERM ends it only once PATH exists (a run that takes its time to stop).
+# SPAWN=1: leaves a child in its process group and one that escaped it (setsid). FAIL_ONCE=1: the first launch
+# of each experiment fails with a transient "Address already in use".
 STANDIN = PREAMBLE + """\
 if [ -n "$IGNORE_TERM" ]; then trap '' TERM; fi
+if [ -n "$TERM_GATE" ]; then trap 'until [ -e "$TERM_GATE" ]; do sleep 0.02; done; exit 143' TERM; fi
 if [ -n "$FAIL_ONCE" ] && [ ! -e "$MARKS/$name" ]; then
     mkdir -p "$MARKS"; touch "$MARKS/$name"
     echo "RuntimeError: The server socket has failed to listen on any local network address. Address already in use" >&2
@@ -191,16 +193,19 @@ def test_cancel_reaching_a_runner_that_is_still_clearing_up_is_applied_not_fatal
 
 def test_a_second_cancel_does_not_kill_a_first_one_that_is_clearing_up(tmp_path, runners):
     """With no runner alive, the first `cancel` holds the sweep while it ends what the dead runner left; a second
-    `cancel` finds it holding the lock and signals it (SIGUSR1), which used to kill it halfway."""
+    `cancel` finds it holding the lock and signals it (SIGUSR1), which used to kill it halfway. The runs end on
+    SIGTERM only once the second `cancel` has returned (a gate, not the grace period: no wait on a clock)."""
     s = Sweep(tmp_path, range(2))
-    proc = s.start(runners, 2, STANDIN_SECONDS=60, IGNORE_TERM=1)
+    gate = tmp_path / "stopped"
+    proc = s.start(runners, 2, STANDIN_SECONDS=60, TERM_GATE=gate)
     s.wait_running(2)
     proc.kill()
     proc.wait()
     first = runners.start("cancel", s.dir, "s_x0", environ=s.env(), directory=s.dir)
-    wait_until(lambda: runner_alive(s.dir) == first.pid)  # it holds the lock: clearing up (SIGTERM ignored)
+    wait_until(lambda: runner_alive(s.dir) == first.pid)  # it holds the lock: clearing up (the runs not ended)
     second = autotune("cancel", s.dir, "s_x1", environ=s.env())
     assert second.returncode == 0, second.stderr
+    gate.touch()
     code, out, err = finish(first)
     assert code == 0, (code, out, err)
     assert s.leftovers() == []
