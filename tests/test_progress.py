@@ -196,3 +196,23 @@ def test_a_rate_is_averaged_as_work_over_time():
     assert interval.mean == pytest.approx(200 / 3) and interval.low < 200 / 3 < interval.high
     assert measure(steps, warmup=0).interval.mean == pytest.approx(75)
     assert measure([TrainStep(1, 1.0, 0.0), TrainStep(2, 2.0, 5.0)], warmup=0, rate=True).interval is None
+
+
+@pytest.mark.parametrize("tolerance", [0.03, None])
+def test_a_run_measured_until_sure_is_ranked_by_its_steps_mean_even_when_it_reached_its_windows_end(tmp_path,
+                                                                                                   tolerance):
+    """DeepSpeed's engine writes the trimmed mean of its forward, backward and step timers, another span of each
+    step than its per-step lines: a run measured until sure that reached its window's end (metrics file written)
+    is ranked by its steps' mean as one ended once sure is, DeepSpeed's figure kept as throughput_engine; a run of a
+    fixed window keeps DeepSpeed's figure, its interval beside it."""
+    section = {"enabled": True, "end_profile_step": 40, **({"tolerance": tolerance} if tolerance else {})}
+    (tmp_path / "ds_config.json").write_text(json.dumps({"autotuning": section}))
+    (tmp_path / "metrics.json").write_text('{"throughput": 188}')
+    write_lines(tmp_path / PROGRESS_FILE, [{"step": n, "time": 1000.0 + n, "throughput": 750 + 10 * (n % 2)}
+                                           for n in range(1, 31)])
+    metrics = judge_files(0, tmp_path, THROUGHPUT).metrics
+    if tolerance:
+        assert 750 < metrics["throughput"] < 760 and metrics["throughput_engine"] == 188
+        assert metrics["throughput_low"] < metrics["throughput"] < metrics["throughput_high"] < 760
+    else:
+        assert metrics == {"throughput": 188}

@@ -17,12 +17,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..core.outcome import Outcome, aborted_at_exit, judge
-from ..spec.interval import measured_run
+from ..jsonvalues import JSON
+from ..spec.interval import StepReading, measured_run
 from ..spec.metrics import Metric
+from ..spec.sure import tolerance_of
 from ..states import Reason, State
 from . import tags
 from .launch import MODEL_INFO, end_profile_step
@@ -87,13 +90,13 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     would have; with no exit status recorded (None) it is interrupted, to be run again. With what its steps
     said (`Outcome.measured`), where it left any (spec/progress.py): every backend judges here, so none reads
     them itself (one with no status too: a stop's end, its status dropped, reads as that stop, with its steps)."""
-    outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED) if exit_code is None else \
-        _judged(exit_code, directory, metric)
     measured = measured_run(directory, metric.name, lambda: _end_profile_step(directory))
+    outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED) if exit_code is None else \
+        _judged(exit_code, directory, metric, measured)
     return outcome if measured is None else dataclasses.replace(outcome, measured=measured)
 
 
-def _judged(exit_code: int, directory: Path, metric: Metric) -> Outcome:
+def _judged(exit_code: int, directory: Path, metric: Metric, measured: StepReading | None) -> Outcome:
     metrics = directory / "metrics.json"
     logs = [directory / "stderr.log", directory / "stdout.log"]
     if not metrics.exists() and (directory / MODEL_INFO).exists() and (exit_code == 0 or  # a profile run ended
@@ -102,10 +105,30 @@ def _judged(exit_code: int, directory: Path, metric: Metric) -> Outcome:
     # The profile window only explains a missing metrics file: the config is read for that case alone, not
     # after every run.
     profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
-    return _per_layout(judge(exit_code, metrics, metric, logs, profile_end), directory)
+    return _per_layout(_by_steps(judge(exit_code, metrics, metric, logs, profile_end), directory, metric.name,
+                                 measured), directory)
+
+
+def _by_steps(outcome: Outcome, directory: Path, metric: str, measured: StepReading | None) -> Outcome:
+    """A run measured until sure (its config's `autotuning.tolerance`, spec/sure.py) is ranked by its steps' mean
+    however it ended, once sure or at its window's end: DeepSpeed's engine writes the trimmed mean of its forward,
+    backward and step timers, another span of each step than its per-step lines time, so the runs of one tune
+    that ended both ways would be ranked by two measures. The engine's figure stays beside it as METRIC_engine."""
+    interval = measured.interval if measured is not None else None
+    if interval is None or outcome.state != State.SUCCEEDED or metric not in (outcome.metrics or {}):
+        return outcome
+    config = _config(directory)
+    if config is None or tolerance_of(config) is None:
+        return outcome
+    metrics = {**(outcome.metrics or {}), f"{metric}{ENGINE}": (outcome.metrics or {})[metric],
+               metric: interval.mean, f"{metric}_low": interval.low}
+    if math.isfinite(interval.high):
+        metrics[f"{metric}_high"] = interval.high
+    return dataclasses.replace(outcome, metrics=metrics)
 
 
 THROUGHPUT, AS_WRITTEN, PER_GPU = "throughput", "throughput_deepspeed", "throughput_per_gpu"
+ENGINE = "_engine"  # METRIC_engine: DeepSpeed's own figure of a run ranked by its steps' mean (_by_steps)
 
 
 def _per_layout(outcome: Outcome, directory: Path) -> Outcome:
@@ -149,10 +172,16 @@ def _profiled(path: Path) -> Outcome:
     return Outcome(State.SUCCEEDED, exit_code=0, metrics=numbers)
 
 
-def _end_profile_step(directory: Path) -> int | None:
-    """The profile window of the config the attempt ran (its ds_config.json, written before it started)."""
+def _config(directory: Path) -> dict[str, JSON] | None:
+    """The config the attempt ran (its ds_config.json, written before it started); None where it cannot be read."""
     try:
         config = json.loads((directory / "ds_config.json").read_text())
     except (OSError, ValueError):
         return None
-    return end_profile_step(config) if isinstance(config, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def _end_profile_step(directory: Path) -> int | None:
+    """The profile window of the config the attempt ran."""
+    config = _config(directory)
+    return end_profile_step(config) if config is not None else None
