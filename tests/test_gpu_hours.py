@@ -64,6 +64,7 @@ def test_each_experiment_counts_every_attempt_and_the_sweep_its_best_and_stopped
     # until the best ended (T0 + 72): the first try's 72 s on two slots, the best, 36 s out of memory
     assert hours.on_best == pytest.approx(0.02) and hours.to_best == pytest.approx((144 + 72 + 36) / H)
     assert hours.stopped == 0 and "stopped" not in hours.line()
+    assert hours.saved == 0 and "saved" not in hours.line()  # nothing stopped early: nothing saved
     stopped = gpu_hours(load(sweep), stopped=Reason.OOM)  # the reason stopping records, handed in
     assert stopped.stopped == pytest.approx(0.01) and stopped.line().endswith(", 0.01 on runs stopped early")
     assert stopped.to_json()["stopped"] == 0.01
@@ -77,7 +78,8 @@ def test_a_tunes_best_config_counts_its_confirming_re_runs(sweep):
 
 def test_every_report_format_and_status_show_them(sweep):
     data = json.loads(render_report(sweep, "json"))
-    assert data["gpu_hours"] == {"spent": round(362 / H, 6), "on_best": 0.02, "to_best": 0.07, "stopped": 0.0}
+    assert data["gpu_hours"] == {"spent": round(362 / H, 6), "on_best": 0.02, "to_best": 0.07, "stopped": 0.0,
+                                 "saved": 0.0}
     rows = {r["name"]: r["gpu_hours"] for r in data["experiments"]}
     assert rows == {"g_retried": 0.065556, "g_best": 0.02, "g_best_confirm1": 0.005, "g_oom": 0.01, "g_waits": None}
     csv_rows = {r["name"]: r["gpu_hours"] for r in csv.DictReader(io.StringIO(render_report(sweep, "csv")))}
@@ -113,7 +115,7 @@ def test_the_html_page_and_the_timeline_plot_say_them(sweep, monkeypatch):
 def test_compare_says_each_sweeps_and_each_experiments(sweep, tmp_path):
     data = json.loads(autotuner.render_compare(sweep, sweep, "json"))
     assert data["a"]["gpu_hours"] == data["b"]["gpu_hours"] == {"spent": 0.100556, "on_best": 0.02, "to_best": 0.07,
-                                                                "stopped": 0.0}
+                                                                "stopped": 0.0, "saved": 0.0}
     row = next(r for r in data["experiments"] if r["name"] == "g_retried")
     assert row["a_gpu_hours"] == row["b_gpu_hours"] == 0.065556
     table = autotuner.render_compare(sweep, sweep, "table").splitlines()
@@ -189,7 +191,7 @@ def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, version,
     shutil.copytree(Path(__file__).resolve().parent / "data" / "ledgers" / version / kind, directory)
     data = json.loads(render_report(directory, "json"))
     assert data["gpu_hours"] == {"spent": round(20 / H, 6), "on_best": round(10 / H, 6), "to_best": round(19 / H, 6),
-                                 "stopped": 0.0}
+                                 "stopped": 0.0, "saved": 0.0}
     assert {r["name"]: r["gpu_hours"] for r in data["experiments"]} == {
         "fx_mbs1": round(10 / H, 6), "fx_mbs2": round(10 / H, 6), "fx_mbs4": None}
     assert json.loads(autotuner.render_status(directory, "json"))["gpu_hours"] == data["gpu_hours"]

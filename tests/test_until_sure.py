@@ -305,6 +305,16 @@ def test_a_run_sweeps_experiment_whose_config_asks_a_tolerance_is_measured_until
     for a in latest(tmp_path / "res").values():
         assert a.state == State.SUCCEEDED and a.detail.startswith("measured until sure"), a
         assert SURE_STEPS <= a.metrics["steps_measured"] < 60 and a.metric == pytest.approx(100.5, rel=0.01)
+    # what ending them once sure saved, worked out from the ledger's rows: each run's steps short of its window's
+    # (start_profile_step 3 + at most 30 measured, then the engine's last: 34) at its median step time, one slot
+    with Ledger.open(tmp_path / "res") as ledger:
+        rows = ledger._db.execute("SELECT m.steps, m.step_time FROM measures m JOIN stops s ON s.name = m.name AND "
+                                  "s.attempt = m.attempt WHERE s.reason = 'sure'").fetchall()
+    expected = sum(max(34 - steps, 0) * step for steps, step in rows) / 3600
+    assert len(rows) == 2 and expected > 0
+    report = json.loads(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    assert report["gpu_hours"]["saved"] == round(expected, 6)
+    assert f"about {expected:,.4g} saved by stopping (estimated)" in autotune("status", tmp_path / "res").stdout
 
 
 @pytest.mark.parametrize(("autotuning", "fragment"), [

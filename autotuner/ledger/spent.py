@@ -5,6 +5,8 @@ count GPU-hours alike (views/gpu_hours.py turns these into hours).
 An attempt counts once it has ended: every attempt, retries, re-runs and failed ones too; a running one not yet.
 An attempt's slots are its commas plus one (`{"h": [0, 1], "g": [3]}`: host names hold no comma, no host has an
 empty list), where json_each made 10,000 attempts cost 90 ms. Every function works on the ledger's connection.
+Also here: the attempts stopping ended before their window's end (`early_stops`), the rows GPU-hours saved are
+estimated from; only those rows are read, so the estimate adds nothing per experiment to a report.
 """
 from __future__ import annotations
 
@@ -13,9 +15,19 @@ import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..states import Reason, State
+
 _SLOTS = "(length(slots) - length(replace(slots, ',', '')) + 1)"
 _ENDED = "started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL"
 _FEW = 500  # names a query reads by at most (SQLite bounds a statement's parameters)
+# Ended attempts that stopping ended early, with what their steps said (schema 7's `measures`): stopped because
+# they could not win, or succeeded through a stop asked once they were measured until sure (the `stops` row).
+# Two selects, each led by a small set (the index on state; the stops: CROSS JOIN keeps SQLite from leading with every
+# succeeded attempt), not a scan of every attempt's measures.
+_MEASURED = (f"SELECT a.name, m.steps, m.step_time, {_SLOTS} FROM {{}} JOIN measures m ON m.name = a.name AND "
+             f"m.attempt = a.attempt WHERE {_ENDED} AND m.step_time > 0 AND a.state = ?")
+_EARLY = (_MEASURED.format("attempts a") + " UNION ALL " + _MEASURED.format(
+    "stops s CROSS JOIN attempts a ON a.name = s.name AND a.attempt = s.attempt") + " AND s.reason = ?")
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,23 @@ class Held:
     seconds: float
     until: float
     with_reason: float
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """An attempt stopping ended before its window's end: its experiment, the steps it made, its median step time
+    (seconds) and its slots."""
+
+    name: str
+    steps: int
+    step_seconds: float
+    slots: int
+
+
+def early_stops(db: sqlite3.Connection) -> list[EarlyStop]:
+    """Every ended attempt stopped as outclassed or ended once measured until sure that left a step time."""
+    rows = db.execute(_EARLY, (State.STOPPED, State.SUCCEEDED, Reason.SURE)).fetchall()
+    return [EarlyStop(str(name), int(steps), float(step), int(slots)) for name, steps, step, slots in rows]
 
 
 def _sums(until: float | None, reason: str | None) -> tuple[str, list[object]]:
