@@ -17,7 +17,8 @@ mean. A trial is three tunes with the same seed, so each config's steps draw the
   ends where the fixed run's steps do).
 
 Reported, for stopping and sure against fixed: the share of trials naming the same best; each tune's GPU-hours (the
-ledger's, gpu_hours.spent) and the median of their ratios; where the GPU-hours go (start-up, steps, by the
+ledger's, gpu_hours.spent) and the median of their ratios; what each says stopping saved (gpu_hours.saved, an
+estimate) against what it spent less than the fixed tune; where the GPU-hours go (start-up, steps, by the
 ledger's measured start-up; confirming re-runs); and every stopped config whose true throughput (the law, without
 noise) beats the named best's by more than the noise of a run's mean (--noise / sqrt(--steps), twice that).
 """
@@ -69,6 +70,7 @@ class Tuned:
     startup_hours: float  # of the runs that measured a start-up: launch to first step, GPUs x seconds
     rerun_hours: float  # the confirming re-runs'
     early: int  # runs ended once sure
+    saved: float = 0.0  # GPU-hours stopping saved, as the tune estimates them (gpu_hours.saved)
 
 
 MODES = ("fixed", "stopping", "sure")
@@ -98,8 +100,9 @@ def tune(work: Path, seed: int, mode: str, args: argparse.Namespace) -> Tuned:
     startup = sum(r.metrics.get("startup_s", 0.0) for r in records) / 3600  # one GPU a run
     reruns = sum(r.gpu_hours or 0.0 for r in records if "_confirm" in r.name)
     early = sum(1 for r in records if (r.reason or "") == "" and "until sure" in (r.detail or ""))
-    return Tuned(best.group(1), gpu_hours(autotuner.snapshot(out)).spent, stopped, wall, len(records), startup,
-                 reruns, early)
+    hours = gpu_hours(autotuner.snapshot(out))
+    return Tuned(best.group(1), hours.spent, stopped, wall, len(records), startup, reruns, early,
+                 getattr(hours, "saved", 0.0))
 
 
 def main() -> None:
@@ -136,6 +139,13 @@ def main() -> None:
         print(f"{mode}: same best as fixed {same}/{len(rows)} ({same / len(rows):.0%}); GPU-hours {mode} / fixed: "
               f"median ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); "
               f"stopped truly better by more than {margin:.2%}: {wrong}")
+        spared = [(r["fixed"].hours - r[mode].hours) * 3600 for r in rows]
+        estimated = [r[mode].saved * 3600 for r in rows]
+        shares = [e / d for e, d in zip(estimated, spared, strict=True) if d > 0] or [math.nan]
+        print(f"{mode}: GPU-s saved as it estimates them, median {statistics.median(estimated):.1f} (range "
+              f"{min(estimated):.1f} to {max(estimated):.1f}); fixed's less its, median "
+              f"{statistics.median(spared):.1f} (range {min(spared):.1f} to {max(spared):.1f}); estimate / that, "
+              f"median {statistics.median(shares):.2f}")
     for mode in MODES:
         tuned = [r[mode] for r in rows]
         print(f"{mode}: GPU-s median {statistics.median(t.hours * 3600 for t in tuned):.1f}, of it start-up "

@@ -18,6 +18,7 @@ import autotuner
 from autotuner.dashboard.feed import SweepFeed
 from autotuner.ledger.store import Ledger
 from autotuner.spec import Sweep
+from autotuner.spec.interval import RunTimes
 from autotuner.spec.metrics import metric_named
 from autotuner.states import Reason, State
 from autotuner.views import plots
@@ -195,3 +196,36 @@ def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, version,
     assert {r["name"]: r["gpu_hours"] for r in data["experiments"]} == {
         "fx_mbs1": round(10 / H, 6), "fx_mbs2": round(10 / H, 6), "fx_mbs4": None}
     assert json.loads(autotuner.render_status(directory, "json"))["gpu_hours"] == data["gpu_hours"]
+
+
+def test_saved_counts_only_runs_stopping_ended_before_their_window_each_on_its_slots(tmp_path):
+    """s_out: outclassed after 6 of its window's 16 steps (end_profile_step 15) on two slots, 0.5 s a step; s_sure:
+    ended once sure after 9 of 34 (a tolerance, start 3 + at most 30 measured, then the last), 0.2 s a step; s_end:
+    its sure stop asked as it reached its window's end; s_full: ran its window; s_cancel: cancelled after 2 steps
+    (what a user stops is not what stopping saved)."""
+    window, sure = {"end_profile_step": 15}, {"tolerance": 0.05}
+    exps = tuple(experiment(n, ds_config={"train_micro_batch_size_per_gpu": i + 1, "autotuning": a})
+                 for i, (n, a) in enumerate((("s_out", window), ("s_sure", sure), ("s_end", sure), ("s_full", window),
+                                             ("s_cancel", window))))
+    directory = tmp_path / "s"
+    autotuner.prepare(Sweep("s", exps, metric_named("throughput"), "test"), two_nodes(), directory,
+                      launcher=["sh", "-c", "true"])
+    with Ledger.open(directory) as ledger:
+        def ran(name: str, slots: dict, steps: int, step: float, state: State, stop: Reason | None = None,
+                **how: object) -> None:
+            ledger.start(name, 1, slots=slots, tag=f"t.{name}", dir=name, at=T0)
+            if stop is not None:
+                ledger.stopping(name, 1, state, stop, "asked", T0 + 5)
+            ledger.measured(name, 1, RunTimes(1.0, step, steps, None))
+            ledger.finish(name, 1, state, T0 + 10, **how)
+
+        ran("s_out", {"node-b": [0, 1]}, 6, 0.5, State.STOPPED, Reason.OUTCLASSED, reason=Reason.OUTCLASSED)
+        ran("s_sure", {"node-b": [2]}, 9, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
+        ran("s_end", {"node-b": [3]}, 34, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
+        ran("s_full", {"node-a": [0]}, 16, 0.5, State.SUCCEEDED, metric=2.0, metrics={"throughput": 2.0})
+        ran("s_cancel", {"node-a": [1]}, 2, 0.5, State.CANCELLED, Reason.CANCELLED, reason=Reason.CANCELLED)
+    expected = ((16 - 6) * 0.5 * 2 + (34 - 9) * 0.2) / H
+    hours = gpu_hours(load(directory))
+    assert hours.saved == pytest.approx(expected)
+    assert hours.to_json()["saved"] == round(expected, 6)
+    assert hours.line().endswith(f", about {expected:,.4g} saved by stopping (estimated)")

@@ -12,6 +12,7 @@ way, and the run's next steps are taken to last as long as the ones it made.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,13 +98,14 @@ def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict
 def saved_hours(ledger: Ledger) -> float:
     """The GPU-hours stopping saved, estimated (see the module): for each attempt it ended early, the steps its
     window had left times its median step time times its slots."""
-    early = ledger.early_stops()
-    if not early:
-        return 0.0
-    ran = ledger.experiments({stop.name for stop in early})  # the window is its autotuning section's alone: no copy
-    windows = {e.name: window_steps(with_autotuning({"autotuning": e.ds_config.get("autotuning") or {}}, "", ""))
-               for e in ran}
-    return sum(max(windows[s.name] - s.steps, 0) * s.step_seconds * s.slots for s in early if s.name in windows) / HOUR
+    windows: dict[str, int] = {}  # by autotuning section (a tune's runs share one): its window worked out once
+    saved = 0.0
+    for stop in ledger.early_stops():
+        key = json.dumps(stop.autotuning, sort_keys=True)
+        if key not in windows:
+            windows[key] = window_steps(with_autotuning({"autotuning": stop.autotuning}, "", ""))
+        saved += max(windows[key] - stop.steps, 0) * stop.step_seconds * stop.slots
+    return saved / HOUR
 
 
 def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None = STOPPED,
