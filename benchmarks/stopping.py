@@ -17,9 +17,11 @@ mean. A trial is three tunes with the same seed, so each config's steps draw the
   ends where the fixed run's steps do).
 
 Reported, for stopping and sure against fixed: the share of trials naming the same best; each tune's GPU-hours (the
-ledger's, gpu_hours.spent) and the median of their ratios; where the GPU-hours go (start-up, steps, by the
-ledger's measured start-up; confirming re-runs); and every stopped config whose true throughput (the law, without
-noise) beats the named best's by more than the noise of a run's mean (--noise / sqrt(--steps), twice that).
+ledger's, gpu_hours.spent) and the median of their ratios; what each says stopping saved (gpu_hours.saved, an
+estimate) against what it spent less than the fixed tune, and run by run against the same config's fixed run;
+where the GPU-hours go (start-up, steps, by the ledger's measured start-up; confirming re-runs); and every
+stopped config whose true throughput (the law, without noise) beats the named best's by more than the noise of a
+run's mean (--noise / sqrt(--steps), twice that).
 """
 from __future__ import annotations
 
@@ -33,13 +35,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import autotuner  # noqa: E402
+from autotuner.backends.launch import window_steps, with_autotuning  # noqa: E402
+from autotuner.ledger.store import Ledger  # noqa: E402
 from autotuner.views.gpu_hours import gpu_hours  # noqa: E402
 
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -69,6 +73,9 @@ class Tuned:
     startup_hours: float  # of the runs that measured a start-up: launch to first step, GPUs x seconds
     rerun_hours: float  # the confirming re-runs'
     early: int  # runs ended once sure
+    saved: float = 0.0  # GPU-hours stopping saved, as the tune estimates them (gpu_hours.saved)
+    held: dict[str, float] = field(default_factory=dict)  # name -> GPU-hours its attempts held
+    saved_each: dict[str, float] = field(default_factory=dict)  # name -> the estimate's part for its early end
 
 
 MODES = ("fixed", "stopping", "sure")
@@ -98,8 +105,16 @@ def tune(work: Path, seed: int, mode: str, args: argparse.Namespace) -> Tuned:
     startup = sum(r.metrics.get("startup_s", 0.0) for r in records) / 3600  # one GPU a run
     reruns = sum(r.gpu_hours or 0.0 for r in records if "_confirm" in r.name)
     early = sum(1 for r in records if (r.reason or "") == "" and "until sure" in (r.detail or ""))
-    return Tuned(best.group(1), gpu_hours(autotuner.snapshot(out)).spent, stopped, wall, len(records), startup,
-                 reruns, early)
+    hours = gpu_hours(autotuner.snapshot(out))
+    return Tuned(best.group(1), hours.spent, stopped, wall, len(records), startup, reruns, early,
+                 getattr(hours, "saved", 0.0), {r.name: r.gpu_hours or 0.0 for r in records}, saved_each(out))
+
+
+def saved_each(out: Path) -> dict[str, float]:
+    """name -> GPU-hours the estimate counts for its run ended early (views/gpu_hours.py saved_hours, per run)."""
+    with Ledger.open(out) as ledger:
+        return {stop.name: max(window_steps(with_autotuning({"autotuning": stop.autotuning}, "", "")) - stop.steps, 0)
+                * stop.step_seconds * stop.slots / 3600 for stop in ledger.early_stops()}
 
 
 def main() -> None:
@@ -136,6 +151,18 @@ def main() -> None:
         print(f"{mode}: same best as fixed {same}/{len(rows)} ({same / len(rows):.0%}); GPU-hours {mode} / fixed: "
               f"median ratio {statistics.median(ratios):.3f} (range {min(ratios):.3f} to {max(ratios):.3f}); "
               f"stopped truly better by more than {margin:.2%}: {wrong}")
+        spared = [(r["fixed"].hours - r[mode].hours) * 3600 for r in rows]
+        estimated = [r[mode].saved * 3600 for r in rows]
+        # run by run: each run it ended early against the same config's run in the fixed tune (to its window's end)
+        pairs = [(r[mode].saved_each[n], r["fixed"].held[n] - r[mode].held[n]) for r in rows
+                 for n in r[mode].saved_each if n in r["fixed"].held]
+        each = [e / d for e, d in pairs if d > 0] or [math.nan]
+        print(f"{mode}: GPU-s saved as it estimates them, median {statistics.median(estimated):.1f} (range "
+              f"{min(estimated):.1f} to {max(estimated):.1f}); fixed's spend less its, median "
+              f"{statistics.median(spared):.1f} (range {min(spared):.1f} to {max(spared):.1f}); run by run, "
+              f"{len(pairs)} runs ended early: estimated {sum(e for e, _ in pairs) * 3600:.1f} GPU-s, the same "
+              f"configs' fixed runs less these {sum(d for _, d in pairs) * 3600:.1f}; estimate / that per run, "
+              f"median {statistics.median(each):.2f} (range {min(each):.2f} to {max(each):.2f})")
     for mode in MODES:
         tuned = [r[mode] for r in rows]
         print(f"{mode}: GPU-s median {statistics.median(t.hours * 3600 for t in tuned):.1f}, of it start-up "

@@ -18,6 +18,7 @@ import autotuner
 from autotuner.dashboard.feed import SweepFeed
 from autotuner.ledger.store import Ledger
 from autotuner.spec import Sweep
+from autotuner.spec.interval import RunTimes
 from autotuner.spec.metrics import metric_named
 from autotuner.states import Reason, State
 from autotuner.views import plots
@@ -64,6 +65,7 @@ def test_each_experiment_counts_every_attempt_and_the_sweep_its_best_and_stopped
     # until the best ended (T0 + 72): the first try's 72 s on two slots, the best, 36 s out of memory
     assert hours.on_best == pytest.approx(0.02) and hours.to_best == pytest.approx((144 + 72 + 36) / H)
     assert hours.stopped == 0 and "stopped" not in hours.line()
+    assert hours.saved == 0 and "saved" not in hours.line()  # nothing stopped early: nothing saved
     stopped = gpu_hours(load(sweep), stopped=Reason.OOM)  # the reason stopping records, handed in
     assert stopped.stopped == pytest.approx(0.01) and stopped.line().endswith(", 0.01 on runs stopped early")
     assert stopped.to_json()["stopped"] == 0.01
@@ -77,7 +79,8 @@ def test_a_tunes_best_config_counts_its_confirming_re_runs(sweep):
 
 def test_every_report_format_and_status_show_them(sweep):
     data = json.loads(render_report(sweep, "json"))
-    assert data["gpu_hours"] == {"spent": round(362 / H, 6), "on_best": 0.02, "to_best": 0.07, "stopped": 0.0}
+    assert data["gpu_hours"] == {"spent": round(362 / H, 6), "on_best": 0.02, "to_best": 0.07, "stopped": 0.0,
+                                 "saved": 0.0}
     rows = {r["name"]: r["gpu_hours"] for r in data["experiments"]}
     assert rows == {"g_retried": 0.065556, "g_best": 0.02, "g_best_confirm1": 0.005, "g_oom": 0.01, "g_waits": None}
     csv_rows = {r["name"]: r["gpu_hours"] for r in csv.DictReader(io.StringIO(render_report(sweep, "csv")))}
@@ -113,7 +116,7 @@ def test_the_html_page_and_the_timeline_plot_say_them(sweep, monkeypatch):
 def test_compare_says_each_sweeps_and_each_experiments(sweep, tmp_path):
     data = json.loads(autotuner.render_compare(sweep, sweep, "json"))
     assert data["a"]["gpu_hours"] == data["b"]["gpu_hours"] == {"spent": 0.100556, "on_best": 0.02, "to_best": 0.07,
-                                                                "stopped": 0.0}
+                                                                "stopped": 0.0, "saved": 0.0}
     row = next(r for r in data["experiments"] if r["name"] == "g_retried")
     assert row["a_gpu_hours"] == row["b_gpu_hours"] == 0.065556
     table = autotuner.render_compare(sweep, sweep, "table").splitlines()
@@ -189,7 +192,40 @@ def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, version,
     shutil.copytree(Path(__file__).resolve().parent / "data" / "ledgers" / version / kind, directory)
     data = json.loads(render_report(directory, "json"))
     assert data["gpu_hours"] == {"spent": round(20 / H, 6), "on_best": round(10 / H, 6), "to_best": round(19 / H, 6),
-                                 "stopped": 0.0}
+                                 "stopped": 0.0, "saved": 0.0}
     assert {r["name"]: r["gpu_hours"] for r in data["experiments"]} == {
         "fx_mbs1": round(10 / H, 6), "fx_mbs2": round(10 / H, 6), "fx_mbs4": None}
     assert json.loads(autotuner.render_status(directory, "json"))["gpu_hours"] == data["gpu_hours"]
+
+
+def test_saved_counts_only_runs_stopping_ended_before_their_window_each_on_its_slots(tmp_path):
+    """s_out: outclassed after 6 of its window's 16 steps (end_profile_step 15) on two slots, 0.5 s a step; s_sure:
+    ended once sure after 9 of 34 (a tolerance, start 3 + at most 30 measured, then the last), 0.2 s a step; s_end:
+    its sure stop asked as it reached its window's end; s_full: ran its window; s_cancel: cancelled after 2 steps
+    (what a user stops is not what stopping saved)."""
+    window, sure = {"end_profile_step": 15}, {"tolerance": 0.05}
+    exps = tuple(experiment(n, ds_config={"train_micro_batch_size_per_gpu": i + 1, "autotuning": a})
+                 for i, (n, a) in enumerate((("s_out", window), ("s_sure", sure), ("s_end", sure), ("s_full", window),
+                                             ("s_cancel", window))))
+    directory = tmp_path / "s"
+    autotuner.prepare(Sweep("s", exps, metric_named("throughput"), "test"), two_nodes(), directory,
+                      launcher=["sh", "-c", "true"])
+    with Ledger.open(directory) as ledger:
+        def ran(name: str, slots: dict, steps: int, step: float, state: State, stop: Reason | None = None,
+                **how: object) -> None:
+            ledger.start(name, 1, slots=slots, tag=f"t.{name}", dir=name, at=T0)
+            if stop is not None:
+                ledger.stopping(name, 1, state, stop, "asked", T0 + 5)
+            ledger.measured(name, 1, RunTimes(1.0, step, steps, None))
+            ledger.finish(name, 1, state, T0 + 10, **how)
+
+        ran("s_out", {"node-b": [0, 1]}, 6, 0.5, State.STOPPED, Reason.OUTCLASSED, reason=Reason.OUTCLASSED)
+        ran("s_sure", {"node-b": [2]}, 9, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
+        ran("s_end", {"node-b": [3]}, 34, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
+        ran("s_full", {"node-a": [0]}, 16, 0.5, State.SUCCEEDED, metric=2.0, metrics={"throughput": 2.0})
+        ran("s_cancel", {"node-a": [1]}, 2, 0.5, State.CANCELLED, Reason.CANCELLED, reason=Reason.CANCELLED)
+    expected = ((16 - 6) * 0.5 * 2 + (34 - 9) * 0.2) / H
+    hours = gpu_hours(load(directory))
+    assert hours.saved == pytest.approx(expected)
+    assert hours.to_json()["saved"] == round(expected, 6)
+    assert hours.line().endswith(f", about {expected:,.4g} saved by stopping (estimated)")

@@ -10,8 +10,10 @@ from collections import Counter
 
 import pytest
 
+import autotuner
 from autotuner.core import Finished, Launched, Progress, Reservation, Run, Stop
 from autotuner.core.outcome import Outcome, StopAsked
+from autotuner.dashboard.feed import SweepFeed
 from autotuner.ledger.store import Ledger
 from autotuner.spec.interval import Interval, StepReading
 from autotuner.spec.metrics import metric_named
@@ -329,3 +331,40 @@ def test_a_run_sweep_stops_what_cannot_win_only_when_asked_and_resume_keeps_what
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     again = latest(tmp_path / "plain")["p_x3"]
     assert (again.attempt, again.state, again.reason) == (2, State.STOPPED, Reason.OUTCLASSED)
+
+
+def saved_by_hand(directory, window):
+    """The GPU-hours stopping saved, worked out from the ledger's rows: each stopped attempt's steps short of
+    `window` (the steps its config's profile window makes) times its median step time, on its one slot."""
+    with Ledger.open(directory) as ledger:
+        rows = ledger._db.execute("SELECT m.steps, m.step_time FROM attempts a JOIN measures m ON m.name = a.name "
+                                  "AND m.attempt = a.attempt WHERE a.state = 'stopped'").fetchall()
+    return sum(max(window - steps, 0) * step for steps, step in rows) / 3600
+
+
+def test_the_gpu_hours_stopping_saved_are_estimated_from_the_steps_the_stopped_runs_did_not_make(tmp_path):
+    """The stand-in makes 16 steps, as the window (end_profile_step 15) asks; the two slow ones are stopped
+    before it. Without --stop-outclassed nothing is saved, and no line says so."""
+    (tmp_path / "train.py").touch()
+    sweep = tmp_path / "sweep.hjson"
+    sweep.write_text("{\n  name: p\n  script: train.py\n  space: {x: [1, 2, 3]}\n"
+                     "  ds_config: {train_micro_batch_size_per_gpu: 1, autotuning: {end_profile_step: 15}}\n}\n")
+    launcher = write_launcher(tmp_path, STEPPING)
+    environ = env(LAUNCH_LOG=tmp_path / "launches.log", AUTOTUNE_PROGRESS_POLL="0.1")
+    for out, asked in (("asked", ("--stop-outclassed",)), ("plain", ())):
+        done = autotune("run", sweep, "--results", tmp_path / out, "--launcher", launcher, "--slots", "1", *asked,
+                        environ=environ)
+        assert done.returncode == 0, done.stdout + done.stderr
+    expected = saved_by_hand(tmp_path / "asked", 16)
+    assert expected > 0
+    for command in ("status", "report"):
+        shown = json.loads(autotune(command, tmp_path / "asked", "--format", "json").stdout)["gpu_hours"]
+        assert shown["saved"] == round(expected, 6)
+        assert json.loads(autotune(command, tmp_path / "plain", "--format", "json").stdout)["gpu_hours"]["saved"] == 0
+    assert f"about {expected:,.4g} saved by stopping (estimated)" in autotune("status", tmp_path / "asked").stdout
+    assert "saved" not in autotune("status", tmp_path / "plain").stdout
+    compared = json.loads(autotuner.render_compare(tmp_path / "asked", tmp_path / "plain", "json"))
+    assert (compared["a"]["gpu_hours"]["saved"], compared["b"]["gpu_hours"]["saved"]) == (round(expected, 6), 0)
+    feed = SweepFeed(tmp_path / "asked")  # the dashboard's summary
+    feed.refresh()
+    assert feed.gpu_hours()["saved"] == round(expected, 6) and "saved by stopping" in feed.gpu_hours()["line"]

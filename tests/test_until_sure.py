@@ -232,16 +232,34 @@ def check_sure(directory, most, slack=1.0):
     return early
 
 
+def check_saved(directory, runs):
+    """What ending runs once sure (and, in a tune, stopping those that could not win) saved, as status and report
+    say it, against the ledger's rows worked out by hand: each run's steps short of its window's (start_profile_step
+    3 + at most 30 measured, then the engine's last: 34) at its median step time, on its one slot. `runs`: how many
+    ended early (None: some)."""
+    with Ledger.open(directory) as ledger:
+        rows = ledger._db.execute("SELECT m.steps, m.step_time FROM attempts a JOIN measures m USING (name, attempt) "
+                                  "LEFT JOIN stops s USING (name, attempt) WHERE a.state = 'stopped' OR "
+                                  "(a.state = 'succeeded' AND s.reason = 'sure')").fetchall()
+    expected = sum(max(34 - steps, 0) * step for steps, step in rows) / 3600
+    assert (len(rows) == runs if runs is not None else rows) and expected > 0
+    report = json.loads(autotune("report", directory, "--format", "json").stdout)
+    assert report["gpu_hours"]["saved"] == round(expected, 6)
+    assert f"about {expected:,.4g} saved by stopping (estimated)" in autotune("status", directory).stdout
+
+
 def test_a_tune_ends_runs_once_sure_as_succeeded_and_names_the_same_best(tmp_path):
     environ = setup_tune(tmp_path)
     done = autotune(*TUNE, "-o", tmp_path / "res", *SCRIPT, environ=environ, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "best: train_z3_mbs45 with throughput" in done.stdout  # as the fixed-step tune names it
     assert check_sure(tmp_path / "res", 3 + 30 + 1)
+    check_saved(tmp_path / "res", None)
     fixed = autotune(*TUNE, "-o", tmp_path / "fixed", "--tolerance", "off", *SCRIPT, environ=environ,
                      cwd=tmp_path, timeout=300)
     assert fixed.returncode == 0 and "best: train_z3_mbs45 with throughput" in fixed.stdout, fixed.stdout
     assert not any(a.detail and "until sure" in a.detail for a in latest(tmp_path / "fixed").values())
+    assert json.loads(autotune("report", tmp_path / "fixed", "--format", "json").stdout)["gpu_hours"]["saved"] == 0
 
 
 def test_a_kill_9_during_an_until_sure_end_then_resume_reads_it_as_the_success_it_was(tmp_path, runners):
@@ -305,6 +323,7 @@ def test_a_run_sweeps_experiment_whose_config_asks_a_tolerance_is_measured_until
     for a in latest(tmp_path / "res").values():
         assert a.state == State.SUCCEEDED and a.detail.startswith("measured until sure"), a
         assert SURE_STEPS <= a.metrics["steps_measured"] < 60 and a.metric == pytest.approx(100.5, rel=0.01)
+    check_saved(tmp_path / "res", 2)
 
 
 @pytest.mark.parametrize(("autotuning", "fragment"), [

@@ -108,6 +108,13 @@ def end_profile_step(ds_config: Mapping) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+def window_steps(config: Mapping) -> int:
+    """The optimizer steps a run of `config` (its autotuning section on: `with_autotuning`) makes before DeepSpeed's
+    engine ends it: its profile window's end, then the step that writes the metrics."""
+    end = end_profile_step(config)
+    return (end if end is not None else END_PROFILE_STEP) + 1
+
+
 def without_autotuning(ds_config: Mapping[str, JSON]) -> JSONObject:
     """The config a normal training run uses: the autotuning section removed."""
     config = copy.deepcopy(dict(ds_config))

@@ -5,17 +5,32 @@ count GPU-hours alike (views/gpu_hours.py turns these into hours).
 An attempt counts once it has ended: every attempt, retries, re-runs and failed ones too; a running one not yet.
 An attempt's slots are its commas plus one (`{"h": [0, 1], "g": [3]}`: host names hold no comma, no host has an
 empty list), where json_each made 10,000 attempts cost 90 ms. Every function works on the ledger's connection.
+Also here: the attempts stopping ended before their window's end (`early_stops`), the rows GPU-hours saved are
+estimated from; only those rows are read, so the estimate adds nothing per experiment to a report.
 """
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..jsonvalues import JSONObject
+from ..states import Reason, State
+
 _SLOTS = "(length(slots) - length(replace(slots, ',', '')) + 1)"
 _ENDED = "started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL"
 _FEW = 500  # names a query reads by at most (SQLite bounds a statement's parameters)
+# Ended attempts that stopping ended early, with what their steps said (schema 7's `measures`): stopped because
+# they could not win, or succeeded through a stop asked once they were measured until sure (the `stops` row).
+# Two selects, each led by a small set (the index on state; the stops: CROSS JOIN keeps SQLite from leading with every
+# succeeded attempt), not a scan of every attempt's measures.
+_MEASURED = (f"SELECT a.name, m.steps, m.step_time, {_SLOTS}, e.spec FROM {{}} JOIN measures m ON m.name = a.name "
+             f"AND m.attempt = a.attempt JOIN experiments e ON e.name = a.name WHERE {_ENDED} AND m.step_time > 0 "
+             "AND a.state = ?")
+_EARLY = (_MEASURED.format("attempts a") + " UNION ALL " + _MEASURED.format(
+    "stops s CROSS JOIN attempts a ON a.name = s.name AND a.attempt = s.attempt") + " AND s.reason = ?")
 
 
 @dataclass(frozen=True)
@@ -26,6 +41,36 @@ class Held:
     seconds: float
     until: float
     with_reason: float
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """An attempt stopping ended before its window's end: its experiment, the steps it made, its median step time
+    (seconds), its slots, and its config's `autotuning` section (what its window is made of)."""
+
+    name: str
+    steps: int
+    step_seconds: float
+    slots: int
+    autotuning: JSONObject
+
+
+def early_stops(db: sqlite3.Connection) -> list[EarlyStop]:
+    """Every ended attempt stopped as outclassed or ended once measured until sure that left a step time. Only its
+    config's autotuning section is taken from its spec: no experiment is built (on 2,000 of them, 56 of 66 ms)."""
+    rows = db.execute(_EARLY, (State.STOPPED, State.SUCCEEDED, Reason.SURE)).fetchall()
+    return [EarlyStop(str(name), int(steps), float(step), int(slots), _autotuning(spec))
+            for name, steps, step, slots, spec in rows]
+
+
+def _autotuning(spec: str) -> JSONObject:
+    """The autotuning section of an experiment's recorded spec (none: empty)."""
+    try:
+        config = json.loads(spec).get("ds_config")
+    except (ValueError, AttributeError, RecursionError):
+        return {}
+    section = config.get("autotuning") if isinstance(config, dict) else None
+    return section if isinstance(section, dict) else {}
 
 
 def _sums(until: float | None, reason: str | None) -> tuple[str, list[object]]:

@@ -400,8 +400,7 @@ class Ledger:
         return found
 
     def slot_seconds(self, until: float | None = None) -> tuple[float, float]:
-        """Slot-seconds held by every attempt that ended (spent.py), in all and counted only up to `until` (0
-        when None). A slot is a GPU on GPU hosts: over 3600, the sweep's GPU-hours."""
+        """Slot-seconds every ended attempt held (spent.py), in all and up to `until` (0 when None): GPU-seconds."""
         found = spent.total(self._db, until)
         return found.seconds, found.until
 
@@ -413,6 +412,10 @@ class Ledger:
     def held_in_all(self, until: float | None = None, reason: str | None = None) -> spent.Held:
         """What every ended attempt held (spent.py), summed."""
         return spent.total(self._db, until, reason)
+
+    def early_stops(self) -> list[spent.EarlyStop]:
+        """The ended attempts stopping ended early, with their steps (spent.py); none before schema 7."""
+        return spent.early_stops(self._db) if self.version() >= 7 else []
 
     def stops_asked(self) -> dict[tuple[str, int], tuple[State, str, Reason]]:
         """(name, attempt) -> (state, detail, reason) of the stop asked for each attempt still running: what a
@@ -474,9 +477,8 @@ class Ledger:
                           (name,) if name else ())
 
     def peaks(self) -> dict[str, int]:
-        """name -> the highest peak GPU memory measured over its attempts (bytes), of the experiments measured:
-        even an attempt that ran out of memory held at least that much. One query, no attempt decoded. A ledger
-        from before peaks were recorded (read, not migrated: an earlier sweep's) has none."""
+        """name -> the highest peak GPU memory measured over its attempts (bytes), of the experiments measured: even
+        one that ran out of memory held that much. One query, no attempt decoded; none before peaks (schema 3)."""
         if self.version() < 3:
             return {}
         odd = self._db.execute("SELECT name, peak_memory FROM attempts WHERE peak_memory IS NOT NULL AND "
@@ -487,8 +489,7 @@ class Ledger:
             "SELECT name, MAX(peak_memory) FROM attempts WHERE peak_memory > 0 GROUP BY name")}
 
     def in_state(self, *states: State) -> list[Attempt]:
-        marks = ",".join("?" * len(states))
-        return self._rows(f"FROM attempts a WHERE state IN ({marks})", states)
+        return self._rows(f"FROM attempts a WHERE state IN ({','.join('?' * len(states))})", states)
 
 
 def open_sweep(directory: str | Path) -> Ledger:

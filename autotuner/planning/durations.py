@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..backends.launch import END_PROFILE_STEP, end_profile_step, with_autotuning
+from ..backends.launch import window_steps, with_autotuning
 from ..errors import UserError
 from ..ledger.store import Ledger, open_sweep
 from ..spec import Experiment
@@ -115,8 +115,7 @@ def steps(e: Experiment, spread: float | None = None) -> int:
     """Optimizer steps a DeepSpeed run of `e` takes before its engine ends it, or, measured until sure with steps
     that spread by `spread`, before the runner does (see the module docstring)."""
     config = with_autotuning(e.ds_config, "", "")
-    end = end_profile_step(config)
-    total = (end if end is not None else END_PROFILE_STEP) + 1
+    total = window_steps(config)
     tolerance, start = tolerance_of(config), config["autotuning"].get("start_profile_step")
     if tolerance is None or spread is None or not isinstance(start, int) or total - 1 - start < 1:
         return total

@@ -3,14 +3,22 @@ ended: failed, retried and re-run ones too), the sweep's in all, what the best c
 confirming re-runs), what was spent until the best ended, and what went to runs stopped for a reason given (a
 run stopped because it could not win). Worked out once here from the ledger (ledger/spent.py), for `status`, the
 end of `run`, `report` in every format, `compare` and the dashboard. A CPU slot counts as one.
+
+And what stopping saved, an estimate (`saved_hours`): what was not run cannot be measured. Each attempt stopping
+ended before its profile window's end (stopped because it could not win, or ended once measured until sure) would
+have run on to the steps its config's window makes (`end_profile_step` + 1, backends/launch.py `window_steps`); the
+steps it did not make, at its own median step time, on its slots, are what it saved. Its start-up was paid either
+way, and the run's next steps are taken to last as long as the ones it made.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
+from ..backends.launch import window_steps, with_autotuning
 from ..ledger.spent import Held
 from ..ledger.store import Ledger
 from ..states import Reason
@@ -32,14 +40,16 @@ class GpuHours:
     on_best: float | None
     to_best: float | None
     stopped: float
+    saved: float = 0.0  # estimated: the steps runs stopped early did not make (`saved_hours`)
 
     def to_json(self) -> dict[str, float | None]:
         """The sweep's figures (not each experiment's), rounded to the microhour."""
         return {"spent": _rounded(self.spent), "on_best": _rounded(self.on_best),
-                "to_best": _rounded(self.to_best), "stopped": _rounded(self.stopped)}
+                "to_best": _rounded(self.to_best), "stopped": _rounded(self.stopped), "saved": _rounded(self.saved)}
 
     def line(self) -> str:
-        """One line for people: spent, on the best config, until the best ended; the stopped runs' where any."""
+        """One line for people: spent, on the best config, until the best ended; the stopped runs' and the
+        estimate of what stopping saved, where any."""
         parts = [f"GPU-hours: {hours_text(self.spent)} spent"]
         if self.on_best is not None:
             parts.append(f"{hours_text(self.on_best)} on the best")
@@ -47,6 +57,8 @@ class GpuHours:
             parts.append(f"{hours_text(self.to_best)} until it ended")
         if self.stopped:
             parts.append(f"{hours_text(self.stopped)} on runs stopped early")
+        if self.saved:
+            parts.append(f"about {hours_text(self.saved)} saved by stopping (estimated)")
         return ", ".join(parts)
 
 
@@ -83,6 +95,19 @@ def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict
     return {name: _rounded(h.seconds / HOUR) for name, h in ledger.held(names=names).items()}
 
 
+def saved_hours(ledger: Ledger) -> float:
+    """The GPU-hours stopping saved, estimated (see the module): for each attempt it ended early, the steps its
+    window had left times its median step time times its slots."""
+    windows: dict[str, int] = {}  # by autotuning section (a tune's runs share one): its window worked out once
+    saved = 0.0
+    for stop in ledger.early_stops():
+        key = json.dumps(stop.autotuning, sort_keys=True)
+        if key not in windows:
+            windows[key] = window_steps(with_autotuning({"autotuning": stop.autotuning}, "", ""))
+        saved += max(windows[key] - stop.steps, 0) * stop.step_seconds * stop.slots
+    return saved / HOUR
+
+
 def gpu_hours(snap: Snapshot, ledger: Ledger | None = None, stopped: str | None = STOPPED,
               each: bool = True) -> GpuHours:
     """The sweep's GPU-hours (see the module), read from `ledger` (the dashboard's read-only one) or the sweep's
@@ -106,4 +131,4 @@ def _hours(snap: Snapshot, ledger: Ledger, stopped: str | None, each: bool) -> G
         found = Held(sum(h.seconds for h in listed), sum(h.until for h in listed), sum(h.with_reason for h in listed))
     on_best = sum(held[name].seconds for name in runs if name in held) / HOUR if best is not None else None
     return GpuHours({name: _rounded(h.seconds / HOUR) for name, h in held.items()}, found.seconds / HOUR, on_best,
-                    found.until / HOUR if until is not None else None, found.with_reason / HOUR)
+                    found.until / HOUR if until is not None else None, found.with_reason / HOUR, saved_hours(ledger))
