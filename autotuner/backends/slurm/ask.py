@@ -4,7 +4,7 @@ command line parses its options into a `SlurmAsk` and prints; everything it deci
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ... import limits
 from ...errors import UserError
@@ -13,20 +13,13 @@ from ..cluster import Cluster
 from . import parse
 from .allocation import Allocation, allocation_of, cluster_of, current_job, job_state, node_states, planned_cluster
 from .keeper import hold, let_go
-from .options import SlurmGiven
+from .options import SlurmFields, SlurmGiven
 from .request import request
 
 
 @dataclass(frozen=True)
-class SlurmAsk:
+class SlurmAsk(SlurmFields):
     """Whether to run inside Slurm, and the allocation to ask for if this is not inside one already."""
-
-    slurm: bool = False
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
 
     def asked(self) -> list[str]:
         """The options given that ask Slurm for a new allocation."""
@@ -123,8 +116,7 @@ class SlurmAsk:
 
 def ask_of(options: SlurmGiven) -> SlurmAsk:
     """The allocation the Slurm backend's options ask for (or name, inside one)."""
-    return SlurmAsk(options.slurm, options.nodes, options.gpus_per_node, options.partition, options.time,
-                    options.account)
+    return SlurmAsk(**{field.name: getattr(options, field.name) for field in fields(SlurmFields)})
 
 
 def _taken_over(job: str, recorded: Mapping[str, object]) -> Allocation:

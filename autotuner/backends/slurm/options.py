@@ -35,8 +35,9 @@ DECLARED = Declared("slurm", (
 
 
 @dataclass(frozen=True)
-class SlurmGiven:
-    """The Slurm backend's options, as given (the flags above; `allocation`: the one held for the command)."""
+class SlurmFields:
+    """What a Slurm ask holds: whether to run inside Slurm, and the allocation to ask for outside one (the flags
+    above). `ask.SlurmAsk`, the face's, adds what is decided of it; `SlurmGiven` the allocation held."""
 
     slurm: bool = False
     nodes: int | None = None
@@ -44,4 +45,10 @@ class SlurmGiven:
     partition: str | None = None
     time: str | None = None
     account: str | None = None
+
+
+@dataclass(frozen=True)
+class SlurmGiven(SlurmFields):
+    """The Slurm backend's options, as given (`allocation`: the one held for the command)."""
+
     allocation: Allocation | None = None
