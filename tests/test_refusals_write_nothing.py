@@ -90,9 +90,9 @@ def test_a_resume_whose_ssh_hosts_are_all_lost_is_refused_before_the_lock(tmp_pa
     requeue had all been written."""
     results = prepared(tmp_path, ssh_hosts())
     before = tree(results)
-    refused(autotune("resume", results, environ=quiet_env(), timeout=WITHIN), "hostfile",
-            "no host of the sweep answers")
-    assert tree(results) == before
+    refused(autotune("resume", results, "--events", tmp_path / "events.jsonl", environ=quiet_env(),
+                     timeout=WITHIN), "hostfile", "no host of the sweep answers")
+    assert tree(results) == before and not (tmp_path / "events.jsonl").exists()
 
 
 @pytest.mark.parametrize("gone", ["missing", "not a file"])
@@ -147,9 +147,10 @@ def test_a_new_multi_node_sweep_that_cannot_run_here_leaves_nothing(tmp_path, si
     (tmp_path / "results").mkdir()  # there before: it stays
     before = tree(tmp_path)
     refused(autotune("run", spec, "-H", hostfile, "--ssh-config", silent_ssh, "--launcher", "true", "-q",
-                     "--results", tmp_path / "results" / "deep" / "r", environ=quiet_env(), timeout=WITHIN),
+                     "--results", tmp_path / "results" / "deep" / "r", "--events", tmp_path / "events.jsonl",
+                     environ=quiet_env(), timeout=WITHIN),
             "no experiment can run", "over ssh")
-    assert tree(tmp_path) == before
+    assert tree(tmp_path) == before  # the --events file outside the results directory too
     assert [p.name for p in (tmp_path / "results").iterdir()] == []
     out = autotune("run", spec, "-H", hostfile, "--ssh-config", silent_ssh, "--launcher", "true", "-q",
                    "--results", tmp_path / "results" / "r", environ=quiet_env(), timeout=WITHIN)

@@ -64,14 +64,16 @@ def event_record(what: str, subject: Run | Queued, outcome: Outcome | None, metr
 
 
 class EventLog:
-    """A scheduler observer that appends one JSON line per event to a file, flushed at once."""
+    """A scheduler observer that appends one JSON line per event to a file, flushed at once. The file is opened
+    at the first event, so that a command refused before its sweep started (`check_events_path` told it could be
+    written) leaves no file behind."""
 
     def __init__(self, path: Path, metric: str, *, clock: Callable[[], float] = time.time):
         self.path = Path(path)
         self.label = f"--events {self.path}"
         self._metric = metric
         self._clock = clock
-        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the sweep: close()
+        self._file: IO[str] | None = None
 
     def __call__(self, what: str, subject: Run | Queued | str, outcome: Outcome | None) -> None:
         if what == STOPPING:
@@ -85,11 +87,14 @@ class EventLog:
                 record["detail"] = outcome.detail
         else:
             record = event_record(what, subject, outcome, self._metric, self._clock())
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115  # open for the sweep: close()
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def check_events_path(path: Path) -> None:
