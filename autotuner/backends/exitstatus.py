@@ -17,11 +17,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..core.outcome import Outcome, aborted_at_exit, judge
+from ..core.outcome import Outcome, aborted_at_exit, judge, steps_metric
 from ..jsonvalues import JSON
 from ..spec.interval import StepReading, measured_run
 from ..spec.metrics import Metric
@@ -121,9 +120,7 @@ def _by_steps(outcome: Outcome, directory: Path, metric: str, measured: StepRead
     if config is None or tolerance_of(config) is None:
         return outcome
     metrics = {**(outcome.metrics or {}), f"{metric}{ENGINE}": (outcome.metrics or {})[metric],
-               metric: interval.mean, f"{metric}_low": interval.low}
-    if math.isfinite(interval.high):
-        metrics[f"{metric}_high"] = interval.high
+               **steps_metric(interval, metric)}
     return dataclasses.replace(outcome, metrics=metrics)
 
 

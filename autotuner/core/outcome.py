@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..spec.interval import StepReading
+from ..spec.interval import Interval, StepReading
 from ..spec.metrics import KNOWN, METRICS_PATH_ENV, MISSING, Metric, MetricsError, read_metrics
 from ..states import Reason, State
 
@@ -107,10 +107,17 @@ def with_measured_metric(outcome: Outcome, metric: str) -> Outcome:
     if interval is None:
         return Outcome(State.FAILED, Reason.METRICS, f"{outcome.detail}; but its steps could not be read back for "
                        f"its {metric}", outcome.exit_code, measured=outcome.measured)
-    metrics = {**(outcome.metrics or {}), metric: interval.mean, f"{metric}_low": interval.low}
-    if math.isfinite(interval.high):
-        metrics[f"{metric}_high"] = interval.high
+    metrics = {**(outcome.metrics or {}), **steps_metric(interval, metric)}
     return Outcome(State.SUCCEEDED, None, outcome.detail, outcome.exit_code, metrics, outcome.measured)
+
+
+def steps_metric(interval: Interval, metric: str) -> dict[str, float]:
+    """`metric` as a run's steps measured it: their mean, with its interval as METRIC_low and METRIC_high (an
+    unbounded high end is no column)."""
+    found = {metric: interval.mean, f"{metric}_low": interval.low}
+    if math.isfinite(interval.high):
+        found[f"{metric}_high"] = interval.high
+    return found
 
 
 def log_tail(path: Path, size: int = _TAIL_BYTES) -> str:
