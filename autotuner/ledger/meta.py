@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
+from .. import limits
 from ..jsonvalues import JSON, JSONObject
 from .schema import LEGACY_RECORDS
 
@@ -61,6 +62,9 @@ class SweepMeta:
     placement: str | None = None  # the placement a runner was last told to use (None: the default)
     # experiment -> bytes per GPU it is taken to need, learned from an earlier sweep's peaks (learned.py)
     learned_memory: Mapping[str, int] | None = None
+    # GPU type -> price of a GPU-hour, as the hostfile's gpu_hour_cost= states it: what a report prices a training
+    # run with where neither its options nor the tune name a price for that type
+    gpu_prices: Mapping[str, float] | None = None
     extra: Mapping[str, JSON] = field(default_factory=dict)
 
     # The JSON type of each key in the table; the first five must be there.
@@ -68,7 +72,7 @@ class SweepMeta:
         "name": str, "metric": str, "sweep_id": str, "slots": dict, "launcher": list, "source": str,
         "created": (int, float), "capacity": dict, "accelerator": str, "env": dict, "reload": dict,
         "backend": dict, "search": (dict, type(None)), "gpu_types": dict, "gpu_memory": dict,
-        "devices": dict, "placement": str, "learned_memory": dict}
+        "devices": dict, "placement": str, "learned_memory": dict, "gpu_prices": dict}
     _REQUIRED: ClassVar[tuple[str, ...]] = ("name", "metric", "sweep_id", "slots", "launcher")
 
     @classmethod
@@ -86,6 +90,9 @@ class SweepMeta:
             if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
                        for v in dict(data.get(key) or {}).values()):
                 return f"meta {key!r} holds a size that is not a positive integer"
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= limits.PRICE
+                   for v in dict(data.get("gpu_prices") or {}).values()):
+            return "meta 'gpu_prices' holds a price that is not a number from 0 to 1,000,000"
         if "backend" in data and BackendRecord.from_json(data["backend"]) is None:
             return "meta 'backend' is not {kind, data}"
         devices = dict(data.get("devices") or {}).values()
@@ -104,10 +111,10 @@ class SweepMeta:
         values = {k: v for k, v in data.items() if k in known}
         values["slots"] = {str(h): tuple(ids) for h, ids in dict(values["slots"]).items()}
         values["launcher"] = tuple(values["launcher"])
-        for key in ("env", "capacity", "gpu_types", "gpu_memory", "learned_memory"):
+        for key in ("env", "capacity", "gpu_types", "gpu_memory", "learned_memory", "gpu_prices"):
             if key in values:
-                values[key] = {str(k): v if key in ("capacity", "gpu_memory", "learned_memory") else str(v)
-                               for k, v in values[key].items()}
+                values[key] = {str(k): v if key in ("capacity", "gpu_memory", "learned_memory") else
+                               float(v) if key == "gpu_prices" else str(v) for k, v in values[key].items()}
         return cls(**values, backend=_backend(data),
                    extra={k: v for k, v in data.items() if k not in known | legacy | {"backend"}})
 
@@ -116,7 +123,8 @@ class SweepMeta:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         data["slots"] = {h: list(ids) for h, ids in self.slots.items()}
         data["launcher"] = list(self.launcher)
-        for key in ("capacity", "env", "reload", "search", "gpu_types", "gpu_memory", "devices", "learned_memory"):
+        for key in ("capacity", "env", "reload", "search", "gpu_types", "gpu_memory", "devices", "learned_memory",
+                    "gpu_prices"):
             data[key] = None if data[key] is None else dict(data[key])
         data["backend"] = None if self.backend is None else self.backend.to_json()
         # Unset: left out, as ledgers always had it (the backend's record is written by the first runner).

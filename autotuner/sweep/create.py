@@ -25,7 +25,6 @@ from ..backends.launch import launcher_for_this_python
 from ..core.slots import devices_to_json
 from ..errors import UserError, shown
 from ..files import sync_directory, write_atomic
-from ..jsonvalues import JSON
 from ..ledger.store import FILENAME, Ledger, SweepMeta
 from ..limits import memory
 from ..planning.learned import check_learned, largest_usable, learned_needs, peaks_by_digest
@@ -33,7 +32,6 @@ from ..spec import Sweep
 from ..spec.hostfile import HOSTFILE, format_hostfile, is_local
 from ..spec.launchable import launch_problem
 from ..spec.metrics import metric_named
-from ..tune.goal import Goal
 from ..tune.memory_model import Bound, Facts, budget
 from ..tune.request import TuneRequest, read_tune
 from ..tune.space import SearchSpec
@@ -123,21 +121,11 @@ def prepare_tune(script: str | TuneRequest, args: Sequence[str], cluster: Cluste
     return prepare(sweep, cluster, directory, launcher=launcher, timeout=timeout, search=spec)
 
 
-def _hostfile_prices(goal: Mapping[str, JSON] | None, cluster: Cluster) -> Mapping[str, JSON] | None:
-    """The training run's goal with the hostfile's price of each GPU type (`gpu_hour_cost=`) where the options
-    and the autotuning section name none for that type: a type's own price wins over a price for every type."""
-    if goal is None or not cluster.prices:
-        return goal
-    stated = Goal.from_json(goal)
-    return replace(stated, prices={**cluster.prices, **stated.prices}).to_json()
-
-
 def for_cluster(request: TuneRequest, cluster: Cluster) -> tuple[Sweep, SearchSpec]:
     """The request on `cluster`: its search bounded by the GPUs' memory, and the (empty) sweep it fills. Refused
     when its experiments cannot fit the cluster's slots, or when the memory model says that no stage tuned fits
     any of its GPUs: nothing would run, and the user learns it now rather than from "no best configuration"."""
-    spec = replace(request.spec, gpu_memory=_gpu_memory(cluster), host_memory=_host_memory(cluster),
-                   goal=_hostfile_prices(request.spec.goal, cluster))
+    spec = replace(request.spec, gpu_memory=_gpu_memory(cluster), host_memory=_host_memory(cluster))
     firsts = [search_for(s).experiment(s.stages[0], s.min_mbs) for s in spec.world_specs()]  # one per world size
     for first in firsts:
         problem = launch_problem(first)  # every experiment of the search is the first one's config give or take knobs
@@ -348,6 +336,7 @@ def _write_sweep(sweep: Sweep, cluster: Cluster, directory: Path, launcher: Sequ
         devices=devices_to_json(cluster.devices) or None,
         backend=cluster.backend,
         learned_memory=dict(learned) if learned else None,
+        gpu_prices=dict(cluster.prices) or None,
     ), filename=staging)
     try:
         ledger.add_experiments(sweep.experiments, time.time())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
@@ -259,12 +259,14 @@ def _basis(goal: Goal, seq: int | None, candidates: Sequence[Candidate]) -> str:
 
 def goal_of(snap: Snapshot, options: Goal | None = None) -> Goal:
     """The goal a report prices: the options' keys over what the tune recorded (its autotuning section, its
-    options); checked as one."""
+    options); checked as one. A GPU type the goal prices not is priced as the sweep's hostfile did
+    (`gpu_hour_cost=`), whatever ran the sweep: a type's own price wins over one for every type."""
     recorded = Goal.from_json((snap.meta.search or {}).get("goal")
                               if snap.meta.search is not None else None)
     goal = recorded if options is None or options == Goal() else options.over(recorded)
     goal.check()
-    return goal
+    hostfile = snap.meta.gpu_prices or {}
+    return replace(goal, prices={**hostfile, **goal.prices}) if goal.wanted and hostfile else goal
 
 
 HEADERS = ("name", "GPUs", "RATE/s", "hours", "days", "GPU-hours", "cost", "front", "deadline")
