@@ -40,7 +40,7 @@ def _shows(browser, want: dict[str, str]) -> None:
 def test_a_runs_page_follows_its_reading_and_shows_its_final_figures_once_it_ended(tmp_path, runners):
     (tmp_path / "s").mkdir()
     ledger = Ledger.create(tmp_path / "s", SWEEP_META)
-    ledger.add_experiments([experiment("e1")], at=1.0)
+    ledger.add_experiments([experiment("e1"), experiment("e2")], at=1.0)
     shown = start_dashboard(runners, tmp_path / "s")
     browser = chromium_driver(tmp_path / "profile")
     try:
@@ -71,6 +71,15 @@ def test_a_runs_page_follows_its_reading_and_shows_its_final_figures_once_it_end
         _shows(browser, {"title": "Steps measured", "steps": "32", "throughput": "100.500",
                          "95% interval": f"96 {TO} 104", "start-up": "1.500 s"})
         assert browser.execute_script("return window.notReloaded") is True
+
+        # One that failed after some steps recorded no value: its steps' mean when it ended, said to be that.
+        ledger.start("e2", 1, slots={"localhost": [0]}, tag="e2", dir=str(tmp_path / "s" / "e2"), at=21.0)
+        ledger.measured("e2", 1, RunTimes(2.5, 0.5, 6, Interval(80.25, 70.5, 90.5, 4, 2)))
+        ledger.finish("e2", 1, State.FAILED, 30.0, exit_code=1)
+        browser.get(f"{shown.base}/#/s/{sid}/run/e2")
+        _shows(browser, {"title": "Steps measured", "steps": "6", "start-up": "2.500 s",
+                         "throughput": "80.250 (its steps' mean; the run recorded no value)",
+                         "95% interval": f"70.500 {TO} 90.500"})
     finally:
         browser.quit()
         ledger.close()
