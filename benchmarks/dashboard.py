@@ -6,16 +6,18 @@
            (gzip) and raw
   update   what the page asks every 0.5 s: "what changed since transition N", after one experiment started and
            another ended (as a runner records them), and with nothing new; and "whose steps so far changed since
-           mark M", after a running experiment's reading was replaced (as the runner does, without a transition)
+           mark M", after a running experiment's reading was replaced (as the runner does, without a transition);
+           and what a running experiment's own page asks every second (its attempts, their steps)
   beside   the scheduling benchmark (N x S s on K slots, benchmarks/scheduling.py's round) with a dashboard
            open (a client polling as the page does, in a process of its own) against without, interleaved:
            makespan / ideal both ways, and the dashboard's own CPU time
   browser  (--browser) the page in headless Chromium at 1400 px, its main thread's long tasks as the browser's own
            PerformanceObserver('longtask') reports them (every task over 50 ms): the sweep's first view (its
-           table; view_plotly 1 if a chart library was loaded for it), plotly.js's own evaluation where the
-           checkout still served it (the task in which it defines window.Plotly; nan for a checkout whose plots are
-           the page's own SVG), the plots tab's first drawing, redraws (the system's colour
-           scheme switched, which redraws every plot), and 10 s of a live sweep (one experiment started and ended
+           table; view_plotly 1 if a chart library was loaded for it), the table sorted by the metric with a
+           click (sort_ms, the click's own time: every row sorted, a page of them drawn), plotly.js's own
+           evaluation where the checkout still served it (the task in which it defines window.Plotly; nan for a
+           checkout whose plots are the page's own SVG), the plots tab's first drawing, redraws (the system's
+           colour scheme switched, which redraws every plot), and 10 s of a live sweep (one experiment started and ended
            every 0.5 s, written to the ledger as a runner does): the longest task and the share of the time in
            long tasks. Each long task is also found in Chromium's own trace (its `toplevel` RunTask events, the
            same task by start and length), for its CPU time on the main thread (`tdur`): on a loaded machine a
@@ -160,9 +162,13 @@ def page_and_updates(n: int, rounds: int, workdir: Path) -> None:
             read.append(got)
             mark = body["p"]
             still.append(served.get(f"/api/sweeps/{sid}?since={seq}&sv={sv}&p={mark}"))
+        # A run's own page, as it polls every second: one experiment, its attempts and their steps.
+        pages = [served.get(f"/api/sweeps/{sid}/experiments/{running[i % len(running)]}") for i in range(rounds)]
+        assert all(decoded(p[3])["attempts"] for p in pages)
         for label, got in (("update, one experiment ran", changed), ("update, nothing new", idle),
                            ("update, a running experiment's steps so far moved", read),
-                           ("update, nothing new, readings followed", still)):
+                           ("update, nothing new, readings followed", still),
+                           ("a running experiment's own page", pages)):
             print(f"{label} (median of {len(got)}): server {statistics.median(g[0] for g in got):.1f} ms, "
                   f"wall {statistics.median(g[1] for g in got):.1f} ms, {statistics.median(g[2] for g in got):.0f} B")
     finally:
@@ -330,6 +336,11 @@ def browser_round(template: Path, code: Path, workdir: Path) -> dict[str, float]
         trace.read(driver)
         out["view_max"], out["view_cpu"] = _longest(trace.cpu(_tasks(driver, since)[0]))
         out["view_plotly"] = float(driver.execute_script("return window.Plotly ? 1 : 0"))
+        # The table sorted by the metric with a click (sorted and drawn in the click's task): the median of 6.
+        out["sort_ms"] = statistics.median(driver.execute_script(
+            "const t0 = performance.now();"
+            "document.querySelector('#experiments th[data-col=\"metric:throughput\"]').click();"
+            "return performance.now() - t0") for _ in range(6))
         since = driver.execute_script("return performance.now()")
         driver.execute_script("location.hash = arguments[0]", sid + "/plots")
         _wait(driver, "return document.querySelectorAll('.plot svg.chart, .plot .main-svg').length >= 4")

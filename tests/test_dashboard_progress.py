@@ -141,3 +141,51 @@ def test_the_page_shows_a_running_runs_steps_advance_and_an_ended_runs_interval(
         browser.quit()
     code, _, err = finish(run)
     assert code == 0, err
+
+
+def _order(browser) -> list[str]:
+    return browser.execute_script(
+        "return [...document.querySelectorAll('#experiments tbody tr')].map((r) => r.dataset.name)")
+
+
+def test_sorted_by_the_metric_a_running_row_sorts_by_its_value_so_far_and_moves_as_it_changes(tmp_path, runners):
+    # Written straight into a ledger as a runner leaves it (nothing runs): three ended runs, two running (one whose
+    # steps were read, one whose were not yet), one queued.
+    (tmp_path / "s").mkdir()
+    ledger = Ledger.create(tmp_path / "s", SWEEP_META)
+    ledger.add_experiments([experiment(n) for n in ("low", "high", "mid", "live", "fresh", "waits")], at=1.0)
+    for i, (name, value) in enumerate((("low", 100.0), ("high", 300.0), ("mid", 200.0))):
+        ledger.start(name, 1, slots={"localhost": [0]}, tag=name, dir=str(tmp_path / name), at=2.0 + i)
+        ledger.finish(name, 1, State.SUCCEEDED, 3.0 + i, metric=value,
+                      metrics={"throughput": value, "throughput_low": value - 5, "throughput_high": value + 5})
+    for name in ("live", "fresh"):
+        ledger.start(name, 1, slots={"localhost": [0]}, tag=name, dir=str(tmp_path / name), at=9.0)
+    ledger.measured("live", 1, RunTimes(1.0, 0.1, 8, Interval(250.0, 240.0, 260.0, 6, 2)))
+    shown = start_dashboard(runners, tmp_path / "s")
+    browser = chromium_driver(tmp_path / "profile")
+    try:
+        (sid,) = shown.sweep_ids()
+        browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}")
+        wait_until(lambda: len(_order(browser)) == 6, message="the table drawn")
+        browser.execute_script("window.notReloaded = true")
+        browser.execute_script("document.querySelector('#experiments th[data-col=\"metric:throughput\"]').click()")
+        # Highest first, as a throughput sorts: the running run by its mean so far among the ended ones; the rows
+        # with no value yet (running unread, queued) after them in the sweep's order.
+        assert _order(browser) == ["high", "live", "mid", "low", "fresh", "waits"]
+        assert "so far" in _cell(browser, "live", "metric:throughput")
+
+        # Its reading replaced by the runner (no transition): its row moves to where its new value sorts, no reload.
+        ledger.measured("live", 1, RunTimes(1.0, 0.1, 20, Interval(50.0, 45.0, 55.0, 18, 2)))
+        wait_until(lambda: _order(browser) == ["high", "mid", "low", "live", "fresh", "waits"], timeout=30,
+                   message=f"the running row moved as its value so far changed: {_order(browser)}")
+        browser.execute_script("document.querySelector('#experiments th[data-col=\"metric:throughput\"]').click()")
+        assert _order(browser) == ["live", "low", "mid", "high", "fresh", "waits"]  # lowest first: no value last still
+        # Its first reading, of the run whose steps were not read yet: sorted in as well.
+        ledger.measured("fresh", 1, RunTimes(2.0, 0.1, 4, Interval(150.0, 100.0, math.inf, 2, 2)))
+        wait_until(lambda: _order(browser) == ["live", "low", "fresh", "mid", "high", "waits"], timeout=30,
+                   message=f"the first reading sorted in: {_order(browser)}")
+        assert browser.execute_script("return window.notReloaded") is True
+    finally:
+        browser.quit()
+        ledger.close()
+    shown.stop()

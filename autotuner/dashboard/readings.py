@@ -7,6 +7,9 @@ readings it sees itself, and a page is sent, beside the rows whose attempts move
 reading changed since its last ask: one query per read, over the running attempts alone (the `attempts_state`
 index), whatever the sweep's size. The numbering is this process's (a mark carries a random epoch): a mark from
 another feed (the dashboard started again) gets every running row, a bounded number.
+
+A run's own page asks for its attempts' rows alone (`of_experiment`, by the table's key), start-up and step time
+with them: what it shows while the run runs, and the final figures the runner put in their place at its end.
 """
 from __future__ import annotations
 
@@ -16,9 +19,12 @@ import secrets
 import sqlite3
 from dataclasses import dataclass
 
+from ..jsonvalues import JSONObject
+
 # Before ledger schema 7 there is no `measures` table: nothing was read while a run ran.
 SINCE_SCHEMA = 7
 KEPT = 1_000  # changes kept to answer "since M"; a page further behind gets every running row
+ATTEMPTS = "SELECT attempt, startup, step_time, steps, mean, low, high FROM measures WHERE name = ?"
 QUERY = ("SELECT m.name, m.attempt, m.steps, m.mean, m.low, m.high FROM measures m JOIN attempts a "
          "ON a.name = m.name AND a.attempt = m.attempt WHERE a.state = 'running'")
 
@@ -81,3 +87,14 @@ class Readings:
             return list(self.now)
         first = bisect.bisect_right(self._changed, int(count), key=lambda c: c[0])
         return list(dict.fromkeys(n for _, names in self._changed[first:] for n in names))
+
+
+def of_experiment(db: sqlite3.Connection, version: int, name: str) -> dict[int, JSONObject]:
+    """attempt -> what its steps said, as the runner last recorded them (the final reading, once it ended): steps,
+    the metric's mean and 95% interval (`high` None: no upper bound), start-up (launch to the end of its first
+    step) and the median step time, in seconds; None where unknown. An attempt that left no steps has none."""
+    if version < SINCE_SCHEMA:
+        return {}
+    return {attempt: {"steps": steps, "mean": _finite(mean), "low": _finite(low), "high": _finite(high),
+                      "startup": _finite(startup), "step_seconds": _finite(step)}
+            for attempt, startup, step, steps, mean, low, high in db.execute(ATTEMPTS, (name,))}

@@ -33,6 +33,7 @@ from starlette.routing import Route
 from .. import __version__
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
+from ..spec.metrics import metric_named
 from ..sweep.cancel import cancel
 from ..views.compare import compare
 from .discover import Served, Sweeps, check_roots
@@ -41,6 +42,7 @@ from .feed import read, runner_pid
 from .files import Refused, inside, read_piece
 from .guard import Guard
 from .listen import Listening
+from .readings import of_experiment
 from .summary import brief, standing, summary
 
 log = logging.getLogger("autotuner.dashboard")
@@ -186,15 +188,18 @@ def sweep(request: Request, dashboard: Dashboard) -> Response:
 
 
 def experiment(request: Request, dashboard: Dashboard) -> Response:
-    """One experiment: its spec and every attempt, for its own page."""
+    """One experiment: its spec and every attempt, each with what its steps said (`measured`: readings.py; live
+    while it runs), and the sweep's metric, for its own page."""
     served = _sweep(request, dashboard)
     name = str(request.path_params["name"])
-    found, attempts, sweep_name = read(served.feed.directory, lambda reader: (
-        reader.ledger.experiments([name]), reader.ledger.attempts(name), reader.ledger.meta().name))
+    found, attempts, meta, measured = read(served.feed.directory, lambda reader: (
+        reader.ledger.experiments([name]), reader.ledger.attempts(name), reader.ledger.meta(),
+        of_experiment(reader.db, reader.ledger.version(), name)))
     if not found:
         raise Refused(404, "no such experiment in this sweep")
     where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
-    return JSONResponse({"sweep": sweep_name, "spec": found[0].to_json(), "attempts": [a.to_json() for a in attempts],
+    return JSONResponse({"sweep": meta.name, "metric": metric_named(meta.metric).name, "spec": found[0].to_json(),
+                         "attempts": [a.to_json() | {"measured": measured.get(a.attempt)} for a in attempts],
                          "logs": {k: f"{where}/{k}.log" for k in ("stdout", "stderr")}})
 
 
