@@ -158,12 +158,13 @@ HOSTILE = ('<b>bold</b>', '<a href="https://evil.example/x">link</a>', '<i>it</i
 def recorded_sweep(directory: Path, n: int, *, strings: Sequence[str] = (), key: str = "k",
                    hosts: Sequence[str] = ("node1", "node2"), gpu_types: Mapping[str, str] | None = None,
                    detail: str = "torch.OutOfMemoryError: CUDA out of memory", extra_metric: str = "FLOPS_per_gpu",
-                   logs: bool = False) -> Path:
+                   logs: bool = False, metric: str = "throughput") -> Path:
     """A sweep of `n` experiments written straight into a ledger, as a runner would have left it (nothing runs):
     experiment `e{i:05d}` has `a.b` = i * 10 // n (the latest hold the largest, as a sweep ordered by it), the
     micro-batch 2 ** (i % 4) and ZeRO stage i % 3, and `strings[i % len]` under `key`. Every 97th is queued,
     every 31st failed with `detail`, every 211th left running, the others succeeded (their metrics:
-    throughput, latency and `extra_metric`). `logs`: each run's directory with empty stdout.log and stderr.log."""
+    throughput, latency and `extra_metric`). `logs`: each run's directory with empty stdout.log and stderr.log.
+    `metric`: the sweep's, as `--metric` names it (its value recorded as each run's metric)."""
     from dataclasses import replace
 
     from autotuner.ledger.meta import SweepMeta
@@ -181,7 +182,7 @@ def recorded_sweep(directory: Path, n: int, *, strings: Sequence[str] = (), key:
         configs.append(config)
     experiments = [Experiment(name=f"e{i:05d}", ds_config=c, num_gpus=1, num_nodes=1, script="/bin/true", args=(),
                               timeout=None, env={}, source="test") for i, c in enumerate(configs)]
-    meta = SweepMeta(name=directory.name, metric="throughput", sweep_id="sid", launcher=("deepspeed",),
+    meta = SweepMeta(name=directory.name, metric=metric, sweep_id="sid", launcher=("deepspeed",),
                      slots={h: (0, 1, 2, 3) for h in hosts}, gpu_types=dict(gpu_types) if gpu_types else None)
     ledger = Ledger.create(directory, replace(meta, created=1.0e9))
     ledger._db.execute("PRAGMA synchronous=OFF")  # setting up is not what is tested: no fsync per transition
@@ -204,7 +205,8 @@ def recorded_sweep(directory: Path, n: int, *, strings: Sequence[str] = (), key:
             ledger.finish(e.name, 1, State.FAILED, at + 0.5, reason=Reason.OOM, exit_code=1, detail=detail)
         else:
             value = 1000.0 + (i * 7919) % 5000
-            ledger.finish(e.name, 1, State.SUCCEEDED, at + 1.4, exit_code=0, metric=value,
-                          metrics={"throughput": value, "latency": 1.0 / value, extra_metric: value * 1e9})
+            metrics = {"throughput": value, "latency": 1.0 / value, extra_metric: value * 1e9}
+            ledger.finish(e.name, 1, State.SUCCEEDED, at + 1.4, exit_code=0, metrics=metrics,
+                          metric=metrics[metric.partition(":")[0]])
     ledger.close()
     return directory

@@ -218,6 +218,35 @@ def test_the_page_reads_at_1400_px(tmp_path, runners, browser):
         "const b = document.getElementById('offline'); return b && b.textContent") or ""), timeout=30)
 
 
+def test_the_first_sort_by_the_sweeps_metric_puts_its_best_first_as_the_metric_is_declared(tmp_path, runners,
+                                                                                           browser):
+    """A metric named with its direction (`--metric step_loss:min`) sorts lowest first on the first click,
+    whatever its name says; another metric's column keeps the guess by its name (throughput highest first)."""
+    recorded_sweep(tmp_path / "sweeps" / "lowest", 12, metric="step_loss:min", extra_metric="step_loss")
+    shown = start_dashboard(runners, tmp_path / "sweeps")
+    (sid,) = shown.sweep_ids()
+    browser.get(f"{shown.base}/?token={shown.token}")
+    browser.get(f"{shown.base}/#/s/{sid}")
+    wait_until(lambda: browser.execute_script("return document.querySelectorAll('#experiments tbody tr').length == 12"),
+               message="the 12 rows")
+
+    def first_sort(column: str) -> list[float]:
+        header = f'#experiments th[data-col="metric:{column}"]'
+        browser.execute_script("document.querySelector(arguments[0]).click()", header)
+        wait_until(lambda: "sorted-" in browser.execute_script("return document.querySelector(arguments[0]).className",
+                                                               header))
+        cells = browser.execute_script(
+            "const i = [...document.querySelectorAll('#experiments th')].indexOf(document.querySelector(arguments[0]));"
+            "return [...document.querySelectorAll('#experiments tbody tr')].map((r) => r.children[i].innerText)",
+            header)
+        return [float(c.replace(",", "")) for c in cells if c and c[0].isdigit()]
+
+    lowest = first_sort("step_loss")
+    assert len(lowest) == 9 and lowest == sorted(lowest), lowest  # 12 less the queued, failed and running one
+    highest = first_sort("throughput")
+    assert len(highest) == 9 and highest == sorted(highest, reverse=True), highest
+
+
 def test_a_sweep_of_one_run_and_of_odd_values_draws_readable_axes(tmp_path, runners, browser):
     """One run: its time axes span about a minute around it (not years: a range padded by a tenth of the epoch
     seconds); values of every JSON kind (null, booleans, lists) are categories named as written; nothing throws."""

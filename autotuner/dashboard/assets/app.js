@@ -457,6 +457,13 @@ function visible(S) {
   return rows;
 }
 
+// A column's first sort puts the best first: the sweep's metric as it is declared (`loss:min` lower first), any
+// other metric by its name (a latency lower first, the rest higher), every other column ascending.
+function firstDirection(S, k) {
+  if (k === primary(S)) return S.summary.metric.direction.startsWith("lower") ? 1 : -1;
+  return k.startsWith("metric:") && !k.endsWith("latency") ? -1 : 1;
+}
+
 function drawTable(S) {
   if (!S.table || !S.col) return;
   const keys = tableColumns(S);
@@ -465,7 +472,7 @@ function drawTable(S) {
   S.page = Math.min(S.page, pages - 1);
   const label = (k) => k === "gpu_hours" ? "GPU-hours" : k.replace(/^(param|metric):/, "");
   const head = el("tr", {}, keys.map((k) => el("th", { "data-col": k, class: S.sort.col === k ? (S.sort.dir > 0 ? "sorted-asc" : "sorted-desc") : "",
-    title: label(k), onclick: () => { S.sort = { col: k, dir: S.sort.col === k ? -S.sort.dir : (k.startsWith("metric:") && !k.endsWith("latency") ? -1 : 1) }; drawTable(S); } },
+    title: label(k), onclick: () => { S.sort = { col: k, dir: S.sort.col === k ? -S.sort.dir : firstDirection(S, k) }; drawTable(S); } },
     breakable(label(k)))));
   const best = new Set((S.summary ? S.summary.best : []).map((b) => b.name));
   const body = rows.slice(S.page * PAGE_ROWS, (S.page + 1) * PAGE_ROWS).map((r) => el("tr", { "data-name": r[0], class: best.has(r[0]) ? "best" : "" },
