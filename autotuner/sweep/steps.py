@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..core import Key, Post, Progress, Queued, Run
 from ..core.outcome import Outcome, oom_line
-from ..spec.interval import RATES, WARMUP, measure
-from ..spec.progress import PROGRESS_FILE, read_steps
+from ..spec.interval import RATES, measure
+from ..spec.progress import PROGRESS_FILE, Window, read_steps, run_config
 from ..threads import Workers
 
 POLL_ENV = "AUTOTUNE_PROGRESS_POLL"  # seconds between two readings (tests set it low)
@@ -52,6 +52,7 @@ class _Followed:
     steps: int = 0  # steps read at the last reading posted
     logs: dict[str, _Log] = field(default_factory=dict)
     ended: bool = False  # out of memory, posted: nothing more to read
+    window: Window | None = None  # its measured steps, from its config (read once, at its first steps)
 
 
 class StepReader:
@@ -111,11 +112,13 @@ class StepReader:
                 return
         if not all(self._own(directory / name, one.since) for name in (PROGRESS_FILE, *LOGS)):
             return
-        steps, warmup = read_steps(directory, self.metric, WARMUP)
+        if one.window is None:
+            one.window = Window.of(run_config(directory) or {})
+        steps, measured = read_steps(directory, self.metric, one.window)
         if len(steps) == one.steps:
             return
         one.steps = len(steps)
-        reading = measure(steps, warmup, rate=self.metric in RATES)
+        reading = measure(steps, measured, rate=self.metric in RATES)
         if reading is not None:
             self.post(Progress(one.run, reading))
 
