@@ -4,8 +4,9 @@ The value is the steps' 10%-trimmed mean (TRIM of the steps cut at each end, as 
 timers), its interval a batch-means interval of the winsorized steps. Why trimmed: on a shared or loaded machine a
 few steps stall (a neighbour's burst, the scheduler's time slice, a page fault) for many times a typical step, and
 the plain mean of step times is theirs: measured on the README's example under a test suite, 5 of 30 steps held
-half of a run's time, and its plain mean read 0.55 of its median step's rate. Trimming cuts them (and as many of the fastest), so the value is the
-run's typical rate; it is the mean of steady steps, so it still averages the ordinary noise the median would not.
+half of a run's time, and its plain mean read 0.55 of its median step's rate. Trimming cuts them (and as many of
+the fastest), so the value is the run's typical rate; it is the mean of steady steps, so it still averages the
+ordinary noise the median would not.
 
 The interval (Tukey and McLaughlin's for a trimmed mean, with batch means for the drift): the steps are winsorized
 (each cut step set to the nearest kept one), cut in their order into b contiguous batches of (nearly) equal size,
