@@ -167,6 +167,20 @@ def test_the_step_reader_posts_new_steps_of_the_attempts_it_follows_and_only_thi
     assert len(posted) == 1  # let go once it finished
 
 
+def test_the_step_reader_reads_an_attempts_window_and_tp_size_from_its_config(tmp_path):
+    """The attempt's config says its measured window (the steps after start_profile_step + 1) and its TP size: a
+    running autotp run's reading is over it, as its recorded throughput will be (backends/exitstatus.py)."""
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 60.0)
+    run = started(reader, "tp", tmp_path)
+    write_steps(tmp_path / "tp", 8)
+    (tmp_path / "tp" / "ds_config.json").write_text(json.dumps({
+        "tensor_parallel": {"autotp_size": 2}, "autotuning": {"start_profile_step": 1, "end_profile_step": 20}}))
+    reader.check()
+    [event] = posted
+    assert event.run == run and event.reading.steps == 6 and event.reading.interval.mean == pytest.approx(50.0)
+
+
 def test_the_step_reader_ends_a_run_whose_new_log_lines_say_it_ran_out_of_memory(tmp_path):
     posted = Posted()
     reader = StepReader(posted, "throughput", 60.0)

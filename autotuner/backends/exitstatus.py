@@ -93,7 +93,7 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     The config it ran is read once, for its measured window, its tolerance, its profile window and its layout."""
     config = run_config(directory)
     measured = measured_run(directory, metric.name, Window.of(config or {}))
-    if measured is not None and metric.name == THROUGHPUT:
+    if measured is not None and metric.name == THROUGHPUT:  # on its metric's scale (`_per_layout`)
         measured = measured.over(tp_size(config or {}))
     outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED) if exit_code is None else \
         _judged(exit_code, directory, metric, measured, config)

@@ -46,6 +46,7 @@ from pathlib import Path
 
 PROGRESS_PATH_ENV = "AUTOTUNE_PROGRESS_PATH"
 PROGRESS_FILE = "progress.jsonl"
+THROUGHPUT = "throughput"  # the metric DeepSpeed's lines measure, counted over TP ranks (`tp_size`)
 CONFIG_FILE = "ds_config.json"  # the config an attempt runs, in its directory (written before it starts)
 MAX_STEPS = 100_000  # steps read of one run: the last ones; a longer file is read from its end
 MAX_BYTES = 8 * 1024 * 1024  # of the progress file and of each log, read from the end
@@ -116,7 +117,7 @@ def read_steps(directory: Path, metric: str, window: Window) -> tuple[list[Train
     throughput lines in its logs (only for the metric `throughput`; numbered by the steps made, its timer prints
     none of the first two); none when it left neither. At most MAX_BYTES of each file, from its end."""
     steps = from_progress_file(directory / PROGRESS_FILE, metric)
-    if steps or metric != "throughput":
+    if steps or metric != THROUGHPUT:
         return steps, window.placed(steps)
     for log in ("stdout.log", "stderr.log"):
         steps = from_deepspeed_log(read_tail(directory / log, MAX_BYTES))
