@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import autotuner  # noqa: E402
-from autotuner.backends.launch import window_steps, with_autotuning  # noqa: E402
+from autotuner.backends.launch import with_autotuning  # noqa: E402
 from autotuner.ledger.store import Ledger  # noqa: E402
+from autotuner.spec.progress import Window  # noqa: E402
 from autotuner.views.gpu_hours import gpu_hours  # noqa: E402
 
 STANDIN = ROOT / "tests" / "oom_standin.sh"
@@ -113,8 +114,9 @@ def tune(work: Path, seed: int, mode: str, args: argparse.Namespace) -> Tuned:
 def saved_each(out: Path) -> dict[str, float]:
     """name -> GPU-hours the estimate counts for its run ended early (views/gpu_hours.py saved_hours, per run)."""
     with Ledger.open(out) as ledger:
-        return {stop.name: max(window_steps(with_autotuning({"autotuning": stop.autotuning}, "", "")) - stop.steps, 0)
-                * stop.step_seconds * stop.slots / 3600 for stop in ledger.early_stops()}
+        return {stop.name: max((Window.of(with_autotuning({"autotuning": stop.autotuning}, "", "")).most or 0)
+                               - stop.steps, 0) * stop.step_seconds * stop.slots / 3600
+                for stop in ledger.early_stops()}
 
 
 def main() -> None:

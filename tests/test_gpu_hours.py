@@ -199,10 +199,11 @@ def test_sweeps_written_by_an_older_autotuner_are_accounted_alike(kind, version,
 
 
 def test_saved_counts_only_runs_stopping_ended_before_their_window_each_on_its_slots(tmp_path):
-    """s_out: outclassed after 6 of its window's 16 steps (end_profile_step 15) on two slots, 0.5 s a step; s_sure:
-    ended once sure after 9 of 34 (a tolerance, start 3 + at most 30 measured, then the last), 0.2 s a step; s_end:
-    its sure stop asked as it reached its window's end; s_full: ran its window; s_cancel: cancelled after 2 steps
-    (what a user stops is not what stopping saved)."""
+    """One count of steps (spec/progress.py `Window`): s_out: outclassed after measuring 6 of its window's 12
+    (start_profile_step 3, end_profile_step 15) on two slots, 0.5 s a step; s_sure: ended once sure after 9 of 30 (a
+    tolerance: start 3 + at most 30 measured), 0.2 s a step; s_end: its sure stop asked as it measured its window's
+    last; s_full: ran its window; s_cancel: cancelled after 2 steps (what a user stops is not what stopping
+    saved)."""
     window, sure = {"end_profile_step": 15}, {"tolerance": 0.05}
     exps = tuple(experiment(n, ds_config={"train_micro_batch_size_per_gpu": i + 1, "autotuning": a})
                  for i, (n, a) in enumerate((("s_out", window), ("s_sure", sure), ("s_end", sure), ("s_full", window),
@@ -221,10 +222,10 @@ def test_saved_counts_only_runs_stopping_ended_before_their_window_each_on_its_s
 
         ran("s_out", {"node-b": [0, 1]}, 6, 0.5, State.STOPPED, Reason.OUTCLASSED, reason=Reason.OUTCLASSED)
         ran("s_sure", {"node-b": [2]}, 9, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
-        ran("s_end", {"node-b": [3]}, 34, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
-        ran("s_full", {"node-a": [0]}, 16, 0.5, State.SUCCEEDED, metric=2.0, metrics={"throughput": 2.0})
+        ran("s_end", {"node-b": [3]}, 30, 0.2, State.SUCCEEDED, Reason.SURE, metric=1.0, metrics={"throughput": 1.0})
+        ran("s_full", {"node-a": [0]}, 12, 0.5, State.SUCCEEDED, metric=2.0, metrics={"throughput": 2.0})
         ran("s_cancel", {"node-a": [1]}, 2, 0.5, State.CANCELLED, Reason.CANCELLED, reason=Reason.CANCELLED)
-    expected = ((16 - 6) * 0.5 * 2 + (34 - 9) * 0.2) / H
+    expected = ((12 - 6) * 0.5 * 2 + (30 - 9) * 0.2) / H
     hours = gpu_hours(load(directory))
     assert hours.saved == pytest.approx(expected)
     assert hours.to_json()["saved"] == round(expected, 6)

@@ -41,7 +41,7 @@ THROUGHPUT, LATENCY = metric_named("throughput"), metric_named("latency")
 
 
 def reading(low, high, n=MIN_STEPS, mean=None):
-    return StepReading(100.0, n + 2, 0.1, Interval(mean or (low + high) / 2, low, high, n, 2))
+    return StepReading(100.0, n, 0.1, Interval(mean or (low + high) / 2, low, high, n, 2))
 
 
 @pytest.mark.parametrize(("metric", "mine", "stopped"), [
@@ -155,7 +155,8 @@ def test_the_step_reader_posts_new_steps_of_the_attempts_it_follows_and_only_thi
     os.utime(tmp_path / "new" / "stderr.log", (time.time() - 60, time.time() - 60))
     write_steps(tmp_path / "new", 8)
     reader.check()
-    assert [(e.run, e.reading.steps, e.oom) for e in posted] == [(run, 8, None)]
+    # Its measured steps: those after DeepSpeed's default start_profile_step 3 + 1 (no config to say another)
+    assert [(e.run, e.reading.steps, e.oom) for e in posted] == [(run, 4, None)]
     assert posted[0].reading.interval.mean == pytest.approx(100.0)
     reader.check()
     assert len(posted) == 1  # no new step: nothing posted
@@ -164,6 +165,20 @@ def test_the_step_reader_posts_new_steps_of_the_attempts_it_follows_and_only_thi
     write_steps(tmp_path / "new", 9)
     reader.check()
     assert len(posted) == 1  # let go once it finished
+
+
+def test_the_step_reader_reads_an_attempts_window_and_tp_size_from_its_config(tmp_path):
+    """The attempt's config says its measured window (the steps after start_profile_step + 1) and its TP size: a
+    running autotp run's reading is over it, as its recorded throughput will be (backends/exitstatus.py)."""
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 60.0)
+    run = started(reader, "tp", tmp_path)
+    write_steps(tmp_path / "tp", 8)
+    (tmp_path / "tp" / "ds_config.json").write_text(json.dumps({
+        "tensor_parallel": {"autotp_size": 2}, "autotuning": {"start_profile_step": 1, "end_profile_step": 20}}))
+    reader.check()
+    [event] = posted
+    assert event.run == run and event.reading.steps == 6 and event.reading.interval.mean == pytest.approx(50.0)
 
 
 def test_the_step_reader_ends_a_run_whose_new_log_lines_say_it_ran_out_of_memory(tmp_path):
@@ -334,8 +349,8 @@ def test_a_run_sweep_stops_what_cannot_win_only_when_asked_and_resume_keeps_what
 
 
 def saved_by_hand(directory, window):
-    """The GPU-hours stopping saved, worked out from the ledger's rows: each stopped attempt's steps short of
-    `window` (the steps its config's profile window makes) times its median step time, on its one slot."""
+    """The GPU-hours stopping saved, worked out from the ledger's rows: each stopped attempt's measured steps short
+    of `window` (the steps its config's profile window measures) times its median step time, on its one slot."""
     with Ledger.open(directory) as ledger:
         rows = ledger._db.execute("SELECT m.steps, m.step_time FROM attempts a JOIN measures m ON m.name = a.name "
                                   "AND m.attempt = a.attempt WHERE a.state = 'stopped'").fetchall()
@@ -343,8 +358,9 @@ def saved_by_hand(directory, window):
 
 
 def test_the_gpu_hours_stopping_saved_are_estimated_from_the_steps_the_stopped_runs_did_not_make(tmp_path):
-    """The stand-in makes 16 steps, as the window (end_profile_step 15) asks; the two slow ones are stopped
-    before it. Without --stop-outclassed nothing is saved, and no line says so."""
+    """The stand-in makes 16 steps, as the window (end_profile_step 15) asks, 12 of them measured (those after
+    start_profile_step 3 + 1: one count); the two slow ones are stopped before its end. Without --stop-outclassed
+    nothing is saved, and no line says so."""
     (tmp_path / "train.py").touch()
     sweep = tmp_path / "sweep.hjson"
     sweep.write_text("{\n  name: p\n  script: train.py\n  space: {x: [1, 2, 3]}\n"
@@ -355,7 +371,7 @@ def test_the_gpu_hours_stopping_saved_are_estimated_from_the_steps_the_stopped_r
         done = autotune("run", sweep, "--results", tmp_path / out, "--launcher", launcher, "--slots", "1", *asked,
                         environ=environ)
         assert done.returncode == 0, done.stdout + done.stderr
-    expected = saved_by_hand(tmp_path / "asked", 16)
+    expected = saved_by_hand(tmp_path / "asked", 12)
     assert expected > 0
     for command in ("status", "report"):
         shown = json.loads(autotune(command, tmp_path / "asked", "--format", "json").stdout)["gpu_hours"]

@@ -1,6 +1,6 @@
 """Per-step progress (spec/progress.py) and what it says (spec/interval.py): the progress file's protocol,
-DeepSpeed's own throughput lines, the batch-means interval, and start-up and step time recorded apart in the
-ledger and shown in every report format."""
+DeepSpeed's own throughput lines, the measured window, the trimmed mean with its winsorized batch-means interval,
+and start-up and step time recorded apart in the ledger and shown in every report format."""
 import json
 import math
 import random
@@ -12,9 +12,10 @@ import pytest
 
 from autotuner.backends.exitstatus import judge_files
 from autotuner.ledger.store import Ledger
-from autotuner.spec.interval import Interval, RunTimes, batch_means, measure
+from autotuner.spec.interval import Interval, RunTimes, batch_means, measure, measured_run
 from autotuner.spec.metrics import metric_named
-from autotuner.spec.progress import PROGRESS_FILE, TrainStep, from_deepspeed_log, from_progress_file, read_steps
+from autotuner.spec.progress import PROGRESS_FILE, TrainStep, Window, from_deepspeed_log, from_progress_file, read_steps
+from autotuner.spec.sure import sure
 
 from cli_rig import PREAMBLE, autotune, env, write_launcher, write_sweep
 
@@ -71,20 +72,39 @@ def test_deepspeed_throughput_lines_are_steps_read_when_there_is_no_progress_fil
     assert [(s.step, s.value) for s in steps] == [(3, 100.5), (4, 98.0)]  # step 5's "nan" is no measure
     assert steps[0].at == pytest.approx(t0 + 0.25) and steps[1].at == pytest.approx(t0 + 1.5)
     (tmp_path / "stdout.log").write_text(log)
-    assert read_steps(tmp_path, "throughput", 2) == (steps, 0)  # DeepSpeed's timer skipped its warm-up itself
-    assert read_steps(tmp_path, "tokens_per_s", 2) == ([], 2)  # its lines are throughput only
+    assert read_steps(tmp_path, "throughput", Window(2)) == (steps, steps)  # numbered by the steps made
+    assert read_steps(tmp_path, "throughput", Window(3)) == (steps, steps[1:])
+    assert read_steps(tmp_path, "tokens_per_s", Window(2)) == ([], [])  # its lines are throughput only
     write_lines(tmp_path / PROGRESS_FILE, [{"step": 1, "time": 5.0}])
-    assert read_steps(tmp_path, "throughput", 2) == ([TrainStep(1, 5.0)], 2)  # the script's own file wins
+    assert read_steps(tmp_path, "throughput", Window(0)) == ([TrainStep(1, 5.0)],) * 2  # the script's own file wins
 
 
-def test_batch_means_is_the_t_interval_of_contiguous_batches():
-    values = [float(v) for v in range(1, 17)]  # 16 values: 4 batches of 4
+def test_the_interval_is_the_trimmed_mean_with_batch_means_of_the_winsorized_steps():
+    """16 values: 2 cut at each end for the mean; winsorized (1, 2 -> 3 and 15, 16 -> 14) into 4 batches of 4, whose
+    spread over 1 - 2 x 2/16 makes the half-width (Tukey and McLaughlin's, with batch means)."""
+    values = [100.0 + v for v in range(1, 17)]
     interval = batch_means(values)
-    means = [2.5, 6.5, 10.5, 14.5]
-    spread = 3.182 * statistics.stdev(means) / 2
-    assert interval == Interval(8.5, 8.5 - spread, 8.5 + spread, 16, 4)
+    means = [103.25, 106.5, 110.5, 113.75]
+    spread = 3.182 * statistics.stdev(means) / 2 / (1 - 4 / 16)
+    assert interval == pytest.approx(Interval(108.5, 108.5 - spread, 108.5 + spread, 16, 4))
     assert batch_means([1.0]) is None and batch_means([]) is None
     assert batch_means([5.0, 5.0, 5.0]).half_width == 0
+
+
+def test_a_few_huge_stalls_leave_the_value_at_the_typical_step_and_the_interval_bounded():
+    """A loaded machine: 3 of 40 steps stall for 50 typical steps each (the README's example under a test suite:
+    5 of 30 steps held half a run's time). The plain mean of the step times read the run at a fifth of its rate,
+    its interval as wide as a stall; the trimmed mean reads it at its typical rate (within the 2% noise), and the
+    interval is narrow enough to be sure at 3%."""
+    rng = random.Random(7)
+    rates = [1000.0 * (1 + rng.gauss(0, 0.02)) for _ in range(40)]
+    for stalled in (9, 22, 31):
+        rates[stalled] = 20.0
+    steps = [TrainStep(n, 100.0 + n, rate) for n, rate in enumerate(rates)]
+    reading = measure(steps, steps, rate=True)
+    assert reading.interval.mean == pytest.approx(1000, rel=0.02)
+    assert reading.interval.low < 1000 < reading.interval.high and reading.interval.half_width < 0.03
+    assert sure(reading, 0.03) is not None
 
 
 def test_batch_means_widens_for_steps_that_drift_where_an_iid_interval_would_not_cover():
@@ -108,12 +128,13 @@ def test_batch_means_widens_for_steps_that_drift_where_an_iid_interval_would_not
 def test_measure_leaves_warm_up_out_and_says_start_up_and_step_time():
     steps = [TrainStep(1, 110.0, 5.0), TrainStep(2, 111.0, 50.0)] + [TrainStep(n, 111.0 + (n - 2) * 0.5, 100.0 + n % 2)
                                                            for n in range(3, 13)]
-    m = measure(steps, warmup=2)
-    assert m.first_at == 110.0 and m.steps == 12 and m.step_seconds == 0.5
+    m = measure(steps, Window(2).placed(steps))
+    assert m.first_at == 110.0 and m.steps == 10 and m.step_seconds == 0.5  # the measured steps: one count
     assert m.interval.n == 10 and 99 < m.interval.low < m.interval.mean < m.interval.high < 102
     assert m.startup(100.0) == 10.0 and m.startup(None) is None and m.startup(120.0) is None
-    assert measure([], 2) is None
-    assert measure([TrainStep(1, 1.0, 3.0), TrainStep(2, 2.0, 3.0)], warmup=2).interval.mean == 3.0  # too few: all kept
+    assert measure([], []) is None
+    few = measure(steps[:2], [])  # none measured yet: its start-up and step time, no interval
+    assert (few.steps, few.step_seconds, few.interval) == (0, 1.0, None)
 
 
 def test_a_judged_run_carries_what_its_steps_said(tmp_path):
@@ -121,7 +142,7 @@ def test_a_judged_run_carries_what_its_steps_said(tmp_path):
     write_lines(tmp_path / PROGRESS_FILE, [{"step": n, "time": 1000.0 + n, "throughput": 100 + n % 3}
                                            for n in range(1, 11)])
     outcome = judge_files(0, tmp_path, THROUGHPUT)
-    assert outcome.state == "succeeded" and outcome.measured.steps == 10 and outcome.measured.step_seconds == 1.0
+    assert outcome.state == "succeeded" and outcome.measured.steps == 6 and outcome.measured.step_seconds == 1.0
     assert judge_files(0, tmp_path / "none", THROUGHPUT).measured is None
 
 
@@ -149,7 +170,7 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
     done = autotune("run", sweep, "--results", out, "--launcher", launcher, "--slots", "2",
                     environ=env(LAUNCH_LOG=tmp_path / "launches.log"))
     assert done.returncode == 0, done.stderr
-    assert re.search(r"best: p_x\d with throughput 100.5 \(95% interval [\d.]+ to [\d.]+ over 6 steps\)",
+    assert re.search(r"best: p_x\d with throughput 100.5 \(95% interval [\d.]+ to [\d.]+ over 2 steps\)",
                      done.stdout), done.stdout
     status = json.loads(autotune("status", out, "--format", "json").stdout)["gpu_hours"]
     assert status["spent"] > 2 * 0.6 / 3600 and 0 < status["to_best"] <= status["spent"]  # two runs of > 0.6 s
@@ -161,12 +182,13 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
         assert ledger.measures()[("p_x1", 2)] == RunTimes(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 0))
     assert set(timings) == {("p_x1", 1), ("p_x2", 1)}
     for timing in timings.values():
-        assert timing.steps == 6 and timing.startup >= 0.3 and 0 < timing.step_seconds < timing.startup
+        # Its window: DeepSpeed's default, start_profile_step 3, end_profile_step 5: the steps after the fourth
+        assert timing.steps == 2 and timing.startup >= 0.3 and 0 < timing.step_seconds < timing.startup
         assert timing.interval.low <= timing.interval.mean <= timing.interval.high
-        assert timing.interval.mean == pytest.approx(100.5, rel=1e-3)  # steps 3-6: 101, 100, 101, 100 samples/s
+        assert timing.interval.mean == pytest.approx(100.5, rel=1e-3)  # steps 5-6: 101, 100 samples/s
     report = json.loads(autotune("report", out, "--format", "json").stdout)
     row = report["experiments"][0]["metrics"]
-    assert row["throughput_low"] <= row["throughput_high"] and row["steps_measured"] == 6
+    assert row["throughput_low"] <= row["throughput_high"] and row["steps_measured"] == 2
     assert row["startup_s"] >= 0.3
     csv = autotune("report", out, "--format", "csv").stdout.splitlines()[0].split(",")
     assert {"throughput_low", "throughput_high", "startup_s", "step_s"} <= set(csv)
@@ -175,27 +197,35 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
     assert "95% interval" in page and "throughput_low" in page
 
 
-def test_deepspeed_steps_after_the_profile_window_are_left_out(tmp_path):
-    """DeepSpeed's engine ends a measured run after end_profile_step; a line for the step it ends in is timed as
-    the run ends (on CPU, 320 samples/s where the window measured 40-60) and is no measure of it."""
+def test_one_count_the_steps_measured_are_the_windows_the_interval_uses(tmp_path):
+    """DeepSpeed prints steps 3 to end_profile_step + 1 (its timer none of the first two; the engine ends the run
+    after the last): 3 is warm-up and 4 the step its flops profiler runs in, before the window; the steps measured
+    are the end_profile_step - start_profile_step after them (30 for start 3, end 33), the interval's count too.
+    A progress file's first start_profile_step + 1 steps likewise, by their places (all after them: a script that
+    is no DeepSpeed engine runs as long as it runs)."""
     t0 = int(time.time())
-    (tmp_path / "stdout.log").write_text("\n".join(ds_line(n, t0 + n * 0.2, v)
-                                                   for n, v in ((3, 59.6), (4, 44.5), (5, 41.1), (6, 320.8))))
-    (tmp_path / "ds_config.json").write_text(json.dumps({"autotuning": {"enabled": True, "end_profile_step": 5}}))
+    (tmp_path / "stdout.log").write_text("\n".join(ds_line(n, t0 + n * 0.2, 100 + n % 3) for n in range(3, 35)))
+    (tmp_path / "ds_config.json").write_text(json.dumps({"autotuning": {"enabled": True, "start_profile_step": 3,
+                                                                        "end_profile_step": 33}}))
     (tmp_path / "metrics.json").write_text('{"throughput": 45}')
     measured = judge_files(0, tmp_path, THROUGHPUT).measured
-    assert measured.steps == 3 and 0 < measured.interval.low < 41.1
-    assert measured.interval.high == math.inf  # three steps, two batches: too few to bound it above
+    assert measured.steps == measured.interval.n == 30
+    window = Window.of({"autotuning": {"start_profile_step": 3, "end_profile_step": 33}})
+    assert window == Window(4, 30) and Window.of({}) == Window(4, None)
+    assert Window.of({"autotuning": {"start_profile_step": True, "end_profile_step": 2}}) == Window(4, None)
+    write_lines(tmp_path / PROGRESS_FILE, [{"step": n, "time": 1000.0 + n, "throughput": 100} for n in range(40)])
+    assert measured_run(tmp_path, "throughput", window).steps == 36  # steps 4 to 39 of 0 to 39
 
 
 def test_a_rate_is_averaged_as_work_over_time():
     """Samples/s over steps: the run's throughput is its samples over its time, the harmonic mean of the steps'
     rates (DeepSpeed's metric is its batch over the mean step time), not their plain mean."""
     steps = [TrainStep(n, float(n), 100.0 if n % 2 else 50.0) for n in range(1, 41)]
-    interval = measure(steps, warmup=0, rate=True).interval
+    interval = measure(steps, steps, rate=True).interval
     assert interval.mean == pytest.approx(200 / 3) and interval.low < 200 / 3 < interval.high
-    assert measure(steps, warmup=0).interval.mean == pytest.approx(75)
-    assert measure([TrainStep(1, 1.0, 0.0), TrainStep(2, 2.0, 5.0)], warmup=0, rate=True).interval is None
+    assert measure(steps, steps).interval.mean == pytest.approx(75)
+    zero = [TrainStep(1, 1.0, 0.0), TrainStep(2, 2.0, 5.0)]
+    assert measure(zero, zero, rate=True).interval is None
 
 
 @pytest.mark.parametrize("tolerance", [0.03, None])
@@ -216,3 +246,25 @@ def test_a_run_measured_until_sure_is_ranked_by_its_steps_mean_even_when_it_reac
         assert metrics["throughput_low"] < metrics["throughput"] < metrics["throughput_high"] < 760
     else:
         assert metrics == {"throughput": 188}
+
+
+@pytest.mark.parametrize("tolerance", [0.03, None])
+def test_an_autotp_runs_interval_is_over_its_tp_size_as_its_throughput_is(tmp_path, tolerance):
+    """DeepSpeed counts each sample once per TP rank, in its per-step lines as in its metrics file: at autotp_size
+    2 the throughput recorded is its figure over 2, and so are its steps' mean, their interval (the report's
+    columns and the ledger's `measures`) and the engine's figure beside them: one scale."""
+    section = {"enabled": True, "end_profile_step": 40, **({"tolerance": tolerance} if tolerance else {})}
+    (tmp_path / "ds_config.json").write_text(json.dumps({"autotuning": section, "tensor_parallel": {"autotp_size": 2}}))
+    (tmp_path / "exp.json").write_text(json.dumps({"num_gpus": 4}))
+    (tmp_path / "metrics.json").write_text('{"throughput": 1600}')
+    write_lines(tmp_path / PROGRESS_FILE, [{"step": n, "time": 1000.0 + n, "throughput": 1500 + 20 * (n % 2)}
+                                           for n in range(30)])
+    outcome = judge_files(0, tmp_path, THROUGHPUT)
+    interval, metrics = outcome.measured.interval, outcome.metrics
+    assert 750 < interval.low < interval.mean < interval.high < 760  # the steps' 1,500-1,520 over 2
+    if tolerance:
+        assert metrics["throughput"] == interval.mean and metrics["throughput_engine"] == 800
+        assert (metrics["throughput_low"], metrics["throughput_high"]) == (interval.low, interval.high)
+    else:
+        assert metrics["throughput"] == 800 and "throughput_low" not in metrics
+    assert metrics["throughput_deepspeed"] == 1600 and metrics["throughput_per_gpu"] == metrics["throughput"] / 4

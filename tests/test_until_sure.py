@@ -36,7 +36,7 @@ STANDIN = ROOT / "tests" / "oom_standin.sh"
 
 
 def reading(mean, half, n=9, batches=SURE_BATCHES):
-    return StepReading(100.0, n + 2, 0.1, Interval(mean, mean * (1 - half), mean * (1 + half), n, batches))
+    return StepReading(100.0, n, 0.1, Interval(mean, mean * (1 - half), mean * (1 + half), n, batches))
 
 
 def test_a_run_is_sure_once_its_interval_is_within_the_tolerance_after_the_minimum_steps():
@@ -226,7 +226,7 @@ def check_sure(directory, most, slack=1.0):
             assert a.reason is None and (high - low) / 2 / value <= 0.02 * slack + 1e-9, a
             assert SURE_STEPS <= a.metrics["steps_measured"] < most, a
         else:
-            assert a.metrics["steps_measured"] >= most, a  # its engine ended it: never sure before
+            assert a.metrics["steps_measured"] == most, a  # its engine ended it: never sure before
     with Ledger.open(directory) as ledger:
         assert all(a.attempt == 1 for a in ledger.attempts() if a.name in early)
     return early
@@ -234,14 +234,14 @@ def check_sure(directory, most, slack=1.0):
 
 def check_saved(directory, runs):
     """What ending runs once sure (and, in a tune, stopping those that could not win) saved, as status and report
-    say it, against the ledger's rows worked out by hand: each run's steps short of its window's (start_profile_step
-    3 + at most 30 measured, then the engine's last: 34) at its median step time, on its one slot. `runs`: how many
-    ended early (None: some)."""
+    say it, against the ledger's rows worked out by hand: each run's measured steps short of its window's (at most 30
+    past start_profile_step 3: one count, spec/progress.py `Window`) at its median step time, on its one slot.
+    `runs`: how many ended early (None: some)."""
     with Ledger.open(directory) as ledger:
         rows = ledger._db.execute("SELECT m.steps, m.step_time FROM attempts a JOIN measures m USING (name, attempt) "
                                   "LEFT JOIN stops s USING (name, attempt) WHERE a.state = 'stopped' OR "
                                   "(a.state = 'succeeded' AND s.reason = 'sure')").fetchall()
-    expected = sum(max(34 - steps, 0) * step for steps, step in rows) / 3600
+    expected = sum(max(30 - steps, 0) * step for steps, step in rows) / 3600
     assert (len(rows) == runs if runs is not None else rows) and expected > 0
     report = json.loads(autotune("report", directory, "--format", "json").stdout)
     assert report["gpu_hours"]["saved"] == round(expected, 6)
@@ -253,7 +253,7 @@ def test_a_tune_ends_runs_once_sure_as_succeeded_and_names_the_same_best(tmp_pat
     done = autotune(*TUNE, "-o", tmp_path / "res", *SCRIPT, environ=environ, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "best: train_z3_mbs45 with throughput" in done.stdout  # as the fixed-step tune names it
-    assert check_sure(tmp_path / "res", 3 + 30 + 1)
+    assert check_sure(tmp_path / "res", 30)
     check_saved(tmp_path / "res", None)
     fixed = autotune(*TUNE, "-o", tmp_path / "fixed", "--tolerance", "off", *SCRIPT, environ=environ,
                      cwd=tmp_path, timeout=300)
@@ -285,7 +285,7 @@ def test_a_kill_9_during_an_until_sure_end_then_resume_reads_it_as_the_success_i
         assert (ended[name].attempt, ended[name].state) == (attempt, State.SUCCEEDED), ended[name]
         assert ended[name].metric  # as its stop recorded it, or its own end where that came first (no failure)
         assert ended[name].detail is None or ended[name].detail.startswith("measured until sure")
-    assert check_sure(out, 3 + 30 + 1, slack=2.0) >= {name for name, _ in seen}
+    assert check_sure(out, 30, slack=2.0) >= {name for name, _ in seen}
     ran = Counter((tmp_path / "launches.log").read_text().splitlines())
     assert [line for line, n in ran.items() if n > 1] == []  # nothing ran twice
     assert tagged_pids(sweep_id(out)) == []
@@ -361,11 +361,11 @@ def test_plan_predicts_the_steps_of_runs_measured_until_sure_from_the_measured_s
     sure_of = {"tolerance": 0.03, "end_profile_step": 43}  # at most 40 measured steps
     _, exps = steps_sweep(tmp_path, "sure", [1, 2, 4], sure_of)
     plan = autotuner.plan_sweep(exps, {"h": [0, 1]}, past=past)
-    expected = [min(steps_needed(s, 0.03, 40) + 2, 44) for s in spreads]
+    expected = [min(steps_needed(s, 0.03, 40) + 4, 44) for s in spreads]
     sure = plan.durations.until_sure
     assert (sure.fewest, sure.most, sure.spread) == (expected[0], expected[-1], statistics.median(spreads))
     assert sure.fewest <= sure.median <= sure.most
-    assert plan.durations.parts["mbs4"].steps == min(steps_needed(statistics.median(spreads), 0.03, 40) + 2, 44)
+    assert plan.durations.parts["mbs4"].steps == min(steps_needed(statistics.median(spreads), 0.03, 40) + 4, 44)
     assert plan.durations.parts["mbs4"].steps < 44  # fewer than the window: the spread measured needs fewer
     text = autotuner.render_plan(plan)
     assert f"measured until sure: {expected[0]} to {expected[-1]} steps a run" in text

@@ -24,6 +24,7 @@ from ..core.outcome import Outcome, aborted_at_exit, judge, steps_metric
 from ..jsonvalues import JSON
 from ..spec.interval import StepReading, measured_run
 from ..spec.metrics import Metric
+from ..spec.progress import Window, run_config, tp_size
 from ..spec.sure import tolerance_of
 from ..states import Reason, State
 from . import tags
@@ -88,36 +89,40 @@ def judge_files(exit_code: int | None, directory: Path, metric: Metric) -> Outco
     """Judge an attempt from its exit status and the files in its directory, as the runner that started it
     would have; with no exit status recorded (None) it is interrupted, to be run again. With what its steps
     said (`Outcome.measured`), where it left any (spec/progress.py): every backend judges here, so none reads
-    them itself (one with no status too: a stop's end, its status dropped, reads as that stop, with its steps)."""
-    measured = measured_run(directory, metric.name, lambda: _end_profile_step(directory))
+    them itself (one with no status too: a stop's end, its status dropped, reads as that stop, with its steps).
+    The config it ran is read once, for its measured window, its tolerance, its profile window and its layout."""
+    config = run_config(directory)
+    measured = measured_run(directory, metric.name, Window.of(config or {}))
+    if measured is not None and metric.name == THROUGHPUT:  # on its metric's scale (`_per_layout`)
+        measured = measured.over(tp_size(config or {}))
     outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, UNRECORDED) if exit_code is None else \
-        _judged(exit_code, directory, metric, measured)
+        _judged(exit_code, directory, metric, measured, config)
     return outcome if measured is None else dataclasses.replace(outcome, measured=measured)
 
 
-def _judged(exit_code: int, directory: Path, metric: Metric, measured: StepReading | None) -> Outcome:
+def _judged(exit_code: int, directory: Path, metric: Metric, measured: StepReading | None,
+            config: dict[str, JSON] | None) -> Outcome:
     metrics = directory / "metrics.json"
     logs = [directory / "stderr.log", directory / "stdout.log"]
     if not metrics.exists() and (directory / MODEL_INFO).exists() and (exit_code == 0 or  # a profile run ended
                                                                          aborted_at_exit(exit_code, logs)):
         return _profiled(directory / MODEL_INFO)
-    # The profile window only explains a missing metrics file: the config is read for that case alone, not
-    # after every run.
-    profile_end = _end_profile_step(directory) if exit_code == 0 and not metrics.exists() else None
-    return _per_layout(_by_steps(judge(exit_code, metrics, metric, logs, profile_end), directory, metric.name,
-                                 measured), directory)
+    profile_end = end_profile_step(config) if config is not None else None
+    outcome = judge(exit_code, metrics, metric, logs, profile_end)
+    if config is None:  # not a file this runner wrote: nothing to add
+        return outcome
+    return _per_layout(_by_steps(outcome, config, metric.name, measured), directory, config)
 
 
-def _by_steps(outcome: Outcome, directory: Path, metric: str, measured: StepReading | None) -> Outcome:
+def _by_steps(outcome: Outcome, config: dict[str, JSON], metric: str, measured: StepReading | None) -> Outcome:
     """A run measured until sure (its config's `autotuning.tolerance`, spec/sure.py) is ranked by its steps' mean
     however it ended, once sure or at its window's end: DeepSpeed's engine writes the trimmed mean of its forward,
     backward and step timers, another span of each step than its per-step lines time, so the runs of one tune
-    that ended both ways would be ranked by two measures. The engine's figure stays beside it as METRIC_engine."""
+    that ended both ways would be ranked by two measures. The engine's figure stays beside it as METRIC_engine
+    (over the TP size like the rest, `_per_layout`)."""
     interval = measured.interval if measured is not None else None
-    if interval is None or outcome.state != State.SUCCEEDED or metric not in (outcome.metrics or {}):
-        return outcome
-    config = _config(directory)
-    if config is None or tolerance_of(config) is None:
+    if interval is None or outcome.state != State.SUCCEEDED or metric not in (outcome.metrics or {}) or \
+            tolerance_of(config) is None:
         return outcome
     metrics = {**(outcome.metrics or {}), f"{metric}{ENGINE}": (outcome.metrics or {})[metric],
                **steps_metric(interval, metric)}
@@ -128,20 +133,19 @@ THROUGHPUT, AS_WRITTEN, PER_GPU = "throughput", "throughput_deepspeed", "through
 ENGINE = "_engine"  # METRIC_engine: DeepSpeed's own figure of a run ranked by its steps' mean (_by_steps)
 
 
-def _per_layout(outcome: Outcome, directory: Path) -> Outcome:
+def _per_layout(outcome: Outcome, directory: Path, config: dict[str, JSON]) -> Outcome:
     """A run with AutoTP (its config's `tensor_parallel.autotp_size`): DeepSpeed 0.19.8's engine writes as
     throughput its train_batch_size over the step time, and counts that batch over every rank, TP ranks
     included (tune/layout.py), so at size N each sample trained is counted N times: the throughput recorded is
-    the samples trained per second (DeepSpeed's figure over N, kept as `throughput_deepspeed`), and
-    `throughput_per_gpu` beside it (over the experiment's GPUs), so that layouts compare fairly. Other runs as
-    they are."""
+    the samples trained per second (DeepSpeed's figure over N, kept as `throughput_deepspeed`), its interval and
+    the engine's figure beside it over N too (its steps' reading is, `judge_files`), and `throughput_per_gpu`
+    beside it (over the experiment's GPUs), so that layouts compare fairly. Other runs as they are."""
     if outcome.state != State.SUCCEEDED or not outcome.metrics or THROUGHPUT not in outcome.metrics:
         return outcome
+    section = config.get("tensor_parallel")
+    size = section.get("autotp_size") if isinstance(section, dict) else None
     try:
-        config = json.loads((directory / "ds_config.json").read_text())
         spec = json.loads((directory / "exp.json").read_text())
-        section = config.get("tensor_parallel")
-        size = section.get("autotp_size") if isinstance(section, dict) else None
         world = int(spec.get("num_gpus", 1)) * int(spec.get("num_nodes", 1))
     except (OSError, ValueError, TypeError, AttributeError):  # not a file this runner wrote: nothing to add
         return outcome
@@ -149,8 +153,10 @@ def _per_layout(outcome: Outcome, directory: Path) -> Outcome:
         return outcome
     metrics = dict(outcome.metrics)
     if size > 1:
-        metrics[AS_WRITTEN] = metrics[THROUGHPUT]
-        metrics[THROUGHPUT] = metrics[THROUGHPUT] / size
+        # DeepSpeed's own figure: the metric, or beside the steps' mean, already over N (`judge_files`)
+        written = f"{THROUGHPUT}{ENGINE}" if f"{THROUGHPUT}{ENGINE}" in metrics else THROUGHPUT
+        metrics[AS_WRITTEN] = metrics[written]
+        metrics[written] = metrics[written] / size
     metrics[PER_GPU] = metrics[THROUGHPUT] / world
     return dataclasses.replace(outcome, metrics=metrics)
 
@@ -167,18 +173,3 @@ def _profiled(path: Path) -> Outcome:
     if numbers.get("num_params", 0) <= 0:
         return Outcome(State.FAILED, Reason.METRICS, f"the model info file {path.name} holds no num_params", 0)
     return Outcome(State.SUCCEEDED, exit_code=0, metrics=numbers)
-
-
-def _config(directory: Path) -> dict[str, JSON] | None:
-    """The config the attempt ran (its ds_config.json, written before it started); None where it cannot be read."""
-    try:
-        config = json.loads((directory / "ds_config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
-
-
-def _end_profile_step(directory: Path) -> int | None:
-    """The profile window of the config the attempt ran."""
-    config = _config(directory)
-    return end_profile_step(config) if config is not None else None

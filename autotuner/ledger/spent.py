@@ -45,8 +45,9 @@ class Held:
 
 @dataclass(frozen=True)
 class EarlyStop:
-    """An attempt stopping ended before its window's end: its experiment, the steps it made, its median step time
-    (seconds), its slots, and its config's `autotuning` section (what its window is made of)."""
+    """An attempt stopping ended before its window's end: its experiment, the steps it measured (of its measured
+    window: spec/progress.py `Window`), its median step time (seconds), its slots, and its config's `autotuning`
+    section (what its window is made of)."""
 
     name: str
     steps: int

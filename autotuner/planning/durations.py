@@ -38,7 +38,8 @@ from ..backends.launch import window_steps, with_autotuning
 from ..errors import UserError
 from ..ledger.store import Ledger, open_sweep
 from ..spec import Experiment
-from ..spec.interval import WARMUP, RunTimes
+from ..spec.interval import RunTimes
+from ..spec.progress import Window
 from ..spec.sure import TOLERANCE, steps_needed, tolerance_of
 from ..states import State
 
@@ -115,11 +116,11 @@ def steps(e: Experiment, spread: float | None = None) -> int:
     """Optimizer steps a DeepSpeed run of `e` takes before its engine ends it, or, measured until sure with steps
     that spread by `spread`, before the runner does (see the module docstring)."""
     config = with_autotuning(e.ds_config, "", "")
-    total = window_steps(config)
-    tolerance, start = tolerance_of(config), config["autotuning"].get("start_profile_step")
-    if tolerance is None or spread is None or not isinstance(start, int) or total - 1 - start < 1:
+    total, window = window_steps(config), Window.of(config)
+    tolerance = tolerance_of(config)
+    if tolerance is None or spread is None or window.most is None:
         return total
-    return min(total, steps_needed(spread, tolerance, total - 1 - start) + WARMUP)
+    return min(total, window.skip + steps_needed(spread, tolerance, window.most))
 
 
 def unstepped_digest(e: Experiment) -> str:
@@ -137,9 +138,10 @@ def split(e: Experiment, seconds: float, metrics: Mapping[str, float], timing: R
     """A run of `e` that took `seconds` cut by its step time: measured from its steps (`timing`, the ledger's), else
     DeepSpeed's `latency`; None without either, or where the steps would outlast the run (not a time per step)."""
     if timing is not None and timing.step_seconds and timing.step_seconds > 0 and timing.steps > 0:
-        # The steps it made: those it reported, or more (DeepSpeed prints none for its first two steps); one
-        # measured until sure made those it reported (the runner ended it)
-        made = timing.steps if tolerance_of(e.ds_config) is not None else max(timing.steps, steps(e))
+        # The steps it made: those before its measured window and those it measured (spec/progress.py `Window`);
+        # one not measured until sure at least its config's window
+        made = Window.of(with_autotuning(e.ds_config, "", "")).skip + timing.steps
+        made = made if tolerance_of(e.ds_config) is not None else max(made, steps(e))
         startup = seconds - made * timing.step_seconds
         if startup >= 0:
             return Split(startup, timing.step_seconds)

@@ -1,33 +1,43 @@
-"""What a run's steps say, with how sure it is: start-up, step time, and an interval for the metric's mean.
+"""What a run's steps say, with how sure it is: start-up, step time, and a robust interval for the metric's mean.
 
-The interval is a batch-means interval. The steps after warm-up are cut, in their order, into b contiguous
-batches of (nearly) equal size, b = the integer square root of their number, at least 2 and at most MAX_BATCHES;
-the interval is the mean of all steps plus or minus Student's t (b - 1 degrees of freedom, 95%) times the
-standard deviation of the batch means over the square root of b.
+The value is the steps' 10%-trimmed mean (TRIM of the steps cut at each end, as DeepSpeed's engine trims its own
+timers), its interval a batch-means interval of the winsorized steps. Why trimmed: on a shared or loaded machine a
+few steps stall (a neighbour's burst, the scheduler's time slice, a page fault) for many times a typical step, and
+the plain mean of step times is theirs: measured on the README's example under a test suite, 5 of 30 steps held
+half of a run's time, and its plain mean read 0.55 of its median step's rate. Trimming cuts them (and as many of
+the fastest), so the value is the run's typical rate; it is the mean of steady steps, so it still averages the
+ordinary noise the median would not.
 
-Why not the textbook t-interval over the steps themselves: that one takes every step for an independent draw.
-Step times are not independent: they drift (a GPU clocks down as it warms, a neighbour's job starts on the
-node, the data loader's cache fills) and come in runs of slow and fast steps, so n correlated steps hold far
-less information than n independent ones, and the textbook interval is too narrow by about the square root of
-the correlation time. Batch means keep a slow stretch inside one batch, so the spread of the batch means carries
-the drift, and the interval widens by as much as the steps are correlated; on independent steps it is the
-textbook interval with fewer degrees of freedom.
+The interval (Tukey and McLaughlin's for a trimmed mean, with batch means for the drift): the steps are winsorized
+(each cut step set to the nearest kept one), cut in their order into b contiguous batches of (nearly) equal size,
+b = the integer square root of their number, at least 2 and at most MAX_BATCHES, and the half-width is Student's
+t (b - 1 degrees of freedom, 95%) times the standard deviation of the winsorized batch means over the square root
+of b, over 1 - 2g (g the fraction trimmed at each end).
+Why batch means: step times are not independent. They drift (a GPU clocks down as it warms, a neighbour's job
+starts on the node, the data loader's cache fills) and come in runs of slow and fast steps, so n correlated steps
+hold far less information than n independent ones, and the textbook interval is too narrow by about the square root
+of the correlation time. Batch means keep a slow stretch inside one batch, so the spread of the batch means carries
+the drift, and the interval widens by as much as the steps are correlated. Why winsorized: a stall left whole in
+its batch would make that batch's mean, and the interval, as wide as the stall; clipped to the slowest kept step it
+counts as a slow step, no more. On independent steps without outliers it is the textbook interval of the mean with
+fewer degrees of freedom.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .metrics import format_value
-from .progress import TrainStep, read_steps
+from .progress import TrainStep, Window, read_steps
 
 MAX_BATCHES = 10
+TRIM = 0.1  # of the steps cut at each end for the value and winsorized for its interval (see the module's doc)
 RATES = ("throughput", "FLOPS_per_gpu")  # the metrics that are work per second (`measure`'s rate)
-WARMUP = 2  # steps of a progress file left out first: compilation, allocator and cache warm-up
 # Student's t, two-sided 95%, by degrees of freedom (1..MAX_BATCHES - 1).
 _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093)
@@ -35,7 +45,7 @@ _T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 @dataclass(frozen=True)
 class Interval:
-    """The mean of the measured values and its 95% batch-means interval; n values in `batches` batches."""
+    """The trimmed mean of the measured values and its 95% interval; n values in `batches` batches."""
 
     mean: float
     low: float
@@ -49,6 +59,10 @@ class Interval:
         times that over the square root of its steps): what `autotune plan` predicts a run's steps from."""
         return self.half_width * math.sqrt(self.n) / t95(self.batches)
 
+    def over(self, size: int) -> Interval:
+        """The interval of the value over `size` (a throughput DeepSpeed counts `size` times: autotp's ranks)."""
+        return Interval(self.mean / size, self.low / size, self.high / size, self.n, self.batches)
+
     @property
     def half_width(self) -> float:
         """Half the interval, relative to its mean (0.02: the mean is known within 2%); inf for a zero mean."""
@@ -57,14 +71,18 @@ class Interval:
 
 @dataclass(frozen=True)
 class StepReading:
-    """What a run's steps after warm-up say: when its first step ended (seconds since the epoch, for its
-    start-up), how many steps it made, the median step time, and the interval of the metric where the steps
-    carried its values."""
+    """What a run's steps say: when its first step ended (seconds since the epoch, for its start-up), how many
+    steps of its window it measured, the median step time, and the interval of the metric where the steps carried
+    its values."""
 
     first_at: float
     steps: int
     step_seconds: float | None
     interval: Interval | None
+
+    def over(self, size: int) -> StepReading:
+        """The reading with its values over `size` (`Interval.over`)."""
+        return dataclasses.replace(self, interval=self.interval.over(size)) if self.interval and size > 1 else self
 
     def startup(self, launched_at: float | None) -> float | None:
         """Seconds from the launch to the end of the first step; None when unknown (or the clocks disagree)."""
@@ -79,36 +97,41 @@ def t95(batches: int) -> float:
 
 
 def batch_means(values: Sequence[float]) -> Interval | None:
-    """The batch-means interval of `values` (>= 0, as every metric is) in their order (see the module's doc),
-    its low end at least 0; None for fewer than 2."""
+    """The trimmed mean of `values` (>= 0, as every metric is) and its winsorized batch-means interval, the values
+    in their order (see the module's doc); its low end at least 0; None for fewer than 2."""
     n = len(values)
     if n < 2:
         return None
+    cut = int(n * TRIM + 0.5)  # rounded half up: 1 of 5 to 14 steps, 2 of 15 to 24, ...
+    ordered = sorted(values)
+    floor, ceiling = ordered[cut], ordered[n - 1 - cut]
+    kept = [min(max(v, floor), ceiling) for v in values]
     b = min(MAX_BATCHES, n, max(2, math.isqrt(n)))
-    means = [statistics.fmean(values[i * n // b:(i + 1) * n // b]) for i in range(b)]
-    mean = statistics.fmean(values)
-    spread = _T95[b - 2] * statistics.stdev(means) / math.sqrt(b)
+    means = [statistics.fmean(kept[i * n // b:(i + 1) * n // b]) for i in range(b)]
+    mean = statistics.fmean(ordered[cut:n - cut])
+    spread = _T95[b - 2] * statistics.stdev(means) / math.sqrt(b) / (1 - 2 * cut / n)
     return Interval(mean, max(0.0, mean - spread), mean + spread, n, b)  # a metric is never below 0
 
 
-def measure(steps: Sequence[TrainStep], warmup: int = WARMUP, rate: bool = False) -> StepReading | None:
-    """What `steps` say once the first `warmup` are left out (none are when that would leave fewer than two);
-    None for a run without steps. `rate`: the values are per-second rates (samples/s, FLOP/s), whose mean over
-    a run is the work over the time, i.e. the harmonic mean of the steps' rates: the interval is worked out on
-    the seconds per unit of work and turned back."""
+def measure(steps: Sequence[TrainStep], measured: Sequence[TrainStep], rate: bool = False) -> StepReading | None:
+    """What a run's `steps` say, the `measured` of them (its window's, progress.py `Window`) for its step time and
+    interval; None for a run without steps. `rate`: the values are per-second rates (samples/s, FLOP/s), whose
+    mean over a run is the work over the time: the interval is worked out on the seconds per unit of work (each
+    step's time, for samples/s) and turned back."""
     if not steps:
         return None
-    kept = steps[warmup:] if len(steps) - warmup >= 2 else steps
-    durations = [(b.at - a.at) / max(1, b.step - a.step) for a, b in itertools.pairwise(kept) if b.at >= a.at]
-    values = [s.value for s in kept if s.value is not None]
+    timed = measured if len(measured) >= 2 else steps
+    durations = [(b.at - a.at) / max(1, b.step - a.step) for a, b in itertools.pairwise(timed) if b.at >= a.at]
+    values = [s.value for s in measured if s.value is not None]
     interval = None
-    if len(values) == len(kept):
+    if len(values) == len(measured):
         interval = _of_rates(values) if rate else batch_means(values)
-    return StepReading(steps[0].at, len(steps), statistics.median(durations) if durations else None, interval)
+    return StepReading(steps[0].at, len(measured), statistics.median(durations) if durations else None, interval)
 
 
 def _of_rates(values: Sequence[float]) -> Interval | None:
-    """The batch-means interval of rates' harmonic mean (see `measure`); None where a rate is 0."""
+    """The interval of rates worked out on their inverses, a step's time per unit of work (see `measure`): the
+    work over the trimmed mean step time; None where a rate is 0."""
     if any(v <= 0 for v in values):
         return None
     inverse = batch_means([1 / v for v in values])
@@ -118,18 +141,17 @@ def _of_rates(values: Sequence[float]) -> Interval | None:
     return Interval(1 / inverse.mean, 1 / inverse.high, high, inverse.n, inverse.batches)
 
 
-def measured_run(directory: Path, metric: str,
-                 window_end: Callable[[], int | None] = lambda: None) -> StepReading | None:
-    """What the steps a run left in its directory say (progress.py: its progress file, or DeepSpeed's lines up
-    to the end of its profile window, `window_end()`)."""
-    steps, warmup = read_steps(directory, metric, WARMUP, window_end)
-    return measure(steps, warmup, rate=metric in RATES)
+def measured_run(directory: Path, metric: str, window: Window) -> StepReading | None:
+    """What the steps a run left in its directory say (progress.py: its progress file, or DeepSpeed's lines), its
+    measured `window`'s for its interval."""
+    return measure(*read_steps(directory, metric, window), rate=metric in RATES)
 
 
 @dataclass(frozen=True)
 class RunTimes:
     """A run's time apart, as the ledger's `measures` table keeps it: start-up (launch to the end of its first
-    step), the median step time, the steps it made, and the interval of the metric's mean (None: unknown)."""
+    step), the median step time, the steps of its window it measured, and the interval of the metric's trimmed mean
+    (None: unknown)."""
 
     startup: float | None
     step_seconds: float | None

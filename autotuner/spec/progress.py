@@ -20,6 +20,17 @@ DeepSpeed's own throughput lines
     RunningAvgSamplesPerSec=..., CurrSamplesPerSec=1834.2, ...` (`deepspeed/utils/timer.py`). Its time stamp
     (this machine's local time, to the millisecond) is when the step ended, and `CurrSamplesPerSec` its
     throughput. Read only when the run wrote no progress file.
+
+The measured window (`Window`): the steps after the first start_profile_step + 1 a run makes, up to its window's
+end, end_profile_step - start_profile_step steps later, from either source, so that one count of steps means one
+thing (the steps its interval is worked out from, `steps_measured`, and what a run stopped early had left).
+DeepSpeed's engine times its steps from start_profile_step on, and the first of them is the one its flops profiler
+runs in, slower than the rest: its line is step start_profile_step + 1 (the lines number the steps made: its timer
+prints none for the first two); the first lines of a progress file are the script's warm-up likewise. The run's
+last step, end_profile_step + 1, is the window's last: DeepSpeed's engine writes its metrics and ends the run after
+it. A progress file is one line a step (its contract), so its steps are counted by their place (their numbers are
+the script's own, from 0 or 1), and all after the warm-up are kept: a DeepSpeed script's engine ends it at its
+window's end, and a script that is none runs as long as it runs.
 """
 from __future__ import annotations
 
@@ -29,14 +40,17 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 PROGRESS_PATH_ENV = "AUTOTUNE_PROGRESS_PATH"
 PROGRESS_FILE = "progress.jsonl"
+THROUGHPUT = "throughput"  # the metric DeepSpeed's lines measure, counted over TP ranks (`tp_size`)
+CONFIG_FILE = "ds_config.json"  # the config an attempt runs, in its directory (written before it starts)
 MAX_STEPS = 100_000  # steps read of one run: the last ones; a longer file is read from its end
 MAX_BYTES = 8 * 1024 * 1024  # of the progress file and of each log, read from the end
+START = 3  # DeepSpeed's default start_profile_step
 
 _DEEPSPEED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[INFO\] \[timer\.py:\d+:stop\] "
@@ -53,22 +67,63 @@ class TrainStep:
     value: float | None = None
 
 
-def read_steps(directory: Path, metric: str, warmup: int,
-               window_end: Callable[[], int | None] = lambda: None) -> tuple[list[TrainStep], int]:
-    """The run's steps in order, and how many of them are warm-up: its progress file's (the first `warmup`),
-    else DeepSpeed's throughput lines in its logs (only for the metric `throughput`; none of them: DeepSpeed's
-    timer leaves its first steps out itself; `window_end()`: the end of its profile window, asked only here,
-    the steps after it, timed as the engine ends the run, left out); none when it left neither. At most
-    MAX_BYTES of each file, from its end."""
+@dataclass(frozen=True)
+class Window:
+    """The steps of a run that are measured (see the module's doc): those after the first `skip` it makes, the
+    window's end `most` steps later (None: none known)."""
+
+    skip: int
+    most: int | None = None
+
+    @classmethod
+    def of(cls, ds_config: Mapping[str, object]) -> Window:
+        """The window of a config's profile steps (its `autotuning` section's, DeepSpeed's default start)."""
+        section = ds_config.get("autotuning")
+        section = section if isinstance(section, Mapping) else {}
+        start, end = _step(section.get("start_profile_step")), _step(section.get("end_profile_step"))
+        start = START if start is None else start
+        return cls(start + 1, end - start if end is not None and end > start else None)
+
+    def placed(self, made: list[TrainStep]) -> list[TrainStep]:
+        """The measured steps of a run's whose places count the steps made (a progress file's): all after the
+        skipped ones."""
+        return made[self.skip:]
+
+    def numbered(self, made: list[TrainStep]) -> list[TrainStep]:
+        """The window's steps of a run's whose numbers count the steps made (DeepSpeed's lines)."""
+        return [s for s in made if s.step > self.skip and (self.most is None or s.step <= self.skip + self.most)]
+
+
+def run_config(directory: Path) -> dict[str, object] | None:
+    """The config an attempt ran, from its directory; None where it cannot be read (not a file a runner wrote)."""
+    try:
+        config = json.loads((directory / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def tp_size(config: Mapping[str, object]) -> int:
+    """The tensor-parallel size of a config (`tensor_parallel.autotp_size`; 1 without): DeepSpeed 0.19.8 counts
+    each sample trained that many times in its throughput (its train_batch_size spans the TP ranks), so a
+    throughput measured of it is over that size (backends/exitstatus.py)."""
+    section = config.get("tensor_parallel")
+    size = section.get("autotp_size") if isinstance(section, Mapping) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+
+
+def read_steps(directory: Path, metric: str, window: Window) -> tuple[list[TrainStep], list[TrainStep]]:
+    """The run's steps in order and those of them in its measured `window`: its progress file's, else DeepSpeed's
+    throughput lines in its logs (only for the metric `throughput`; numbered by the steps made, its timer prints
+    none of the first two); none when it left neither. At most MAX_BYTES of each file, from its end."""
     steps = from_progress_file(directory / PROGRESS_FILE, metric)
-    if steps or metric != "throughput":
-        return steps, warmup
+    if steps or metric != THROUGHPUT:
+        return steps, window.placed(steps)
     for log in ("stdout.log", "stderr.log"):
         steps = from_deepspeed_log(read_tail(directory / log, MAX_BYTES))
         if steps:
-            last = window_end()
-            return [s for s in steps if last is None or s.step <= last], 0
-    return [], 0
+            return steps, window.numbered(steps)
+    return [], []
 
 
 def from_progress_file(path: Path, metric: str) -> list[TrainStep]:
@@ -137,6 +192,11 @@ def read_tail(path: Path, size: int) -> str:
 
 def _ordered(found: dict[int, TrainStep]) -> list[TrainStep]:
     return [found[k] for k in sorted(found)][-MAX_STEPS:]
+
+
+def _step(value: object) -> int | None:
+    """A profile step of a config (an integer >= 0); None for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _finite(value: object) -> float | None:

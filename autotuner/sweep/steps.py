@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ..core import Key, Post, Progress, Queued, Run
 from ..core.outcome import Outcome, oom_line
-from ..spec.interval import RATES, WARMUP, measure
-from ..spec.progress import PROGRESS_FILE, read_steps
+from ..spec.interval import RATES, measure
+from ..spec.progress import PROGRESS_FILE, THROUGHPUT, Window, read_steps, run_config, tp_size
 from ..threads import Workers
 
 POLL_ENV = "AUTOTUNE_PROGRESS_POLL"  # seconds between two readings (tests set it low)
@@ -52,6 +52,8 @@ class _Followed:
     steps: int = 0  # steps read at the last reading posted
     logs: dict[str, _Log] = field(default_factory=dict)
     ended: bool = False  # out of memory, posted: nothing more to read
+    window: Window | None = None  # its measured steps, from its config (read once, at its first reading)
+    tp: int = 1  # its config's TP size: a throughput DeepSpeed counts that many times (spec/progress.py tp_size)
 
 
 class StepReader:
@@ -111,13 +113,16 @@ class StepReader:
                 return
         if not all(self._own(directory / name, one.since) for name in (PROGRESS_FILE, *LOGS)):
             return
-        steps, warmup = read_steps(directory, self.metric, WARMUP)
+        if one.window is None:
+            config = run_config(directory) or {}
+            one.window, one.tp = Window.of(config), tp_size(config) if self.metric == THROUGHPUT else 1
+        steps, measured = read_steps(directory, self.metric, one.window)
         if len(steps) == one.steps:
             return
         one.steps = len(steps)
-        reading = measure(steps, warmup, rate=self.metric in RATES)
+        reading = measure(steps, measured, rate=self.metric in RATES)
         if reading is not None:
-            self.post(Progress(one.run, reading))
+            self.post(Progress(one.run, reading.over(one.tp)))  # on the scale its metric is recorded on
 
     @staticmethod
     def _own(path: Path, since: float | None) -> bool:

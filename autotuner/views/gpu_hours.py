@@ -6,9 +6,10 @@ end of `run`, `report` in every format, `compare` and the dashboard. A CPU slot 
 
 And what stopping saved, an estimate (`saved_hours`): what was not run cannot be measured. Each attempt stopping
 ended before its profile window's end (stopped because it could not win, or ended once measured until sure) would
-have run on to the steps its config's window makes (`end_profile_step` + 1, backends/launch.py `window_steps`); the
-steps it did not make, at its own median step time, on its slots, are what it saved. Its start-up was paid either
-way, and the run's next steps are taken to last as long as the ones it made.
+have run on to its measured window's end (`end_profile_step` - `start_profile_step` steps past the ones before it,
+spec/progress.py `Window`, the same count as its measured steps); the window's steps left after the last one it
+measured, at its own median step time, on its slots, are what it saved. Its start-up was paid either way, and the
+run's next steps are taken to last as long as the ones it made.
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
-from ..backends.launch import window_steps, with_autotuning
+from ..backends.launch import with_autotuning
 from ..ledger.spent import Held
 from ..ledger.store import Ledger
+from ..spec.progress import Window
 from ..states import Reason
 from .snapshot import Snapshot
 
@@ -97,13 +99,13 @@ def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict
 
 def saved_hours(ledger: Ledger) -> float:
     """The GPU-hours stopping saved, estimated (see the module): for each attempt it ended early, the steps its
-    window had left times its median step time times its slots."""
+    window had left after the last one it measured, times its median step time times its slots."""
     windows: dict[str, int] = {}  # by autotuning section (a tune's runs share one): its window worked out once
     saved = 0.0
     for stop in ledger.early_stops():
         key = json.dumps(stop.autotuning, sort_keys=True)
         if key not in windows:
-            windows[key] = window_steps(with_autotuning({"autotuning": stop.autotuning}, "", ""))
+            windows[key] = Window.of(with_autotuning({"autotuning": stop.autotuning}, "", "")).most or 0
         saved += max(windows[key] - stop.steps, 0) * stop.step_seconds * stop.slots
     return saved / HOUR
 
