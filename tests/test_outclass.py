@@ -214,6 +214,23 @@ def test_the_step_reader_ends_a_run_whose_new_log_lines_say_it_ran_out_of_memory
     assert len(posted) == 1  # posted once
 
 
+def test_the_step_reader_ends_a_run_whose_further_node_ran_out_of_memory(tmp_path):
+    """Ray starts a launcher per node and writes the further nodes' logs apart (nodes/RANK.stderr.log): a rank
+    out of memory there, its peers waiting on it, ends the run as one on the first node does."""
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 60.0)
+    run = started(reader, "two", tmp_path)
+    (tmp_path / "two" / "nodes").mkdir(parents=True)
+    (tmp_path / "two" / "stderr.log").write_text("rank 0 waits for its peers\n")
+    (tmp_path / "two" / "nodes" / "1.exit_status").write_text("")
+    reader.check()
+    assert posted == []
+    (tmp_path / "two" / "nodes" / "1.stderr.log").write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    reader.check()
+    assert [(e.run, e.oom) for e in posted] == [(run, "ran out of memory while it ran: torch.OutOfMemoryError: "
+                                                      "CUDA out of memory.")]
+
+
 def test_the_step_reader_thread_is_joined_when_its_block_ends(tmp_path):
     posted = Posted()
     reader = StepReader(posted, "throughput", 0.1)
