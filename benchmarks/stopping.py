@@ -14,7 +14,7 @@ mean. A trial is three tunes with the same seed, so each config's steps draw the
   the default of 2 s, which read and stopped runs in the "off" tunes of the first figures below);
 - stopping: the same with the step reader on (every 0.1 s): what cannot win is stopped;
 - sure: stopping, and each run measured until sure (`--tolerance`, `--max-measured-steps` so that its window
-  ends where the fixed run's steps do).
+  ends where the fixed run's steps do, or at --sure-steps).
 
 Reported, for stopping and sure against fixed: the share of trials naming the same best; each tune's GPU-hours (the
 ledger's, gpu_hours.spent) and the median of their ratios; what each says stopping saved (gpu_hours.saved, an
@@ -88,8 +88,10 @@ def tune(work: Path, seed: int, mode: str, args: argparse.Namespace) -> Tuned:
                    OOM_STANDIN_SECONDS=str(args.startup), OOM_STANDIN_STEPS=f"{args.steps} {args.step_seconds}",
                    OOM_STANDIN_STEP_NOISE=f"{args.noise} {seed}",
                    AUTOTUNE_PROGRESS_POLL="1e6" if mode == "fixed" else "0.1")
-    # The stand-in measured until sure steps to end_profile_step + 1 = 3 + max + 1: as many as a fixed run.
-    measuring = ["--tolerance", str(args.tolerance), "--max-measured-steps", str(args.steps - 4)] \
+    # The stand-in measured until sure steps to end_profile_step + 1 = 3 + max + 1: as many as a fixed run, unless
+    # --sure-steps gives the sure tune a window of its own (DeepSpeed's default window, 6 steps, is too short to be
+    # sure of anything).
+    measuring = ["--tolerance", str(args.tolerance), "--max-measured-steps", str((args.sure_steps or args.steps) - 4)] \
         if mode == "sure" else ["--tolerance", "off"]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "autotuner", "tune", "--slots", str(args.slots), "--launcher",
@@ -126,6 +128,8 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=0.03)
     parser.add_argument("--noise", type=float, default=0.03, help="per-step standard deviation, relative")
     parser.add_argument("--tolerance", type=float, default=0.03, help="the sure tune's --tolerance")
+    parser.add_argument("--sure-steps", type=int, help="the sure tune's window in steps (default: --steps); "
+                        "--steps 6 --sure-steps 40: the fixed tunes measure DeepSpeed's default window, steps 3-5")
     parser.add_argument("--json", type=Path, help="write each trial's figures here")
     args = parser.parse_args()
     margin = 2 * args.noise / math.sqrt(args.steps)  # twice the noise of a run's mean
