@@ -46,6 +46,7 @@ class Reason(_Word):
     CANCELLED = "cancelled"  # a user asked for it
     INTERRUPTED = "interrupted"  # the runner stopped (Ctrl-C, a fault, a crash) while it ran
     OUTCLASSED = "outclassed"  # stopped: its best possible value, so far, is worse than a finished config's worst
+    # (or, in a tune, than another first run's worst so far)
     SURE = "sure"  # a stop's: ended once its interval was narrow enough (spec/sure.py); recorded succeeded
 
     @property

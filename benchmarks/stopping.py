@@ -14,14 +14,17 @@ mean. A trial is three tunes with the same seed, so each config's steps draw the
   the default of 2 s, which read and stopped runs in the "off" tunes of the first figures below);
 - stopping: the same with the step reader on (every 0.1 s): what cannot win is stopped;
 - sure: stopping, and each run measured until sure (`--tolerance`, `--max-measured-steps` so that its window
-  ends where the fixed run's steps do).
+  ends where the fixed run's steps do, or at --sure-steps).
 
 Reported, for stopping and sure against fixed: the share of trials naming the same best; each tune's GPU-hours (the
 ledger's, gpu_hours.spent) and the median of their ratios; what each says stopping saved (gpu_hours.saved, an
 estimate) against what it spent less than the fixed tune, and run by run against the same config's fixed run;
 where the GPU-hours go (start-up, steps, by the ledger's measured start-up; confirming re-runs); and every
 stopped config whose true throughput (the law, without noise) beats the named best's by more than the noise of a
-run's mean (--noise / sqrt(--steps), twice that).
+run's mean (--noise / sqrt(--steps), twice that); and the floor of each tune's runs: what they would have cost had
+every run that fit cost what a run out of memory did (start-up and the launch's overhead) plus warm-up and the 4
+measured steps stopping needs, against the fixed tune. --against DIR runs another source tree's stopping and sure
+tunes too, each trial interleaved with this tree's (the fixed tune reads no steps: its code path is the same).
 """
 from __future__ import annotations
 
@@ -49,6 +52,14 @@ from autotuner.views.gpu_hours import gpu_hours  # noqa: E402
 
 STANDIN = ROOT / "tests" / "oom_standin.sh"
 NAME = re.compile(r"_z(\d)_mbs(\d+)")
+
+
+def out_of_memory(name: str) -> bool:
+    """Whether the stand-in's plain rule runs a config out of its fake GPU's memory."""
+    found = NAME.search(name)
+    assert found, name
+    stage, mbs = int(found.group(1)), int(found.group(2))
+    return {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs > 100
 
 
 def law(stage: int, mbs: int) -> float:
@@ -82,15 +93,18 @@ class Tuned:
 MODES = ("fixed", "stopping", "sure")
 
 
-def tune(work: Path, seed: int, mode: str, args: argparse.Namespace) -> Tuned:
-    """One tune of the trial `seed`, one of MODES."""
-    out = work / f"{mode}-{seed}"
-    environ = dict(os.environ, PYTHONPATH=str(ROOT), OOM_STANDIN_LOG=str(work / f"launches-{out.name}.log"),
+def tune(work: Path, seed: int, mode: str, args: argparse.Namespace, root: Path = ROOT) -> Tuned:
+    """One tune of the trial `seed`, one of MODES, by the autotuner of the source tree `root` (this one, or
+    --against's)."""
+    out = work / f"{mode}-{seed}{'' if root == ROOT else '-against'}"
+    environ = dict(os.environ, PYTHONPATH=str(root), OOM_STANDIN_LOG=str(work / f"launches-{out.name}.log"),
                    OOM_STANDIN_SECONDS=str(args.startup), OOM_STANDIN_STEPS=f"{args.steps} {args.step_seconds}",
                    OOM_STANDIN_STEP_NOISE=f"{args.noise} {seed}",
                    AUTOTUNE_PROGRESS_POLL="1e6" if mode == "fixed" else "0.1")
-    # The stand-in measured until sure steps to end_profile_step + 1 = 3 + max + 1: as many as a fixed run.
-    measuring = ["--tolerance", str(args.tolerance), "--max-measured-steps", str(args.steps - 4)] \
+    # The stand-in measured until sure steps to end_profile_step + 1 = 3 + max + 1: as many as a fixed run, unless
+    # --sure-steps gives the sure tune a window of its own (DeepSpeed's default window, 6 steps, is too short to be
+    # sure of anything).
+    measuring = ["--tolerance", str(args.tolerance), "--max-measured-steps", str((args.sure_steps or args.steps) - 4)] \
         if mode == "sure" else ["--tolerance", "off"]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "autotuner", "tune", "--slots", str(args.slots), "--launcher",
@@ -128,7 +142,11 @@ def main() -> None:
     parser.add_argument("--step-seconds", type=float, default=0.03)
     parser.add_argument("--noise", type=float, default=0.03, help="per-step standard deviation, relative")
     parser.add_argument("--tolerance", type=float, default=0.03, help="the sure tune's --tolerance")
+    parser.add_argument("--sure-steps", type=int, help="the sure tune's window in steps (default: --steps); "
+                        "--steps 6 --sure-steps 40: the fixed tunes measure DeepSpeed's default window, steps 3-5")
     parser.add_argument("--json", type=Path, help="write each trial's figures here")
+    parser.add_argument("--against", type=Path, help="a source tree (git archive REV | tar -x -C DIR) whose "
+                        "stopping and sure tunes run too, interleaved with this tree's, each trial")
     args = parser.parse_args()
     margin = 2 * args.noise / math.sqrt(args.steps)  # twice the noise of a run's mean
     rows: list[dict[str, Tuned]] = []
@@ -141,12 +159,15 @@ def main() -> None:
             "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}))
         for seed in range(args.trials):
             row = {mode: tune(work, seed, mode, args) for mode in MODES}
+            if args.against:
+                row |= {f"{mode} (against)": tune(work, seed, mode, args, args.against.resolve())
+                        for mode in MODES[1:]}
             rows.append(row)
             print(f"seed {seed}: " + "; ".join(
                 f"{mode} {t.best} {t.hours * 3600:.1f} GPU-s ({t.wall:.0f} s wall, {len(t.stopped)} stopped, "
                 f"{t.early} sure, of {t.experiments})" for mode, t in row.items()), flush=True)
     print(f"\n{len(rows)} trials, tolerance {args.tolerance}")
-    for mode in MODES[1:]:
+    for mode in list(rows[0])[1:]:
         same = sum(r[mode].best == r["fixed"].best for r in rows)
         ratios = [r[mode].hours / r["fixed"].hours for r in rows]
         wrong = sum(1 for r in rows for n in r[mode].stopped if true_value(n) > true_value(r[mode].best) * (1 + margin))
@@ -165,7 +186,7 @@ def main() -> None:
               f"{len(pairs)} runs ended early: estimated {sum(e for e, _ in pairs) * 3600:.1f} GPU-s, the same "
               f"configs' fixed runs less these {sum(d for _, d in pairs) * 3600:.1f}; estimate / that per run, "
               f"median {statistics.median(each):.2f} (range {min(each):.2f} to {max(each):.2f})")
-    for mode in MODES:
+    for mode in rows[0]:
         tuned = [r[mode] for r in rows]
         print(f"{mode}: GPU-s median {statistics.median(t.hours * 3600 for t in tuned):.1f}, of it start-up "
               f"{statistics.median(t.startup_hours * 3600 for t in tuned):.1f}, confirming re-runs "
@@ -174,9 +195,23 @@ def main() -> None:
               f"{statistics.median(len(t.stopped) for t in tuned)}, "
               f"ended once sure {statistics.median(t.early for t in tuned)}; named best's true value / the law's "
               f"best {statistics.median(true_value(t.best) / law(3, 45) for t in tuned):.4f}")
+        # The floor of this tune's runs: those out of memory as they were (start-up and the launch's overhead),
+        # every other run at the median of their cost plus warm-up and MIN_STEPS measured steps (6), against fixed.
+        floors = [_floor(t, args.step_seconds) / r["fixed"].hours for t, r in zip(tuned, rows, strict=True)]
+        print(f"{mode}: runs out of memory {statistics.median(sum(map(out_of_memory, t.held)) for t in tuned)}, "
+              f"{statistics.median(sum(h for n, h in t.held.items() if out_of_memory(n)) * 3600 for t in tuned):.1f}"
+              f" GPU-s; floor of its runs / fixed: median {statistics.median(floors):.3f}")
     if args.json:
         args.json.write_text(json.dumps([{"seed": seed, **{mode: vars(t) for mode, t in row.items()}}
                                          for seed, row in enumerate(rows)], indent=1))
+
+def _floor(t: Tuned, step_seconds: float) -> float:
+    """GPU-hours of `t`'s runs had each that did not run out of memory cost what one that did, plus 6 steps."""
+    short = [h for n, h in t.held.items() if out_of_memory(n)]
+    if not short:
+        return t.hours
+    return sum(short) + (len(t.held) - len(short)) * (statistics.median(short) + 6 * step_seconds / 3600)
+
 
 if __name__ == "__main__":
     main()

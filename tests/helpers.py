@@ -36,10 +36,11 @@ def core(exps: list[Experiment], slots: dict | None = None, **options: object) -
 
 
 def decided(detail: str) -> tuple[float, str, float]:
-    """What a stop's detail says decided it: (the run's optimistic bound, the finished config, its pessimistic one).
-    The interval recorded at the run's end counts the steps it made after that too."""
+    """What a stop's detail says decided it: (the run's optimistic bound, the config it is behind, that one's
+    pessimistic bound: a finished config's, or a first run's still running, by its steps so far). The interval
+    recorded at the run's end counts the steps it made after that too."""
     found = re.fullmatch(r"outclassed after (\d+) measured steps: its throughput is at most ([\d,.]+) \(95% interval "
-                         r"[\d,.]+ to [\d,.]+\), (\S+)'s at least ([\d,.]+)", detail)
+                         r"[\d,.]+ to [\d,.]+\), (\S+)'s at least ([\d,.]+)( \(still running\))?", detail)
     assert found is not None, detail
     assert int(found[1]) >= MIN_STEPS  # measured steps after warm-up (tune/outclass.py)
     return float(found[2].replace(",", "")), found[3], float(found[4].replace(",", ""))

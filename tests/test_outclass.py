@@ -20,7 +20,9 @@ from autotuner.spec.metrics import metric_named
 from autotuner.spec.progress import PROGRESS_FILE
 from autotuner.states import Reason, State
 from autotuner.sweep.steps import StepReader
+from autotuner.tune.gridsearch import MicroBatchSearch
 from autotuner.tune.outclass import MIN_STEPS, outclassed
+from autotuner.tune.space import SearchSpec
 
 from cli_rig import (
     PREAMBLE,
@@ -65,6 +67,34 @@ def test_too_few_steps_no_interval_or_no_finished_config_stop_nothing():
     assert outclassed(StepReading(1.0, 9, 0.1, None), finished, ["best"], THROUGHPUT) is None
     assert outclassed(reading(10, 20), finished, [], THROUGHPUT) is None  # a config that has not finished
     assert outclassed(reading(10, 20), {}, ["best"], THROUGHPUT) is None  # finished without an interval
+
+
+def tune_search(tmp_path):
+    """A tune's search of stages 1-3 (tune/gridsearch.py) and the runs of its first round, started."""
+    search = MicroBatchSearch(SearchSpec(
+        prefix="t", template={"script": "/x/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
+        base={"gradient_accumulation_steps": 1}, stages=(1, 2, 3), metric="throughput", max_mbs=64, confirm=0))
+    return search, [Run(e, 1, Reservation.of({"h": [i]}), f"sid.{e.name}.1", tmp_path / e.name)
+                    for i, e in enumerate(search.propose(3, 0.0))]
+
+
+def test_a_tune_stops_a_run_far_behind_another_still_running_before_any_run_has_finished(tmp_path):
+    """Runs started together tell each other apart while they run: the first round of a tune (nothing finished
+    yet) no longer measures a clearly worse run to its end. A run counts once it has made MIN_STEPS measured
+    steps, and no longer once it ended (a run out of memory, or failed, outclasses nothing)."""
+    search, (ahead, behind, other) = tune_search(tmp_path)
+    assert search.outclassed(ahead, reading(300, 320, n=MIN_STEPS - 1)) is None
+    assert search.outclassed(behind, reading(90, 100)) is None  # the one ahead made too few steps to count yet
+    assert search.outclassed(ahead, reading(300, 320)) is None  # nothing ahead of it
+    why = search.outclassed(behind, reading(90, 100))
+    assert why is not None and why.endswith(f"{ahead.experiment.name}'s at least 300 (still running)")
+    assert decided(why) == (100.0, ahead.experiment.name, 300.0)
+    assert search.outclassed(other, reading(80, 400)) is None  # could still be ahead of it, or behind the other
+    search.observe(ahead, Outcome(State.FAILED, Reason.EXIT, "it crashed after its steps", 1))
+    assert search.outclassed(behind, reading(90, 100)) is None  # what ended without succeeding counts no more
+    search.observe(other, Outcome(State.SUCCEEDED, metrics={"throughput": 310.0, "throughput_low": 290.0,
+                                                             "throughput_high": 330.0}))
+    assert search.outclassed(behind, reading(90, 100)).endswith("'s at least 290")  # a finished config's
 
 
 class Judge:
@@ -199,6 +229,23 @@ def test_the_step_reader_ends_a_run_whose_new_log_lines_say_it_ran_out_of_memory
     assert len(posted) == 1  # posted once
 
 
+def test_the_step_reader_ends_a_run_whose_further_node_ran_out_of_memory(tmp_path):
+    """Ray starts a launcher per node and writes the further nodes' logs apart (nodes/RANK.stderr.log): a rank
+    out of memory there, its peers waiting on it, ends the run as one on the first node does."""
+    posted = Posted()
+    reader = StepReader(posted, "throughput", 60.0)
+    run = started(reader, "two", tmp_path)
+    (tmp_path / "two" / "nodes").mkdir(parents=True)
+    (tmp_path / "two" / "stderr.log").write_text("rank 0 waits for its peers\n")
+    (tmp_path / "two" / "nodes" / "1.exit_status").write_text("")
+    reader.check()
+    assert posted == []
+    (tmp_path / "two" / "nodes" / "1.stderr.log").write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    reader.check()
+    assert [(e.run, e.oom) for e in posted] == [(run, "ran out of memory while it ran: torch.OutOfMemoryError: "
+                                                      "CUDA out of memory.")]
+
+
 def test_the_step_reader_thread_is_joined_when_its_block_ends(tmp_path):
     posted = Posted()
     reader = StepReader(posted, "throughput", 0.1)
@@ -246,7 +293,9 @@ def check_stopped(directory):
     for name, a in stopped.items():
         assert a.reason == Reason.OUTCLASSED, a
         mine, better, theirs = decided(a.detail)
-        assert mine < theirs and ended[better].state == State.SUCCEEDED
+        # behind a config that finished, or a first run still running then (which may itself be stopped later)
+        assert mine < theirs and ended[better].state in (
+            (State.SUCCEEDED, State.STOPPED) if a.detail.endswith("(still running)") else (State.SUCCEEDED,))
         assert a.attempt == 1 and a.metric is None and f"{name}_confirm1" not in ended
         assert a.metrics["steps_measured"] >= MIN_STEPS and "throughput_low" in a.metrics
     with Ledger.open(directory) as ledger:

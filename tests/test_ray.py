@@ -143,6 +143,33 @@ def test_each_experiment_runs_on_exactly_its_reserved_nodes_and_gpus(ray_lab, tm
     assert nothing_left(ray_lab, results)
 
 
+# The second node's rank runs out of memory; the first waits for it, as DeepSpeed's ranks do, and says nothing.
+OOM_ON_SECOND = """\
+#!/bin/sh
+case "$*" in *"--node_rank 1 "*) echo "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2
+    exit 1;; esac
+sleep 60 &
+trap 'kill $!; exit 143' TERM
+wait $!
+"""
+
+
+def test_a_rank_out_of_memory_on_the_second_node_is_judged_out_of_memory(ray_lab, tmp_path):
+    """Ray writes the further nodes' logs apart (nodes/RANK.stderr.log); the attempt is judged by its own logs,
+    where the note that node 1 failed now repeats its telling line: out of memory, not a crash (which gives up a
+    tune's stage instead of bounding its sizes)."""
+    two = write_sweep(tmp_path, range(1), name="m", extra="num_gpus: 1\n  num_nodes: 2", filename="two.hjson")
+    (tmp_path / "oom.sh").write_text(OOM_ON_SECOND)
+    results = tmp_path / "r"
+    done = autotune("run", two, "--ray", "--launcher", f"sh {tmp_path / 'oom.sh'}", "-o", results, "-q",
+                    environ=lab_env(ray_lab), timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (attempt,) = attempts(results)
+    assert (attempt.state, attempt.reason) == (State.FAILED, "oom"), attempt
+    assert "CUDA out of memory" in (attempt.detail or "")
+    assert nothing_left(ray_lab, results)
+
+
 # A program of the user's: autotuner.run on the Ray cluster RAY_ADDRESS names, connected to it first by itself
 # (`own`) or not; it prints whether it is still connected afterwards.
 API_PROGRAM = """

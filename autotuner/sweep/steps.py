@@ -1,8 +1,9 @@
 """The runner's step reader: one thread that reads, every few seconds, what each running attempt's steps say so
 far and posts it to the dispatcher (`Progress`): the scheduler keeps it in the ledger for `status`, the live view
 and the dashboard, and the search stops what cannot win (tune/outclass.py). It reads the new bytes of each
-attempt's logs too, for a line that says it ran out of memory (core/outcome.py's class `oom`): such a run is
-ended at once, every rank, instead of waiting for its launcher to notice.
+attempt's logs too (its further nodes' as well, where a backend writes them apart under nodes/), for a line that
+says it ran out of memory (core/outcome.py's class `oom`): such a run is ended at once, every rank, instead of
+waiting for its launcher to notice.
 
 Every backend runs its attempts in directories on the filesystem the runner shares with its nodes (the logs,
 the metrics and the progress file are written there), so this one reader serves them all. It follows the
@@ -30,6 +31,7 @@ from ..threads import Workers
 POLL_ENV = "AUTOTUNE_PROGRESS_POLL"  # seconds between two readings (tests set it low)
 DEFAULT_POLL = 2.0
 LOGS = ("stdout.log", "stderr.log")
+NODES = "nodes"  # where a backend that starts a launcher per node writes the further nodes' logs (Ray: RANK.stderr.log)
 _CHUNK = 1024 * 1024  # the most of a log read at once: beyond it, a log that grew faster is read from its end
 # A file's time stamp comes from the kernel's coarse clock, a tick behind `time.time()`: a file made just after
 # an attempt was placed can carry a time a few milliseconds before it.
@@ -105,8 +107,8 @@ class StepReader:
 
     def _read(self, one: _Followed) -> None:
         directory = one.run.dir
-        for name in LOGS:
-            line = oom_line(self._new_text(directory / name, one))
+        for path in logs_of(directory):
+            line = oom_line(self._new_text(path, one))
             if line is not None:
                 one.ended = True
                 self.post(Progress(one.run, None, f"ran out of memory while it ran: {line}"))
@@ -142,7 +144,7 @@ class StepReader:
             return ""
         if not stat.S_ISREG(info.st_mode) or (one.since is not None and info.st_mtime < one.since - _TICK):
             return ""  # a FIFO would block the reader; an older file is an earlier attempt's
-        log = one.logs.setdefault(path.name, _Log())
+        log = one.logs.setdefault(str(path), _Log())
         if info.st_ino != log.inode or info.st_size < log.offset:
             log.inode, log.offset, log.partial = info.st_ino, 0, ""
         if info.st_size - log.offset > _CHUNK:
@@ -158,3 +160,13 @@ class StepReader:
         whole, _, partial = text.rpartition("\n")
         log.partial = partial[-_CHUNK:]  # a line that never ends (a progress bar's returns) kept bounded
         return whole
+
+
+def logs_of(directory: Path) -> list[Path]:
+    """An attempt's logs: its own, and those of its further nodes where a backend writes them apart (under
+    nodes/: a rank out of memory on the second node says so only there)."""
+    try:
+        nodes = sorted(p for p in (directory / NODES).iterdir() if p.name.endswith(LOGS))
+    except OSError:
+        nodes = []
+    return [directory / name for name in LOGS] + nodes

@@ -56,6 +56,7 @@ class Knowledge:
         self.knob_out: set[Point] = set()
         self.reruns: dict[str, float | None] = {}  # a config re-run -> the re-run's metric (None: out or failed)
         self.intervals: dict[str, Bounds] = {}  # a config -> its first run's interval (reruns.overlapping)
+        self.running: dict[str, Bounds] = {}  # a first run still running -> its interval so far (outclass.py)
         self.rerun_out: set[str] = set()
         for known in self.stages.values():
             known.top = spec.max_mbs

@@ -1,13 +1,17 @@
 """Stopping what cannot win: a running attempt whose best possible value is worse than the worst a finished
-config can be.
+config (or, in a tune, another first run still running) can be.
 
 Each reading of a running attempt's steps (spec/interval.py) bounds its mean with a 95% interval. Its optimistic
 bound is the end of that interval on the better side (METRIC_high for a throughput, METRIC_low for a latency); a
-finished config's pessimistic bound is the other end of its own first run's interval. Once the running attempt
-has made MIN_STEPS measured steps and its optimistic bound is worse than the best pessimistic bound of the
-configs that finished, it cannot be the best: it is stopped, recorded `stopped` (reason `outclassed`), never the
-best and never run again, and its slots go to the next run. Its optimistic bound is what the search learns of
-its point (it fits in memory, and is at best that good), so the walk goes on as if it had ended.
+finished config's pessimistic bound is the other end of its own first run's interval, and a tune's other first
+runs still running count with their intervals so far (once they have made MIN_STEPS measured steps too): runs
+that start together, before any has finished, tell each other apart while they run, so a clearly worse one is
+not measured to its end for want of a finished config. Once the running attempt has made MIN_STEPS measured
+steps and its optimistic bound is worse than the best of those pessimistic bounds, it cannot be the best: it is
+stopped, recorded `stopped` (reason `outclassed`), never the best and never run again, and its slots go to the next
+run. Its optimistic bound is what the search learns of its point (it fits in memory, and is at best that good), so
+the walk goes on as if it had ended. (A running run that outclassed others and then fails, after its steps, leaves
+them stopped: a risk taken because a run that made its steps rarely fails after them; out of memory comes first.)
 
 Both bounds are 95% intervals of batch means, which widen with the drift of the step times, so a run is stopped
 only when it is clearly behind; with few steps the interval is wide (Student's t with one degree of freedom for
@@ -46,21 +50,22 @@ def recorded_optimistic(metrics: Mapping[str, float] | None, metric: Metric) -> 
 
 
 def outclassed(reading: StepReading, finished: Mapping[str, Bounds], configs: Collection[str],
-               metric: Metric) -> str | None:
+               metric: Metric, running: Mapping[str, Bounds] | None = None) -> str | None:
     """Why a running attempt whose steps say `reading` cannot beat the configs that finished (`configs`, their
-    first runs' intervals in `finished`), as its stop records it; None while it still could, or has made fewer
-    than MIN_STEPS measured steps."""
+    first runs' intervals in `finished`) or the other first runs still running (`running`: their intervals so
+    far), as its stop records it; None while it still could, or has made fewer than MIN_STEPS measured steps."""
     interval = reading.interval
     if interval is None or interval.n < MIN_STEPS:
         return None
-    bounds = [(name, pessimistic(finished[name], metric)) for name in configs if name in finished]
+    bounds = [(name, pessimistic(finished[name], metric), False) for name in configs if name in finished]
+    bounds += [(name, pessimistic(bounds_, metric), True) for name, bounds_ in (running or {}).items()]
     if not bounds:
         return None
-    best, floor = min(bounds, key=lambda pair: metric.sort_key(pair[1]))
+    best, floor, still = min(bounds, key=lambda found: metric.sort_key(found[1]))
     mine = optimistic((interval.low, interval.high), metric)
     if not metric.better(floor, mine):
         return None
-    return _why(interval, mine, best, floor, metric)
+    return _why(interval, mine, best, floor, metric) + (" (still running)" if still else "")
 
 
 def _why(interval: Interval, mine: float, best: str, floor: float, metric: Metric) -> str:
@@ -69,6 +74,13 @@ def _why(interval: Interval, mine: float, best: str, floor: float, metric: Metri
     return (f"outclassed after {interval.n} measured steps: its {metric.name} is {side} {format_value(mine)} "
             f"(95% interval {format_value(interval.low)} to {format_value(interval.high)}), {best}'s "
             f"{theirs} {format_value(floor)}")
+
+
+def bounded(reading: StepReading) -> Bounds | None:
+    """A running attempt's interval so far, once it has made MIN_STEPS measured steps: what it may outclass the
+    others by (`outclassed`'s `running`); None before."""
+    interval = reading.interval
+    return (interval.low, interval.high) if interval is not None and interval.n >= MIN_STEPS else None
 
 
 class GridJudge:

@@ -33,7 +33,7 @@ from ..spec.interval import StepReading
 from ..spec.metrics import reported_peak
 from ..states import State
 from .memory_loop import MemoryLoop
-from .outclass import outclassed, recorded_optimistic
+from .outclass import bounded, outclassed, recorded_optimistic
 from .replay import Latest, replay
 from .reruns import confirm_count, interval_of, rerun_of, to_rerun
 
@@ -64,6 +64,7 @@ class Search(MemoryLoop):
         return any(known.too_big or (known.given_up and not known.crashed) for known in self.stages.values())
 
     def observe(self, run: Run | Queued, outcome: Outcome) -> None:
+        self.running.pop(run.experiment.name, None)
         self._keep_interval(run.experiment.name, outcome.metrics)
         profiled = self.spec.profile_of(run.experiment.name)
         if profiled is not None:
@@ -74,12 +75,18 @@ class Search(MemoryLoop):
         self.learn(run.experiment, outcome.state, outcome.reason, value, reported_peak(outcome.metrics))
 
     def outclassed(self, run: Run, reading: StepReading) -> str | None:
-        """Why a running first run cannot be the best by its steps so far (outclass.py); never a profile run or a
-        confirming re-run."""
+        """Why a running first run cannot be the best by its steps so far (outclass.py): worse than a config that
+        finished or than another first run by its steps so far (kept here, reading by reading, until it ends);
+        never a profile run or a confirming re-run."""
         name = run.experiment.name
         if self.spec.profile_of(name) is not None or rerun_of(name) is not None:
             return None
-        return outclassed(reading, self.intervals, self.configs, self.metric)
+        others = {other: bounds for other, bounds in self.running.items() if other != name}
+        why = outclassed(reading, self.intervals, self.configs, self.metric, others)
+        so_far = bounded(reading)
+        if why is None and so_far is not None:
+            self.running[name] = so_far
+        return why
 
     def choose(self, room: int) -> list[Experiment]:
         """At most `room` new experiments (`take`), none of a point known not to fit, within the budget."""

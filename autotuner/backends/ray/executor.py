@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 from ...core.events import Finished, HostLost, Key, Launched, Post, Run
-from ...core.outcome import Outcome
+from ...core.outcome import Outcome, classify
 from ...jsonvalues import JSONObject
 from ...spec.hostfile import format_hostfile
 from ...spec.metrics import Metric
@@ -221,7 +221,7 @@ class RayExecutor:
                 if status != 0 and code == 0:
                     code = status
                     note = (f"node {rank} ({run.reservation.hosts[rank]}) ended with exit status {status}: ending "
-                            "the others\n")
+                            f"the others{_telling(run.dir, rank, status)}\n")
                     with contextlib.suppress(OSError), open(run.dir / "stderr.log", "a") as err:
                         err.write(note)
                     stop_nodes(self.ray, lease.actors, self.grace, run.tag)
@@ -287,3 +287,14 @@ class RayExecutor:
         while not self._closing.wait(self.leases.idle_for / 2):
             with contextlib.suppress(Exception):
                 self.leases.expire()
+
+
+def _telling(directory: Path, rank: int, status: int) -> str:
+    """A further node's telling line (out of memory, a config refused, ...), as the note that it failed repeats it
+    in the attempt's own stderr.log: the attempt is judged by its own logs, so a rank out of memory on the second
+    node reads as out of memory, not as a crash (which would give up a tune's stage)."""
+    if rank == 0:
+        return ""
+    nodes = directory / "nodes"
+    _, line = classify(status, [nodes / f"{rank}.stderr.log", nodes / f"{rank}.stdout.log"])
+    return f"; it said: {line}" if line else ""
