@@ -61,6 +61,15 @@ def test_a_run_is_outclassed_only_when_its_optimistic_bound_is_worse_than_a_fini
         assert why.startswith(f"outclassed after {MIN_STEPS} measured steps") and "best's" in why
 
 
+def test_a_stops_detail_shows_the_two_bounds_it_compared_with_the_digits_that_tell_them_apart():
+    """Bounds a hair apart read apart in the detail (four digits made both "2,214"); far apart, four digits."""
+    close = outclassed(reading(2000.0, 2213.9), {"best": (2214.3, 2300.0)}, ["best"], THROUGHPUT)
+    mine, better, theirs = decided(close)
+    assert (mine, better, theirs) == (2213.9, "best", 2214.3), close
+    far = outclassed(reading(10.0, 20.0), {"best": (95.0, 105.0)}, ["best"], THROUGHPUT)
+    assert decided(far) == (20.0, "best", 95.0) and "at most 20 " in far, far
+
+
 def test_too_few_steps_no_interval_or_no_finished_config_stop_nothing():
     finished = {"best": (95.0, 105.0)}
     assert outclassed(reading(10, 20, n=MIN_STEPS - 1), finished, ["best"], THROUGHPUT) is None

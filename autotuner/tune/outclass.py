@@ -71,9 +71,21 @@ def outclassed(reading: StepReading, finished: Mapping[str, Bounds], configs: Co
 def _why(interval: Interval, mine: float, best: str, floor: float, metric: Metric) -> str:
     side = "at least" if metric.minimize else "at most"
     theirs = "at most" if metric.minimize else "at least"
-    return (f"outclassed after {interval.n} measured steps: its {metric.name} is {side} {format_value(mine)} "
+    shown_mine, shown_floor = _apart(mine, floor)
+    return (f"outclassed after {interval.n} measured steps: its {metric.name} is {side} {shown_mine} "
             f"(95% interval {format_value(interval.low)} to {format_value(interval.high)}), {best}'s "
-            f"{theirs} {format_value(floor)}")
+            f"{theirs} {shown_floor}")
+
+
+def _apart(mine: float, floor: float) -> tuple[str, str]:
+    """The two bounds a stop compares, as people read values, with the digits it takes to tell them apart: "at most
+    2,214, at least 2,214" would say nothing of why."""
+    shown = format_value(mine), format_value(floor)
+    digits = 5
+    while shown[0] == shown[1] and digits <= 12:
+        shown = f"{mine:,.{digits}g}", f"{floor:,.{digits}g}"
+        digits += 1
+    return shown
 
 
 def bounded(reading: StepReading) -> Bounds | None:
