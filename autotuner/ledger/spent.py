@@ -34,7 +34,7 @@ _EARLY = (_MEASURED.format("attempts a") + " UNION ALL " + _MEASURED.format(
 
 
 @dataclass(frozen=True)
-class Held:
+class Spent:
     """Slot-seconds one experiment's ended attempts held: in all, those up to a time (`until`: the best's end),
     and those of attempts recorded with a given reason (a run stopped because it could not win)."""
 
@@ -75,28 +75,28 @@ def _autotuning(spec: str) -> JSONObject:
 
 
 def _sums(until: float | None, reason: str | None) -> tuple[str, list[object]]:
-    """The three sums of `Held` as SQL, and their parameters (`until` None: nothing is up to it; `reason` None:
+    """The three sums of `Spent` as SQL, and their parameters (`until` None: nothing is up to it; `reason` None:
     = NULL matches no row)."""
     held = f"MAX(finished_at - started_at, 0) * {_SLOTS}"
     return (f"SUM({held}), SUM(MAX(MIN(finished_at, ?) - started_at, 0) * {_SLOTS}), "
             f"SUM(CASE WHEN reason = ? THEN {held} ELSE 0 END)"), [until if until is not None else -math.inf, reason]
 
 
-def _held(row: Sequence[float | None]) -> Held:
+def _spent(row: Sequence[float | None]) -> Spent:
     """A row of the sums (NULL: no attempt to sum)."""
-    return Held(float(row[0] or 0.0), float(row[1] or 0.0), float(row[2] or 0.0))
+    return Spent(float(row[0] or 0.0), float(row[1] or 0.0), float(row[2] or 0.0))
 
 
-def total(db: sqlite3.Connection, until: float | None = None, reason: str | None = None) -> Held:
+def total(db: sqlite3.Connection, until: float | None = None, reason: str | None = None) -> Spent:
     """What every ended attempt of the sweep held, summed in one pass (no row per experiment: on 10,000 attempts
-    a sixth of `held`'s time)."""
+    a sixth of `by_name`'s time)."""
     sums, first = _sums(until, reason)
-    return _held(db.execute(f"SELECT {sums} FROM attempts WHERE {_ENDED}", first).fetchone())
+    return _spent(db.execute(f"SELECT {sums} FROM attempts WHERE {_ENDED}", first).fetchone())
 
 
-def held(db: sqlite3.Connection, until: float | None = None, reason: str | None = None,
-         names: Sequence[str] | None = None) -> dict[str, Held]:
-    """name -> what its ended attempts held (see `Held`), of every experiment that has one, or of `names` only."""
+def by_name(db: sqlite3.Connection, until: float | None = None, reason: str | None = None,
+         names: Sequence[str] | None = None) -> dict[str, Spent]:
+    """name -> what its ended attempts held (see `Spent`), of every experiment that has one, or of `names` only."""
     sums, first = _sums(until, reason)
     query = f"SELECT name, {sums} FROM attempts WHERE {_ENDED}"
     if names is None:
@@ -108,4 +108,4 @@ def held(db: sqlite3.Connection, until: float | None = None, reason: str | None 
             chunk = listed[i:i + _FEW]
             rows += db.execute(query + f" AND name IN ({','.join('?' * len(chunk))}) GROUP BY name",
                                [*first, *chunk]).fetchall()
-    return {r[0]: Held(r[1], r[2], r[3]) for r in rows}  # a group has rows: no NULL sum
+    return {r[0]: Spent(r[1], r[2], r[3]) for r in rows}  # a group has rows: no NULL sum

@@ -404,12 +404,12 @@ class Ledger:
         found = spent.total(self._db, until)
         return found.seconds, found.until
 
-    def held(self, until: float | None = None, reason: str | None = None,
-             names: Sequence[str] | None = None) -> dict[str, spent.Held]:
+    def spent_by_name(self, until: float | None = None, reason: str | None = None,
+             names: Sequence[str] | None = None) -> dict[str, spent.Spent]:
         """name -> the slot-seconds its ended attempts held (spent.py: in all, up to `until`, with `reason`)."""
-        return spent.held(self._db, until, reason, names)
+        return spent.by_name(self._db, until, reason, names)
 
-    def held_in_all(self, until: float | None = None, reason: str | None = None) -> spent.Held:
+    def spent_in_all(self, until: float | None = None, reason: str | None = None) -> spent.Spent:
         """What every ended attempt held (spent.py), summed."""
         return spent.total(self._db, until, reason)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import overload
 
 from ..backends.launch import with_autotuning
-from ..ledger.spent import Held
+from ..ledger.spent import Spent
 from ..ledger.store import Ledger
 from ..spec.progress import Window
 from ..states import Reason
@@ -94,7 +94,7 @@ def best_runs(snap: Snapshot) -> list[str]:
 def experiment_hours(ledger: Ledger, names: Sequence[str] | None = None) -> dict[str, float]:
     """name -> GPU-hours its ended attempts held, rounded to the microhour: of every experiment with one, or of
     `names` (the dashboard's rows that moved)."""
-    return {name: _rounded(h.seconds / HOUR) for name, h in ledger.held(names=names).items()}
+    return {name: _rounded(h.seconds / HOUR) for name, h in ledger.spent_by_name(names=names).items()}
 
 
 def saved_hours(ledger: Ledger) -> float:
@@ -125,12 +125,12 @@ def _hours(snap: Snapshot, ledger: Ledger, stopped: str | None, each: bool) -> G
     best = snap.best
     until = best.finished_at if best is not None else None
     runs = best_runs(snap)
-    held = ledger.held(until, stopped, None if each else runs)
+    held = ledger.spent_by_name(until, stopped, None if each else runs)
     if not each:
-        found = ledger.held_in_all(until, stopped)
+        found = ledger.spent_in_all(until, stopped)
     else:  # the sweep's figures summed from its experiments'
         listed = held.values()
-        found = Held(sum(h.seconds for h in listed), sum(h.until for h in listed), sum(h.with_reason for h in listed))
+        found = Spent(sum(h.seconds for h in listed), sum(h.until for h in listed), sum(h.with_reason for h in listed))
     on_best = sum(held[name].seconds for name in runs if name in held) / HOUR if best is not None else None
     return GpuHours({name: _rounded(h.seconds / HOUR) for name, h in held.items()}, found.seconds / HOUR, on_best,
                     found.until / HOUR if until is not None else None, found.with_reason / HOUR, saved_hours(ledger))
