@@ -165,7 +165,7 @@ def simulated(tuner: str, seed: int, slots: int, patience: int | None) -> dict[s
                       trials=DEFAULT_TRIALS if sampled else None,
                       patience=(patience or DEFAULT_PATIENCE) if sampled else None)
     search = told_fail(spec) if tuner == "told FAIL" else search_for(spec)
-    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, searcher=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     winner = min(search.configs, key=lambda name: -search.mean(name))
     until = next(p.end for p in played if p.name == winner)
@@ -305,7 +305,7 @@ def simulated_memory(tuner: str, seed: int, slots: int, variant: str) -> dict[st
                       gpu_memory=None if variant == "no model" else int(MODEL[2]),
                       facts=Facts(int(MODEL[0]), MODEL[1]).to_json() if variant == "model_info" else None)
     search = search_for(spec)
-    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, searcher=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     ooms = sum(1 for p in played if p.state == autotuner.State.FAILED)
     if not search.configs:  # stopped early with nothing that fits (random's patience spent on OOMs)
@@ -387,7 +387,7 @@ def unknown_table(slots: int, seconds: float, simulated_seeds: int) -> None:
         spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
                           base={}, stages=STAGES, metric="throughput", max_mbs=UNKNOWN_MAX)
         search = search_for(spec)
-        played = simulate([], {"h": list(range(n))}, lambda e: 10.0, outcome=knob_outcome, source=search,
+        played = simulate([], {"h": list(range(n))}, lambda e: 10.0, outcome=knob_outcome, searcher=search,
                           metric="throughput").played
         winner = min(search.configs, key=lambda name: -search.mean(name))
         ooms = sum(1 for p in played if p.state == autotuner.State.FAILED)
@@ -423,7 +423,7 @@ def loop_table(slots: int) -> None:
                           base={"fp16": {"enabled": True}}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS,
                           gpu_memory=int(gpu), facts=facts.to_json())
         search = MicroBatchSearch(spec)
-        played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
+        played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, searcher=search,
                                  metric="throughput").played, key=lambda p: (p.start, p.name))
         winner = min(search.configs, key=lambda name: -search.mean(name))
         point = search.configs[winner][:2]
@@ -608,7 +608,7 @@ def full_mode_table(slots: int) -> None:
     spec = SearchSpec(prefix="b", template={"script": "/b/train.py", "num_gpus": 1, "num_nodes": 1, "args": []},
                       base={}, stages=STAGES, metric="throughput", max_mbs=MAX_MBS, knobs=spaces, confirm=0)
     search = MicroBatchSearch(spec)
-    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, source=search,
+    played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome, searcher=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     winner = min(search.configs, key=lambda name: -search.mean(name))
     knob_runs = len(search.knob_trials)
@@ -648,7 +648,7 @@ def sampled_full_table(seeds: int, slots: int, budgets: list[int]) -> None:
                 search = search_for(spec)
                 started = time.process_time()
                 played = sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=knob_outcome,
-                                         source=search, metric="throughput").played, key=lambda p: (p.start, p.name))
+                                         searcher=search, metric="throughput").played, key=lambda p: (p.start, p.name))
                 cpu = time.process_time() - started
                 winner = min(search.configs, key=lambda name: -search.mean(name))
                 found.append((1 + [p.name for p in played].index(winner), len(played), search.first[winner], cpu))

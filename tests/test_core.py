@@ -126,7 +126,7 @@ def test_observers_are_told_once_that_the_sweep_stops_and_why():
         ("sid", Outcome(State.CANCELLED, Reason.CANCELLED, "the whole sweep was cancelled"))]
 
 
-class Searcher:
+class CountingSearcher:
     """A stand-in searcher: proposes `batch` experiments at a time until it has proposed `total`."""
 
     def __init__(self, total, batch):
@@ -144,8 +144,8 @@ class Searcher:
 
 
 def test_a_source_is_asked_for_more_whenever_slots_are_free_and_nothing_waits():
-    searcher = Searcher(total=5, batch=5)
-    s = core([], slots={"h": [0, 1]}, source=searcher)
+    searcher = CountingSearcher(total=5, batch=5)
+    s = core([], slots={"h": [0, 1]}, searcher=searcher)
     first = s.step([], 0.0)
     assert names(first.start) == ["t0", "t1"] and searcher.asked == [(2, 0.0)]
     second = s.step([Finished(first.start[0], OK, 1.0)], 1.0)  # t2..t4 were queued: no need to ask
@@ -158,7 +158,7 @@ def test_a_source_is_asked_for_more_whenever_slots_are_free_and_nothing_waits():
 
 
 def test_a_source_with_nothing_to_propose_ends_the_sweep_once_nothing_runs():
-    s = core([], source=Searcher(total=0, batch=1))
+    s = core([], searcher=CountingSearcher(total=0, batch=1))
     assert s.step([], 0.0).start == [] and s.done
 
 
@@ -181,8 +181,8 @@ def test_a_source_is_told_only_final_ends_and_of_what_was_cancelled_before_it_st
     """A transient failure the scheduler retries is not the searcher's answer (it would give up a stage on a
     port clash): only the retry's end is told. A proposal cancelled while it waited is told too, or the
     searcher would count it as out for ever."""
-    searcher = Searcher(total=3, batch=3)
-    s = core([], slots={"h": [0]}, source=searcher, retries=1)
+    searcher = CountingSearcher(total=3, batch=3)
+    s = core([], slots={"h": [0]}, searcher=searcher, retries=1)
     (t0,) = s.step([], 0.0).start
     launch_failed = Outcome(State.FAILED, Reason.LAUNCH, "address already in use")
     (retry,) = s.step([Finished(t0, launch_failed, 1.0)], 1.0).start

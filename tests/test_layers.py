@@ -57,9 +57,9 @@ def test_a_cycle_within_one_layer_is_refused(tmp_path):
 
 MOST_LINES = 500  # the house's bound on a module: one concept a module
 
-# Classes of one name in two modules, each its own thing, left until the work that owns their modules merges:
-# spec/reading.py's Source (a file's text) and core/scheduler.py's Source (where experiments come from).
-SHARED_NAMES = {"Source"}
+# Classes of one name in two modules, each its own thing: none (core's Source became Searcher, beside spec/reading.py's
+# Source, a file's text).
+SHARED_NAMES: set[str] = set()
 
 
 def package_modules() -> list[Path]:

@@ -102,7 +102,7 @@ def stated(**changes):
 
 
 def tune(search, slots=4):
-    return sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_gpu, source=search,
+    return sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_gpu, searcher=search,
                            metric="throughput").played, key=lambda p: (p.start, p.name))
 
 
@@ -234,7 +234,7 @@ def test_a_failed_profile_run_leaves_the_search_without_a_model(caplog):
         return fake_gpu(e)
 
     search = MicroBatchSearch(spec())
-    played = sorted(simulate([], {"h": [0, 1, 2, 3]}, lambda e: 10.0, outcome=broken, source=search,
+    played = sorted(simulate([], {"h": [0, 1, 2, 3]}, lambda e: 10.0, outcome=broken, searcher=search,
                              metric="throughput").played, key=lambda p: (p.start, p.name))
     assert played[0].name == "t_profile" and played[0].state == State.FAILED
     assert [p.name for p in played[1:]] == [p.name for p in tune(MicroBatchSearch(spec(gpu_memory=None)))]
@@ -262,7 +262,7 @@ def test_a_search_with_a_profile_rebuilt_from_the_ledger_goes_on_the_same(crash)
     rebuilt = MicroBatchSearch(spec())
     rebuilt.replay(ledger, ended, metrics)
     assert rebuilt.proposed == live.proposed and rebuilt.stages == live.stages and rebuilt.facts == live.facts
-    rest = sorted(simulate(running, {"h": [0, 1]}, lambda e: 10.0, outcome=fake_gpu, source=rebuilt,
+    rest = sorted(simulate(running, {"h": [0, 1]}, lambda e: 10.0, outcome=fake_gpu, searcher=rebuilt,
                            metric="throughput").played, key=lambda p: (p.start, p.name))
     assert sorted([*ended, *(p.name for p in rest)]) == sorted(whole)
 
@@ -307,7 +307,7 @@ def test_a_sampling_tuner_tries_the_predicted_size_for_a_point_above_it_and_a_re
     the ledger holds (one run still out) runs the same points in the same order."""
     def names(search, queued=()):
         return [p.name for p in sorted(simulate(list(queued), {"h": [0, 1]}, lambda e: 10.0, outcome=fake_gpu,
-                                                source=search, metric="throughput").played,
+                                                searcher=search, metric="throughput").played,
                                        key=lambda p: (p.start, p.name))]
 
     whole = names(search_for(stated(tuner=tuner, seed=3)))
@@ -366,7 +366,7 @@ def test_a_frozen_model_is_tuned_at_the_stages_an_all_parameters_count_would_ski
     from its true largest size and wins."""
     def run(facts):
         search = MicroBatchSearch(spec(facts=facts.to_json() if facts else None))
-        played = sorted(simulate([], {"h": list(range(4))}, lambda e: 10.0, outcome=frozen_gpu, source=search,
+        played = sorted(simulate([], {"h": list(range(4))}, lambda e: 10.0, outcome=frozen_gpu, searcher=search,
                                  metric="throughput").played, key=lambda p: (p.start, p.name))
         return search, played
 
@@ -403,7 +403,7 @@ def test_measured_peaks_correct_the_model_for_the_stages_still_to_come(wrong):
     fewer runs run out of memory."""
     def run(outcome):
         search = MicroBatchSearch(spec(facts=Facts(PARAMS, wrong * PER_SAMPLE).to_json()))
-        played = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=outcome, source=search,
+        played = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=outcome, searcher=search,
                                  metric="throughput").played, key=lambda p: (p.start, p.name))
         return search, played
 

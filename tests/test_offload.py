@@ -114,7 +114,7 @@ def spec(**changes):
 
 
 def tune(search, slots=4):
-    return sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_run, source=search,
+    return sorted(simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_run, searcher=search,
                            metric="throughput").played, key=lambda p: (p.start, p.name))
 
 
@@ -187,7 +187,7 @@ def test_model_based_offloaded_rebuilt_from_the_ledger_goes_on_the_same():
     rebuilt = fresh()
     rebuilt.replay(ledger, ended)
     assert rebuilt.spec == live.spec and rebuilt.points == live.points and rebuilt.proposed == live.proposed
-    rest = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, source=rebuilt,
+    rest = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, searcher=rebuilt,
                            metric="throughput").played, key=lambda p: (p.start, p.name))
     assert [*ended, *(p.name for p in rest)] == whole
 
@@ -223,7 +223,7 @@ def test_an_offloaded_search_rebuilt_from_the_ledger_goes_on_the_same():
     rebuilt.replay(ledger, ended)
     assert rebuilt.spec == live.spec and rebuilt.stages == live.stages and rebuilt.proposed == live.proposed
     running = [e for e in ledger if e.name not in ended]
-    rest = sorted(simulate(running, {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, source=rebuilt,
+    rest = sorted(simulate(running, {"h": [0, 1]}, lambda e: 10.0, outcome=fake_run, searcher=rebuilt,
                            metric="throughput").played, key=lambda p: (p.start, p.name))
     assert [*ended, *(p.name for p in rest)] == whole
 

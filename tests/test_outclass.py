@@ -125,7 +125,7 @@ class Judge:
 
 def test_the_scheduler_keeps_each_reading_and_stops_what_the_search_says_cannot_win_as_a_recorded_stop():
     judge = Judge(outclass={"slow"})
-    s = core([experiment("fast"), experiment("slow")], slots={"h": [0, 1]}, source=judge)
+    s = core([experiment("fast"), experiment("slow")], slots={"h": [0, 1]}, searcher=judge)
     runs = {r.experiment.name: r for r in s.step([], 0.0).start}
     s.step([Launched(runs["fast"], 1, None, 1.0), Launched(runs["slow"], 2, None, 1.0)], 1.0)
     got = reading(10, 20)
@@ -145,7 +145,7 @@ def test_the_scheduler_keeps_each_reading_and_stops_what_the_search_says_cannot_
 
 
 def test_a_run_seen_to_run_out_of_memory_is_ended_at_once_and_recorded_failed_oom():
-    s = core([experiment("big")], source=Judge())
+    s = core([experiment("big")], searcher=Judge())
     run = s.step([], 0.0).start[0]
     actions = s.step([Progress(run, None, "ran out of memory while it ran: CUDA out of memory")], 2.0)
     assert actions.stop == [Stop(run, State.FAILED, "ran out of memory while it ran: CUDA out of memory",
@@ -155,7 +155,7 @@ def test_a_run_seen_to_run_out_of_memory_is_ended_at_once_and_recorded_failed_oo
 
 
 def test_a_reading_of_an_attempt_that_ended_is_dropped():
-    s = core([experiment("a")], source=Judge(outclass={"a"}))
+    s = core([experiment("a")], searcher=Judge(outclass={"a"}))
     run = s.step([], 0.0).start[0]
     s.step([Finished(run, Outcome(State.SUCCEEDED, metrics={"throughput": 1.0}), 1.0)], 1.0)
     assert s.step([Progress(run, reading(1, 2))], 2.0).stop == [] and ("a", 1) not in s.record.timings
@@ -268,7 +268,7 @@ def test_the_step_reader_thread_is_joined_when_its_block_ends(tmp_path):
 
 def test_a_stop_the_dead_runner_recorded_is_asked_again_of_the_run_it_left():
     """A runner killed between recording a stop and sending its signal: the one that adopts the run sends it."""
-    s = core([], source=Judge())
+    s = core([], searcher=Judge())
     run = s.adopt(experiment("slow"), 1, {"h": [0]}, since=0.0, stop=StopAsked.of(State.STOPPED, "outclassed: slow"))
     assert s.step([], 1.0).stop == [Stop(run, State.STOPPED, "outclassed: slow", Reason.OUTCLASSED)]
     s.step([Finished(run, Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15), 2.0)], 2.0)

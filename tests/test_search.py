@@ -59,7 +59,7 @@ def spec(**changes):
 
 
 def tune(search, slots=4):
-    return simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_gpu, source=search,
+    return simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=fake_gpu, searcher=search,
                     metric="throughput")
 
 
@@ -147,14 +147,14 @@ def test_a_stage_that_cannot_fit_at_all_costs_one_run_and_a_crash_gives_a_stage_
         return fake_gpu(e)
 
     search = MicroBatchSearch(spec(stages=(2, 3)))
-    played = simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=broken, source=search, metric="throughput").played
+    played = simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=broken, searcher=search, metric="throughput").played
     assert len([p.name for p in played if place(p.name)[0] == 2]) == 1 and search.stages[2].given_up
 
 
 def test_gradient_accumulation_keeps_the_global_batch_and_the_budget_and_patience_stop_it():
     search = MicroBatchSearch(spec(stages=(3,), global_batch=512, max_mbs=512 // 4,
                                    template={"script": "/x", "num_gpus": 4, "num_nodes": 1, "args": []}))
-    played = simulate([], {"h": list(range(8))}, lambda e: 10.0, outcome=fake_gpu, source=search,
+    played = simulate([], {"h": list(range(8))}, lambda e: 10.0, outcome=fake_gpu, searcher=search,
                       metric="throughput").played
     for p in played:
         _, mbs = place(p.name)
@@ -225,7 +225,7 @@ def test_a_search_rebuilt_from_the_ledger_makes_the_same_decisions():
     rebuilt = MicroBatchSearch(spec())
     rebuilt.replay(proposed, ended)
     assert rebuilt.proposed == first.proposed and rebuilt.stages == first.stages
-    went_on, rest = (simulate(proposed[1:], {"h": [0, 1]}, lambda e: 10.0, outcome=fake_gpu, source=search,
+    went_on, rest = (simulate(proposed[1:], {"h": [0, 1]}, lambda e: 10.0, outcome=fake_gpu, searcher=search,
                               metric="throughput").played for search in (first, rebuilt))
     assert [(p.name, p.start) for p in rest] == [(p.name, p.start) for p in went_on]
     assert len({p.name for p in rest} | set(ended)) == len(rest) + len(ended) > 10
@@ -272,7 +272,7 @@ def test_a_sampling_tuner_honours_the_trial_budget_and_early_stopping(tuner):
 
 def played_names(search, slots=1, queued=()):
     return [p.name for p in sorted(simulate(list(queued), {"h": list(range(slots))}, lambda e: 10.0,
-                                            outcome=fake_gpu, source=search, metric="throughput").played,
+                                            outcome=fake_gpu, searcher=search, metric="throughput").played,
                                    key=lambda p: (p.start, p.name))]
 
 
@@ -416,7 +416,7 @@ def test_the_leaders_are_re_run_only_where_their_intervals_overlap(half, reruns)
         return out
 
     search = MicroBatchSearch(spec(confirm=None))
-    played = simulate([], {"h": list(range(4))}, lambda e: 10.0, outcome=measured, source=search,
+    played = simulate([], {"h": list(range(4))}, lambda e: 10.0, outcome=measured, searcher=search,
                       metric="throughput").played
     assert sorted(p.name for p in played if p.name.endswith("_confirm1")) == reruns
 
@@ -446,7 +446,7 @@ def test_re_runs_change_the_winner_when_the_first_measurement_was_a_lucky_outlie
         return out
 
     search = MicroBatchSearch(spec(confirm=None, stages=(2, 3)))
-    played = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=lucky_once, source=search,
+    played = sorted(simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=lucky_once, searcher=search,
                              metric="throughput").played, key=lambda p: p.start)
     names = [p.name for p in played]
     reruns = [name for name in names if name.endswith("_confirm1")]
@@ -514,7 +514,7 @@ def test_a_knob_the_config_fixes_is_never_searched_and_a_list_is_searched_from_i
     search = MicroBatchSearch(full_spec(tmp_path, {"reduce_bucket_size": 5e7, "overlap_comm": [True, False]}))
     launched = []
     simulate([], {"h": [0, 1, 2, 3]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or fake_gpu(e),
-             source=search, metric="throughput")
+             searcher=search, metric="throughput")
     assert launched and all(e.ds_config["zero_optimization"]["reduce_bucket_size"] == 5e7 for e in launched)
     assert not any("rbs" in e.name for e in launched)
     assert {e.name for e in launched if "ovl" in e.name} == {"t_z1_mbs33_ovl0", "t_z2_mbs53_ovl0", "t_z3_mbs90_ovl0"}
@@ -600,7 +600,7 @@ def test_smaller_sizes_are_measured_only_while_they_pay():
         return Outcome(State.SUCCEEDED, metrics={"throughput": 1000 - (mbs - 16) ** 2})
 
     search = MicroBatchSearch(spec(stages=(3,), max_mbs=32, measure=5))
-    played = simulate([], {"h": [0]}, lambda e: 10.0, outcome=cached, source=search, metric="throughput").played
+    played = simulate([], {"h": [0]}, lambda e: 10.0, outcome=cached, searcher=search, metric="throughput").played
     assert [place(p.name)[1] for p in played] == [32, 24, 16, 12]
     assert search.best_size(3) == 16
 
@@ -621,7 +621,7 @@ def test_on_random_fake_gpus_the_best_is_found_within_the_margin_and_nothing_rul
         return Outcome(State.SUCCEEDED, metrics={"throughput": mbs * 100 / (1 + mbs / knee) * (1 - 0.05 * stage)})
 
     search = MicroBatchSearch(spec(max_mbs=top))
-    played = simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, source=search,
+    played = simulate([], {"h": list(range(slots))}, lambda e: 10.0, outcome=outcome, searcher=search,
                       metric="throughput").played
     for p in played:
         stage, mbs = place(p.name)
@@ -662,7 +662,7 @@ def test_without_a_global_batch_sizes_measured_below_the_largest_keep_its_batch(
     launched = []
     bounded = spec(stages=(3,), max_mbs=64, measure=4, base={"gradient_accumulation_steps": 2}, confirm=2)
     search = MicroBatchSearch(bounded)
-    simulate([], {"h": [0]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or smaller_pays(e), source=search,
+    simulate([], {"h": [0]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or smaller_pays(e), searcher=search,
              metric="throughput")
     gas = {e.name: e.ds_config["gradient_accumulation_steps"] for e in launched}
     sizes = {place(e.name)[1]: gas[e.name] for e in launched if "_confirm" not in e.name}
@@ -681,7 +681,7 @@ def test_without_a_global_batch_sizes_measured_below_the_largest_keep_its_batch(
     doubling = MicroBatchSearch(spec(stages=(3,), max_mbs=MAX_MICRO_BATCH, base={"gradient_accumulation_steps": 2},
                                      confirm=3))
     simulate([], {"h": [0]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or smaller_pays(e),
-             source=doubling, metric="throughput")
+             searcher=doubling, metric="throughput")
     names = {e.name: e.ds_config["gradient_accumulation_steps"] for e in launched}
     assert names["t_z3_mbs16"] == 2 and names["t_z3_mbs16_confirm1"] == 2
     for changes in ({"global_batch": 64}, {"base": {"gradient_accumulation_steps": "auto"}}):
@@ -704,7 +704,7 @@ def test_gradient_accumulation_given_as_a_list_is_searched_at_each_stages_best_s
     search = MicroBatchSearch(accumulation_spec(tmp_path))
     launched = []
     simulate([], {"h": [0, 1, 2, 3]}, lambda e: 10.0, outcome=lambda e: launched.append(e) or gas_outcome(e),
-             source=search, metric="throughput")
+             searcher=search, metric="throughput")
     plain = [e for e in launched if "_gas" not in e.name]
     assert plain and all(e.ds_config["gradient_accumulation_steps"] == 1 for e in plain)
     swept = {e.name for e in launched if "_gas" in e.name}
@@ -725,7 +725,7 @@ def test_the_sampling_tuners_draw_the_accumulation_with_the_point_and_replay_it(
 
     live, launched = fresh(), {}
     simulate([], {"h": [0, 1]}, lambda e: 10.0, outcome=lambda e: launched.setdefault(e, gas_outcome(e)),
-             source=live, metric="throughput")
+             searcher=live, metric="throughput")
     assert {e.name.split("_gas")[1] for e in launched if "_gas" in e.name} == {"2", "4"}
     assert all(e.ds_config["gradient_accumulation_steps"] == (int(e.name.split("_gas")[1]) if "_gas" in e.name
                                                               else 1) for e in launched)

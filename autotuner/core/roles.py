@@ -1,5 +1,5 @@
 """The parts a scheduler is plugged into: the `Executor` that carries its starts and stops out, the `Observer`s
-its driver tells, and the `Source` a search feeds the queue through (and that says which running attempts cannot
+its driver tells, and the `Searcher` a search feeds the queue through (and that says which running attempts cannot
 win). Protocols only: the scheduler (scheduler.py) decides, these act, watch and propose.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ An observer that raises is left out from then on (see `Dispatcher._tell`): watch
 An observer may carry a `label` attribute that names it in that note."""
 
 
-class Source(Protocol):
+class Searcher(Protocol):
     """Proposes experiments while slots are free and nothing waits: the hook a searcher (`autotune tune`)
     feeds the queue through. A grid needs none: its fixed list is submitted at the start."""
 

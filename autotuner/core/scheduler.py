@@ -49,14 +49,14 @@ from .outcome import Outcome, StopAsked, with_measured_metric
 from .placement import Pack
 from .queues import BackfillQueue
 from .record import Record
-from .roles import Source
+from .roles import Searcher
 from .slots import Placement, Reservation, SlotPool
 
 Ts = TypeVarTuple("Ts")  # the arguments _quietly passes on
 
 
 def _with_peak(outcome: Outcome, peak_memory: int | None) -> Outcome:
-    """The outcome a Source is told: with the peak measured while the run ran among its metrics (PEAK_MEMORY),
+    """The outcome a Searcher is told: with the peak measured while the run ran among its metrics (PEAK_MEMORY),
     so that a search can correct its memory model by it; a script's own figure stays when nothing was measured."""
     if peak_memory is None:
         return outcome
@@ -113,7 +113,7 @@ class Scheduler:
     retries: int = 1
     timeout: float | None = None  # seconds an attempt may run when its experiment gives none; None: no limit
     deadline: float | None = None  # when the sweep's time is up, on the clock `now` is read from
-    source: Source | None = None
+    searcher: Searcher | None = None
 
     def __post_init__(self) -> None:
         self._queue: BackfillQueue[Queued] = self.queue if self.queue is not None else default_queue(self.pool)
@@ -300,8 +300,8 @@ class Scheduler:
             return
         self._changed = False
         self._place_all(now)
-        while self.source is not None and not self._queue and self.pool.any_free():
-            proposed = list(self.source.propose(self.pool.free_count(), now))
+        while self.searcher is not None and not self._queue and self.pool.any_free():
+            proposed = list(self.searcher.propose(self.pool.free_count(), now))
             if not proposed:
                 break
             self.record.add_experiments(proposed, now)
@@ -352,8 +352,8 @@ class Scheduler:
         adopted = run.key in self._adopted
         self._adopted.discard(run.key)
         again = not self._stopping and self._runs_again(run.experiment.name, outcome, adopted)
-        if self.source is not None and not again:
-            self.source.observe(run, _with_peak(outcome, peak_memory))
+        if self.searcher is not None and not again:
+            self.searcher.observe(run, _with_peak(outcome, peak_memory))
         if again:
             name = run.experiment.name
             item = Queued(run.experiment, self.record.requeue([name], at)[name])
@@ -363,7 +363,7 @@ class Scheduler:
     def _progress(self, event: Progress, now: float) -> None:
         """A running attempt's steps so far: kept in the record (its `measures`, for `status` and the dashboard)
         and told to observers; one seen to run out of memory is ended at once (recorded failed, oom), and one the
-        search says cannot win is stopped (`Source.outclassed`; recorded stopped, outclassed), and one whose config
+        search says cannot win is stopped (`Searcher.outclassed`; recorded stopped, outclassed), and one whose config
         asks it to be measured until sure is ended once it is (spec/sure.py; recorded succeeded). An attempt already
         being stopped, or ended, is left alone."""
         run = event.run
@@ -377,7 +377,7 @@ class Scheduler:
             return
         self.record.measured(run.experiment.name, run.attempt, timing)
         self._note("progress", run, Outcome(State.RUNNING, measured=event.reading))
-        why = self.source.outclassed(run, event.reading) if self.source is not None else None
+        why = self.searcher.outclassed(run, event.reading) if self.searcher is not None else None
         if why is not None:
             self._stop(run, State.STOPPED, why, now, Reason.OUTCLASSED)
             return
@@ -459,8 +459,8 @@ class Scheduler:
         self.record.finish(item.experiment.name, item.attempt, outcome.state, now, reason=outcome.reason,
                            detail=outcome.detail)
         self._note("finished", item, outcome)
-        if self.source is not None:
-            self.source.observe(item, outcome)
+        if self.searcher is not None:
+            self.searcher.observe(item, outcome)
 
     def _note(self, what: str, subject: Run | Queued | str, outcome: Outcome | None = None) -> None:
         self._actions.notes.append(Note(what, subject, outcome))

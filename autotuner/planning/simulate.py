@@ -27,8 +27,8 @@ from ..core import (
     Queued,
     Run,
     Scheduler,
+    Searcher,
     SlotPool,
-    Source,
 )
 from ..core.outcome import REASON_OF, Outcome
 from ..core.scheduler import default_queue
@@ -147,11 +147,11 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
              queue: Callable[[SlotPool], BackfillQueue[Queued]] = default_queue,
              placement: Placement | None = None, timeout: float | None = None, start: float = 0.0,
              underway: Sequence[Underway] = (), down: Sequence[str] = (), measure: bool = False,
-             outcome: Callable[[Experiment], Outcome] | None = None, source: Source | None = None,
+             outcome: Callable[[Experiment], Outcome] | None = None, searcher: Searcher | None = None,
              metric: str = "") -> Timeline:
     """Play `experiments` (in queue order) on `slots` with the scheduler the runner uses. `timeout`: the
     sweep's default per-attempt limit; `underway`: runs that hold their slots already, `down`: hosts not up
-    (a sweep re-planned while it runs). `outcome`: how each run ends (default: succeeded); `source`: a searcher
+    (a sweep re-planned while it runs). `outcome`: how each run ends (default: succeeded); `searcher`: a searcher
     that proposes experiments as slots free up (`metric` names the value it is told). `measure`: time each
     step, for the benchmark."""
     pool = SlotPool(slots)
@@ -159,7 +159,7 @@ def simulate(experiments: Sequence[Experiment], slots: Mapping[str, Sequence[int
         pool.mark_down(host)
     record = MemoryRecord()
     scheduler = Scheduler(record, pool, "plan", Path("plan"), metric, queue=queue(pool),
-                          placement=placement or Pack(), retries=0, timeout=timeout, source=source)
+                          placement=placement or Pack(), retries=0, timeout=timeout, searcher=searcher)
     record.add_experiments(experiments, start)
     scheduler.submit(Queued(e, 1) for e in experiments)
     clock = [start]

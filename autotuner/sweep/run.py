@@ -22,7 +22,7 @@ from ..backends.launch import Launcher
 from ..backends.recovery import recover, stops_asked
 from ..backends.registry import backend_for
 from ..backends.watch import env_seconds
-from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, SlotPool, Source
+from ..core import CheckRequests, Interrupt, Observer, Placement, Queued, Scheduler, Searcher, SlotPool
 from ..core.placement import PLACEMENTS, placement_named
 from ..core.slots import Devices, devices_from_json
 from ..errors import UserError, shown
@@ -212,7 +212,7 @@ def _dispatch(directory: Path, ledger: Ledger, options: Options, backend: Backen
     scheduler = Scheduler(ledger, slot_pool, meta.sweep_id, directory.resolve(), metric_named(meta.metric).name,
                           placement=placement, retries=options.retries, timeout=options.timeout,
                           deadline=None if options.deadline is None else now + options.deadline,
-                          source=_search(ledger, meta.search) if meta.search is not None else
+                          searcher=_search(ledger, meta.search) if meta.search is not None else
                           _judge(ledger) if options.stop_outclassed else None)
     inbox = Inbox()
     executor = attached.executor(inbox.post)
@@ -262,7 +262,7 @@ def _placement(ledger: Ledger, options: Options, attached: Attached,
     return placement_named(name, types, meta.gpu_memory, memory.measure, devices, meta.slots), memory
 
 
-def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Source:
+def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Searcher:
     """`autotune tune`'s search (`spec`: the ledger's meta `search`), rebuilt from the ledger: what it proposed
     and what came of it (search.py)."""
     search = search_for(SearchSpec.from_json(spec))
@@ -275,7 +275,7 @@ def _search(ledger: Ledger, spec: Mapping[str, JSON]) -> Source:
     return search
 
 
-def _judge(ledger: Ledger) -> Source:
+def _judge(ledger: Ledger) -> Searcher:
     """`--stop-outclassed` of a grid (tune/outclass.py), told what succeeded before, each on its hosts' GPU type."""
     meta = ledger.meta()
     judge = GridJudge(metric_named(meta.metric), meta.gpu_types or {})

@@ -96,7 +96,7 @@ def bounded(reading: StepReading) -> Bounds | None:
 
 
 class GridJudge:
-    """`run --stop-outclassed`: a grid's Source. It proposes nothing (a grid's experiments are queued at its start)
+    """`run --stop-outclassed`: a grid's Searcher. It proposes nothing (a grid's experiments are queued at its start)
     and stops a running experiment that cannot beat one that succeeded on the same GPU type (`types`: each host's;
     measurements of two types do not compare), by the rule above. `keep` what succeeded before a resume."""
 

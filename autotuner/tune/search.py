@@ -1,6 +1,6 @@
 """`autotune tune`'s search: the fastest (ZeRO stage, micro-batch size) without a hand-written grid.
 
-A `Source` for the scheduler (core/roles.py): whenever slots are free and nothing waits, it is asked for the
+A `Searcher` for the scheduler (core/roles.py): whenever slots are free and nothing waits, it is asked for the
 next experiments, it learns from every run that ends, and at each reading of a running run's steps it says
 whether that run can still win (outclass.py). Three tuners (DeepSpeed's `tuner_type`) share what
 is learnt (`Search`: knowledge.py, the memory model's loop in memory_loop.py) and differ only in which point
@@ -39,10 +39,10 @@ from .reruns import confirm_count, interval_of, rerun_of, to_rerun
 
 
 class Search(MemoryLoop):
-    """What every tuner shares (see the module docstring): the Source protocol, the confirming re-runs, replay.
+    """What every tuner shares (see the module docstring): the Searcher protocol, the confirming re-runs, replay.
     A subclass says which points to try next (`choose`)."""
 
-    # --- the Source protocol ------------------------------------------------------------------------------
+    # --- the Searcher protocol ------------------------------------------------------------------------------
     def propose(self, free_slots: int, now: float) -> list[Experiment]:
         """The next experiments; none while every point worth trying waits for a run, or the budget is spent.
         Once the search is over and nothing runs, the confirming re-runs."""

@@ -52,7 +52,7 @@ def sizes(gpus: Sequence[int], nodes: Sequence[int]) -> tuple[tuple[int, int], .
 
 
 class WorldSearch:
-    """One tuner per world size (`SearchSpec.worlds`), sharing the slots; a Source for the scheduler."""
+    """One tuner per world size (`SearchSpec.worlds`), sharing the slots; a Searcher for the scheduler."""
 
     def __init__(self, spec: SearchSpec, searches: Sequence[Search]) -> None:
         self.spec = spec
