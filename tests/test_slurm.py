@@ -143,7 +143,8 @@ exec sh {tmp_path / 'node.sh'}
     standin(tmp_path)
     spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
     two = write_sweep(tmp_path, range(1), name="m", extra="num_gpus: 1\n  num_nodes: 2", filename="two.hjson")
-    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1_0")
+    # port 3: no run of ours has it, nor another file's test of this (an xdist worker may run one at once)
+    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_3_0")
     other.touch()
     try:
         done = autotune("run", spec, two, "--slurm", "--launcher", f"sh {node}", "-o", tmp_path / "r", "-q",
