@@ -115,9 +115,15 @@ def ray(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
 
 
 CLUSTERS = {"local": local, "ssh": ssh, "slurm": slurm, "ray": ray}
+LABS = {"ssh": "ssh_nodes", "slurm": "slurm_lab", "ray": "ray_lab"}  # the lab fixture each cluster asks for
 
 
-@pytest.fixture(params=list(CLUSTERS))
+def reaching(kinds: list[str]) -> list[object]:
+    """`where`'s params: each marked with the lab it asks for at run time (tests/conftest.py groups by it)."""
+    return [pytest.param(kind, marks=[pytest.mark.lab(LABS[kind])] if kind in LABS else []) for kind in kinds]
+
+
+@pytest.fixture(params=reaching(list(CLUSTERS)))
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Where]:
     with CLUSTERS[request.param](request, tmp_path) as reached:
         yield reached
@@ -279,7 +285,7 @@ def test_a_stop_then_kill_9_during_it_reads_as_the_stop(where, tmp_path, runners
     sweep.nothing_left()
 
 
-LOSABLE = [kind for kind in CLUSTERS if kind != "local"]  # this machine alone has no other host to lose
+LOSABLE = reaching([kind for kind in CLUSTERS if kind != "local"])  # this machine alone has no other host to lose
 
 
 @pytest.mark.parametrize("where", LOSABLE, indirect=True)

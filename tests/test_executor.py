@@ -39,6 +39,7 @@ echo "$port" >> "$PORTS_LOG"
 : > "/dev/shm/deepspeed_allreduce_buffer_$(id -u)_127.0.0.1_${port}_0"
 printf '{"throughput": 1.0}\\n' > "$AUTOTUNE_METRICS_PATH"
 """)
+    # port 1: no run of ours has it, nor another file's test of this (an xdist worker may run one at once)
     other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1_0")
     other.touch()
     try:

@@ -214,10 +214,13 @@ def test_with_pack_the_same_sweep_takes_the_busy_gpu(tmp_path, monkeypatch):
 
 # --- learned memory ---------------------------------------------------------------------------------------------
 # A stand-in that tells the FakeNvml which GPUs it runs on (its --include) and its pid; fails s_x1's first launch.
+# gpu.pid appears whole (written aside, then renamed): the reader polls it, and a loaded machine let it read the
+# file between the shell's truncating and writing it (an empty line, which killed the peak reader's thread).
 HOLD_GPU = SLEEP_THEN_SUCCEED.replace(
     'sleep "${STANDIN_SECONDS:-0.1}"\n',
     'prev=; for a; do [ "$prev" = --include ] && gpus=${a#*:}; prev=$a; done\n'
-    'echo "$$ $gpus" > "$(dirname "$AUTOTUNE_METRICS_PATH")/gpu.pid"\n'
+    'here=$(dirname "$AUTOTUNE_METRICS_PATH")\n'
+    'echo "$$ $gpus" > "$here/gpu.pid.part" && mv "$here/gpu.pid.part" "$here/gpu.pid"\n'
     'sleep "${STANDIN_SECONDS:-0.1}"\n'
     'if [ "$name" = s_x1 ] && mkdir "$LAUNCH_LOG.failed" 2>/dev/null; then exit 1; fi\n')
 HOLDS = {"s_x1": 30 * GiB, "s_x2": 12 * GiB, "s_x3": 8 * GiB}  # what each stand-in run holds on its GPU

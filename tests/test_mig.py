@@ -335,10 +335,13 @@ def test_the_memory_placement_of_a_sweep_puts_runs_only_on_the_instance_with_roo
             for a in attempts} == {MIG_3G}
 
 
+# gpu.pid appears whole (written aside, then renamed): the peak reader polls it, and may do so mid-write.
 HOLDING = STANDIN + """\
 import time
-with open(os.path.join(os.path.dirname(path), "gpu.pid"), "w") as f:
+pid_path = os.path.join(os.path.dirname(path), "gpu.pid")
+with open(pid_path + ".part", "w") as f:
     f.write(f"{os.getpid()} {os.environ['CUDA_VISIBLE_DEVICES']}")
+os.replace(pid_path + ".part", pid_path)
 time.sleep(2.5)  # past two of the peak reader's readings (one a second)
 """
 

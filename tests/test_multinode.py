@@ -87,7 +87,8 @@ echo "$addr $port" >> {tmp_path / 'buffers'}
 : > "/dev/shm/deepspeed_allreduce_buffer_$(id -u)_${{addr}}_${{port}}_0"
 exec sh {STANDIN}
 """)
-    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1_0")
+    # port 2: no run of ours has it, nor another file's test of this (an xdist worker may run one at once)
+    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_2_0")
     other.touch()
     try:
         out = autotune("run", sweep(tmp_path, n=3), "-H", hostfile(tmp_path, ("node-1", 2), ("node-2", 2)),

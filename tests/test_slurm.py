@@ -143,7 +143,8 @@ exec sh {tmp_path / 'node.sh'}
     standin(tmp_path)
     spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1")
     two = write_sweep(tmp_path, range(1), name="m", extra="num_gpus: 1\n  num_nodes: 2", filename="two.hjson")
-    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_1_0")
+    # port 3: no run of ours has it, nor another file's test of this (an xdist worker may run one at once)
+    other = Path(f"/dev/shm/deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_3_0")
     other.touch()
     try:
         done = autotune("run", spec, two, "--slurm", "--launcher", f"sh {node}", "-o", tmp_path / "r", "-q",
@@ -467,9 +468,11 @@ def test_tune_inside_slurm_searches_on_steps(slurm_lab, allocation, tmp_path):
 
 
 # Writes its metrics only at the end: a run cut short by its node's failure has none.
+# Ends once the test opens $GATE (after its node was lost and the run started again): however slow the machine, the
+# node fails under the step, never after it ended (a 6 s sleep did, at load 12).
 METRICS_AT_THE_END = """\
 #!/bin/sh
-sleep "${STANDIN_SECONDS:-0.5}"
+while [ ! -e "$GATE" ]; do sleep 0.05; done
 if [ "$SLURM_NODEID" = 0 ]; then printf '{"throughput": 2.0}\\n' > "$AUTOTUNE_METRICS_PATH"; fi
 """
 
@@ -484,7 +487,8 @@ def test_a_node_failing_under_a_step_loses_its_run_which_runs_again_elsewhere(sl
     launcher = tmp_path / "late.sh"
     launcher.write_text(METRICS_AT_THE_END)
     results = tmp_path / "r"
-    environ = lab_env(slurm_lab, job, STANDIN_SECONDS=6) | {"AUTOTUNE_SLURM_POLL": "60"}  # not the watcher
+    gate = tmp_path / "gate"
+    environ = lab_env(slurm_lab, job, GATE=gate) | {"AUTOTUNE_SLURM_POLL": "60"}  # not the watcher
     proc = runners.start("run", spec, "--slurm", "--launcher", f"sh {launcher}", "-o", results, "-q",
                          environ=environ, directory=results)
     try:
@@ -492,6 +496,8 @@ def test_a_node_failing_under_a_step_loses_its_run_which_runs_again_elsewhere(sl
                    "the step recorded")
         (node,) = attempts(results)[0].slots
         slurm_lab.down(node, "psu")
+        wait_until(lambda: len(attempts(results)) == 2, 120, "the run started again after its node was lost")
+        gate.touch()
         code, _, err = finish(proc)
     finally:
         slurm_lab.start_node(node)  # back in service once its slurmd registers (ReturnToService=2)
