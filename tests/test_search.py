@@ -12,6 +12,7 @@ import pytest
 
 from autotuner.core.outcome import Outcome
 from autotuner.planning.simulate import simulate
+from autotuner.spec.sure import SURE_STEPS
 from autotuner.states import Reason, State
 from autotuner.tune.gridsearch import WORTH, MicroBatchSearch
 from autotuner.tune.model_based import ASKS
@@ -399,20 +400,23 @@ def test_the_best_configs_are_run_again_once_the_search_is_over():
     assert [p.name for p in few] == ["t_z3_mbs2", "t_z3_mbs1_gas2"]  # below the largest, its batch kept
 
 
-@pytest.mark.parametrize("half, reruns", [
-    (0.001, []),  # each first run known within 0.1%: the best two (3179, 3149) are told apart, nothing re-run
-    (0.02, ["t_z3_mbs88_confirm1", "t_z3_mbs90_confirm1"]),  # within 2%: their intervals overlap, both re-run
+@pytest.mark.parametrize("half, steps, reruns", [
+    (0.001, None, []),  # each first run known within 0.1%: the best two (3179, 3149) are told apart, no re-run
+    (0.001, SURE_STEPS, []),  # the same, of the fewest measured steps an interval is trusted with
+    (0.001, SURE_STEPS - 1, ["t_z3_mbs88_confirm1", "t_z3_mbs90_confirm1"]),  # fewer: narrow by chance, both re-run
+    (0.02, None, ["t_z3_mbs88_confirm1", "t_z3_mbs90_confirm1"]),  # within 2%: their intervals overlap, both re-run
 ])
-def test_the_leaders_are_re_run_only_where_their_intervals_overlap(half, reruns):
+def test_the_leaders_are_re_run_only_where_their_intervals_overlap(half, steps, reruns):
     """A run's interval (its METRIC_low and METRIC_high, spec/interval.py) says whether one more run is needed:
-    a leader whose interval is clear of every other leader's is not re-run; one without an interval is, as
-    before."""
+    a leader whose interval is clear of every other leader's is not re-run; one without an interval, or with one
+    of fewer than SURE_STEPS measured steps (two steps of DeepSpeed's default window), is, as before."""
     def measured(e):
         out = fake_gpu(e)
         if out.metrics:
             value = out.metrics["throughput"]
             return Outcome(State.SUCCEEDED, metrics={"throughput": value, "throughput_low": value * (1 - half),
-                                                     "throughput_high": value * (1 + half)})
+                                                     "throughput_high": value * (1 + half)}
+                           | ({"steps_measured": float(steps)} if steps is not None else {}))
         return out
 
     search = MicroBatchSearch(spec(confirm=None))

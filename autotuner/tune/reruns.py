@@ -1,12 +1,15 @@
 """The confirming re-runs: when the search is over, its best configs are run once more (`NAME_confirm1`) and ranked
 by the mean of their runs, so that one lucky measurement does not name the winner. Their names, how many are
 re-run, and which ones next: pure functions of what the search learnt (search.py proposes them). A leader whose
-first run's interval (spec/interval.py: METRIC_low, METRIC_high) is clear of every other leader's is told apart
-already and not re-run; one whose interval overlaps another's, or that has none, is."""
+first run's interval (spec/interval.py: METRIC_low, METRIC_high, of at least SURE_STEPS measured steps) is clear of
+every other leader's is told apart already and not re-run; one whose interval overlaps another's, or that has none,
+is."""
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Collection, Mapping
+
+from ..spec.sure import SURE_STEPS
 
 DEFAULT_CONFIRM = 2  # configs re-run when the user says nothing, once more than this many succeeded
 RERUN = re.compile(r"(.+)_confirm([0-9]+)")
@@ -67,6 +70,12 @@ def overlapping(name: str, leaders: Collection[str], intervals: Mapping[str, Bou
 
 
 def interval_of(metrics: Mapping[str, float] | None, metric: str) -> Bounds | None:
-    """A run's interval of `metric` among its recorded metrics (METRIC_low, METRIC_high), None where it has none."""
+    """A run's interval of `metric` among its recorded metrics (METRIC_low, METRIC_high), None where it has none or
+    rests on fewer than SURE_STEPS measured steps (`steps_measured`): as for being sure (spec/sure.py), the width
+    of fewer batches rests on one degree of freedom, narrow by chance often enough that two such intervals would
+    tell configs apart (no re-run, a stop) that are not."""
     low, high = (metrics or {}).get(f"{metric}_low"), (metrics or {}).get(f"{metric}_high")
+    steps = (metrics or {}).get("steps_measured")
+    if steps is not None and steps < SURE_STEPS:
+        return None
     return (low, high) if low is not None and high is not None else None
