@@ -325,10 +325,10 @@ def test_a_host_lost_while_no_runner_is_alive_its_run_runs_again_elsewhere_on_re
     sweep.open()
     code, out, err = rig.finish(resumed, 300)
     assert code == 0, (out, err)
-    assert all(word in out for word in told), out
+    assert all(word in out for word in told), (out, err)
     where.own_lines(out + err)
     runs = sweep.tries()
-    assert runs.pop(victim)[:1] == [(1, State.INTERRUPTED, Reason.LOST)], out
+    assert runs.pop(victim)[:1] == [(1, State.INTERRUPTED, Reason.LOST)], (out, err)
     again = rig.latest(sweep.dir)[victim]
     assert (again.attempt, again.state) == (2, State.SUCCEEDED) and host not in again.slots
     assert runs == {n: [(1, State.SUCCEEDED, None)] for n in NAMES if n != victim}

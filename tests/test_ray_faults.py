@@ -21,7 +21,7 @@ from pathlib import Path
 from test_ray import lab_env, node_lines, standin
 
 from autotuner.backends.ray.nodes import host_of
-from autotuner.states import State
+from autotuner.states import Reason, State
 
 from cli_rig import attempts, autotune, finish, latest, sweep_id, tagged_pids, wait_until, write_sweep
 
@@ -147,6 +147,38 @@ def test_a_node_and_the_runner_lost_together_resume_adopts_recovers_and_reruns(r
             [(n, 1) for n in names if n != victim_name] + [(victim_name, 2)])  # adopted, and the lost one again
         lost = next(a for a in runs if a.name == victim_name and a.attempt == 1)
         assert lost.state == State.INTERRUPTED, lost
+        nothing_left(ray_lab, results)
+
+
+def test_a_node_ray_declared_dead_while_no_runner_was_alive_is_named_and_its_run_runs_again(ray_lab, tmp_path,
+                                                                                             runners):
+    """The runner killed -9, then a worker killed, and `resume` only once Ray lists that node dead: the node is no
+    longer among the cluster's, yet the run a dead runner left on it is adopted and found lost with it, the host
+    named, and run again elsewhere (before, the sweep's slots were read again without it, and its run was taken
+    for one on slots not the sweep's: ended and queued again, the host never named)."""
+    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 2")
+    results = tmp_path / "r"
+    names = ["s_x0", "s_x1", "s_x2"]
+    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 10), "-o", results, "-q",
+                         environ=lab_env(ray_lab), directory=results)
+    with losing_a_worker(ray_lab) as workers:
+        hosts = going_everywhere(proc, ray_lab, results, names)
+        victim_name, victim = next((n, h) for n, h in hosts.items() if h in workers.workers)
+        proc.send_signal(signal.SIGKILL)
+        finish(proc)
+        workers.kill(victim)
+        dead = workers.killed[-1][1]
+        wait_until(lambda: dead not in {n["NodeID"] for n in ray_lab.alive()}, 120, "Ray lists the node dead")
+        done = autotune("resume", results, environ=lab_env(ray_lab), timeout=600)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+        own_lines_only(done.stdout, done.stderr)
+        assert victim in done.stdout and "not theirs to hold" not in done.stderr, done.stdout + done.stderr
+        runs = attempts(results)
+        lost = next(a for a in runs if a.name == victim_name and a.attempt == 1)
+        assert (lost.state, lost.reason) == (State.INTERRUPTED, Reason.LOST), lost
+        assert sorted((a.name, a.attempt) for a in runs if a.state == State.SUCCEEDED) == sorted(
+            [(n, 1) for n in names if n != victim_name] + [(victim_name, 2)])
+        assert not [a for a in runs if a.name == victim_name and a.attempt == 2 and victim in a.slots]
         nothing_left(ray_lab, results)
 
 

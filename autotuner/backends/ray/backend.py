@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import (  # Ray comes in as a ModuleType (imported once a cluster is reached): what it returns is Any
@@ -32,6 +33,7 @@ from ...ledger.store import Attempt, Ledger, SweepMeta
 from ...spec import Sweep
 from ...spec.hostfile import HOSTFILE, format_hostfile
 from ...spec.metrics import metric_named
+from ...states import State
 from ..base import Admit, Given, HostsCheck, MemoryReading, admit_all, recorded, write_record
 from ..cluster import Cluster
 from ..flags import Declared, routed
@@ -160,8 +162,9 @@ class RayBackend:
         if self._nodes is None:
             self.reach()
         nodes = self._nodes or []
-        cluster = cluster_of(nodes)
         meta = self.ledger.meta()
+        cluster = _with_gone(cluster_of(nodes), meta, self.ledger.in_state(State.RUNNING))
+        self._lost.update(dict.fromkeys(set(cluster.slots) - {n.host for n in nodes}, "Ray no longer lists the node"))
         record = record_of(self.address, nodes)
         MESSAGES.to(self.directory / RAY_LOG)  # the lock held: what Ray says from now on is the sweep's to keep
         if recorded(meta, self.kind) != record or dict(meta.slots) != dict(cluster.slots):
@@ -285,6 +288,19 @@ class RayAttached:
         with contextlib.ExitStack() as stack:
             for resource in reversed([r for r in closing if r is not None]):
                 stack.callback(resource.close)
+
+
+def _with_gone(cluster: Cluster, meta: SweepMeta, running: Sequence[Attempt]) -> Cluster:
+    """The live nodes' cluster, and the recorded hosts a dead runner's attempts still run on that Ray lists no
+    more (it declared them dead while no runner was alive): kept, so that those attempts are adopted and found
+    lost with their host, as under a runner, rather than taken for attempts on slots not the sweep's."""
+    gone = {h: meta.slots[h] for a in running for h in a.slots if h in meta.slots and h not in cluster.slots}
+    if not gone:
+        return cluster
+    return replace(cluster, slots={**cluster.slots, **gone},
+                   capacity={**cluster.capacity, **{h: meta.capacity.get(h, len(ids)) for h, ids in gone.items()}},
+                   types={**cluster.types, **{h: t for h in gone if (t := (meta.gpu_types or {}).get(h))}},
+                   memory={**cluster.memory, **{h: m for h in gone if (m := (meta.gpu_memory or {}).get(h))}})
 
 
 def sharing(ray: ModuleType, nodes: Sequence[RayNode], directory: Path) -> tuple[list[str], dict[str, str]]:
