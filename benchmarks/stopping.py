@@ -25,6 +25,15 @@ run's mean (--noise / sqrt(--steps), twice that); and the floor of each tune's r
 every run that fit cost what a run out of memory did (start-up and the launch's overhead) plus warm-up and the 4
 measured steps stopping needs, against the fixed tune. --against DIR runs another source tree's stopping and sure
 tunes too, each trial interleaved with this tree's (the fixed tune reads no steps: its code path is the same).
+
+--memory-known: the GPUs' memory is known to the tune, as nvidia-smi or a hostfile's gpu= tells it on a GPU cluster.
+The hostfile states 2 x --slots GPUs of type A100-80GB (80e9 bytes), each run takes 2 of them (ZeRO partitions over
+2, so its stages need different memory), and the stand-in runs out of memory by its DeepSpeed-like need
+(OOM_STANDIN_MODEL: an fp16 model with Adam of P parameters, A bytes of activations a sample, and --context bytes the
+runtime keeps), which is what the tune's memory model (tune/memory_model.py) predicts, less its headroom. P and A are
+chosen so that the largest sizes that fit are the plain rule's, z1 35, z2 40, z3 45: the same best and close
+second, the same law of throughput. `profile`: the tune learns P and A from a profile run, as DeepSpeed's
+autotuner does; `stated`: the config's model_info states them, and no profile run is made.
 """
 from __future__ import annotations
 
@@ -52,14 +61,45 @@ from autotuner.views.gpu_hours import gpu_hours  # noqa: E402
 
 STANDIN = ROOT / "tests" / "oom_standin.sh"
 NAME = re.compile(r"_z(\d)_mbs(\d+)")
+GPU = 80e9  # bytes of the hostfile's A100-80GB, as gpu/types.py reads its name
+GPUS = 2  # a run's GPUs when the memory is known: ZeRO's stages then differ in what each GPU holds
 
 
-def out_of_memory(name: str) -> bool:
-    """Whether the stand-in's plain rule runs a config out of its fake GPU's memory."""
-    found = NAME.search(name)
-    assert found, name
-    stage, mbs = int(found.group(1)), int(found.group(2))
-    return {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs > 100
+@dataclass(frozen=True)
+class Memory:
+    """The stand-in's memory need (tests/oom_standin.sh): its plain rule, or, known to the tune, a model of `params`
+    parameters (fp16, Adam) and `per_sample` bytes of activations on 2 GPUs, beside `context` bytes the runtime
+    keeps."""
+
+    known: bool = False
+    context: float = 1.5e9
+
+    @property
+    def per_sample(self) -> float:
+        """Largest sizes z3 45, z2 40, z1 35: at 2 GPUs z3 holds 8 bytes a parameter, z2 9, z1 10, so 5 samples a
+        stage apart with params = 5 x per_sample, and 85 samples' room (45 + 8 x 5) with half a sample to spare."""
+        return (GPU - self.context) / 85.5
+
+    @property
+    def params(self) -> float:
+        return 5 * self.per_sample
+
+    def need(self, stage: int, mbs: int) -> float:
+        """Bytes one GPU needs (the stand-in's sum: weights, gradients, Adam partitioned over the 2 GPUs)."""
+        p = self.params
+        return (2 * p / (GPUS if stage >= 3 else 1) + 2 * p / (GPUS if stage >= 2 else 1)
+                + 12 * p / (GPUS if stage >= 1 else 1) + self.per_sample * mbs + self.context)
+
+    def out_of_memory(self, name: str) -> bool:
+        """Whether the stand-in runs a config out of its fake GPU's memory (False for a profile run)."""
+        found = NAME.search(name)
+        if found is None:
+            assert name.endswith("_profile") or "_profile_z" in name, name
+            return False
+        stage, mbs = int(found.group(1)), int(found.group(2))
+        if self.known:
+            return self.need(stage, mbs) > GPU
+        return {0: 40, 1: 30, 2: 20, 3: 10}[stage] + 2.0 * mbs > 100
 
 
 def law(stage: int, mbs: int) -> float:
@@ -101,14 +141,20 @@ def tune(work: Path, seed: int, mode: str, args: argparse.Namespace, root: Path 
                    OOM_STANDIN_SECONDS=str(args.startup), OOM_STANDIN_STEPS=f"{args.steps} {args.step_seconds}",
                    OOM_STANDIN_STEP_NOISE=f"{args.noise} {seed}",
                    AUTOTUNE_PROGRESS_POLL="1e6" if mode == "fixed" else "0.1")
+    memory = memory_of(args)
+    if memory.known:
+        environ |= {"OOM_STANDIN_MODEL": f"{memory.params:.0f} {memory.per_sample:.0f} {GPU:.0f}",
+                    "OOM_STANDIN_CONTEXT": f"{memory.context:.0f}"}
+    where = ["-H", "hostfile", "--num_gpus", str(GPUS)] if memory.known else ["--slots", str(args.slots)]
     # The stand-in measured until sure steps to end_profile_step + 1 = 3 + max + 1: as many as a fixed run, unless
     # --sure-steps gives the sure tune a window of its own (DeepSpeed's default window, 6 steps, is too short to be
     # sure of anything).
     measuring = ["--tolerance", str(args.tolerance), "--max-measured-steps", str((args.sure_steps or args.steps) - 4)] \
         if mode == "sure" else ["--tolerance", "off"]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "autotuner", "tune", "--slots", str(args.slots), "--launcher",
-                           f"sh {STANDIN}", *measuring, "-o", str(out), "train.py", "--deepspeed_config", "ds.json"],
+    done = subprocess.run([sys.executable, "-m", "autotuner", "tune", *where, "--launcher", f"sh {STANDIN}",
+                           *measuring, "-o", str(out), "train.py", "--deepspeed_config",
+                           "ds-stated.json" if args.memory_known == "stated" else "ds.json"],
                           cwd=work, env=environ, capture_output=True, text=True, timeout=600)
     wall = time.monotonic() - started
     if done.returncode != 0:
@@ -117,7 +163,7 @@ def tune(work: Path, seed: int, mode: str, args: argparse.Namespace, root: Path 
     assert best, done.stdout
     records = autotuner.load(out).records
     stopped = [r.name for r in records if r.state == autotuner.State.STOPPED]
-    startup = sum(r.metrics.get("startup_s", 0.0) for r in records) / 3600  # one GPU a run
+    startup = sum(r.metrics.get("startup_s", 0.0) for r in records) * (GPUS if memory.known else 1) / 3600
     reruns = sum(r.gpu_hours or 0.0 for r in records if "_confirm" in r.name)
     early = sum(1 for r in records if (r.reason or "") == "" and "until sure" in (r.detail or ""))
     hours = gpu_hours(autotuner.snapshot(out))
@@ -147,16 +193,27 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write each trial's figures here")
     parser.add_argument("--against", type=Path, help="a source tree (git archive REV | tar -x -C DIR) whose "
                         "stopping and sure tunes run too, interleaved with this tree's, each trial")
+    parser.add_argument("--memory-known", nargs="?", const="profile", choices=("profile", "stated"),
+                        help="the GPUs' memory known to the tune, the stand-in's need its memory model's; the model's "
+                        "facts from a profile run (default) or stated in model_info")
+    parser.add_argument("--context", type=float, default=1.5e9, help="with --memory-known: bytes the runtime keeps "
+                        "on a GPU, beyond the model's need (the tune's model keeps 5%%, 4e9)")
     args = parser.parse_args()
+    memory = memory_of(args)
     margin = 2 * args.noise / math.sqrt(args.steps)  # twice the noise of a run's mean
     rows: list[dict[str, Tuned]] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "train.py").write_text("# stand-in: the launcher never runs it\n")
-        (work / "ds.json").write_text(json.dumps({
-            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": [1, 2, 3]},
-            "autotuning": {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}}))
+        autotuning = {"enabled": True, "metric": "throughput", "max_train_micro_batch_size_per_gpu": 64}
+        ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+              "zero_optimization": {"stage": [1, 2, 3]}, "autotuning": autotuning}
+        if memory.known:  # what the memory model reads of a config: fp16, Adam; the GPUs from the hostfile
+            ds |= {"fp16": {"enabled": True}, "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}}
+            (work / "hostfile").write_text(f"localhost slots={GPUS * args.slots} gpu=A100-80GB\n")
+            stated = {"num_params": round(memory.params), "activation_mem_per_gpu": round(memory.per_sample)}
+            (work / "ds-stated.json").write_text(json.dumps(ds | {"autotuning": autotuning | {"model_info": stated}}))
+        (work / "ds.json").write_text(json.dumps(ds))
         for seed in range(args.trials):
             row = {mode: tune(work, seed, mode, args) for mode in MODES}
             if args.against:
@@ -194,23 +251,30 @@ def main() -> None:
               f"{statistics.median(t.experiments for t in tuned)}, stopped "
               f"{statistics.median(len(t.stopped) for t in tuned)}, "
               f"ended once sure {statistics.median(t.early for t in tuned)}; named best's true value / the law's "
-              f"best {statistics.median(true_value(t.best) / law(3, 45) for t in tuned):.4f}")
+              f"best {statistics.median(true_value(t.best) / law(3, 45) for t in tuned):.4f}, named it "
+              f"(z3 mbs45) {sum(t.best.endswith('_z3_mbs45') for t in tuned)}/{len(tuned)}")
         # The floor of this tune's runs: those out of memory as they were (start-up and the launch's overhead),
         # every other run at the median of their cost plus warm-up and MIN_STEPS measured steps (6), against fixed.
-        floors = [_floor(t, args.step_seconds) / r["fixed"].hours for t, r in zip(tuned, rows, strict=True)]
-        print(f"{mode}: runs out of memory {statistics.median(sum(map(out_of_memory, t.held)) for t in tuned)}, "
-              f"{statistics.median(sum(h for n, h in t.held.items() if out_of_memory(n)) * 3600 for t in tuned):.1f}"
+        floors = [_floor(t, args.step_seconds, memory) / r["fixed"].hours for t, r in zip(tuned, rows, strict=True)]
+        oom = memory.out_of_memory
+        print(f"{mode}: runs out of memory {statistics.median(sum(map(oom, t.held)) for t in tuned)}, "
+              f"{statistics.median(sum(h for n, h in t.held.items() if oom(n)) * 3600 for t in tuned):.1f}"
               f" GPU-s; floor of its runs / fixed: median {statistics.median(floors):.3f}")
     if args.json:
         args.json.write_text(json.dumps([{"seed": seed, **{mode: vars(t) for mode, t in row.items()}}
                                          for seed, row in enumerate(rows)], indent=1))
 
-def _floor(t: Tuned, step_seconds: float) -> float:
-    """GPU-hours of `t`'s runs had each that did not run out of memory cost what one that did, plus 6 steps."""
-    short = [h for n, h in t.held.items() if out_of_memory(n)]
-    if not short:
-        return t.hours
-    return sum(short) + (len(t.held) - len(short)) * (statistics.median(short) + 6 * step_seconds / 3600)
+def memory_of(args: argparse.Namespace) -> Memory:
+    return Memory(args.memory_known is not None, args.context)
+
+
+def _floor(t: Tuned, step_seconds: float, memory: Memory) -> float:
+    """GPU-hours of `t`'s runs had each that did not run out of memory (or profile) cost what one that did, plus 6
+    steps; with no such run, each run its measured start-up plus 6 steps."""
+    gpus = GPUS if memory.known else 1
+    short = [h for n, h in t.held.items() if memory.out_of_memory(n) or NAME.search(n) is None]
+    each = statistics.median(short) if short else t.startup_hours / max(len(t.held), 1)
+    return sum(short) + (len(t.held) - len(short)) * (each + 6 * step_seconds * gpus / 3600)
 
 
 if __name__ == "__main__":
