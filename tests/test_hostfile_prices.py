@@ -86,13 +86,18 @@ def test_a_tune_with_no_training_run_stated_is_priced_by_its_hostfile_when_a_rep
     assert "A100-80GB 3" in text and "not priced" not in text
 
 
-def test_a_run_sweep_is_priced_by_its_hostfile(tmp_path):
-    write_sweep(tmp_path, [1, 2])
+def priced_run(tmp_path: Path, values: list[int]) -> None:
+    """A run sweep of the stand-in on a hostfile that prices its type at 2.5, ended (results in `res`)."""
+    write_sweep(tmp_path, values)
     (tmp_path / "hostfile").write_text("localhost slots=2 gpu=A100-80GB gpu_hour_cost=2.5\n")
     launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)
     ran = autotune("run", tmp_path / "sweep.hjson", "--hostfile", tmp_path / "hostfile", "-o", tmp_path / "res",
                    "--launcher", launcher, environ=env(LAUNCH_LOG=tmp_path / "log", STANDIN_SECONDS="0"))
     assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
+def test_a_run_sweep_is_priced_by_its_hostfile(tmp_path):
+    priced_run(tmp_path, [1, 2])
     out = autotune("report", tmp_path / "res", "--format", "json", "--train-samples", "1e6")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["training"]["candidates"]
@@ -100,12 +105,7 @@ def test_a_run_sweep_is_priced_by_its_hostfile(tmp_path):
 
 
 def test_a_ledger_whose_recorded_prices_are_not_prices_is_refused_in_one_line(tmp_path):
-    write_sweep(tmp_path, [1])
-    (tmp_path / "hostfile").write_text("localhost slots=1 gpu=A100-80GB gpu_hour_cost=2.5\n")
-    launcher = write_launcher(tmp_path, SLEEP_THEN_SUCCEED)
-    ran = autotune("run", tmp_path / "sweep.hjson", "--hostfile", tmp_path / "hostfile", "-o", tmp_path / "res",
-                   "--launcher", launcher, environ=env(LAUNCH_LOG=tmp_path / "log", STANDIN_SECONDS="0"))
-    assert ran.returncode == 0, ran.stdout + ran.stderr
+    priced_run(tmp_path, [1])
     with sqlite3.connect(tmp_path / "res" / "ledger.sqlite") as db:
         db.execute("UPDATE meta SET value = ? WHERE key = 'gpu_prices'", (json.dumps({"A100-80GB": "cheap"}),))
     out = autotune("report", tmp_path / "res")

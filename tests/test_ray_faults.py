@@ -105,6 +105,15 @@ def running_on(results: Path, names: list[str]) -> dict[str, str]:
     return {n: next(iter(runs[n].slots)) for n in names}
 
 
+def three_runs(ray_lab, tmp_path: Path, runners) -> tuple[object, Path, list[str]]:
+    """A sweep of three runs of 10 s on two GPUs each, started in the background: its runner, results, names."""
+    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 2")
+    results = tmp_path / "r"
+    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 10), "-o", results, "-q",
+                         environ=lab_env(ray_lab), directory=results)
+    return proc, results, ["s_x0", "s_x1", "s_x2"]
+
+
 def test_a_node_lost_as_a_new_sweep_attaches_is_left_out(ray_lab, tmp_path):
     """Alone, at attach: a worker killed just before `run` (Ray still lists it alive): the check that each node
     sees the results directory finds it lost; the sweep runs on the others."""
@@ -128,11 +137,7 @@ def test_a_node_and_the_runner_lost_together_resume_adopts_recovers_and_reruns(r
     the worker that dies, the worker killed and the runner killed -9 at once; `resume` (Ray still lists the
     node alive) checks the cluster, adopts the runs, clears the leftovers, and runs the lost node's run again
     elsewhere: nothing twice, nothing left in Ray."""
-    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 2")
-    results = tmp_path / "r"
-    names = ["s_x0", "s_x1", "s_x2"]
-    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 10), "-o", results, "-q",
-                         environ=lab_env(ray_lab), directory=results)
+    proc, results, names = three_runs(ray_lab, tmp_path, runners)
     with losing_a_worker(ray_lab) as workers:
         hosts = going_everywhere(proc, ray_lab, results, names)
         victim_name, victim = next((n, h) for n, h in hosts.items() if h in workers.workers)
@@ -156,11 +161,7 @@ def test_a_node_ray_declared_dead_while_no_runner_was_alive_is_named_and_its_run
     longer among the cluster's, yet the run a dead runner left on it is adopted and found lost with it, the host
     named, and run again elsewhere (before, the sweep's slots were read again without it, and its run was taken
     for one on slots not the sweep's: ended and queued again, the host never named)."""
-    spec = write_sweep(tmp_path, range(3), extra="num_gpus: 2")
-    results = tmp_path / "r"
-    names = ["s_x0", "s_x1", "s_x2"]
-    proc = runners.start("run", spec, "--ray", "--launcher", standin(tmp_path, 10), "-o", results, "-q",
-                         environ=lab_env(ray_lab), directory=results)
+    proc, results, names = three_runs(ray_lab, tmp_path, runners)
     with losing_a_worker(ray_lab) as workers:
         hosts = going_everywhere(proc, ray_lab, results, names)
         victim_name, victim = next((n, h) for n, h in hosts.items() if h in workers.workers)
