@@ -262,6 +262,7 @@ class LocalExecutor:
             config, command = self._how.command(run, port)
             prepare_directory(run)
             self._how.prepare(run)
+            spawned = self.clock()  # the launch: before the spawn, so that no step of the run can come before it
             proc = self._spawn(run, command)
         except Exception as e:  # our own failure to launch (command missing, disk full, ...): recorded, never lost
             self._forget(run, port)
@@ -270,9 +271,9 @@ class LocalExecutor:
             post(Finished(run, self._stops.settle(run.key, outcome), self.clock()))
             return
         if not self._how.waits_for_start:  # the pid recorded at once, here
-            post(Launched(run, proc.pid, port, self.clock()))
+            post(Launched(run, proc.pid, port, spawned))
         self._workers.start(f"run-{run.tag}", self._attempt, run, proc, port, post,
-                            partial(self._watch, run, proc, config, command, port, post))
+                            partial(self._watch, run, proc, config, command, port, post, spawned))
 
     def adopt(self, run: Run, pid: int | None, post: Post) -> None:
         """Follow an attempt a dead runner started (its leader `pid`) to its end, on a
@@ -361,9 +362,9 @@ class LocalExecutor:
         self._how.remove_buffers(run, port)
 
     def _watch(self, run: Run, proc: Child, config: JSONObject, command: Command, port: int,
-               post: Post) -> Outcome:
+               post: Post, spawned: float) -> Outcome:
         if self._how.waits_for_start:
-            post(Launched(run, proc.pid, port, self.clock(), self._how.await_start(run, proc)))
+            post(Launched(run, proc.pid, port, spawned, self._how.await_start(run, proc)))
         # The ledger already holds the attempt; these files document it, so they need not delay the start.
         record_attempt(run, config, command)
         return self._follow(run, proc, post)
