@@ -192,9 +192,7 @@ class RayExecutor:
         hosts = run.reservation.hosts
         master = self.nodes[hosts[0]]["ip"]
         buffers = comm_buffer_prefix("{uid}", master, port)
-        nodes = run.dir / "nodes"
-        logs = [(run.dir / "stdout.log", run.dir / "stderr.log")] + [
-            (nodes / f"{r}.stdout.log", nodes / f"{r}.stderr.log") for r in range(1, len(hosts))]
+        logs = [node_logs(run.dir, rank) for rank in range(len(hosts))]
         starts = [actor.start.remote(run.tag, list(command.argv[:words]), list(command.argv[words:]), list(hosts),
                                      run.experiment.num_gpus, rank, dict(command.env), command.cwd, str(out),
                                      str(err), str(run.dir), buffers)
@@ -295,6 +293,14 @@ def _telling(directory: Path, rank: int, status: int) -> str:
     node reads as out of memory, not as a crash (which would give up a tune's stage)."""
     if rank == 0:
         return ""
-    nodes = directory / "nodes"
-    _, line = classify(status, [nodes / f"{rank}.stderr.log", nodes / f"{rank}.stdout.log"])
+    out, err = node_logs(directory, rank)
+    _, line = classify(status, [err, out])
     return f"; it said: {line}" if line else ""
+
+
+def node_logs(directory: Path, rank: int) -> tuple[Path, Path]:
+    """Where the launcher of node `rank` writes its stdout and stderr: the first node the attempt's own, the
+    others theirs under nodes/."""
+    if rank == 0:
+        return directory / "stdout.log", directory / "stderr.log"
+    return directory / "nodes" / f"{rank}.stdout.log", directory / "nodes" / f"{rank}.stderr.log"
