@@ -102,3 +102,28 @@ def test_a_need_is_the_peak_plus_the_margin_never_more_than_the_biggest_gpu_hold
     # the sweep's own attempts override what was learned from an earlier sweep
     assert needs_of_sweep({"x": 5 * GiB, "y": 6 * GiB}, {"x": 10 * GiB}) == {"x": need_of_peak(10 * GiB),
                                                                          "y": 6 * GiB}
+
+
+def test_a_reading_that_raises_what_nvml_errors_do_not_cover_loses_that_reading_not_the_reader(tmp_path, caplog):
+    """A malformed answer (here a process list that raises ValueError, as a half-written source can) is one lost
+    sample: the reader goes on, the attempt's peak is still measured, and the failure is said once."""
+    caplog.set_level("WARNING", logger="autotuner.backends.local.peaks")
+    proc = fake_proc(tmp_path, {100: {TAG_ENV: "s.a.1"}})
+    failing = {"left": 3}
+
+    def processes() -> list[tuple[int, int | None]]:
+        if failing["left"]:
+            failing["left"] -= 1
+            raise ValueError("invalid literal for int() with base 10: ''")
+        return [(100, 7 * GiB)]
+
+    nvml = FakeNvml([FakeDevice("NVIDIA A100-SXM4-80GB", 80 * GiB, 10 * GiB, "GPU-0", processes=processes)])
+    peaks = PeakMemory(nvml, period=0.01, proc=proc)
+    peaks.watch(("a", 1), "s.a.1", frozenset({0}))
+    wait_for(lambda: nvml.calls.count("processes") >= 6)
+    assert peaks.done(("a", 1)) == 7 * GiB
+    told = [r.getMessage() for r in caplog.records if "reading the GPUs' memory failed" in r.getMessage()]
+    assert told == ["reading the GPUs' memory failed (ValueError: invalid literal for int() with base 10: ''); "
+                    "that reading is lost, the next is made as ever"]
+    peaks.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("peak-memory")]

@@ -52,6 +52,7 @@ class PeakMemory:
         self._workers = Workers("peak-memory")
         self._reading = False
         self._unseen_told = False  # NVML's pids not in our /proc: said once
+        self._failed_told = False  # a reading that raised: said once
 
     def watch(self, key: Key, tag: str, gpus: frozenset[int]) -> None:
         """Read the attempt's GPUs from now until `done(key)`; nothing when there are none, or no NVML."""
@@ -91,7 +92,7 @@ class PeakMemory:
                 watched = dict(self._watched)
                 self._cond.release()
                 try:
-                    held = self._read(watched)
+                    held = self._reading_of(watched)
                 finally:
                     self._cond.acquire()
                 for key, used in held.items():
@@ -99,6 +100,20 @@ class PeakMemory:
                         self._peaks[key] = max(self._peaks.get(key, 0), used)
                 if not self._closed:  # a close that came while reading found no one waiting to notify
                     self._cond.wait(self._period)
+
+    def _reading_of(self, watched: Mapping[Key, tuple[str, frozenset[int]]]) -> dict[Key, int]:
+        """`_read`, where anything it raises loses that one reading, not every later one: a binding or a driver
+        that fails in a way NVMLError does not cover (a malformed process entry, a handle of the wrong type) must
+        not leave the rest of the sweep unmeasured. Said once, with its traceback under --debug."""
+        try:
+            return self._read(watched)
+        except Exception as e:  # a sample lost, never the reader
+            if not self._failed_told:
+                self._failed_told = True
+                log.warning("reading the GPUs' memory failed (%s: %s); that reading is lost, the next is made as "
+                            "ever", type(e).__name__, e)
+                log.debug("the failed reading", exc_info=True)
+            return {}
 
     def _read(self, watched: Mapping[Key, tuple[str, frozenset[int]]]) -> dict[Key, int]:
         """What each watched attempt holds now on the GPU where it holds the most."""
