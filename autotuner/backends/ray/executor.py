@@ -158,8 +158,9 @@ class RayExecutor:
                 if self._stops.asked(run.key):  # stopped while Ray reserved it: nothing started
                     outcome = Outcome(State.INTERRUPTED, Reason.INTERRUPTED, "stopped before it started")
                 else:
+                    launched = self.clock()  # before the launchers start: no step of the run comes before it
                     pid = self._start_nodes(run, lease, port, command)
-                    post(Launched(run, pid, port, self.clock()))
+                    post(Launched(run, pid, port, launched))
                     record_attempt(run, config, command)
                     outcome, clean = self._follow(run, lease, post)
             except NotPlaced as e:

@@ -196,6 +196,7 @@ class SshExecutor:
         if not prepared.ok:
             return Outcome(State.FAILED, Reason.LAUNCH,
                            f"cannot prepare {workdir} on {first}: {prepared.stderr.strip()[:200]}")
+        launched = self.clock()  # before the spawn, so that no step of the run can come before its launch
         try:
             proc = self.pool.start(first, exitstatus.wrapped(command.argv, status_path), command.env, command.cwd,
                                    f"{workdir}/stdout.log", f"{workdir}/stderr.log", timeout=60)
@@ -203,7 +204,7 @@ class SshExecutor:
             record_attempt(run, config, command)
             return Outcome(State.FAILED, Reason.LAUNCH, f"{first}: {str(e)[:300]}")
         self._track(run, proc)
-        post(Launched(run, proc.pid, None, self.clock()))
+        post(Launched(run, proc.pid, None, launched))
         record_attempt(run, config, command)
         try:
             return self._follow(run, proc)
