@@ -179,7 +179,11 @@ def test_a_sweep_records_start_up_and_step_time_apart_and_every_report_shows_the
     with Ledger.open(out) as ledger:
         timings = ledger.measures()
         ledger.measured("p_x1", 2, RunTimes(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2)))
-        assert ledger.measures()[("p_x1", 2)] == RunTimes(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 0))
+        assert ledger.measures()[("p_x1", 2)] == RunTimes(None, None, 3, Interval(50.0, 40.0, math.inf, 3, 2))
+        # Read back with its batches (5 of 30 steps), so the step spread `plan` predicts from is the one measured
+        ledger.measured("p_x2", 2, RunTimes(1.0, 0.1, 30, batch_means([100.0 + (i % 7) for i in range(30)])))
+        again = ledger.measures()[("p_x2", 2)].interval
+        assert again == batch_means([100.0 + (i % 7) for i in range(30)]) and again.batches == 5
     assert set(timings) == {("p_x1", 1), ("p_x2", 1)}
     for timing in timings.values():
         # Its window: DeepSpeed's default, start_profile_step 3, end_profile_step 5: the steps after the fourth

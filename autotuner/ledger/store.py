@@ -22,7 +22,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..jsonvalues import JSON, JSONObject
 from ..spec import Experiment
-from ..spec.interval import Interval, RunTimes
+from ..spec.interval import Interval, RunTimes, batches_of
 from ..states import Reason, State
 from . import checks, kept, spent
 from .attempt import STATES, Attempt
@@ -395,7 +395,7 @@ class Ledger:
         found: dict[tuple[str, int], RunTimes] = {}
         for name, attempt, startup, step, steps, mean, low, high in self._db.execute("SELECT * FROM measures"):
             interval = None if mean is None or low is None else \
-                Interval(mean, low, math.inf if high is None else high, steps, 0)  # NULL high: no upper bound
+                Interval(mean, low, math.inf if high is None else high, steps, batches_of(steps))  # NULL high: none
             found[(name, attempt)] = RunTimes(startup, step, steps, interval)
         return found
 

@@ -96,6 +96,12 @@ def t95(batches: int) -> float:
     return _T95[min(max(batches, 2), MAX_BATCHES) - 2]
 
 
+def batches_of(n: int) -> int:
+    """How many batches an interval of `n` values is worked out from (see the module's doc): a function of n alone,
+    so an interval read back from the ledger, which keeps n, knows its degrees of freedom."""
+    return min(MAX_BATCHES, n, max(2, math.isqrt(n)))
+
+
 def batch_means(values: Sequence[float]) -> Interval | None:
     """The trimmed mean of `values` (>= 0, as every metric is) and its winsorized batch-means interval, the values
     in their order (see the module's doc); its low end at least 0; None for fewer than 2."""
@@ -106,7 +112,7 @@ def batch_means(values: Sequence[float]) -> Interval | None:
     ordered = sorted(values)
     floor, ceiling = ordered[cut], ordered[n - 1 - cut]
     kept = [min(max(v, floor), ceiling) for v in values]
-    b = min(MAX_BATCHES, n, max(2, math.isqrt(n)))
+    b = batches_of(n)
     means = [statistics.fmean(kept[i * n // b:(i + 1) * n // b]) for i in range(b)]
     mean = statistics.fmean(ordered[cut:n - cut])
     spread = _T95[b - 2] * statistics.stdev(means) / math.sqrt(b) / (1 - 2 * cut / n)
