@@ -297,9 +297,11 @@ def test_hosts_and_plan_read_the_cluster_from_ray(ray_lab, tmp_path):
     assert len(nodes) == len(ray_lab.alive()) and all(n["gpus"] == 2 for n in nodes)
     # The same through the API's one entry for every kind of cluster (the registry picks the Ray backend).
     api = subprocess.run([sys.executable, "-c", "import sys, autotuner; check = autotuner.hosts_check(ray=''); "
-                          "sys.stdout.write(autotuner.render_hosts_check(check, 'json')); sys.exit(not check.ok)"],
+                          "sys.stdout.write(autotuner.render_hosts_check(check, 'json')); import ray; "
+                          "print('connected', ray.is_initialized(), file=sys.stderr); sys.exit(not check.ok)"],
                          capture_output=True, text=True, env=lab_env(ray_lab), timeout=180)
     assert api.returncode == 0, api.stderr
+    assert "connected False" in api.stderr  # the connection the check made is shut: nothing runs after it
     assert sorted(n["node_id"] for n in json.loads(api.stdout)["nodes"]) == sorted(n["node_id"] for n in nodes)
     spec = write_sweep(tmp_path, range(4), extra="num_gpus: 2\n  num_nodes: 2", filename="p.hjson")
     done = autotune("plan", spec, "--ray", "--duration", "10", "-f", "json", environ=lab_env(ray_lab))

@@ -86,7 +86,8 @@ class RayBackend:
 
     @classmethod
     def hosts(cls, given: Given) -> HostsCheck:
-        return nodes_check(*ray_nodes(routed(RayGiven, given).ray or ""))
+        with owned():  # nothing runs after the check: a connection made for it is shut (a program's own is kept)
+            return nodes_check(*ray_nodes(routed(RayGiven, given).ray or ""))
 
     def __init__(self, directory: Path, ledger: Ledger, address: str | None = None, *, grace: float = 10.0,
                  log: Callable[[str], None] = lambda line: None):
