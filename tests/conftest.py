@@ -22,9 +22,18 @@ T = TypeVar("T")
 LAB_GROUPS = {"ssh_nodes": "lab-sshd", "slurm_lab": "lab-slurm", "ray_lab": "lab-ray"}
 
 
+# The tests that train with real DeepSpeed on this machine's CPU (`@pytest.mark.deepspeed`, outside the labs) take
+# one group too: two such runs side by side each take the other's cores in bursts, and a run measured until sure
+# then sees steps that swing by more than any tolerance a test can state (a real DeepSpeed tune was not sure within
+# 25% over 56 steps beside another). One at a time, each shares the machine with the lighter stand-in tests only.
+DEEPSPEED_GROUP = "real-deepspeed"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "lab(fixture): the test asks for a lab's fixture at run time "
                                        "(request.getfixturevalue); it goes to that lab's xdist group")
+    config.addinivalue_line("markers", "deepspeed: the test trains with real DeepSpeed on the CPU; outside a lab it "
+                                       f"goes to the xdist group {DEEPSPEED_GROUP}, one such test at a time")
 
 
 def lab_groups(item: pytest.Item) -> set[str]:
@@ -42,7 +51,8 @@ def module_fixture(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test that uses a lab joins its lab's group; a test of a module-scoped fixture joins its file's."""
+    """Each test that uses a lab joins its lab's group; one that trains with real DeepSpeed, the DeepSpeed group;
+    a test of a module-scoped fixture joins its file's."""
     for item in items:
         groups = lab_groups(item)
         if len(groups) > 1:
@@ -50,6 +60,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                     "holds each, so no test may need two")
         if groups:
             item.add_marker(pytest.mark.xdist_group(groups.pop()))
+        elif item.get_closest_marker("deepspeed") is not None:
+            item.add_marker(pytest.mark.xdist_group(DEEPSPEED_GROUP))
         elif module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(f"file-{item.path.name}"))
 

@@ -10,6 +10,7 @@ test_hf_trainer.py's (the same Trainer under DeepSpeed; each start costs 15-25 s
 import json
 import re
 
+import pytest
 from test_hf_trainer import EXAMPLE, offline
 
 from autotuner.gpu.types import size_of_type
@@ -23,6 +24,8 @@ STEPS = 6  # past the profile's end (step 5): the engine ends each run there
 # 17.7e6 parameters (the embeddings and the head of a 32,000-token vocabulary), 8,192 of them trainable (rank-4
 # adapters on q_proj and v_proj of 2 layers); 16 tokens a sample keep the activations a few MB a sample.
 MODEL = ("--vocab_size", "32000", "--hidden_size", "256", "--num_layers", "2", "--seq_len", "16")
+
+pytestmark = pytest.mark.deepspeed  # one real DeepSpeed test at a time (conftest.py)
 
 
 def test_a_lora_model_is_tuned_counting_only_its_trainable_parameters_and_its_optimal_command_trains(tmp_path):

@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli_rig import autotune, env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,6 +27,8 @@ EXAMPLE = ROOT / "experiments"
 STAGE, MBS = 1, 4  # one size: each DeepSpeed start of the Trainer costs 15-25 s of CI's minutes
 CHECKPOINTING = ("false", "true")  # the script knob searched: the Trainer's --gradient_checkpointing
 STEPS = 12  # past the profile's end (step 5): under autotune the engine ends each run there
+
+pytestmark = pytest.mark.deepspeed  # one real DeepSpeed test at a time (conftest.py)
 
 
 def offline(tmp_path: Path) -> dict[str, str]:

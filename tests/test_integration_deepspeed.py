@@ -4,9 +4,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autotuner.ledger.store import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.deepspeed  # one real DeepSpeed test at a time (conftest.py)
 
 BASE = """{{
   name: {name}

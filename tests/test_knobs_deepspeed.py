@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.deepspeed  # one real DeepSpeed test at a time (conftest.py)
 
 SCRIPT = """
 import json, os, sys

@@ -307,6 +307,7 @@ print("RESULT " + json.dumps(done))
 """
 
 
+@pytest.mark.deepspeed
 def test_deepspeed_trains_with_the_optimizer_offloaded_as_the_search_configures_it(tmp_path):
     """The configs of the search's first offload level, run by real DeepSpeed on its CPU accelerator: the engine
     says the optimizer is offloaded (ZeRO-Offload's CPU path), and its steps train (the loss goes down)."""

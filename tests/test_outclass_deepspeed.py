@@ -12,6 +12,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from autotuner.ledger.store import Ledger
 from autotuner.spec.progress import from_deepspeed_log
 from autotuner.states import Reason, State
@@ -20,7 +22,10 @@ from cli_rig import ROOT, env
 from helpers import decided
 
 END = 60  # the profile window's last step: a run that reaches it writes its metrics and ends
-TOLERANCE = 0.25  # wide: a loaded CPU's steps are noisy; the path is tested, not the precision
+TOLERANCE = 0.5  # wide: a loaded CPU's steps are noisy (not sure within 25% over 56 steps once, beside other
+# tests); the path is tested, not the precision. The other config, 16 times the work, stays far below this one's low end
+
+pytestmark = pytest.mark.deepspeed  # one real DeepSpeed test at a time (conftest.py)
 
 
 def test_a_real_deepspeed_run_streams_its_steps_and_is_stopped_once_it_cannot_win(tmp_path):

@@ -8,11 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from cli_rig import env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "experiments"
 WHOLE = 115_008  # the Llama's parameters (2 layers, hidden 64, vocabulary 256); AutoTP 2 leaves 65,856 a rank
+
+pytestmark = pytest.mark.deepspeed  # one real DeepSpeed test at a time (conftest.py)
 
 
 def test_autotp_sizes_are_tuned_on_two_cpu_ranks_and_the_report_shows_the_layout(tmp_path):
