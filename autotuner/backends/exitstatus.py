@@ -24,7 +24,7 @@ from ..core.outcome import Outcome, aborted_at_exit, judge, steps_metric
 from ..jsonvalues import JSON
 from ..spec.interval import StepReading, measured_run
 from ..spec.metrics import Metric
-from ..spec.progress import Window, run_config, tp_size
+from ..spec.progress import Window, autotp_size, run_config, tp_size
 from ..spec.sure import tolerance_of
 from ..states import Reason, State
 from . import tags
@@ -142,14 +142,13 @@ def _per_layout(outcome: Outcome, directory: Path, config: dict[str, JSON]) -> O
     beside it (over the experiment's GPUs), so that layouts compare fairly. Other runs as they are."""
     if outcome.state != State.SUCCEEDED or not outcome.metrics or THROUGHPUT not in outcome.metrics:
         return outcome
-    section = config.get("tensor_parallel")
-    size = section.get("autotp_size") if isinstance(section, dict) else None
+    size = autotp_size(config)
     try:
         spec = json.loads((directory / "exp.json").read_text())
         world = int(spec.get("num_gpus", 1)) * int(spec.get("num_nodes", 1))
     except (OSError, ValueError, TypeError, AttributeError):  # not a file this runner wrote: nothing to add
         return outcome
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1 or world < 1:
+    if size is None or world < 1:
         return outcome
     metrics = dict(outcome.metrics)
     if size > 1:

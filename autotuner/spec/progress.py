@@ -103,13 +103,19 @@ def run_config(directory: Path) -> dict[str, object] | None:
     return config if isinstance(config, dict) else None
 
 
-def tp_size(config: Mapping[str, object]) -> int:
-    """The tensor-parallel size of a config (`tensor_parallel.autotp_size`; 1 without): DeepSpeed 0.19.8 counts
-    each sample trained that many times in its throughput (its train_batch_size spans the TP ranks), so a
-    throughput measured of it is over that size (backends/exitstatus.py)."""
+def autotp_size(config: Mapping[str, object]) -> int | None:
+    """The AutoTP size a config declares (`tensor_parallel.autotp_size`, a positive integer); None where it declares
+    none (or something DeepSpeed would not take as one). One reading for every place that asks."""
     section = config.get("tensor_parallel")
     size = section.get("autotp_size") if isinstance(section, Mapping) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and size > 1 else 1
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
+
+
+def tp_size(config: Mapping[str, object]) -> int:
+    """The tensor-parallel size of a config (`autotp_size`; 1 without): DeepSpeed 0.19.8 counts each sample trained
+    that many times in its throughput (its train_batch_size spans the TP ranks), so a throughput measured of it is
+    over that size (backends/exitstatus.py)."""
+    return autotp_size(config) or 1
 
 
 def read_steps(directory: Path, metric: str, window: Window) -> tuple[list[TrainStep], list[TrainStep]]:

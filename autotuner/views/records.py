@@ -19,6 +19,7 @@ from typing import Any, overload
 from ..jsonvalues import JSON, JSONObject
 from ..ledger.store import Attempt, Ledger
 from ..spec.metrics import KNOWN, Metric
+from ..spec.progress import autotp_size
 from ..states import Reason, State
 from ..tune.layout import arg_value
 from ..tune.space import SearchSpec
@@ -297,10 +298,9 @@ def layout_rows(spec: SearchSpec | None, specs: Iterable[Mapping[str, JSON]]
     by_name: dict[str, JSONObject] = {}
     for found in specs:
         config, args = found.get("ds_config") or {}, found.get("args") or []
-        section = config.get("tensor_parallel") if isinstance(config, dict) else None
-        size = section.get("autotp_size") if isinstance(section, dict) else None
+        size = autotp_size(config) if isinstance(config, dict) else None
         row: JSONObject = {}
-        if spec.tp and isinstance(size, int):  # the experiment's own GPUs: a tune may search world sizes
+        if spec.tp and size is not None:  # the experiment's own GPUs: a tune may search world sizes
             gpus, nodes = found.get("num_gpus"), found.get("num_nodes")
             world = gpus * nodes if isinstance(gpus, int) and isinstance(nodes, int) else spec.world
             row = {TP_KEY: size, DP_KEY: max(1, world // size)}

@@ -18,6 +18,7 @@ from ..errors import UserError
 from ..files import write_atomic, write_json_atomic
 from ..jsonvalues import JSONObject
 from ..limits import memory
+from ..spec.progress import tp_size
 from ..states import State
 from ..tune.batches import keeping
 from ..tune.layout import lane
@@ -144,9 +145,8 @@ def summary_text(snap: Snapshot) -> str:
 
 def _tp_of(experiment: Experiment | None) -> str:
     """A run's AutoTP size as its tuning space's suffix (`z1_tp2`), where it has one above 1."""
-    section = experiment.ds_config.get("tensor_parallel") if experiment is not None else None
-    size = section.get("autotp_size") if isinstance(section, dict) else None
-    return f"_tp{size}" if isinstance(size, int) and size > 1 else ""
+    size = tp_size(experiment.ds_config) if experiment is not None else 1
+    return f"_tp{size}" if size > 1 else ""
 
 
 DISAGREE = 0.1  # runs of one config that differ by more than this share of their mean measured the machine
