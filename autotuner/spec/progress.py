@@ -7,9 +7,9 @@ The progress file (the contract for any script)
     The runner sets `AUTOTUNE_PROGRESS_PATH` (`PROGRESS_PATH_ENV`) to an absolute path beside
     `AUTOTUNE_METRICS_PATH`. A script may append one JSON object per line to it, one line per optimizer step,
     from one process (rank 0): `{"step": 12, "time": 1764361234.5, "throughput": 1834.2}`. `step` is the step's
-    number (an integer from 0 to MAX_STEP), `time` when it ended (seconds since the epoch, `time.time()`), and the sweep's
-    metric key, when present, what that step measured (a finite number >= 0). Lines that are not such objects
-    (a half-written last line among them) are skipped. Writing it is optional: a run without it is judged by
+    number (an integer from 0 to MAX_STEP), `time` when it ended (seconds since the epoch, `time.time()`), and the
+    sweep's metric key, when present, what that step measured (a finite number >= 0). Lines that are not such
+    objects (a half-written last line among them) are skipped. Writing it is optional: a run without it is judged by
     its metrics file alone.
 
 DeepSpeed's own throughput lines
