@@ -3,6 +3,7 @@
 digits. None of it may stop the step reader or fail a run: the steps that can be read say what they say."""
 import json
 import math
+import sys
 
 import pytest
 
@@ -84,3 +85,43 @@ def test_a_run_whose_steps_carry_extreme_values_is_measured_not_failed(tmp_path,
         assert (a.state, a.attempt, a.metric) == (State.SUCCEEDED, 1, 5.0), a
         assert a.metrics["steps_measured"] == 26, a
     assert len((tmp_path / "launches.log").read_text().splitlines()) == 2
+
+
+# A stand-in whose steps' time stamps are not a clock that runs as the runner's: $CLOCK far ahead of it, or steps
+# 1e307 seconds apart; its run lasts a second or so, measured until sure.
+CLOCKS = """\
+import json, os, sys, time
+clock = os.environ["CLOCK"]
+with open(os.environ["AUTOTUNE_PROGRESS_PATH"], "a") as f:
+    for i in range(40):
+        at = time.time() + 1e9 if clock == "ahead" else 1e307 * (i + 1)
+        f.write(json.dumps({"step": i, "time": at, "throughput": 100 + i % 3}) + "\\n")
+        f.flush()
+        time.sleep(0.02)
+json.dump({"throughput": 100.0}, open(os.environ["AUTOTUNE_METRICS_PATH"], "w"))
+"""
+
+
+def strict_json(text):
+    def refuse(constant):
+        raise AssertionError(f"{constant} in JSON output")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("clock", ["ahead", "apart"])
+def test_step_times_no_run_could_take_give_no_start_up_step_time_or_saving(tmp_path, clock):
+    (tmp_path / "standin.py").write_text(CLOCKS)
+    sweep = write_sweep(tmp_path, [1, 2]).read_text().replace("ds_config: {train_micro_batch_size_per_gpu: 1}",
+                                                               "ds_config: {autotuning: {tolerance: 0.05}}")
+    (tmp_path / "sweep.hjson").write_text(sweep)
+    done = autotune("run", tmp_path / "sweep.hjson", "--results", tmp_path / "res", "--slots", "2",
+                    "--launcher", f"{sys.executable} {tmp_path / 'standin.py'}",
+                    environ=env(CLOCK=clock, AUTOTUNE_PROGRESS_POLL="0.05"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for a in latest(tmp_path / "res").values():
+        assert a.state == State.SUCCEEDED and a.detail.startswith("measured until sure"), a
+        assert "startup_s" not in a.metrics, a  # its first step "after" the run's end
+        assert a.metrics.get("step_s", 0) < 60, a  # no step longer than the run
+    report = strict_json(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    assert 0 <= report["gpu_hours"]["saved"] * 3600 <= 2 * 30 * 60, report  # two runs' 30 steps, none over 60 s
+    assert "inf" not in autotune("status", tmp_path / "res").stdout

@@ -84,11 +84,20 @@ class StepReading:
         """The reading with its values over `size` (`Interval.over`)."""
         return dataclasses.replace(self, interval=self.interval.over(size)) if self.interval and size > 1 else self
 
-    def startup(self, launched_at: float | None) -> float | None:
-        """Seconds from the launch to the end of the first step; None when unknown (or the clocks disagree)."""
-        if launched_at is None or self.first_at < launched_at:
+    def startup(self, launched_at: float | None, until: float | None = None) -> float | None:
+        """Seconds from the launch to the end of the first step; None when unknown, or when the clocks disagree:
+        a first step before the launch, or after `until` (the runner's time of the reading)."""
+        if launched_at is None or self.first_at < launched_at or (until is not None and self.first_at > until):
             return None
         return self.first_at - launched_at
+
+    def within(self, launched_at: float | None, until: float) -> StepReading:
+        """The reading with no step time where that is longer than the run had lasted at `until` since its launch:
+        its steps' time stamps are then not of a clock that runs as the runner's (a script's own numbers), and a
+        step time taken from them would price each step it saved at that (GPU-hours saved beyond a float)."""
+        if launched_at is None or self.step_seconds is None or self.step_seconds <= until - launched_at:
+            return self
+        return dataclasses.replace(self, step_seconds=None)
 
 
 def t95(batches: int) -> float:
@@ -174,11 +183,15 @@ class RunTimes:
         return {k: v for k, v in found.items() if v is not None and math.isfinite(v)}
 
 
-def timing_of(measured: StepReading | None, launched_at: float | None) -> RunTimes | None:
-    """A run's RunTimes from what its steps said and when it was launched; None when it left no steps."""
+def timing_of(measured: StepReading | None, launched_at: float | None, until: float | None = None) -> RunTimes | None:
+    """A run's RunTimes from what its steps said, when it was launched and, where known, when this was read (its
+    end, or the reading while it runs: what its start-up and step time cannot exceed, `StepReading.within`); None
+    when it left no steps."""
     if measured is None:
         return None
-    return RunTimes(measured.startup(launched_at), measured.step_seconds, measured.steps, measured.interval)
+    if until is not None:
+        measured = measured.within(launched_at, until)
+    return RunTimes(measured.startup(launched_at, until), measured.step_seconds, measured.steps, measured.interval)
 
 
 def interval_text(metrics: Mapping[str, float], metric: str) -> str:
