@@ -147,6 +147,7 @@ def line_of(path, key):
     ({"max_measured_steps": -5}, "max_measured_steps", "not -5"),
     ({"max_measured_steps": 12.5}, "max_measured_steps", "not 12.5"),
     ({"max_measured_steps": "20"}, "max_measured_steps", "not '20'"),
+    ({"max_measured_steps": 10 ** 9 + 1}, "max_measured_steps", "at most 1,000,000,000, not 1000000001"),
     ({"max_measured_steps": 20, "end_profile_step": 30}, "max_measured_steps", "both bound the profile window"),
     ({"tolerance": 0.05, "end_profile_step": 11}, "end_profile_step", "leaves 8 measured step(s)"),
 ])
@@ -163,6 +164,8 @@ def test_a_bad_key_of_measuring_until_sure_is_refused_at_its_line_and_nothing_ru
     (("--tolerance", "nan"), "not 'nan'"),
     (("--tolerance", "soon"), "not 'soon'"),
     (("--max-measured-steps", str(SURE_STEPS - 1)), f"below the {SURE_STEPS} measured steps"),
+    (("--max-measured-steps", str(10 ** 9 + 1)), "--max-measured-steps 1000000001 is above 1,000,000,000"),
+    (("--max-measured-steps", str(10 ** 30)), "is above 1,000,000,000"),
 ])
 def test_a_bad_option_of_measuring_until_sure_is_refused_in_one_line(tmp_path, options, fragment):
     write_config(tmp_path, {})
@@ -183,6 +186,7 @@ def engine_sections(directory):
     ({"tolerance": None}, (), None),  # null: the fixed window, DeepSpeed's default
     ({"max_measured_steps": 10}, ("--tolerance", "0.2"), {"start_profile_step": 3, "end_profile_step": 13,
                                                          "tolerance": 0.2}),
+    ({"max_measured_steps": 2e1}, (), {"start_profile_step": 3, "end_profile_step": 23, "tolerance": 0.03}),
     ({"tolerance": 0.1}, ("--tolerance", "off"), None),
     ({"end_profile_step": 9}, ("--max-measured-steps", "12"), {"start_profile_step": 3, "end_profile_step": 15,
                                                               "tolerance": 0.03}),
