@@ -334,12 +334,32 @@ def test_a_run_sweeps_experiment_whose_config_asks_a_tolerance_is_measured_until
     ("{tolerance: 2}", "autotuning.tolerance must be a fraction between 0 and 1 (0.03: within 3% of the mean), not 2"),
     ("{tolerance: \"tight\"}", "not 'tight'"),
     ("{tolerance: 0.05, end_profile_step: 8}", "end_profile_step 8 leaves 5 measured step(s)"),
+    # Keys that were ignored: the run measured 30 steps, or its engine never reached a window's end it cannot equal.
+    ("{max_measured_steps: 12}", "autotuning.max_measured_steps bounds a run measured until sure: give "
+                                 "autotuning.tolerance too"),
+    ("{tolerance: 0.05, max_measured_steps: \"x\"}", "autotuning.max_measured_steps must be a whole number from 9"),
+    ("{tolerance: 0.05, max_measured_steps: 8}", "from 9 to 1,000,000,000, not 8"),
+    ("{tolerance: 0.05, max_measured_steps: 12, end_profile_step: 30}", "both bound the profile window"),
+    ("{tolerance: 0.05, end_profile_step: 1e30}", "autotuning.end_profile_step must be a whole number from 0"),
+    ("{tolerance: 0.05, end_profile_step: 12.5}", "not 12.5"),
+    ("{tolerance: 0.05, start_profile_step: \"a\"}", "autotuning.start_profile_step must be a whole number"),
 ])
 def test_a_run_sweeps_bad_tolerance_is_refused_at_its_line(tmp_path, autotuning, fragment):
     path = run_sweep(tmp_path, autotuning)
     refused(autotune("run", path, "--results", tmp_path / "res", "--slots", "1"), f"{path}:4:",
             "experiment p_x1", fragment)
     assert not (tmp_path / "res").exists()
+
+
+def test_a_run_sweeps_max_measured_steps_bounds_the_window_its_engine_profiles(tmp_path):
+    launcher = write_launcher(tmp_path, STEPPING)
+    done = autotune("run", run_sweep(tmp_path, "{tolerance: 0.05, max_measured_steps: 12}"), "--results",
+                    tmp_path / "res", "--launcher", launcher, "--slots", "2",
+                    environ=env(LAUNCH_LOG=tmp_path / "launches.log", AUTOTUNE_PROGRESS_POLL="0.1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in latest(tmp_path / "res"):
+        section = json.loads((tmp_path / "res" / name / "ds_config.json").read_text())["autotuning"]
+        assert (section["start_profile_step"], section["end_profile_step"]) == (3, 15), section
 
 
 # --- `autotune plan`: the steps a run measured until sure makes, from the measured step spread -------------------
