@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from autotuner.spec.interval import batch_means, measure
+from autotuner.spec.interval import batch_means, interval_text, measure
+from autotuner.spec.metrics import format_compact, format_value
 from autotuner.spec.progress import MAX_STEP, PROGRESS_FILE, TrainStep, from_deepspeed_log, from_progress_file
 from autotuner.states import State
 
@@ -125,3 +126,12 @@ def test_step_times_no_run_could_take_give_no_start_up_step_time_or_saving(tmp_p
     report = strict_json(autotune("report", tmp_path / "res", "--format", "json").stdout)
     assert 0 <= report["gpu_hours"]["saved"] * 3600 <= 2 * 30 * 60, report  # two runs' 30 steps, none over 60 s
     assert "inf" not in autotune("status", tmp_path / "res").stdout
+
+
+def test_values_past_a_floats_digits_are_written_with_an_exponent_in_every_view():
+    """A step may carry 1e308: its interval in the best's line was 309 digits, most of them float noise."""
+    assert format_value(1.7e308) == "1.7e+308" and format_compact(1.7e308) == "1.7e+308"
+    assert format_value(1e23) == "1e+23"  # grouped, it read 99,999,999,999,999,991,611,392
+    assert format_value(3.12e14) == "312,000,000,000,000" and format_compact(3.12e14) == "312T"  # as before
+    assert interval_text({"x_low": 1e308, "x_high": 1.5e308, "steps_measured": 26}, "x") == \
+        " (95% interval 1e+308 to 1.5e+308 over 26 steps)"
