@@ -58,13 +58,17 @@ def asked(tolerance: str | None, most: int | None) -> Asked:
 
 
 def engine_section(src: Source, section: JSONObject, start: int | None, end: int | None,
-                   options: Asked) -> JSONObject:
+                   options: Asked, stepped: bool = True) -> JSONObject:
     """The autotuning keys each experiment's engine (and the runner) reads: the profile window and, measuring until
-    sure, the tolerance (see the module's doc). `start`, `end`: the config's profile steps, checked."""
+    sure, the tolerance (see the module's doc). `start`, `end`: the config's profile steps, checked. `stepped`:
+    the tune's metric is one DeepSpeed's per-step lines measure (throughput); for another (latency,
+    FLOPS_per_gpu) the runner reads steps only where the script writes them itself, so it measures until sure only
+    where asked (by default its runs would make the whole 30-step window with nothing to end them)."""
     tolerance = _tolerance(src, section)
     most = _most(src, section, end)
-    if options.off or (options.tolerance is None and options.most is None and tolerance is None and
-                       (TOLERANCE in section or (end is not None and most is None))):
+    asked_none = options.tolerance is None and options.most is None and tolerance is None
+    if options.off or (asked_none and (TOLERANCE in section or (end is not None and most is None) or
+                                       (not stepped and most is None))):
         return {k: v for k, v in (("start_profile_step", start), ("end_profile_step", end)) if v is not None}
     first = start if start is not None else START
     if options.most is not None or most is not None or end is None:
