@@ -3,6 +3,7 @@
 digits. None of it may stop the step reader or fail a run: the steps that can be read say what they say."""
 import json
 import math
+import re
 import sys
 
 import pytest
@@ -12,7 +13,8 @@ from autotuner.spec.metrics import format_compact, format_value
 from autotuner.spec.progress import MAX_STEP, PROGRESS_FILE, TrainStep, from_deepspeed_log, from_progress_file
 from autotuner.states import State
 
-from cli_rig import PREAMBLE, autotune, env, latest, write_launcher, write_sweep
+from cli_rig import PREAMBLE, ROOT, autotune, env, latest, write_launcher, write_sweep
+from dashboard_rig import chromium_driver
 
 
 def steps_of(values):
@@ -135,3 +137,17 @@ def test_values_past_a_floats_digits_are_written_with_an_exponent_in_every_view(
     assert format_value(3.12e14) == "312,000,000,000,000" and format_compact(3.12e14) == "312T"  # as before
     assert interval_text({"x_low": 1e308, "x_high": 1.5e308, "steps_measured": 26}, "x") == \
         " (95% interval 1e+308 to 1.5e+308 over 26 steps)"
+
+
+def test_the_dashboards_page_writes_values_past_a_floats_digits_with_an_exponent_too(tmp_path):
+    """The page's own `number` (app.js), run by headless Chromium: 1e308 was 309 grouped digits."""
+    app = (ROOT / "autotuner" / "dashboard" / "assets" / "app.js").read_text()
+    formats = next(line for line in app.splitlines() if line.startswith("const WHOLE = "))
+    number = re.search(r"^function number\(v\) \{.*?^\}", app, re.M | re.S).group(0)
+    browser = chromium_driver(tmp_path / "profile")
+    try:
+        shown = browser.execute_script(f"{formats}\n{number}\n"
+                                       "return [1.7e308, 1e23, 3.12e14, 1234.5, 2].map(number);")
+    finally:
+        browser.quit()
+    assert shown == ["1.7e+308", "1e+23", "312,000,000,000,000", "1,234.5", "2"]
