@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from autotuner.ledger.store import Ledger
 from autotuner.spec.interval import batch_means, interval_text, measure
 from autotuner.spec.metrics import format_compact, format_value
 from autotuner.spec.progress import MAX_STEP, PROGRESS_FILE, TrainStep, from_deepspeed_log, from_progress_file
@@ -128,6 +129,11 @@ def test_step_times_no_run_could_take_give_no_start_up_step_time_or_saving(tmp_p
     report = strict_json(autotune("report", tmp_path / "res", "--format", "json").stdout)
     assert 0 <= report["gpu_hours"]["saved"] * 3600 <= 2 * 30 * 60, report  # two runs' 30 steps, none over 60 s
     assert "inf" not in autotune("status", tmp_path / "res").stdout
+    with Ledger.open(tmp_path / "res") as ledger:  # as a runner before this one recorded such a step time
+        ledger._db.execute("UPDATE measures SET step_time = 1e307")
+        ledger._db.commit()
+    report = strict_json(autotune("report", tmp_path / "res", "--format", "json").stdout)
+    assert report["gpu_hours"]["saved"] == 0, report["gpu_hours"]
 
 
 def test_values_past_a_floats_digits_are_written_with_an_exponent_in_every_view():
