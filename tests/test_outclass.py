@@ -129,18 +129,18 @@ def test_the_scheduler_keeps_each_reading_and_stops_what_the_search_says_cannot_
     runs = {r.experiment.name: r for r in s.step([], 0.0).start}
     s.step([Launched(runs["fast"], 1, None, 1.0), Launched(runs["slow"], 2, None, 1.0)], 1.0)
     got = reading(10, 20)
-    actions = s.step([Progress(runs["fast"], got)], 5.0)
+    actions = s.step([Progress(runs["fast"], got)], 105.0)  # read after its first step ended (at 100)
     assert actions.stop == [] and [n.what for n in actions.notes] == ["progress"]
     assert actions.notes[0].outcome == Outcome(State.RUNNING, measured=got)
     assert s.record.timings[("fast", 1)].steps == got.steps and s.record.timings[("fast", 1)].startup == 99.0
-    actions = s.step([Progress(runs["slow"], got)], 6.0)
+    actions = s.step([Progress(runs["slow"], got)], 106.0)
     assert actions.stop == [Stop(runs["slow"], State.STOPPED, "outclassed: slow", Reason.OUTCLASSED)]
-    assert s.record.stops == {("slow", 1): (State.STOPPED, Reason.OUTCLASSED, 6.0)}
-    assert s.step([Progress(runs["slow"], got)], 7.0).stop == []  # asked once: the first stop is the one
+    assert s.record.stops == {("slow", 1): (State.STOPPED, Reason.OUTCLASSED, 106.0)}
+    assert s.step([Progress(runs["slow"], got)], 107.0).stop == []  # asked once: the first stop is the one
     # The executor's end of it (a SIGTERM's exit status) reads as the stop: not a failure, not queued again.
-    s.step([Finished(runs["slow"], Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15, measured=got), 8.0)],
-           8.0)
-    assert s.record.finished[("slow", 1)] == (State.STOPPED, 8.0) and s.waiting() == []
+    s.step([Finished(runs["slow"], Outcome(State.FAILED, Reason.EXIT, "exit status -15", -15, measured=got), 108.0)],
+           108.0)
+    assert s.record.finished[("slow", 1)] == (State.STOPPED, 108.0) and s.waiting() == []
     assert judge.seen == [("slow", State.STOPPED, Reason.OUTCLASSED)]
 
 

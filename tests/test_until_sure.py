@@ -147,6 +147,7 @@ def line_of(path, key):
     ({"max_measured_steps": -5}, "max_measured_steps", "not -5"),
     ({"max_measured_steps": 12.5}, "max_measured_steps", "not 12.5"),
     ({"max_measured_steps": "20"}, "max_measured_steps", "not '20'"),
+    ({"max_measured_steps": 10 ** 9 + 1}, "max_measured_steps", "at most 1,000,000,000, not 1000000001"),
     ({"max_measured_steps": 20, "end_profile_step": 30}, "max_measured_steps", "both bound the profile window"),
     ({"tolerance": 0.05, "end_profile_step": 11}, "end_profile_step", "leaves 8 measured step(s)"),
 ])
@@ -163,6 +164,8 @@ def test_a_bad_key_of_measuring_until_sure_is_refused_at_its_line_and_nothing_ru
     (("--tolerance", "nan"), "not 'nan'"),
     (("--tolerance", "soon"), "not 'soon'"),
     (("--max-measured-steps", str(SURE_STEPS - 1)), f"below the {SURE_STEPS} measured steps"),
+    (("--max-measured-steps", str(10 ** 9 + 1)), "--max-measured-steps 1000000001 is above 1,000,000,000"),
+    (("--max-measured-steps", str(10 ** 30)), "is above 1,000,000,000"),
 ])
 def test_a_bad_option_of_measuring_until_sure_is_refused_in_one_line(tmp_path, options, fragment):
     write_config(tmp_path, {})
@@ -183,6 +186,11 @@ def engine_sections(directory):
     ({"tolerance": None}, (), None),  # null: the fixed window, DeepSpeed's default
     ({"max_measured_steps": 10}, ("--tolerance", "0.2"), {"start_profile_step": 3, "end_profile_step": 13,
                                                          "tolerance": 0.2}),
+    ({"max_measured_steps": 2e1}, (), {"start_profile_step": 3, "end_profile_step": 23, "tolerance": 0.03}),
+    # A metric DeepSpeed's per-step lines do not measure: by default its runs keep DeepSpeed's window (nothing
+    # would end them before 30 steps); measured until sure only where asked (its script writes its steps).
+    ({"metric": "latency"}, (), None),
+    ({"metric": "FLOPS_per_gpu"}, (), None),
     ({"tolerance": 0.1}, ("--tolerance", "off"), None),
     ({"end_profile_step": 9}, ("--max-measured-steps", "12"), {"start_profile_step": 3, "end_profile_step": 15,
                                                               "tolerance": 0.03}),
@@ -330,12 +338,32 @@ def test_a_run_sweeps_experiment_whose_config_asks_a_tolerance_is_measured_until
     ("{tolerance: 2}", "autotuning.tolerance must be a fraction between 0 and 1 (0.03: within 3% of the mean), not 2"),
     ("{tolerance: \"tight\"}", "not 'tight'"),
     ("{tolerance: 0.05, end_profile_step: 8}", "end_profile_step 8 leaves 5 measured step(s)"),
+    # Keys that were ignored: the run measured 30 steps, or its engine never reached a window's end it cannot equal.
+    ("{max_measured_steps: 12}", "autotuning.max_measured_steps bounds a run measured until sure: give "
+                                 "autotuning.tolerance too"),
+    ("{tolerance: 0.05, max_measured_steps: \"x\"}", "autotuning.max_measured_steps must be a whole number from 9"),
+    ("{tolerance: 0.05, max_measured_steps: 8}", "from 9 to 1,000,000,000, not 8"),
+    ("{tolerance: 0.05, max_measured_steps: 12, end_profile_step: 30}", "both bound the profile window"),
+    ("{tolerance: 0.05, end_profile_step: 1e30}", "autotuning.end_profile_step must be a whole number from 0"),
+    ("{tolerance: 0.05, end_profile_step: 12.5}", "not 12.5"),
+    ("{tolerance: 0.05, start_profile_step: \"a\"}", "autotuning.start_profile_step must be a whole number"),
 ])
 def test_a_run_sweeps_bad_tolerance_is_refused_at_its_line(tmp_path, autotuning, fragment):
     path = run_sweep(tmp_path, autotuning)
     refused(autotune("run", path, "--results", tmp_path / "res", "--slots", "1"), f"{path}:4:",
             "experiment p_x1", fragment)
     assert not (tmp_path / "res").exists()
+
+
+def test_a_run_sweeps_max_measured_steps_bounds_the_window_its_engine_profiles(tmp_path):
+    launcher = write_launcher(tmp_path, STEPPING)
+    done = autotune("run", run_sweep(tmp_path, "{tolerance: 0.05, max_measured_steps: 12}"), "--results",
+                    tmp_path / "res", "--launcher", launcher, "--slots", "2",
+                    environ=env(LAUNCH_LOG=tmp_path / "launches.log", AUTOTUNE_PROGRESS_POLL="0.1"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in latest(tmp_path / "res"):
+        section = json.loads((tmp_path / "res" / name / "ds_config.json").read_text())["autotuning"]
+        assert (section["start_profile_step"], section["end_profile_step"]) == (3, 15), section
 
 
 # --- `autotune plan`: the steps a run measured until sure makes, from the measured step spread -------------------

@@ -32,7 +32,7 @@ from ..spec.hostfile import format_include
 from ..spec.metrics import METRICS_PATH_ENV
 from ..spec.model import CONFIG_FLAG, with_arg
 from ..spec.progress import PROGRESS_FILE, PROGRESS_PATH_ENV
-from ..spec.sure import DEFAULT_MOST, tolerance_of
+from ..spec.sure import most_of, tolerance_of
 from .tags import TAG_ENV
 
 if TYPE_CHECKING:  # types only: the views that write a best run's command do not import the scheduling core
@@ -80,7 +80,7 @@ def with_autotuning(ds_config: Mapping[str, JSON], metric_path: str, metric: str
     section.setdefault("start_profile_step", START_PROFILE_STEP)
     first = section["start_profile_step"]
     if tolerance_of(config) is not None and "end_profile_step" not in section and isinstance(first, int):
-        section["end_profile_step"] = first + DEFAULT_MOST  # measured until sure: at most this many (spec/sure.py)
+        section["end_profile_step"] = first + most_of(config)  # measured until sure: at most this many (spec/sure.py)
     section.setdefault("end_profile_step", END_PROFILE_STEP)
     model_info = section.get("model_info")
     if isinstance(model_info, Mapping) and model_info.get("profile"):  # a profile run: its model info file beside

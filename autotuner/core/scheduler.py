@@ -338,7 +338,7 @@ class Scheduler:
         self._changed = True
         self._limits.pop(run.key, None)
         self.pool.give_back(run.reservation)
-        timing = timing_of(outcome.measured, self._launched.pop(run.key, None))
+        timing = timing_of(outcome.measured, self._launched.pop(run.key, None), at)
         if timing is not None:
             self.record.measured(run.experiment.name, run.attempt, timing)
             if outcome.state in (State.SUCCEEDED, State.STOPPED):  # a stopped one: how far it got, how fast
@@ -372,19 +372,23 @@ class Scheduler:
         if event.oom is not None:
             self._stop(run, State.FAILED, event.oom, now, Reason.OOM)
             return
-        timing = timing_of(event.reading, self._launched.get(run.key))
-        if timing is None or event.reading is None:
+        if event.reading is None:
+            return
+        launched = self._launched.get(run.key)
+        reading = event.reading.within(launched, now)  # as every view of it says it
+        timing = timing_of(reading, launched, now)
+        if timing is None:
             return
         self.record.measured(run.experiment.name, run.attempt, timing)
-        self._note("progress", run, Outcome(State.RUNNING, measured=event.reading))
-        why = self.searcher.outclassed(run, event.reading) if self.searcher is not None else None
+        self._note("progress", run, Outcome(State.RUNNING, measured=reading))
+        why = self.searcher.outclassed(run, reading) if self.searcher is not None else None
         if why is not None:
             self._stop(run, State.STOPPED, why, now, Reason.OUTCLASSED)
             return
         tolerance = tolerance_of(run.experiment.ds_config)
-        enough = sure(event.reading, tolerance) if tolerance is not None else None
+        enough = sure(reading, tolerance) if tolerance is not None else None
         if enough is not None:
-            self._sure[run.key] = event.reading
+            self._sure[run.key] = reading
             self._stop(run, State.SUCCEEDED, enough, now, Reason.SURE)
 
     def _runs_again(self, name: str, outcome: Outcome, adopted: bool) -> bool:

@@ -23,12 +23,14 @@ _SLOTS = "(length(slots) - length(replace(slots, ',', '')) + 1)"
 _ENDED = "started_at IS NOT NULL AND finished_at IS NOT NULL AND slots IS NOT NULL"
 _FEW = 500  # names a query reads by at most (SQLite bounds a statement's parameters)
 # Ended attempts that stopping ended early, with what their steps said (schema 7's `measures`): stopped because
-# they could not win, or succeeded through a stop asked once they were measured until sure (the `stops` row).
+# they could not win, or succeeded through a stop asked once they were measured until sure (the `stops` row). A step
+# time longer than its attempt is none (its steps' clock was not the runner's: a runner before the scheduler kept
+# such out recorded it, and it priced the steps saved at up to inf).
 # Two selects, each led by a small set (the index on state; the stops: CROSS JOIN keeps SQLite from leading with every
 # succeeded attempt), not a scan of every attempt's measures.
 _MEASURED = (f"SELECT a.name, m.steps, m.step_time, {_SLOTS}, e.spec FROM {{}} JOIN measures m ON m.name = a.name "
              f"AND m.attempt = a.attempt JOIN experiments e ON e.name = a.name WHERE {_ENDED} AND m.step_time > 0 "
-             "AND a.state = ?")
+             "AND m.step_time <= a.finished_at - a.started_at AND a.state = ?")
 _EARLY = (_MEASURED.format("attempts a") + " UNION ALL " + _MEASURED.format(
     "stops s CROSS JOIN attempts a ON a.name = s.name AND a.attempt = s.attempt") + " AND s.reason = ?")
 

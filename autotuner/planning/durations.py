@@ -40,11 +40,11 @@ from ..ledger.store import Ledger, open_sweep
 from ..spec import Experiment
 from ..spec.interval import RunTimes
 from ..spec.progress import Window
-from ..spec.sure import TOLERANCE, steps_needed, tolerance_of
+from ..spec.sure import MOST, TOLERANCE, steps_needed, tolerance_of
 from ..states import State
 
 DEFAULT_SECONDS = 600.0
-PROFILE_KEYS = ("start_profile_step", "end_profile_step", TOLERANCE)
+PROFILE_KEYS = ("start_profile_step", "end_profile_step", TOLERANCE, MOST)
 
 
 @dataclass(frozen=True)

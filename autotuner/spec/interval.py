@@ -84,11 +84,20 @@ class StepReading:
         """The reading with its values over `size` (`Interval.over`)."""
         return dataclasses.replace(self, interval=self.interval.over(size)) if self.interval and size > 1 else self
 
-    def startup(self, launched_at: float | None) -> float | None:
-        """Seconds from the launch to the end of the first step; None when unknown (or the clocks disagree)."""
-        if launched_at is None or self.first_at < launched_at:
+    def startup(self, launched_at: float | None, until: float | None = None) -> float | None:
+        """Seconds from the launch to the end of the first step; None when unknown, or when the clocks disagree:
+        a first step before the launch, or after `until` (the runner's time of the reading)."""
+        if launched_at is None or self.first_at < launched_at or (until is not None and self.first_at > until):
             return None
         return self.first_at - launched_at
+
+    def within(self, launched_at: float | None, until: float) -> StepReading:
+        """The reading with no step time where that is longer than the run had lasted at `until` since its launch:
+        its steps' time stamps are then not of a clock that runs as the runner's (a script's own numbers), and a
+        step time taken from them would price each step it saved at that (GPU-hours saved beyond a float)."""
+        if launched_at is None or self.step_seconds is None or self.step_seconds <= until - launched_at:
+            return self
+        return dataclasses.replace(self, step_seconds=None)
 
 
 def t95(batches: int) -> float:
@@ -103,19 +112,23 @@ def batches_of(n: int) -> int:
 
 
 def batch_means(values: Sequence[float]) -> Interval | None:
-    """The trimmed mean of `values` (>= 0, as every metric is) and its winsorized batch-means interval, the values
-    in their order (see the module's doc); its low end at least 0; None for fewer than 2."""
+    """The trimmed mean of `values` (finite, >= 0, as every metric is) and its winsorized batch-means interval, the
+    values in their order (see the module's doc); its low end at least 0 (its high end inf where the spread is
+    beyond a float); None for fewer than 2. Worked out on the values over the largest of them: a script's values
+    are any finite numbers, and sums of those near a float's largest overflow (math.fsum raises)."""
     n = len(values)
     if n < 2:
         return None
+    scale = max(values) or 1.0
+    scaled = [v / scale for v in values]
     cut = int(n * TRIM + 0.5)  # rounded half up: 1 of 5 to 14 steps, 2 of 15 to 24, ...
-    ordered = sorted(values)
+    ordered = sorted(scaled)
     floor, ceiling = ordered[cut], ordered[n - 1 - cut]
-    kept = [min(max(v, floor), ceiling) for v in values]
+    kept = [min(max(v, floor), ceiling) for v in scaled]
     b = batches_of(n)
     means = [statistics.fmean(kept[i * n // b:(i + 1) * n // b]) for i in range(b)]
-    mean = statistics.fmean(ordered[cut:n - cut])
-    spread = _T95[b - 2] * statistics.stdev(means) / math.sqrt(b) / (1 - 2 * cut / n)
+    mean = statistics.fmean(ordered[cut:n - cut]) * scale
+    spread = _T95[b - 2] * statistics.stdev(means) / math.sqrt(b) / (1 - 2 * cut / n) * scale
     return Interval(mean, max(0.0, mean - spread), mean + spread, n, b)  # a metric is never below 0
 
 
@@ -137,14 +150,17 @@ def measure(steps: Sequence[TrainStep], measured: Sequence[TrainStep], rate: boo
 
 def _of_rates(values: Sequence[float]) -> Interval | None:
     """The interval of rates worked out on their inverses, a step's time per unit of work (see `measure`): the
-    work over the trimmed mean step time; None where a rate is 0."""
-    if any(v <= 0 for v in values):
+    work over the trimmed mean step time; None where a rate is 0, or so far below the largest that its inverse
+    is beyond a float (inverted over the largest rate, so that a small rate alone is no such one)."""
+    if not values or min(values) <= 0 or not math.isfinite(max(values) / min(values)):
         return None
-    inverse = batch_means([1 / v for v in values])
+    scale = max(values)
+    inverse = batch_means([scale / v for v in values])
     if inverse is None:
         return None
-    high = 1 / inverse.low if inverse.low > 0 else math.inf
-    return Interval(1 / inverse.mean, 1 / inverse.high, high, inverse.n, inverse.batches)
+    low = scale / inverse.high if math.isfinite(inverse.high) else 0.0
+    high = scale / inverse.low if inverse.low > 0 else math.inf
+    return Interval(scale / inverse.mean, low, high, inverse.n, inverse.batches)
 
 
 def measured_run(directory: Path, metric: str, window: Window) -> StepReading | None:
@@ -173,11 +189,15 @@ class RunTimes:
         return {k: v for k, v in found.items() if v is not None and math.isfinite(v)}
 
 
-def timing_of(measured: StepReading | None, launched_at: float | None) -> RunTimes | None:
-    """A run's RunTimes from what its steps said and when it was launched; None when it left no steps."""
+def timing_of(measured: StepReading | None, launched_at: float | None, until: float | None = None) -> RunTimes | None:
+    """A run's RunTimes from what its steps said, when it was launched and, where known, when this was read (its
+    end, or the reading while it runs: what its start-up and step time cannot exceed, `StepReading.within`); None
+    when it left no steps."""
     if measured is None:
         return None
-    return RunTimes(measured.startup(launched_at), measured.step_seconds, measured.steps, measured.interval)
+    if until is not None:
+        measured = measured.within(launched_at, until)
+    return RunTimes(measured.startup(launched_at, until), measured.step_seconds, measured.steps, measured.interval)
 
 
 def interval_text(metrics: Mapping[str, float], metric: str) -> str:

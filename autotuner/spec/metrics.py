@@ -94,11 +94,17 @@ def reported_peak(metrics: Mapping[str, float] | None) -> int | None:
     return int(value) if value is not None and 1 <= value < 1 << 60 else None  # what an SQLite integer holds
 
 
+# From here on a value is written with an exponent: grouped digits past a float's ~17 significant ones would be noise
+# (1e23 reads 99,999,999,999,999,991,611,392), and a script's step may carry any finite value (1e308: 309 digits).
+_EXPONENT = 1e21
+
+
 def format_value(value: float | None) -> str:
-    """A metric value as people read it in every view: 4 significant digits, thousands grouped; "-" for none."""
+    """A metric value as people read it in every view: 4 significant digits, thousands grouped (past _EXPONENT
+    with an exponent: 1.5e+308); "-" for none."""
     if value is None:
         return "-"
-    return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return f"{value:,.4g}" if abs(value) < 1e4 or abs(value) >= _EXPONENT else f"{value:,.0f}"
 
 
 _SI = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
@@ -106,7 +112,7 @@ _SI = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"))
 
 def format_compact(value: float | None) -> str:
     """`format_value`, but a million and more with an SI prefix (FLOPS: `1.234T`): for narrow table cells."""
-    if value is None or abs(value) < 1e6:
+    if value is None or not 1e6 <= abs(value) < _EXPONENT:
         return format_value(value)
     size, chosen = abs(value), _SI[-1]
     for pair in _SI:  # a plain loop: a generator per cell was a tenth of a 100,000-row report

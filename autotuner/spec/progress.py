@@ -7,9 +7,9 @@ The progress file (the contract for any script)
     The runner sets `AUTOTUNE_PROGRESS_PATH` (`PROGRESS_PATH_ENV`) to an absolute path beside
     `AUTOTUNE_METRICS_PATH`. A script may append one JSON object per line to it, one line per optimizer step,
     from one process (rank 0): `{"step": 12, "time": 1764361234.5, "throughput": 1834.2}`. `step` is the step's
-    number (an integer >= 0), `time` when it ended (seconds since the epoch, `time.time()`), and the sweep's
-    metric key, when present, what that step measured (a finite number >= 0). Lines that are not such objects
-    (a half-written last line among them) are skipped. Writing it is optional: a run without it is judged by
+    number (an integer from 0 to MAX_STEP), `time` when it ended (seconds since the epoch, `time.time()`), and the
+    sweep's metric key, when present, what that step measured (a finite number >= 0). Lines that are not such
+    objects (a half-written last line among them) are skipped. Writing it is optional: a run without it is judged by
     its metrics file alone.
 
 DeepSpeed's own throughput lines
@@ -50,11 +50,14 @@ THROUGHPUT = "throughput"  # the metric DeepSpeed's lines measure, counted over 
 CONFIG_FILE = "ds_config.json"  # the config an attempt runs, in its directory (written before it starts)
 MAX_STEPS = 100_000  # steps read of one run: the last ones; a longer file is read from its end
 MAX_BYTES = 8 * 1024 * 1024  # of the progress file and of each log, read from the end
+# The largest step number read (2^53, below which every whole number is a float): a larger one is no step's, and
+# the arithmetic on steps (a step time over the steps between two lines) cannot hold it.
+MAX_STEP = 2 ** 53
 START = 3  # DeepSpeed's default start_profile_step
 
 _DEEPSPEED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[INFO\] \[timer\.py:\d+:stop\] "
-    r"epoch=\d+/micro_step=\d+/global_step=(\d+), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec=([0-9.eE+\-]+)",
+    r"epoch=\d+/micro_step=\d+/global_step=(\d{1,15}), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec=([0-9.eE+\-]+)",
     re.M)
 
 
@@ -151,7 +154,8 @@ def _step_line(line: str, metric: str) -> TrainStep | None:
     if not isinstance(data, dict):
         return None
     number, at, value = data.get("step"), _finite(data.get("time")), _finite(data.get(metric))
-    if not isinstance(number, int) or isinstance(number, bool) or number < 0 or at is None or at <= 0:
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number <= MAX_STEP or at is None or \
+            at <= 0:
         return None
     return TrainStep(number, at, value if value is not None and value >= 0 else None)
 

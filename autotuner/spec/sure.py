@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from .. import limits
 from ..errors import shown
 from ..jsonvalues import JSON
 from .interval import MAX_BATCHES, StepReading, t95
@@ -41,18 +42,36 @@ def tolerance_of(ds_config: Mapping[str, JSON]) -> float | None:
 
 def problem(ds_config: Mapping[str, JSON]) -> str | None:
     """What is wrong with the measuring until sure a `run` sweep's experiment asks (its config's own keys: a
-    `tolerance`, and the window `end_profile_step` ends), as its refusal says it; None: nothing, or not asked."""
+    `tolerance`, the most steps it measures, `max_measured_steps`, or the window `end_profile_step` ends), as its
+    refusal says it; None: nothing, or not asked. A key of ours that would be ignored is refused with the rest."""
     section = ds_config.get("autotuning")
-    if not isinstance(section, Mapping) or section.get(TOLERANCE) is None:
+    if not isinstance(section, Mapping):
         return None
+    if section.get(TOLERANCE) is None:
+        return (f"autotuning.{MOST} bounds a run measured until sure: give autotuning.{TOLERANCE} too (0.03: within "
+                f"3% of the mean)" if MOST in section else None)
     if tolerance_of(ds_config) is None:
         return (f"autotuning.{TOLERANCE} must be a fraction between 0 and 1 (0.03: within 3% of the mean), not "
                 f"{shown(section[TOLERANCE])}")
+    for key, least in (("start_profile_step", 0), ("end_profile_step", 0), (MOST, SURE_STEPS)):
+        value = section.get(key, least)
+        if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= limits.COUNT:
+            return f"autotuning.{key} must be a whole number from {least} to {limits.COUNT:,}, not {shown(value)}"
     start, end = section.get("start_profile_step", START), section.get("end_profile_step")
+    if MOST in section and end is not None:
+        return f"autotuning.{MOST} and end_profile_step both bound the profile window: give one"
     if isinstance(start, int) and isinstance(end, int) and end - start < SURE_STEPS:
         return (f"autotuning.end_profile_step {end} leaves {end - start} measured step(s) past start_profile_step "
                 f"{start}, fewer than the {SURE_STEPS} a run makes before its interval can end it")
     return None
+
+
+def most_of(ds_config: Mapping[str, JSON]) -> int:
+    """The most steps a run measured until sure measures where its config sets no `end_profile_step`: its
+    `max_measured_steps`, else DEFAULT_MOST."""
+    section = ds_config.get("autotuning")
+    most = section.get(MOST) if isinstance(section, Mapping) else None
+    return most if isinstance(most, int) and not isinstance(most, bool) and most >= SURE_STEPS else DEFAULT_MOST
 
 
 def steps_needed(spread: float, tolerance: float, most: int) -> int:

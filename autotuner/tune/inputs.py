@@ -15,6 +15,7 @@ from ..errors import UserError, shown
 from ..jsonvalues import JSON, JSONObject
 from ..spec.metrics import metric_named
 from ..spec.model import CONFIG_FLAG, UNSAFE, positive_int
+from ..spec.progress import THROUGHPUT
 from ..spec.reading import (
     Budget,
     Source,
@@ -162,7 +163,8 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
     metric = section.get("metric", "throughput")
     if not isinstance(metric, str):
         raise src.error("metric must be a string", "metric")
-    metric = metric_named(metric, path=path, line=src.line("metric")).spec
+    named = metric_named(metric, path=path, line=src.line("metric"))
+    metric = named.spec
     counts = {k: _count(src, section, k) for k in ("min_train_micro_batch_size_per_gpu",
                                                    "max_train_micro_batch_size_per_gpu", "max_train_batch_size",
                                                    "num_tuning_micro_batch_sizes", "tuner_num_trials",
@@ -196,7 +198,8 @@ def read_tuning(path: Path, world: int, src: Source | None = None, flag: str = C
         base["gradient_accumulation_steps"] = accumulations[0]
     if zero:
         base["zero_optimization"] = first_values(zero)
-    engine = engine_section(src, section, counts["start_profile_step"], counts["end_profile_step"], options)
+    engine = engine_section(src, section, counts["start_profile_step"], counts["end_profile_step"], options,
+                            stepped=named.name == THROUGHPUT)
     if engine:
         base["autotuning"] = engine
     mappings = arg_mappings(src, section.get("arg_mappings", {}), flag)

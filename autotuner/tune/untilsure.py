@@ -19,6 +19,7 @@ from ..errors import UserError, shown
 from ..jsonvalues import JSONObject
 from ..spec.reading import Source
 from ..spec.sure import DEFAULT_MOST, DEFAULT_TOLERANCE, MOST, START, SURE_STEPS, TOLERANCE
+from .knobs import whole
 
 OFF = "off"  # --tolerance off: the fixed window
 
@@ -41,6 +42,9 @@ def asked(tolerance: str | None, most: int | None) -> Asked:
     if most is not None and most < SURE_STEPS:
         raise UserError(f"--max-measured-steps {most} is below the {SURE_STEPS} measured steps a run makes before "
                         "its interval can end it")
+    if most is not None and most > limits.COUNT:
+        raise UserError(f"--max-measured-steps {most} is above {limits.COUNT:,}, the most steps a config's "
+                        f"{MOST} may ask")
     if tolerance is None or tolerance.strip().lower() == OFF:
         return Asked(None, tolerance is not None, most)
     try:
@@ -54,13 +58,17 @@ def asked(tolerance: str | None, most: int | None) -> Asked:
 
 
 def engine_section(src: Source, section: JSONObject, start: int | None, end: int | None,
-                   options: Asked) -> JSONObject:
+                   options: Asked, stepped: bool = True) -> JSONObject:
     """The autotuning keys each experiment's engine (and the runner) reads: the profile window and, measuring until
-    sure, the tolerance (see the module's doc). `start`, `end`: the config's profile steps, checked."""
+    sure, the tolerance (see the module's doc). `start`, `end`: the config's profile steps, checked. `stepped`:
+    the tune's metric is one DeepSpeed's per-step lines measure (throughput); for another (latency,
+    FLOPS_per_gpu) the runner reads steps only where the script writes them itself, so it measures until sure only
+    where asked (by default its runs would make the whole 30-step window with nothing to end them)."""
     tolerance = _tolerance(src, section)
     most = _most(src, section, end)
-    if options.off or (options.tolerance is None and options.most is None and tolerance is None and
-                       (TOLERANCE in section or (end is not None and most is None))):
+    asked_none = options.tolerance is None and options.most is None and tolerance is None
+    if options.off or (asked_none and (TOLERANCE in section or (end is not None and most is None) or
+                                       (not stepped and most is None))):
         return {k: v for k, v in (("start_profile_step", start), ("end_profile_step", end)) if v is not None}
     first = start if start is not None else START
     if options.most is not None or most is not None or end is None:
@@ -86,10 +94,11 @@ def _tolerance(src: Source, section: JSONObject) -> float | None:
 def _most(src: Source, section: JSONObject, end: int | None) -> int | None:
     if MOST not in section:
         return None
-    value = section[MOST]
+    value = whole(section[MOST])  # 3e1, as JSON may write it, is 30
     if isinstance(value, bool) or not isinstance(value, int) or value < SURE_STEPS or value > limits.COUNT:
         raise src.error(f"{MOST} must be a whole number of at least {SURE_STEPS} (the measured steps a run makes "
-                        f"before its interval can end it), not {shown(value)}", MOST)
+                        f"before its interval can end it) and at most {limits.COUNT:,}, not {shown(section[MOST])}",
+                        MOST)
     if end is not None:
         raise src.error(f"{MOST} and end_profile_step both bound the profile window: give one", MOST)
     return value

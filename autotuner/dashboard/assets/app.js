@@ -152,8 +152,11 @@ const WHOLE = new Intl.NumberFormat("en-US"), TENTHS = new Intl.NumberFormat("en
 function number(v) {
   if (v === null || v === undefined) return "";
   if (typeof v !== "number") return String(v);
-  if (Number.isInteger(v)) return WHOLE.format(v);
   const a = Math.abs(v);
+  // From 1e21 on with an exponent, as the report writes it: grouped digits past a float's ~17 would be noise, and a
+  // script's step may carry any finite value (1e308: 309 digits).
+  if (a >= 1e21) return String(Number(v.toPrecision(4)));
+  if (Number.isInteger(v)) return WHOLE.format(v);
   return a >= 1000 ? TENTHS.format(v) : a >= 1 ? v.toFixed(3) : v.toPrecision(4);
 }
 
