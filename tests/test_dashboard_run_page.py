@@ -10,6 +10,7 @@ import math
 import shutil
 from pathlib import Path
 
+from autotuner.ledger.lock import SweepLock
 from autotuner.ledger.store import Ledger
 from autotuner.spec.interval import Interval, RunTimes
 from autotuner.states import State
@@ -41,6 +42,7 @@ def test_a_runs_page_follows_its_reading_and_shows_its_final_figures_once_it_end
     (tmp_path / "s").mkdir()
     ledger = Ledger.create(tmp_path / "s", SWEEP_META)
     ledger.add_experiments([experiment("e1"), experiment("e2")], at=1.0)
+    runner = SweepLock(tmp_path / "s").acquire()  # this test is the sweep's runner: it records what a runner does
     shown = start_dashboard(runners, tmp_path / "s")
     browser = chromium_driver(tmp_path / "profile")
     try:
@@ -83,6 +85,7 @@ def test_a_runs_page_follows_its_reading_and_shows_its_final_figures_once_it_end
     finally:
         browser.quit()
         ledger.close()
+        runner.release()
     shown.stop()
 
 
@@ -166,11 +169,13 @@ def test_a_run_of_a_ledger_older_than_the_steps_has_no_figures_and_its_page_says
     for name in ("fx_mbs1", "fx_mbs2", "fx_mbs4"):
         found = shown.json(f"/api/sweeps/{sid}/experiments/{name}")
         assert [a["measured"] for a in found["attempts"]] == [None] and found["metric"] == "throughput", found
+        assert found["runner"] is None  # its runner is long gone
     browser = chromium_driver(tmp_path / "profile")
     try:
         browser.get(f"{shown.base}/?token={shown.token}#/s/{sid}/run/fx_mbs4")  # left running by a runner long gone
         _shows(browser, {"title": "Progress so far"})
-        assert _figures(browser)["note"].startswith("no steps read yet"), _figures(browser)
+        assert _figures(browser)["note"] == ("no steps read: no runner follows this sweep now (autotune resume "
+                                             "follows its runs again)"), _figures(browser)  # not "yet": none will be
     finally:
         browser.quit()
     shown.stop()

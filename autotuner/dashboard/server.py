@@ -86,7 +86,7 @@ class Dashboard:
         if kept is None or kept[0] != seq:
             self._standing[served.id] = kept = (seq, {**standing(snap, served.id, served.root),
                                                       "training": feed.training(), "gpu_hours": feed.gpu_hours()})
-        made = summary(snap, kept[1], seq, self._runner(feed.directory), self.planner)
+        made = summary(snap, kept[1], seq, self.runner_of(feed.directory), self.planner)
         key = (seq, made["runner"], json.dumps(made["eta"]))
         last = self._summaries.get(served.id)
         if last is None or last[0] != key:
@@ -102,7 +102,7 @@ class Dashboard:
             self.on_sign_in(self.code)
             return True
 
-    def _runner(self, directory: Path) -> int | None:
+    def runner_of(self, directory: Path) -> int | None:
         """`runner_pid`, kept for a second: the kernel's lock table can be long on a busy machine."""
         now = time.monotonic()
         kept = self._runners.get(directory)
@@ -189,7 +189,8 @@ def sweep(request: Request, dashboard: Dashboard) -> Response:
 
 def experiment(request: Request, dashboard: Dashboard) -> Response:
     """One experiment: its spec and every attempt, each with what its steps said (`measured`: readings.py; live
-    while it runs), and the sweep's metric, for its own page."""
+    while it runs), the sweep's metric, and its runner's pid (None: no runner follows it, so a run recorded running
+    is read by nobody until a resume), for its own page."""
     served = _sweep(request, dashboard)
     name = str(request.path_params["name"])
     found, attempts, meta, measured = read(served.feed.directory, lambda reader: (
@@ -199,6 +200,7 @@ def experiment(request: Request, dashboard: Dashboard) -> Response:
         raise Refused(404, "no such experiment in this sweep")
     where = _run_directory(served.feed.directory, attempts[-1].dir if attempts else None, name)
     return JSONResponse({"sweep": meta.name, "metric": metric_named(meta.metric).name, "spec": found[0].to_json(),
+                         "runner": dashboard.runner_of(served.feed.directory),
                          "attempts": [a.to_json() | {"measured": measured.get(a.attempt)} for a in attempts],
                          "logs": {k: f"{where}/{k}.log" for k in ("stdout", "stderr")}})
 

@@ -610,7 +610,7 @@ function drawRun(R, d) {
       el("td", { class: "num" }, a.started_at ? seconds((a.finished_at || Date.now() / 1000) - a.started_at) : ""),
       el("td", {}, a.exit_code ?? ""), ...names.map((n) => el("td", { class: "num" }, number(valueOf(a, n)))),
       el("td", { class: "why" }, [a.reason, a.detail].filter(Boolean).join(": "))))))),
-  last ? progressCard(last, d.metric) : null,
+  last ? progressCard(last, d.metric, d.runner) : null,
   el("h2", { class: "spaced" }, "ds_config"), el("pre", {}, JSON.stringify(d.spec.ds_config, null, 2)));
   // What an empty log means: nothing yet, or nothing at all.
   for (const pre of Object.values(R.logs)) pre.dataset.empty = R.running ? (R.started ? "(empty so far)" : "(not started yet)") : "(empty)";
@@ -622,14 +622,16 @@ function span(s) { return s === null || s === undefined ? "?" : s < 60 ? number(
 // The latest attempt's steps: while it runs, as the runner last read them (every few seconds; replaced at each
 // poll), how many so far, the metric's mean so far with its 95% interval, start-up (launch to the end of its first
 // step) and step time; once it ended, its final figures: its value and interval as recorded with its metrics.
-function progressCard(a, metric) {
+function progressCard(a, metric, runner) {
   const m = a.measured, running = a.state === "running", metrics = a.metrics || {};
   if (!a.started_at) return null;
   const box = el("div", { id: "progress", class: "progress" + (running ? " so-far" : "") },
     el("h2", { class: "spaced" }, running ? "Progress so far" : "Steps measured"));
   if (!m) {
-    box.append(el("p", { class: "muted" }, running ? "no steps read yet: the runner reads them every few seconds, once the run "
-      + "writes its progress file or DeepSpeed prints its throughput lines" : "no steps were read from this run"));
+    box.append(el("p", { class: "muted" }, !running ? "no steps were read from this run"
+      : !runner ? "no steps read: no runner follows this sweep now (autotune resume follows its runs again)"
+      : "no steps read yet: the runner reads them every few seconds, once the run "
+      + "writes its progress file or DeepSpeed prints its throughput lines"));
     return box;
   }
   // An ended run that recorded no value (it failed, or was cut short): its steps' mean when it ended, said so.
