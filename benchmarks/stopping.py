@@ -182,6 +182,8 @@ def saved_each(out: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--first-seed", type=int, default=0, help="the first trial's seed (more trials of a setting "
+                        "measured before: --first-seed 8 --trials 12 after --trials 8)")
     parser.add_argument("--slots", type=int, default=3)
     parser.add_argument("--startup", type=float, default=0.6, help="seconds of start-up a run")
     parser.add_argument("--steps", type=int, default=40)
@@ -214,7 +216,7 @@ def main() -> None:
             stated = {"num_params": round(memory.params), "activation_mem_per_gpu": round(memory.per_sample)}
             (work / "ds-stated.json").write_text(json.dumps(ds | {"autotuning": autotuning | {"model_info": stated}}))
         (work / "ds.json").write_text(json.dumps(ds))
-        for seed in range(args.trials):
+        for seed in range(args.first_seed, args.first_seed + args.trials):
             row = {mode: tune(work, seed, mode, args) for mode in MODES}
             if args.against:
                 row |= {f"{mode} (against)": tune(work, seed, mode, args, args.against.resolve())
@@ -262,7 +264,7 @@ def main() -> None:
               f" GPU-s; floor of its runs / fixed: median {statistics.median(floors):.3f}")
     if args.json:
         args.json.write_text(json.dumps([{"seed": seed, **{mode: vars(t) for mode, t in row.items()}}
-                                         for seed, row in enumerate(rows)], indent=1))
+                                         for seed, row in enumerate(rows, args.first_seed)], indent=1))
 
 def memory_of(args: argparse.Namespace) -> Memory:
     return Memory(args.memory_known is not None, args.context)
