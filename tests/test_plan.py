@@ -143,20 +143,15 @@ def test_a_longer_profile_is_planned_as_the_start_up_plus_the_steps_at_each_conf
     for a in autotuner.snapshot(past).attempts:
         per_step = a.metrics["latency"] / 1e6
         cuts[a.name] = (a.finished_at - a.started_at - 6 * per_step, per_step)
-    longer, exps = _steps_sweep(tmp_path, "long", [1, 4, 2], 29)  # 30 steps
+    _, exps = _steps_sweep(tmp_path, "long", [1, 4, 2], 29)  # 30 steps
     planned = plan_sweep(exps, {"h": [0, 1]}, past=past).durations
     assert planned.origin == {"mbs1": "scaled", "mbs4": "scaled", "mbs2": "start-up + steps"}
     for name, (startup, per_step) in cuts.items():
         assert planned.seconds[name] == pytest.approx(startup + 30 * per_step)
     startups, steps = zip(*cuts.values(), strict=True)
     assert planned.seconds["mbs2"] == pytest.approx(statistics.median(startups) + 30 * statistics.median(steps))
-    # and against the longer sweep run for real: each scaled estimate is nearer what the run took than the
-    # short run's whole duration is
-    assert autotuner.execute(longer, autotuner.Options(grace=1.0)).exit_code == 0
-    took = {a.name: a.finished_at - a.started_at for a in autotuner.snapshot(longer).attempts}
-    short = {a.name: a.finished_at - a.started_at for a in autotuner.snapshot(past).attempts}
-    for name in cuts:
-        assert abs(planned.seconds[name] - took[name]) < abs(short[name] - took[name])
+    # How near the longer sweep run for real this comes is a measurement, not a test: it moves with the machine's
+    # load between the two sweeps (benchmarks/plan.py; BENCHMARKS.md, "plan from start-up and step time apart").
 
 
 def test_a_script_that_writes_its_steps_is_planned_from_the_ledgers_start_up_and_step_time(tmp_path):
@@ -175,7 +170,7 @@ def test_a_script_that_writes_its_steps_is_planned_from_the_ledgers_start_up_and
     cuts = {n: (runs[n].duration - (4 + timings[n].steps) * timings[n].step_seconds, timings[n].step_seconds)
             for n in runs}
     assert all(timings[n].steps == 2 and cuts[n][0] >= 0.3 for n in runs)
-    longer, exps = _steps_sweep(tmp_path, "long", [1, 4, 2], 29, written)  # 30 steps
+    _, exps = _steps_sweep(tmp_path, "long", [1, 4, 2], 29, written)  # 30 steps
     planned = plan_sweep(exps, {"h": [0, 1]}, past=past).durations
     assert planned.origin == {"mbs1": "scaled", "mbs4": "scaled", "mbs2": "start-up + steps"}
     four = [cuts["mbs4"], cuts["mbs4_again"]]
@@ -188,10 +183,8 @@ def test_a_script_that_writes_its_steps_is_planned_from_the_ledgers_start_up_and
     assert parts.startup_spread == pytest.approx(statistics.stdev(startups) / statistics.fmean(startups))
     ratio = [c[1] / statistics.median(x[1] for x in four) for c in four]
     assert parts.step_spread == pytest.approx(statistics.fmean((r - 1) ** 2 for r in ratio) ** 0.5)
-    assert autotuner.execute(longer, autotuner.Options(grace=1.0)).exit_code == 0
-    took = {a.name: a.duration for a in autotuner.snapshot(longer).attempts}
-    for name in ("mbs1", "mbs4"):
-        assert abs(planned.seconds[name] - took[name]) < abs(runs[name].duration - took[name])
+    # How near the real 30-step runs this comes is a measurement, not a test: it moves with the machine's load
+    # between the two sweeps (benchmarks/plan.py steps; BENCHMARKS.md, "plan from start-up and step time apart").
 
 
 def test_a_run_is_cut_by_the_steps_it_made_where_it_reported_fewer():
