@@ -7,9 +7,10 @@ followed attempt's steps, N attempts whose files hold K steps each.
 Each attempt (adopted, so its files count as its own) has either a progress file (`--source progress`: one JSON
 line a step) or DeepSpeed's throughput lines in its stdout.log (`--source deepspeed`: ~190 bytes a step, so 100,000
 steps are 19 MB, more than the 8 MiB a read keeps). After a first poll (reading what is there), each timed poll
-follows one step more appended to every attempt's file (`grown`: a running sweep's case, steps computed again)
-or nothing new (`quiet`). Prints the medians of --polls polls in CPU seconds (`time.process_time`), and the
-median CPU time of one `measure` over K steps (what a grown poll costs at least, once per attempt).
+follows one step more appended to every attempt's file (`grown`: a running sweep's case, steps computed again),
+then as many follow nothing new (`quiet`). Prints the medians of --polls polls in CPU seconds
+(`time.process_time`), and the median CPU time of one `measure` over K steps (what a grown poll costs at least,
+once per attempt).
 """
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def cpu(call: object) -> float:
     return time.process_time() - start
 
 
-def polls(root: Path, source: str, count: int, steps: int, rounds: int, grown: bool) -> tuple[float, float]:
-    """The first poll's CPU seconds and the median of `rounds` polls after it."""
+def polls(root: Path, source: str, count: int, steps: int, rounds: int) -> tuple[float, float, float]:
+    """The first poll's CPU seconds, the median of `rounds` polls each after one step more an attempt, then the
+    median of `rounds` polls with nothing new."""
     runs = attempts(root, source, count, steps)
     posted: list[Progress] = []
     post: Post = posted.append
@@ -78,16 +80,16 @@ def polls(root: Path, source: str, count: int, steps: int, rounds: int, grown: b
     for run in runs:
         reader("adopted", run, None)
     first = cpu(reader.check)
-    took, made = [], steps
+    grown, made = [], steps
     for _ in range(rounds):
-        if grown:
-            made += 1
-            for run in runs:
-                with open(run.dir / file_of(source), "a") as f:
-                    f.write(step_line(source, made))
-        took.append(cpu(reader.check))
+        made += 1
+        for run in runs:
+            with open(run.dir / file_of(source), "a") as f:
+                f.write(step_line(source, made))
+        grown.append(cpu(reader.check))
+    quiet = [cpu(reader.check) for _ in range(rounds)]
     shutil.rmtree(root)
-    return first, statistics.median(took)
+    return first, statistics.median(grown), statistics.median(quiet)
 
 
 def measure_alone(root: Path, source: str, steps: int, rounds: int) -> float:
@@ -110,8 +112,7 @@ def main() -> None:
             for steps in args.steps:
                 alone = measure_alone(base / "m", source, steps, args.polls)
                 for count in args.attempts:
-                    first, grown = polls(base / "g", source, count, steps, args.polls, grown=True)
-                    _, quiet = polls(base / "q", source, count, steps, args.polls, grown=False)
+                    first, grown, quiet = polls(base / "p", source, count, steps, args.polls)
                     print(f"{source:9} K={steps:>7} N={count:>3}: first {first:8.3f} s, grown {grown:8.3f} s, "
                           f"quiet {quiet:8.3f} s a poll; measure alone {alone * 1000:7.2f} ms an attempt",
                           flush=True)
