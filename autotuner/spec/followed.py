@@ -108,7 +108,8 @@ class FollowedFile:
             self._catch_up(fd, again=False)
 
     def _take(self, data: bytes) -> None:
-        """The steps of the lines `data`, read at the kept position, ends."""
+        """Take `data`, the file's bytes from the kept position: the steps of each line it ends; what follows its
+        last line feed is the unfinished line."""
         kept = self.kept
         start, kept.pos = kept.pos, kept.pos + len(data)
         kept.finger, kept.unfinished = (kept.finger + data)[-FINGER:], None
