@@ -12,6 +12,7 @@ import pytest
 
 from autotuner.backends.exitstatus import judge_files
 from autotuner.ledger.store import Ledger
+from autotuner.spec import progress
 from autotuner.spec.interval import Interval, RunTimes, batch_means, measure, measured_run
 from autotuner.spec.metrics import metric_named
 from autotuner.spec.progress import PROGRESS_FILE, TrainStep, Window, from_deepspeed_log, from_progress_file, read_steps
@@ -77,6 +78,28 @@ def test_deepspeed_throughput_lines_are_steps_read_when_there_is_no_progress_fil
     assert read_steps(tmp_path, "tokens_per_s", Window(2)) == ([], [])  # its lines are throughput only
     write_lines(tmp_path / PROGRESS_FILE, [{"step": 1, "time": 5.0}])
     assert read_steps(tmp_path, "throughput", Window(0)) == ([TrainStep(1, 5.0)],) * 2  # the script's own file wins
+
+
+def test_a_line_cut_by_the_bytes_a_read_keeps_is_no_line(tmp_path, monkeypatch):
+    """A file longer than a read keeps (MAX_BYTES from its end): the line those bytes start inside is not read,
+    though its end alone reads as a step (spec/followed.py reads as much as the whole read)."""
+    line = 'junk {"step": 7, "time": 5.0}'
+    write_lines(tmp_path / PROGRESS_FILE, [line, {"step": 8, "time": 6.0}])
+    size = (tmp_path / PROGRESS_FILE).stat().st_size
+    monkeypatch.setattr(progress, "MAX_BYTES", size - len("junk "))  # they start at its `{`
+    assert read_steps(tmp_path, "throughput", Window(0))[0] == [TrainStep(8, 6.0)]
+    monkeypatch.setattr(progress, "MAX_BYTES", size - len(line) - 1)  # they start at the next line: it is read
+    assert read_steps(tmp_path, "throughput", Window(0))[0] == [TrainStep(8, 6.0)]
+    monkeypatch.setattr(progress, "MAX_BYTES", size)
+    assert read_steps(tmp_path, "throughput", Window(0))[0] == [TrainStep(8, 6.0)]
+
+
+def test_a_throughput_line_is_one_line():
+    """A line feed inside what would be DeepSpeed's throughput line: no step (its end was read with it before)."""
+    t0 = int(time.time())
+    broken = ds_line(5, t0 + 1.0, 99.0).replace("RunningAvgSamplesPerSec=", "RunningAvgSamplesPerSec=1\nx")
+    log = "\n".join([ds_line(4, t0 + 0.5, 98.0), broken, ds_line(6, t0 + 1.5, 97.0)])
+    assert [s.step for s in from_deepspeed_log(log)] == [4, 6]
 
 
 def test_the_interval_is_the_trimmed_mean_with_batch_means_of_the_winsorized_steps():

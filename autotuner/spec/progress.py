@@ -47,6 +47,7 @@ from pathlib import Path
 PROGRESS_PATH_ENV = "AUTOTUNE_PROGRESS_PATH"
 PROGRESS_FILE = "progress.jsonl"
 THROUGHPUT = "throughput"  # the metric DeepSpeed's lines measure, counted over TP ranks (`tp_size`)
+LOGS = ("stdout.log", "stderr.log")  # an attempt's logs, where DeepSpeed's lines are read (stdout's first)
 CONFIG_FILE = "ds_config.json"  # the config an attempt runs, in its directory (written before it starts)
 MAX_STEPS = 100_000  # steps read of one run: the last ones; a longer file is read from its end
 MAX_BYTES = 8 * 1024 * 1024  # of the progress file and of each log, read from the end
@@ -57,11 +58,12 @@ START = 3  # DeepSpeed's default start_profile_step
 
 _DEEPSPEED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[INFO\] \[timer\.py:\d+:stop\] "
-    r"epoch=\d+/micro_step=\d+/global_step=(\d{1,15}), RunningAvgSamplesPerSec=[^,]*, CurrSamplesPerSec=([0-9.eE+\-]+)",
+    r"epoch=\d+/micro_step=\d+/global_step=(\d{1,15}), "
+    r"RunningAvgSamplesPerSec=[^,\n]*, CurrSamplesPerSec=([0-9.eE+\-]+)",  # one line: no line feed inside
     re.M)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TrainStep:
     """One optimizer step: its number, when it ended (seconds since the epoch), and its value of the metric."""
 
@@ -124,12 +126,13 @@ def tp_size(config: Mapping[str, object]) -> int:
 def read_steps(directory: Path, metric: str, window: Window) -> tuple[list[TrainStep], list[TrainStep]]:
     """The run's steps in order and those of them in its measured `window`: its progress file's, else DeepSpeed's
     throughput lines in its logs (only for the metric `throughput`; numbered by the steps made, its timer prints
-    none of the first two); none when it left neither. At most MAX_BYTES of each file, from its end."""
+    none of the first two); none when it left neither. The whole lines of each file's last MAX_BYTES. Read whole:
+    a run judged at its end; the runner follows a running one with spec/followed.py, which reads the same."""
     steps = from_progress_file(directory / PROGRESS_FILE, metric)
     if steps or metric != THROUGHPUT:
         return steps, window.placed(steps)
-    for log in ("stdout.log", "stderr.log"):
-        steps = from_deepspeed_log(read_tail(directory / log, MAX_BYTES))
+    for log in LOGS:
+        steps = from_deepspeed_log(read_tail(directory / log, MAX_BYTES, lines=True))
         if steps:
             return steps, window.numbered(steps)
     return [], []
@@ -137,13 +140,13 @@ def read_steps(directory: Path, metric: str, window: Window) -> tuple[list[Train
 
 def from_progress_file(path: Path, metric: str) -> list[TrainStep]:
     """The lines of a progress file that are whole step objects, in step order (a repeated step: its last line)."""
-    text = read_tail(path, MAX_BYTES)
-    found: dict[int, TrainStep] = {}
-    for line in text.splitlines():
-        step = _step_line(line, metric)
-        if step is not None:
-            found[step.step] = step
-    return _ordered(found)
+    found = {step.step: step for step in progress_steps(read_tail(path, MAX_BYTES, lines=True), metric)}
+    return ordered(found)
+
+
+def progress_steps(text: str, metric: str) -> list[TrainStep]:
+    """The step objects among a progress file's lines (any of Python's line breaks ends one), in file order."""
+    return [step for line in text.splitlines() if (step := _step_line(line, metric)) is not None]
 
 
 def _step_line(line: str, metric: str) -> TrainStep | None:
@@ -164,43 +167,73 @@ def from_deepspeed_log(text: str) -> list[TrainStep]:
     """DeepSpeed's per-step throughput lines in a log's text, in step order."""
     found: dict[int, TrainStep] = {}
     for match in _DEEPSPEED.finditer(text):
-        stamp, millis, number, value = match.groups()
-        try:
-            at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
-        except (ValueError, OverflowError):
-            continue
-        speed = _finite_text(value)
-        found[int(number)] = TrainStep(int(number), at, speed if speed is not None and speed >= 0 else None)
-    return _ordered(found)
+        step = _deepspeed_step(match)
+        if step is not None:
+            found[step.step] = step
+    return ordered(found)
 
 
-def read_tail(path: Path, size: int) -> str:
-    """At most `size` bytes from the end of a regular file, as text; nothing for a missing or odd file (a FIFO
-    would block the reader, a device never end)."""
+def deepspeed_steps(line: str) -> list[TrainStep]:
+    """The step of one line of a log (no line feed in it) that is DeepSpeed's throughput line: what
+    `from_deepspeed_log` finds at that line's start."""
+    match = _DEEPSPEED.match(line)
+    step = _deepspeed_step(match) if match is not None else None
+    return [step] if step is not None else []
+
+
+def _deepspeed_step(match: re.Match[str]) -> TrainStep | None:
+    stamp, millis, number, value = match.groups()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except OSError:
+        at = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+    except (ValueError, OverflowError):
+        return None
+    speed = _finite_text(value)
+    return TrainStep(int(number), at, speed if speed is not None and speed >= 0 else None)
+
+
+def read_tail(path: Path, size: int, lines: bool = False) -> str:
+    """At most `size` bytes from the end of a regular file, as text; nothing for a missing or odd file (a FIFO
+    would block the reader, a device never end). `lines`: only the lines that start within them (a line cut by
+    the tail's start is no line: its end alone could read as one)."""
+    fd = open_regular(path)
+    if fd is None:
         return ""
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return ""
-        os.lseek(fd, max(0, info.st_size - size), os.SEEK_SET)
-        chunks, left = [], size
+        start = max(0, os.fstat(fd).st_size - size)
+        cut = lines and start > 0  # read the byte before too: the line it ends is cut, or it is a line feed
+        os.lseek(fd, start - 1 if cut else start, os.SEEK_SET)
+        chunks, left = [], size + 1 if cut else size
         while left > 0:
             chunk = os.read(fd, left)
             if not chunk:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks).decode(errors="replace")
+        data = b"".join(chunks)
+        return (data.partition(b"\n")[2] if cut else data).decode(errors="replace")
     except OSError:
         return ""
     finally:
         os.close(fd)
 
 
-def _ordered(found: dict[int, TrainStep]) -> list[TrainStep]:
+def open_regular(path: Path) -> int | None:
+    """A descriptor of a regular file, opened so that nothing blocks; None for a missing or odd one."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def ordered(found: dict[int, TrainStep]) -> list[TrainStep]:
+    """Steps by their number in step order, the last MAX_STEPS of them."""
     return [found[k] for k in sorted(found)][-MAX_STEPS:]
 
 

@@ -24,13 +24,13 @@ from pathlib import Path
 
 from ..core import Key, Post, Progress, Queued, Run
 from ..core.outcome import Outcome, oom_line
+from ..spec.followed import FollowedSteps
 from ..spec.interval import RATES, measure
-from ..spec.progress import PROGRESS_FILE, THROUGHPUT, Window, read_steps, run_config, tp_size
+from ..spec.progress import LOGS, PROGRESS_FILE, THROUGHPUT, Window, run_config, tp_size
 from ..threads import Workers
 
 POLL_ENV = "AUTOTUNE_PROGRESS_POLL"  # seconds between two readings (tests set it low)
 DEFAULT_POLL = 2.0
-LOGS = ("stdout.log", "stderr.log")
 NODES = "nodes"  # where a backend that starts a launcher per node writes the further nodes' logs (Ray: RANK.stderr.log)
 _CHUNK = 1024 * 1024  # the most of a log read at once: beyond it, a log that grew faster is read from its end
 # A file's time stamp comes from the kernel's coarse clock, a tick behind `time.time()`: a file made just after
@@ -55,6 +55,7 @@ class _Followed:
     logs: dict[str, _Log] = field(default_factory=dict)
     ended: bool = False  # out of memory, posted: nothing more to read
     window: Window | None = None  # its measured steps, from its config (read once, at its first reading)
+    steps_read: FollowedSteps | None = None  # its files' steps, kept between readings (from its first)
     tp: int = 1  # its config's TP size: a throughput DeepSpeed counts that many times (spec/progress.py tp_size)
 
 
@@ -115,10 +116,11 @@ class StepReader:
                 return
         if not all(self._own(directory / name, one.since) for name in (PROGRESS_FILE, *LOGS)):
             return
-        if one.window is None:
+        if one.window is None or one.steps_read is None:
             config = run_config(directory) or {}
             one.window, one.tp = Window.of(config), tp_size(config) if self.metric == THROUGHPUT else 1
-        steps, measured = read_steps(directory, self.metric, one.window)
+            one.steps_read = FollowedSteps(directory, self.metric)
+        steps, measured = one.steps_read.read(one.window)
         if len(steps) == one.steps:
             return
         one.steps = len(steps)
