@@ -13,6 +13,7 @@ import pytest
 from autotuner.backends.exitstatus import judge_files
 from autotuner.ledger.store import Ledger
 from autotuner.spec import progress
+from autotuner.spec.followed import FollowedSteps
 from autotuner.spec.interval import Interval, RunTimes, batch_means, measure, measured_run
 from autotuner.spec.metrics import metric_named
 from autotuner.spec.progress import PROGRESS_FILE, TrainStep, Window, from_deepspeed_log, from_progress_file, read_steps
@@ -62,6 +63,22 @@ DS_LINE = ("[{stamp},{ms:03d}] [INFO] [timer.py:264:stop] epoch=0/micro_step={n}
 def ds_line(step, at, value):
     return DS_LINE.format(stamp=time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at)), ms=int(at * 1000) % 1000,
                           n=step, v=value)
+
+
+def test_a_deepspeed_line_read_half_written_is_no_step_until_its_value_is_whole(tmp_path):
+    """The step reader reads logs as they grow: a line cut inside its value ("=18" of 1834.2) would read as a run
+    at a hundredth of its rate, and stop it as outclassed. Its value counts once the comma after it is written."""
+    t0 = int(time.time())
+    whole = ds_line(4, t0 + 1.5, 1834.2)
+    torn = whole[:whole.index("CurrSamplesPerSec=18") + len("CurrSamplesPerSec=18")]
+    assert [(s.step, s.value) for s in from_deepspeed_log(ds_line(3, t0 + 0.25, 1830.0) + "\n" + torn)] == \
+        [(3, 1830.0)]
+    (tmp_path / "stdout.log").write_text(ds_line(3, t0 + 0.25, 1830.0) + "\n" + torn)
+    followed = FollowedSteps(tmp_path, "throughput")  # as the runner reads a running attempt's files
+    assert [(s.step, s.value) for s in followed.read(Window(2))[0]] == [(3, 1830.0)]
+    with open(tmp_path / "stdout.log", "a") as log:
+        log.write(whole[len(torn):] + "\n")
+    assert [(s.step, s.value) for s in followed.read(Window(2))[0]] == [(3, 1830.0), (4, 1834.2)]
 
 
 def test_deepspeed_throughput_lines_are_steps_read_when_there_is_no_progress_file(tmp_path):

@@ -59,8 +59,8 @@ START = 3  # DeepSpeed's default start_profile_step
 _DEEPSPEED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[INFO\] \[timer\.py:\d+:stop\] "
     r"epoch=\d+/micro_step=\d+/global_step=(\d{1,15}), "
-    r"RunningAvgSamplesPerSec=[^,\n]*, CurrSamplesPerSec=([0-9.eE+\-]+)",  # one line: no line feed inside
-    re.M)
+    r"RunningAvgSamplesPerSec=[^,\n]*, CurrSamplesPerSec=([0-9.eE+\-]+),",  # one line: no line feed inside
+    re.M)  # the comma after the value (", MemAllocated=..." follows): a line read half-written ("=18" of 1834.2) is none
 
 
 @dataclass(frozen=True, slots=True)
