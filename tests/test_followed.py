@@ -150,3 +150,22 @@ def test_the_step_reader_reads_only_what_a_running_attempts_files_gained(tmp_pat
     # its line and the bytes that say the file is the one read before (the out-of-memory scan reads the new
     # bytes through a file object: not counted); before, the whole file each poll
     assert counted.bytes <= len(more) + 2 * followed.FINGER
+
+
+def test_a_run_past_the_steps_kept_is_still_read_as_its_steps_come(tmp_path, monkeypatch):
+    """Once a long run's steps fill what is kept of them (MAX_STEPS, the highest), their count stops moving; each
+    new step is still a new reading (before, none was posted after the count stopped)."""
+    for module in (progress, followed):
+        monkeypatch.setattr(module, "MAX_STEPS", 12)
+    posted = []
+    reader = StepReader(posted.append, "throughput", 60.0)
+    run = Run(experiment("a"), 1, Reservation.of({"h": [0]}), "sid.a.1", tmp_path / "a")
+    reader("adopted", run, None)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / PROGRESS_FILE).write_text("".join(progress_line(n) + "\n" for n in range(1, 31)))
+    reader.check()
+    first = len(posted)
+    with open(tmp_path / "a" / PROGRESS_FILE, "a") as f:
+        f.write(progress_line(31, 90.0) + "\n")
+    reader.check()
+    assert len(posted) == first + 1 and posted[-1].reading.steps == posted[first - 1].reading.steps

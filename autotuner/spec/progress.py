@@ -60,7 +60,7 @@ _DEEPSPEED = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[INFO\] \[timer\.py:\d+:stop\] "
     r"epoch=\d+/micro_step=\d+/global_step=(\d{1,15}), "
     r"RunningAvgSamplesPerSec=[^,\n]*, CurrSamplesPerSec=([0-9.eE+\-]+),",  # one line: no line feed inside
-    re.M)  # the comma after the value (", MemAllocated=..." follows): a line read half-written ("=18" of 1834.2) is none
+    re.M)  # up to the comma after the value (", MemAllocated=" follows): a line half-written ("=18" of 1834.2) is none
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ class _Log:
 class _Followed:
     run: Run
     since: float | None  # when it was placed (None: adopted, its files are its own)
-    steps: int = 0  # steps read at the last reading posted
+    last: tuple[int, int] | None = None  # the step count and the last step at the last reading posted
     logs: dict[str, _Log] = field(default_factory=dict)
     ended: bool = False  # out of memory, posted: nothing more to read
     window: Window | None = None  # its measured steps, from its config (read once, at its first reading)
@@ -121,9 +121,10 @@ class StepReader:
             one.window, one.tp = Window.of(config), tp_size(config) if self.metric == THROUGHPUT else 1
             one.steps_read = FollowedSteps(directory, self.metric)
         steps, measured = one.steps_read.read(one.window)
-        if len(steps) == one.steps:
+        last = (len(steps), steps[-1].step) if steps else None
+        if last == one.last:  # the count alone stops moving once a long run's steps fill the bounds kept of them
             return
-        one.steps = len(steps)
+        one.last = last
         reading = measure(steps, measured, rate=self.metric in RATES)
         if reading is not None:
             self.post(Progress(one.run, reading.over(one.tp)))  # on the scale its metric is recorded on
