@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.ledger.store import Ledger
 from autotuner.states import State
 
 from cli_rig import (
@@ -35,17 +36,19 @@ from cli_rig import (
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "experiments" / "train.py"
 
-# Each node's launcher (in place of DeepSpeed's) logs what Slurm and the runner gave it, and its first node
-# writes the metrics; then it sleeps $STANDIN_SECONDS, and logs a SIGTERM if one comes.
+# Each node's launcher (in place of DeepSpeed's) logs a SIGTERM if one comes (its trap set first, then said ready
+# with the time), what Slurm and the runner gave it, and its first node writes the metrics; then it sleeps
+# $STANDIN_SECONDS.
 NODE_STANDIN = """\
 #!/bin/sh
 dir=$(dirname "$AUTOTUNE_METRICS_PATH")
+trap 'echo "term $SLURM_NODEID" >> "$dir/signals.log"; [ -n "$pid" ] && kill $pid; exit 143' TERM
+echo "ready $SLURM_NODEID $(date +%s.%N)" >> "$dir/ready.log"
 echo "node=$SLURM_NODEID step=$SLURM_JOB_ID.$SLURM_STEP_ID host=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES args=$*" \
   >> "$dir/nodes.log"
 if [ "$SLURM_NODEID" = 0 ]; then printf '{"throughput": 2.0, "latency": 1.0}\\n' > "$AUTOTUNE_METRICS_PATH"; fi
 sleep "${STANDIN_SECONDS:-0.5}" &
 pid=$!
-trap 'echo "term $SLURM_NODEID" >> "$dir/signals.log"; kill $pid; exit 143' TERM
 wait $pid
 """
 
@@ -220,15 +223,29 @@ def attempt_gpus(name: str) -> int:
     return 2 if name.startswith("m_") else 1
 
 
+def _lines(path: Path) -> list[str]:
+    """A stand-in's log's lines; none where it never wrote one."""
+    return path.read_text().splitlines() if path.exists() else []
+
+
 def test_a_timeout_and_a_cancel_end_the_step_and_leave_nothing(slurm_lab, allocation, tmp_path, runners):
     spec = write_sweep(tmp_path, range(2), extra="num_gpus: 1\n  num_nodes: 2")
     results = tmp_path / "timeout"
-    done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q", "--timeout", "2",
+    done = autotune("run", spec, "--slurm", "--launcher", standin(tmp_path), "-o", results, "-q", "--timeout", "5",
                     "--grace", "2", environ=lab_env(slurm_lab, allocation, STANDIN_SECONDS=120))
     assert done.returncode == 1, done.stderr
     assert {a.state for a in attempts(results)} == {State.TIMED_OUT}
-    for a in attempts(results):  # each node's launcher was asked to end (SIGTERM) before the step was killed
-        assert sorted((results / a.name / "signals.log").read_text().split()) == ["0", "1", "term", "term"]
+    with Ledger.open(results) as ledger:
+        asked = {(n, k): at for n, k, at in ledger._db.execute("SELECT name, attempt, at FROM stops")}
+    running = 0
+    for a in attempts(results):  # each node's launcher running when the stop came was asked to end (SIGTERM)
+        # before the step was killed (one that Slurm started later, under load, is only killed with its step)
+        ready = dict(line.split()[1:] for line in _lines(results / a.name / "ready.log"))
+        termed = {line.split()[1] for line in _lines(results / a.name / "signals.log")}
+        before = {node for node, at in ready.items() if float(at) < asked[(a.name, a.attempt)]}
+        assert before <= termed, (ready, termed, asked)
+        running += len(before)
+    assert running  # the path was taken: launchers were running when the time was up (5 s after the launch)
     assert no_step_left(slurm_lab, allocation, sweep_id(results))
 
     results = tmp_path / "cancel"
